@@ -1,0 +1,13 @@
+//! Ferrite's base layer: IREE status codes and errors, timeouts and deadlines,
+//! and the wait primitives that every higher layer blocks on.
+//!
+//! Nothing here knows about the VM or the HAL; both build on these types.
+#![deny(missing_docs)]
+
+pub mod status;
+pub mod time;
+pub mod wait;
+
+pub use status::{Result, Status, StatusCode};
+pub use time::{Deadline, Timeout};
+pub use wait::{Notifier, WaitMode, WaitSource};

@@ -1,0 +1,220 @@
+//! Wait sources and the one blocking-wait loop every layer shares.
+//!
+//! A [`WaitSource`] is anything that becomes ready (or fails) later: a HAL
+//! timeline semaphore reaching a value, an [`Event`] being set. Waiters never
+//! spin: they subscribe a [`Notifier`] to each source, re-check, and sleep on
+//! the notifier's condition variable until a source reports a change or the
+//! deadline passes.
+
+use crate::status::{Result, Status, StatusCode};
+use crate::time::Deadline;
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+
+/// Whether a multi-wait needs every source or any one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitMode {
+    /// Satisfied when all sources are ready.
+    All,
+    /// Satisfied when at least one source is ready.
+    Any,
+}
+
+/// Wakes a sleeping waiter when a subscribed source changes state.
+#[derive(Default, Debug)]
+pub struct Notifier {
+    generation: Mutex<u64>,
+    cond: Condvar,
+}
+
+impl Notifier {
+    /// Creates a notifier ready to be subscribed.
+    pub fn new() -> Arc<Notifier> {
+        Arc::new(Notifier::default())
+    }
+
+    /// Signals that some subscribed source changed state.
+    pub fn notify(&self) {
+        let mut g = self.generation.lock();
+        *g = g.wrapping_add(1);
+        self.cond.notify_all();
+    }
+
+    /// The current generation; pass it to [`Notifier::wait_for_change`].
+    pub fn generation(&self) -> u64 {
+        *self.generation.lock()
+    }
+
+    /// Sleeps until the generation moves past `seen` or `deadline` passes.
+    /// Returns false on deadline.
+    pub fn wait_for_change(&self, seen: u64, deadline: Deadline) -> bool {
+        let mut g = self.generation.lock();
+        while *g == seen {
+            match deadline {
+                Deadline::InfinitePast => return false,
+                Deadline::InfiniteFuture => self.cond.wait(&mut g),
+                Deadline::At(t) => {
+                    if self.cond.wait_until(&mut g, t).timed_out() {
+                        return *g != seen;
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Something a waiter can block on until it is ready or failed.
+pub trait WaitSource: Send + Sync {
+    /// `Ok(true)` when ready, `Ok(false)` when pending, `Err` once failed
+    /// (a failure is sticky: every later poll returns it too).
+    fn poll(&self) -> Result<bool>;
+    /// Registers `notifier` to be woken on any later state change.
+    fn subscribe(&self, notifier: &Arc<Notifier>);
+    /// Removes a notifier registered by [`WaitSource::subscribe`].
+    fn unsubscribe(&self, notifier: &Arc<Notifier>);
+}
+
+/// Polls `sources` once; `Ok(true)` when the mode is satisfied.
+pub fn poll_sources(sources: &[Arc<dyn WaitSource>], mode: WaitMode) -> Result<bool> {
+    if sources.is_empty() {
+        return Ok(true);
+    }
+    let mut all = true;
+    for s in sources {
+        let ready = s.poll()?;
+        if ready && mode == WaitMode::Any {
+            return Ok(true);
+        }
+        all &= ready;
+    }
+    Ok(all && mode == WaitMode::All)
+}
+
+/// Blocks until `sources` satisfy `mode`, a source fails (its status is
+/// returned), or `deadline` passes (`DEADLINE_EXCEEDED`).
+pub fn wait_sources(
+    sources: &[Arc<dyn WaitSource>],
+    mode: WaitMode,
+    deadline: Deadline,
+) -> Result<()> {
+    if poll_sources(sources, mode)? {
+        return Ok(());
+    }
+    let notifier = Notifier::new();
+    for s in sources {
+        s.subscribe(&notifier);
+    }
+    let result = (|| loop {
+        let seen = notifier.generation();
+        if poll_sources(sources, mode)? {
+            return Ok(());
+        }
+        if deadline.has_passed() || !notifier.wait_for_change(seen, deadline) {
+            // One last look: the change may have raced the deadline.
+            if poll_sources(sources, mode)? {
+                return Ok(());
+            }
+            return Err(Status::new(
+                StatusCode::DeadlineExceeded,
+                "wait deadline exceeded",
+            ));
+        }
+    })();
+    for s in sources {
+        s.unsubscribe(&notifier);
+    }
+    result
+}
+
+/// A one-shot event: a minimal [`WaitSource`] that is set once (or failed).
+#[derive(Default)]
+pub struct Event {
+    state: Mutex<EventState>,
+}
+
+#[derive(Default)]
+struct EventState {
+    outcome: Option<Result<()>>,
+    subscribers: Vec<Arc<Notifier>>,
+}
+
+impl Event {
+    /// A new, unset event.
+    pub fn new() -> Arc<Event> {
+        Arc::new(Event::default())
+    }
+
+    /// Sets the event (ready); later sets are ignored.
+    pub fn set(&self) {
+        self.finish(Ok(()));
+    }
+
+    /// Fails the event: every waiter sees `status`.
+    pub fn fail(&self, status: Status) {
+        self.finish(Err(status));
+    }
+
+    fn finish(&self, outcome: Result<()>) {
+        let subs = {
+            let mut st = self.state.lock();
+            if st.outcome.is_some() {
+                return;
+            }
+            st.outcome = Some(outcome);
+            st.subscribers.clone()
+        };
+        for n in subs {
+            n.notify();
+        }
+    }
+}
+
+impl WaitSource for Event {
+    fn poll(&self) -> Result<bool> {
+        match &self.state.lock().outcome {
+            None => Ok(false),
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) => Err(e.clone()),
+        }
+    }
+
+    fn subscribe(&self, notifier: &Arc<Notifier>) {
+        self.state.lock().subscribers.push(notifier.clone());
+    }
+
+    fn unsubscribe(&self, notifier: &Arc<Notifier>) {
+        self.state
+            .lock()
+            .subscribers
+            .retain(|n| !Arc::ptr_eq(n, notifier));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn wait_any_and_all() {
+        let a = Event::new();
+        let b = Event::new();
+        let srcs: Vec<Arc<dyn WaitSource>> = vec![a.clone(), b.clone()];
+        let t = std::thread::spawn({
+            let a = a.clone();
+            move || {
+                std::thread::sleep(Duration::from_millis(20));
+                a.set();
+            }
+        });
+        wait_sources(&srcs, WaitMode::Any, Deadline::InfiniteFuture).unwrap();
+        t.join().unwrap();
+        let err = wait_sources(&srcs, WaitMode::All, Deadline::after(Duration::from_millis(10)))
+            .unwrap_err();
+        assert_eq!(err.code(), StatusCode::DeadlineExceeded);
+        b.fail(Status::new(StatusCode::Aborted, "boom"));
+        let err = wait_sources(&srcs, WaitMode::All, Deadline::InfiniteFuture).unwrap_err();
+        assert_eq!(err.code(), StatusCode::Aborted);
+    }
+}

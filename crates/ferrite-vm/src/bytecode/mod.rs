@@ -1,0 +1,3 @@
+//! IREE VM bytecode modules (`.vmfb`, bytecode version 17.0).
+
+pub mod archive;
