@@ -275,7 +275,10 @@ mod tests {
     fn display_matches_upstream_shape() {
         let s = Status::new(StatusCode::InvalidArgument, "bad shape")
             .annotate("parsing input `4xf32=1`");
-        assert_eq!(s.to_string(), "INVALID_ARGUMENT; bad shape; parsing input `4xf32=1`");
+        assert_eq!(
+            s.to_string(),
+            "INVALID_ARGUMENT; bad shape; parsing input `4xf32=1`"
+        );
     }
 
     #[test]

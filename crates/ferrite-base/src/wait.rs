@@ -210,8 +210,12 @@ mod tests {
         });
         wait_sources(&srcs, WaitMode::Any, Deadline::InfiniteFuture).unwrap();
         t.join().unwrap();
-        let err = wait_sources(&srcs, WaitMode::All, Deadline::after(Duration::from_millis(10)))
-            .unwrap_err();
+        let err = wait_sources(
+            &srcs,
+            WaitMode::All,
+            Deadline::after(Duration::from_millis(10)),
+        )
+        .unwrap_err();
         assert_eq!(err.code(), StatusCode::DeadlineExceeded);
         b.fail(Status::new(StatusCode::Aborted, "boom"));
         let err = wait_sources(&srcs, WaitMode::All, Deadline::InfiniteFuture).unwrap_err();

@@ -1,1 +1,42 @@
-fn main() {}
+//! `ferrite`: command-line tools for IREE programs, taking upstream's flags.
+//!
+//! - `ferrite run-module --module=m.vmfb --function=f --input=42`
+//! - `ferrite dump-module [--output=metadata|disassembly] m.vmfb`
+
+mod format;
+mod inputs;
+mod run_module;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "ferrite",
+    version,
+    about = "Ferrite: a Rust runtime for IREE programs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Loads modules and runs one function (like `iree-run-module`).
+    RunModule(run_module::RunModuleArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::RunModule(a) => run_module::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

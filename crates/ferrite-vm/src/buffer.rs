@@ -29,7 +29,8 @@ use std::sync::Arc;
 pub const MAX_BUFFER_LENGTH: u64 = 1 << 36;
 
 /// Shared immutable bytes a read-only buffer views.
-type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+/// Bytes shared with a zero-copy read-only buffer view (e.g. module rodata).
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 enum Storage {
     /// Owned, mutable bytes.

@@ -1,3 +1,16 @@
 //! IREE VM bytecode modules (`.vmfb`, bytecode version 17.0).
+//!
+//! - [`archive`]: reading the FlatBuffer container, defensively.
+//! - [`isa`] (generated from the ISA description) and [`isa_types`]: opcodes
+//!   and operand encodings.
+//! - [`verifier`]: verifying and decoding each function once at load.
+//! - [`interp`]: the dispatch loop.
+//! - [`module`]: bytecode modules and their per-context state.
 
 pub mod archive;
+mod cmath;
+pub(crate) mod interp;
+pub mod isa;
+pub mod isa_types;
+pub mod module;
+pub mod verifier;

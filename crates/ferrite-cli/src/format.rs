@@ -1,0 +1,86 @@
+//! Printing values exactly as upstream's tools print them.
+
+use ferrite_vm::Variant;
+
+/// Formats like C's `printf("%g")`: 6 significant digits, trailing zeros
+/// trimmed, scientific notation outside [1e-4, 1e6).
+pub fn format_g(x: f64) -> String {
+    if x.is_nan() {
+        return if x.is_sign_negative() {
+            "-nan".into()
+        } else {
+            "nan".into()
+        };
+    }
+    if x.is_infinite() {
+        return if x < 0.0 { "-inf".into() } else { "inf".into() };
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() {
+            "-0".into()
+        } else {
+            "0".into()
+        };
+    }
+    let sci = format!("{:.5e}", x);
+    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if !(-4..6).contains(&exp) {
+        let mant = trim_zeros(mant);
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mant}e{sign}{:02}", exp.abs())
+    } else {
+        let decimals = (5 - exp).max(0) as usize;
+        trim_zeros(&format!("{:.*}", decimals, x)).to_string()
+    }
+}
+
+fn trim_zeros(s: &str) -> &str {
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        s
+    }
+}
+
+/// Formats one function result as `i32=42`, `f32=2.5`, ...
+pub fn format_result(v: &Variant) -> String {
+    match v {
+        Variant::Null => "(null)".to_string(),
+        Variant::I32(x) => format!("i32={x}"),
+        Variant::I64(x) => format!("i64={x}"),
+        Variant::F32(x) => format!("f32={}", format_g(*x as f64)),
+        Variant::F64(x) => format!("f64={}", format_g(*x)),
+        Variant::Ref(r) => {
+            if let Some(b) = r.downcast::<ferrite_vm::buffer::VmBuffer>() {
+                format!("!vm.buffer {} bytes", b.len())
+            } else if let Some(l) = r.downcast::<ferrite_vm::list::VmList>() {
+                format!("!vm.list<{}> size={}", l.element_type().name(), l.size())
+            } else {
+                format!("!{}", r.type_name())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_g;
+
+    #[test]
+    fn matches_printf_g() {
+        assert_eq!(format_g(0.1), "0.1");
+        assert_eq!(format_g(2.5), "2.5");
+        assert_eq!(format_g(1.0 / 3.0), "0.333333");
+        assert_eq!(format_g(1e300 / 3.0), "3.33333e+299");
+        assert_eq!(format_g(123456789.0), "1.23457e+08");
+        assert_eq!(format_g(1e-7), "1e-07");
+        assert_eq!(format_g(3.33333e-8), "3.33333e-08");
+        assert_eq!(format_g(41152263.0), "4.11523e+07");
+        assert_eq!(format_g(100000.0), "100000");
+        assert_eq!(format_g(999999.5), "1e+06");
+        assert_eq!(format_g(0.0001), "0.0001");
+        assert_eq!(format_g(f64::NEG_INFINITY), "-inf");
+        assert_eq!(format_g(1.0), "1");
+    }
+}

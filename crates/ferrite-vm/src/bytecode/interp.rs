@@ -1,0 +1,1485 @@
+//! The bytecode interpreter.
+//!
+//! Runs decoded, verified instructions ([`super::verifier`]) of the frames
+//! at the top of a [`Stack`]. Calls between functions of one module stay in
+//! this loop; calls to imports, returns to the host and yields hand a
+//! [`Step`] back to the invocation loop, which owns cross-module control flow.
+
+use super::isa::Op;
+use super::module::BytecodeState;
+use super::verifier::{
+    expand_variadic, pool_list, DecodedFunction, Insn, IMPORT_BIT, MOVE_BIT, REF_BIT, REF_MASK,
+};
+use crate::buffer::VmBuffer;
+use crate::cconv::CconvType;
+use crate::list::VmList;
+use crate::module::FunctionRef;
+use crate::refs::Ref;
+use crate::stack::{BytecodeFrame, Frame, Stack, Wait};
+use crate::types::TypeDef;
+use crate::value::Variant;
+use ferrite_base::{bail, status, Result, Status, StatusCode};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// What the interpreter asks of the invocation loop.
+pub(crate) enum Step {
+    /// The externally-entered frame returned these results.
+    Return(Vec<Variant>),
+    /// Call another module's function; results go to the top frame.
+    Call(FunctionRef, Vec<Variant>),
+    /// Suspend until the wait is satisfied, then run the top frame again.
+    Yield(Wait),
+}
+
+/// Control transfers the inner loop cannot complete on its own.
+enum Action {
+    CallInternal {
+        callee: u32,
+        args: usize,
+        results: usize,
+        resume: usize,
+    },
+    CallImport {
+        import: u32,
+        segments: Option<usize>,
+        args: usize,
+        results: usize,
+        resume: usize,
+    },
+    Return {
+        list: usize,
+    },
+    Yield,
+}
+
+#[inline(always)]
+fn get_i64(regs: &[u32], r: u16) -> i64 {
+    let r = r as usize;
+    (regs[r] as u64 | ((regs[r + 1] as u64) << 32)) as i64
+}
+
+#[inline(always)]
+fn set_i64(regs: &mut [u32], r: u16, v: i64) {
+    let r = r as usize;
+    regs[r] = v as u32;
+    regs[r + 1] = ((v as u64) >> 32) as u32;
+}
+
+#[inline(always)]
+fn ref_slot(reg: u16) -> usize {
+    (reg & REF_MASK) as usize
+}
+
+/// Reads a ref operand, moving it out when the move bit is set.
+#[inline(always)]
+fn take_ref(refs: &mut [Option<Ref>], reg: u16) -> Option<Ref> {
+    let slot = &mut refs[ref_slot(reg)];
+    if reg & MOVE_BIT != 0 {
+        slot.take()
+    } else {
+        slot.clone()
+    }
+}
+
+fn deref_buffer<'a>(refs: &'a [Option<Ref>], reg: u16, what: &str) -> Result<&'a VmBuffer> {
+    match &refs[ref_slot(reg)] {
+        None => bail!(InvalidArgument, "{what} is null"),
+        Some(r) => r.downcast::<VmBuffer>().ok_or_else(|| {
+            status!(
+                InvalidArgument,
+                "{what} is a !{}, expected !vm.buffer",
+                r.type_name()
+            )
+        }),
+    }
+}
+
+fn deref_list<'a>(refs: &'a [Option<Ref>], reg: u16) -> Result<&'a VmList> {
+    match &refs[ref_slot(reg)] {
+        None => bail!(InvalidArgument, "list is null"),
+        Some(r) => r.downcast::<VmList>().ok_or_else(|| {
+            status!(
+                InvalidArgument,
+                "list operand is a !{}, expected !vm.list",
+                r.type_name()
+            )
+        }),
+    }
+}
+
+fn remap(regs: &mut [u32], refs: &mut [Option<Ref>], pool: &[u32], at: usize) {
+    let n = pool[at] as usize;
+    for i in 0..n {
+        let src = pool[at + 1 + 2 * i] as u16;
+        let dst = pool[at + 2 + 2 * i] as u16;
+        if src & REF_BIT != 0 {
+            let v = take_ref(refs, src);
+            refs[ref_slot(dst)] = v;
+        } else {
+            regs[dst as usize] = regs[src as usize];
+        }
+    }
+}
+
+/// Branches to the target at pool `at` (target then remap list).
+#[inline(always)]
+fn branch(regs: &mut [u32], refs: &mut [Option<Ref>], pool: &[u32], at: usize) -> usize {
+    if pool[at + 1] != 0 {
+        remap(regs, refs, pool, at + 1);
+    }
+    pool[at] as usize
+}
+
+/// Pool index just past the remap list at `at`.
+fn skip_remap(pool: &[u32], at: usize) -> usize {
+    at + 1 + 2 * pool[at] as usize
+}
+
+fn div_zero(op: Op) -> Status {
+    status!(
+        InvalidArgument,
+        "{}: integer division by zero",
+        op.mnemonic()
+    )
+}
+
+fn check_fail(code: i32, message: &str) -> Result<()> {
+    if code == 0 {
+        return Ok(());
+    }
+    Err(Status::new(StatusCode::from_u32(code as u32), message))
+}
+
+fn global_slot(state: &BytecodeState, byte_offset: u32, width: u32) -> Result<usize> {
+    if byte_offset % 4 != 0 || byte_offset as u64 + width as u64 > state.globals.len() as u64 * 4 {
+        bail!(
+            OutOfRange,
+            "global byte offset {byte_offset} (+{width}) out of range or misaligned ({} bytes of globals)",
+            state.globals.len() * 4
+        );
+    }
+    Ok((byte_offset / 4) as usize)
+}
+
+fn ref_global(state: &BytecodeState, ordinal: u32) -> Result<&parking_lot::Mutex<Option<Ref>>> {
+    state.ref_globals.get(ordinal as usize).ok_or_else(|| {
+        status!(
+            OutOfRange,
+            "ref global {ordinal} out of range ({} ref globals)",
+            state.ref_globals.len()
+        )
+    })
+}
+
+fn type_at(state: &BytecodeState, imm: u64) -> TypeDef {
+    state.module.types[imm as usize]
+}
+
+fn check_cast(r: &Option<Ref>, ty: TypeDef) -> Result<()> {
+    if let Some(r) = r {
+        if !ty.accepts_ref(r) {
+            bail!(
+                InvalidArgument,
+                "ref type mismatch: value is a !{}, expected {}",
+                r.type_name(),
+                ty.name()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The rounding C's `roundeven` performs.
+fn round_even_f32(x: f32) -> f32 {
+    let r = x.round();
+    if (x - x.trunc()).abs() == 0.5 {
+        2.0 * (x / 2.0).round_ties_even_compat()
+    } else {
+        r
+    }
+}
+
+trait RoundEven {
+    fn round_ties_even_compat(self) -> Self;
+}
+impl RoundEven for f32 {
+    fn round_ties_even_compat(self) -> f32 {
+        self.round_ties_even()
+    }
+}
+impl RoundEven for f64 {
+    fn round_ties_even_compat(self) -> f64 {
+        self.round_ties_even()
+    }
+}
+
+/// C's `remainder` (IEEE remainder, quotient rounded to nearest even).
+fn ieee_rem_f64(x: f64, y: f64) -> f64 {
+    libm::remainder(x, y)
+}
+
+fn ieee_rem_f32(x: f32, y: f32) -> f32 {
+    libm::remainderf(x, y)
+}
+
+/// Writes `results` (from a callee) into the registers named by `list`.
+pub(crate) fn write_results(
+    regs: &mut [u32],
+    refs: &mut [Option<Ref>],
+    list: &[u32],
+    results: Vec<Variant>,
+) -> Result<()> {
+    if list.len() != results.len() {
+        bail!(
+            Internal,
+            "callee returned {} results, caller expects {}",
+            results.len(),
+            list.len()
+        );
+    }
+    for (&reg, v) in list.iter().zip(results) {
+        let reg = reg as u16;
+        let is_ref = reg & REF_BIT != 0;
+        match (v, is_ref) {
+            (Variant::I32(x), false) => regs[reg as usize] = x as u32,
+            (Variant::F32(x), false) => regs[reg as usize] = x.to_bits(),
+            (Variant::I64(x), false) => set_i64(regs, reg, x),
+            (Variant::F64(x), false) => set_i64(regs, reg, x.to_bits() as i64),
+            (Variant::Ref(r), true) => refs[ref_slot(reg)] = Some(r),
+            (Variant::Null, true) => refs[ref_slot(reg)] = None,
+            (v, _) => bail!(
+                InvalidArgument,
+                "callee result {:?} does not match the caller's {} register",
+                v,
+                if is_ref { "ref" } else { "primitive" }
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// Reads registers `list` as values of `types` (calls into other modules,
+/// returns to the host).
+fn read_values(
+    regs: &[u32],
+    refs: &mut [Option<Ref>],
+    list: &[u32],
+    types: &[CconvType],
+) -> Result<Vec<Variant>> {
+    if list.len() != types.len() {
+        bail!(
+            Internal,
+            "register list has {} entries, signature {}",
+            list.len(),
+            types.len()
+        );
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for (&reg, t) in list.iter().zip(types) {
+        let reg = reg as u16;
+        out.push(match t {
+            CconvType::I32 => Variant::I32(regs[reg as usize] as i32),
+            CconvType::F32 => Variant::F32(f32::from_bits(regs[reg as usize])),
+            CconvType::I64 => Variant::I64(get_i64(regs, reg)),
+            CconvType::F64 => Variant::F64(f64::from_bits(get_i64(regs, reg) as u64)),
+            CconvType::Ref => Variant::from_ref(take_ref(refs, reg)),
+            CconvType::Span(_) => bail!(Internal, "unexpanded span"),
+        });
+    }
+    Ok(out)
+}
+
+/// Copies call operands from the caller's registers to the callee's ABI
+/// registers (each bank packed from 0), per the callee's argument types.
+fn copy_args(
+    caller_regs: &[u32],
+    caller_refs: &mut [Option<Ref>],
+    callee_regs: &mut [u32],
+    callee_refs: &mut [Option<Ref>],
+    list: &[u32],
+    types: &[CconvType],
+) {
+    let (mut ii, mut ri) = (0usize, 0usize);
+    for (&reg, t) in list.iter().zip(types) {
+        let reg = reg as u16;
+        match t {
+            CconvType::Ref => {
+                callee_refs[ri] = take_ref(caller_refs, reg);
+                ri += 1;
+            }
+            t => {
+                let n = t.i32_slots();
+                callee_regs[ii..ii + n]
+                    .copy_from_slice(&caller_regs[reg as usize..reg as usize + n]);
+                ii += n;
+            }
+        }
+    }
+}
+
+/// Copies return operands of the callee into the caller's result registers.
+fn copy_results(
+    callee_regs: &[u32],
+    callee_refs: &mut [Option<Ref>],
+    caller_regs: &mut [u32],
+    caller_refs: &mut [Option<Ref>],
+    src: &[u32],
+    dst: &[u32],
+    types: &[CconvType],
+) {
+    for ((&s, &d), t) in src.iter().zip(dst).zip(types) {
+        let (s, d) = (s as u16, d as u16);
+        match t {
+            CconvType::Ref => caller_refs[ref_slot(d)] = take_ref(callee_refs, s),
+            t => {
+                let n = t.i32_slots();
+                caller_regs[d as usize..d as usize + n]
+                    .copy_from_slice(&callee_regs[s as usize..s as usize + n]);
+            }
+        }
+    }
+}
+
+/// Places host-provided arguments into a fresh frame's ABI registers.
+pub(crate) fn place_args(
+    regs: &mut [u32],
+    refs: &mut [Option<Ref>],
+    args: Vec<Variant>,
+    types: &[CconvType],
+) -> Result<()> {
+    if args.len() != types.len() {
+        bail!(
+            InvalidArgument,
+            "expected {} arguments, received {}",
+            types.len(),
+            args.len()
+        );
+    }
+    let (mut ii, mut ri) = (0usize, 0usize);
+    for (i, (v, t)) in args.into_iter().zip(types).enumerate() {
+        match (t, v) {
+            (CconvType::I32, Variant::I32(x)) => {
+                regs[ii] = x as u32;
+                ii += 1;
+            }
+            (CconvType::F32, Variant::F32(x)) => {
+                regs[ii] = x.to_bits();
+                ii += 1;
+            }
+            (CconvType::I64, Variant::I64(x)) => {
+                ii += ii % 2;
+                set_i64(regs, ii as u16, x);
+                ii += 2;
+            }
+            (CconvType::F64, Variant::F64(x)) => {
+                ii += ii % 2;
+                set_i64(regs, ii as u16, x.to_bits() as i64);
+                ii += 2;
+            }
+            (CconvType::Ref, Variant::Ref(r)) => {
+                refs[ri] = Some(r);
+                ri += 1;
+            }
+            (CconvType::Ref, Variant::Null) => {
+                refs[ri] = None;
+                ri += 1;
+            }
+            (t, v) => bail!(
+                InvalidArgument,
+                "argument {i}: expected {}, received {}",
+                match t {
+                    CconvType::I32 => "i32",
+                    CconvType::I64 => "i64",
+                    CconvType::F32 => "f32",
+                    CconvType::F64 => "f64",
+                    CconvType::Ref => "ref",
+                    CconvType::Span(_) => "span",
+                },
+                v.kind_name()
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// Pushes a bytecode frame for internal function `function` of `state`.
+pub(crate) fn push_frame(
+    stack: &mut Stack,
+    state: Arc<BytecodeState>,
+    function: u32,
+    external: bool,
+) -> Result<(usize, usize)> {
+    stack.check_depth()?;
+    let f = &state.module.functions[function as usize];
+    let ib = stack.i32_regs.len();
+    let rb = stack.ref_regs.len();
+    stack.i32_regs.resize(ib + f.i32_count as usize, 0);
+    stack.ref_regs.resize(rb + f.ref_count as usize, None);
+    stack.frames.push(Frame::Bytecode(BytecodeFrame {
+        state,
+        function,
+        pc: 0,
+        current: 0,
+        i32_base: ib,
+        ref_base: rb,
+        pending_results: u32::MAX,
+        external,
+    }));
+    Ok((ib, rb))
+}
+
+fn pop_frame(stack: &mut Stack, ib: usize, rb: usize) {
+    stack.frames.pop();
+    stack.i32_regs.truncate(ib);
+    stack.ref_regs.truncate(rb);
+}
+
+/// Delivers a cross-module callee's results to the top (bytecode) frame.
+pub(crate) fn deliver_results(stack: &mut Stack, results: Vec<Variant>) -> Result<()> {
+    let Some(Frame::Bytecode(f)) = stack.frames.last_mut() else {
+        bail!(Internal, "results delivered to a non-bytecode frame");
+    };
+    let func = &f.state.module.functions[f.function as usize];
+    let at = f.pending_results;
+    f.pending_results = u32::MAX;
+    if at == u32::MAX {
+        bail!(Internal, "no call awaiting results");
+    }
+    let list = pool_list(&func.pool, at as usize);
+    let (ib, rb) = (f.i32_base, f.ref_base);
+    let regs = &mut stack.i32_regs[ib..ib + func.i32_count as usize];
+    let refs = &mut stack.ref_regs[rb..rb + func.ref_count as usize];
+    write_results(regs, refs, list, results)
+}
+
+/// Runs the top frame (which must be bytecode) until it leaves the module.
+pub(crate) fn run(stack: &mut Stack) -> Result<Step> {
+    let Some(Frame::Bytecode(top)) = stack.frames.last() else {
+        bail!(Internal, "interpreter entered on a non-bytecode frame");
+    };
+    let state = top.state.clone();
+    let module = &*state.module;
+    let mut fidx = top.function as usize;
+    let mut pc = top.pc as usize;
+    let (mut ib, mut rb) = (top.i32_base, top.ref_base);
+    loop {
+        let func = &module.functions[fidx];
+        let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
+        let Stack {
+            i32_regs,
+            ref_regs,
+            coverage,
+            ..
+        } = stack;
+        let regs = &mut i32_regs[ib..ib + ic];
+        let refs = &mut ref_regs[rb..rb + rc];
+        let result = exec(&state, func, regs, refs, &mut pc, coverage.as_deref_mut());
+        let action = match result {
+            Ok(a) => a,
+            Err(e) => {
+                if let Some(Frame::Bytecode(f)) = stack.frames.last_mut() {
+                    f.pc = pc as u32;
+                    f.current = pc.saturating_sub(1) as u32;
+                }
+                return Err(e);
+            }
+        };
+        let Some(Frame::Bytecode(frame)) = stack.frames.last_mut() else {
+            bail!(Internal, "bytecode frame vanished");
+        };
+        frame.current = pc.saturating_sub(1) as u32;
+        match action {
+            Action::CallInternal {
+                callee,
+                args,
+                results,
+                resume,
+            } => {
+                frame.pc = resume as u32;
+                frame.pending_results = results as u32;
+                let (cib, crb) = push_frame(stack, state.clone(), callee, false)?;
+                let callee_fn = &module.functions[callee as usize];
+                let (caller_regs, callee_regs) = stack.i32_regs.split_at_mut(cib);
+                let (caller_refs, callee_refs) = stack.ref_regs.split_at_mut(crb);
+                copy_args(
+                    &caller_regs[ib..ib + ic],
+                    &mut caller_refs[rb..rb + rc],
+                    callee_regs,
+                    callee_refs,
+                    pool_list(&func.pool, args),
+                    &callee_fn.cconv.args,
+                );
+                fidx = callee as usize;
+                pc = 0;
+                ib = cib;
+                rb = crb;
+            }
+            Action::Return { list } => {
+                let src = pool_list(&func.pool, list);
+                if frame.external {
+                    let regs = &stack.i32_regs[ib..ib + ic];
+                    let refs = &mut stack.ref_regs[rb..rb + rc];
+                    let vals = read_values(regs, refs, src, &func.cconv.results)?;
+                    pop_frame(stack, ib, rb);
+                    return Ok(Step::Return(vals));
+                }
+                let n = stack.frames.len();
+                let Some(Frame::Bytecode(caller)) = stack.frames.get_mut(n.wrapping_sub(2)) else {
+                    bail!(Internal, "internal return without a bytecode caller");
+                };
+                let caller_fn = &module.functions[caller.function as usize];
+                let dst = pool_list(&caller_fn.pool, caller.pending_results as usize);
+                caller.pending_results = u32::MAX;
+                let (cib, crb) = (caller.i32_base, caller.ref_base);
+                let (cic, crc) = (caller_fn.i32_count as usize, caller_fn.ref_count as usize);
+                let (lo_regs, hi_regs) = stack.i32_regs.split_at_mut(ib);
+                let (lo_refs, hi_refs) = stack.ref_regs.split_at_mut(rb);
+                copy_results(
+                    &hi_regs[..ic],
+                    &mut hi_refs[..rc],
+                    &mut lo_regs[cib..cib + cic],
+                    &mut lo_refs[crb..crb + crc],
+                    src,
+                    dst,
+                    &func.cconv.results,
+                );
+                fidx = caller.function as usize;
+                pc = caller.pc as usize;
+                pop_frame(stack, ib, rb);
+                ib = cib;
+                rb = crb;
+            }
+            Action::CallImport {
+                import,
+                segments,
+                args,
+                results,
+                resume,
+            } => {
+                frame.pc = resume as u32;
+                frame.pending_results = results as u32;
+                let target = state.import(import)?;
+                let flat;
+                let types: &[CconvType] = match segments {
+                    Some(seg) => {
+                        flat = expand_variadic(&target.cconv.args, pool_list(&func.pool, seg))?;
+                        &flat
+                    }
+                    None => &target.cconv.args,
+                };
+                let regs = &stack.i32_regs[ib..ib + ic];
+                let refs = &mut stack.ref_regs[rb..rb + rc];
+                let mut vals = read_values(regs, refs, pool_list(&func.pool, args), types)?;
+                if let Some(seg) = segments {
+                    vals = insert_span_counts(&target.cconv.args, pool_list(&func.pool, seg), vals);
+                }
+                return Ok(Step::Call(target, vals));
+            }
+            Action::Yield => {
+                frame.pc = pc as u32;
+                return Ok(Step::Yield(Wait::yield_now()));
+            }
+        }
+        // Keep the frame record in sync for backtraces and resumption.
+        if let Some(Frame::Bytecode(f)) = stack.frames.last_mut() {
+            f.pc = pc as u32;
+        }
+    }
+}
+
+/// Variadic native calls receive each span as its element count followed by
+/// the elements, as upstream's ABI lays them out.
+fn insert_span_counts(args: &[CconvType], segments: &[u32], flat: Vec<Variant>) -> Vec<Variant> {
+    let mut out = Vec::with_capacity(flat.len() + segments.len());
+    let mut it = flat.into_iter();
+    for (i, a) in args.iter().enumerate() {
+        match a {
+            CconvType::Span(items) => {
+                let n = segments.get(i).copied().unwrap_or(0);
+                out.push(Variant::I32(n as i32));
+                for _ in 0..n as usize * items.len() {
+                    out.extend(it.next());
+                }
+            }
+            _ => out.extend(it.next()),
+        }
+    }
+    out
+}
+
+macro_rules! r32 {
+    ($regs:ident, $r:expr) => {
+        $regs[$r as usize] as i32
+    };
+}
+macro_rules! w32 {
+    ($regs:ident, $r:expr, $v:expr) => {
+        $regs[$r as usize] = ($v) as u32
+    };
+}
+macro_rules! rf32 {
+    ($regs:ident, $r:expr) => {
+        f32::from_bits($regs[$r as usize])
+    };
+}
+macro_rules! wf32 {
+    ($regs:ident, $r:expr, $v:expr) => {
+        $regs[$r as usize] = f32::to_bits($v)
+    };
+}
+macro_rules! rf64 {
+    ($regs:ident, $r:expr) => {
+        f64::from_bits(get_i64($regs, $r) as u64)
+    };
+}
+macro_rules! wf64 {
+    ($regs:ident, $r:expr, $v:expr) => {
+        set_i64($regs, $r, f64::to_bits($v) as i64)
+    };
+}
+
+/// The dispatch loop over one function's instructions.
+#[inline(never)]
+fn exec(
+    state: &BytecodeState,
+    func: &DecodedFunction,
+    regs: &mut [u32],
+    refs: &mut [Option<Ref>],
+    pc_out: &mut usize,
+    mut coverage: Option<&mut [bool]>,
+) -> Result<Action> {
+    let insns: &[Insn] = &func.insns;
+    let pool: &[u32] = &func.pool;
+    let mut pc = *pc_out;
+    macro_rules! fail {
+        ($e:expr) => {{
+            *pc_out = pc;
+            return Err($e);
+        }};
+    }
+    macro_rules! tri {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => fail!(e),
+            }
+        };
+    }
+    loop {
+        let Some(&insn) = insns.get(pc) else {
+            fail!(status!(
+                Internal,
+                "execution ran past the end of the function"
+            ));
+        };
+        pc += 1;
+        if let Some(cov) = coverage.as_deref_mut() {
+            cov[insn.op as usize] = true;
+        }
+        let r = insn.r;
+        match insn.op {
+            Op::Block => {}
+            // ---- globals
+            Op::GlobalLoadI32 | Op::GlobalLoadF32 => {
+                let s = tri!(global_slot(state, insn.a, 4));
+                regs[r[0] as usize] = state.globals[s].load(Relaxed);
+            }
+            Op::GlobalStoreI32 | Op::GlobalStoreF32 => {
+                let s = tri!(global_slot(state, insn.a, 4));
+                state.globals[s].store(regs[r[0] as usize], Relaxed);
+            }
+            Op::GlobalLoadIndirectI32 | Op::GlobalLoadIndirectF32 => {
+                let s = tri!(global_slot(state, regs[r[0] as usize], 4));
+                regs[r[1] as usize] = state.globals[s].load(Relaxed);
+            }
+            Op::GlobalStoreIndirectI32 | Op::GlobalStoreIndirectF32 => {
+                let s = tri!(global_slot(state, regs[r[0] as usize], 4));
+                state.globals[s].store(regs[r[1] as usize], Relaxed);
+            }
+            Op::GlobalLoadI64 | Op::GlobalLoadF64 => {
+                let s = tri!(global_slot(state, insn.a, 8));
+                regs[r[0] as usize] = state.globals[s].load(Relaxed);
+                regs[r[0] as usize + 1] = state.globals[s + 1].load(Relaxed);
+            }
+            Op::GlobalStoreI64 | Op::GlobalStoreF64 => {
+                let s = tri!(global_slot(state, insn.a, 8));
+                state.globals[s].store(regs[r[0] as usize], Relaxed);
+                state.globals[s + 1].store(regs[r[0] as usize + 1], Relaxed);
+            }
+            Op::GlobalLoadIndirectI64 | Op::GlobalLoadIndirectF64 => {
+                let s = tri!(global_slot(state, regs[r[0] as usize], 8));
+                regs[r[1] as usize] = state.globals[s].load(Relaxed);
+                regs[r[1] as usize + 1] = state.globals[s + 1].load(Relaxed);
+            }
+            Op::GlobalStoreIndirectI64 | Op::GlobalStoreIndirectF64 => {
+                let s = tri!(global_slot(state, regs[r[0] as usize], 8));
+                state.globals[s].store(regs[r[1] as usize], Relaxed);
+                state.globals[s + 1].store(regs[r[1] as usize + 1], Relaxed);
+            }
+            Op::GlobalLoadRef => {
+                let g = tri!(ref_global(state, insn.a)).lock().clone();
+                tri!(check_cast(&g, type_at(state, insn.imm)));
+                refs[ref_slot(r[0])] = g;
+            }
+            Op::GlobalStoreRef => {
+                let v = take_ref(refs, r[0]);
+                tri!(check_cast(&v, type_at(state, insn.imm)));
+                *tri!(ref_global(state, insn.a)).lock() = v;
+            }
+            Op::GlobalLoadIndirectRef => {
+                let g = tri!(ref_global(state, regs[r[0] as usize])).lock().clone();
+                tri!(check_cast(&g, type_at(state, insn.imm)));
+                refs[ref_slot(r[1])] = g;
+            }
+            Op::GlobalStoreIndirectRef => {
+                let v = take_ref(refs, r[1]);
+                tri!(check_cast(&v, type_at(state, insn.imm)));
+                *tri!(ref_global(state, regs[r[0] as usize])).lock() = v;
+            }
+            // ---- constants
+            Op::ConstI32Zero | Op::ConstF32Zero => regs[r[0] as usize] = 0,
+            Op::ConstI32 | Op::ConstF32 => regs[r[0] as usize] = insn.imm as u32,
+            Op::ConstI64Zero | Op::ConstF64Zero => set_i64(regs, r[0], 0),
+            Op::ConstI64 | Op::ConstF64 => set_i64(regs, r[0], insn.imm as i64),
+            Op::ConstRefZero => refs[ref_slot(r[0])] = None,
+            Op::ConstRefRodata => {
+                refs[ref_slot(r[0])] = Some(state.module.rodata[insn.a as usize].clone())
+            }
+            // ---- lists
+            Op::ListAlloc => {
+                let ty = type_at(state, insn.imm);
+                let l = tri!(VmList::new(ty, regs[r[0] as usize]));
+                refs[ref_slot(r[1])] = Some(Ref::new(l));
+            }
+            Op::ListReserve => tri!(tri!(deref_list(refs, r[0])).reserve(regs[r[1] as usize])),
+            Op::ListSize => {
+                let n = tri!(deref_list(refs, r[0])).size();
+                regs[r[1] as usize] = n;
+            }
+            Op::ListResize => tri!(tri!(deref_list(refs, r[0])).resize(regs[r[1] as usize])),
+            Op::ListGetI32 => {
+                let v = tri!(tri!(deref_list(refs, r[0])).get_i32(regs[r[1] as usize]));
+                w32!(regs, r[2], v);
+            }
+            Op::ListSetI32 => {
+                let v = r32!(regs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_i32(regs[r[1] as usize], v));
+            }
+            Op::ListGetI64 => {
+                let v = tri!(tri!(deref_list(refs, r[0])).get_i64(regs[r[1] as usize]));
+                set_i64(regs, r[2], v);
+            }
+            Op::ListSetI64 => {
+                let v = get_i64(regs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_i64(regs[r[1] as usize], v));
+            }
+            Op::ListGetF32 => {
+                let v = tri!(tri!(deref_list(refs, r[0])).get_f32(regs[r[1] as usize]));
+                wf32!(regs, r[2], v);
+            }
+            Op::ListSetF32 => {
+                let v = rf32!(regs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_f32(regs[r[1] as usize], v));
+            }
+            Op::ListGetF64 => {
+                let v = tri!(tri!(deref_list(refs, r[0])).get_f64(regs[r[1] as usize]));
+                wf64!(regs, r[2], v);
+            }
+            Op::ListSetF64 => {
+                let v = rf64!(regs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_f64(regs[r[1] as usize], v));
+            }
+            Op::ListGetRef => {
+                let v = tri!(tri!(deref_list(refs, r[0])).get_ref(regs[r[1] as usize]));
+                let ty = type_at(state, insn.imm);
+                // A value of another type reads as null, as upstream's
+                // retain-or-null does.
+                let v = v.filter(|x| ty.accepts_ref(x));
+                refs[ref_slot(r[2])] = v;
+            }
+            Op::ListSetRef => {
+                let v = take_ref(refs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_ref(regs[r[1] as usize], v));
+            }
+            // ---- select / switch
+            Op::SelectI32 | Op::SelectF32 => {
+                let v = if regs[r[0] as usize] != 0 {
+                    regs[r[1] as usize]
+                } else {
+                    regs[r[2] as usize]
+                };
+                regs[r[3] as usize] = v;
+            }
+            Op::SelectI64 | Op::SelectF64 => {
+                let v = if regs[r[0] as usize] != 0 {
+                    get_i64(regs, r[1])
+                } else {
+                    get_i64(regs, r[2])
+                };
+                set_i64(regs, r[3], v);
+            }
+            Op::SelectRef => {
+                let (t, f) = (r[1], r[2]);
+                let chosen = if regs[r[0] as usize] != 0 { t } else { f };
+                let v = take_ref(refs, chosen);
+                // The unchosen operand is released when marked move.
+                let other = if chosen == t { f } else { t };
+                if other & MOVE_BIT != 0 && ref_slot(other) != ref_slot(chosen) {
+                    refs[ref_slot(other)] = None;
+                }
+                refs[ref_slot(r[3])] = v;
+            }
+            Op::SwitchI32 | Op::SwitchF32 => {
+                let idx = r32!(regs, r[0]);
+                let vals = pool_list(pool, insn.pool as usize);
+                let v = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
+                    Some(&reg) => regs[reg as usize],
+                    None => regs[r[1] as usize],
+                };
+                regs[r[2] as usize] = v;
+            }
+            Op::SwitchI64 | Op::SwitchF64 => {
+                let idx = r32!(regs, r[0]);
+                let vals = pool_list(pool, insn.pool as usize);
+                let v = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
+                    Some(&reg) => get_i64(regs, reg as u16),
+                    None => get_i64(regs, r[1]),
+                };
+                set_i64(regs, r[2], v);
+            }
+            Op::SwitchRef => {
+                let idx = r32!(regs, r[0]);
+                let vals = pool_list(pool, insn.pool as usize);
+                let src = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
+                    Some(&reg) => reg as u16,
+                    None => r[1],
+                };
+                let v = refs[ref_slot(src)].clone();
+                tri!(check_cast(&v, type_at(state, insn.imm)));
+                refs[ref_slot(r[2])] = v;
+            }
+            // ---- i32 arithmetic
+            Op::AddI32 => w32!(regs, r[2], r32!(regs, r[0]).wrapping_add(r32!(regs, r[1]))),
+            Op::SubI32 => w32!(regs, r[2], r32!(regs, r[0]).wrapping_sub(r32!(regs, r[1]))),
+            Op::MulI32 => w32!(regs, r[2], r32!(regs, r[0]).wrapping_mul(r32!(regs, r[1]))),
+            Op::DivI32S => {
+                let b = r32!(regs, r[1]);
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                w32!(regs, r[2], r32!(regs, r[0]).wrapping_div(b));
+            }
+            Op::DivI32U => {
+                let b = regs[r[1] as usize];
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                regs[r[2] as usize] = regs[r[0] as usize] / b;
+            }
+            Op::RemI32S => {
+                let b = r32!(regs, r[1]);
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                w32!(regs, r[2], r32!(regs, r[0]).wrapping_rem(b));
+            }
+            Op::RemI32U => {
+                let b = regs[r[1] as usize];
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                regs[r[2] as usize] = regs[r[0] as usize] % b;
+            }
+            Op::FMAI32 => w32!(
+                regs,
+                r[3],
+                r32!(regs, r[0])
+                    .wrapping_mul(r32!(regs, r[1]))
+                    .wrapping_add(r32!(regs, r[2]))
+            ),
+            Op::AbsI32 => w32!(regs, r[1], r32!(regs, r[0]).wrapping_abs()),
+            Op::MinI32S => w32!(regs, r[2], r32!(regs, r[0]).min(r32!(regs, r[1]))),
+            Op::MinI32U => regs[r[2] as usize] = regs[r[0] as usize].min(regs[r[1] as usize]),
+            Op::MaxI32S => w32!(regs, r[2], r32!(regs, r[0]).max(r32!(regs, r[1]))),
+            Op::MaxI32U => regs[r[2] as usize] = regs[r[0] as usize].max(regs[r[1] as usize]),
+            Op::NotI32 => regs[r[1] as usize] = !regs[r[0] as usize],
+            Op::AndI32 => regs[r[2] as usize] = regs[r[0] as usize] & regs[r[1] as usize],
+            Op::OrI32 => regs[r[2] as usize] = regs[r[0] as usize] | regs[r[1] as usize],
+            Op::XorI32 => regs[r[2] as usize] = regs[r[0] as usize] ^ regs[r[1] as usize],
+            Op::CtlzI32 => regs[r[1] as usize] = regs[r[0] as usize].leading_zeros(),
+            // ---- i64 arithmetic
+            Op::AddI64 => set_i64(
+                regs,
+                r[2],
+                get_i64(regs, r[0]).wrapping_add(get_i64(regs, r[1])),
+            ),
+            Op::SubI64 => set_i64(
+                regs,
+                r[2],
+                get_i64(regs, r[0]).wrapping_sub(get_i64(regs, r[1])),
+            ),
+            Op::MulI64 => set_i64(
+                regs,
+                r[2],
+                get_i64(regs, r[0]).wrapping_mul(get_i64(regs, r[1])),
+            ),
+            Op::DivI64S => {
+                let b = get_i64(regs, r[1]);
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                set_i64(regs, r[2], get_i64(regs, r[0]).wrapping_div(b));
+            }
+            Op::DivI64U => {
+                let b = get_i64(regs, r[1]) as u64;
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                set_i64(regs, r[2], ((get_i64(regs, r[0]) as u64) / b) as i64);
+            }
+            Op::RemI64S => {
+                let b = get_i64(regs, r[1]);
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                set_i64(regs, r[2], get_i64(regs, r[0]).wrapping_rem(b));
+            }
+            Op::RemI64U => {
+                let b = get_i64(regs, r[1]) as u64;
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                set_i64(regs, r[2], ((get_i64(regs, r[0]) as u64) % b) as i64);
+            }
+            Op::FMAI64 => set_i64(
+                regs,
+                r[3],
+                get_i64(regs, r[0])
+                    .wrapping_mul(get_i64(regs, r[1]))
+                    .wrapping_add(get_i64(regs, r[2])),
+            ),
+            Op::AbsI64 => set_i64(regs, r[1], get_i64(regs, r[0]).wrapping_abs()),
+            Op::MinI64S => set_i64(regs, r[2], get_i64(regs, r[0]).min(get_i64(regs, r[1]))),
+            Op::MinI64U => set_i64(
+                regs,
+                r[2],
+                (get_i64(regs, r[0]) as u64).min(get_i64(regs, r[1]) as u64) as i64,
+            ),
+            Op::MaxI64S => set_i64(regs, r[2], get_i64(regs, r[0]).max(get_i64(regs, r[1]))),
+            Op::MaxI64U => set_i64(
+                regs,
+                r[2],
+                (get_i64(regs, r[0]) as u64).max(get_i64(regs, r[1]) as u64) as i64,
+            ),
+            Op::NotI64 => set_i64(regs, r[1], !get_i64(regs, r[0])),
+            Op::AndI64 => set_i64(regs, r[2], get_i64(regs, r[0]) & get_i64(regs, r[1])),
+            Op::OrI64 => set_i64(regs, r[2], get_i64(regs, r[0]) | get_i64(regs, r[1])),
+            Op::XorI64 => set_i64(regs, r[2], get_i64(regs, r[0]) ^ get_i64(regs, r[1])),
+            Op::CtlzI64 => set_i64(
+                regs,
+                r[1],
+                (get_i64(regs, r[0]) as u64).leading_zeros() as i64,
+            ),
+            // ---- shifts
+            Op::ShlI32 => regs[r[2] as usize] = regs[r[0] as usize] << (regs[r[1] as usize] & 31),
+            Op::ShrI32S => w32!(regs, r[2], r32!(regs, r[0]) >> (regs[r[1] as usize] & 31)),
+            Op::ShrI32U => regs[r[2] as usize] = regs[r[0] as usize] >> (regs[r[1] as usize] & 31),
+            Op::ShlI64 => set_i64(
+                regs,
+                r[2],
+                get_i64(regs, r[0]) << (regs[r[1] as usize] & 63),
+            ),
+            Op::ShrI64S => set_i64(
+                regs,
+                r[2],
+                get_i64(regs, r[0]) >> (regs[r[1] as usize] & 63),
+            ),
+            Op::ShrI64U => set_i64(
+                regs,
+                r[2],
+                ((get_i64(regs, r[0]) as u64) >> (regs[r[1] as usize] & 63)) as i64,
+            ),
+            // ---- casting / conversion
+            Op::TruncI32I8 => regs[r[1] as usize] = regs[r[0] as usize] as u8 as u32,
+            Op::TruncI32I16 => regs[r[1] as usize] = regs[r[0] as usize] as u16 as u32,
+            Op::TruncI64I32 => regs[r[1] as usize] = get_i64(regs, r[0]) as u32,
+            Op::ExtI8I32S => w32!(regs, r[1], regs[r[0] as usize] as u8 as i8 as i32),
+            Op::ExtI8I32U => regs[r[1] as usize] = regs[r[0] as usize] as u8 as u32,
+            Op::ExtI16I32S => w32!(regs, r[1], regs[r[0] as usize] as u16 as i16 as i32),
+            Op::ExtI16I32U => regs[r[1] as usize] = regs[r[0] as usize] as u16 as u32,
+            Op::ExtI32I64S => set_i64(regs, r[1], r32!(regs, r[0]) as i64),
+            Op::ExtI32I64U => set_i64(regs, r[1], regs[r[0] as usize] as i64),
+            // ---- comparisons
+            Op::CmpEQI32 => w32!(regs, r[2], regs[r[0] as usize] == regs[r[1] as usize]),
+            Op::CmpNEI32 => w32!(regs, r[2], regs[r[0] as usize] != regs[r[1] as usize]),
+            Op::CmpLTI32S => w32!(regs, r[2], r32!(regs, r[0]) < r32!(regs, r[1])),
+            Op::CmpLTI32U => w32!(regs, r[2], regs[r[0] as usize] < regs[r[1] as usize]),
+            Op::CmpNZI32 => w32!(regs, r[1], regs[r[0] as usize] != 0),
+            Op::CmpEQI64 => w32!(regs, r[2], get_i64(regs, r[0]) == get_i64(regs, r[1])),
+            Op::CmpNEI64 => w32!(regs, r[2], get_i64(regs, r[0]) != get_i64(regs, r[1])),
+            Op::CmpLTI64S => w32!(regs, r[2], get_i64(regs, r[0]) < get_i64(regs, r[1])),
+            Op::CmpLTI64U => w32!(
+                regs,
+                r[2],
+                (get_i64(regs, r[0]) as u64) < (get_i64(regs, r[1]) as u64)
+            ),
+            Op::CmpNZI64 => w32!(regs, r[1], get_i64(regs, r[0]) != 0),
+            Op::CmpEQRef => {
+                let eq = refs[ref_slot(r[0])] == refs[ref_slot(r[1])];
+                release_moved(refs, &[r[0], r[1]]);
+                w32!(regs, r[2], eq);
+            }
+            Op::CmpNERef => {
+                let ne = refs[ref_slot(r[0])] != refs[ref_slot(r[1])];
+                release_moved(refs, &[r[0], r[1]]);
+                w32!(regs, r[2], ne);
+            }
+            Op::CmpNZRef => {
+                let nz = refs[ref_slot(r[0])].is_some();
+                release_moved(refs, &[r[0]]);
+                w32!(regs, r[1], nz);
+            }
+            // ---- control flow
+            Op::Branch => pc = branch(regs, refs, pool, insn.pool as usize),
+            Op::CondBranch => {
+                let p = insn.pool as usize;
+                if regs[r[0] as usize] != 0 {
+                    pc = branch(regs, refs, pool, p);
+                } else {
+                    let f = skip_remap(pool, p + 1);
+                    pc = branch(regs, refs, pool, f);
+                }
+            }
+            Op::BranchTable => {
+                let p = insn.pool as usize;
+                let idx = r32!(regs, r[0]);
+                let default_end = skip_remap(pool, p + 1);
+                let size = pool[default_end] as i64;
+                if idx < 0 || idx as i64 >= size {
+                    pc = branch(regs, refs, pool, p);
+                } else {
+                    let mut at = default_end + 1;
+                    for _ in 0..idx {
+                        at = skip_remap(pool, at + 1);
+                    }
+                    pc = branch(regs, refs, pool, at);
+                }
+            }
+            Op::Call | Op::CallYieldable => {
+                let p = insn.pool as usize;
+                let nargs = pool[p] as usize;
+                let (resume, results) = if insn.op == Op::CallYieldable {
+                    (pool[p + 1 + nargs] as usize, p + 2 + nargs)
+                } else {
+                    (pc, p + 1 + nargs)
+                };
+                *pc_out = pc;
+                return Ok(if insn.a & IMPORT_BIT != 0 {
+                    Action::CallImport {
+                        import: insn.a & !IMPORT_BIT,
+                        segments: None,
+                        args: p,
+                        results,
+                        resume,
+                    }
+                } else {
+                    Action::CallInternal {
+                        callee: insn.a,
+                        args: p,
+                        results,
+                        resume,
+                    }
+                });
+            }
+            Op::CallVariadic | Op::CallVariadicYieldable => {
+                let p = insn.pool as usize;
+                let args = p + 1 + pool[p] as usize;
+                let after_args = args + 1 + pool[args] as usize;
+                let (resume, results) = if insn.op == Op::CallVariadicYieldable {
+                    (pool[after_args] as usize, after_args + 1)
+                } else {
+                    (pc, after_args)
+                };
+                *pc_out = pc;
+                return Ok(Action::CallImport {
+                    import: insn.a & !IMPORT_BIT,
+                    segments: Some(p),
+                    args,
+                    results,
+                    resume,
+                });
+            }
+            Op::Return => {
+                *pc_out = pc;
+                return Ok(Action::Return {
+                    list: insn.pool as usize,
+                });
+            }
+            Op::Fail => {
+                let code = r32!(regs, r[0]);
+                tri!(check_fail(code, &state.module.strings[insn.a as usize]));
+            }
+            Op::ImportResolved => {
+                let resolved = state.import_resolved(insn.a & !IMPORT_BIT);
+                w32!(regs, r[0], resolved);
+            }
+            Op::Yield => {
+                pc = branch(regs, refs, pool, insn.pool as usize);
+                *pc_out = pc;
+                return Ok(Action::Yield);
+            }
+            Op::Trace | Op::Print => {
+                let list = pool_list(pool, insn.pool as usize);
+                for &reg in list {
+                    let reg = reg as u16;
+                    if reg & (REF_BIT | MOVE_BIT) == REF_BIT | MOVE_BIT {
+                        refs[ref_slot(reg)] = None;
+                    }
+                }
+            }
+            Op::CondBreak => {
+                // Debugger breaks are not supported; execution continues.
+                pc = branch(regs, refs, pool, insn.pool as usize);
+            }
+            Op::Break => pc = branch(regs, refs, pool, insn.pool as usize),
+            // ---- buffers
+            Op::BufferLoadI8U => {
+                let off = get_i64(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i8u(off));
+                w32!(regs, r[2], v);
+            }
+            Op::BufferLoadI8S => {
+                let off = get_i64(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i8s(off));
+                w32!(regs, r[2], v);
+            }
+            Op::BufferLoadI16U => {
+                let off = get_i64(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i16u(off));
+                w32!(regs, r[2], v);
+            }
+            Op::BufferLoadI16S => {
+                let off = get_i64(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i16s(off));
+                w32!(regs, r[2], v);
+            }
+            Op::BufferLoadI32 => {
+                let off = get_i64(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i32(off));
+                w32!(regs, r[2], v);
+            }
+            Op::BufferLoadI64 => {
+                let off = get_i64(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i64(off));
+                set_i64(regs, r[2], v);
+            }
+            Op::BufferLoadF32 => {
+                let off = get_i64(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_f32(off));
+                wf32!(regs, r[2], v);
+            }
+            Op::BufferLoadF64 => {
+                let off = get_i64(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_f64(off));
+                wf64!(regs, r[2], v);
+            }
+            Op::BufferStoreI8 => {
+                let off = get_i64(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_i8(off, regs[r[2] as usize] as i32));
+            }
+            Op::BufferStoreI16 => {
+                let off = get_i64(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_i16(off, regs[r[2] as usize] as i32));
+            }
+            Op::BufferStoreI32 => {
+                let off = get_i64(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_i32(off, regs[r[2] as usize] as i32));
+            }
+            Op::BufferStoreI64 => {
+                let off = get_i64(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_i64(off, get_i64(regs, r[2])));
+            }
+            Op::BufferStoreF32 => {
+                let off = get_i64(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_f32(off, rf32!(regs, r[2])));
+            }
+            Op::BufferStoreF64 => {
+                let off = get_i64(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_f64(off, rf64!(regs, r[2])));
+            }
+            Op::BufferAlloc => {
+                let len = get_i64(regs, r[0]) as u64;
+                let b = tri!(VmBuffer::new(len, regs[r[1] as usize]));
+                refs[ref_slot(r[2])] = Some(Ref::new(b));
+            }
+            Op::BufferClone => {
+                let (off, len) = (get_i64(regs, r[1]) as u64, get_i64(regs, r[2]) as u64);
+                let b = tri!(tri!(deref_buffer(refs, r[0], "source")).clone_range(
+                    off,
+                    len,
+                    regs[r[3] as usize]
+                ));
+                refs[ref_slot(r[4])] = Some(Ref::new(b));
+            }
+            Op::BufferLength => {
+                let n = tri!(deref_buffer(refs, r[0], "buffer")).len();
+                set_i64(regs, r[1], n as i64);
+            }
+            Op::BufferCopy => {
+                let src = tri!(deref_buffer(refs, r[0], "source_buffer"));
+                let dst = tri!(deref_buffer(refs, r[2], "target_buffer"));
+                tri!(VmBuffer::copy(
+                    src,
+                    get_i64(regs, r[1]) as u64,
+                    dst,
+                    get_i64(regs, r[3]) as u64,
+                    get_i64(regs, r[4]) as u64
+                ));
+            }
+            Op::BufferCompare => {
+                let a = tri!(deref_buffer(refs, r[0], "lhs_buffer"));
+                let b = tri!(deref_buffer(refs, r[2], "rhs_buffer"));
+                let eq = tri!(VmBuffer::compare(
+                    a,
+                    get_i64(regs, r[1]) as u64,
+                    b,
+                    get_i64(regs, r[3]) as u64,
+                    get_i64(regs, r[4]) as u64
+                ));
+                w32!(regs, r[5], eq);
+            }
+            Op::BufferFillI8 | Op::BufferFillI16 | Op::BufferFillI32 => {
+                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+                let (off, len, v) = (
+                    get_i64(regs, r[1]) as u64,
+                    get_i64(regs, r[2]) as u64,
+                    r32!(regs, r[3]),
+                );
+                tri!(match insn.op {
+                    Op::BufferFillI8 => b.fill_i8(off, len, v),
+                    Op::BufferFillI16 => b.fill_i16(off, len, v),
+                    _ => b.fill_i32(off, len, v),
+                });
+            }
+            Op::BufferFillI64 => {
+                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+                tri!(b.fill_i64(
+                    get_i64(regs, r[1]) as u64,
+                    get_i64(regs, r[2]) as u64,
+                    get_i64(regs, r[3])
+                ));
+            }
+            Op::BufferFillF32 => {
+                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+                tri!(b.fill_f32(
+                    get_i64(regs, r[1]) as u64,
+                    get_i64(regs, r[2]) as u64,
+                    rf32!(regs, r[3])
+                ));
+            }
+            Op::BufferFillF64 => {
+                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+                tri!(b.fill_f64(
+                    get_i64(regs, r[1]) as u64,
+                    get_i64(regs, r[2]) as u64,
+                    rf64!(regs, r[3])
+                ));
+            }
+            Op::BufferHash => {
+                let b = tri!(deref_buffer(refs, r[0], "source_buffer"));
+                let h = tri!(b.hash(get_i64(regs, r[1]) as u64, get_i64(regs, r[2]) as u64));
+                set_i64(regs, r[3], h);
+            }
+            // ---- refs
+            Op::CastAnyRef => {
+                let v = take_ref(refs, r[0]);
+                tri!(check_cast(&v, type_at(state, insn.imm)));
+                refs[ref_slot(r[1])] = v;
+            }
+            Op::DiscardRefs => {
+                for &reg in pool_list(pool, insn.pool as usize) {
+                    let reg = reg as u16;
+                    if reg & REF_BIT != 0 {
+                        refs[ref_slot(reg)] = None;
+                    }
+                }
+            }
+            Op::AssignRef => {
+                let v = take_ref(refs, r[0]);
+                refs[ref_slot(r[1])] = v;
+            }
+            // ---- f32
+            Op::AddF32 => wf32!(regs, r[2], rf32!(regs, r[0]) + rf32!(regs, r[1])),
+            Op::SubF32 => wf32!(regs, r[2], rf32!(regs, r[0]) - rf32!(regs, r[1])),
+            Op::MulF32 => wf32!(regs, r[2], rf32!(regs, r[0]) * rf32!(regs, r[1])),
+            Op::DivF32 => wf32!(regs, r[2], rf32!(regs, r[0]) / rf32!(regs, r[1])),
+            Op::RemF32 => wf32!(
+                regs,
+                r[2],
+                ieee_rem_f32(rf32!(regs, r[0]), rf32!(regs, r[1]))
+            ),
+            Op::FMAF32 => wf32!(
+                regs,
+                r[3],
+                rf32!(regs, r[0]) * rf32!(regs, r[1]) + rf32!(regs, r[2])
+            ),
+            Op::AbsF32 => wf32!(regs, r[1], rf32!(regs, r[0]).abs()),
+            Op::NegF32 => wf32!(regs, r[1], -rf32!(regs, r[0])),
+            Op::CeilF32 => wf32!(regs, r[1], rf32!(regs, r[0]).ceil()),
+            Op::FloorF32 => wf32!(regs, r[1], rf32!(regs, r[0]).floor()),
+            Op::RoundF32 => wf32!(regs, r[1], rf32!(regs, r[0]).round()),
+            Op::RoundF32Even => wf32!(regs, r[1], round_even_f32(rf32!(regs, r[0]))),
+            Op::MinF32 => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                wf32!(regs, r[2], if b < a { b } else { a });
+            }
+            Op::MaxF32 => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                wf32!(regs, r[2], if a < b { b } else { a });
+            }
+            Op::AtanF32 => wf32!(regs, r[1], rf32!(regs, r[0]).atan()),
+            Op::Atan2F32 => wf32!(regs, r[2], rf32!(regs, r[0]).atan2(rf32!(regs, r[1]))),
+            Op::CosF32 => wf32!(regs, r[1], rf32!(regs, r[0]).cos()),
+            Op::SinF32 => wf32!(regs, r[1], rf32!(regs, r[0]).sin()),
+            Op::ExpF32 => wf32!(regs, r[1], rf32!(regs, r[0]).exp()),
+            Op::Exp2F32 => wf32!(regs, r[1], rf32!(regs, r[0]).exp2()),
+            Op::ExpM1F32 => wf32!(regs, r[1], rf32!(regs, r[0]).exp_m1()),
+            Op::LogF32 => wf32!(regs, r[1], rf32!(regs, r[0]).ln()),
+            Op::Log10F32 => wf32!(regs, r[1], rf32!(regs, r[0]).log10()),
+            Op::Log1pF32 => wf32!(regs, r[1], rf32!(regs, r[0]).ln_1p()),
+            Op::Log2F32 => wf32!(regs, r[1], rf32!(regs, r[0]).log2()),
+            Op::PowF32 => wf32!(regs, r[2], rf32!(regs, r[0]).powf(rf32!(regs, r[1]))),
+            Op::RsqrtF32 => wf32!(regs, r[1], 1.0 / rf32!(regs, r[0]).sqrt()),
+            Op::SqrtF32 => wf32!(regs, r[1], rf32!(regs, r[0]).sqrt()),
+            Op::TanhF32 => wf32!(regs, r[1], rf32!(regs, r[0]).tanh()),
+            Op::ErfF32 => wf32!(regs, r[1], super::cmath::erff(rf32!(regs, r[0]))),
+            Op::CastSI32F32 => wf32!(regs, r[1], r32!(regs, r[0]) as f32),
+            Op::CastUI32F32 => wf32!(regs, r[1], regs[r[0] as usize] as f32),
+            Op::CastSI64F32 => wf32!(regs, r[1], get_i64(regs, r[0]) as f32),
+            Op::CastUI64F32 => wf32!(regs, r[1], get_i64(regs, r[0]) as u64 as f32),
+            Op::CastF32SI32 => w32!(regs, r[1], rf32!(regs, r[0]).round() as i64 as i32),
+            Op::CastF32UI32 => w32!(regs, r[1], rf32!(regs, r[0]).round() as i64 as u32),
+            Op::CastF32SI64 => set_i64(regs, r[1], rf32!(regs, r[0]).round() as i64),
+            Op::CastF32UI64 => set_i64(regs, r[1], rf32!(regs, r[0]).round() as u64 as i64),
+            Op::BitcastI32F32 | Op::BitcastF32I32 => regs[r[1] as usize] = regs[r[0] as usize],
+            Op::CmpEQF32O => w32!(regs, r[2], rf32!(regs, r[0]) == rf32!(regs, r[1])),
+            Op::CmpEQF32U => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a == b);
+            }
+            Op::CmpNEF32O => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                // C's `!=` is true for unordered operands too.
+                w32!(regs, r[2], a != b);
+            }
+            Op::CmpNEF32U => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a != b);
+            }
+            Op::CmpLTF32O => w32!(regs, r[2], rf32!(regs, r[0]) < rf32!(regs, r[1])),
+            Op::CmpLTF32U => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a < b);
+            }
+            Op::CmpLTEF32O => w32!(regs, r[2], rf32!(regs, r[0]) <= rf32!(regs, r[1])),
+            Op::CmpLTEF32U => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a <= b);
+            }
+            Op::CmpNaNF32 => w32!(regs, r[1], rf32!(regs, r[0]).is_nan()),
+            // ---- f64
+            Op::AddF64 => wf64!(regs, r[2], rf64!(regs, r[0]) + rf64!(regs, r[1])),
+            Op::SubF64 => wf64!(regs, r[2], rf64!(regs, r[0]) - rf64!(regs, r[1])),
+            Op::MulF64 => wf64!(regs, r[2], rf64!(regs, r[0]) * rf64!(regs, r[1])),
+            Op::DivF64 => wf64!(regs, r[2], rf64!(regs, r[0]) / rf64!(regs, r[1])),
+            Op::RemF64 => wf64!(
+                regs,
+                r[2],
+                ieee_rem_f64(rf64!(regs, r[0]), rf64!(regs, r[1]))
+            ),
+            Op::FMAF64 => wf64!(
+                regs,
+                r[3],
+                rf64!(regs, r[0]) * rf64!(regs, r[1]) + rf64!(regs, r[2])
+            ),
+            Op::AbsF64 => wf64!(regs, r[1], rf64!(regs, r[0]).abs()),
+            Op::NegF64 => wf64!(regs, r[1], -rf64!(regs, r[0])),
+            Op::CeilF64 => wf64!(regs, r[1], rf64!(regs, r[0]).ceil()),
+            Op::FloorF64 => wf64!(regs, r[1], rf64!(regs, r[0]).floor()),
+            Op::RoundF64 => wf64!(regs, r[1], rf64!(regs, r[0]).round()),
+            Op::RoundF64Even => wf64!(regs, r[1], rf64!(regs, r[0]).round_ties_even()),
+            Op::MinF64 => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                wf64!(regs, r[2], if b < a { b } else { a });
+            }
+            Op::MaxF64 => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                wf64!(regs, r[2], if a < b { b } else { a });
+            }
+            Op::AtanF64 => wf64!(regs, r[1], rf64!(regs, r[0]).atan()),
+            Op::Atan2F64 => wf64!(regs, r[2], rf64!(regs, r[0]).atan2(rf64!(regs, r[1]))),
+            Op::CosF64 => wf64!(regs, r[1], rf64!(regs, r[0]).cos()),
+            Op::SinF64 => wf64!(regs, r[1], rf64!(regs, r[0]).sin()),
+            Op::ExpF64 => wf64!(regs, r[1], rf64!(regs, r[0]).exp()),
+            Op::Exp2F64 => wf64!(regs, r[1], rf64!(regs, r[0]).exp2()),
+            Op::ExpM1F64 => wf64!(regs, r[1], rf64!(regs, r[0]).exp_m1()),
+            Op::LogF64 => wf64!(regs, r[1], rf64!(regs, r[0]).ln()),
+            Op::Log10F64 => wf64!(regs, r[1], rf64!(regs, r[0]).log10()),
+            Op::Log1pF64 => wf64!(regs, r[1], rf64!(regs, r[0]).ln_1p()),
+            Op::Log2F64 => wf64!(regs, r[1], rf64!(regs, r[0]).log2()),
+            Op::PowF64 => wf64!(regs, r[2], rf64!(regs, r[0]).powf(rf64!(regs, r[1]))),
+            Op::RsqrtF64 => wf64!(regs, r[1], 1.0 / rf64!(regs, r[0]).sqrt()),
+            Op::SqrtF64 => wf64!(regs, r[1], rf64!(regs, r[0]).sqrt()),
+            Op::TanhF64 => wf64!(regs, r[1], rf64!(regs, r[0]).tanh()),
+            Op::ErfF64 => wf64!(regs, r[1], super::cmath::erf(rf64!(regs, r[0]))),
+            Op::TruncF64F32 => wf32!(regs, r[1], rf64!(regs, r[0]) as f32),
+            Op::ExtF32F64 => wf64!(regs, r[1], rf32!(regs, r[0]) as f64),
+            Op::CastSI32F64 => wf64!(regs, r[1], r32!(regs, r[0]) as f64),
+            Op::CastUI32F64 => wf64!(regs, r[1], regs[r[0] as usize] as f64),
+            // Upstream rounds these through float (`lroundf`).
+            Op::CastF64SI32 => w32!(regs, r[1], (rf64!(regs, r[0]) as f32).round() as i64 as i32),
+            Op::CastF64UI32 => w32!(regs, r[1], (rf64!(regs, r[0]) as f32).round() as i64 as u32),
+            Op::CastSI64F64 => wf64!(regs, r[1], get_i64(regs, r[0]) as f64),
+            Op::CastUI64F64 => wf64!(regs, r[1], get_i64(regs, r[0]) as u64 as f64),
+            Op::CastF64SI64 => set_i64(regs, r[1], rf64!(regs, r[0]).round() as i64),
+            Op::CastF64UI64 => set_i64(regs, r[1], rf64!(regs, r[0]).round() as i64),
+            Op::BitcastI64F64 | Op::BitcastF64I64 => set_i64(regs, r[1], get_i64(regs, r[0])),
+            Op::CmpEQF64O => w32!(regs, r[2], rf64!(regs, r[0]) == rf64!(regs, r[1])),
+            Op::CmpEQF64U => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a == b);
+            }
+            Op::CmpNEF64O => w32!(regs, r[2], rf64!(regs, r[0]) != rf64!(regs, r[1])),
+            Op::CmpNEF64U => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a != b);
+            }
+            Op::CmpLTF64O => w32!(regs, r[2], rf64!(regs, r[0]) < rf64!(regs, r[1])),
+            Op::CmpLTF64U => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a < b);
+            }
+            Op::CmpLTEF64O => w32!(regs, r[2], rf64!(regs, r[0]) <= rf64!(regs, r[1])),
+            Op::CmpLTEF64U => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a <= b);
+            }
+            Op::CmpNaNF64 => w32!(regs, r[1], rf64!(regs, r[0]).is_nan()),
+        }
+    }
+}
+
+fn release_moved(refs: &mut [Option<Ref>], regs: &[u16]) {
+    for &r in regs {
+        if r & MOVE_BIT != 0 {
+            refs[ref_slot(r)] = None;
+        }
+    }
+}

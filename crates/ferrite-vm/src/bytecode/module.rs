@@ -1,0 +1,334 @@
+//! Bytecode modules: a verified [`Archive`] plus decoded functions, and the
+//! per-context [`BytecodeState`] (globals and resolved imports).
+
+use super::archive::Archive;
+use super::interp;
+use super::verifier::{decode_function, DecodedFunction, ModuleEnv};
+use crate::buffer::VmBuffer;
+use crate::bytes::ModuleBytes;
+use crate::cconv::Cconv;
+use crate::instance::Instance;
+use crate::module::{
+    Dependency, ExportInfo, FunctionRef, ImportInfo, Module, ModuleState, Signature,
+};
+use crate::refs::Ref;
+use crate::stack::{Frame, Stack};
+use crate::types::TypeDef;
+use crate::value::Variant;
+use ferrite_base::status::ResultExt;
+use ferrite_base::{bail, status, Result};
+use parking_lot::Mutex;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, OnceLock};
+
+/// A loaded, verified bytecode module. Immutable and shareable across
+/// contexts and threads.
+pub struct BytecodeModule {
+    archive: Archive,
+    dependencies: Vec<Dependency>,
+    imports: Vec<ImportInfo>,
+    exports: Vec<ExportInfo>,
+    export_functions: Vec<u32>,
+    pub(crate) import_cconvs: Vec<Option<Arc<Cconv>>>,
+    pub(crate) functions: Vec<DecodedFunction>,
+    pub(crate) function_names: Vec<String>,
+    pub(crate) types: Vec<TypeDef>,
+    pub(crate) strings: Vec<Box<str>>,
+    pub(crate) rodata: Vec<Ref>,
+}
+
+impl BytecodeModule {
+    /// Parses, resolves types against `instance` and verifies every function.
+    pub fn load(instance: &Instance, bytes: ModuleBytes) -> Result<Arc<BytecodeModule>> {
+        let archive = Archive::parse(bytes)?;
+        let name = archive.name().to_string();
+        Self::from_archive(instance, archive)
+            .annotate(|| format!("loading bytecode module '{name}'"))
+    }
+
+    fn from_archive(instance: &Instance, archive: Archive) -> Result<Arc<BytecodeModule>> {
+        let types = archive
+            .types()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                instance
+                    .types()
+                    .resolve(t)
+                    .annotate(|| format!("resolving type [{i}]"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let imports: Vec<ImportInfo> = archive
+            .imports()
+            .iter()
+            .map(|i| ImportInfo {
+                full_name: i.full_name.clone(),
+                signature: Signature {
+                    cconv: i.signature.calling_convention.clone().unwrap_or_default(),
+                    attrs: i.signature.attrs.clone(),
+                },
+                optional: i.optional,
+            })
+            .collect();
+        let import_cconvs = imports
+            .iter()
+            .map(|i| {
+                if i.signature.cconv.is_empty() {
+                    Ok(None)
+                } else {
+                    Cconv::parse(&i.signature.cconv)
+                        .map(|c| Some(Arc::new(c)))
+                        .annotate(|| format!("import '{}'", i.full_name))
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sigs = archive.function_signatures();
+        let descs = archive.function_descriptors();
+        if sigs.len() != descs.len() {
+            bail!(
+                InvalidArgument,
+                "module has {} function signatures but {} function descriptors",
+                sigs.len(),
+                descs.len()
+            );
+        }
+        let function_cconvs = sigs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match &s.calling_convention {
+                Some(c) => Cconv::parse(c).annotate(|| format!("function {i}")),
+                None => bail!(InvalidArgument, "function {i} has no calling convention"),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut function_names: Vec<String> =
+            (0..descs.len()).map(|i| format!("func_{i}")).collect();
+        if let Some(db) = archive.debug_database() {
+            for (i, f) in db.functions.iter().enumerate().take(descs.len()) {
+                if !f.local_name.is_empty() {
+                    function_names[i] = f.local_name.clone();
+                }
+            }
+        }
+        let mut exports = Vec::new();
+        let mut export_functions = Vec::new();
+        for e in archive.exports() {
+            let f = e.internal_ordinal as usize;
+            let sig = sigs.get(f).ok_or_else(|| {
+                status!(
+                    InvalidArgument,
+                    "export '{}' names function {f}, which does not exist",
+                    e.local_name
+                )
+            })?;
+            function_names[f] = e.local_name.clone();
+            exports.push(ExportInfo {
+                name: e.local_name.clone(),
+                signature: Signature {
+                    cconv: sig.calling_convention.clone().unwrap_or_default(),
+                    attrs: sig.attrs.clone(),
+                },
+            });
+            export_functions.push(e.internal_ordinal);
+        }
+        let ms = archive.module_state();
+        let mut strings = Vec::new();
+        let ic: Vec<Option<Cconv>> = import_cconvs
+            .iter()
+            .map(|c| c.as_deref().cloned())
+            .collect();
+        let mut env = ModuleEnv {
+            features: archive.requirements(),
+            type_count: types.len() as u32,
+            import_cconvs: &ic,
+            function_cconvs: &function_cconvs,
+            rodata_count: archive.rodata_segments().len() as u32,
+            global_bytes: ms.global_bytes_capacity,
+            global_refs: ms.global_ref_count,
+            strings: &mut strings,
+        };
+        let mut functions = Vec::with_capacity(descs.len());
+        for (i, d) in descs.iter().enumerate() {
+            let code = archive.function_bytecode(i);
+            let f = decode_function(
+                &function_names[i],
+                code,
+                d.i32_register_count as u32,
+                d.ref_register_count as u32,
+                &function_cconvs[i],
+                &mut env,
+            )
+            .annotate(|| format!("verifying function {i} '{}'", function_names[i]))?;
+            functions.push(f);
+        }
+        let shared: crate::buffer::SharedBytes = Arc::new(archive.bytes().clone());
+        let rodata = archive
+            .rodata_segments()
+            .iter()
+            .map(|s| VmBuffer::from_shared(shared.clone(), s.range()).map(Ref::new))
+            .collect::<Result<Vec<_>>>()?;
+        let dependencies = archive
+            .dependencies()
+            .iter()
+            .map(|d| Dependency {
+                name: d.name.clone(),
+                minimum_version: d.minimum_version,
+                optional: d.optional,
+            })
+            .collect();
+        Ok(Arc::new(BytecodeModule {
+            archive,
+            dependencies,
+            imports,
+            exports,
+            export_functions,
+            import_cconvs,
+            functions,
+            function_names,
+            types,
+            strings,
+            rodata,
+        }))
+    }
+
+    /// The parsed archive (metadata, rodata, debug database).
+    pub fn archive(&self) -> &Archive {
+        &self.archive
+    }
+
+    /// Decoded functions, by internal ordinal.
+    pub fn functions(&self) -> &[DecodedFunction] {
+        &self.functions
+    }
+
+    /// Names of internal functions (export or debug names).
+    pub fn function_names(&self) -> &[String] {
+        &self.function_names
+    }
+
+    /// Source location of an instruction, from the debug database.
+    pub fn location(&self, function: u32, insn: u32) -> Option<String> {
+        let off = *self
+            .functions
+            .get(function as usize)?
+            .offsets
+            .get(insn as usize)?;
+        self.archive.resolve_location(function as usize, off)
+    }
+}
+
+impl Module for BytecodeModule {
+    fn name(&self) -> &str {
+        self.archive.name()
+    }
+    fn version(&self) -> u32 {
+        self.archive.version()
+    }
+    fn dependencies(&self) -> &[Dependency] {
+        &self.dependencies
+    }
+    fn imports(&self) -> &[ImportInfo] {
+        &self.imports
+    }
+    fn exports(&self) -> &[ExportInfo] {
+        &self.exports
+    }
+    fn create_state(self: Arc<Self>, _instance: &Instance) -> Result<Arc<dyn ModuleState>> {
+        let ms = self.archive.module_state();
+        let words = (ms.global_bytes_capacity as usize).div_ceil(4);
+        let imports = (0..self.imports.len()).map(|_| OnceLock::new()).collect();
+        Ok(Arc::new(BytecodeState {
+            globals: (0..words).map(|_| AtomicU32::new(0)).collect(),
+            ref_globals: (0..ms.global_ref_count).map(|_| Mutex::new(None)).collect(),
+            imports,
+            module: self,
+        }))
+    }
+}
+
+/// Per-context state of a bytecode module.
+pub struct BytecodeState {
+    pub(crate) module: Arc<BytecodeModule>,
+    /// Primitive globals as 32-bit words (i64/f64 span two).
+    pub(crate) globals: Box<[AtomicU32]>,
+    pub(crate) ref_globals: Box<[Mutex<Option<Ref>>]>,
+    imports: Box<[OnceLock<Option<FunctionRef>>]>,
+}
+
+impl BytecodeState {
+    /// The resolved target of import `ordinal`.
+    pub(crate) fn import(&self, ordinal: u32) -> Result<FunctionRef> {
+        match self.imports.get(ordinal as usize).and_then(|c| c.get()) {
+            Some(Some(f)) => Ok(f.clone()),
+            _ => {
+                let name = self
+                    .module
+                    .imports
+                    .get(ordinal as usize)
+                    .map_or("?", |i| i.full_name.as_str());
+                bail!(
+                    NotFound,
+                    "import '{name}' (ordinal {ordinal}) is not resolved"
+                )
+            }
+        }
+    }
+
+    /// Whether import `ordinal` resolved to a function.
+    pub(crate) fn import_resolved(&self, ordinal: u32) -> bool {
+        matches!(
+            self.imports.get(ordinal as usize).and_then(|c| c.get()),
+            Some(Some(_))
+        )
+    }
+
+    /// The module this state belongs to.
+    pub fn bytecode_module(&self) -> &Arc<BytecodeModule> {
+        &self.module
+    }
+}
+
+impl ModuleState for BytecodeState {
+    fn module(&self) -> Arc<dyn Module> {
+        self.module.clone()
+    }
+
+    fn resolve_import(&self, ordinal: usize, target: Option<FunctionRef>) -> Result<()> {
+        let slot = self
+            .imports
+            .get(ordinal)
+            .ok_or_else(|| status!(OutOfRange, "import ordinal {ordinal} out of range"))?;
+        slot.set(target).map_err(|_| {
+            status!(
+                FailedPrecondition,
+                "import ordinal {ordinal} already resolved"
+            )
+        })
+    }
+
+    fn begin_call(
+        self: Arc<Self>,
+        stack: &mut Stack,
+        ordinal: u32,
+        args: Vec<Variant>,
+    ) -> Result<()> {
+        let f = *self
+            .module
+            .export_functions
+            .get(ordinal as usize)
+            .ok_or_else(|| status!(NotFound, "export ordinal {ordinal} out of range"))?;
+        let module = self.module.clone();
+        let func = &module.functions[f as usize];
+        let (ib, rb) = interp::push_frame(stack, self, f, true)?;
+        let regs = &mut stack.i32_regs[ib..];
+        let refs = &mut stack.ref_regs[rb..];
+        if let Err(e) = interp::place_args(regs, refs, args, &func.cconv.args) {
+            if let Some(Frame::Bytecode(_)) = stack.frames.last() {
+                stack.frames.pop();
+                stack.i32_regs.truncate(ib);
+                stack.ref_regs.truncate(rb);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+}

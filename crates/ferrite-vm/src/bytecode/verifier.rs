@@ -1,0 +1,638 @@
+//! Verification and decoding of function bytecode.
+//!
+//! Every function is decoded once, at load, into [`Insn`]s. Decoding *is*
+//! verification: each operand is range-checked against the function's
+//! register counts and the module's tables, every branch must land on a block
+//! marker inside the function, extension opcodes need the module's feature
+//! bits, and calls must match the callee's calling convention. The
+//! interpreter relies on those facts; nothing in a `.vmfb` can make it panic.
+
+use super::isa::{Op, CORE_TABLE, EXT_F32_TABLE, EXT_F64_TABLE};
+use super::isa_types::{Bank, Field, BLOCK_MARKER, PREFIX_EXT_F32, PREFIX_EXT_F64};
+use crate::cconv::{Cconv, CconvType};
+use ferrite_base::{bail, status, Result};
+
+/// Feature bit: the ext_f32 opcode set.
+pub const FEATURE_EXT_F32: u32 = 1 << 0;
+/// Feature bit: the ext_f64 opcode set.
+pub const FEATURE_EXT_F64: u32 = 1 << 1;
+
+/// High bit of a function ordinal marking an import.
+pub const IMPORT_BIT: u32 = 0x8000_0000;
+/// Ref register type bit.
+pub const REF_BIT: u16 = 0x8000;
+/// Ref register move bit.
+pub const MOVE_BIT: u16 = 0x4000;
+/// Mask of a ref register's ordinal.
+pub const REF_MASK: u16 = 0x3FFF;
+
+/// One decoded instruction.
+///
+/// Registers are stored as encoded: i32-bank ordinals as is, ref ordinals
+/// with their type and move bits. Variable-length operands (register lists,
+/// branch targets, remap lists) live in the function's pool at `pool`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Insn {
+    /// The operation.
+    pub op: Op,
+    /// Register operands in encoding order.
+    pub r: [u16; 6],
+    /// Index of this instruction's variable-length operands in the pool.
+    pub pool: u32,
+    /// Global offset/ordinal, function ordinal, rodata ordinal or string index.
+    pub a: u32,
+    /// Immediate constant bits, or a type-table ordinal.
+    pub imm: u64,
+}
+
+/// A verified, decoded function.
+#[derive(Debug, Clone)]
+pub struct DecodedFunction {
+    /// Instructions in bytecode order (block markers included).
+    pub insns: Vec<Insn>,
+    /// Bytecode offset (within the function) of each instruction.
+    pub offsets: Vec<u32>,
+    /// Pool of variable-length operands.
+    pub pool: Vec<u32>,
+    /// i32-bank register slot count.
+    pub i32_count: u32,
+    /// Ref register count.
+    pub ref_count: u32,
+    /// The function's calling convention.
+    pub cconv: Cconv,
+}
+
+/// What the verifier needs to know about the rest of the module.
+pub struct ModuleEnv<'a> {
+    /// Module feature bits.
+    pub features: u32,
+    /// Type table size.
+    pub type_count: u32,
+    /// Calling conventions of the imports (None when unspecified).
+    pub import_cconvs: &'a [Option<Cconv>],
+    /// Calling conventions of internal functions.
+    pub function_cconvs: &'a [Cconv],
+    /// Rodata segment count.
+    pub rodata_count: u32,
+    /// Bytes of primitive global storage.
+    pub global_bytes: u32,
+    /// Number of ref globals.
+    pub global_refs: u32,
+    /// Interned strings (fail messages, trace names), appended to.
+    pub strings: &'a mut Vec<Box<str>>,
+}
+
+struct Reader<'a> {
+    code: &'a [u8],
+    pc: usize,
+    fname: &'a str,
+}
+
+impl Reader<'_> {
+    fn need(&self, n: usize, what: &str) -> Result<()> {
+        if self.pc.checked_add(n).is_none_or(|e| e > self.code.len()) {
+            bail!(
+                InvalidArgument,
+                "function '{}': truncated {what} at bytecode offset {} (needs {n} bytes, function has {})",
+                self.fname,
+                self.pc,
+                self.code.len()
+            );
+        }
+        Ok(())
+    }
+    fn u8(&mut self, what: &str) -> Result<u8> {
+        self.need(1, what)?;
+        let v = self.code[self.pc];
+        self.pc += 1;
+        Ok(v)
+    }
+    fn u16(&mut self, what: &str) -> Result<u16> {
+        self.need(2, what)?;
+        let v = u16::from_le_bytes([self.code[self.pc], self.code[self.pc + 1]]);
+        self.pc += 2;
+        Ok(v)
+    }
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        self.need(4, what)?;
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&self.code[self.pc..self.pc + 4]);
+        self.pc += 4;
+        Ok(u32::from_le_bytes(b))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        self.need(8, what)?;
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.code[self.pc..self.pc + 8]);
+        self.pc += 8;
+        Ok(u64::from_le_bytes(b))
+    }
+    fn align2(&mut self) {
+        self.pc = (self.pc + 1) & !1;
+    }
+}
+
+struct FnCtx<'a> {
+    name: &'a str,
+    i32_count: u32,
+    ref_count: u32,
+}
+
+impl FnCtx<'_> {
+    fn check_reg(&self, reg: u16, bank: Bank, allow_move: bool, at: usize) -> Result<()> {
+        let bad = |why: String| {
+            status!(
+                InvalidArgument,
+                "function '{}': register {:#06x} at bytecode offset {at}: {why}",
+                self.name,
+                reg
+            )
+        };
+        match bank {
+            Bank::Ref => {
+                if reg & REF_BIT == 0 {
+                    return Err(bad("expected a ref register".into()));
+                }
+                if !allow_move && reg & MOVE_BIT != 0 {
+                    return Err(bad("move bit not allowed here".into()));
+                }
+                let o = (reg & REF_MASK) as u32;
+                if o >= self.ref_count {
+                    return Err(bad(format!(
+                        "ref register {o} out of range (function has {})",
+                        self.ref_count
+                    )));
+                }
+            }
+            Bank::I32 | Bank::F32 | Bank::I64 | Bank::F64 => {
+                if reg & REF_BIT != 0 {
+                    return Err(bad(
+                        "expected a primitive register, found a ref register".into()
+                    ));
+                }
+                let width = if matches!(bank, Bank::I64 | Bank::F64) {
+                    2
+                } else {
+                    1
+                };
+                if reg as u32 + width > self.i32_count {
+                    return Err(bad(format!(
+                        "{bank:?} register {reg} out of range (function has {} i32 slots)",
+                        self.i32_count
+                    )));
+                }
+            }
+            Bank::Any => {
+                if reg & REF_BIT != 0 {
+                    self.check_reg(reg, Bank::Ref, true, at)?;
+                } else {
+                    self.check_reg(reg, Bank::I32, false, at)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Verifies and decodes one function's bytecode.
+pub fn decode_function(
+    name: &str,
+    code: &[u8],
+    i32_count: u32,
+    ref_count: u32,
+    cconv: &Cconv,
+    env: &mut ModuleEnv<'_>,
+) -> Result<DecodedFunction> {
+    // Register files are allocated rounded up to a power of two (at least
+    // one register per bank), as upstream sizes them.
+    let i32_count = i32_count.max(1).next_power_of_two();
+    let ref_count = ref_count.max(1).next_power_of_two();
+    if i32_count > 0x7FFF || ref_count > REF_MASK as u32 {
+        bail!(
+            InvalidArgument,
+            "function '{name}': register counts exceed the maximum"
+        );
+    }
+    let fx = FnCtx {
+        name,
+        i32_count,
+        ref_count,
+    };
+    check_signature_storage(&fx, cconv)?;
+    let mut rd = Reader {
+        code,
+        pc: 0,
+        fname: name,
+    };
+    let mut insns = Vec::new();
+    let mut offsets = Vec::new();
+    let mut pool: Vec<u32> = Vec::new();
+    // Branch target pool slots to patch from byte offsets to insn indices.
+    let mut fixups: Vec<(usize, usize)> = Vec::new();
+    let mut block_at: Vec<(u32, u32)> = Vec::new();
+    if code.first() != Some(&BLOCK_MARKER) {
+        bail!(
+            InvalidArgument,
+            "function '{name}': bytecode must begin with a block marker"
+        );
+    }
+    while rd.pc < code.len() {
+        let start = rd.pc;
+        let b = rd.u8("opcode")?;
+        let op = match b {
+            PREFIX_EXT_F32 | PREFIX_EXT_F64 => {
+                let (table, bit, set) = if b == PREFIX_EXT_F32 {
+                    (&EXT_F32_TABLE, FEATURE_EXT_F32, "EXT_F32")
+                } else {
+                    (&EXT_F64_TABLE, FEATURE_EXT_F64, "EXT_F64")
+                };
+                if env.features & bit == 0 {
+                    bail!(
+                        InvalidArgument,
+                        "function '{name}': {set} opcode at bytecode offset {start} but the module does not require {set}"
+                    );
+                }
+                let e = rd.u8("extension opcode")?;
+                table[e as usize].ok_or_else(|| {
+                    status!(InvalidArgument, "function '{name}': unknown {set} opcode {e:#04x} at bytecode offset {start}")
+                })?
+            }
+            _ => CORE_TABLE[b as usize].ok_or_else(|| {
+                status!(
+                    InvalidArgument,
+                    "function '{name}': unknown opcode {b:#04x} at bytecode offset {start}"
+                )
+            })?,
+        };
+        if op == Op::Block {
+            block_at.push((start as u32, insns.len() as u32));
+        }
+        let mut insn = Insn {
+            op,
+            r: [0; 6],
+            pool: pool.len() as u32,
+            a: 0,
+            imm: 0,
+        };
+        let mut nreg = 0usize;
+        let mut last_i16 = 0u16;
+        let mut list_idx = 0usize;
+        for field in op.fields() {
+            match *field {
+                Field::Reg {
+                    bank, allow_move, ..
+                } => {
+                    let reg = rd.u16("register")?;
+                    fx.check_reg(reg, bank, allow_move, start)?;
+                    insn.r[nreg] = reg;
+                    nreg += 1;
+                }
+                Field::Attr(bank) => {
+                    insn.imm = match bank {
+                        Bank::I64 | Bank::F64 => rd.u64("constant")?,
+                        _ => rd.u32("constant")? as u64,
+                    };
+                }
+                Field::GlobalAttr => insn.a = rd.u32("global ordinal")?,
+                Field::FuncAttr => {
+                    let f = rd.u32("function ordinal")?;
+                    check_func_ordinal(name, f, env, start)?;
+                    insn.a = f;
+                }
+                Field::RodataAttr => {
+                    let r = rd.u32("rodata ordinal")?;
+                    if r >= env.rodata_count {
+                        bail!(InvalidArgument, "function '{name}': rodata ordinal {r} at bytecode offset {start} out of range ({} segments)", env.rodata_count);
+                    }
+                    insn.a = r;
+                }
+                Field::TypeOf => {
+                    let t = rd.u32("type ordinal")?;
+                    if t >= env.type_count {
+                        bail!(InvalidArgument, "function '{name}': type ordinal {t} at bytecode offset {start} out of range ({} types)", env.type_count);
+                    }
+                    insn.imm = t as u64;
+                }
+                Field::StringAttr => {
+                    let n = rd.u16("string length")? as usize;
+                    rd.need(n, "string")?;
+                    let s = std::str::from_utf8(&code[rd.pc..rd.pc + n]).map_err(|_| {
+                        status!(
+                            InvalidArgument,
+                            "function '{name}': string at bytecode offset {} is not UTF-8",
+                            rd.pc
+                        )
+                    })?;
+                    rd.pc += n;
+                    insn.a = env.strings.len() as u32;
+                    env.strings.push(s.into());
+                }
+                Field::BranchTarget => {
+                    let t = rd.u32("branch target")?;
+                    fixups.push((pool.len(), start));
+                    pool.push(t);
+                }
+                Field::BranchOperands => {
+                    read_remap_list(&mut rd, &fx, &mut pool, start)?;
+                }
+                Field::Operands(bank) | Field::Results(bank) => {
+                    rd.align2();
+                    let n = rd.u16("register list size")?;
+                    pool.push(n as u32);
+                    for _ in 0..n {
+                        let reg = rd.u16("register list entry")?;
+                        // Segment sizes are literal counts, not registers.
+                        if !(op_has_segments(op) && list_idx == 0) {
+                            fx.check_reg(reg, bank, true, start)?;
+                        }
+                        pool.push(reg as u32);
+                    }
+                    list_idx += 1;
+                }
+                Field::ConstI16 => {
+                    last_i16 = rd.u16("table size")?;
+                    pool.push(last_i16 as u32);
+                }
+                Field::BranchTableCases => {
+                    for _ in 0..last_i16 {
+                        let t = rd.u32("branch table case target")?;
+                        fixups.push((pool.len(), start));
+                        pool.push(t);
+                        read_remap_list(&mut rd, &fx, &mut pool, start)?;
+                    }
+                }
+            }
+        }
+        check_semantics(&insn, &pool, env, &fx, cconv, start)?;
+        insns.push(insn);
+        offsets.push(start as u32);
+    }
+    for (slot, at) in fixups {
+        let target = pool[slot];
+        match block_at.binary_search_by_key(&target, |&(off, _)| off) {
+            // Execution resumes after the marker.
+            Ok(i) => pool[slot] = block_at[i].1 + 1,
+            Err(_) => bail!(
+                InvalidArgument,
+                "function '{name}': branch at bytecode offset {at} targets offset {target}, which is not a block start"
+            ),
+        }
+    }
+    match insns.last().map(|i| i.op) {
+        Some(
+            Op::Return
+            | Op::Branch
+            | Op::BranchTable
+            | Op::Fail
+            | Op::Yield
+            | Op::CondBranch
+            | Op::Break
+            | Op::CondBreak,
+        ) => {}
+        Some(_) if insns.iter().any(|i| i.op == Op::Fail) => {}
+        other => bail!(
+            InvalidArgument,
+            "function '{name}': last instruction {:?} is not a terminator",
+            other.map(|o| o.mnemonic())
+        ),
+    }
+    // Falling off the end is impossible: every block ends in a terminator or
+    // the interpreter bounds-checks the instruction index.
+    Ok(DecodedFunction {
+        insns,
+        offsets,
+        pool,
+        i32_count,
+        ref_count,
+        cconv: cconv.clone(),
+    })
+}
+
+fn op_has_segments(op: Op) -> bool {
+    matches!(op, Op::CallVariadic | Op::CallVariadicYieldable)
+}
+
+fn read_remap_list(
+    rd: &mut Reader<'_>,
+    fx: &FnCtx<'_>,
+    pool: &mut Vec<u32>,
+    at: usize,
+) -> Result<()> {
+    rd.align2();
+    let n = rd.u16("remap list size")?;
+    pool.push(n as u32);
+    for _ in 0..n {
+        let src = rd.u16("remap source")?;
+        let dst = rd.u16("remap destination")?;
+        fx.check_reg(src, Bank::Any, true, at)?;
+        fx.check_reg(dst, Bank::Any, true, at)?;
+        if (src & REF_BIT) != (dst & REF_BIT) {
+            bail!(
+                InvalidArgument,
+                "function '{}': branch at bytecode offset {at} remaps between register banks",
+                fx.name
+            );
+        }
+        pool.push(src as u32);
+        pool.push(dst as u32);
+    }
+    Ok(())
+}
+
+fn check_func_ordinal(name: &str, f: u32, env: &ModuleEnv<'_>, at: usize) -> Result<()> {
+    if f & IMPORT_BIT != 0 {
+        let i = (f & !IMPORT_BIT) as usize;
+        if i >= env.import_cconvs.len() {
+            bail!(InvalidArgument, "function '{name}': import ordinal {i} at bytecode offset {at} out of range ({} imports)", env.import_cconvs.len());
+        }
+    } else if f as usize >= env.function_cconvs.len() {
+        bail!(InvalidArgument, "function '{name}': function ordinal {f} at bytecode offset {at} out of range ({} functions)", env.function_cconvs.len());
+    }
+    Ok(())
+}
+
+/// The callee's calling convention for a function ordinal.
+fn callee_cconv<'e>(env: &'e ModuleEnv<'_>, f: u32) -> Option<&'e Cconv> {
+    if f & IMPORT_BIT != 0 {
+        env.import_cconvs
+            .get((f & !IMPORT_BIT) as usize)
+            .and_then(|c| c.as_ref())
+    } else {
+        env.function_cconvs.get(f as usize)
+    }
+}
+
+/// Reads a `[count, entries...]` list from the pool at `at`.
+pub fn pool_list(pool: &[u32], at: usize) -> &[u32] {
+    let n = pool.get(at).copied().unwrap_or(0) as usize;
+    pool.get(at + 1..at + 1 + n).unwrap_or(&[])
+}
+
+/// Checks that the registers of `list` match the flat scalar `types`.
+fn check_list_types(
+    fx: &FnCtx<'_>,
+    list: &[u32],
+    types: &[CconvType],
+    what: &str,
+    at: usize,
+) -> Result<()> {
+    if list.len() != types.len() {
+        bail!(
+            InvalidArgument,
+            "function '{}': {what} at bytecode offset {at} has {} registers, signature expects {}",
+            fx.name,
+            list.len(),
+            types.len()
+        );
+    }
+    for (reg, t) in list.iter().zip(types) {
+        let bank = match t {
+            CconvType::I32 => Bank::I32,
+            CconvType::I64 => Bank::I64,
+            CconvType::F32 => Bank::F32,
+            CconvType::F64 => Bank::F64,
+            CconvType::Ref => Bank::Ref,
+            CconvType::Span(_) => bail!(
+                InvalidArgument,
+                "function '{}': unexpected span in {what}",
+                fx.name
+            ),
+        };
+        fx.check_reg(*reg as u16, bank, true, at)
+            .map_err(|e| e.annotate(format!("in {what}")))?;
+    }
+    Ok(())
+}
+
+/// Expands a variadic argument list with its segment sizes to flat types.
+pub fn expand_variadic(args: &[CconvType], segments: &[u32]) -> Result<Vec<CconvType>> {
+    let mut out = Vec::new();
+    for (i, a) in args.iter().enumerate() {
+        match a {
+            CconvType::Span(items) => {
+                let n = *segments.get(i).ok_or_else(|| {
+                    status!(
+                        InvalidArgument,
+                        "variadic call has {} segment sizes, signature needs {}",
+                        segments.len(),
+                        args.len()
+                    )
+                })?;
+                for _ in 0..n {
+                    out.extend(items.iter().cloned());
+                }
+            }
+            t => out.push(t.clone()),
+        }
+    }
+    Ok(out)
+}
+
+fn check_semantics(
+    insn: &Insn,
+    pool: &[u32],
+    env: &ModuleEnv<'_>,
+    fx: &FnCtx<'_>,
+    own: &Cconv,
+    at: usize,
+) -> Result<()> {
+    let p = insn.pool as usize;
+    let name = fx.name;
+    match insn.op {
+        Op::Call | Op::CallYieldable => {
+            let args = pool_list(pool, p);
+            let rest = p + 1 + args.len() + if insn.op == Op::CallYieldable { 1 } else { 0 };
+            let results = pool_list(pool, rest);
+            if let Some(c) = callee_cconv(env, insn.a) {
+                if c.is_variadic() {
+                    bail!(InvalidArgument, "function '{name}': non-variadic call at bytecode offset {at} to variadic callee");
+                }
+                check_list_types(fx, args, &c.args, "call arguments", at)?;
+                check_list_types(fx, results, &c.results, "call results", at)?;
+            }
+        }
+        Op::CallVariadic | Op::CallVariadicYieldable => {
+            if insn.a & IMPORT_BIT == 0 {
+                bail!(InvalidArgument, "function '{name}': variadic call at bytecode offset {at} must target an import");
+            }
+            let segs = pool_list(pool, p);
+            let args_at = p + 1 + segs.len();
+            let args = pool_list(pool, args_at);
+            let mut rest = args_at + 1 + args.len();
+            if insn.op == Op::CallVariadicYieldable {
+                rest += 1;
+            }
+            let results = pool_list(pool, rest);
+            if let Some(c) = callee_cconv(env, insn.a) {
+                let flat = expand_variadic(&c.args, segs).map_err(|e| {
+                    e.annotate(format!("function '{name}' at bytecode offset {at}"))
+                })?;
+                check_list_types(fx, args, &flat, "variadic call arguments", at)?;
+                check_list_types(fx, results, &c.results, "call results", at)?;
+            }
+        }
+        Op::Return => {
+            check_list_types(fx, pool_list(pool, p), &own.results, "return values", at)?;
+        }
+        Op::GlobalLoadI32 | Op::GlobalStoreI32 | Op::GlobalLoadF32 | Op::GlobalStoreF32 => {
+            check_global(name, insn.a, 4, env, at)?;
+        }
+        Op::GlobalLoadI64 | Op::GlobalStoreI64 | Op::GlobalLoadF64 | Op::GlobalStoreF64 => {
+            check_global(name, insn.a, 8, env, at)?;
+        }
+        Op::GlobalLoadRef | Op::GlobalStoreRef => {
+            if insn.a >= env.global_refs {
+                bail!(InvalidArgument, "function '{name}': ref global {} at bytecode offset {at} out of range ({} ref globals)", insn.a, env.global_refs);
+            }
+        }
+        Op::ImportResolved => {
+            if insn.a & IMPORT_BIT == 0 {
+                bail!(InvalidArgument, "function '{name}': import.resolved at bytecode offset {at} names a non-import function");
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn check_global(name: &str, offset: u32, width: u32, env: &ModuleEnv<'_>, at: usize) -> Result<()> {
+    if offset
+        .checked_add(width)
+        .is_none_or(|e| e > env.global_bytes)
+    {
+        bail!(
+            InvalidArgument,
+            "function '{name}': global byte offset {offset} (+{width}) at bytecode offset {at} out of range ({} bytes of globals)",
+            env.global_bytes
+        );
+    }
+    Ok(())
+}
+
+fn check_signature_storage(fx: &FnCtx<'_>, cconv: &Cconv) -> Result<()> {
+    for list in [&cconv.args, &cconv.results] {
+        let mut slots = 0u32;
+        let mut refs = 0u32;
+        for t in list.iter() {
+            match t {
+                CconvType::Ref => refs += 1,
+                CconvType::Span(_) => bail!(
+                    InvalidArgument,
+                    "function '{}': bytecode functions cannot be variadic",
+                    fx.name
+                ),
+                t => slots += t.i32_slots() as u32,
+            }
+        }
+        if slots > fx.i32_count || refs > fx.ref_count {
+            bail!(
+                InvalidArgument,
+                "function '{}': insufficient register storage for function arguments/results ({slots} i32 slots and {refs} refs needed, {} and {} available)",
+                fx.name,
+                fx.i32_count,
+                fx.ref_count
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! Invocations: running a function to completion across yields.
+//!
+//! [`Invocation::step`] runs frames until the call returns or something
+//! yields; a yield hands back the [`Wait`] to satisfy before stepping again.
+//! [`Invocation::run`] is the built-in scheduler: it blocks on the wait
+//! sources (never spinning) and resumes, so synchronous callers see a plain
+//! call while asynchronous hosts can drive `step` themselves.
+
+use crate::bytecode::interp::{self, Step};
+use crate::cconv::CconvType;
+use crate::module::FunctionRef;
+use crate::stack::{Frame, NativePoll, Stack, Wait};
+use crate::value::Variant;
+use ferrite_base::status::BacktraceFrame;
+use ferrite_base::wait::wait_sources;
+use ferrite_base::{bail, Result, Status};
+
+/// Progress of an invocation.
+#[derive(Debug)]
+pub enum Poll {
+    /// The function returned these results.
+    Done(Vec<Variant>),
+    /// The function yielded; satisfy the wait, then call `step` again.
+    Pending(Wait),
+}
+
+/// A function call in progress, with its own stack.
+pub struct Invocation {
+    stack: Stack,
+    function: FunctionRef,
+    done: bool,
+}
+
+impl Invocation {
+    /// Checks `args` against the function's calling convention and pushes
+    /// its first frame.
+    pub fn begin(
+        function: &FunctionRef,
+        args: Vec<Variant>,
+        max_depth: usize,
+    ) -> Result<Invocation> {
+        let mut stack = Stack::new(max_depth);
+        check_args(function, &args)?;
+        function
+            .state
+            .clone()
+            .begin_call(&mut stack, function.ordinal, args)?;
+        Ok(Invocation {
+            stack,
+            function: function.clone(),
+            done: false,
+        })
+    }
+
+    /// Records which ops run (see [`Invocation::take_coverage`]).
+    pub fn record_coverage(&mut self) {
+        self.stack.record_coverage();
+    }
+
+    /// Ops executed so far, when recording was on.
+    pub fn take_coverage(&mut self) -> Vec<crate::bytecode::isa::Op> {
+        self.stack.take_coverage()
+    }
+
+    /// Runs until the call completes or yields.
+    pub fn step(&mut self) -> Result<Poll> {
+        if self.done {
+            bail!(
+                FailedPrecondition,
+                "invocation of '{}' already completed",
+                self.function.name
+            );
+        }
+        match run_frames(&mut self.stack) {
+            Ok(Poll::Done(v)) => {
+                self.done = true;
+                Ok(Poll::Done(v))
+            }
+            Ok(p) => Ok(p),
+            Err(e) => {
+                self.done = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs to completion, blocking on whatever the call waits for.
+    pub fn run(mut self) -> Result<Vec<Variant>> {
+        loop {
+            match self.step()? {
+                Poll::Done(v) => return Ok(v),
+                Poll::Pending(w) => {
+                    if !w.sources.is_empty() {
+                        wait_sources(&w.sources, w.mode, w.deadline)?;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Calls `function` synchronously.
+pub fn invoke(function: &FunctionRef, args: Vec<Variant>) -> Result<Vec<Variant>> {
+    Invocation::begin(function, args, crate::stack::DEFAULT_MAX_DEPTH)?.run()
+}
+
+fn check_args(function: &FunctionRef, args: &[Variant]) -> Result<()> {
+    let c = &function.cconv;
+    if c.is_variadic() {
+        return Ok(());
+    }
+    if args.len() != c.args.len() {
+        bail!(
+            InvalidArgument,
+            "function '{}' expects {} arguments ({}), received {}",
+            function.name,
+            c.args.len(),
+            c,
+            args.len()
+        );
+    }
+    for (i, (a, t)) in args.iter().zip(&c.args).enumerate() {
+        let ok = matches!(
+            (t, a),
+            (CconvType::I32, Variant::I32(_))
+                | (CconvType::I64, Variant::I64(_))
+                | (CconvType::F32, Variant::F32(_))
+                | (CconvType::F64, Variant::F64(_))
+                | (CconvType::Ref, Variant::Ref(_) | Variant::Null)
+        );
+        if !ok {
+            bail!(
+                InvalidArgument,
+                "function '{}' argument {i}: expected {}, received {}",
+                function.name,
+                type_name(t),
+                a.kind_name()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn type_name(t: &CconvType) -> &'static str {
+    match t {
+        CconvType::I32 => "i32",
+        CconvType::I64 => "i64",
+        CconvType::F32 => "f32",
+        CconvType::F64 => "f64",
+        CconvType::Ref => "ref",
+        CconvType::Span(_) => "variadic span",
+    }
+}
+
+/// The trampoline: steps the top frame until the bottom frame returns.
+fn run_frames(stack: &mut Stack) -> Result<Poll> {
+    loop {
+        let step = match stack.frames.last_mut() {
+            None => bail!(FailedPrecondition, "no frame to run"),
+            Some(Frame::Bytecode(_)) => interp::run(stack),
+            Some(Frame::Native(nf)) => {
+                let r = nf.body.step(&mut nf.call);
+                nf.call.resumed = true;
+                match r {
+                    Ok(NativePoll::Ready(v)) => {
+                        stack.frames.pop();
+                        Ok(Step::Return(v))
+                    }
+                    Ok(NativePoll::Pending(w)) => Ok(Step::Yield(w)),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        let result = match step {
+            Ok(Step::Return(values)) => {
+                if stack.frames.is_empty() {
+                    return Ok(Poll::Done(values));
+                }
+                interp::deliver_results(stack, values)
+            }
+            Ok(Step::Call(target, args)) => {
+                target.state.clone().begin_call(stack, target.ordinal, args)
+            }
+            Ok(Step::Yield(w)) => return Ok(Poll::Pending(w)),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            let e = with_backtrace(stack, e);
+            stack.unwind();
+            return Err(e);
+        }
+    }
+}
+
+fn with_backtrace(stack: &Stack, mut e: Status) -> Status {
+    for frame in stack.frames.iter().rev() {
+        match frame {
+            Frame::Bytecode(f) => {
+                let m = &f.state.module;
+                let func = &m.functions[f.function as usize];
+                let offset = func.offsets.get(f.current as usize).copied().unwrap_or(0);
+                e.push_frame(BacktraceFrame {
+                    function: format!(
+                        "{}.{}",
+                        crate::module::Module::name(&**m),
+                        m.function_names[f.function as usize]
+                    ),
+                    offset,
+                    location: m.location(f.function, f.current),
+                });
+            }
+            Frame::Native(n) => e.push_frame(BacktraceFrame {
+                function: n.body.name().to_string(),
+                offset: 0,
+                location: None,
+            }),
+        }
+    }
+    e
+}

@@ -1,0 +1,198 @@
+//! The invocation stack: frames of bytecode and native functions plus the
+//! register arenas bytecode frames slice into.
+//!
+//! Frames live here rather than on the Rust stack so that an invocation can
+//! yield at any depth (`DEFERRED`) and be resumed later exactly where it
+//! stopped: the stack is the coroutine.
+
+use crate::bytecode::module::BytecodeState;
+use crate::refs::Ref;
+use crate::value::Variant;
+use ferrite_base::wait::WaitMode;
+use ferrite_base::{Deadline, WaitSource};
+use std::any::Any;
+use std::sync::Arc;
+
+/// Default maximum number of frames before a call fails with
+/// `RESOURCE_EXHAUSTED`.
+pub const DEFAULT_MAX_DEPTH: usize = 1024;
+
+/// What a suspended invocation waits for before it can resume.
+#[derive(Clone)]
+pub struct Wait {
+    /// Sources to wait on; empty for a plain yield (resume at once).
+    pub sources: Vec<Arc<dyn WaitSource>>,
+    /// Whether all or any source must be ready.
+    pub mode: WaitMode,
+    /// When waiting gives up with `DEADLINE_EXCEEDED`.
+    pub deadline: Deadline,
+}
+
+impl Wait {
+    /// A yield with nothing to wait for.
+    pub fn yield_now() -> Wait {
+        Wait {
+            sources: Vec::new(),
+            mode: WaitMode::All,
+            deadline: Deadline::InfiniteFuture,
+        }
+    }
+}
+
+impl std::fmt::Debug for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Wait({} sources, {:?}, {:?})",
+            self.sources.len(),
+            self.mode,
+            self.deadline
+        )
+    }
+}
+
+/// A native function's progress report to the invocation loop.
+pub enum NativePoll {
+    /// Finished with these results.
+    Ready(Vec<Variant>),
+    /// Suspend the invocation until `Wait` is satisfied, then step again.
+    Pending(Wait),
+}
+
+/// Per-call data of a native function, kept across yields.
+pub struct NativeCall {
+    /// Arguments, flattened per the function's calling convention.
+    pub args: Vec<Variant>,
+    /// Whatever the function saved before yielding (None on first step).
+    pub saved: Option<Box<dyn Any + Send>>,
+    /// True when stepping after a yield.
+    pub resumed: bool,
+}
+
+/// A native function body, stepped until it returns [`NativePoll::Ready`].
+pub trait NativeStep: Send + Sync {
+    /// Runs (or resumes) the call.
+    fn step(&self, call: &mut NativeCall) -> ferrite_base::Result<NativePoll>;
+    /// `module.function`, for backtraces.
+    fn name(&self) -> &str;
+}
+
+/// A bytecode function activation.
+pub(crate) struct BytecodeFrame {
+    pub state: Arc<BytecodeState>,
+    pub function: u32,
+    /// Index of the next instruction to run.
+    pub pc: u32,
+    /// Index of the instruction being run when the frame made a call or
+    /// failed (for backtraces).
+    pub current: u32,
+    pub i32_base: usize,
+    pub ref_base: usize,
+    /// Pool index of the caller-side result register list awaiting this
+    /// frame's callee results (`u32::MAX` when none).
+    pub pending_results: u32,
+    /// True when a different module (or the host) called this frame, so its
+    /// return leaves the interpreter.
+    pub external: bool,
+}
+
+/// A native function activation.
+pub(crate) struct NativeFrame {
+    pub body: Arc<dyn NativeStep>,
+    pub call: NativeCall,
+}
+
+pub(crate) enum Frame {
+    Bytecode(BytecodeFrame),
+    Native(NativeFrame),
+}
+
+/// An invocation's stack of frames.
+pub struct Stack {
+    pub(crate) frames: Vec<Frame>,
+    pub(crate) i32_regs: Vec<u32>,
+    pub(crate) ref_regs: Vec<Option<Ref>>,
+    pub(crate) max_depth: usize,
+    /// Per-op execution flags, when coverage recording is on.
+    pub(crate) coverage: Option<Vec<bool>>,
+}
+
+impl Default for Stack {
+    fn default() -> Self {
+        Stack::new(DEFAULT_MAX_DEPTH)
+    }
+}
+
+impl Stack {
+    /// An empty stack allowing at most `max_depth` frames.
+    pub fn new(max_depth: usize) -> Stack {
+        Stack {
+            frames: Vec::new(),
+            i32_regs: Vec::with_capacity(256),
+            ref_regs: Vec::with_capacity(64),
+            max_depth,
+            coverage: None,
+        }
+    }
+
+    /// Number of live frames.
+    pub fn depth(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Turns on recording of which ops ran (see [`Stack::take_coverage`]).
+    pub fn record_coverage(&mut self) {
+        self.coverage = Some(vec![false; crate::bytecode::isa::OP_COUNT]);
+    }
+
+    /// The ops executed since coverage recording began.
+    pub fn take_coverage(&mut self) -> Vec<crate::bytecode::isa::Op> {
+        let Some(cov) = self.coverage.as_mut() else {
+            return Vec::new();
+        };
+        let ops = crate::bytecode::isa::ALL_OPS
+            .iter()
+            .zip(cov.iter())
+            .filter(|(_, &hit)| hit)
+            .map(|(op, _)| *op)
+            .collect();
+        cov.iter_mut().for_each(|c| *c = false);
+        ops
+    }
+
+    pub(crate) fn check_depth(&self) -> ferrite_base::Result<()> {
+        if self.frames.len() >= self.max_depth {
+            ferrite_base::bail!(
+                ResourceExhausted,
+                "stack overflow: call depth would exceed the limit of {} frames",
+                self.max_depth
+            );
+        }
+        Ok(())
+    }
+
+    /// Pushes a native frame (used by native modules' `begin_call`).
+    pub fn push_native(
+        &mut self,
+        body: Arc<dyn NativeStep>,
+        args: Vec<Variant>,
+    ) -> ferrite_base::Result<()> {
+        self.check_depth()?;
+        self.frames.push(Frame::Native(NativeFrame {
+            body,
+            call: NativeCall {
+                args,
+                saved: None,
+                resumed: false,
+            },
+        }));
+        Ok(())
+    }
+
+    /// Drops every frame and clears registers (after a failure).
+    pub(crate) fn unwind(&mut self) {
+        self.frames.clear();
+        self.i32_regs.clear();
+        self.ref_regs.clear();
+    }
+}

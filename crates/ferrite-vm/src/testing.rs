@@ -1,0 +1,60 @@
+//! Native modules used by tests and the CLI's conformance runs.
+
+use crate::native::{ArgReader, NativeModule, NativeModuleBuilder};
+use crate::stack::{NativePoll, Wait};
+use crate::value::Variant;
+use ferrite_base::Result;
+use std::sync::Arc;
+
+/// Per-call progress saved across yields: (remaining yields, accumulator).
+type Progress = (i32, i32);
+
+fn step_progress(
+    call: &mut crate::stack::NativeCall,
+    start: impl FnOnce(&crate::stack::NativeCall) -> Result<Progress>,
+) -> Result<NativePoll> {
+    let (mut left, mut acc) = match call.saved.take() {
+        Some(b) => *b
+            .downcast::<Progress>()
+            .map_err(|_| ferrite_base::status!(Internal, "bad saved state"))?,
+        None => start(call)?,
+    };
+    if left > 0 {
+        left -= 1;
+        acc += 1;
+        call.saved = Some(Box::new((left, acc)));
+        return Ok(NativePoll::Pending(Wait::yield_now()));
+    }
+    Ok(NativePoll::Ready(vec![Variant::I32(acc)]))
+}
+
+/// The `yieldable_test` module that upstream's `async_ops` test program
+/// imports: `yield_n(arg, n)` yields `n` times and returns `arg + n`;
+/// `yield_variadic_sum(args..., n)` yields `n` times and returns
+/// `sum(args) + n`.
+pub fn yieldable_test_module() -> Result<Arc<NativeModule>> {
+    let b = NativeModuleBuilder::new("yieldable_test", 0);
+    let b = b
+        .function("yield_n", "0ii_i", |call| {
+            step_progress(call, |c| {
+                let mut a = ArgReader::new(c);
+                let (arg, n) = (a.i32()?, a.i32()?);
+                Ok((n, arg))
+            })
+        })
+        .and_then(|b| {
+            b.function("yield_variadic_sum", "0CiDi_i", |call| {
+                step_progress(call, |c| {
+                    let mut a = ArgReader::new(c);
+                    let count = a.i32()?;
+                    let mut sum = 0i32;
+                    for _ in 0..count {
+                        sum = sum.wrapping_add(a.i32()?);
+                    }
+                    let n = a.i32()?;
+                    Ok((n, sum))
+                })
+            })
+        });
+    Ok(b?.build())
+}
