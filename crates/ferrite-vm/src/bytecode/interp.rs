@@ -474,7 +474,10 @@ pub(crate) fn run(stack: &mut Stack) -> Result<Step> {
         } = stack;
         let regs = &mut i32_regs[ib..ib + ic];
         let refs = &mut ref_regs[rb..rb + rc];
-        let result = exec(&state, func, regs, refs, &mut pc, coverage.as_deref_mut());
+        let result = match coverage.as_deref_mut() {
+            None => exec::<false>(&state, func, regs, refs, &mut pc, None),
+            cov => exec::<true>(&state, func, regs, refs, &mut pc, cov),
+        };
         let action = match result {
             Ok(a) => a,
             Err(e) => {
@@ -608,40 +611,89 @@ fn insert_span_counts(args: &[CconvType], segments: &[u32], flat: Vec<Variant>) 
     out
 }
 
+/// An i32-bank register slot, without a bounds check.
+///
+/// The verifier checked every register operand of every instruction against
+/// the function's (rounded) i32 register count, with one extra slot for
+/// 64-bit operands, and `run` passes `exec` a register slice of exactly that
+/// length.
+macro_rules! slot {
+    ($regs:expr, $r:expr) => {{
+        let i = $r as usize;
+        debug_assert!(i < $regs.len());
+        // SAFETY: `i` is a verified register ordinal of this function and
+        // `$regs` has the function's full register count (see above).
+        *unsafe { $regs.get_unchecked(i) }
+    }};
+}
+
+/// The writable form of [`slot!`]; same invariant.
+macro_rules! slot_mut {
+    ($regs:expr, $r:expr) => {
+        *{
+            let i = $r as usize;
+            debug_assert!(i < $regs.len());
+            // SAFETY: as for `slot!`: a verified ordinal into a full-size file.
+            unsafe { $regs.get_unchecked_mut(i) }
+        }
+    };
+}
+
+#[inline(always)]
+fn get_i64u(regs: &[u32], r: u16) -> i64 {
+    let lo = slot!(regs, r) as u64;
+    let hi = slot!(regs, r as usize + 1) as u64;
+    (lo | (hi << 32)) as i64
+}
+
+/// Stores an i64 into two slots, evaluating the value first.
+macro_rules! set_i64u {
+    ($regs:expr, $r:expr, $v:expr) => {{
+        let v: i64 = $v;
+        set_i64u_fn($regs, $r, v)
+    }};
+}
+
+#[inline(always)]
+fn set_i64u_fn(regs: &mut [u32], r: u16, v: i64) {
+    slot_mut!(regs, r) = v as u32;
+    slot_mut!(regs, r as usize + 1) = ((v as u64) >> 32) as u32;
+}
+
 macro_rules! r32 {
     ($regs:ident, $r:expr) => {
-        $regs[$r as usize] as i32
+        slot!($regs, $r) as i32
     };
 }
 macro_rules! w32 {
     ($regs:ident, $r:expr, $v:expr) => {
-        $regs[$r as usize] = ($v) as u32
+        slot_mut!($regs, $r) = ($v) as u32
     };
 }
 macro_rules! rf32 {
     ($regs:ident, $r:expr) => {
-        f32::from_bits($regs[$r as usize])
+        f32::from_bits(slot!($regs, $r))
     };
 }
 macro_rules! wf32 {
     ($regs:ident, $r:expr, $v:expr) => {
-        $regs[$r as usize] = f32::to_bits($v)
+        slot_mut!($regs, $r) = f32::to_bits($v)
     };
 }
 macro_rules! rf64 {
     ($regs:ident, $r:expr) => {
-        f64::from_bits(get_i64($regs, $r) as u64)
+        f64::from_bits(get_i64u($regs, $r) as u64)
     };
 }
 macro_rules! wf64 {
     ($regs:ident, $r:expr, $v:expr) => {
-        set_i64($regs, $r, f64::to_bits($v) as i64)
+        set_i64u!($regs, $r, f64::to_bits($v) as i64)
     };
 }
 
 /// The dispatch loop over one function's instructions.
 #[inline(never)]
-fn exec(
+fn exec<const COVERAGE: bool>(
     state: &BytecodeState,
     func: &DecodedFunction,
     regs: &mut [u32],
@@ -667,54 +719,60 @@ fn exec(
         };
     }
     loop {
-        let Some(&insn) = insns.get(pc) else {
+        // Fields are read through a reference so each arm loads only the
+        // operands it uses.
+        let Some(insn) = insns.get(pc) else {
             fail!(status!(
                 Internal,
                 "execution ran past the end of the function"
             ));
         };
         pc += 1;
-        if let Some(cov) = coverage.as_deref_mut() {
-            cov[insn.op as usize] = true;
+        if COVERAGE {
+            if let Some(cov) = coverage.as_deref_mut() {
+                for c in insn.op.components() {
+                    cov[*c as usize] = true;
+                }
+            }
         }
-        let r = insn.r;
+        let r = &insn.r;
         match insn.op {
             Op::Block => {}
             // ---- globals
             Op::GlobalLoadI32 | Op::GlobalLoadF32 => {
                 let s = tri!(global_slot(state, insn.a, 4));
-                regs[r[0] as usize] = state.globals[s].load(Relaxed);
+                slot_mut!(regs, r[0]) = state.globals[s].load(Relaxed);
             }
             Op::GlobalStoreI32 | Op::GlobalStoreF32 => {
                 let s = tri!(global_slot(state, insn.a, 4));
-                state.globals[s].store(regs[r[0] as usize], Relaxed);
+                state.globals[s].store(slot!(regs, r[0]), Relaxed);
             }
             Op::GlobalLoadIndirectI32 | Op::GlobalLoadIndirectF32 => {
-                let s = tri!(global_slot(state, regs[r[0] as usize], 4));
-                regs[r[1] as usize] = state.globals[s].load(Relaxed);
+                let s = tri!(global_slot(state, slot!(regs, r[0]), 4));
+                slot_mut!(regs, r[1]) = state.globals[s].load(Relaxed);
             }
             Op::GlobalStoreIndirectI32 | Op::GlobalStoreIndirectF32 => {
-                let s = tri!(global_slot(state, regs[r[0] as usize], 4));
-                state.globals[s].store(regs[r[1] as usize], Relaxed);
+                let s = tri!(global_slot(state, slot!(regs, r[0]), 4));
+                state.globals[s].store(slot!(regs, r[1]), Relaxed);
             }
             Op::GlobalLoadI64 | Op::GlobalLoadF64 => {
                 let s = tri!(global_slot(state, insn.a, 8));
-                regs[r[0] as usize] = state.globals[s].load(Relaxed);
+                slot_mut!(regs, r[0]) = state.globals[s].load(Relaxed);
                 regs[r[0] as usize + 1] = state.globals[s + 1].load(Relaxed);
             }
             Op::GlobalStoreI64 | Op::GlobalStoreF64 => {
                 let s = tri!(global_slot(state, insn.a, 8));
-                state.globals[s].store(regs[r[0] as usize], Relaxed);
+                state.globals[s].store(slot!(regs, r[0]), Relaxed);
                 state.globals[s + 1].store(regs[r[0] as usize + 1], Relaxed);
             }
             Op::GlobalLoadIndirectI64 | Op::GlobalLoadIndirectF64 => {
-                let s = tri!(global_slot(state, regs[r[0] as usize], 8));
-                regs[r[1] as usize] = state.globals[s].load(Relaxed);
+                let s = tri!(global_slot(state, slot!(regs, r[0]), 8));
+                slot_mut!(regs, r[1]) = state.globals[s].load(Relaxed);
                 regs[r[1] as usize + 1] = state.globals[s + 1].load(Relaxed);
             }
             Op::GlobalStoreIndirectI64 | Op::GlobalStoreIndirectF64 => {
-                let s = tri!(global_slot(state, regs[r[0] as usize], 8));
-                state.globals[s].store(regs[r[1] as usize], Relaxed);
+                let s = tri!(global_slot(state, slot!(regs, r[0]), 8));
+                state.globals[s].store(slot!(regs, r[1]), Relaxed);
                 state.globals[s + 1].store(regs[r[1] as usize + 1], Relaxed);
             }
             Op::GlobalLoadRef => {
@@ -728,20 +786,20 @@ fn exec(
                 *tri!(ref_global(state, insn.a)).lock() = v;
             }
             Op::GlobalLoadIndirectRef => {
-                let g = tri!(ref_global(state, regs[r[0] as usize])).lock().clone();
+                let g = tri!(ref_global(state, slot!(regs, r[0]))).lock().clone();
                 tri!(check_cast(&g, type_at(state, insn.imm)));
                 refs[ref_slot(r[1])] = g;
             }
             Op::GlobalStoreIndirectRef => {
                 let v = take_ref(refs, r[1]);
                 tri!(check_cast(&v, type_at(state, insn.imm)));
-                *tri!(ref_global(state, regs[r[0] as usize])).lock() = v;
+                *tri!(ref_global(state, slot!(regs, r[0]))).lock() = v;
             }
             // ---- constants
-            Op::ConstI32Zero | Op::ConstF32Zero => regs[r[0] as usize] = 0,
-            Op::ConstI32 | Op::ConstF32 => regs[r[0] as usize] = insn.imm as u32,
-            Op::ConstI64Zero | Op::ConstF64Zero => set_i64(regs, r[0], 0),
-            Op::ConstI64 | Op::ConstF64 => set_i64(regs, r[0], insn.imm as i64),
+            Op::ConstI32Zero | Op::ConstF32Zero => slot_mut!(regs, r[0]) = 0,
+            Op::ConstI32 | Op::ConstF32 => slot_mut!(regs, r[0]) = insn.imm as u32,
+            Op::ConstI64Zero | Op::ConstF64Zero => set_i64u!(regs, r[0], 0),
+            Op::ConstI64 | Op::ConstF64 => set_i64u!(regs, r[0], insn.imm as i64),
             Op::ConstRefZero => refs[ref_slot(r[0])] = None,
             Op::ConstRefRodata => {
                 refs[ref_slot(r[0])] = Some(state.module.rodata[insn.a as usize].clone())
@@ -749,49 +807,49 @@ fn exec(
             // ---- lists
             Op::ListAlloc => {
                 let ty = type_at(state, insn.imm);
-                let l = tri!(VmList::new(ty, regs[r[0] as usize]));
+                let l = tri!(VmList::new(ty, slot!(regs, r[0])));
                 refs[ref_slot(r[1])] = Some(Ref::new(l));
             }
-            Op::ListReserve => tri!(tri!(deref_list(refs, r[0])).reserve(regs[r[1] as usize])),
+            Op::ListReserve => tri!(tri!(deref_list(refs, r[0])).reserve(slot!(regs, r[1]))),
             Op::ListSize => {
                 let n = tri!(deref_list(refs, r[0])).size();
-                regs[r[1] as usize] = n;
+                slot_mut!(regs, r[1]) = n;
             }
-            Op::ListResize => tri!(tri!(deref_list(refs, r[0])).resize(regs[r[1] as usize])),
+            Op::ListResize => tri!(tri!(deref_list(refs, r[0])).resize(slot!(regs, r[1]))),
             Op::ListGetI32 => {
-                let v = tri!(tri!(deref_list(refs, r[0])).get_i32(regs[r[1] as usize]));
+                let v = tri!(tri!(deref_list(refs, r[0])).get_i32(slot!(regs, r[1])));
                 w32!(regs, r[2], v);
             }
             Op::ListSetI32 => {
                 let v = r32!(regs, r[2]);
-                tri!(tri!(deref_list(refs, r[0])).set_i32(regs[r[1] as usize], v));
+                tri!(tri!(deref_list(refs, r[0])).set_i32(slot!(regs, r[1]), v));
             }
             Op::ListGetI64 => {
-                let v = tri!(tri!(deref_list(refs, r[0])).get_i64(regs[r[1] as usize]));
-                set_i64(regs, r[2], v);
+                let v = tri!(tri!(deref_list(refs, r[0])).get_i64(slot!(regs, r[1])));
+                set_i64u!(regs, r[2], v);
             }
             Op::ListSetI64 => {
-                let v = get_i64(regs, r[2]);
-                tri!(tri!(deref_list(refs, r[0])).set_i64(regs[r[1] as usize], v));
+                let v = get_i64u(regs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_i64(slot!(regs, r[1]), v));
             }
             Op::ListGetF32 => {
-                let v = tri!(tri!(deref_list(refs, r[0])).get_f32(regs[r[1] as usize]));
+                let v = tri!(tri!(deref_list(refs, r[0])).get_f32(slot!(regs, r[1])));
                 wf32!(regs, r[2], v);
             }
             Op::ListSetF32 => {
                 let v = rf32!(regs, r[2]);
-                tri!(tri!(deref_list(refs, r[0])).set_f32(regs[r[1] as usize], v));
+                tri!(tri!(deref_list(refs, r[0])).set_f32(slot!(regs, r[1]), v));
             }
             Op::ListGetF64 => {
-                let v = tri!(tri!(deref_list(refs, r[0])).get_f64(regs[r[1] as usize]));
+                let v = tri!(tri!(deref_list(refs, r[0])).get_f64(slot!(regs, r[1])));
                 wf64!(regs, r[2], v);
             }
             Op::ListSetF64 => {
                 let v = rf64!(regs, r[2]);
-                tri!(tri!(deref_list(refs, r[0])).set_f64(regs[r[1] as usize], v));
+                tri!(tri!(deref_list(refs, r[0])).set_f64(slot!(regs, r[1]), v));
             }
             Op::ListGetRef => {
-                let v = tri!(tri!(deref_list(refs, r[0])).get_ref(regs[r[1] as usize]));
+                let v = tri!(tri!(deref_list(refs, r[0])).get_ref(slot!(regs, r[1])));
                 let ty = type_at(state, insn.imm);
                 // A value of another type reads as null, as upstream's
                 // retain-or-null does.
@@ -800,28 +858,28 @@ fn exec(
             }
             Op::ListSetRef => {
                 let v = take_ref(refs, r[2]);
-                tri!(tri!(deref_list(refs, r[0])).set_ref(regs[r[1] as usize], v));
+                tri!(tri!(deref_list(refs, r[0])).set_ref(slot!(regs, r[1]), v));
             }
             // ---- select / switch
             Op::SelectI32 | Op::SelectF32 => {
-                let v = if regs[r[0] as usize] != 0 {
-                    regs[r[1] as usize]
+                let v = if slot!(regs, r[0]) != 0 {
+                    slot!(regs, r[1])
                 } else {
-                    regs[r[2] as usize]
+                    slot!(regs, r[2])
                 };
-                regs[r[3] as usize] = v;
+                slot_mut!(regs, r[3]) = v;
             }
             Op::SelectI64 | Op::SelectF64 => {
-                let v = if regs[r[0] as usize] != 0 {
-                    get_i64(regs, r[1])
+                let v = if slot!(regs, r[0]) != 0 {
+                    get_i64u(regs, r[1])
                 } else {
-                    get_i64(regs, r[2])
+                    get_i64u(regs, r[2])
                 };
-                set_i64(regs, r[3], v);
+                set_i64u!(regs, r[3], v);
             }
             Op::SelectRef => {
                 let (t, f) = (r[1], r[2]);
-                let chosen = if regs[r[0] as usize] != 0 { t } else { f };
+                let chosen = if slot!(regs, r[0]) != 0 { t } else { f };
                 let v = take_ref(refs, chosen);
                 // The unchosen operand is released when marked move.
                 let other = if chosen == t { f } else { t };
@@ -834,19 +892,19 @@ fn exec(
                 let idx = r32!(regs, r[0]);
                 let vals = pool_list(pool, insn.pool as usize);
                 let v = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
-                    Some(&reg) => regs[reg as usize],
-                    None => regs[r[1] as usize],
+                    Some(&reg) => slot!(regs, reg),
+                    None => slot!(regs, r[1]),
                 };
-                regs[r[2] as usize] = v;
+                slot_mut!(regs, r[2]) = v;
             }
             Op::SwitchI64 | Op::SwitchF64 => {
                 let idx = r32!(regs, r[0]);
                 let vals = pool_list(pool, insn.pool as usize);
                 let v = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
-                    Some(&reg) => get_i64(regs, reg as u16),
-                    None => get_i64(regs, r[1]),
+                    Some(&reg) => get_i64u(regs, reg as u16),
+                    None => get_i64u(regs, r[1]),
                 };
-                set_i64(regs, r[2], v);
+                set_i64u!(regs, r[2], v);
             }
             Op::SwitchRef => {
                 let idx = r32!(regs, r[0]);
@@ -871,11 +929,11 @@ fn exec(
                 w32!(regs, r[2], r32!(regs, r[0]).wrapping_div(b));
             }
             Op::DivI32U => {
-                let b = regs[r[1] as usize];
+                let b = slot!(regs, r[1]);
                 if b == 0 {
                     fail!(div_zero(insn.op));
                 }
-                regs[r[2] as usize] = regs[r[0] as usize] / b;
+                slot_mut!(regs, r[2]) = slot!(regs, r[0]) / b;
             }
             Op::RemI32S => {
                 let b = r32!(regs, r[1]);
@@ -885,11 +943,11 @@ fn exec(
                 w32!(regs, r[2], r32!(regs, r[0]).wrapping_rem(b));
             }
             Op::RemI32U => {
-                let b = regs[r[1] as usize];
+                let b = slot!(regs, r[1]);
                 if b == 0 {
                     fail!(div_zero(insn.op));
                 }
-                regs[r[2] as usize] = regs[r[0] as usize] % b;
+                slot_mut!(regs, r[2]) = slot!(regs, r[0]) % b;
             }
             Op::FMAI32 => w32!(
                 regs,
@@ -900,131 +958,123 @@ fn exec(
             ),
             Op::AbsI32 => w32!(regs, r[1], r32!(regs, r[0]).wrapping_abs()),
             Op::MinI32S => w32!(regs, r[2], r32!(regs, r[0]).min(r32!(regs, r[1]))),
-            Op::MinI32U => regs[r[2] as usize] = regs[r[0] as usize].min(regs[r[1] as usize]),
+            Op::MinI32U => slot_mut!(regs, r[2]) = slot!(regs, r[0]).min(slot!(regs, r[1])),
             Op::MaxI32S => w32!(regs, r[2], r32!(regs, r[0]).max(r32!(regs, r[1]))),
-            Op::MaxI32U => regs[r[2] as usize] = regs[r[0] as usize].max(regs[r[1] as usize]),
-            Op::NotI32 => regs[r[1] as usize] = !regs[r[0] as usize],
-            Op::AndI32 => regs[r[2] as usize] = regs[r[0] as usize] & regs[r[1] as usize],
-            Op::OrI32 => regs[r[2] as usize] = regs[r[0] as usize] | regs[r[1] as usize],
-            Op::XorI32 => regs[r[2] as usize] = regs[r[0] as usize] ^ regs[r[1] as usize],
-            Op::CtlzI32 => regs[r[1] as usize] = regs[r[0] as usize].leading_zeros(),
+            Op::MaxI32U => slot_mut!(regs, r[2]) = slot!(regs, r[0]).max(slot!(regs, r[1])),
+            Op::NotI32 => slot_mut!(regs, r[1]) = !slot!(regs, r[0]),
+            Op::AndI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) & slot!(regs, r[1]),
+            Op::OrI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) | slot!(regs, r[1]),
+            Op::XorI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) ^ slot!(regs, r[1]),
+            Op::CtlzI32 => slot_mut!(regs, r[1]) = slot!(regs, r[0]).leading_zeros(),
             // ---- i64 arithmetic
             Op::AddI64 => set_i64(
                 regs,
                 r[2],
-                get_i64(regs, r[0]).wrapping_add(get_i64(regs, r[1])),
+                get_i64u(regs, r[0]).wrapping_add(get_i64u(regs, r[1])),
             ),
             Op::SubI64 => set_i64(
                 regs,
                 r[2],
-                get_i64(regs, r[0]).wrapping_sub(get_i64(regs, r[1])),
+                get_i64u(regs, r[0]).wrapping_sub(get_i64u(regs, r[1])),
             ),
             Op::MulI64 => set_i64(
                 regs,
                 r[2],
-                get_i64(regs, r[0]).wrapping_mul(get_i64(regs, r[1])),
+                get_i64u(regs, r[0]).wrapping_mul(get_i64u(regs, r[1])),
             ),
             Op::DivI64S => {
-                let b = get_i64(regs, r[1]);
+                let b = get_i64u(regs, r[1]);
                 if b == 0 {
                     fail!(div_zero(insn.op));
                 }
-                set_i64(regs, r[2], get_i64(regs, r[0]).wrapping_div(b));
+                set_i64u!(regs, r[2], get_i64u(regs, r[0]).wrapping_div(b));
             }
             Op::DivI64U => {
-                let b = get_i64(regs, r[1]) as u64;
+                let b = get_i64u(regs, r[1]) as u64;
                 if b == 0 {
                     fail!(div_zero(insn.op));
                 }
-                set_i64(regs, r[2], ((get_i64(regs, r[0]) as u64) / b) as i64);
+                set_i64u!(regs, r[2], ((get_i64u(regs, r[0]) as u64) / b) as i64);
             }
             Op::RemI64S => {
-                let b = get_i64(regs, r[1]);
+                let b = get_i64u(regs, r[1]);
                 if b == 0 {
                     fail!(div_zero(insn.op));
                 }
-                set_i64(regs, r[2], get_i64(regs, r[0]).wrapping_rem(b));
+                set_i64u!(regs, r[2], get_i64u(regs, r[0]).wrapping_rem(b));
             }
             Op::RemI64U => {
-                let b = get_i64(regs, r[1]) as u64;
+                let b = get_i64u(regs, r[1]) as u64;
                 if b == 0 {
                     fail!(div_zero(insn.op));
                 }
-                set_i64(regs, r[2], ((get_i64(regs, r[0]) as u64) % b) as i64);
+                set_i64u!(regs, r[2], ((get_i64u(regs, r[0]) as u64) % b) as i64);
             }
             Op::FMAI64 => set_i64(
                 regs,
                 r[3],
-                get_i64(regs, r[0])
-                    .wrapping_mul(get_i64(regs, r[1]))
-                    .wrapping_add(get_i64(regs, r[2])),
+                get_i64u(regs, r[0])
+                    .wrapping_mul(get_i64u(regs, r[1]))
+                    .wrapping_add(get_i64u(regs, r[2])),
             ),
-            Op::AbsI64 => set_i64(regs, r[1], get_i64(regs, r[0]).wrapping_abs()),
-            Op::MinI64S => set_i64(regs, r[2], get_i64(regs, r[0]).min(get_i64(regs, r[1]))),
+            Op::AbsI64 => set_i64u!(regs, r[1], get_i64u(regs, r[0]).wrapping_abs()),
+            Op::MinI64S => set_i64u!(regs, r[2], get_i64u(regs, r[0]).min(get_i64u(regs, r[1]))),
             Op::MinI64U => set_i64(
                 regs,
                 r[2],
-                (get_i64(regs, r[0]) as u64).min(get_i64(regs, r[1]) as u64) as i64,
+                (get_i64u(regs, r[0]) as u64).min(get_i64u(regs, r[1]) as u64) as i64,
             ),
-            Op::MaxI64S => set_i64(regs, r[2], get_i64(regs, r[0]).max(get_i64(regs, r[1]))),
+            Op::MaxI64S => set_i64u!(regs, r[2], get_i64u(regs, r[0]).max(get_i64u(regs, r[1]))),
             Op::MaxI64U => set_i64(
                 regs,
                 r[2],
-                (get_i64(regs, r[0]) as u64).max(get_i64(regs, r[1]) as u64) as i64,
+                (get_i64u(regs, r[0]) as u64).max(get_i64u(regs, r[1]) as u64) as i64,
             ),
-            Op::NotI64 => set_i64(regs, r[1], !get_i64(regs, r[0])),
-            Op::AndI64 => set_i64(regs, r[2], get_i64(regs, r[0]) & get_i64(regs, r[1])),
-            Op::OrI64 => set_i64(regs, r[2], get_i64(regs, r[0]) | get_i64(regs, r[1])),
-            Op::XorI64 => set_i64(regs, r[2], get_i64(regs, r[0]) ^ get_i64(regs, r[1])),
+            Op::NotI64 => set_i64u!(regs, r[1], !get_i64u(regs, r[0])),
+            Op::AndI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) & get_i64u(regs, r[1])),
+            Op::OrI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) | get_i64u(regs, r[1])),
+            Op::XorI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) ^ get_i64u(regs, r[1])),
             Op::CtlzI64 => set_i64(
                 regs,
                 r[1],
-                (get_i64(regs, r[0]) as u64).leading_zeros() as i64,
+                (get_i64u(regs, r[0]) as u64).leading_zeros() as i64,
             ),
             // ---- shifts
-            Op::ShlI32 => regs[r[2] as usize] = regs[r[0] as usize] << (regs[r[1] as usize] & 31),
-            Op::ShrI32S => w32!(regs, r[2], r32!(regs, r[0]) >> (regs[r[1] as usize] & 31)),
-            Op::ShrI32U => regs[r[2] as usize] = regs[r[0] as usize] >> (regs[r[1] as usize] & 31),
-            Op::ShlI64 => set_i64(
-                regs,
-                r[2],
-                get_i64(regs, r[0]) << (regs[r[1] as usize] & 63),
-            ),
-            Op::ShrI64S => set_i64(
-                regs,
-                r[2],
-                get_i64(regs, r[0]) >> (regs[r[1] as usize] & 63),
-            ),
+            Op::ShlI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) << (slot!(regs, r[1]) & 31),
+            Op::ShrI32S => w32!(regs, r[2], r32!(regs, r[0]) >> (slot!(regs, r[1]) & 31)),
+            Op::ShrI32U => slot_mut!(regs, r[2]) = slot!(regs, r[0]) >> (slot!(regs, r[1]) & 31),
+            Op::ShlI64 => set_i64(regs, r[2], get_i64u(regs, r[0]) << (slot!(regs, r[1]) & 63)),
+            Op::ShrI64S => set_i64(regs, r[2], get_i64u(regs, r[0]) >> (slot!(regs, r[1]) & 63)),
             Op::ShrI64U => set_i64(
                 regs,
                 r[2],
-                ((get_i64(regs, r[0]) as u64) >> (regs[r[1] as usize] & 63)) as i64,
+                ((get_i64u(regs, r[0]) as u64) >> (slot!(regs, r[1]) & 63)) as i64,
             ),
             // ---- casting / conversion
-            Op::TruncI32I8 => regs[r[1] as usize] = regs[r[0] as usize] as u8 as u32,
-            Op::TruncI32I16 => regs[r[1] as usize] = regs[r[0] as usize] as u16 as u32,
-            Op::TruncI64I32 => regs[r[1] as usize] = get_i64(regs, r[0]) as u32,
-            Op::ExtI8I32S => w32!(regs, r[1], regs[r[0] as usize] as u8 as i8 as i32),
-            Op::ExtI8I32U => regs[r[1] as usize] = regs[r[0] as usize] as u8 as u32,
-            Op::ExtI16I32S => w32!(regs, r[1], regs[r[0] as usize] as u16 as i16 as i32),
-            Op::ExtI16I32U => regs[r[1] as usize] = regs[r[0] as usize] as u16 as u32,
-            Op::ExtI32I64S => set_i64(regs, r[1], r32!(regs, r[0]) as i64),
-            Op::ExtI32I64U => set_i64(regs, r[1], regs[r[0] as usize] as i64),
+            Op::TruncI32I8 => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u8 as u32,
+            Op::TruncI32I16 => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u16 as u32,
+            Op::TruncI64I32 => slot_mut!(regs, r[1]) = get_i64u(regs, r[0]) as u32,
+            Op::ExtI8I32S => w32!(regs, r[1], slot!(regs, r[0]) as u8 as i8 as i32),
+            Op::ExtI8I32U => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u8 as u32,
+            Op::ExtI16I32S => w32!(regs, r[1], slot!(regs, r[0]) as u16 as i16 as i32),
+            Op::ExtI16I32U => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u16 as u32,
+            Op::ExtI32I64S => set_i64u!(regs, r[1], r32!(regs, r[0]) as i64),
+            Op::ExtI32I64U => set_i64u!(regs, r[1], slot!(regs, r[0]) as i64),
             // ---- comparisons
-            Op::CmpEQI32 => w32!(regs, r[2], regs[r[0] as usize] == regs[r[1] as usize]),
-            Op::CmpNEI32 => w32!(regs, r[2], regs[r[0] as usize] != regs[r[1] as usize]),
+            Op::CmpEQI32 => w32!(regs, r[2], slot!(regs, r[0]) == slot!(regs, r[1])),
+            Op::CmpNEI32 => w32!(regs, r[2], slot!(regs, r[0]) != slot!(regs, r[1])),
             Op::CmpLTI32S => w32!(regs, r[2], r32!(regs, r[0]) < r32!(regs, r[1])),
-            Op::CmpLTI32U => w32!(regs, r[2], regs[r[0] as usize] < regs[r[1] as usize]),
-            Op::CmpNZI32 => w32!(regs, r[1], regs[r[0] as usize] != 0),
-            Op::CmpEQI64 => w32!(regs, r[2], get_i64(regs, r[0]) == get_i64(regs, r[1])),
-            Op::CmpNEI64 => w32!(regs, r[2], get_i64(regs, r[0]) != get_i64(regs, r[1])),
-            Op::CmpLTI64S => w32!(regs, r[2], get_i64(regs, r[0]) < get_i64(regs, r[1])),
+            Op::CmpLTI32U => w32!(regs, r[2], slot!(regs, r[0]) < slot!(regs, r[1])),
+            Op::CmpNZI32 => w32!(regs, r[1], slot!(regs, r[0]) != 0),
+            Op::CmpEQI64 => w32!(regs, r[2], get_i64u(regs, r[0]) == get_i64u(regs, r[1])),
+            Op::CmpNEI64 => w32!(regs, r[2], get_i64u(regs, r[0]) != get_i64u(regs, r[1])),
+            Op::CmpLTI64S => w32!(regs, r[2], get_i64u(regs, r[0]) < get_i64u(regs, r[1])),
             Op::CmpLTI64U => w32!(
                 regs,
                 r[2],
-                (get_i64(regs, r[0]) as u64) < (get_i64(regs, r[1]) as u64)
+                (get_i64u(regs, r[0]) as u64) < (get_i64u(regs, r[1]) as u64)
             ),
-            Op::CmpNZI64 => w32!(regs, r[1], get_i64(regs, r[0]) != 0),
+            Op::CmpNZI64 => w32!(regs, r[1], get_i64u(regs, r[0]) != 0),
             Op::CmpEQRef => {
                 let eq = refs[ref_slot(r[0])] == refs[ref_slot(r[1])];
                 release_moved(refs, &[r[0], r[1]]);
@@ -1041,10 +1091,108 @@ fn exec(
                 w32!(regs, r[1], nz);
             }
             // ---- control flow
+            Op::DirectBranch => pc = insn.a as usize,
+            Op::DirectCondBranch => {
+                pc = if slot!(regs, r[0]) != 0 {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpEQI32CondBranch => {
+                let c = slot!(regs, r[0]) == slot!(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpNEI32CondBranch => {
+                let c = slot!(regs, r[0]) != slot!(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpLTI32SCondBranch => {
+                let c = (slot!(regs, r[0]) as i32) < (slot!(regs, r[1]) as i32);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpLTI32UCondBranch => {
+                let c = slot!(regs, r[0]) < slot!(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpNZI32CondBranch => {
+                let c = slot!(regs, r[0]) != 0;
+                slot_mut!(regs, r[1]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpEQI64CondBranch => {
+                let c = get_i64u(regs, r[0]) == get_i64u(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpNEI64CondBranch => {
+                let c = get_i64u(regs, r[0]) != get_i64u(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpLTI64SCondBranch => {
+                let c = get_i64u(regs, r[0]) < get_i64u(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpLTI64UCondBranch => {
+                let c = (get_i64u(regs, r[0]) as u64) < (get_i64u(regs, r[1]) as u64);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpNZI64CondBranch => {
+                let c = get_i64u(regs, r[0]) != 0;
+                slot_mut!(regs, r[1]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
             Op::Branch => pc = branch(regs, refs, pool, insn.pool as usize),
             Op::CondBranch => {
                 let p = insn.pool as usize;
-                if regs[r[0] as usize] != 0 {
+                if slot!(regs, r[0]) != 0 {
                     pc = branch(regs, refs, pool, p);
                 } else {
                     let f = skip_remap(pool, p + 1);
@@ -1145,102 +1293,102 @@ fn exec(
             Op::Break => pc = branch(regs, refs, pool, insn.pool as usize),
             // ---- buffers
             Op::BufferLoadI8U => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i8u(off));
                 w32!(regs, r[2], v);
             }
             Op::BufferLoadI8S => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i8s(off));
                 w32!(regs, r[2], v);
             }
             Op::BufferLoadI16U => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i16u(off));
                 w32!(regs, r[2], v);
             }
             Op::BufferLoadI16S => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i16s(off));
                 w32!(regs, r[2], v);
             }
             Op::BufferLoadI32 => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i32(off));
                 w32!(regs, r[2], v);
             }
             Op::BufferLoadI64 => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i64(off));
-                set_i64(regs, r[2], v);
+                set_i64u!(regs, r[2], v);
             }
             Op::BufferLoadF32 => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_f32(off));
                 wf32!(regs, r[2], v);
             }
             Op::BufferLoadF64 => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_f64(off));
                 wf64!(regs, r[2], v);
             }
             Op::BufferStoreI8 => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                    .store_i8(off, regs[r[2] as usize] as i32));
+                    .store_i8(off, slot!(regs, r[2]) as i32));
             }
             Op::BufferStoreI16 => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                    .store_i16(off, regs[r[2] as usize] as i32));
+                    .store_i16(off, slot!(regs, r[2]) as i32));
             }
             Op::BufferStoreI32 => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                    .store_i32(off, regs[r[2] as usize] as i32));
+                    .store_i32(off, slot!(regs, r[2]) as i32));
             }
             Op::BufferStoreI64 => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                    .store_i64(off, get_i64(regs, r[2])));
+                    .store_i64(off, get_i64u(regs, r[2])));
             }
             Op::BufferStoreF32 => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
                     .store_f32(off, rf32!(regs, r[2])));
             }
             Op::BufferStoreF64 => {
-                let off = get_i64(regs, r[1]) as u64;
+                let off = get_i64u(regs, r[1]) as u64;
                 tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
                     .store_f64(off, rf64!(regs, r[2])));
             }
             Op::BufferAlloc => {
-                let len = get_i64(regs, r[0]) as u64;
-                let b = tri!(VmBuffer::new(len, regs[r[1] as usize]));
+                let len = get_i64u(regs, r[0]) as u64;
+                let b = tri!(VmBuffer::new(len, slot!(regs, r[1])));
                 refs[ref_slot(r[2])] = Some(Ref::new(b));
             }
             Op::BufferClone => {
-                let (off, len) = (get_i64(regs, r[1]) as u64, get_i64(regs, r[2]) as u64);
+                let (off, len) = (get_i64u(regs, r[1]) as u64, get_i64u(regs, r[2]) as u64);
                 let b = tri!(tri!(deref_buffer(refs, r[0], "source")).clone_range(
                     off,
                     len,
-                    regs[r[3] as usize]
+                    slot!(regs, r[3])
                 ));
                 refs[ref_slot(r[4])] = Some(Ref::new(b));
             }
             Op::BufferLength => {
                 let n = tri!(deref_buffer(refs, r[0], "buffer")).len();
-                set_i64(regs, r[1], n as i64);
+                set_i64u!(regs, r[1], n as i64);
             }
             Op::BufferCopy => {
                 let src = tri!(deref_buffer(refs, r[0], "source_buffer"));
                 let dst = tri!(deref_buffer(refs, r[2], "target_buffer"));
                 tri!(VmBuffer::copy(
                     src,
-                    get_i64(regs, r[1]) as u64,
+                    get_i64u(regs, r[1]) as u64,
                     dst,
-                    get_i64(regs, r[3]) as u64,
-                    get_i64(regs, r[4]) as u64
+                    get_i64u(regs, r[3]) as u64,
+                    get_i64u(regs, r[4]) as u64
                 ));
             }
             Op::BufferCompare => {
@@ -1248,18 +1396,18 @@ fn exec(
                 let b = tri!(deref_buffer(refs, r[2], "rhs_buffer"));
                 let eq = tri!(VmBuffer::compare(
                     a,
-                    get_i64(regs, r[1]) as u64,
+                    get_i64u(regs, r[1]) as u64,
                     b,
-                    get_i64(regs, r[3]) as u64,
-                    get_i64(regs, r[4]) as u64
+                    get_i64u(regs, r[3]) as u64,
+                    get_i64u(regs, r[4]) as u64
                 ));
                 w32!(regs, r[5], eq);
             }
             Op::BufferFillI8 | Op::BufferFillI16 | Op::BufferFillI32 => {
                 let b = tri!(deref_buffer(refs, r[0], "buffer"));
                 let (off, len, v) = (
-                    get_i64(regs, r[1]) as u64,
-                    get_i64(regs, r[2]) as u64,
+                    get_i64u(regs, r[1]) as u64,
+                    get_i64u(regs, r[2]) as u64,
                     r32!(regs, r[3]),
                 );
                 tri!(match insn.op {
@@ -1271,31 +1419,31 @@ fn exec(
             Op::BufferFillI64 => {
                 let b = tri!(deref_buffer(refs, r[0], "buffer"));
                 tri!(b.fill_i64(
-                    get_i64(regs, r[1]) as u64,
-                    get_i64(regs, r[2]) as u64,
-                    get_i64(regs, r[3])
+                    get_i64u(regs, r[1]) as u64,
+                    get_i64u(regs, r[2]) as u64,
+                    get_i64u(regs, r[3])
                 ));
             }
             Op::BufferFillF32 => {
                 let b = tri!(deref_buffer(refs, r[0], "buffer"));
                 tri!(b.fill_f32(
-                    get_i64(regs, r[1]) as u64,
-                    get_i64(regs, r[2]) as u64,
+                    get_i64u(regs, r[1]) as u64,
+                    get_i64u(regs, r[2]) as u64,
                     rf32!(regs, r[3])
                 ));
             }
             Op::BufferFillF64 => {
                 let b = tri!(deref_buffer(refs, r[0], "buffer"));
                 tri!(b.fill_f64(
-                    get_i64(regs, r[1]) as u64,
-                    get_i64(regs, r[2]) as u64,
+                    get_i64u(regs, r[1]) as u64,
+                    get_i64u(regs, r[2]) as u64,
                     rf64!(regs, r[3])
                 ));
             }
             Op::BufferHash => {
                 let b = tri!(deref_buffer(refs, r[0], "source_buffer"));
-                let h = tri!(b.hash(get_i64(regs, r[1]) as u64, get_i64(regs, r[2]) as u64));
-                set_i64(regs, r[3], h);
+                let h = tri!(b.hash(get_i64u(regs, r[1]) as u64, get_i64u(regs, r[2]) as u64));
+                set_i64u!(regs, r[3], h);
             }
             // ---- refs
             Op::CastAnyRef => {
@@ -1361,14 +1509,14 @@ fn exec(
             Op::TanhF32 => wf32!(regs, r[1], rf32!(regs, r[0]).tanh()),
             Op::ErfF32 => wf32!(regs, r[1], super::cmath::erff(rf32!(regs, r[0]))),
             Op::CastSI32F32 => wf32!(regs, r[1], r32!(regs, r[0]) as f32),
-            Op::CastUI32F32 => wf32!(regs, r[1], regs[r[0] as usize] as f32),
-            Op::CastSI64F32 => wf32!(regs, r[1], get_i64(regs, r[0]) as f32),
-            Op::CastUI64F32 => wf32!(regs, r[1], get_i64(regs, r[0]) as u64 as f32),
+            Op::CastUI32F32 => wf32!(regs, r[1], slot!(regs, r[0]) as f32),
+            Op::CastSI64F32 => wf32!(regs, r[1], get_i64u(regs, r[0]) as f32),
+            Op::CastUI64F32 => wf32!(regs, r[1], get_i64u(regs, r[0]) as u64 as f32),
             Op::CastF32SI32 => w32!(regs, r[1], rf32!(regs, r[0]).round() as i64 as i32),
             Op::CastF32UI32 => w32!(regs, r[1], rf32!(regs, r[0]).round() as i64 as u32),
-            Op::CastF32SI64 => set_i64(regs, r[1], rf32!(regs, r[0]).round() as i64),
-            Op::CastF32UI64 => set_i64(regs, r[1], rf32!(regs, r[0]).round() as u64 as i64),
-            Op::BitcastI32F32 | Op::BitcastF32I32 => regs[r[1] as usize] = regs[r[0] as usize],
+            Op::CastF32SI64 => set_i64u!(regs, r[1], rf32!(regs, r[0]).round() as i64),
+            Op::CastF32UI64 => set_i64u!(regs, r[1], rf32!(regs, r[0]).round() as u64 as i64),
+            Op::BitcastI32F32 | Op::BitcastF32I32 => slot_mut!(regs, r[1]) = slot!(regs, r[0]),
             Op::CmpEQF32O => w32!(regs, r[2], rf32!(regs, r[0]) == rf32!(regs, r[1])),
             Op::CmpEQF32U => {
                 let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
@@ -1442,15 +1590,15 @@ fn exec(
             Op::TruncF64F32 => wf32!(regs, r[1], rf64!(regs, r[0]) as f32),
             Op::ExtF32F64 => wf64!(regs, r[1], rf32!(regs, r[0]) as f64),
             Op::CastSI32F64 => wf64!(regs, r[1], r32!(regs, r[0]) as f64),
-            Op::CastUI32F64 => wf64!(regs, r[1], regs[r[0] as usize] as f64),
+            Op::CastUI32F64 => wf64!(regs, r[1], slot!(regs, r[0]) as f64),
             // Upstream rounds these through float (`lroundf`).
             Op::CastF64SI32 => w32!(regs, r[1], (rf64!(regs, r[0]) as f32).round() as i64 as i32),
             Op::CastF64UI32 => w32!(regs, r[1], (rf64!(regs, r[0]) as f32).round() as i64 as u32),
-            Op::CastSI64F64 => wf64!(regs, r[1], get_i64(regs, r[0]) as f64),
-            Op::CastUI64F64 => wf64!(regs, r[1], get_i64(regs, r[0]) as u64 as f64),
-            Op::CastF64SI64 => set_i64(regs, r[1], rf64!(regs, r[0]).round() as i64),
-            Op::CastF64UI64 => set_i64(regs, r[1], rf64!(regs, r[0]).round() as i64),
-            Op::BitcastI64F64 | Op::BitcastF64I64 => set_i64(regs, r[1], get_i64(regs, r[0])),
+            Op::CastSI64F64 => wf64!(regs, r[1], get_i64u(regs, r[0]) as f64),
+            Op::CastUI64F64 => wf64!(regs, r[1], get_i64u(regs, r[0]) as u64 as f64),
+            Op::CastF64SI64 => set_i64u!(regs, r[1], rf64!(regs, r[0]).round() as i64),
+            Op::CastF64UI64 => set_i64u!(regs, r[1], rf64!(regs, r[0]).round() as i64),
+            Op::BitcastI64F64 | Op::BitcastF64I64 => set_i64u!(regs, r[1], get_i64u(regs, r[0])),
             Op::CmpEQF64O => w32!(regs, r[2], rf64!(regs, r[0]) == rf64!(regs, r[1])),
             Op::CmpEQF64U => {
                 let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));

@@ -272,10 +272,25 @@ pub enum Op {
     MinF64,
     MaxF64,
     RoundF64Even,
+    // Fused (decoder-internal) ops.
+    FusedCmpEQI32CondBranch,
+    FusedCmpNEI32CondBranch,
+    FusedCmpLTI32SCondBranch,
+    FusedCmpLTI32UCondBranch,
+    FusedCmpNZI32CondBranch,
+    FusedCmpEQI64CondBranch,
+    FusedCmpNEI64CondBranch,
+    FusedCmpLTI64SCondBranch,
+    FusedCmpLTI64UCondBranch,
+    FusedCmpNZI64CondBranch,
+    DirectCondBranch,
+    DirectBranch,
 }
 
-/// Number of [`Op`] variants.
+/// Number of ISA ops (fused internal ops excluded).
 pub const OP_COUNT: usize = 263;
+/// Number of [`Op`] variants, fused internal ops included.
+pub const OP_VARIANTS: usize = 275;
 
 /// All ops in declaration order.
 pub const ALL_OPS: [Op; OP_COUNT] = [
@@ -1601,6 +1616,18 @@ impl Op {
             Op::MinF64 => 61,
             Op::MaxF64 => 62,
             Op::RoundF64Even => 63,
+            Op::FusedCmpEQI32CondBranch => 0,
+            Op::FusedCmpNEI32CondBranch => 0,
+            Op::FusedCmpLTI32SCondBranch => 0,
+            Op::FusedCmpLTI32UCondBranch => 0,
+            Op::FusedCmpNZI32CondBranch => 0,
+            Op::FusedCmpEQI64CondBranch => 0,
+            Op::FusedCmpNEI64CondBranch => 0,
+            Op::FusedCmpLTI64SCondBranch => 0,
+            Op::FusedCmpLTI64UCondBranch => 0,
+            Op::FusedCmpNZI64CondBranch => 0,
+            Op::DirectCondBranch => 0,
+            Op::DirectBranch => 0,
         }
     }
 
@@ -1870,6 +1897,18 @@ impl Op {
             Op::MinF64 => "min.f64",
             Op::MaxF64 => "max.f64",
             Op::RoundF64Even => "round.f64.even",
+            Op::FusedCmpEQI32CondBranch => "cmp.eq.i32+cond_br",
+            Op::FusedCmpNEI32CondBranch => "cmp.ne.i32+cond_br",
+            Op::FusedCmpLTI32SCondBranch => "cmp.lt.i32.s+cond_br",
+            Op::FusedCmpLTI32UCondBranch => "cmp.lt.i32.u+cond_br",
+            Op::FusedCmpNZI32CondBranch => "cmp.nz.i32+cond_br",
+            Op::FusedCmpEQI64CondBranch => "cmp.eq.i64+cond_br",
+            Op::FusedCmpNEI64CondBranch => "cmp.ne.i64+cond_br",
+            Op::FusedCmpLTI64SCondBranch => "cmp.lt.i64.s+cond_br",
+            Op::FusedCmpLTI64UCondBranch => "cmp.lt.i64.u+cond_br",
+            Op::FusedCmpNZI64CondBranch => "cmp.nz.i64+cond_br",
+            Op::DirectCondBranch => "cond_br",
+            Op::DirectBranch => "br",
         }
     }
 
@@ -5572,6 +5611,37 @@ impl Op {
                     allow_move: false,
                 },
             ],
+            Op::FusedCmpEQI32CondBranch => &[],
+            Op::FusedCmpNEI32CondBranch => &[],
+            Op::FusedCmpLTI32SCondBranch => &[],
+            Op::FusedCmpLTI32UCondBranch => &[],
+            Op::FusedCmpNZI32CondBranch => &[],
+            Op::FusedCmpEQI64CondBranch => &[],
+            Op::FusedCmpNEI64CondBranch => &[],
+            Op::FusedCmpLTI64SCondBranch => &[],
+            Op::FusedCmpLTI64UCondBranch => &[],
+            Op::FusedCmpNZI64CondBranch => &[],
+            Op::DirectCondBranch => &[],
+            Op::DirectBranch => &[],
+        }
+    }
+
+    /// The ISA ops a fused op stands for (itself for ISA ops).
+    pub fn components(self) -> &'static [Op] {
+        match self {
+            Op::FusedCmpEQI32CondBranch => &[Op::CmpEQI32, Op::CondBranch],
+            Op::FusedCmpNEI32CondBranch => &[Op::CmpNEI32, Op::CondBranch],
+            Op::FusedCmpLTI32SCondBranch => &[Op::CmpLTI32S, Op::CondBranch],
+            Op::FusedCmpLTI32UCondBranch => &[Op::CmpLTI32U, Op::CondBranch],
+            Op::FusedCmpNZI32CondBranch => &[Op::CmpNZI32, Op::CondBranch],
+            Op::FusedCmpEQI64CondBranch => &[Op::CmpEQI64, Op::CondBranch],
+            Op::FusedCmpNEI64CondBranch => &[Op::CmpNEI64, Op::CondBranch],
+            Op::FusedCmpLTI64SCondBranch => &[Op::CmpLTI64S, Op::CondBranch],
+            Op::FusedCmpLTI64UCondBranch => &[Op::CmpLTI64U, Op::CondBranch],
+            Op::FusedCmpNZI64CondBranch => &[Op::CmpNZI64, Op::CondBranch],
+            Op::DirectCondBranch => &[Op::CondBranch],
+            Op::DirectBranch => &[Op::Branch],
+            _ => std::slice::from_ref(ALL_OPS.get(self as usize).unwrap_or(&Op::Block)),
         }
     }
 }

@@ -396,6 +396,7 @@ pub fn decode_function(
             other.map(|o| o.mnemonic())
         ),
     }
+    fuse(&mut insns, &pool);
     // Falling off the end is impossible: every block ends in a terminator or
     // the interpreter bounds-checks the instruction index.
     Ok(DecodedFunction {
@@ -635,4 +636,60 @@ fn check_signature_storage(fx: &FnCtx<'_>, cconv: &Cconv) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Rewrites common sequences into fused internal ops: branches without
+/// block arguments jump directly, and a compare that feeds the following
+/// conditional branch becomes one compare-and-branch. The replaced
+/// instructions keep their slots, so every instruction index stays valid.
+fn fuse(insns: &mut [Insn], pool: &[u32]) {
+    for i in 0..insns.len() {
+        let insn = insns[i];
+        let p = insn.pool as usize;
+        match insn.op {
+            Op::Branch if pool[p + 1] == 0 => {
+                insns[i].op = Op::DirectBranch;
+                insns[i].a = pool[p];
+            }
+            Op::CondBranch => {
+                let t = pool[p];
+                if pool[p + 1] != 0 {
+                    continue;
+                }
+                let f_at = p + 2;
+                let f = pool[f_at];
+                if pool[f_at + 1] != 0 {
+                    continue;
+                }
+                insns[i].op = Op::DirectCondBranch;
+                insns[i].a = t;
+                insns[i].imm = f as u64;
+                if i == 0 {
+                    continue;
+                }
+                let prev = insns[i - 1];
+                let cond = insn.r[0];
+                let (fused, result) = match prev.op {
+                    Op::CmpEQI32 => (Op::FusedCmpEQI32CondBranch, prev.r[2]),
+                    Op::CmpNEI32 => (Op::FusedCmpNEI32CondBranch, prev.r[2]),
+                    Op::CmpLTI32S => (Op::FusedCmpLTI32SCondBranch, prev.r[2]),
+                    Op::CmpLTI32U => (Op::FusedCmpLTI32UCondBranch, prev.r[2]),
+                    Op::CmpNZI32 => (Op::FusedCmpNZI32CondBranch, prev.r[1]),
+                    Op::CmpEQI64 => (Op::FusedCmpEQI64CondBranch, prev.r[2]),
+                    Op::CmpNEI64 => (Op::FusedCmpNEI64CondBranch, prev.r[2]),
+                    Op::CmpLTI64S => (Op::FusedCmpLTI64SCondBranch, prev.r[2]),
+                    Op::CmpLTI64U => (Op::FusedCmpLTI64UCondBranch, prev.r[2]),
+                    Op::CmpNZI64 => (Op::FusedCmpNZI64CondBranch, prev.r[1]),
+                    _ => continue,
+                };
+                if result != cond {
+                    continue;
+                }
+                insns[i - 1].op = fused;
+                insns[i - 1].a = t;
+                insns[i - 1].imm = f as u64;
+            }
+            _ => {}
+        }
+    }
 }
