@@ -95,7 +95,7 @@ fn deref_buffer<'a>(refs: &'a [Option<Ref>], reg: u16, what: &str) -> Result<&'a
     }
 }
 
-fn deref_list<'a>(refs: &'a [Option<Ref>], reg: u16) -> Result<&'a VmList> {
+fn deref_list(refs: &[Option<Ref>], reg: u16) -> Result<&VmList> {
     match &refs[ref_slot(reg)] {
         None => bail!(InvalidArgument, "list is null"),
         Some(r) => r.downcast::<VmList>().ok_or_else(|| {
@@ -152,7 +152,9 @@ fn check_fail(code: i32, message: &str) -> Result<()> {
 }
 
 fn global_slot(state: &BytecodeState, byte_offset: u32, width: u32) -> Result<usize> {
-    if byte_offset % 4 != 0 || byte_offset as u64 + width as u64 > state.globals.len() as u64 * 4 {
+    if !byte_offset.is_multiple_of(4)
+        || byte_offset as u64 + width as u64 > state.globals.len() as u64 * 4
+    {
         bail!(
             OutOfRange,
             "global byte offset {byte_offset} (+{width}) out of range or misaligned ({} bytes of globals)",

@@ -29,7 +29,6 @@ pub struct BytecodeModule {
     imports: Vec<ImportInfo>,
     exports: Vec<ExportInfo>,
     export_functions: Vec<u32>,
-    pub(crate) import_cconvs: Vec<Option<Arc<Cconv>>>,
     pub(crate) functions: Vec<DecodedFunction>,
     pub(crate) function_names: Vec<String>,
     pub(crate) types: Vec<TypeDef>,
@@ -77,7 +76,7 @@ impl BytecodeModule {
                     Ok(None)
                 } else {
                     Cconv::parse(&i.signature.cconv)
-                        .map(|c| Some(Arc::new(c)))
+                        .map(Some)
                         .annotate(|| format!("import '{}'", i.full_name))
                 }
             })
@@ -132,14 +131,10 @@ impl BytecodeModule {
         }
         let ms = archive.module_state();
         let mut strings = Vec::new();
-        let ic: Vec<Option<Cconv>> = import_cconvs
-            .iter()
-            .map(|c| c.as_deref().cloned())
-            .collect();
         let mut env = ModuleEnv {
             features: archive.requirements(),
             type_count: types.len() as u32,
-            import_cconvs: &ic,
+            import_cconvs: &import_cconvs,
             function_cconvs: &function_cconvs,
             rodata_count: archive.rodata_segments().len() as u32,
             global_bytes: ms.global_bytes_capacity,
@@ -181,7 +176,6 @@ impl BytecodeModule {
             imports,
             exports,
             export_functions,
-            import_cconvs,
             functions,
             function_names,
             types,

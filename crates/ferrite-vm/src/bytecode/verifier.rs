@@ -581,15 +581,11 @@ fn check_semantics(
         Op::GlobalLoadI64 | Op::GlobalStoreI64 | Op::GlobalLoadF64 | Op::GlobalStoreF64 => {
             check_global(name, insn.a, 8, env, at)?;
         }
-        Op::GlobalLoadRef | Op::GlobalStoreRef => {
-            if insn.a >= env.global_refs {
-                bail!(InvalidArgument, "function '{name}': ref global {} at bytecode offset {at} out of range ({} ref globals)", insn.a, env.global_refs);
-            }
+        Op::GlobalLoadRef | Op::GlobalStoreRef if insn.a >= env.global_refs => {
+            bail!(InvalidArgument, "function '{name}': ref global {} at bytecode offset {at} out of range ({} ref globals)", insn.a, env.global_refs);
         }
-        Op::ImportResolved => {
-            if insn.a & IMPORT_BIT == 0 {
-                bail!(InvalidArgument, "function '{name}': import.resolved at bytecode offset {at} names a non-import function");
-            }
+        Op::ImportResolved if insn.a & IMPORT_BIT == 0 => {
+            bail!(InvalidArgument, "function '{name}': import.resolved at bytecode offset {at} names a non-import function");
         }
         _ => {}
     }

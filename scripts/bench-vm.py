@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""VM interpretation benchmark: Ferrite vs upstream IREE, one run, interleaved.
+
+For each program in benches/vm/, both runtimes run the same .vmfb with a
+small and a large iteration count; the difference cancels process start-up
+and module loading, leaving the cost per loop iteration. Rounds alternate
+Ferrite and upstream so machine noise hits both alike; the median of the
+rounds is reported with the ratio Ferrite/upstream (lower is better).
+
+Usage: scripts/bench-vm.py [--rounds N] [--iterations N]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV = os.path.join(ROOT, ".venv", "bin")
+BUILD = os.path.join(ROOT, "build", "bench")
+PROGRAMS = [("lcg", "lcg"), ("calls", "calls")]
+
+
+def run(cmd):
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if out.returncode != 0:
+        sys.exit(f"command failed: {' '.join(cmd)}\n{out.stdout}{out.stderr}")
+    return dt, out.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=50_000_000)
+    args = ap.parse_args()
+    os.makedirs(BUILD, exist_ok=True)
+    print("building ferrite (release)...", flush=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferrite-cli"], cwd=ROOT, check=True)
+    ferrite = os.path.join(ROOT, "target", "release", "ferrite")
+    upstream = os.path.join(VENV, "iree-run-module")
+    small = max(1, args.iterations // 100)
+    for name, fn in PROGRAMS:
+        vmfb = os.path.join(BUILD, name + ".vmfb")
+        subprocess.run([os.path.join(VENV, "iree-as-module"), f"--output={vmfb}",
+                        os.path.join(ROOT, "benches", "vm", name + ".vmasm")], check=True)
+        per = {"ferrite": [], "upstream": []}
+        outs = {}
+        for r in range(args.rounds):
+            for label, exe in (("ferrite", [ferrite, "run-module"]), ("upstream", [upstream])):
+                base = exe + [f"--module={vmfb}", f"--function={fn}"]
+                t_small, _ = run(base + [f"--input={small}"])
+                t_big, out = run(base + [f"--input={args.iterations}"])
+                outs[label] = out
+                per[label].append((t_big - t_small) / (args.iterations - small) * 1e9)
+            print(f"  {name} round {r + 1}/{args.rounds}: ferrite {per['ferrite'][-1]:.2f} ns/iter, "
+                  f"upstream {per['upstream'][-1]:.2f} ns/iter", flush=True)
+        if outs["ferrite"] != outs["upstream"]:
+            sys.exit(f"{name}: outputs differ:\nferrite:\n{outs['ferrite']}\nupstream:\n{outs['upstream']}")
+        f, u = statistics.median(per["ferrite"]), statistics.median(per["upstream"])
+        print(f"{name}: ferrite {f:.2f} ns/iter, upstream {u:.2f} ns/iter, ratio: {f / u:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every test of the project, installing what it needs first:
+#   1. the pinned upstream tools in .venv (fixtures, differential tests),
+#   2. our fixture programs compiled with them,
+#   3. formatting and lint gates, the Rust test suites,
+#   4. upstream's own VM test programs under our runtime (from the upstream
+#      source mirror, when one is available on this machine).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+step() { printf '\n==> %s\n' "$*"; }
+
+step "pinned upstream tools"
+scripts/setup-venv.sh
+step "fixtures"
+scripts/build-fixtures.sh
+step "format and lint"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -q -- -D warnings
+step "cargo test"
+cargo test --workspace -q 2>&1 | grep -E '^(test result|running|failures|---- |thread|error)' || true
+cargo test --workspace -q >/dev/null 2>&1 || { cargo test --workspace 2>&1 | tail -80; exit 1; }
+step "our programs under upstream iree-run-module (differential baseline)"
+scripts/check-upstream.sh
+step "upstream VM test programs under ferrite"
+cargo build -q -p ferrite-cli
+MIRROR="${IREE_MIRROR:-/work/.mirror/iree-org+iree/repo}"
+if [[ -d "$MIRROR" ]]; then
+  RUNNER="target/debug/ferrite run-module" IREE_MIRROR="$MIRROR" scripts/upstream-vm-suite.sh
+else
+  echo "upstream source mirror not found at $MIRROR: skipping the upstream VM suite (set IREE_MIRROR)"
+fi
+echo
+echo "all tests passed"
