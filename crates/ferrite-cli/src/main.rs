@@ -3,6 +3,7 @@
 //! - `ferrite run-module --module=m.vmfb --function=f --input=42`
 //! - `ferrite dump-module [--output=metadata|disassembly] m.vmfb`
 
+mod dump_module;
 mod format;
 mod inputs;
 mod run_module;
@@ -25,12 +26,15 @@ struct Cli {
 enum Command {
     /// Loads modules and runs one function (like `iree-run-module`).
     RunModule(run_module::RunModuleArgs),
+    /// Prints a module's metadata and disassembly (like `iree-dump-module`).
+    DumpModule(dump_module::DumpModuleArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::RunModule(a) => run_module::run(a),
+        Command::DumpModule(a) => dump_module::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

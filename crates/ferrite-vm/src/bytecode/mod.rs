@@ -9,6 +9,7 @@
 
 pub mod archive;
 mod cmath;
+pub mod disasm;
 pub(crate) mod interp;
 pub mod isa;
 pub mod isa_types;
