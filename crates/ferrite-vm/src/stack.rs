@@ -142,7 +142,7 @@ impl Stack {
 
     /// Turns on recording of which ops ran (see [`Stack::take_coverage`]).
     pub fn record_coverage(&mut self) {
-        self.coverage = Some(vec![false; crate::bytecode::isa::OP_COUNT]);
+        self.coverage = Some(vec![false; crate::bytecode::isa::OP_VARIANTS]);
     }
 
     /// The ops executed since coverage recording began.
@@ -152,9 +152,8 @@ impl Stack {
         };
         let ops = crate::bytecode::isa::ALL_OPS
             .iter()
-            .zip(cov.iter())
-            .filter(|(_, &hit)| hit)
-            .map(|(op, _)| *op)
+            .filter(|op| cov[**op as usize])
+            .copied()
             .collect();
         cov.iter_mut().for_each(|c| *c = false);
         ops

@@ -643,9 +643,18 @@ macro_rules! slot_mut {
 
 #[inline(always)]
 fn get_i64u(regs: &[u32], r: u16) -> i64 {
-    let lo = slot!(regs, r) as u64;
-    let hi = slot!(regs, r as usize + 1) as u64;
-    (lo | (hi << 32)) as i64
+    let r = r as usize;
+    debug_assert!(r + 1 < regs.len());
+    // SAFETY: the verifier checked that both slots `r` and `r + 1` of every
+    // 64-bit operand are below the function's register count, and `regs`
+    // holds exactly that many slots; unaligned reads are allowed.
+    let v = unsafe { regs.as_ptr().add(r).cast::<u64>().read_unaligned() };
+    // Slot `r` holds the low half on every host.
+    if cfg!(target_endian = "little") {
+        v as i64
+    } else {
+        v.rotate_left(32) as i64
+    }
 }
 
 /// Stores an i64 into two slots, evaluating the value first.
@@ -658,8 +667,15 @@ macro_rules! set_i64u {
 
 #[inline(always)]
 fn set_i64u_fn(regs: &mut [u32], r: u16, v: i64) {
-    slot_mut!(regs, r) = v as u32;
-    slot_mut!(regs, r as usize + 1) = ((v as u64) >> 32) as u32;
+    let r = r as usize;
+    debug_assert!(r + 1 < regs.len());
+    let v = if cfg!(target_endian = "little") {
+        v as u64
+    } else {
+        (v as u64).rotate_left(32)
+    };
+    // SAFETY: as in `get_i64u`: both slots are verified in range.
+    unsafe { regs.as_mut_ptr().add(r).cast::<u64>().write_unaligned(v) }
 }
 
 macro_rules! r32 {
@@ -723,12 +739,13 @@ fn exec<const COVERAGE: bool>(
     loop {
         // Fields are read through a reference so each arm loads only the
         // operands it uses.
-        let Some(insn) = insns.get(pc) else {
-            fail!(status!(
-                Internal,
-                "execution ran past the end of the function"
-            ));
-        };
+        debug_assert!(pc < insns.len());
+        // SAFETY: `pc` is always a valid instruction index: execution starts
+        // at 0 (every function has at least its end sentinel), branch and
+        // resume targets were verified against the instruction count, and
+        // sequential execution cannot step past the `EndOfFunction` sentinel
+        // the verifier appends, which never falls through.
+        let insn = unsafe { insns.get_unchecked(pc) };
         pc += 1;
         if COVERAGE {
             if let Some(cov) = coverage.as_deref_mut() {
@@ -740,6 +757,12 @@ fn exec<const COVERAGE: bool>(
         let r = &insn.r;
         match insn.op {
             Op::Block => {}
+            Op::EndOfFunction => {
+                fail!(status!(
+                    Internal,
+                    "execution fell off the end of the function"
+                ));
+            }
             // ---- globals
             Op::GlobalLoadI32 | Op::GlobalLoadF32 => {
                 let s = tri!(global_slot(state, insn.a, 4));
@@ -1094,6 +1117,15 @@ fn exec<const COVERAGE: bool>(
             }
             // ---- control flow
             Op::DirectBranch => pc = insn.a as usize,
+            Op::PrimitiveRemapBranch => {
+                let list = insn.pool as usize + 1;
+                let n = pool[list] as usize;
+                for pair in pool[list + 1..list + 1 + 2 * n].chunks_exact(2) {
+                    let v = slot!(regs, pair[0]);
+                    slot_mut!(regs, pair[1]) = v;
+                }
+                pc = insn.a as usize;
+            }
             Op::DirectCondBranch => {
                 pc = if slot!(regs, r[0]) != 0 {
                     insn.a as usize

@@ -397,8 +397,17 @@ pub fn decode_function(
         ),
     }
     fuse(&mut insns, &pool);
-    // Falling off the end is impossible: every block ends in a terminator or
-    // the interpreter bounds-checks the instruction index.
+    // A sentinel after the last instruction: falling through the end of the
+    // function lands on it (and fails) instead of outside the instruction
+    // array, so every pc the interpreter can reach indexes a valid slot.
+    insns.push(Insn {
+        op: Op::EndOfFunction,
+        r: [0; 6],
+        pool: 0,
+        a: 0,
+        imm: 0,
+    });
+    offsets.push(code.len() as u32);
     Ok(DecodedFunction {
         insns,
         offsets,
@@ -645,6 +654,16 @@ fn fuse(insns: &mut [Insn], pool: &[u32]) {
         match insn.op {
             Op::Branch if pool[p + 1] == 0 => {
                 insns[i].op = Op::DirectBranch;
+                insns[i].a = pool[p];
+            }
+            Op::Branch
+                if pool_list(pool, p + 1)
+                    .iter()
+                    .all(|&r| r as u16 & REF_BIT == 0) =>
+            {
+                // Block arguments that are all primitive registers: the
+                // interpreter copies slot pairs without per-entry type tests.
+                insns[i].op = Op::PrimitiveRemapBranch;
                 insns[i].a = pool[p];
             }
             Op::CondBranch => {
