@@ -1,12 +1,13 @@
-//! Fuzzes the `.vmfb` archive reader: any input must parse or fail with an
-//! error, never panic, and everything a parsed archive exposes must be
-//! readable. Seed the corpus with real modules, e.g.
+//! Fuzzes the `.vmfb` loader: the archive reader, type resolution and the
+//! bytecode verifier/decoder. Any input must load or fail with an error,
+//! never panic, and everything a parsed archive exposes must be readable. Seed the corpus with real modules, e.g.
 //! `cp build/fixtures/vm/*.vmfb fuzz/corpus/load_module/`, then
 //! `cargo +nightly fuzz run load_module`.
 #![no_main]
 
 use ferrite_vm::bytecode::archive::Archive;
 use ferrite_vm::bytes::ModuleBytes;
+use ferrite_vm::{BytecodeModule, Instance};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -32,6 +33,12 @@ fuzz_target!(|data: &[u8]| {
                     sum = sum.wrapping_add(loc.len());
                 }
             }
+        }
+    }
+    // The full load: types, signatures and verification of every function.
+    if let Ok(module) = BytecodeModule::load(&Instance::default(), archive.bytes().clone()) {
+        for f in module.functions() {
+            sum = sum.wrapping_add(f.insns.len());
         }
     }
     std::hint::black_box(sum);

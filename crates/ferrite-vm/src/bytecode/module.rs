@@ -210,6 +210,18 @@ impl BytecodeModule {
     }
 }
 
+impl std::fmt::Debug for BytecodeModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BytecodeModule")
+            .field("name", &self.archive.name())
+            .field("version", &self.archive.version())
+            .field("functions", &self.functions.len())
+            .field("imports", &self.imports.len())
+            .field("exports", &self.exports.len())
+            .finish()
+    }
+}
+
 impl Module for BytecodeModule {
     fn name(&self) -> &str {
         self.archive.name()
