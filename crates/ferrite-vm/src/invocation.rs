@@ -193,10 +193,13 @@ fn run_frames(stack: &mut Stack) -> Result<Poll> {
 }
 
 fn with_backtrace(stack: &Stack, mut e: Status) -> Status {
-    for frame in stack.frames.iter().rev() {
+    for (index, frame) in stack.frames.iter().enumerate().rev() {
         match frame {
             Frame::Bytecode(f) => {
-                let m = &f.state.module;
+                let Some(state) = interp::frame_state(&stack.frames, index) else {
+                    continue;
+                };
+                let m = &state.module;
                 let func = &m.functions[f.function as usize];
                 let offset = func.offsets.get(f.current as usize).copied().unwrap_or(0);
                 e.push_frame(BacktraceFrame {

@@ -79,15 +79,17 @@ pub trait NativeStep: Send + Sync {
 
 /// A bytecode function activation.
 pub(crate) struct BytecodeFrame {
-    pub state: Arc<BytecodeState>,
+    /// The module state, for frames entered from outside the module; None
+    /// for internal calls (see `interp::frame_state`).
+    pub state: Option<Arc<BytecodeState>>,
     pub function: u32,
     /// Index of the next instruction to run.
     pub pc: u32,
     /// Index of the instruction being run when the frame made a call or
     /// failed (for backtraces).
     pub current: u32,
-    pub i32_base: usize,
-    pub ref_base: usize,
+    pub i32_base: u32,
+    pub ref_base: u32,
     /// Pool index of the caller-side result register list awaiting this
     /// frame's callee results (`u32::MAX` when none).
     pub pending_results: u32,
@@ -110,8 +112,12 @@ pub(crate) enum Frame {
 /// An invocation's stack of frames.
 pub struct Stack {
     pub(crate) frames: Vec<Frame>,
+    /// Register arena; grows only. Live frames use `[0, i32_top)`.
     pub(crate) i32_regs: Vec<u32>,
+    pub(crate) i32_top: usize,
+    /// Ref register arena; grows only. Slots at or above `ref_top` are None.
     pub(crate) ref_regs: Vec<Option<Ref>>,
+    pub(crate) ref_top: usize,
     pub(crate) max_depth: usize,
     /// Per-op execution flags, when coverage recording is on.
     pub(crate) coverage: Option<Vec<bool>>,
@@ -129,7 +135,9 @@ impl Stack {
         Stack {
             frames: Vec::new(),
             i32_regs: Vec::with_capacity(256),
+            i32_top: 0,
             ref_regs: Vec::with_capacity(64),
+            ref_top: 0,
             max_depth,
             coverage: None,
         }
@@ -193,5 +201,7 @@ impl Stack {
         self.frames.clear();
         self.i32_regs.clear();
         self.ref_regs.clear();
+        self.i32_top = 0;
+        self.ref_top = 0;
     }
 }

@@ -6,7 +6,7 @@
 //! [`Step`] back to the invocation loop, which owns cross-module control flow.
 
 use super::isa::Op;
-use super::module::BytecodeState;
+use super::module::{BytecodeModule, BytecodeState};
 use super::verifier::{
     expand_variadic, pool_list, DecodedFunction, Insn, IMPORT_BIT, MOVE_BIT, REF_BIT, REF_MASK,
 };
@@ -312,8 +312,12 @@ fn copy_args(
             }
             t => {
                 let n = t.i32_slots();
-                callee_regs[ii..ii + n]
-                    .copy_from_slice(&caller_regs[reg as usize..reg as usize + n]);
+                // 64-bit arguments start on an even slot.
+                ii += ii % n;
+                callee_regs[ii] = caller_regs[reg as usize];
+                if n == 2 {
+                    callee_regs[ii + 1] = caller_regs[reg as usize + 1];
+                }
                 ii += n;
             }
         }
@@ -335,9 +339,10 @@ fn copy_results(
         match t {
             CconvType::Ref => caller_refs[ref_slot(d)] = take_ref(callee_refs, s),
             t => {
-                let n = t.i32_slots();
-                caller_regs[d as usize..d as usize + n]
-                    .copy_from_slice(&callee_regs[s as usize..s as usize + n]);
+                caller_regs[d as usize] = callee_regs[s as usize];
+                if t.i32_slots() == 2 {
+                    caller_regs[d as usize + 1] = callee_regs[s as usize + 1];
+                }
             }
         }
     }
@@ -405,51 +410,85 @@ pub(crate) fn place_args(
     Ok(())
 }
 
-/// Pushes a bytecode frame for internal function `function` of `state`.
+/// Pushes a bytecode frame for internal function `function`. `state` is
+/// given for frames entered from outside the module (host or another
+/// module); frames of internal calls inherit their caller's.
 pub(crate) fn push_frame(
     stack: &mut Stack,
-    state: Arc<BytecodeState>,
+    module: &BytecodeModule,
+    state: Option<Arc<BytecodeState>>,
     function: u32,
-    external: bool,
 ) -> Result<(usize, usize)> {
     stack.check_depth()?;
-    let f = &state.module.functions[function as usize];
-    let ib = stack.i32_regs.len();
-    let rb = stack.ref_regs.len();
-    stack.i32_regs.resize(ib + f.i32_count as usize, 0);
-    stack.ref_regs.resize(rb + f.ref_count as usize, None);
+    let f = &module.functions[function as usize];
+    let (ib, rb) = (stack.i32_top, stack.ref_top);
+    stack.i32_top += f.i32_count as usize;
+    stack.ref_top += f.ref_count as usize;
+    // The arenas only grow: a frame's registers may hold stale primitive
+    // values from an earlier frame (never uninitialised memory), and ref
+    // registers are cleared when their frame pops.
+    if stack.i32_regs.len() < stack.i32_top {
+        stack.i32_regs.resize(stack.i32_top, 0);
+    }
+    if stack.ref_regs.len() < stack.ref_top {
+        stack.ref_regs.resize(stack.ref_top, None);
+    }
+    let external = state.is_some();
     stack.frames.push(Frame::Bytecode(BytecodeFrame {
         state,
         function,
         pc: 0,
         current: 0,
-        i32_base: ib,
-        ref_base: rb,
+        i32_base: ib as u32,
+        ref_base: rb as u32,
         pending_results: u32::MAX,
         external,
     }));
     Ok((ib, rb))
 }
 
-fn pop_frame(stack: &mut Stack, ib: usize, rb: usize) {
+pub(crate) fn pop_frame(stack: &mut Stack, ib: usize, rb: usize) {
     stack.frames.pop();
-    stack.i32_regs.truncate(ib);
-    stack.ref_regs.truncate(rb);
+    for r in &mut stack.ref_regs[rb..stack.ref_top] {
+        if r.is_some() {
+            *r = None;
+        }
+    }
+    stack.i32_top = ib;
+    stack.ref_top = rb;
+}
+
+/// The state of bytecode frame `index`: its own when entered externally,
+/// else that of the nearest externally-entered frame below it.
+pub(crate) fn frame_state(frames: &[Frame], index: usize) -> Option<&Arc<BytecodeState>> {
+    frames[..=index].iter().rev().find_map(|f| match f {
+        Frame::Bytecode(b) => b.state.as_ref(),
+        Frame::Native(_) => None,
+    })
 }
 
 /// Delivers a cross-module callee's results to the top (bytecode) frame.
 pub(crate) fn deliver_results(stack: &mut Stack, results: Vec<Variant>) -> Result<()> {
+    let top = stack.frames.len().wrapping_sub(1);
+    let Some(state) = stack
+        .frames
+        .get(top)
+        .and_then(|_| frame_state(&stack.frames, top))
+        .cloned()
+    else {
+        bail!(Internal, "results delivered to a non-bytecode frame");
+    };
     let Some(Frame::Bytecode(f)) = stack.frames.last_mut() else {
         bail!(Internal, "results delivered to a non-bytecode frame");
     };
-    let func = &f.state.module.functions[f.function as usize];
+    let func = &state.module.functions[f.function as usize];
     let at = f.pending_results;
     f.pending_results = u32::MAX;
     if at == u32::MAX {
         bail!(Internal, "no call awaiting results");
     }
     let list = pool_list(&func.pool, at as usize);
-    let (ib, rb) = (f.i32_base, f.ref_base);
+    let (ib, rb) = (f.i32_base as usize, f.ref_base as usize);
     let regs = &mut stack.i32_regs[ib..ib + func.i32_count as usize];
     let refs = &mut stack.ref_regs[rb..rb + func.ref_count as usize];
     write_results(regs, refs, list, results)
@@ -457,14 +496,16 @@ pub(crate) fn deliver_results(stack: &mut Stack, results: Vec<Variant>) -> Resul
 
 /// Runs the top frame (which must be bytecode) until it leaves the module.
 pub(crate) fn run(stack: &mut Stack) -> Result<Step> {
+    let top_index = stack.frames.len().wrapping_sub(1);
     let Some(Frame::Bytecode(top)) = stack.frames.last() else {
         bail!(Internal, "interpreter entered on a non-bytecode frame");
     };
-    let state = top.state.clone();
+    let (mut fidx, mut pc) = (top.function as usize, top.pc as usize);
+    let (mut ib, mut rb) = (top.i32_base as usize, top.ref_base as usize);
+    let Some(state) = frame_state(&stack.frames, top_index).cloned() else {
+        bail!(Internal, "bytecode frame without a module state");
+    };
     let module = &*state.module;
-    let mut fidx = top.function as usize;
-    let mut pc = top.pc as usize;
-    let (mut ib, mut rb) = (top.i32_base, top.ref_base);
     loop {
         let func = &module.functions[fidx];
         let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
@@ -503,7 +544,7 @@ pub(crate) fn run(stack: &mut Stack) -> Result<Step> {
             } => {
                 frame.pc = resume as u32;
                 frame.pending_results = results as u32;
-                let (cib, crb) = push_frame(stack, state.clone(), callee, false)?;
+                let (cib, crb) = push_frame(stack, module, None, callee)?;
                 let callee_fn = &module.functions[callee as usize];
                 let (caller_regs, callee_regs) = stack.i32_regs.split_at_mut(cib);
                 let (caller_refs, callee_refs) = stack.ref_regs.split_at_mut(crb);
@@ -536,7 +577,7 @@ pub(crate) fn run(stack: &mut Stack) -> Result<Step> {
                 let caller_fn = &module.functions[caller.function as usize];
                 let dst = pool_list(&caller_fn.pool, caller.pending_results as usize);
                 caller.pending_results = u32::MAX;
-                let (cib, crb) = (caller.i32_base, caller.ref_base);
+                let (cib, crb) = (caller.i32_base as usize, caller.ref_base as usize);
                 let (cic, crc) = (caller_fn.i32_count as usize, caller_fn.ref_count as usize);
                 let (lo_regs, hi_regs) = stack.i32_regs.split_at_mut(ib);
                 let (lo_refs, hi_refs) = stack.ref_regs.split_at_mut(rb);

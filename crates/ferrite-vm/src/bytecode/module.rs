@@ -12,7 +12,7 @@ use crate::module::{
     Dependency, ExportInfo, FunctionRef, ImportInfo, Module, ModuleState, Signature,
 };
 use crate::refs::Ref;
-use crate::stack::{Frame, Stack};
+use crate::stack::Stack;
 use crate::types::TypeDef;
 use crate::value::Variant;
 use ferrite_base::status::ResultExt;
@@ -324,15 +324,11 @@ impl ModuleState for BytecodeState {
             .ok_or_else(|| status!(NotFound, "export ordinal {ordinal} out of range"))?;
         let module = self.module.clone();
         let func = &module.functions[f as usize];
-        let (ib, rb) = interp::push_frame(stack, self, f, true)?;
-        let regs = &mut stack.i32_regs[ib..];
-        let refs = &mut stack.ref_regs[rb..];
+        let (ib, rb) = interp::push_frame(stack, &module, Some(self), f)?;
+        let regs = &mut stack.i32_regs[ib..ib + func.i32_count as usize];
+        let refs = &mut stack.ref_regs[rb..rb + func.ref_count as usize];
         if let Err(e) = interp::place_args(regs, refs, args, &func.cconv.args) {
-            if let Some(Frame::Bytecode(_)) = stack.frames.last() {
-                stack.frames.pop();
-                stack.i32_regs.truncate(ib);
-                stack.ref_regs.truncate(rb);
-            }
+            interp::pop_frame(stack, ib, rb);
             return Err(e);
         }
         Ok(())
