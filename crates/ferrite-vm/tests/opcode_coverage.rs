@@ -133,7 +133,10 @@ fn coverage_records_only_executed_ops() {
     for want in ["global.load.i32", "global.store.i32", "add.i32", "return"] {
         assert!(ops.contains(want), "{want} missing from {ops:?}");
     }
-    assert!(ops.len() <= 8, "too many ops recorded for counter_next: {ops:?}");
+    assert!(
+        ops.len() <= 8,
+        "too many ops recorded for counter_next: {ops:?}"
+    );
     assert!(!ops.contains("buffer.alloc"), "{ops:?}");
     // take_coverage resets the record.
     assert!(inv.take_coverage().is_empty());

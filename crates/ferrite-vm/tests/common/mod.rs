@@ -7,7 +7,8 @@
 //!   build fail the test with a message; nothing passes silently.
 //! - Host modules the fixtures import: `yieldable_test` (from
 //!   `ferrite_vm::testing`), a fake `hal` offering exactly the imported
-//!   `hal.*` functions, and `ferrite_test` (counters and `add`).
+//!   `hal.*` functions, `ferrite_test` (counters and `add`) and
+//!   `ferrite_async` (a `wait` that yields once).
 #![allow(dead_code)]
 
 use ferrite_base::{status, Result};
@@ -30,7 +31,12 @@ fn sources(root: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(root.join("tests/vm"))
         .map(|rd| {
             rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("vmasm" | "mlir")))
+                .filter(|p| {
+                    matches!(
+                        p.extension().and_then(|e| e.to_str()),
+                        Some("vmasm" | "mlir")
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -158,8 +164,8 @@ pub fn fixture_instance() -> Instance {
 /// Loads fixture `name` into `instance`.
 pub fn load_fixture(instance: &Instance, name: &str) -> Arc<BytecodeModule> {
     let path = fixture_path(name);
-    let bytes = ModuleBytes::map_file(&path)
-        .unwrap_or_else(|e| panic!("mapping {}: {e}", path.display()));
+    let bytes =
+        ModuleBytes::map_file(&path).unwrap_or_else(|e| panic!("mapping {}: {e}", path.display()));
     BytecodeModule::load(instance, bytes)
         .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
 }
@@ -256,11 +262,32 @@ pub fn host_module(counters: Arc<HostCounters>, with_maybe: bool) -> Arc<NativeM
     b.build()
 }
 
+/// The default `ferrite_async` host module of `tests/vm/native_async.vmasm`:
+/// `wait` (`0i_i`) yields once with nothing to wait for, then returns its
+/// argument plus one. (`coroutines.rs` provides versions that wait on events.)
+pub fn default_async_module() -> Arc<NativeModule> {
+    NativeModuleBuilder::new("ferrite_async", 0)
+        .function("wait", "0i_i", |call| {
+            if !call.resumed {
+                return Ok(NativePoll::Pending(Wait::yield_now()));
+            }
+            let x = ArgReader::new(call).i32()?;
+            Ok(NativePoll::Ready(vec![Variant::I32(x.wrapping_add(1))]))
+        })
+        .expect("declaring ferrite_async")
+        .build()
+}
+
 /// A context with whatever host modules `module` imports registered first,
 /// then `module` itself.
 pub fn context_for(instance: &Instance, module: Arc<BytecodeModule>) -> Result<Context> {
     let mut ctx = Context::new(instance);
-    let imports = |prefix: &str| module.imports().iter().any(|i| i.full_name.starts_with(prefix));
+    let imports = |prefix: &str| {
+        module
+            .imports()
+            .iter()
+            .any(|i| i.full_name.starts_with(prefix))
+    };
     if imports("yieldable_test.") {
         ctx.register(ferrite_vm::testing::yieldable_test_module()?)?;
     }
@@ -269,6 +296,9 @@ pub fn context_for(instance: &Instance, module: Arc<BytecodeModule>) -> Result<C
     }
     if imports("ferrite_test.") {
         ctx.register(host_module(Arc::new(HostCounters::default()), true))?;
+    }
+    if imports("ferrite_async.") {
+        ctx.register(default_async_module())?;
     }
     ctx.register(module as Arc<dyn Module>)?;
     Ok(ctx)
