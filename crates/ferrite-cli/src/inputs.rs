@@ -10,17 +10,16 @@ use ferrite_vm::Variant;
 /// for i32, `--input=10000000000` for i64, `--input=1.5` for f32.
 pub fn parse_scalar(text: &str, ty: &CconvType, index: usize) -> Result<Variant> {
     let t = text.trim();
+    // Messages follow upstream's: "parsing value `x` as i32; parsing input `x`".
     let bad = |what: &str| {
-        ferrite_base::status!(
-            InvalidArgument,
-            "parsing input {index} `{text}`: expected {what}"
-        )
+        ferrite_base::status!(InvalidArgument, "parsing value `{t}` as {what}")
+            .annotate(format!("parsing input {index} `{text}`"))
     };
     Ok(match ty {
-        CconvType::I32 => Variant::I32(parse_int(t).ok_or_else(|| bad("an i32"))? as i32),
-        CconvType::I64 => Variant::I64(parse_int(t).ok_or_else(|| bad("an i64"))?),
-        CconvType::F32 => Variant::F32(parse_float(t).ok_or_else(|| bad("an f32"))? as f32),
-        CconvType::F64 => Variant::F64(parse_float(t).ok_or_else(|| bad("an f64"))?),
+        CconvType::I32 => Variant::I32(parse_int(t).ok_or_else(|| bad("i32"))? as i32),
+        CconvType::I64 => Variant::I64(parse_int(t).ok_or_else(|| bad("i64"))?),
+        CconvType::F32 => Variant::F32(parse_float(t).ok_or_else(|| bad("f32"))? as f32),
+        CconvType::F64 => Variant::F64(parse_float(t).ok_or_else(|| bad("f64"))?),
         CconvType::Ref => bail!(
             InvalidArgument,
             "parsing input {index} `{text}`: ref arguments (buffers, tensors) need the HAL, which this build of run-module does not provide"

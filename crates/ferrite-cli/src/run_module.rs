@@ -71,23 +71,29 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
     let f = ctx
         .lookup_function(&args.function)
         .annotate(|| format!("looking up function '{}'", args.function))?;
-    if args.inputs.len() != f.cconv.args.len() {
+    // Inputs are parsed by the function's argument types, as upstream does;
+    // extra inputs beyond the signature are counted, not parsed.
+    let inputs = args
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match f.cconv.args.get(i) {
+            Some(ty) => parse_scalar(t, ty, i),
+            None => Ok(ferrite_vm::Variant::Null),
+        })
+        .collect::<Result<Vec<_>>>()
+        .annotate(|| "parsing function inputs".to_string())?;
+    println!("EXEC @{}", args.function);
+    // Upstream prints the EXEC line before checking the argument count.
+    if inputs.len() != f.cconv.args.len() {
         bail!(
             InvalidArgument,
             "input list and function mismatch; expected {} arguments but passed {}; invoking function '{}'",
             f.cconv.args.len(),
-            args.inputs.len(),
+            inputs.len(),
             args.function
         );
     }
-    let inputs = args
-        .inputs
-        .iter()
-        .zip(&f.cconv.args)
-        .enumerate()
-        .map(|(i, (t, ty))| parse_scalar(t, ty, i))
-        .collect::<Result<Vec<_>>>()?;
-    println!("EXEC @{}", args.function);
     let mut results = Vec::new();
     for _ in 0..args.repeat.max(1) {
         results = ctx
