@@ -18,8 +18,13 @@ step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 step "cargo test"
-cargo test --workspace -q 2>&1 | grep -E '^(test result|running|failures|---- |thread|error)' || true
-cargo test --workspace -q >/dev/null 2>&1 || { cargo test --workspace 2>&1 | tail -80; exit 1; }
+mkdir -p build
+if cargo test --workspace 2>&1 | tee build/cargo-test.log | grep -E '^(test result|     Running)'; then
+  grep -q 'test result: FAILED' build/cargo-test.log && { tail -80 build/cargo-test.log; exit 1; }
+else
+  tail -80 build/cargo-test.log
+  exit 1
+fi
 step "our programs under upstream iree-run-module (differential baseline)"
 scripts/check-upstream.sh
 step "upstream VM test programs under ferrite"

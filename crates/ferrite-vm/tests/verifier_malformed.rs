@@ -72,7 +72,7 @@ fn bytecode_mutations_never_panic() {
             let n = 1 + (rng.next() % 4) as usize;
             for _ in 0..n {
                 let pos = range.start + (rng.next() as usize % code_len(&range));
-                if rng.next() % 2 == 0 {
+                if rng.next().is_multiple_of(2) {
                     m[pos] ^= 1 << (rng.next() % 8);
                 } else {
                     m[pos] = rng.next() as u8;
