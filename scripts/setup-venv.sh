@@ -20,7 +20,7 @@ PIP=("$VENV/bin/python" -m pip)
 
 # Version of an installed distribution, or nothing.
 installed_version() {
-  "${PIP[@]}" show "$1" 2>/dev/null | awk '/^Version:/ { print $2 }'
+  { "${PIP[@]}" show "$1" 2>/dev/null || true; } | awk '/^Version:/ { print $2 }'
 }
 
 need=()
