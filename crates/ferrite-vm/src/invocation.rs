@@ -29,6 +29,8 @@ pub struct Invocation {
     stack: Stack,
     function: FunctionRef,
     done: bool,
+    /// Whether the frame that last yielded handles wait failures itself.
+    handles_failure: bool,
 }
 
 impl Invocation {
@@ -49,6 +51,7 @@ impl Invocation {
             stack,
             function: function.clone(),
             done: false,
+            handles_failure: false,
         })
     }
 
@@ -76,11 +79,33 @@ impl Invocation {
                 self.done = true;
                 Ok(Poll::Done(v))
             }
-            Ok(p) => Ok(p),
+            Ok(Poll::Pending(w)) => {
+                self.handles_failure = w.handles_failure;
+                Ok(Poll::Pending(w))
+            }
             Err(e) => {
                 self.done = true;
                 Err(e)
             }
+        }
+    }
+
+    /// Hands the outcome of the last [`Poll::Pending`] wait to the frame that
+    /// yielded. Hosts that drive [`Invocation::step`] themselves call this
+    /// before stepping again. A failed wait fails the invocation unless the
+    /// wait was made with [`Wait::handles_failure`].
+    pub fn complete_wait(&mut self, outcome: Result<()>) -> Result<()> {
+        match self.stack.frames.last_mut() {
+            Some(Frame::Native(nf)) if outcome.is_ok() || self.handles_failure => {
+                nf.call.wait_status = Some(outcome);
+                Ok(())
+            }
+            _ => outcome.map_err(|e| {
+                self.done = true;
+                let e = with_backtrace(&self.stack, e);
+                self.stack.unwind();
+                e
+            }),
         }
     }
 
@@ -90,9 +115,12 @@ impl Invocation {
             match self.step()? {
                 Poll::Done(v) => return Ok(v),
                 Poll::Pending(w) => {
-                    if !w.sources.is_empty() {
-                        wait_sources(&w.sources, w.mode, w.deadline)?;
-                    }
+                    let outcome = if w.sources.is_empty() {
+                        Ok(())
+                    } else {
+                        wait_sources(&w.sources, w.mode, w.deadline)
+                    };
+                    self.complete_wait(outcome)?;
                 }
             }
         }

@@ -26,6 +26,10 @@ pub struct Wait {
     pub mode: WaitMode,
     /// When waiting gives up with `DEADLINE_EXCEEDED`.
     pub deadline: Deadline,
+    /// When true, a failed or timed-out wait is handed to the yielding
+    /// function ([`NativeCall::wait_status`]) instead of failing the
+    /// invocation (`hal.fence.await` returns `DEADLINE_EXCEEDED` as a value).
+    pub handles_failure: bool,
 }
 
 impl Wait {
@@ -35,6 +39,7 @@ impl Wait {
             sources: Vec::new(),
             mode: WaitMode::All,
             deadline: Deadline::InfiniteFuture,
+            handles_failure: false,
         }
     }
 }
@@ -67,6 +72,18 @@ pub struct NativeCall {
     pub saved: Option<Box<dyn Any + Send>>,
     /// True when stepping after a yield.
     pub resumed: bool,
+    /// Outcome of the wait this call yielded on, set before it is stepped
+    /// again: Ok when satisfied, else (only for waits with
+    /// [`Wait::handles_failure`]) `DEADLINE_EXCEEDED` or the failing
+    /// source's status.
+    pub wait_status: Option<ferrite_base::Result<()>>,
+}
+
+impl NativeCall {
+    /// Takes the outcome of the wait this call last yielded on.
+    pub fn take_wait_status(&mut self) -> Option<ferrite_base::Result<()>> {
+        self.wait_status.take()
+    }
 }
 
 /// A native function body, stepped until it returns [`NativePoll::Ready`].
@@ -191,6 +208,7 @@ impl Stack {
                 args,
                 saved: None,
                 resumed: false,
+                wait_status: None,
             },
         }));
         Ok(())

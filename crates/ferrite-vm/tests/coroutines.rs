@@ -35,6 +35,7 @@ fn async_module(
                     sources: vec![source],
                     mode: WaitMode::All,
                     deadline,
+                    handles_failure: false,
                 }));
             }
             // Resumed: the event must be ready now (the scheduler only
@@ -321,4 +322,38 @@ fn many_invocations_interleaved_on_one_context() {
     for (n, _, r) in invs {
         assert_eq!(r.unwrap(), vec![Variant::I32(2 * n)]);
     }
+}
+
+/// A wait made with `handles_failure` hands a timeout to the function,
+/// which turns it into a result instead of failing the invocation (what
+/// `hal.fence.await` does with `DEADLINE_EXCEEDED`).
+#[test]
+fn handled_wait_failure_reaches_the_function() {
+    let instance = ferrite_vm::Instance::default();
+    let event = ferrite_base::wait::Event::new();
+    let module = NativeModuleBuilder::new("awaiter", 0)
+        .function("await_code", "0i_i", move |call| {
+            if !call.resumed {
+                let source: Arc<dyn WaitSource> = event.clone();
+                return Ok(NativePoll::Pending(Wait {
+                    sources: vec![source],
+                    mode: WaitMode::All,
+                    deadline: Deadline::after(Duration::from_millis(10)),
+                    handles_failure: true,
+                }));
+            }
+            let code = match call.take_wait_status() {
+                Some(Ok(())) => 0,
+                Some(Err(e)) => e.code() as i32,
+                None => -1,
+            };
+            Ok(NativePoll::Ready(vec![Variant::I32(code)]))
+        })
+        .unwrap()
+        .build();
+    let mut ctx = ferrite_vm::Context::new(&instance);
+    ctx.register(module).unwrap();
+    let f = ctx.lookup_function("awaiter.await_code").unwrap();
+    let r = ctx.invoke(&f, vec![Variant::I32(0)]).unwrap();
+    assert_eq!(r, vec![Variant::I32(StatusCode::DeadlineExceeded as i32)]);
 }
