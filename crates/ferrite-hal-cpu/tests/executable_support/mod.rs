@@ -1,0 +1,184 @@
+//! Shared helpers of the executable tests: compiling the MLIR fixtures under
+//! `tests/data` with the pinned `iree-compile`, pulling the executable out of
+//! the module with Ferrite's archive reader, and reading the workgroup counts
+//! the compiled host code dispatches with (from `iree-dump-module`).
+#![allow(dead_code)]
+
+use ferrite_vm::bytecode::archive::Archive;
+use ferrite_vm::ModuleBytes;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    dir.canonicalize().unwrap_or(dir)
+}
+
+fn tool(name: &str) -> PathBuf {
+    let p = workspace_root().join(".venv/bin").join(name);
+    assert!(
+        p.is_file(),
+        "{} not found: the executable tests compile their fixtures with the pinned IREE \
+         compiler (iree-base-compiler==3.13.0) installed in <workspace>/.venv",
+        p.display()
+    );
+    p
+}
+
+static BUILD_LOCK: Mutex<()> = Mutex::new(());
+
+/// Compiles `tests/data/<name>.mlir` for the local llvm-cpu target (generic
+/// x86-64), once per source change, and returns the `.vmfb` path.
+pub fn compile(name: &str) -> PathBuf {
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(format!("{name}.mlir"));
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hal-cpu-fixtures");
+    std::fs::create_dir_all(&out_dir).expect("create fixture directory");
+    let out = out_dir.join(format!("{name}.vmfb"));
+    let fresh = match (std::fs::metadata(&src), std::fs::metadata(&out)) {
+        (Ok(s), Ok(o)) => matches!((s.modified(), o.modified()), (Ok(s), Ok(o)) if o >= s),
+        _ => false,
+    };
+    if !fresh {
+        let output = Command::new(tool("iree-compile"))
+            .args([
+                "--iree-hal-target-device=local",
+                "--iree-hal-local-target-device-backends=llvm-cpu",
+                "--iree-llvmcpu-target-cpu=generic",
+            ])
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .expect("run iree-compile");
+        assert!(
+            output.status.success(),
+            "iree-compile failed for {}:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    out
+}
+
+/// A compiled module's CPU executable.
+pub struct Fixture {
+    /// The module path.
+    pub vmfb: PathBuf,
+    /// The executable data (the rodata segment holding the ELF).
+    pub executable: Vec<u8>,
+    /// The executable format named in the module's rodata.
+    pub format: String,
+    /// Every rodata segment's bytes.
+    pub rodata: Vec<Vec<u8>>,
+}
+
+/// Compiles `name` and extracts its executable.
+pub fn fixture(name: &str) -> Fixture {
+    let vmfb = compile(name);
+    let bytes = ModuleBytes::read_file(&vmfb).expect("read module");
+    let archive = Archive::parse(bytes).expect("parse module");
+    let rodata: Vec<Vec<u8>> = (0..archive.rodata_segments().len())
+        .map(|i| archive.rodata(i).expect("rodata").to_vec())
+        .collect();
+    let executable = rodata
+        .iter()
+        .find(|r| r.starts_with(b"\x7fELF"))
+        .expect("module holds no ELF executable")
+        .clone();
+    let format = rodata
+        .iter()
+        .filter_map(|r| std::str::from_utf8(r).ok())
+        .find(|s| s.starts_with("embedded-elf-"))
+        .expect("module names no embedded-elf format")
+        .to_string();
+    Fixture {
+        vmfb,
+        executable,
+        format,
+        rodata,
+    }
+}
+
+/// The constant workgroup counts of every `hal.command_buffer.dispatch` in the
+/// module, in program order (`None` for a count held in a register that is not
+/// a constant, i.e. computed at run time).
+pub fn dispatch_workgroup_counts(vmfb: &Path) -> Vec<[Option<u32>; 3]> {
+    let output = Command::new(tool("iree-dump-module"))
+        .arg(vmfb)
+        .output()
+        .expect("run iree-dump-module");
+    assert!(output.status.success(), "iree-dump-module failed");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut counts = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let Some(pos) = line.find("@hal.command_buffer.dispatch segments") else {
+            continue;
+        };
+        let args_start = line[pos..]
+            .find("](")
+            .map(|p| pos + p + 2)
+            .expect("dispatch args");
+        let args: Vec<&str> = line[args_start..]
+            .trim_end_matches(')')
+            .split(", ")
+            .collect();
+        let resolve = |reg: &str| -> Option<u32> {
+            let reg = reg.trim_start_matches('%').trim_start_matches('i');
+            let reg = format!("%i{reg}");
+            for prev in lines[..n].iter().rev() {
+                let t = prev.trim();
+                if t.starts_with("vm.func") {
+                    return None;
+                }
+                if let Some(rest) = t.strip_prefix(&format!("{reg} = ")) {
+                    if rest.starts_with("vm.const.i32.zero") {
+                        return Some(0);
+                    }
+                    if let Some(v) = rest.strip_prefix("vm.const.i32 ") {
+                        return v
+                            .split_whitespace()
+                            .next()?
+                            .parse::<i64>()
+                            .ok()
+                            .map(|v| v as u32);
+                    }
+                    return None;
+                }
+            }
+            None
+        };
+        counts.push([resolve(args[3]), resolve(args[4]), resolve(args[5])]);
+    }
+    counts
+}
+
+/// The single static workgroup count of a one-dispatch module.
+pub fn static_workgroup_count(vmfb: &Path) -> [u32; 3] {
+    let counts = dispatch_workgroup_counts(vmfb);
+    assert_eq!(counts.len(), 1, "expected one dispatch, found {counts:?}");
+    counts[0].map(|c| c.expect("workgroup count is not a constant"))
+}
+
+/// Deterministic pseudo-random f32 values in [-1, 1).
+pub fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// `(ptr, len)` binding of a mutable f32 slice.
+pub fn binding(v: &mut [f32]) -> (*mut u8, usize) {
+    (v.as_mut_ptr().cast(), std::mem::size_of_val(v))
+}
