@@ -1,0 +1,938 @@
+//! HAL buffers: a byte range of a host-memory allocation.
+//!
+//! A [`Buffer`] is a cheap handle (`Clone` shares it): an `Arc` of the
+//! allocation plus the byte range this buffer covers. Subspans share the
+//! allocation, so a subspan of a subspan still points at the one allocation
+//! with the offsets added. The memory type, allowed usage and allowed access
+//! are those the allocation was made with.
+//!
+//! # Memory and locking
+//!
+//! Allocation memory is either an owned, zero-initialized, 64-byte-aligned
+//! heap block, an owned `Vec<u8>` (writable import), or read-only bytes kept
+//! alive by an owner object (`Arc<dyn AsRef<[u8]>>`, e.g. a module's
+//! `ModuleBytes`).
+//!
+//! Host access through this API ([`Buffer::read`], [`Buffer::write`],
+//! [`Buffer::fill`], [`Buffer::copy`], [`Buffer::map_read`],
+//! [`Buffer::map_write`]) goes through a reader/writer lock per allocation:
+//! readers share it, writers are exclusive, so safe Rust never sees a data
+//! race. A thread holding a mapping must not start a conflicting access to
+//! the same allocation (it would wait for itself).
+//!
+//! Devices get raw pointers instead: [`Buffer::binding_ptr`] returns a
+//! [`BindingPtr`] that keeps the allocation alive and does *not* take the
+//! lock. Its contract (the CPU driver is the only `unsafe` user): accesses
+//! through it must be ordered (by queue/semaphore ordering, as upstream) with
+//! every host access to overlapping bytes, concurrent writers through binding
+//! pointers must touch disjoint bytes, and a pointer without write access is
+//! never written through.
+
+use std::alloc::Layout;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::{Arc, Weak};
+
+use ferrite_base::{bail, status, Result};
+use ferrite_vm::refs::RefObject;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::memory::{BufferUsage, MemoryAccess, MemoryType};
+
+/// A length meaning "from the offset to the end of the buffer".
+pub const WHOLE_BUFFER: u64 = u64::MAX;
+
+/// Alignment of every allocation made by Ferrite's allocators.
+pub const ALLOCATION_ALIGNMENT: usize = 64;
+
+/// An owned, aligned block of host memory (zeroed when first allocated).
+pub(crate) struct HeapBlock {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: a HeapBlock exclusively owns its memory (like a Box<[u8]>); it is
+// only read or written through the allocation's lock or under BindingPtr's
+// documented contract.
+unsafe impl Send for HeapBlock {}
+// SAFETY: as above; shared access never hands out references without the lock.
+unsafe impl Sync for HeapBlock {}
+
+impl HeapBlock {
+    /// Allocates `size` zeroed bytes aligned to `align` (at least 64).
+    pub(crate) fn new_zeroed(size: u64, align: usize) -> Result<HeapBlock> {
+        let align = align.max(ALLOCATION_ALIGNMENT);
+        let layout = usize::try_from(size)
+            .ok()
+            .and_then(|s| Layout::from_size_align(s, align).ok())
+            .ok_or_else(|| {
+                status!(
+                    ResourceExhausted,
+                    "cannot allocate {size} bytes aligned to {align}"
+                )
+            })?;
+        if layout.size() == 0 {
+            // A dangling, well-aligned pointer: never dereferenced for reads
+            // or writes of more than zero bytes, never deallocated.
+            let ptr = NonNull::new(align as *mut u8).unwrap_or(NonNull::dangling());
+            return Ok(HeapBlock { ptr, layout });
+        }
+        // SAFETY: the layout has a non-zero size (checked above).
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        match NonNull::new(raw) {
+            Some(ptr) => Ok(HeapBlock { ptr, layout }),
+            None => bail!(
+                ResourceExhausted,
+                "out of host memory allocating {size} bytes"
+            ),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.layout.size()
+    }
+}
+
+impl Drop for HeapBlock {
+    fn drop(&mut self) {
+        if self.layout.size() != 0 {
+            // SAFETY: `ptr` came from `alloc_zeroed` with exactly `layout`.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        }
+    }
+}
+
+/// Host memory handed to an allocator for import.
+pub enum HostMemory {
+    /// Read-only bytes kept alive by their owner (e.g. `ModuleBytes`, an
+    /// `Arc<[u8]>`, a memory map). The owner must return the same slice from
+    /// every `as_ref()` call (true of every std container and of
+    /// `ModuleBytes`): devices keep raw pointers into it.
+    ReadOnly(Arc<dyn AsRef<[u8]> + Send + Sync>),
+    /// A writable vector the buffer takes ownership of.
+    Owned(Vec<u8>),
+}
+
+impl HostMemory {
+    /// Read-only import of a VM module's bytes (rodata, constants).
+    pub fn from_module_bytes(bytes: ferrite_vm::ModuleBytes) -> HostMemory {
+        HostMemory::ReadOnly(Arc::new(bytes))
+    }
+}
+
+impl fmt::Debug for HostMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostMemory::ReadOnly(b) => {
+                write!(f, "HostMemory::ReadOnly({} bytes)", (**b).as_ref().len())
+            }
+            HostMemory::Owned(v) => write!(f, "HostMemory::Owned({} bytes)", v.len()),
+        }
+    }
+}
+
+/// A `Box<[u8]>` turned into a raw pointer so it can be shared the same way
+/// as a heap block; freed by rebuilding the box.
+pub(crate) struct BoxedBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: BoxedBytes exclusively owns its memory like a Box<[u8]>; access
+// follows the allocation's lock or BindingPtr's contract.
+unsafe impl Send for BoxedBytes {}
+// SAFETY: see above.
+unsafe impl Sync for BoxedBytes {}
+
+impl Drop for BoxedBytes {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a `Box<[u8]>` in
+        // `Allocation::import` and are dropped exactly once, here.
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
+pub(crate) enum Storage {
+    Heap(HeapBlock),
+    Boxed(BoxedBytes),
+    ReadOnly(Arc<dyn AsRef<[u8]> + Send + Sync>),
+    /// Moved out (returned to a pool) during drop.
+    Empty,
+}
+
+/// Where a pooled block goes when its last buffer is dropped.
+pub(crate) trait Recycler: Send + Sync {
+    fn recycle(&self, block: HeapBlock);
+}
+
+/// Records freed bytes on the owning allocator's statistics.
+pub(crate) trait FreeTracker: Send + Sync {
+    fn record_free(&self, memory_type: MemoryType, bytes: u64);
+}
+
+pub(crate) struct Allocation {
+    storage: Storage,
+    len: u64,
+    lock: RwLock<()>,
+    memory_type: MemoryType,
+    usage: BufferUsage,
+    access: MemoryAccess,
+    recycler: Option<Weak<dyn Recycler>>,
+    tracker: Option<Arc<dyn FreeTracker>>,
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        if let Some(t) = &self.tracker {
+            t.record_free(self.memory_type, self.len);
+        }
+        if let Some(pool) = self.recycler.as_ref().and_then(Weak::upgrade) {
+            if let Storage::Heap(block) = std::mem::replace(&mut self.storage, Storage::Empty) {
+                pool.recycle(block);
+            }
+        }
+    }
+}
+
+impl Allocation {
+    pub(crate) fn from_block(
+        block: HeapBlock,
+        len: u64,
+        memory_type: MemoryType,
+        usage: BufferUsage,
+        access: MemoryAccess,
+        recycler: Option<Weak<dyn Recycler>>,
+        tracker: Option<Arc<dyn FreeTracker>>,
+    ) -> Allocation {
+        debug_assert!(len as usize <= block.len());
+        Allocation {
+            storage: Storage::Heap(block),
+            len,
+            lock: RwLock::new(()),
+            memory_type,
+            usage,
+            access,
+            recycler,
+            tracker,
+        }
+    }
+
+    pub(crate) fn import(
+        memory: HostMemory,
+        memory_type: MemoryType,
+        usage: BufferUsage,
+        access: MemoryAccess,
+    ) -> Allocation {
+        let (storage, len, access) = match memory {
+            HostMemory::ReadOnly(owner) => {
+                let len = (*owner).as_ref().len() as u64;
+                // Read-only memory never allows writes, whatever was asked.
+                let mut access =
+                    access & !(MemoryAccess::WRITE | MemoryAccess::DISCARD | MemoryAccess::ANY);
+                access |= MemoryAccess::READ;
+                (Storage::ReadOnly(owner), len, access)
+            }
+            HostMemory::Owned(v) => {
+                let len = v.len();
+                let raw = Box::into_raw(v.into_boxed_slice());
+                // A Box pointer is never null (dangling for empty slices).
+                match NonNull::new(raw as *mut u8) {
+                    Some(ptr) => (Storage::Boxed(BoxedBytes { ptr, len }), len as u64, access),
+                    None => (Storage::Empty, 0, access),
+                }
+            }
+        };
+        Allocation {
+            storage,
+            len,
+            lock: RwLock::new(()),
+            memory_type,
+            usage,
+            access,
+            recycler: None,
+            tracker: None,
+        }
+    }
+
+    fn is_writable(&self) -> bool {
+        matches!(self.storage, Storage::Heap(_) | Storage::Boxed(_))
+    }
+
+    /// Base pointer of the whole allocation (valid for `len` bytes).
+    fn base_ptr(&self) -> *mut u8 {
+        match &self.storage {
+            Storage::Heap(b) => b.ptr.as_ptr(),
+            Storage::Boxed(b) => b.ptr.as_ptr(),
+            Storage::ReadOnly(o) => (**o).as_ref().as_ptr() as *mut u8,
+            Storage::Empty => NonNull::dangling().as_ptr(),
+        }
+    }
+
+    /// The bytes `[off, off + len)`; the caller holds the shared lock and has range-checked the span. The result borrows `self`, not
+    /// the guard: callers (all in this module) keep the guard alive for as
+    /// long as they use the slice (mappings store both together).
+    fn slice(&self, _guard: &LockHeld<'_>, off: u64, len: u64) -> &[u8] {
+        if let Storage::ReadOnly(o) = &self.storage {
+            return &(**o).as_ref()[off as usize..(off + len) as usize];
+        }
+        if len == 0 {
+            return &[];
+        }
+        // SAFETY: owned storage is valid for `self.len` initialized bytes and
+        // the range was checked against `self.len`; the caller holds a lock
+        // guard (shared or exclusive) for as long as it uses the slice, so no
+        // `&mut` to these bytes exists meanwhile.
+        unsafe { std::slice::from_raw_parts(self.base_ptr().add(off as usize), len as usize) }
+    }
+
+    /// Mutable bytes `[off, off + len)`; the caller holds the write lock, has
+    /// range-checked the span and checked `is_writable`. As for `slice`, the
+    /// caller keeps the guard alive while the slice is used.
+    #[allow(clippy::mut_from_ref)]
+    fn slice_mut(&self, _guard: &RwLockWriteGuard<'_, ()>, off: u64, len: u64) -> &mut [u8] {
+        assert!(self.is_writable(), "write to read-only storage");
+        if len == 0 {
+            return &mut [];
+        }
+        // SAFETY: owned, writable storage valid for `self.len` bytes; the range
+        // was checked; the caller holds the exclusive write guard for as long
+        // as it uses the slice, so no other reference to these bytes exists
+        // through the safe API. Binding pointers are ordered against host
+        // access by their documented contract.
+        unsafe { std::slice::from_raw_parts_mut(self.base_ptr().add(off as usize), len as usize) }
+    }
+}
+
+/// Proof that the allocation's shared lock is held; dropping it unlocks.
+struct LockHeld<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
+
+/// A byte range of a host-memory allocation (the `hal.buffer` ref type).
+#[derive(Clone)]
+pub struct Buffer {
+    alloc: Arc<Allocation>,
+    offset: u64,
+    length: u64,
+}
+
+impl RefObject for Buffer {
+    fn type_name(&self) -> &'static str {
+        "hal.buffer"
+    }
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Buffer(offset={}, length={}, allocation_size={}, type={}, usage={}, access={})",
+            self.offset,
+            self.length,
+            self.alloc.len,
+            self.alloc.memory_type,
+            self.alloc.usage,
+            self.alloc.access
+        )
+    }
+}
+
+/// How two buffer ranges overlap (upstream's `iree_hal_buffer_overlap_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overlap {
+    /// No byte in common.
+    Disjoint,
+    /// Some bytes in common.
+    Partial,
+    /// Exactly the same bytes.
+    Complete,
+}
+
+impl Buffer {
+    pub(crate) fn from_allocation(alloc: Allocation) -> Buffer {
+        let length = alloc.len;
+        Buffer {
+            alloc: Arc::new(alloc),
+            offset: 0,
+            length,
+        }
+    }
+
+    /// Bytes this buffer covers.
+    pub fn byte_length(&self) -> u64 {
+        self.length
+    }
+
+    /// Offset of this buffer in its allocation.
+    pub fn byte_offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Size of the whole underlying allocation.
+    pub fn allocation_size(&self) -> u64 {
+        self.alloc.len
+    }
+
+    /// The memory type the allocation was made with.
+    pub fn memory_type(&self) -> MemoryType {
+        self.alloc.memory_type
+    }
+
+    /// The usages the allocation allows.
+    pub fn allowed_usage(&self) -> BufferUsage {
+        self.alloc.usage
+    }
+
+    /// The accesses the allocation allows.
+    pub fn allowed_access(&self) -> MemoryAccess {
+        self.alloc.access
+    }
+
+    /// True when both buffers share one allocation.
+    pub fn same_allocation(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.alloc, &other.alloc)
+    }
+
+    /// True when both handles cover the same bytes of the same allocation.
+    pub fn same_range(&self, other: &Buffer) -> bool {
+        self.same_allocation(other) && self.offset == other.offset && self.length == other.length
+    }
+
+    /// A buffer over `[offset, offset + length)` of this one, sharing the
+    /// allocation. `length` may be [`WHOLE_BUFFER`].
+    pub fn subspan(&self, offset: u64, length: u64) -> Result<Buffer> {
+        let (off, len) = self.resolve_range(offset, length)?;
+        Ok(Buffer {
+            alloc: self.alloc.clone(),
+            offset: self.offset + off,
+            length: len,
+        })
+    }
+
+    /// Resolves `(offset, length)` within this buffer (`WHOLE_BUFFER`
+    /// allowed) or fails with `OUT_OF_RANGE` naming the numbers.
+    pub fn resolve_range(&self, offset: u64, length: u64) -> Result<(u64, u64)> {
+        let max = self.length;
+        if offset > max {
+            bail!(
+                OutOfRange,
+                "attempted to access an address off the end of the valid buffer range (offset={offset}, length={}, buffer byte_length={max})",
+                fmt_len(length)
+            );
+        }
+        let length = if length == WHOLE_BUFFER {
+            max - offset
+        } else {
+            length
+        };
+        if length == 0 {
+            return Ok((offset, 0));
+        }
+        match offset.checked_add(length) {
+            Some(end) if end <= max => Ok((offset, length)),
+            _ => bail!(
+                OutOfRange,
+                "attempted to access an address outside of the valid buffer range (offset={offset}, length={length}, end(inc)={}, buffer byte_length={max})",
+                offset as u128 + length as u128 - 1
+            ),
+        }
+    }
+
+    /// Fails with `PERMISSION_DENIED` unless the buffer's memory type has all
+    /// of `required`.
+    pub fn validate_memory_type(&self, required: MemoryType) -> Result<()> {
+        let actual = self.alloc.memory_type;
+        if !actual.contains(required) {
+            bail!(
+                PermissionDenied,
+                "buffer memory type is not compatible with the requested operation; buffer has {actual}, operation requires {required}"
+            );
+        }
+        Ok(())
+    }
+
+    /// Fails with `PERMISSION_DENIED` unless the buffer allows `required`
+    /// access (`ANY` always passes; a request without READ or WRITE is
+    /// `INVALID_ARGUMENT`).
+    pub fn validate_access(&self, required: MemoryAccess) -> Result<()> {
+        let allowed = self.alloc.access;
+        if required.contains(MemoryAccess::ANY) {
+            return Ok(());
+        }
+        if !required.intersects(MemoryAccess::READ | MemoryAccess::WRITE) {
+            bail!(
+                InvalidArgument,
+                "memory access must specify one or more of _READ or _WRITE"
+            );
+        }
+        if !allowed.contains(required) {
+            bail!(
+                PermissionDenied,
+                "buffer does not support the requested access type; buffer allows {allowed}, operation requires {required}"
+            );
+        }
+        Ok(())
+    }
+
+    /// Fails with `PERMISSION_DENIED` unless the buffer allows `required`
+    /// usage.
+    pub fn validate_usage(&self, required: BufferUsage) -> Result<()> {
+        let allowed = self.alloc.usage;
+        if !allowed.contains(required) {
+            bail!(
+                PermissionDenied,
+                "requested usage was not specified when the buffer was allocated; buffer allows {allowed}, operation requires {required}"
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks a host mapping of `[offset, offset+length)` with `access` and
+    /// returns the absolute allocation range.
+    fn check_host(&self, access: MemoryAccess, offset: u64, length: u64) -> Result<(u64, u64)> {
+        self.validate_memory_type(MemoryType::HOST_VISIBLE)?;
+        self.validate_usage(BufferUsage::MAPPING_SCOPED)?;
+        self.validate_access(access)?;
+        if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
+            bail!(PermissionDenied, "buffer wraps read-only host memory");
+        }
+        let (off, len) = self.resolve_range(offset, length)?;
+        Ok((self.offset + off, len))
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` into `dst`.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let (off, len) = self.check_host(MemoryAccess::READ, offset, dst.len() as u64)?;
+        let g = LockHeld(self.alloc.lock.read());
+        dst.copy_from_slice(self.alloc.slice(&g, off, len));
+        Ok(())
+    }
+
+    /// Reads the whole buffer into a new vector.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut v = vec![
+            0u8;
+            usize::try_from(self.length).map_err(|_| {
+                status!(
+                    ResourceExhausted,
+                    "buffer of {} bytes does not fit host memory",
+                    self.length
+                )
+            })?
+        ];
+        self.read(0, &mut v)?;
+        Ok(v)
+    }
+
+    /// Copies `src` into the buffer starting at `offset`.
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        let (off, len) = self.check_host(MemoryAccess::WRITE, offset, src.len() as u64)?;
+        let g = self.alloc.lock.write();
+        self.alloc.slice_mut(&g, off, len).copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Fills `[offset, offset+length)` (`length` may be [`WHOLE_BUFFER`])
+    /// with a repeated 1, 2, 4 or 8 byte `pattern`; offset and length must be
+    /// multiples of the pattern size.
+    pub fn fill(&self, offset: u64, length: u64, pattern: &[u8]) -> Result<()> {
+        let p = pattern.len() as u64;
+        if !matches!(p, 1 | 2 | 4 | 8) {
+            bail!(
+                InvalidArgument,
+                "fill patterns must be 1, 2, 4 or 8 bytes (got {p})"
+            );
+        }
+        let (off, len) = self.check_host(MemoryAccess::WRITE, offset, length)?;
+        if (off - self.offset) % p != 0 || len % p != 0 {
+            bail!(
+                InvalidArgument,
+                "attempting to fill a range with {p} byte values that is not aligned (offset={offset}, length={len})"
+            );
+        }
+        let g = self.alloc.lock.write();
+        for chunk in self
+            .alloc
+            .slice_mut(&g, off, len)
+            .chunks_exact_mut(p as usize)
+        {
+            chunk.copy_from_slice(pattern);
+        }
+        Ok(())
+    }
+
+    /// Copies `length` bytes from `src` at `src_offset` to `dst` at
+    /// `dst_offset`. Overlapping ranges of one allocation are handled
+    /// (memmove semantics).
+    pub fn copy(
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        length: u64,
+    ) -> Result<()> {
+        let (s_off, len) = src.check_host(MemoryAccess::READ, src_offset, length)?;
+        let (d_off, _) = dst.check_host(MemoryAccess::WRITE, dst_offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if src.same_allocation(dst) {
+            let a = &dst.alloc;
+            let g = a.lock.write();
+            let lo = s_off.min(d_off);
+            let hi = (s_off + len).max(d_off + len);
+            let window = a.slice_mut(&g, lo, hi - lo);
+            window.copy_within(
+                (s_off - lo) as usize..(s_off - lo + len) as usize,
+                (d_off - lo) as usize,
+            );
+            return Ok(());
+        }
+        // Lock in address order so concurrent copies A->B and B->A cannot
+        // deadlock.
+        let src_first = Arc::as_ptr(&src.alloc) < Arc::as_ptr(&dst.alloc);
+        let (rg, wg);
+        if src_first {
+            rg = LockHeld(src.alloc.lock.read());
+            wg = dst.alloc.lock.write();
+        } else {
+            wg = dst.alloc.lock.write();
+            rg = LockHeld(src.alloc.lock.read());
+        }
+        dst.alloc
+            .slice_mut(&wg, d_off, len)
+            .copy_from_slice(src.alloc.slice(&rg, s_off, len));
+        Ok(())
+    }
+
+    /// Maps `[offset, offset+length)` for reading (`length` may be
+    /// [`WHOLE_BUFFER`]). Writers to the allocation wait until the mapping is
+    /// dropped.
+    pub fn map_read(&self, offset: u64, length: u64) -> Result<MappedRead<'_>> {
+        let (off, len) = self.check_host(MemoryAccess::READ, offset, length)?;
+        let guard = LockHeld(self.alloc.lock.read());
+        let data = self.alloc.slice(&guard, off, len);
+        Ok(MappedRead {
+            data,
+            _guard: guard,
+        })
+    }
+
+    /// Maps `[offset, offset+length)` for writing (`length` may be
+    /// [`WHOLE_BUFFER`]). All other host access to the allocation waits until
+    /// the mapping is dropped.
+    pub fn map_write(&self, offset: u64, length: u64) -> Result<MappedWrite<'_>> {
+        let (off, len) = self.check_host(MemoryAccess::WRITE, offset, length)?;
+        let guard = self.alloc.lock.write();
+        let data = self.alloc.slice_mut(&guard, off, len);
+        Ok(MappedWrite {
+            data,
+            _guard: guard,
+        })
+    }
+
+    /// A raw pointer to `[offset, offset+length)` for device use (dispatch
+    /// bindings), after checking range and `access`. Takes no lock; see the
+    /// module documentation for the contract users of the pointer follow.
+    pub fn binding_ptr(
+        &self,
+        offset: u64,
+        length: u64,
+        access: MemoryAccess,
+    ) -> Result<BindingPtr> {
+        self.validate_access(access)?;
+        let writable =
+            self.alloc.is_writable() && access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY);
+        if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
+            bail!(PermissionDenied, "buffer wraps read-only host memory");
+        }
+        let (off, len) = self.resolve_range(offset, length)?;
+        let abs = (self.offset + off) as usize;
+        let base = self.alloc.base_ptr();
+        // `wrapping_add` keeps this safe; the result is in bounds because the
+        // range was checked against the allocation.
+        let ptr = base.wrapping_add(abs);
+        Ok(BindingPtr {
+            ptr,
+            len: len as usize,
+            writable,
+            _keep: self.alloc.clone(),
+        })
+    }
+
+    /// How `[a_off, a_off+a_len)` of `a` overlaps `[b_off, b_off+b_len)` of
+    /// `b` (lengths may be [`WHOLE_BUFFER`]).
+    pub fn test_overlap(
+        a: &Buffer,
+        a_off: u64,
+        a_len: u64,
+        b: &Buffer,
+        b_off: u64,
+        b_len: u64,
+    ) -> Overlap {
+        if !a.same_allocation(b) {
+            return Overlap::Disjoint;
+        }
+        let resolve = |buf: &Buffer, off: u64, len: u64| {
+            let len = if len == WHOLE_BUFFER {
+                buf.length.saturating_sub(off)
+            } else {
+                len
+            };
+            (buf.offset as u128 + off as u128, len as u128)
+        };
+        let (ao, al) = resolve(a, a_off, a_len);
+        let (bo, bl) = resolve(b, b_off, b_len);
+        if al == 0 || bl == 0 {
+            Overlap::Disjoint
+        } else if ao == bo && al == bl {
+            Overlap::Complete
+        } else if ao + al > bo && bo + bl > ao {
+            Overlap::Partial
+        } else {
+            Overlap::Disjoint
+        }
+    }
+}
+
+fn fmt_len(length: u64) -> String {
+    if length == WHOLE_BUFFER {
+        "-1".to_string()
+    } else {
+        length.to_string()
+    }
+}
+
+/// A scoped read mapping; derefs to the mapped bytes. Holds the
+/// allocation's shared lock until dropped.
+pub struct MappedRead<'a> {
+    data: &'a [u8],
+    _guard: LockHeld<'a>,
+}
+
+impl std::ops::Deref for MappedRead<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.data
+    }
+}
+
+/// A scoped write mapping; derefs (mutably) to the mapped bytes. Holds the
+/// allocation's exclusive lock until dropped.
+pub struct MappedWrite<'a> {
+    data: &'a mut [u8],
+    _guard: RwLockWriteGuard<'a, ()>,
+}
+
+impl std::ops::Deref for MappedWrite<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.data
+    }
+}
+
+impl std::ops::DerefMut for MappedWrite<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.data
+    }
+}
+
+/// A raw pointer to a buffer range for device execution (e.g. a CPU
+/// executable's binding table). Keeps the allocation alive; never locks.
+///
+/// Contract for dereferencing (the one `unsafe` user is the CPU driver): the
+/// pointer is valid for `len()` bytes while this value lives; accesses must be
+/// ordered with host access to overlapping bytes (queue/semaphore ordering);
+/// concurrent writers must write disjoint bytes; no writes unless
+/// [`BindingPtr::is_writable`].
+pub struct BindingPtr {
+    ptr: *mut u8,
+    len: usize,
+    writable: bool,
+    _keep: Arc<Allocation>,
+}
+
+// SAFETY: the pointer targets memory owned by (or kept alive with) the held
+// allocation, which is Send + Sync; synchronization of the bytes themselves
+// is the documented responsibility of the dereferencing user.
+unsafe impl Send for BindingPtr {}
+// SAFETY: see above; `BindingPtr` itself offers no safe dereference.
+unsafe impl Sync for BindingPtr {}
+
+impl BindingPtr {
+    /// The first byte of the range.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length of the range in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty range.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True when the bytes may be written through this pointer.
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+}
+
+impl fmt::Debug for BindingPtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "BindingPtr({:p}, {} bytes, writable={})",
+            self.ptr, self.len, self.writable
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocator::{Allocator, BufferParams, HeapAllocator};
+    use ferrite_base::StatusCode;
+
+    fn alloc(size: u64) -> Buffer {
+        HeapAllocator::new()
+            .allocate(&BufferParams::default(), size)
+            .unwrap()
+    }
+
+    #[test]
+    fn read_write_and_alignment() {
+        let b = alloc(100);
+        let p = b.binding_ptr(0, WHOLE_BUFFER, MemoryAccess::READ).unwrap();
+        assert_eq!(p.as_ptr() as usize % 64, 0);
+        assert_eq!(p.len(), 100);
+        b.write(10, &[1, 2, 3]).unwrap();
+        let mut out = [0u8; 5];
+        b.read(9, &mut out).unwrap();
+        assert_eq!(out, [0, 1, 2, 3, 0]);
+    }
+
+    #[test]
+    fn range_errors_name_offsets() {
+        let b = alloc(16);
+        let e = b.write(14, &[0; 4]).unwrap_err();
+        assert_eq!(e.code(), StatusCode::OutOfRange);
+        assert!(
+            e.message()
+                .contains("offset=14, length=4, end(inc)=17, buffer byte_length=16"),
+            "{e}"
+        );
+        let e = b.subspan(17, 1).unwrap_err();
+        assert!(
+            e.message()
+                .contains("offset=17, length=1, buffer byte_length=16"),
+            "{e}"
+        );
+        let e = b.read(u64::MAX - 1, &mut [0; 4]).unwrap_err();
+        assert_eq!(e.code(), StatusCode::OutOfRange);
+        assert!(b.subspan(16, 0).is_ok());
+    }
+
+    #[test]
+    fn subspan_of_subspan() {
+        let b = alloc(64);
+        let s1 = b.subspan(8, 32).unwrap();
+        let s2 = s1.subspan(4, WHOLE_BUFFER).unwrap();
+        assert_eq!((s2.byte_offset(), s2.byte_length()), (12, 28));
+        assert!(s2.same_allocation(&b));
+        s2.write(0, &[7]).unwrap();
+        let mut x = [0u8];
+        b.read(12, &mut x).unwrap();
+        assert_eq!(x[0], 7);
+        let e = s1.subspan(30, 4).unwrap_err();
+        assert!(e.message().contains("buffer byte_length=32"), "{e}");
+        assert_eq!(Buffer::test_overlap(&s1, 0, 4, &b, 8, 4), Overlap::Complete);
+        assert_eq!(Buffer::test_overlap(&s1, 0, 4, &b, 10, 4), Overlap::Partial);
+        assert_eq!(
+            Buffer::test_overlap(&s1, 0, 4, &b, 12, 4),
+            Overlap::Disjoint
+        );
+    }
+
+    #[test]
+    fn same_allocation_copy_overlapping() {
+        let b = alloc(16);
+        b.write(0, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        let lo = b.subspan(0, 8).unwrap();
+        let hi = b.subspan(2, 8).unwrap();
+        Buffer::copy(&lo, 0, &hi, 0, 8).unwrap();
+        assert_eq!(&b.to_vec().unwrap()[..10], &[1, 2, 1, 2, 3, 4, 5, 6, 7, 8]);
+        let other = alloc(4);
+        Buffer::copy(&b, 2, &other, 0, 4).unwrap();
+        assert_eq!(other.to_vec().unwrap(), vec![1, 2, 3, 4]);
+        assert!(Buffer::copy(&b, 14, &other, 0, 4).is_err());
+    }
+
+    #[test]
+    fn fill_patterns() {
+        let b = alloc(16);
+        b.fill(4, 8, &[0xAB, 0xCD]).unwrap();
+        let v = b.to_vec().unwrap();
+        assert_eq!(
+            &v[2..14],
+            &[0, 0, 0xAB, 0xCD, 0xAB, 0xCD, 0xAB, 0xCD, 0xAB, 0xCD, 0, 0]
+        );
+        assert!(b.fill(1, 4, &[0, 0]).is_err());
+        assert!(b.fill(0, 3, &[0; 3]).is_err());
+        b.fill(0, WHOLE_BUFFER, &[9]).unwrap();
+        assert!(b.to_vec().unwrap().iter().all(|&x| x == 9));
+    }
+
+    #[test]
+    fn permissions() {
+        let a = HeapAllocator::new();
+        let ro = a
+            .import_host(
+                &BufferParams::default(),
+                HostMemory::ReadOnly(Arc::new(vec![1u8, 2, 3])),
+            )
+            .unwrap();
+        assert_eq!(ro.to_vec().unwrap(), vec![1, 2, 3]);
+        let e = ro.write(0, &[1]).unwrap_err();
+        assert_eq!(e.code(), StatusCode::PermissionDenied);
+        assert!(
+            e.message()
+                .contains("buffer allows READ, operation requires WRITE"),
+            "{e}"
+        );
+        assert!(ro.binding_ptr(0, 3, MemoryAccess::WRITE).is_err());
+        let p = ro.binding_ptr(1, 2, MemoryAccess::READ).unwrap();
+        assert!(!p.is_writable());
+        let owned = a
+            .import_host(&BufferParams::default(), HostMemory::Owned(vec![5u8; 4]))
+            .unwrap();
+        owned.write(0, &[1]).unwrap();
+        assert_eq!(owned.to_vec().unwrap(), vec![1, 5, 5, 5]);
+        let params = BufferParams {
+            usage: BufferUsage::TRANSFER,
+            access: MemoryAccess::READ,
+            ..BufferParams::default()
+        };
+        let b = a.allocate(&params, 8).unwrap();
+        let e = b.validate_usage(BufferUsage::DISPATCH_STORAGE).unwrap_err();
+        assert!(
+            e.message().contains("operation requires DISPATCH_STORAGE"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mappings() {
+        let b = alloc(8);
+        {
+            let mut m = b.map_write(2, 4).unwrap();
+            m.copy_from_slice(&[1, 2, 3, 4]);
+        }
+        let m = b.map_read(0, WHOLE_BUFFER).unwrap();
+        assert_eq!(&*m, &[0, 0, 1, 2, 3, 4, 0, 0]);
+        let m2 = b.map_read(3, 1).unwrap();
+        assert_eq!(m2[0], 2);
+    }
+}

@@ -1,0 +1,286 @@
+//! Fences (the `hal.fence` ref type): sets of semaphore timepoints.
+//!
+//! A fence holds at most one timepoint per semaphore: inserting a semaphore
+//! already present keeps the larger value, and joining fences merges them the
+//! same way. A fence is reached when every timepoint is reached; it is failed
+//! as soon as any of its semaphores has failed. An empty fence is always
+//! reached.
+
+use std::fmt;
+use std::sync::Arc;
+
+use ferrite_base::wait::{wait_sources, Notifier, WaitMode, WaitSource};
+use ferrite_base::{Result, Status, StatusCode, Timeout};
+use ferrite_vm::refs::RefObject;
+use parking_lot::Mutex;
+
+use crate::semaphore::{Semaphore, Timepoint};
+
+/// A set of (semaphore, value) timepoints, one per semaphore.
+#[derive(Default)]
+pub struct Fence {
+    timepoints: Mutex<Vec<(Arc<Semaphore>, u64)>>,
+}
+
+impl RefObject for Fence {
+    fn type_name(&self) -> &'static str {
+        "hal.fence"
+    }
+}
+
+impl fmt::Debug for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tps = self.timepoints.lock();
+        f.debug_list()
+            .entries(
+                tps.iter()
+                    .map(|(s, v)| format!("{:p}>={v}", Arc::as_ptr(s))),
+            )
+            .finish()
+    }
+}
+
+impl Clone for Fence {
+    /// A new fence with the same timepoints.
+    fn clone(&self) -> Fence {
+        Fence {
+            timepoints: Mutex::new(self.timepoints()),
+        }
+    }
+}
+
+impl Fence {
+    /// An empty fence (always reached).
+    pub fn new() -> Fence {
+        Fence::default()
+    }
+
+    /// A fence with the single timepoint `semaphore >= value`.
+    pub fn create_at(semaphore: Arc<Semaphore>, value: u64) -> Fence {
+        Fence {
+            timepoints: Mutex::new(vec![(semaphore, value)]),
+        }
+    }
+
+    /// A fence with the timepoints of all `fences`, keeping the largest value
+    /// per semaphore.
+    pub fn join(fences: &[&Fence]) -> Fence {
+        let out = Fence::new();
+        for f in fences {
+            out.extend(f);
+        }
+        out
+    }
+
+    /// Adds `semaphore >= value`; if the semaphore is already present the
+    /// larger value is kept.
+    pub fn insert(&self, semaphore: Arc<Semaphore>, value: u64) {
+        let mut tps = self.timepoints.lock();
+        match tps.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &semaphore)) {
+            Some((_, v)) => *v = (*v).max(value),
+            None => tps.push((semaphore, value)),
+        }
+    }
+
+    /// Adds every timepoint of `other` (max per semaphore).
+    pub fn extend(&self, other: &Fence) {
+        if std::ptr::eq(self, other) {
+            return;
+        }
+        for (s, v) in other.timepoints() {
+            self.insert(s, v);
+        }
+    }
+
+    /// A snapshot of the timepoints.
+    pub fn timepoints(&self) -> Vec<(Arc<Semaphore>, u64)> {
+        self.timepoints.lock().clone()
+    }
+
+    /// The number of timepoints (distinct semaphores).
+    pub fn timepoint_count(&self) -> usize {
+        self.timepoints.lock().len()
+    }
+
+    /// True when the fence has no timepoints.
+    pub fn is_empty(&self) -> bool {
+        self.timepoints.lock().is_empty()
+    }
+
+    /// Signals every semaphore to its timepoint value. Stops at and returns
+    /// the first error (e.g. a semaphore already signalled past its value).
+    pub fn signal(&self) -> Result<()> {
+        for (s, v) in self.timepoints() {
+            s.signal(v)?;
+        }
+        Ok(())
+    }
+
+    /// Fails every semaphore of the fence with `status`.
+    pub fn fail(&self, status: Status) {
+        for (s, _) in self.timepoints() {
+            s.fail(status.clone());
+        }
+    }
+
+    /// `Ok(true)` when every timepoint is reached, `Ok(false)` while any is
+    /// pending, the failure status once any semaphore has failed.
+    pub fn query(&self) -> Result<bool> {
+        let mut reached = true;
+        for (s, v) in self.timepoints.lock().iter() {
+            reached &= s.query()? >= *v;
+        }
+        Ok(reached)
+    }
+
+    /// Blocks until reached (`Ok(true)`), the timeout passes (`Ok(false)`),
+    /// or a semaphore fails (its status).
+    pub fn wait(&self, timeout: Timeout) -> Result<bool> {
+        let deadline = timeout.to_deadline();
+        let tps = self.timepoints();
+        let result = match tps.as_slice() {
+            [] => Ok(()),
+            [(s, v)] => s.wait_until(*v, deadline),
+            _ => wait_sources(&self.wait_sources(), WaitMode::All, deadline),
+        };
+        match result {
+            Ok(()) => Ok(true),
+            Err(e) if e.code() == StatusCode::DeadlineExceeded && !self.any_failed() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn any_failed(&self) -> bool {
+        self.timepoints
+            .lock()
+            .iter()
+            .any(|(s, _)| s.failure().is_some())
+    }
+
+    /// One wait source per timepoint (wait on them with mode ALL), e.g. for
+    /// the VM's coroutine wait frames.
+    pub fn wait_sources(&self) -> Vec<Arc<dyn WaitSource>> {
+        self.timepoints
+            .lock()
+            .iter()
+            .map(|(s, v)| {
+                Arc::new(Timepoint {
+                    semaphore: s.clone(),
+                    value: *v,
+                }) as Arc<dyn WaitSource>
+            })
+            .collect()
+    }
+}
+
+/// A fence is itself a wait source: ready when reached, failed when any
+/// semaphore failed. Use `Arc<Fence>` as `Arc<dyn WaitSource>`.
+impl WaitSource for Fence {
+    fn poll(&self) -> Result<bool> {
+        self.query()
+    }
+
+    fn subscribe(&self, notifier: &Arc<Notifier>) {
+        for tp in self.wait_sources() {
+            tp.subscribe(notifier);
+        }
+    }
+
+    fn unsubscribe(&self, notifier: &Arc<Notifier>) {
+        for tp in self.wait_sources() {
+            tp.unsubscribe(notifier);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::thread;
+    use std::time::Duration;
+
+    #[test]
+    fn join_keeps_max_per_semaphore() {
+        let a = Semaphore::new(0);
+        let b = Semaphore::new(0);
+        let f1 = Fence::create_at(a.clone(), 3);
+        let f2 = Fence::create_at(a.clone(), 5);
+        f2.insert(b.clone(), 2);
+        f2.insert(b.clone(), 1);
+        let j = Fence::join(&[&f1, &f2, &f1]);
+        assert_eq!(j.timepoint_count(), 2);
+        let tps = j.timepoints();
+        assert!(tps.iter().any(|(s, v)| Arc::ptr_eq(s, &a) && *v == 5));
+        assert!(tps.iter().any(|(s, v)| Arc::ptr_eq(s, &b) && *v == 2));
+        f1.extend(&f2);
+        assert_eq!(f1.timepoint_count(), 2);
+        f1.extend(&f1);
+    }
+
+    #[test]
+    fn wait_true_false_error() {
+        let a = Semaphore::new(0);
+        let b = Semaphore::new(0);
+        let f = Fence::create_at(a.clone(), 1);
+        f.insert(b.clone(), 2);
+        assert!(!f.query().unwrap());
+        assert!(!f
+            .wait(Timeout::from_duration(Duration::from_millis(10)))
+            .unwrap());
+        assert!(!f.wait(Timeout::IMMEDIATE).unwrap());
+        let t = thread::spawn({
+            let (a, b) = (a.clone(), b.clone());
+            move || {
+                thread::sleep(Duration::from_millis(5));
+                a.signal(1).unwrap();
+                thread::sleep(Duration::from_millis(5));
+                b.signal(3).unwrap();
+            }
+        });
+        assert!(f.wait(Timeout::INFINITE).unwrap());
+        t.join().unwrap();
+        assert!(f.query().unwrap());
+        assert!(Fence::new().wait(Timeout::IMMEDIATE).unwrap());
+
+        let c = Semaphore::new(0);
+        let g = Fence::create_at(c.clone(), 1);
+        g.insert(a.clone(), 1);
+        let t = thread::spawn({
+            let c = c.clone();
+            move || {
+                thread::sleep(Duration::from_millis(10));
+                c.fail(Status::new(StatusCode::Internal, "kernel fault"));
+            }
+        });
+        let e = g.wait(Timeout::INFINITE).unwrap_err();
+        assert_eq!(e.message(), "kernel fault");
+        t.join().unwrap();
+        assert!(g.query().is_err());
+        // Single-timepoint fast path sees the failure too.
+        assert!(Fence::create_at(c, 0).wait(Timeout::IMMEDIATE).is_err());
+    }
+
+    #[test]
+    fn signal_fail_and_wait_source() {
+        let a = Semaphore::new(0);
+        let b = Semaphore::new(0);
+        let f = Fence::create_at(a.clone(), 2);
+        f.insert(b.clone(), 4);
+        let fa: Arc<Fence> = Arc::new(f.clone());
+        let srcs: Vec<Arc<dyn WaitSource>> = vec![fa.clone()];
+        let t = thread::spawn({
+            let f = f.clone();
+            move || {
+                thread::sleep(Duration::from_millis(5));
+                f.signal().unwrap();
+            }
+        });
+        wait_sources(&srcs, WaitMode::All, ferrite_base::Deadline::InfiniteFuture).unwrap();
+        t.join().unwrap();
+        assert_eq!((a.query().unwrap(), b.query().unwrap()), (2, 4));
+        assert!(f.signal().is_err()); // already signalled past
+        f.fail(Status::new(StatusCode::Aborted, "x"));
+        assert_eq!(b.query().unwrap_err().code(), StatusCode::Aborted);
+        assert_eq!(fa.poll().unwrap_err().code(), StatusCode::Aborted);
+    }
+}

@@ -1,0 +1,473 @@
+//! Timeline semaphores (the `hal.semaphore` ref type).
+//!
+//! A semaphore holds a `u64` payload that only grows. Waiters block (on a
+//! condition variable, never spinning) until the payload reaches their value,
+//! the deadline passes (`DEADLINE_EXCEEDED`), or the semaphore fails. Failure
+//! is sticky: every present and future waiter, query and timepoint callback
+//! sees the failure status.
+//!
+//! Devices schedule work on semaphores with [`Semaphore::on_reached`]:
+//! callbacks run once the payload reaches a value (or the semaphore fails),
+//! immediately when that has already happened. Callbacks run on the
+//! signalling thread, outside the semaphore's lock.
+//!
+//! For generic multi-waits, a [`Timepoint`] (semaphore, value) implements
+//! [`WaitSource`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use ferrite_base::wait::{wait_sources, Notifier, WaitMode, WaitSource};
+use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
+use ferrite_vm::refs::RefObject;
+use parking_lot::{Condvar, Mutex};
+
+/// A callback run when a semaphore reaches a value (`Ok`) or fails (`Err`).
+pub type TimepointCallback = Box<dyn FnOnce(Result<()>) + Send>;
+
+struct State {
+    value: u64,
+    failure: Option<Status>,
+    /// Waiters subscribed through [`Timepoint`] wait sources, with the value
+    /// each waits for.
+    notifiers: Vec<(u64, Arc<Notifier>)>,
+    /// Device callbacks, with their values.
+    callbacks: Vec<(u64, TimepointCallback)>,
+}
+
+/// A timeline semaphore. Shared as `Arc<Semaphore>`.
+pub struct Semaphore {
+    state: Mutex<State>,
+    cond: Condvar,
+}
+
+impl RefObject for Semaphore {
+    fn type_name(&self) -> &'static str {
+        "hal.semaphore"
+    }
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.state.lock();
+        match &s.failure {
+            None => write!(f, "Semaphore(value={})", s.value),
+            Some(e) => write!(f, "Semaphore(failed: {e})"),
+        }
+    }
+}
+
+impl Semaphore {
+    /// A new semaphore with payload `initial_value`.
+    pub fn new(initial_value: u64) -> Arc<Semaphore> {
+        Arc::new(Semaphore {
+            state: Mutex::new(State {
+                value: initial_value,
+                failure: None,
+                notifiers: Vec::new(),
+                callbacks: Vec::new(),
+            }),
+            cond: Condvar::new(),
+        })
+    }
+
+    /// The current payload, or the failure status once failed.
+    pub fn query(&self) -> Result<u64> {
+        let s = self.state.lock();
+        match &s.failure {
+            Some(e) => Err(e.clone()),
+            None => Ok(s.value),
+        }
+    }
+
+    /// The failure status, if the semaphore has failed.
+    pub fn failure(&self) -> Option<Status> {
+        self.state.lock().failure.clone()
+    }
+
+    /// Advances the payload to `value`, waking waiters and running callbacks
+    /// whose values are reached. `INVALID_ARGUMENT` when `value` is not
+    /// greater than the current payload (as upstream:
+    /// "semaphore already signaled past V"). Signalling a failed semaphore
+    /// is ignored (the failure stays), as upstream's runtime does.
+    pub fn signal(&self, value: u64) -> Result<()> {
+        let (ready, notify) = {
+            let mut s = self.state.lock();
+            if s.failure.is_some() {
+                return Ok(());
+            }
+            if value <= s.value {
+                bail!(InvalidArgument, "semaphore already signaled past {value}");
+            }
+            s.value = value;
+            let ready = take_where(&mut s.callbacks, |(v, _)| *v <= value);
+            let notify: Vec<Arc<Notifier>> = s
+                .notifiers
+                .iter()
+                .filter(|(v, _)| *v <= value)
+                .map(|(_, n)| n.clone())
+                .collect();
+            (ready, notify)
+        };
+        self.cond.notify_all();
+        for n in notify {
+            n.notify();
+        }
+        let mut ready = ready;
+        ready.sort_by_key(|(v, _)| *v);
+        for (_, cb) in ready {
+            cb(Ok(()));
+        }
+        Ok(())
+    }
+
+    /// Fails the semaphore with `status` (the first failure wins). Every
+    /// waiter, present and future, sees it; pending callbacks run with it.
+    pub fn fail(&self, status: Status) {
+        let (callbacks, notify, status) = {
+            let mut s = self.state.lock();
+            if s.failure.is_some() {
+                return;
+            }
+            let status = if status.code() == StatusCode::Ok {
+                Status::new(
+                    StatusCode::Unknown,
+                    format!(
+                        "semaphore failed without an error code: {}",
+                        status.message()
+                    ),
+                )
+            } else {
+                status
+            };
+            s.failure = Some(status.clone());
+            let callbacks = std::mem::take(&mut s.callbacks);
+            let notify: Vec<Arc<Notifier>> = s.notifiers.iter().map(|(_, n)| n.clone()).collect();
+            (callbacks, notify, status)
+        };
+        self.cond.notify_all();
+        for n in notify {
+            n.notify();
+        }
+        for (_, cb) in callbacks {
+            cb(Err(status.clone()));
+        }
+    }
+
+    /// Blocks until the payload reaches `value` (`Ok`), the semaphore fails
+    /// (its status), or the timeout passes (`DEADLINE_EXCEEDED`).
+    pub fn wait(&self, value: u64, timeout: Timeout) -> Result<()> {
+        self.wait_until(value, timeout.to_deadline())
+    }
+
+    /// [`Semaphore::wait`] with an absolute deadline.
+    pub fn wait_until(&self, value: u64, deadline: Deadline) -> Result<()> {
+        let mut s = self.state.lock();
+        loop {
+            if let Some(e) = &s.failure {
+                return Err(e.clone());
+            }
+            if s.value >= value {
+                return Ok(());
+            }
+            let timed_out = match deadline {
+                Deadline::InfinitePast => true,
+                Deadline::InfiniteFuture => {
+                    self.cond.wait(&mut s);
+                    false
+                }
+                Deadline::At(t) => self.cond.wait_until(&mut s, t).timed_out(),
+            };
+            if timed_out {
+                if let Some(e) = &s.failure {
+                    return Err(e.clone());
+                }
+                if s.value >= value {
+                    return Ok(());
+                }
+                return Err(Status::new(
+                    StatusCode::DeadlineExceeded,
+                    format!(
+                        "timed out waiting for semaphore to reach {value} (at {})",
+                        s.value
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// Runs `callback` once the payload reaches `value` (`Ok`) or the
+    /// semaphore fails (`Err`); immediately, on this thread, if either has
+    /// already happened.
+    pub fn on_reached(&self, value: u64, callback: TimepointCallback) {
+        let immediate = {
+            let mut s = self.state.lock();
+            if let Some(e) = &s.failure {
+                Some(Err(e.clone()))
+            } else if s.value >= value {
+                Some(Ok(()))
+            } else {
+                s.callbacks.push((value, callback));
+                return;
+            }
+        };
+        if let Some(r) = immediate {
+            callback(r);
+        }
+    }
+
+    /// A wait source for `self` reaching `value`.
+    pub fn timepoint(self: &Arc<Self>, value: u64) -> Arc<Timepoint> {
+        Arc::new(Timepoint {
+            semaphore: self.clone(),
+            value,
+        })
+    }
+
+    fn poll_value(&self, value: u64) -> Result<bool> {
+        let s = self.state.lock();
+        match &s.failure {
+            Some(e) => Err(e.clone()),
+            None => Ok(s.value >= value),
+        }
+    }
+
+    fn subscribe_at(&self, value: u64, notifier: &Arc<Notifier>) {
+        self.state.lock().notifiers.push((value, notifier.clone()));
+    }
+
+    fn unsubscribe_all(&self, notifier: &Arc<Notifier>) {
+        self.state
+            .lock()
+            .notifiers
+            .retain(|(_, n)| !Arc::ptr_eq(n, notifier));
+    }
+}
+
+/// Removes and returns the items matching `pred`, keeping both sides in
+/// their original order.
+fn take_where<T>(v: &mut Vec<T>, pred: impl Fn(&T) -> bool) -> Vec<T> {
+    let (taken, kept): (Vec<T>, Vec<T>) = std::mem::take(v).into_iter().partition(|x| pred(x));
+    *v = kept;
+    taken
+}
+
+/// A (semaphore, value) pair usable as a [`WaitSource`].
+#[derive(Clone)]
+pub struct Timepoint {
+    /// The semaphore.
+    pub semaphore: Arc<Semaphore>,
+    /// The payload value waited for.
+    pub value: u64,
+}
+
+impl fmt::Debug for Timepoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Timepoint({:?} >= {})", self.semaphore, self.value)
+    }
+}
+
+impl WaitSource for Timepoint {
+    fn poll(&self) -> Result<bool> {
+        self.semaphore.poll_value(self.value)
+    }
+
+    fn subscribe(&self, notifier: &Arc<Notifier>) {
+        self.semaphore.subscribe_at(self.value, notifier);
+    }
+
+    /// Removes every subscription of `notifier` on this semaphore.
+    fn unsubscribe(&self, notifier: &Arc<Notifier>) {
+        self.semaphore.unsubscribe_all(notifier);
+    }
+}
+
+/// Waits on several (semaphore, value) timepoints: all of them or any one.
+/// `DEADLINE_EXCEEDED` on timeout; a failed semaphore's status as soon as
+/// the wait sees it.
+pub fn wait_multi(
+    timepoints: &[(Arc<Semaphore>, u64)],
+    mode: WaitMode,
+    timeout: Timeout,
+) -> Result<()> {
+    let deadline = timeout.to_deadline();
+    if let [(sem, value)] = timepoints {
+        return sem.wait_until(*value, deadline);
+    }
+    let sources: Vec<Arc<dyn WaitSource>> = timepoints
+        .iter()
+        .map(|(s, v)| s.timepoint(*v) as Arc<dyn WaitSource>)
+        .collect();
+    wait_sources(&sources, mode, deadline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn signal_query_and_monotonic() {
+        let s = Semaphore::new(1);
+        assert_eq!(s.query().unwrap(), 1);
+        s.signal(5).unwrap();
+        assert_eq!(s.query().unwrap(), 5);
+        let e = s.signal(5).unwrap_err();
+        assert_eq!(e.code(), StatusCode::InvalidArgument);
+        assert_eq!(e.message(), "semaphore already signaled past 5");
+        assert!(s.signal(3).is_err());
+        s.wait(4, Timeout::IMMEDIATE).unwrap();
+    }
+
+    #[test]
+    fn wait_across_threads() {
+        let s = Semaphore::new(0);
+        let t = thread::spawn({
+            let s = s.clone();
+            move || {
+                for v in 1..=3 {
+                    thread::sleep(Duration::from_millis(5));
+                    s.signal(v).unwrap();
+                }
+            }
+        });
+        s.wait(3, Timeout::INFINITE).unwrap();
+        assert_eq!(s.query().unwrap(), 3);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn timeout_is_deadline_exceeded_on_time() {
+        let s = Semaphore::new(0);
+        let start = Instant::now();
+        let e = s
+            .wait(1, Timeout::from_duration(Duration::from_millis(30)))
+            .unwrap_err();
+        let took = start.elapsed();
+        assert_eq!(e.code(), StatusCode::DeadlineExceeded);
+        assert!(
+            took >= Duration::from_millis(30) && took < Duration::from_millis(500),
+            "{took:?}"
+        );
+        let e = s.wait(1, Timeout::IMMEDIATE).unwrap_err();
+        assert_eq!(e.code(), StatusCode::DeadlineExceeded);
+    }
+
+    #[test]
+    fn failure_seen_by_present_and_future_waiters() {
+        let s = Semaphore::new(0);
+        let early = thread::spawn({
+            let s = s.clone();
+            move || s.wait(10, Timeout::INFINITE)
+        });
+        thread::sleep(Duration::from_millis(10));
+        s.fail(Status::new(StatusCode::Aborted, "device lost"));
+        let e = early.join().unwrap().unwrap_err();
+        assert_eq!(e.code(), StatusCode::Aborted);
+        assert_eq!(e.message(), "device lost");
+        // A later waiter, even for an already-reached value, sees the failure.
+        let e = s.wait(0, Timeout::INFINITE).unwrap_err();
+        assert_eq!(e.code(), StatusCode::Aborted);
+        assert_eq!(s.query().unwrap_err().code(), StatusCode::Aborted);
+        // Signals after failure are ignored; the failure stays.
+        s.signal(20).unwrap();
+        assert!(s.query().is_err());
+        s.fail(Status::new(StatusCode::Internal, "second"));
+        assert_eq!(s.failure().unwrap().code(), StatusCode::Aborted);
+    }
+
+    #[test]
+    fn callbacks() {
+        let s = Semaphore::new(0);
+        let seen = Arc::new(AtomicU64::new(0));
+        for v in [3u64, 1, 2] {
+            let seen = seen.clone();
+            s.on_reached(
+                v,
+                Box::new(move |r| {
+                    if r.is_ok() {
+                        seen.fetch_add(v * 10, Ordering::SeqCst);
+                    }
+                }),
+            );
+        }
+        s.signal(2).unwrap();
+        assert_eq!(seen.load(Ordering::SeqCst), 30);
+        // Already reached: runs now.
+        let seen2 = seen.clone();
+        s.on_reached(
+            1,
+            Box::new(move |r| {
+                r.unwrap();
+                seen2.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        assert_eq!(seen.load(Ordering::SeqCst), 31);
+        let failed = Arc::new(Mutex::new(None));
+        let f2 = failed.clone();
+        s.on_reached(
+            9,
+            Box::new(move |r| *f2.lock() = Some(r.unwrap_err().code())),
+        );
+        s.fail(Status::new(StatusCode::DataLoss, "x"));
+        assert_eq!(*failed.lock(), Some(StatusCode::DataLoss));
+        // The value-3 callback ran with the failure (not counted as reached).
+        assert_eq!(seen.load(Ordering::SeqCst), 31);
+        assert!(s.state.lock().callbacks.is_empty());
+        let f3 = failed.clone();
+        s.on_reached(
+            0,
+            Box::new(move |r| *f3.lock() = Some(r.unwrap_err().code())),
+        );
+    }
+
+    #[test]
+    fn multi_wait_any_all() {
+        let a = Semaphore::new(0);
+        let b = Semaphore::new(0);
+        let tps = vec![(a.clone(), 1), (b.clone(), 1)];
+        let t = thread::spawn({
+            let b = b.clone();
+            move || {
+                thread::sleep(Duration::from_millis(10));
+                b.signal(1).unwrap();
+            }
+        });
+        wait_multi(&tps, WaitMode::Any, Timeout::INFINITE).unwrap();
+        t.join().unwrap();
+        let e = wait_multi(
+            &tps,
+            WaitMode::All,
+            Timeout::from_duration(Duration::from_millis(10)),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), StatusCode::DeadlineExceeded);
+        let t = thread::spawn({
+            let a = a.clone();
+            move || {
+                thread::sleep(Duration::from_millis(10));
+                a.signal(2).unwrap();
+            }
+        });
+        wait_multi(&tps, WaitMode::All, Timeout::INFINITE).unwrap();
+        t.join().unwrap();
+        // Failure wakes a multi-wait.
+        let c = Semaphore::new(0);
+        let tps = vec![(a.clone(), 5), (c.clone(), 1)];
+        let t = thread::spawn({
+            let c = c.clone();
+            move || {
+                thread::sleep(Duration::from_millis(10));
+                c.fail(Status::new(StatusCode::Cancelled, "stop"));
+            }
+        });
+        let e = wait_multi(&tps, WaitMode::All, Timeout::INFINITE).unwrap_err();
+        assert_eq!(e.code(), StatusCode::Cancelled);
+        t.join().unwrap();
+        // Subscriptions are cleaned up.
+        assert!(a.state.lock().notifiers.is_empty());
+        assert!(wait_multi(&[], WaitMode::All, Timeout::IMMEDIATE).is_ok());
+    }
+}
