@@ -43,8 +43,9 @@ fn trim_zeros(s: &str) -> &str {
     }
 }
 
-/// Formats one function result as `i32=42`, `f32=2.5`, ...
-pub fn format_result(v: &Variant) -> String {
+/// Formats one function result as `i32=42`, `f32=2.5`, or for tensors
+/// `hal.buffer_view` and the contents on the next line, as upstream prints.
+pub fn format_result(v: &Variant, max_elements: usize) -> String {
     match v {
         Variant::Null => "(null)".to_string(),
         Variant::I32(x) => format!("i32={x}"),
@@ -52,7 +53,12 @@ pub fn format_result(v: &Variant) -> String {
         Variant::F32(x) => format!("f32={}", format_g(*x as f64)),
         Variant::F64(x) => format!("f64={}", format_g(*x)),
         Variant::Ref(r) => {
-            if let Some(b) = r.downcast::<ferrite_vm::buffer::VmBuffer>() {
+            if let Some(view) = r.downcast::<ferrite_hal::BufferView>() {
+                match view.format(Some(max_elements)) {
+                    Ok(text) => format!("hal.buffer_view\n{text}"),
+                    Err(e) => format!("hal.buffer_view\n(unprintable: {e})"),
+                }
+            } else if let Some(b) = r.downcast::<ferrite_vm::buffer::VmBuffer>() {
                 format!("!vm.buffer {} bytes", b.len())
             } else if let Some(l) = r.downcast::<ferrite_vm::list::VmList>() {
                 format!("!vm.list<{}> size={}", l.element_type().name(), l.size())

@@ -5,7 +5,11 @@ use crate::format::format_result;
 use crate::inputs::parse_scalar;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
-use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes};
+use ferrite_hal::device::DeviceRef;
+use ferrite_hal::module::HalModuleOptions;
+use ferrite_hal_cpu::CpuDevice;
+use ferrite_vm::cconv::CconvType;
+use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes, Ref, Variant};
 use std::sync::Arc;
 
 /// Options of `run-module` (upstream's flag names).
@@ -20,9 +24,16 @@ pub struct RunModuleArgs {
     /// Function inputs in upstream's syntax (`42`, `1.5`).
     #[arg(long = "input")]
     pub inputs: Vec<String>,
-    /// Device to run on (accepted for compatibility; VM-only modules need none).
+    /// HAL device(s) to run on: `local-sync` or `local-task` (default when
+    /// the program needs one: `local-task`).
     #[arg(long = "device")]
     pub devices: Vec<String>,
+    /// Worker threads of `local-task` (0 = one per core).
+    #[arg(long = "task_topology_group_count", default_value_t = 0)]
+    pub task_workers: usize,
+    /// Maximum elements of a tensor printed before eliding.
+    #[arg(long = "print_max_element_count", default_value_t = 1024)]
+    pub print_max_element_count: usize,
     /// Registers the `yieldable_test` native module (for upstream's async VM tests).
     #[arg(long = "yieldable-test-module")]
     pub yieldable_test_module: bool,
@@ -31,12 +42,43 @@ pub struct RunModuleArgs {
     pub repeat: u64,
 }
 
-/// Loads the modules named on the command line, in order, into a context.
-pub fn load_context(instance: &Instance, modules: &[String], yieldable: bool) -> Result<Context> {
-    let mut ctx = Context::new(instance);
-    if yieldable {
-        ctx.register(ferrite_vm::testing::yieldable_test_module()?)?;
+/// The devices this build offers.
+pub const AVAILABLE_DEVICES: &[&str] = &["local-sync", "local-task"];
+
+/// Creates the HAL device named `name` (`local-sync`, `local-task`, with an
+/// optional `://` suffix as upstream accepts).
+pub fn create_device(name: &str, task_workers: usize) -> Result<DeviceRef> {
+    let driver = name.split("://").next().unwrap_or(name);
+    match driver {
+        "local-sync" => Ok(DeviceRef(CpuDevice::local_sync())),
+        "local-task" => Ok(DeviceRef(CpuDevice::local_task(task_workers))),
+        other => bail!(
+            NotFound,
+            "device '{other}' is not available; available devices: {}",
+            AVAILABLE_DEVICES.join(", ")
+        ),
     }
+}
+
+/// A context with the modules named on the command line, in order, plus the
+/// `hal` module (over `devices`) when a program needs it.
+pub struct RunContext {
+    /// The VM context.
+    pub context: Context,
+    /// The devices the `hal` module serves (empty for VM-only programs).
+    pub devices: Vec<DeviceRef>,
+}
+
+/// Loads the modules named on the command line, in order, into a context.
+pub fn load_context(
+    instance: &Instance,
+    modules: &[String],
+    devices: &[String],
+    task_workers: usize,
+    yieldable: bool,
+) -> Result<RunContext> {
+    ferrite_hal::module::register_types(instance.types());
+    let mut loaded = Vec::new();
     for path in modules {
         let bytes = if path == "-" {
             let mut v = Vec::new();
@@ -48,26 +90,78 @@ pub fn load_context(instance: &Instance, modules: &[String], yieldable: bool) ->
         };
         let m = BytecodeModule::load(instance, bytes)
             .annotate(|| format!("loading bytecode module at '{path}'"))?;
-        for i in m.imports() {
-            if i.full_name.starts_with("hal.") && !i.optional {
-                bail!(
-                    Unimplemented,
-                    "module '{}' imports '{}': it needs a HAL device, and this build has none (available devices: none)",
-                    m.name(),
-                    i.full_name
-                );
-            }
+        loaded.push(m);
+    }
+    let needs_hal = loaded.iter().any(|m| {
+        m.dependencies().iter().any(|d| d.name == "hal")
+            || m.imports().iter().any(|i| i.full_name.starts_with("hal."))
+    });
+    let mut ctx = Context::new(instance);
+    let mut hal_devices = Vec::new();
+    if needs_hal {
+        let names: Vec<&str> = if devices.is_empty() {
+            vec!["local-task"]
+        } else {
+            devices.iter().map(String::as_str).collect()
+        };
+        for n in names {
+            hal_devices.push(
+                create_device(n, task_workers).annotate(|| format!("creating device '{n}'"))?,
+            );
         }
+        let hal = ferrite_hal::module::create_hal_module(
+            hal_devices.clone(),
+            HalModuleOptions::default(),
+        )?;
+        ctx.register(hal)?;
+    }
+    if yieldable {
+        ctx.register(ferrite_vm::testing::yieldable_test_module()?)?;
+    }
+    for m in loaded {
         ctx.register(m as Arc<dyn Module>)?;
     }
-    Ok(ctx)
+    Ok(RunContext {
+        context: ctx,
+        devices: hal_devices,
+    })
+}
+
+/// Parses one `--input` for an argument of type `ty`: scalars by type,
+/// tensors (`4xf32=1,2,3,4`) into buffer views on the first device.
+pub fn parse_input(
+    text: &str,
+    ty: &CconvType,
+    index: usize,
+    devices: &[DeviceRef],
+) -> Result<Variant> {
+    match ty {
+        CconvType::Ref => {
+            let Some(device) = devices.first() else {
+                bail!(
+                    InvalidArgument,
+                    "input {index} `{text}` is a tensor but the program uses no HAL device"
+                );
+            };
+            let view = ferrite_hal::buffer_view::parse_input(text, &*device.0.allocator())?;
+            Ok(Variant::Ref(Ref::new(view)))
+        }
+        ty => parse_scalar(text, ty, index),
+    }
 }
 
 /// Runs the command; returns the process exit code.
 pub fn run(args: &RunModuleArgs) -> Result<()> {
     let instance = Instance::default();
-    let ctx = load_context(&instance, &args.modules, args.yieldable_test_module)
-        .annotate(|| "creating run context".to_string())?;
+    let run = load_context(
+        &instance,
+        &args.modules,
+        &args.devices,
+        args.task_workers,
+        args.yieldable_test_module,
+    )
+    .annotate(|| "creating run context".to_string())?;
+    let ctx = &run.context;
     let f = ctx
         .lookup_function(&args.function)
         .annotate(|| format!("looking up function '{}'", args.function))?;
@@ -78,7 +172,7 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
         .iter()
         .enumerate()
         .map(|(i, t)| match f.cconv.args.get(i) {
-            Some(ty) => parse_scalar(t, ty, i),
+            Some(ty) => parse_input(t, ty, i, &run.devices),
             None => Ok(ferrite_vm::Variant::Null),
         })
         .collect::<Result<Vec<_>>>()
@@ -101,7 +195,10 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
             .annotate(|| format!("invoking function '{}'", args.function))?;
     }
     for (i, r) in results.iter().enumerate() {
-        println!("result[{i}]: {}", format_result(r));
+        println!(
+            "result[{i}]: {}",
+            format_result(r, args.print_max_element_count)
+        );
     }
     Ok(())
 }

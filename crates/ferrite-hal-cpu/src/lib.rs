@@ -3,10 +3,18 @@
 //! - [`executable`]: loading IREE's CPU executables (`embedded-elf-x86_64`:
 //!   the container, our own ELF loader, the executable library ABI) and running
 //!   their dispatch functions on host memory.
+//! - [`cpu_executable`]: a loaded library as a HAL executable.
+//! - [`device`]: the `local-sync` and `local-task` devices.
+//! - [`pool`]: the worker pool of `local-task`.
 #![deny(missing_docs)]
 
+pub mod cpu_executable;
+pub mod device;
 pub mod executable;
+pub mod pool;
 
 pub use executable::library::{
     DispatchConfig, ExecutableLibrary, ExportInfo, ImportFunction, ImportTable, LoadOptions,
 };
+
+pub use device::CpuDevice;

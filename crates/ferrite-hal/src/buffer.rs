@@ -543,7 +543,7 @@ impl Buffer {
             );
         }
         let (off, len) = self.check_host(MemoryAccess::WRITE, offset, length)?;
-        if (off - self.offset) % p != 0 || len % p != 0 {
+        if !(off - self.offset).is_multiple_of(p) || len % p != 0 {
             bail!(
                 InvalidArgument,
                 "attempting to fill a range with {p} byte values that is not aligned (offset={offset}, length={len})"

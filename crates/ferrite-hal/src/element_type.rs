@@ -178,7 +178,7 @@ impl ElementType {
 
     /// True when elements fill whole bytes (`bit_count % 8 == 0`).
     pub const fn is_byte_aligned(self) -> bool {
-        self.bit_count() % 8 == 0
+        self.bit_count().is_multiple_of(8)
     }
 
     /// Bytes one element occupies when stored unpacked: `ceil(bits / 8)`

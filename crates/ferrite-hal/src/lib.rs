@@ -14,14 +14,22 @@
 //!   [`ferrite_base::wait::WaitSource`]s.
 //! - [`numerics`]: narrow-float conversions and C-compatible number
 //!   formatting/parsing.
+//! - [`command_buffer`], [`executable`], [`device`]: recorded commands,
+//!   loaded executables, and the device trait with queue operations built
+//!   on one submission primitive.
+//! - [`module`]: the `hal` VM module.
 #![deny(missing_docs)]
 
 pub mod allocator;
 pub mod buffer;
 pub mod buffer_view;
+pub mod command_buffer;
+pub mod device;
 pub mod element_type;
+pub mod executable;
 pub mod fence;
 pub mod memory;
+pub mod module;
 pub mod numerics;
 pub mod semaphore;
 

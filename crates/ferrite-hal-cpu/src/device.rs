@@ -1,0 +1,314 @@
+//! The CPU devices: `local-sync` runs every queue operation inline on the
+//! caller's thread; `local-task` runs submissions on a worker pool as their
+//! wait fences are reached and splits each dispatch's workgroups across the
+//! workers.
+
+use crate::cpu_executable::{CpuExecutable, FORMATS};
+use crate::executable::library::DispatchConfig;
+use crate::pool::WorkerPool;
+use ferrite_base::{bail, Result, Status};
+use ferrite_hal::allocator::{Allocator, HeapAllocator};
+use ferrite_hal::buffer::BindingPtr;
+use ferrite_hal::command_buffer::{Binding, Command};
+use ferrite_hal::device::{run_inline, Device, Work};
+use ferrite_hal::executable::Executable;
+use ferrite_hal::fence::Fence;
+use ferrite_hal::memory::MemoryAccess;
+use parking_lot::Mutex;
+use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// How a CPU device runs work.
+enum Mode {
+    Sync,
+    Task(Arc<WorkerPool>),
+}
+
+/// A CPU device (`local-sync` or `local-task`).
+pub struct CpuDevice {
+    id: &'static str,
+    allocator: Arc<HeapAllocator>,
+    mode: Mode,
+}
+
+impl CpuDevice {
+    /// `local-sync`: work runs inline on the calling thread.
+    pub fn local_sync() -> Arc<CpuDevice> {
+        Arc::new(CpuDevice {
+            id: "local-sync",
+            allocator: Arc::new(HeapAllocator::new()),
+            mode: Mode::Sync,
+        })
+    }
+
+    /// `local-task` with `workers` threads (0 = one per available core).
+    pub fn local_task(workers: usize) -> Arc<CpuDevice> {
+        let n = if workers == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            workers
+        };
+        Arc::new(CpuDevice {
+            id: "local-task",
+            allocator: Arc::new(HeapAllocator::new()),
+            mode: Mode::Task(Arc::new(WorkerPool::new(n))),
+        })
+    }
+
+    /// Worker threads (1 for `local-sync`).
+    pub fn worker_count(&self) -> usize {
+        match &self.mode {
+            Mode::Sync => 1,
+            Mode::Task(p) => p.worker_count(),
+        }
+    }
+
+    fn dispatch(
+        &self,
+        exe: &Arc<dyn Executable>,
+        function: u32,
+        workgroups: [u32; 3],
+        constants: &[u32],
+        bindings: Vec<BindingPtr>,
+    ) -> Result<()> {
+        let Some(cpu) = exe.as_any().downcast_ref::<CpuExecutable>() else {
+            bail!(
+                InvalidArgument,
+                "dispatch of an executable that the CPU driver did not load"
+            );
+        };
+        let total = workgroups.iter().map(|&c| c as u64).product::<u64>();
+        if total == 0 {
+            return Ok(());
+        }
+        let sequential = cpu.library().export(function).is_some_and(|e| e.sequential);
+        let pool = match &self.mode {
+            Mode::Task(p) if !sequential && total > 1 => p.clone(),
+            _ => return run_slice(cpu, function, workgroups, None, 0, 1, constants, &bindings),
+        };
+        let workers = pool.worker_count();
+        let chunks = total.min(workers as u64 * 4);
+        let per = total.div_ceil(chunks);
+        let exe = exe.clone();
+        let constants: Arc<[u32]> = constants.into();
+        let bindings: Arc<[BindingPtr]> = bindings.into();
+        let failure: Arc<Mutex<Option<Status>>> = Arc::new(Mutex::new(None));
+        let f2 = failure.clone();
+        pool.parallel_for(
+            chunks,
+            workers,
+            Arc::new(move |chunk| {
+                let start = chunk * per;
+                let end = (start + per).min(total);
+                let Some(cpu) = exe.as_any().downcast_ref::<CpuExecutable>() else {
+                    return;
+                };
+                let r = run_slice(
+                    cpu,
+                    function,
+                    workgroups,
+                    Some(start..end),
+                    (chunk % workers as u64) as u32,
+                    workers,
+                    &constants,
+                    &bindings,
+                );
+                if let Err(e) = r {
+                    f2.lock().get_or_insert(e);
+                }
+            }),
+        );
+        let failed = failure.lock().take();
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_slice(
+    cpu: &CpuExecutable,
+    function: u32,
+    workgroups: [u32; 3],
+    range: Option<std::ops::Range<u64>>,
+    processor_id: u32,
+    concurrency: usize,
+    constants: &[u32],
+    bindings: &[BindingPtr],
+) -> Result<()> {
+    let ptrs: Vec<(*mut u8, usize)> = bindings.iter().map(|b| (b.as_ptr(), b.len())).collect();
+    let config = DispatchConfig {
+        workgroups: range,
+        processor_id,
+        max_concurrency: concurrency.clamp(1, 255) as u8,
+        ..DispatchConfig::new(workgroups)
+    };
+    // SAFETY: every binding pointer comes from `Buffer::binding_ptr`, which
+    // checked the range against its live allocation and keeps it alive for
+    // as long as `bindings` does (the whole call). The executable is trusted
+    // compiled code; queue ordering (wait fences) keeps host access and other
+    // submissions off these ranges while it runs, and concurrent slices of
+    // one dispatch touch the disjoint output regions the program assigns to
+    // distinct workgroups.
+    unsafe { cpu.library().dispatch(function, &config, constants, &ptrs) }
+}
+
+/// Matches `pattern` (with `*` wildcards) against `text`.
+fn glob(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, rest)) => {
+            let Some(tail) = text.strip_prefix(head) else {
+                return false;
+            };
+            (0..=tail.len()).any(|i| tail.is_char_boundary(i) && glob(rest, &tail[i..]))
+        }
+    }
+}
+
+impl Device for CpuDevice {
+    fn id(&self) -> &str {
+        self.id
+    }
+
+    fn allocator(&self) -> Arc<dyn Allocator> {
+        self.allocator.clone()
+    }
+
+    fn query_i64(&self, category: &str, key: &str) -> Result<Option<i64>> {
+        Ok(match category {
+            "hal.device.id" => Some(glob(key, self.id) as i64),
+            "hal.executable.format" => Some(FORMATS.iter().any(|f| glob(key, f)) as i64),
+            "hal.device" if key == "concurrency" => Some(self.worker_count() as i64),
+            "hal.dispatch" if key == "concurrency" => Some(self.worker_count() as i64),
+            _ => None,
+        })
+    }
+
+    fn create_executable(
+        &self,
+        format: &str,
+        data: &[u8],
+        constants: &[u32],
+    ) -> Result<Arc<dyn Executable>> {
+        Ok(Arc::new(CpuExecutable::load(format, data, constants)?))
+    }
+
+    fn submit(&self, wait: &Fence, signal: &Fence, work: Work) -> Result<()> {
+        let pool = match &self.mode {
+            Mode::Sync => return run_inline(wait, signal, work),
+            Mode::Task(p) => p.clone(),
+        };
+        let failed = signal.clone();
+        let signal = signal.clone();
+        let job: Box<dyn FnOnce() + Send> = Box::new(move || match work() {
+            // Signalling cannot fail for fresh values; a failure here means a
+            // program bug already reported through the timeline.
+            Ok(()) => drop(signal.signal()),
+            Err(e) => signal.fail(e),
+        });
+        let timepoints = wait.timepoints();
+        if timepoints.is_empty() {
+            pool.spawn(job);
+            return Ok(());
+        }
+        // Run once every timepoint is reached; the first failure fails the
+        // signal fence instead.
+        let pending = Arc::new(AtomicUsize::new(timepoints.len()));
+        let job = Arc::new(Mutex::new(Some((job, pool, failed))));
+        for (semaphore, value) in timepoints {
+            let pending = pending.clone();
+            let job = job.clone();
+            semaphore.on_reached(
+                value,
+                Box::new(move |outcome| match outcome {
+                    Ok(()) => {
+                        if pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            if let Some((j, pool, _)) = job.lock().take() {
+                                pool.spawn(j);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        if let Some((_, _, signal)) = job.lock().take() {
+                            signal.fail(e);
+                        }
+                    }
+                }),
+            );
+        }
+        Ok(())
+    }
+
+    fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()> {
+        for (i, c) in commands.iter().enumerate() {
+            self.execute_one(c, bindings)
+                .map_err(|e| e.annotate(format!("executing command {i}")))?;
+        }
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl CpuDevice {
+    fn execute_one(&self, c: &Command, table: &[Binding]) -> Result<()> {
+        match c {
+            Command::Barrier => Ok(()),
+            Command::Fill { target, pattern } => {
+                let (b, o, l) = target.resolve(table)?;
+                b.fill(o, l, pattern)
+            }
+            Command::Update { data, target } => {
+                let (b, o, _) = target.resolve(table)?;
+                b.write(o, data)
+            }
+            Command::Copy { source, target } => {
+                let (s, so, sl) = source.resolve(table)?;
+                let (t, to, _) = target.resolve(table)?;
+                ferrite_hal::buffer::Buffer::copy(&s, so, &t, to, sl)
+            }
+            Command::Dispatch {
+                executable,
+                function,
+                workgroups,
+                indirect,
+                constants,
+                bindings,
+            } => {
+                let workgroups = match indirect {
+                    None => *workgroups,
+                    Some(r) => {
+                        let (b, o, _) = r.resolve(table)?;
+                        let mut raw = [0u8; 12];
+                        b.read(o, &mut raw)?;
+                        let w = |i: usize| {
+                            u32::from_le_bytes([
+                                raw[4 * i],
+                                raw[4 * i + 1],
+                                raw[4 * i + 2],
+                                raw[4 * i + 3],
+                            ])
+                        };
+                        [w(0), w(1), w(2)]
+                    }
+                };
+                let ptrs = bindings
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| {
+                        let (b, o, l) = r.resolve(table)?;
+                        b.binding_ptr(o, l, MemoryAccess::READ)
+                            .map_err(|e| e.annotate(format!("dispatch binding {i}")))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                self.dispatch(&executable.0, *function, workgroups, constants, ptrs)
+                    .map_err(|e| e.annotate(format!("dispatch of function {function}")))
+            }
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Command buffers: recorded sequences of transfers and dispatches that a
+//! queue executes later, possibly many times (reusable mode) and with
+//! buffers supplied at submission (binding tables).
+//!
+//! Recording validates ranges and usage up front so that errors name the
+//! command that was wrong; execution is the device's job
+//! ([`crate::device::Device::execute_commands`]).
+
+use crate::buffer::Buffer;
+use crate::executable::ExecutableRef;
+use crate::memory::BufferUsage;
+use ferrite_base::{bail, Result};
+use ferrite_vm::refs::RefObject;
+use parking_lot::Mutex;
+use std::sync::Arc;
+
+/// Command buffer mode bits (upstream's values).
+pub mod mode {
+    /// Submitted once, then discarded.
+    pub const ONE_SHOT: u32 = 1 << 0;
+    /// Validation may be skipped.
+    pub const UNVALIDATED: u32 = 1 << 1;
+    /// Executes inline during recording (not used by Ferrite's drivers).
+    pub const ALLOW_INLINE_EXECUTION: u32 = 1 << 4;
+}
+
+/// A buffer range a command reads or writes: a buffer recorded directly or
+/// a slot of the binding table supplied at submission.
+#[derive(Clone, Debug)]
+pub enum BufferRef {
+    /// A buffer fixed at recording.
+    Direct {
+        /// The buffer.
+        buffer: Buffer,
+        /// Byte offset within it.
+        offset: u64,
+        /// Byte length (`u64::MAX` = to the end).
+        length: u64,
+    },
+    /// A binding table slot resolved at submission.
+    Slot {
+        /// Binding table ordinal.
+        slot: u32,
+        /// Byte offset within the bound range.
+        offset: u64,
+        /// Byte length (`u64::MAX` = to the end).
+        length: u64,
+    },
+}
+
+/// One entry of a submission's binding table.
+#[derive(Clone, Debug)]
+pub struct Binding {
+    /// The bound buffer.
+    pub buffer: Buffer,
+    /// Byte offset of the bound range.
+    pub offset: u64,
+    /// Byte length of the bound range (`u64::MAX` = to the end).
+    pub length: u64,
+}
+
+impl BufferRef {
+    /// Resolves to a concrete buffer subrange against `table`.
+    pub fn resolve(&self, table: &[Binding]) -> Result<(Buffer, u64, u64)> {
+        match self {
+            BufferRef::Direct {
+                buffer,
+                offset,
+                length,
+            } => {
+                let (o, l) = buffer.resolve_range(*offset, *length)?;
+                Ok((buffer.clone(), o, l))
+            }
+            BufferRef::Slot {
+                slot,
+                offset,
+                length,
+            } => {
+                let Some(b) = table.get(*slot as usize) else {
+                    bail!(
+                        OutOfRange,
+                        "binding table slot {slot} out of range (table has {} entries)",
+                        table.len()
+                    );
+                };
+                let (bo, bl) = b.buffer.resolve_range(b.offset, b.length)?;
+                let len = if *length == u64::MAX {
+                    bl.saturating_sub(*offset)
+                } else {
+                    *length
+                };
+                if offset.checked_add(len).is_none_or(|e| e > bl) {
+                    bail!(
+                        OutOfRange,
+                        "binding table slot {slot}: range {offset}+{len} exceeds the bound length {bl}"
+                    );
+                }
+                Ok((b.buffer.clone(), bo + offset, len))
+            }
+        }
+    }
+}
+
+/// A recorded command.
+#[derive(Clone, Debug)]
+pub enum Command {
+    /// Orders the commands before it before those after it.
+    Barrier,
+    /// Fills a range with a 1/2/4-byte pattern.
+    Fill {
+        /// Target range.
+        target: BufferRef,
+        /// Pattern bytes (1, 2 or 4 of them).
+        pattern: Vec<u8>,
+    },
+    /// Writes bytes captured at recording.
+    Update {
+        /// Bytes to write.
+        data: Vec<u8>,
+        /// Target range.
+        target: BufferRef,
+    },
+    /// Copies between ranges.
+    Copy {
+        /// Source range.
+        source: BufferRef,
+        /// Target range.
+        target: BufferRef,
+    },
+    /// Runs an executable export over a workgroup grid.
+    Dispatch {
+        /// The executable.
+        executable: ExecutableRef,
+        /// Export ordinal.
+        function: u32,
+        /// Workgroup counts (x, y, z).
+        workgroups: [u32; 3],
+        /// Workgroup counts read from a buffer at execution (indirect).
+        indirect: Option<BufferRef>,
+        /// Push constants.
+        constants: Vec<u32>,
+        /// Buffer bindings in binding order.
+        bindings: Vec<BufferRef>,
+    },
+}
+
+struct State {
+    commands: Vec<Command>,
+    /// Set at finalize: submissions share it without copying.
+    finalized: Option<Arc<[Command]>>,
+}
+
+/// A command buffer (VM ref type `hal.command_buffer`).
+pub struct CommandBuffer {
+    mode: u32,
+    categories: u32,
+    queue_affinity: u64,
+    binding_capacity: u32,
+    state: Mutex<State>,
+}
+
+impl RefObject for CommandBuffer {
+    fn type_name(&self) -> &'static str {
+        "hal.command_buffer"
+    }
+}
+
+impl std::fmt::Debug for CommandBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.lock();
+        write!(
+            f,
+            "hal.command_buffer(mode={:#x}, {} commands{})",
+            self.mode,
+            s.finalized.as_ref().map_or(s.commands.len(), |c| c.len()),
+            if s.finalized.is_some() {
+                ", finalized"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+impl CommandBuffer {
+    /// Starts recording.
+    pub fn new(
+        mode: u32,
+        categories: u32,
+        queue_affinity: u64,
+        binding_capacity: u32,
+    ) -> CommandBuffer {
+        CommandBuffer {
+            mode,
+            categories,
+            queue_affinity,
+            binding_capacity,
+            state: Mutex::new(State {
+                commands: Vec::new(),
+                finalized: None,
+            }),
+        }
+    }
+
+    /// Mode bits.
+    pub fn mode(&self) -> u32 {
+        self.mode
+    }
+
+    /// Command categories.
+    pub fn categories(&self) -> u32 {
+        self.categories
+    }
+
+    /// Queue affinity mask.
+    pub fn queue_affinity(&self) -> u64 {
+        self.queue_affinity
+    }
+
+    /// Binding table capacity declared at creation.
+    pub fn binding_capacity(&self) -> u32 {
+        self.binding_capacity
+    }
+
+    fn check_ref(&self, r: &BufferRef, usage: BufferUsage, what: &str) -> Result<()> {
+        match r {
+            BufferRef::Direct {
+                buffer,
+                offset,
+                length,
+            } => {
+                buffer
+                    .validate_usage(usage)
+                    .map_err(|e| e.annotate(format!("{what} buffer")))?;
+                buffer
+                    .resolve_range(*offset, *length)
+                    .map_err(|e| e.annotate(format!("{what} range")))?;
+            }
+            BufferRef::Slot { slot, .. } => {
+                if self.binding_capacity != 0 && *slot >= self.binding_capacity {
+                    bail!(
+                        OutOfRange,
+                        "{what}: binding table slot {slot} exceeds the command buffer's capacity {}",
+                        self.binding_capacity
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn push(&self, c: Command) -> Result<()> {
+        let mut s = self.state.lock();
+        if s.finalized.is_some() {
+            bail!(
+                FailedPrecondition,
+                "command buffer is finalized; no more commands can be recorded"
+            );
+        }
+        s.commands.push(c);
+        Ok(())
+    }
+
+    /// Records an execution barrier.
+    pub fn execution_barrier(&self) -> Result<()> {
+        self.push(Command::Barrier)
+    }
+
+    /// Records a fill of `target` with the low `pattern_length` bytes of `pattern`.
+    pub fn fill_buffer(&self, target: BufferRef, pattern: u64, pattern_length: u32) -> Result<()> {
+        if !matches!(pattern_length, 1 | 2 | 4 | 8) {
+            bail!(
+                InvalidArgument,
+                "fill pattern length must be 1, 2, 4 or 8 bytes, got {pattern_length}"
+            );
+        }
+        self.check_ref(&target, BufferUsage::TRANSFER_TARGET, "fill target")?;
+        let pattern = pattern.to_le_bytes()[..pattern_length as usize].to_vec();
+        self.push(Command::Fill { target, pattern })
+    }
+
+    /// Records a write of `data` into `target`.
+    pub fn update_buffer(&self, data: Vec<u8>, target: BufferRef) -> Result<()> {
+        self.check_ref(&target, BufferUsage::TRANSFER_TARGET, "update target")?;
+        self.push(Command::Update { data, target })
+    }
+
+    /// Records a copy.
+    pub fn copy_buffer(&self, source: BufferRef, target: BufferRef) -> Result<()> {
+        self.check_ref(&source, BufferUsage::TRANSFER_SOURCE, "copy source")?;
+        self.check_ref(&target, BufferUsage::TRANSFER_TARGET, "copy target")?;
+        self.push(Command::Copy { source, target })
+    }
+
+    /// Records a dispatch of export `function` of `executable`.
+    pub fn dispatch(
+        &self,
+        executable: ExecutableRef,
+        function: u32,
+        workgroups: [u32; 3],
+        indirect: Option<BufferRef>,
+        constants: Vec<u32>,
+        bindings: Vec<BufferRef>,
+    ) -> Result<()> {
+        let count = executable.0.exports().len();
+        if function as usize >= count {
+            bail!(
+                OutOfRange,
+                "dispatch: function ordinal {function} out of range (executable has {count} exports)"
+            );
+        }
+        for (i, b) in bindings.iter().enumerate() {
+            self.check_ref(
+                b,
+                BufferUsage::DISPATCH_STORAGE,
+                &format!("dispatch binding {i}"),
+            )?;
+        }
+        if let Some(r) = &indirect {
+            self.check_ref(
+                r,
+                BufferUsage::DISPATCH_INDIRECT_PARAMETERS,
+                "dispatch workgroup count",
+            )?;
+        }
+        self.push(Command::Dispatch {
+            executable,
+            function,
+            workgroups,
+            indirect,
+            constants,
+            bindings,
+        })
+    }
+
+    /// Ends recording.
+    pub fn finalize(&self) -> Result<()> {
+        let mut s = self.state.lock();
+        if s.finalized.is_some() {
+            bail!(FailedPrecondition, "command buffer already finalized");
+        }
+        let commands = std::mem::take(&mut s.commands);
+        s.finalized = Some(commands.into());
+        Ok(())
+    }
+
+    /// The recorded commands (the buffer must be finalized).
+    pub fn commands(&self) -> Result<Arc<[Command]>> {
+        match &self.state.lock().finalized {
+            Some(c) => Ok(c.clone()),
+            None => bail!(
+                FailedPrecondition,
+                "command buffer must be finalized before submission"
+            ),
+        }
+    }
+}

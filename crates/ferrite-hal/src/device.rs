@@ -1,0 +1,206 @@
+//! Devices: what a driver implements, and the queue operations every device
+//! gets from one mechanism.
+//!
+//! A driver provides allocation, executable loading, command execution and a
+//! single queue primitive, [`Device::submit`]: run some work once a wait
+//! fence is reached, then signal a signal fence. Every queue operation
+//! (alloca, dealloca, fill, update, copy, read, write, execute, barrier) is
+//! built on it in [`queue`], so ordering and failure propagation are the
+//! same for all of them: a failed wait fails the signal fence instead of
+//! running the work, and failed work fails the signal fence with its status.
+
+use crate::allocator::Allocator;
+use crate::command_buffer::{Binding, Command};
+use crate::executable::Executable;
+use crate::fence::Fence;
+use ferrite_base::Result;
+use ferrite_vm::refs::RefObject;
+use std::any::Any;
+use std::sync::Arc;
+
+/// Work a queue runs once its wait fence is reached.
+pub type Work = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// A HAL device: one driver instance with its queues.
+pub trait Device: Send + Sync + 'static {
+    /// Device identifier, as `hal.device.id` queries match it (`local-sync`).
+    fn id(&self) -> &str;
+    /// The device's allocator.
+    fn allocator(&self) -> Arc<dyn Allocator>;
+    /// Answers `hal.device.query.i64(category, key)`; None when unknown.
+    fn query_i64(&self, category: &str, key: &str) -> Result<Option<i64>>;
+    /// Loads an executable of `format` (e.g. `embedded-elf-x86_64`).
+    fn create_executable(
+        &self,
+        format: &str,
+        data: &[u8],
+        constants: &[u32],
+    ) -> Result<Arc<dyn Executable>>;
+    /// Runs `work` once `wait` is reached, then signals `signal`. Drivers may
+    /// run it inline (synchronous devices) or later on their own threads.
+    fn submit(&self, wait: &Fence, signal: &Fence, work: Work) -> Result<()>;
+    /// Executes recorded commands with `bindings` as the binding table. Called
+    /// from within submitted work.
+    fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()>;
+    /// For drivers and tests: downcast to the concrete type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Runs `work` after waiting for `wait` on the calling thread, then signals
+/// or fails `signal`: the synchronous form of [`Device::submit`].
+pub fn run_inline(wait: &Fence, signal: &Fence, work: Work) -> Result<()> {
+    let outcome = match wait.wait(ferrite_base::Timeout::INFINITE) {
+        Ok(_) => work(),
+        Err(e) => Err(e),
+    };
+    match outcome {
+        Ok(()) => signal.signal(),
+        Err(e) => {
+            signal.fail(e);
+            Ok(())
+        }
+    }
+}
+
+/// The VM ref type `hal.device`.
+#[derive(Clone)]
+pub struct DeviceRef(pub Arc<dyn Device>);
+
+impl RefObject for DeviceRef {
+    fn type_name(&self) -> &'static str {
+        "hal.device"
+    }
+}
+
+impl std::fmt::Debug for DeviceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "hal.device({})", self.0.id())
+    }
+}
+
+/// The VM ref type `hal.allocator`.
+#[derive(Clone)]
+pub struct AllocatorRef(pub Arc<dyn Allocator>);
+
+impl RefObject for AllocatorRef {
+    fn type_name(&self) -> &'static str {
+        "hal.allocator"
+    }
+}
+
+/// Queue operations, built on [`Device::submit`].
+pub mod queue {
+    use super::*;
+    use crate::allocator::BufferParams;
+    use crate::buffer::Buffer;
+    use crate::command_buffer::CommandBuffer;
+
+    /// Allocates a buffer whose contents are usable once `signal` is reached.
+    /// Host memory is available at once; the returned buffer is usable by
+    /// work ordered after `signal`.
+    pub fn alloca(
+        device: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        params: &BufferParams,
+        size: u64,
+    ) -> Result<Buffer> {
+        let buffer = device.allocator().allocate(params, size)?;
+        device.submit(wait, signal, Box::new(|| Ok(())))?;
+        Ok(buffer)
+    }
+
+    /// Releases `buffer` once `wait` is reached.
+    pub fn dealloca(
+        device: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        buffer: Buffer,
+    ) -> Result<()> {
+        device.submit(
+            wait,
+            signal,
+            Box::new(move || {
+                drop(buffer);
+                Ok(())
+            }),
+        )
+    }
+
+    /// Fills `target[offset..offset+length]` with `pattern`.
+    pub fn fill(
+        device: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        target: Buffer,
+        offset: u64,
+        length: u64,
+        pattern: Vec<u8>,
+    ) -> Result<()> {
+        target.resolve_range(offset, length)?;
+        device.submit(
+            wait,
+            signal,
+            Box::new(move || target.fill(offset, length, &pattern)),
+        )
+    }
+
+    /// Writes `data` at `offset` of `target`.
+    pub fn update(
+        device: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        data: Vec<u8>,
+        target: Buffer,
+        offset: u64,
+    ) -> Result<()> {
+        target.resolve_range(offset, data.len() as u64)?;
+        device.submit(wait, signal, Box::new(move || target.write(offset, &data)))
+    }
+
+    /// Copies `length` bytes between buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy(
+        device: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        source: Buffer,
+        source_offset: u64,
+        target: Buffer,
+        target_offset: u64,
+        length: u64,
+    ) -> Result<()> {
+        source.resolve_range(source_offset, length)?;
+        target.resolve_range(target_offset, length)?;
+        device.submit(
+            wait,
+            signal,
+            Box::new(move || Buffer::copy(&source, source_offset, &target, target_offset, length)),
+        )
+    }
+
+    /// Orders nothing but the fences: `signal` is reached after `wait`.
+    pub fn barrier(device: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
+        device.submit(wait, signal, Box::new(|| Ok(())))
+    }
+
+    /// Executes a finalized command buffer with an optional binding table.
+    pub fn execute(
+        device: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        command_buffer: Option<&CommandBuffer>,
+        bindings: Vec<Binding>,
+    ) -> Result<()> {
+        let Some(cb) = command_buffer else {
+            return barrier(device, wait, signal);
+        };
+        let commands = cb.commands()?;
+        let d = device.clone();
+        device.submit(
+            wait,
+            signal,
+            Box::new(move || d.execute_commands(&commands, &bindings)),
+        )
+    }
+}

@@ -1,0 +1,54 @@
+//! Executables: the compiled kernels of one `hal.executable`, as a device
+//! loaded them.
+//!
+//! The HAL only needs to name and look up exports; running a dispatch is the
+//! device's business, so drivers downcast to their own executable type.
+
+use ferrite_vm::refs::RefObject;
+use std::any::Any;
+use std::sync::Arc;
+
+/// One entry point of an executable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// Export name (`add_dispatch_0_elementwise_4_f32`).
+    pub name: String,
+    /// Static workgroup size, when the executable declares one.
+    pub workgroup_size: [u32; 3],
+    /// Constants (push constants) the export reads, when known.
+    pub constant_count: u32,
+    /// Bindings the export reads/writes, when known.
+    pub binding_count: u32,
+}
+
+/// A device-loaded executable.
+pub trait Executable: Send + Sync + 'static {
+    /// The executable's exports in ordinal order.
+    fn exports(&self) -> &[ExportInfo];
+    /// For drivers: downcast to the concrete type.
+    fn as_any(&self) -> &dyn Any;
+
+    /// The ordinal of the export named `name`.
+    fn lookup_export(&self, name: &str) -> Option<u32> {
+        self.exports()
+            .iter()
+            .position(|e| e.name == name)
+            .map(|i| i as u32)
+    }
+}
+
+/// The VM ref type `hal.executable`.
+#[derive(Clone)]
+pub struct ExecutableRef(pub Arc<dyn Executable>);
+
+impl RefObject for ExecutableRef {
+    fn type_name(&self) -> &'static str {
+        "hal.executable"
+    }
+}
+
+impl std::fmt::Debug for ExecutableRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "hal.executable({} exports)", self.0.exports().len())
+    }
+}

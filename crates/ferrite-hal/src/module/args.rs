@@ -1,0 +1,81 @@
+//! Reading `hal` function arguments: typed refs with messages that name
+//! the expected type, and variadic spans.
+
+use ferrite_base::{bail, status, Result};
+use ferrite_vm::buffer::VmBuffer;
+use ferrite_vm::native::ArgReader;
+use ferrite_vm::refs::{Ref, RefObject};
+
+/// Reads a non-null ref of type `T`.
+pub fn obj<T: RefObject + Clone>(a: &mut ArgReader<'_>, what: &str) -> Result<T> {
+    let r = a.a_ref().map_err(|e| e.annotate(what.to_string()))?;
+    cast(&r, what)
+}
+
+/// Reads a possibly-null ref of type `T`.
+pub fn opt_obj<T: RefObject + Clone>(a: &mut ArgReader<'_>, what: &str) -> Result<Option<T>> {
+    match a.opt_ref()? {
+        None => Ok(None),
+        Some(r) => cast(&r, what).map(Some),
+    }
+}
+
+/// Downcasts a ref, naming what was expected and what arrived.
+pub fn cast<T: RefObject + Clone>(r: &Ref, what: &str) -> Result<T> {
+    r.downcast::<T>().cloned().ok_or_else(|| {
+        status!(
+            InvalidArgument,
+            "{what}: expected a different ref type, received !{}",
+            r.type_name()
+        )
+    })
+}
+
+/// Reads a non-null `!vm.buffer` as a UTF-8 string (keys, names, formats).
+pub fn string(a: &mut ArgReader<'_>, what: &str) -> Result<String> {
+    let r = a.a_ref()?;
+    let Some(b) = r.downcast::<VmBuffer>() else {
+        bail!(
+            InvalidArgument,
+            "{what}: expected !vm.buffer, received !{}",
+            r.type_name()
+        );
+    };
+    Ok(b.with_bytes(|s| String::from_utf8_lossy(s).into_owned()))
+}
+
+/// Reads a non-null `!vm.buffer`.
+pub fn vm_buffer(a: &mut ArgReader<'_>, what: &str) -> Result<Ref> {
+    let r = a.a_ref().map_err(|e| e.annotate(what.to_string()))?;
+    if !r.is::<VmBuffer>() {
+        bail!(
+            InvalidArgument,
+            "{what}: expected !vm.buffer, received !{}",
+            r.type_name()
+        );
+    }
+    Ok(r)
+}
+
+/// Reads a variadic span: its count, then `count` tuples read by `f`.
+pub fn span<T>(
+    a: &mut ArgReader<'_>,
+    mut f: impl FnMut(&mut ArgReader<'_>) -> Result<T>,
+) -> Result<Vec<T>> {
+    let n = a.i32()?;
+    if n < 0 {
+        bail!(InvalidArgument, "negative span length {n}");
+    }
+    (0..n).map(|_| f(a)).collect()
+}
+
+/// Borrows a ref as a `!vm.buffer`.
+pub fn as_vm_buffer<'r>(r: &'r Ref, what: &str) -> Result<&'r VmBuffer> {
+    r.downcast::<VmBuffer>().ok_or_else(|| {
+        status!(
+            InvalidArgument,
+            "{what}: expected !vm.buffer, received !{}",
+            r.type_name()
+        )
+    })
+}

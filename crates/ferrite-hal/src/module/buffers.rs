@@ -1,0 +1,296 @@
+//! `hal.allocator.*`, `hal.buffer.*` and `hal.buffer_view.*`.
+
+use super::args::{as_vm_buffer, cast, obj, span, string, vm_buffer};
+use super::Shared;
+use crate::allocator::BufferParams;
+use crate::buffer::{Buffer, HostMemory};
+use crate::buffer_view::BufferView;
+use crate::device::{AllocatorRef, DeviceRef};
+use crate::element_type::{ElementType, EncodingType};
+use crate::memory::{BufferUsage, MemoryType};
+use ferrite_base::{bail, Result};
+use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
+use ferrite_vm::stack::NativePoll;
+use ferrite_vm::{Ref, Variant};
+use std::sync::Arc;
+
+fn ready(v: Vec<Variant>) -> Result<NativePoll> {
+    Ok(NativePoll::Ready(v))
+}
+
+fn params(memory_types: i32, usage: i32, affinity: i64) -> BufferParams {
+    BufferParams {
+        memory_type: MemoryType::from_bits_retain(memory_types as u32),
+        usage: BufferUsage::from_bits_retain(usage as u32),
+        queue_affinity: affinity as u64,
+        ..BufferParams::default()
+    }
+}
+
+pub(super) fn register(
+    b: NativeModuleBuilder,
+    shared: &Arc<Shared>,
+) -> Result<NativeModuleBuilder> {
+    let _ = shared;
+    b.function("allocator.allocate", "0rIiiI_r", |c| {
+        let mut a = ArgReader::new(c);
+        let alloc: AllocatorRef = obj(&mut a, "allocator")?;
+        let affinity = a.i64()?;
+        let (types, usage, size) = (a.i32()?, a.i32()?, a.i64()?);
+        let buffer = alloc.0.allocate(&params(types, usage, affinity), size as u64)?;
+        ready(vec![Variant::Ref(Ref::new(buffer))])
+    })?
+    .function("allocator.import", "0riIiirII_r", |c| {
+        let mut a = ArgReader::new(c);
+        let alloc: AllocatorRef = obj(&mut a, "allocator")?;
+        let is_try = a.i32()? != 0;
+        let affinity = a.i64()?;
+        let (types, usage) = (a.i32()?, a.i32()?);
+        let source = vm_buffer(&mut a, "source")?;
+        let (offset, length) = (a.i64()? as u64, a.i64()? as u64);
+        let src = as_vm_buffer(&source, "source")?;
+        let end = offset.checked_add(length).filter(|&e| e <= src.len());
+        let Some(_) = end else {
+            bail!(OutOfRange, "import range {offset}+{length} exceeds the source's {} bytes", src.len());
+        };
+        // Host memory is shared with the VM buffer's bytes by copy: vm
+        // buffers do not expose their owner for zero-copy imports.
+        let mut bytes = vec![0u8; length as usize];
+        src.read(offset, &mut bytes)?;
+        match alloc.0.import_host(&params(types, usage, affinity), HostMemory::Owned(bytes)) {
+            Ok(b) => ready(vec![Variant::Ref(Ref::new(b))]),
+            Err(_) if is_try => ready(vec![Variant::Null]),
+            Err(e) => Err(e),
+        }
+    })?
+    .function("allocator.select", "0iiICrID_rI", |c| {
+        let mut a = ArgReader::new(c);
+        let (_types, _usage, _flags) = (a.i32()?, a.i32()?, a.i64()?);
+        let pairs = span(&mut a, |a| Ok((obj::<DeviceRef>(a, "device")?, a.i64()?)))?;
+        let Some((device, affinity)) = pairs.into_iter().next() else {
+            bail!(NotFound, "no devices to select from");
+        };
+        ready(vec![Variant::Ref(Ref::new(device)), Variant::I64(affinity)])
+    })?
+    .function("buffer.assert", "0rrrIii_v", |c| {
+        let mut a = ArgReader::new(c);
+        let buffer = a.opt_ref()?;
+        let message = string(&mut a, "message")?;
+        let _alloc: AllocatorRef = obj(&mut a, "allocator")?;
+        let (min_len, types, usage) = (a.i64()? as u64, a.i32()?, a.i32()?);
+        let Some(buffer) = buffer else {
+            bail!(InvalidArgument, "{message} buffer is null");
+        };
+        let buffer: Buffer = cast(&buffer, &message)?;
+        if buffer.byte_length() < min_len {
+            bail!(
+                OutOfRange,
+                "{message} buffer byte length {} less than expected minimum {min_len}",
+                buffer.byte_length()
+            );
+        }
+        buffer.validate_memory_type(MemoryType::from_bits_retain(types as u32))?;
+        buffer.validate_usage(BufferUsage::from_bits_retain(usage as u32))?;
+        ready(vec![])
+    })?
+    .function("buffer.allocation.preserve", "0r_v", |c| {
+        let mut a = ArgReader::new(c);
+        let _: Buffer = obj(&mut a, "buffer")?;
+        ready(vec![])
+    })?
+    .function("buffer.allocation.discard", "0r_i", |c| {
+        let mut a = ArgReader::new(c);
+        let _: Buffer = obj(&mut a, "buffer")?;
+        ready(vec![Variant::I32(1)])
+    })?
+    .function("buffer.allocation.is_terminal", "0r_i", |c| {
+        let mut a = ArgReader::new(c);
+        let r = a.a_ref()?;
+        let _: Buffer = cast(&r, "buffer")?;
+        // Terminal when this call holds the only other reference.
+        ready(vec![Variant::I32((r.strong_count() <= 2) as i32)])
+    })?
+    .function("buffer.subspan", "0rII_r", |c| {
+        let mut a = ArgReader::new(c);
+        let buffer: Buffer = obj(&mut a, "source buffer")?;
+        let (offset, length) = (a.i64()? as u64, a.i64()? as u64);
+        let sub = buffer.subspan(offset, length).map_err(|e| {
+            e.annotate(format!(
+                "invalid subspan of an existing buffer (source_offset={offset}, length={length})"
+            ))
+        })?;
+        ready(vec![Variant::Ref(Ref::new(sub))])
+    })?
+    .function("buffer.length", "0r_I", |c| {
+        let mut a = ArgReader::new(c);
+        let buffer: Buffer = obj(&mut a, "buffer")?;
+        ready(vec![Variant::I64(buffer.byte_length() as i64)])
+    })?
+    .function("buffer.load", "0rIi_i", |c| {
+        let mut a = ArgReader::new(c);
+        let buffer: Buffer = obj(&mut a, "source buffer")?;
+        let (offset, length) = (a.i64()? as u64, a.i32()?);
+        if !(0..=4).contains(&length) {
+            bail!(InvalidArgument, "load length byte count {length} exceeds max");
+        }
+        let mut v = [0u8; 4];
+        buffer.read(offset, &mut v[..length as usize])?;
+        ready(vec![Variant::I32(i32::from_le_bytes(v))])
+    })?
+    .function("buffer.store", "0irIi_v", |c| {
+        let mut a = ArgReader::new(c);
+        let value = a.i32()?;
+        let buffer: Buffer = obj(&mut a, "target buffer")?;
+        let (offset, length) = (a.i64()? as u64, a.i32()?);
+        if !(0..=4).contains(&length) {
+            bail!(InvalidArgument, "store length byte count {length} exceeds max");
+        }
+        if offset.saturating_add(length as u64) > buffer.byte_length() {
+            bail!(
+                OutOfRange,
+                "store out of bounds (target_offset={offset}, length={length} into max {})",
+                buffer.byte_length()
+            );
+        }
+        buffer.write(offset, &value.to_le_bytes()[..length as usize])?;
+        ready(vec![])
+    })?
+    .function("buffer_view.create", "0rIIiiCID_r", |c| {
+        let mut a = ArgReader::new(c);
+        let buffer: Buffer = obj(&mut a, "source buffer")?;
+        let (offset, length) = (a.i64()? as u64, a.i64()? as u64);
+        let (et, enc) = (a.i32()? as u32, a.i32()? as u32);
+        let shape = span(&mut a, |a| Ok(a.i64()? as u64))?;
+        let buffer = if offset != 0 || length != buffer.byte_length() {
+            buffer.subspan(offset, length).map_err(|e| {
+                e.annotate(format!(
+                    "invalid subspan of an existing buffer (source_offset={offset}, length={length})"
+                ))
+            })?
+        } else {
+            buffer
+        };
+        let view = BufferView::new(buffer, &shape, ElementType(et), EncodingType(enc))?;
+        ready(vec![Variant::Ref(Ref::new(view))])
+    })?
+    .function("buffer_view.assert", "0rriiCID_v", |c| {
+        let mut a = ArgReader::new(c);
+        let view = a.opt_ref()?;
+        let message = string(&mut a, "message")?;
+        let (et, enc) = (a.i32()? as u32, a.i32()? as u32);
+        let shape = span(&mut a, |a| Ok(a.i64()? as u64))?;
+        assert_view(view, &message, ElementType(et), EncodingType(enc), &shape)?;
+        ready(vec![])
+    })?
+    .function("buffer_view.buffer", "0r_r", |c| {
+        let mut a = ArgReader::new(c);
+        let view: BufferView = obj(&mut a, "buffer view")?;
+        ready(vec![Variant::Ref(Ref::new(view.buffer().clone()))])
+    })?
+    .function("buffer_view.element_type", "0r_i", |c| {
+        let mut a = ArgReader::new(c);
+        let view: BufferView = obj(&mut a, "buffer view")?;
+        ready(vec![Variant::I32(view.element_type().0 as i32)])
+    })?
+    .function("buffer_view.encoding_type", "0r_i", |c| {
+        let mut a = ArgReader::new(c);
+        let view: BufferView = obj(&mut a, "buffer view")?;
+        ready(vec![Variant::I32(view.encoding_type().0 as i32)])
+    })?
+    .function("buffer_view.rank", "0r_i", |c| {
+        let mut a = ArgReader::new(c);
+        let view: BufferView = obj(&mut a, "buffer view")?;
+        ready(vec![Variant::I32(view.rank() as i32)])
+    })?
+    .function("buffer_view.dim", "0ri_I", |c| {
+        let mut a = ArgReader::new(c);
+        let view: BufferView = obj(&mut a, "buffer view")?;
+        let i = a.i32()?;
+        let Some(d) = usize::try_from(i).ok().and_then(|i| view.shape().get(i)) else {
+            bail!(OutOfRange, "dimension index {i} out of range (rank {})", view.rank());
+        };
+        ready(vec![Variant::I64(*d as i64)])
+    })?
+    .function("buffer_view.trace", "0rCrD_v", {
+        let shared = shared.clone();
+        move |c| {
+            let mut a = ArgReader::new(c);
+            let key = string(&mut a, "trace key")?;
+            let views = span(&mut a, |a| obj::<BufferView>(a, "buffer view"))?;
+            if let Some(sink) = &shared.options.trace_sink {
+                sink(&key, &views)?;
+            }
+            ready(vec![])
+        }
+    })
+}
+
+/// Checks a program-supplied view against its expected type and shape,
+/// with upstream's messages (`input0 shape dimension 0 mismatch; ...`).
+fn assert_view(
+    view: Option<Ref>,
+    message: &str,
+    et: ElementType,
+    enc: EncodingType,
+    shape: &[u64],
+) -> Result<()> {
+    let Some(view) = view else {
+        bail!(
+            InvalidArgument,
+            "{message} is null; expected a tensor<{}>",
+            shape_text(shape, et)
+        );
+    };
+    let Some(view) = view.downcast::<BufferView>() else {
+        bail!(
+            InvalidArgument,
+            "{message} is a !{}; expected a tensor (!hal.buffer_view)",
+            view.type_name()
+        );
+    };
+    if view.element_type() != et {
+        bail!(
+            InvalidArgument,
+            "{message} element type mismatch; expected {} ({:08X}) but have {} ({:08X})",
+            et,
+            et.0,
+            view.element_type(),
+            view.element_type().0
+        );
+    }
+    if view.encoding_type() != enc {
+        bail!(
+            InvalidArgument,
+            "{message} encoding mismatch; expected {:08X} but have {:08X}",
+            enc.0,
+            view.encoding_type().0
+        );
+    }
+    if view.rank() != shape.len() {
+        bail!(
+            InvalidArgument,
+            "{message} shape rank mismatch; expected {} but have {}; expected shape `{}`, actual shape `{}`",
+            shape.len(),
+            view.rank(),
+            crate::buffer_view::format_shape(shape),
+            crate::buffer_view::format_shape(view.shape())
+        );
+    }
+    for (i, (want, have)) in shape.iter().zip(view.shape()).enumerate() {
+        if want != have {
+            bail!(
+                InvalidArgument,
+                "{message} shape dimension {i} mismatch; expected {want} but have {have}; expected shape `{}`, actual shape `{}`",
+                crate::buffer_view::format_shape(shape),
+                crate::buffer_view::format_shape(view.shape())
+            );
+        }
+    }
+    Ok(())
+}
+
+fn shape_text(shape: &[u64], et: ElementType) -> String {
+    let mut s: String = shape.iter().map(|d| format!("{d}x")).collect();
+    s.push_str(&et.to_string());
+    s
+}

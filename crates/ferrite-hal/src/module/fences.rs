@@ -1,0 +1,168 @@
+//! `hal.fence.*`, including `fence.await`: blocking in synchronous mode, a
+//! coroutine yield otherwise.
+
+use super::args::{obj, span};
+use super::Shared;
+use crate::device::DeviceRef;
+use crate::fence::Fence;
+use crate::semaphore::Semaphore;
+use ferrite_base::wait::{WaitMode, WaitSource};
+use ferrite_base::{Deadline, Result, Status, StatusCode, Timeout};
+use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
+use ferrite_vm::stack::{NativePoll, Wait};
+use ferrite_vm::{Ref, Variant};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn ready(v: Vec<Variant>) -> Result<NativePoll> {
+    Ok(NativePoll::Ready(v))
+}
+
+fn fence_arc(a: &mut ArgReader<'_>) -> Result<Arc<Fence>> {
+    let r = a.a_ref()?;
+    r.downcast_arc::<Fence>().ok_or_else(|| {
+        ferrite_base::status!(
+            InvalidArgument,
+            "expected !hal.fence, received !{}",
+            r.type_name()
+        )
+    })
+}
+
+/// The i32 a wait outcome becomes: 0 when reached, `DEADLINE_EXCEEDED` as a
+/// value; any other failure fails the invocation.
+fn await_result(outcome: Result<()>) -> Result<NativePoll> {
+    match outcome {
+        Ok(()) => ready(vec![Variant::I32(0)]),
+        Err(e) if e.code() == StatusCode::DeadlineExceeded => {
+            ready(vec![Variant::I32(StatusCode::DeadlineExceeded as i32)])
+        }
+        Err(e) => Err(e),
+    }
+}
+
+pub(super) fn register(
+    b: NativeModuleBuilder,
+    shared: &Arc<Shared>,
+) -> Result<NativeModuleBuilder> {
+    let synchronous = shared.options.synchronous;
+    b.function("fence.create", "0rI_r", |c| {
+        let mut a = ArgReader::new(c);
+        let _device: DeviceRef = obj(&mut a, "device")?;
+        let _flags = a.i64()?;
+        let fence = Fence::create_at(Semaphore::new(0), 1);
+        ready(vec![Variant::Ref(Ref::new(fence))])
+    })?
+    .function("fence.join", "0ICrD_r", |c| {
+        let mut a = ArgReader::new(c);
+        let _flags = a.i64()?;
+        let fences = span(&mut a, |a| {
+            Ok(match a.opt_ref()? {
+                Some(r) => Some(r.downcast_arc::<Fence>().ok_or_else(|| {
+                    ferrite_base::status!(
+                        InvalidArgument,
+                        "expected !hal.fence, received !{}",
+                        r.type_name()
+                    )
+                })?),
+                None => None,
+            })
+        })?;
+        let fences: Vec<&Fence> = fences.iter().flatten().map(|f| &**f).collect();
+        let joined = Fence::join(&fences);
+        if joined.is_empty() {
+            return ready(vec![Variant::Null]);
+        }
+        ready(vec![Variant::Ref(Ref::new(joined))])
+    })?
+    .function("fence.query", "0r_i", |c| {
+        let fence = fence_arc(&mut ArgReader::new(c))?;
+        let code = match fence.query() {
+            Ok(true) => StatusCode::Ok,
+            Ok(false) => StatusCode::Deferred,
+            Err(e) => e.code(),
+        };
+        ready(vec![Variant::I32(code as i32)])
+    })?
+    .function("fence.signal", "0r_v", |c| {
+        fence_arc(&mut ArgReader::new(c))?.signal()?;
+        ready(vec![])
+    })?
+    .function("fence.fail", "0ri_v", |c| {
+        let mut a = ArgReader::new(c);
+        let fence = fence_arc(&mut a)?;
+        let code = StatusCode::from_u32(a.i32()? as u32);
+        fence.fail(Status::new(code, "fence failed by the program"));
+        ready(vec![])
+    })?
+    .function("fence.await", "0iICrD_i", move |c| {
+        if c.resumed {
+            return await_result(c.take_wait_status().unwrap_or(Ok(())));
+        }
+        let mut a = ArgReader::new(c);
+        let timeout_ms = a.i32()? as u32;
+        let _flags = a.i64()?;
+        let fences = span(&mut a, |a| {
+            Ok(match a.opt_ref()? {
+                Some(r) => Some(r.downcast_arc::<Fence>().ok_or_else(|| {
+                    ferrite_base::status!(
+                        InvalidArgument,
+                        "expected !hal.fence, received !{}",
+                        r.type_name()
+                    )
+                })?),
+                None => None,
+            })
+        })?;
+        let deadline = if timeout_ms == u32::MAX {
+            Deadline::InfiniteFuture
+        } else {
+            Timeout::from_duration(Duration::from_millis(timeout_ms as u64)).to_deadline()
+        };
+        // Reached fences are elided; a failed one fails the call at once.
+        let mut pending = Vec::new();
+        for f in fences.into_iter().flatten() {
+            if !f.query()? {
+                pending.push(f);
+            }
+        }
+        if pending.is_empty() {
+            return ready(vec![Variant::I32(0)]);
+        }
+        if synchronous {
+            for f in &pending {
+                match f.wait(Timeout::Absolute(deadline)) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return await_result(Err(Status::new(
+                            StatusCode::DeadlineExceeded,
+                            "fence wait timed out",
+                        )))
+                    }
+                    Err(e) => return await_result(Err(e)),
+                }
+            }
+            return ready(vec![Variant::I32(0)]);
+        }
+        // One timepoint per semaphore across all fences, keeping the max.
+        let mut timepoints: Vec<(Arc<Semaphore>, u64)> = Vec::new();
+        for f in &pending {
+            for (s, v) in f.timepoints() {
+                match timepoints.iter_mut().find(|(t, _)| Arc::ptr_eq(t, &s)) {
+                    Some(tp) => tp.1 = tp.1.max(v),
+                    None => timepoints.push((s, v)),
+                }
+            }
+        }
+        let sources: Vec<Arc<dyn WaitSource>> = timepoints
+            .iter()
+            .map(|(s, v)| s.timepoint(*v) as Arc<dyn WaitSource>)
+            .collect();
+        Ok(NativePoll::Pending(Wait {
+            sources,
+            mode: WaitMode::All,
+            deadline,
+            handles_failure: true,
+        }))
+    })
+}
