@@ -378,18 +378,21 @@ pub fn decode_function(
             ),
         }
     }
+    // Every function ends in a terminator (the end sentinel appended below
+    // makes running past one safe regardless; this rejects malformed code).
     match insns.last().map(|i| i.op) {
         Some(
             Op::Return
             | Op::Branch
+            | Op::CondBranch
             | Op::BranchTable
             | Op::Fail
             | Op::Yield
-            | Op::CondBranch
             | Op::Break
-            | Op::CondBreak,
+            | Op::CondBreak
+            | Op::CallYieldable
+            | Op::CallVariadicYieldable,
         ) => {}
-        Some(_) if insns.iter().any(|i| i.op == Op::Fail) => {}
         other => bail!(
             InvalidArgument,
             "function '{name}': last instruction {:?} is not a terminator",
