@@ -7,7 +7,9 @@
 
 use super::isa::Op;
 use super::module::{BytecodeModule, BytecodeState};
-use super::verifier::{expand_variadic, pool_list, Insn, IMPORT_BIT, MOVE_BIT, REF_BIT, REF_MASK};
+use super::verifier::{
+    expand_variadic, pool_list, DecodedFunction, Insn, IMPORT_BIT, MOVE_BIT, REF_BIT, REF_MASK,
+};
 use crate::buffer::VmBuffer;
 use crate::cconv::CconvType;
 use crate::list::VmList;
@@ -687,1064 +689,1143 @@ fn exec<const COVERAGE: bool>(
     stack: &mut Stack,
     cur: &mut Cursor,
 ) -> Result<Action> {
-    let Stack {
-        frames,
-        i32_regs,
-        i32_top,
-        ref_regs,
-        ref_top,
-        max_depth,
-        coverage,
-    } = stack;
     let module: &BytecodeModule = &state.module;
-    'frame: loop {
+    loop {
         let func = &module.functions[cur.function];
-        let insns: &[Insn] = &func.insns;
-        let pool: &[u32] = &func.pool;
         let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
         let (ib, rb) = (cur.i32_base, cur.ref_base);
+        let Stack {
+            i32_regs,
+            ref_regs,
+            coverage,
+            ..
+        } = &mut *stack;
         let regs: &mut [u32] = &mut i32_regs[ib..ib + ic];
         let refs: &mut [Option<Ref>] = &mut ref_regs[rb..rb + rc];
-        let mut pc = cur.pc;
-        macro_rules! fail {
-            ($e:expr) => {{
-                cur.pc = pc;
-                return Err($e);
-            }};
-        }
-        macro_rules! tri {
-            ($e:expr) => {
-                match $e {
-                    Ok(v) => v,
-                    Err(e) => fail!(e),
-                }
-            };
-        }
-        loop {
-            // Fields are read through a reference so each arm loads only the
-            // operands it uses.
-            debug_assert!(pc < insns.len());
-            // SAFETY: `pc` is always a valid instruction index: execution starts
-            // at 0 (every function has at least its end sentinel), branch and
-            // resume targets were verified against the instruction count, and
-            // sequential execution cannot step past the `EndOfFunction` sentinel
-            // the verifier appends, which never falls through.
-            let insn = unsafe { insns.get_unchecked(pc) };
-            pc += 1;
-            if COVERAGE {
-                if let Some(cov) = coverage.as_deref_mut() {
-                    for c in insn.op.components() {
-                        cov[*c as usize] = true;
-                    }
+        let flow = dispatch::<COVERAGE>(
+            state,
+            func,
+            regs,
+            refs,
+            &mut cur.pc,
+            coverage.as_deref_mut(),
+        )?;
+        match flow {
+            Flow::Call {
+                callee,
+                args,
+                results,
+                resume,
+            } => {
+                let pc = cur.pc;
+                enter_call(module, stack, cur, callee, args, results, resume, pc)?;
+            }
+            Flow::Return { list } => {
+                if !leave_call(module, stack, cur, list) {
+                    return Ok(Action::Return { list });
                 }
             }
-            let r = &insn.r;
-            match insn.op {
-                Op::Block => {}
-                Op::EndOfFunction => {
-                    fail!(status!(
-                        Internal,
-                        "execution fell off the end of the function"
-                    ));
-                }
-                // ---- globals
-                Op::GlobalLoadI32 | Op::GlobalLoadF32 => {
-                    let s = tri!(global_slot(state, insn.a, 4));
-                    slot_mut!(regs, r[0]) = state.globals[s].load(Relaxed);
-                }
-                Op::GlobalStoreI32 | Op::GlobalStoreF32 => {
-                    let s = tri!(global_slot(state, insn.a, 4));
-                    state.globals[s].store(slot!(regs, r[0]), Relaxed);
-                }
-                Op::GlobalLoadIndirectI32 | Op::GlobalLoadIndirectF32 => {
-                    let s = tri!(global_slot(state, slot!(regs, r[0]), 4));
-                    slot_mut!(regs, r[1]) = state.globals[s].load(Relaxed);
-                }
-                Op::GlobalStoreIndirectI32 | Op::GlobalStoreIndirectF32 => {
-                    let s = tri!(global_slot(state, slot!(regs, r[0]), 4));
-                    state.globals[s].store(slot!(regs, r[1]), Relaxed);
-                }
-                Op::GlobalLoadI64 | Op::GlobalLoadF64 => {
-                    let s = tri!(global_slot(state, insn.a, 8));
-                    slot_mut!(regs, r[0]) = state.globals[s].load(Relaxed);
-                    regs[r[0] as usize + 1] = state.globals[s + 1].load(Relaxed);
-                }
-                Op::GlobalStoreI64 | Op::GlobalStoreF64 => {
-                    let s = tri!(global_slot(state, insn.a, 8));
-                    state.globals[s].store(slot!(regs, r[0]), Relaxed);
-                    state.globals[s + 1].store(regs[r[0] as usize + 1], Relaxed);
-                }
-                Op::GlobalLoadIndirectI64 | Op::GlobalLoadIndirectF64 => {
-                    let s = tri!(global_slot(state, slot!(regs, r[0]), 8));
-                    slot_mut!(regs, r[1]) = state.globals[s].load(Relaxed);
-                    regs[r[1] as usize + 1] = state.globals[s + 1].load(Relaxed);
-                }
-                Op::GlobalStoreIndirectI64 | Op::GlobalStoreIndirectF64 => {
-                    let s = tri!(global_slot(state, slot!(regs, r[0]), 8));
-                    state.globals[s].store(slot!(regs, r[1]), Relaxed);
-                    state.globals[s + 1].store(regs[r[1] as usize + 1], Relaxed);
-                }
-                Op::GlobalLoadRef => {
-                    let g = tri!(ref_global(state, insn.a)).lock().clone();
-                    tri!(check_cast(&g, type_at(state, insn.imm)));
-                    refs[ref_slot(r[0])] = g;
-                }
-                Op::GlobalStoreRef => {
-                    let v = take_ref(refs, r[0]);
-                    tri!(check_cast(&v, type_at(state, insn.imm)));
-                    *tri!(ref_global(state, insn.a)).lock() = v;
-                }
-                Op::GlobalLoadIndirectRef => {
-                    let g = tri!(ref_global(state, slot!(regs, r[0]))).lock().clone();
-                    tri!(check_cast(&g, type_at(state, insn.imm)));
-                    refs[ref_slot(r[1])] = g;
-                }
-                Op::GlobalStoreIndirectRef => {
-                    let v = take_ref(refs, r[1]);
-                    tri!(check_cast(&v, type_at(state, insn.imm)));
-                    *tri!(ref_global(state, slot!(regs, r[0]))).lock() = v;
-                }
-                // ---- constants
-                Op::ConstI32Zero | Op::ConstF32Zero => slot_mut!(regs, r[0]) = 0,
-                Op::ConstI32 | Op::ConstF32 => slot_mut!(regs, r[0]) = insn.imm as u32,
-                Op::ConstI64Zero | Op::ConstF64Zero => set_i64u!(regs, r[0], 0),
-                Op::ConstI64 | Op::ConstF64 => set_i64u!(regs, r[0], insn.imm as i64),
-                Op::ConstRefZero => refs[ref_slot(r[0])] = None,
-                Op::ConstRefRodata => {
-                    refs[ref_slot(r[0])] = Some(state.module.rodata[insn.a as usize].clone())
-                }
-                // ---- lists
-                Op::ListAlloc => {
-                    let ty = type_at(state, insn.imm);
-                    let l = tri!(VmList::new(ty, slot!(regs, r[0])));
-                    refs[ref_slot(r[1])] = Some(Ref::new(l));
-                }
-                Op::ListReserve => tri!(tri!(deref_list(refs, r[0])).reserve(slot!(regs, r[1]))),
-                Op::ListSize => {
-                    let n = tri!(deref_list(refs, r[0])).size();
-                    slot_mut!(regs, r[1]) = n;
-                }
-                Op::ListResize => tri!(tri!(deref_list(refs, r[0])).resize(slot!(regs, r[1]))),
-                Op::ListGetI32 => {
-                    let v = tri!(tri!(deref_list(refs, r[0])).get_i32(slot!(regs, r[1])));
-                    w32!(regs, r[2], v);
-                }
-                Op::ListSetI32 => {
-                    let v = r32!(regs, r[2]);
-                    tri!(tri!(deref_list(refs, r[0])).set_i32(slot!(regs, r[1]), v));
-                }
-                Op::ListGetI64 => {
-                    let v = tri!(tri!(deref_list(refs, r[0])).get_i64(slot!(regs, r[1])));
-                    set_i64u!(regs, r[2], v);
-                }
-                Op::ListSetI64 => {
-                    let v = get_i64u(regs, r[2]);
-                    tri!(tri!(deref_list(refs, r[0])).set_i64(slot!(regs, r[1]), v));
-                }
-                Op::ListGetF32 => {
-                    let v = tri!(tri!(deref_list(refs, r[0])).get_f32(slot!(regs, r[1])));
-                    wf32!(regs, r[2], v);
-                }
-                Op::ListSetF32 => {
-                    let v = rf32!(regs, r[2]);
-                    tri!(tri!(deref_list(refs, r[0])).set_f32(slot!(regs, r[1]), v));
-                }
-                Op::ListGetF64 => {
-                    let v = tri!(tri!(deref_list(refs, r[0])).get_f64(slot!(regs, r[1])));
-                    wf64!(regs, r[2], v);
-                }
-                Op::ListSetF64 => {
-                    let v = rf64!(regs, r[2]);
-                    tri!(tri!(deref_list(refs, r[0])).set_f64(slot!(regs, r[1]), v));
-                }
-                Op::ListGetRef => {
-                    let v = tri!(tri!(deref_list(refs, r[0])).get_ref(slot!(regs, r[1])));
-                    let ty = type_at(state, insn.imm);
-                    // A value of another type reads as null, as upstream's
-                    // retain-or-null does.
-                    let v = v.filter(|x| ty.accepts_ref(x));
-                    refs[ref_slot(r[2])] = v;
-                }
-                Op::ListSetRef => {
-                    let v = take_ref(refs, r[2]);
-                    tri!(tri!(deref_list(refs, r[0])).set_ref(slot!(regs, r[1]), v));
-                }
-                // ---- select / switch
-                Op::SelectI32 | Op::SelectF32 => {
-                    let v = if slot!(regs, r[0]) != 0 {
-                        slot!(regs, r[1])
-                    } else {
-                        slot!(regs, r[2])
-                    };
-                    slot_mut!(regs, r[3]) = v;
-                }
-                Op::SelectI64 | Op::SelectF64 => {
-                    let v = if slot!(regs, r[0]) != 0 {
-                        get_i64u(regs, r[1])
-                    } else {
-                        get_i64u(regs, r[2])
-                    };
-                    set_i64u!(regs, r[3], v);
-                }
-                Op::SelectRef => {
-                    let (t, f) = (r[1], r[2]);
-                    let chosen = if slot!(regs, r[0]) != 0 { t } else { f };
-                    let v = take_ref(refs, chosen);
-                    // The unchosen operand is released when marked move.
-                    let other = if chosen == t { f } else { t };
-                    if other & MOVE_BIT != 0 && ref_slot(other) != ref_slot(chosen) {
-                        refs[ref_slot(other)] = None;
-                    }
-                    refs[ref_slot(r[3])] = v;
-                }
-                Op::SwitchI32 | Op::SwitchF32 => {
-                    let idx = r32!(regs, r[0]);
-                    let vals = pool_list(pool, insn.pool as usize);
-                    let v = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
-                        Some(&reg) => slot!(regs, reg),
-                        None => slot!(regs, r[1]),
-                    };
-                    slot_mut!(regs, r[2]) = v;
-                }
-                Op::SwitchI64 | Op::SwitchF64 => {
-                    let idx = r32!(regs, r[0]);
-                    let vals = pool_list(pool, insn.pool as usize);
-                    let v = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
-                        Some(&reg) => get_i64u(regs, reg as u16),
-                        None => get_i64u(regs, r[1]),
-                    };
-                    set_i64u!(regs, r[2], v);
-                }
-                Op::SwitchRef => {
-                    let idx = r32!(regs, r[0]);
-                    let vals = pool_list(pool, insn.pool as usize);
-                    let src = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
-                        Some(&reg) => reg as u16,
-                        None => r[1],
-                    };
-                    let v = refs[ref_slot(src)].clone();
-                    tri!(check_cast(&v, type_at(state, insn.imm)));
-                    refs[ref_slot(r[2])] = v;
-                }
-                // ---- i32 arithmetic
-                Op::AddI32 => w32!(regs, r[2], r32!(regs, r[0]).wrapping_add(r32!(regs, r[1]))),
-                Op::SubI32 => w32!(regs, r[2], r32!(regs, r[0]).wrapping_sub(r32!(regs, r[1]))),
-                Op::MulI32 => w32!(regs, r[2], r32!(regs, r[0]).wrapping_mul(r32!(regs, r[1]))),
-                Op::DivI32S => {
-                    let b = r32!(regs, r[1]);
-                    if b == 0 {
-                        fail!(div_zero(insn.op));
-                    }
-                    w32!(regs, r[2], r32!(regs, r[0]).wrapping_div(b));
-                }
-                Op::DivI32U => {
-                    let b = slot!(regs, r[1]);
-                    if b == 0 {
-                        fail!(div_zero(insn.op));
-                    }
-                    slot_mut!(regs, r[2]) = slot!(regs, r[0]) / b;
-                }
-                Op::RemI32S => {
-                    let b = r32!(regs, r[1]);
-                    if b == 0 {
-                        fail!(div_zero(insn.op));
-                    }
-                    w32!(regs, r[2], r32!(regs, r[0]).wrapping_rem(b));
-                }
-                Op::RemI32U => {
-                    let b = slot!(regs, r[1]);
-                    if b == 0 {
-                        fail!(div_zero(insn.op));
-                    }
-                    slot_mut!(regs, r[2]) = slot!(regs, r[0]) % b;
-                }
-                Op::FMAI32 => w32!(
-                    regs,
-                    r[3],
-                    r32!(regs, r[0])
-                        .wrapping_mul(r32!(regs, r[1]))
-                        .wrapping_add(r32!(regs, r[2]))
-                ),
-                Op::AbsI32 => w32!(regs, r[1], r32!(regs, r[0]).wrapping_abs()),
-                Op::MinI32S => w32!(regs, r[2], r32!(regs, r[0]).min(r32!(regs, r[1]))),
-                Op::MinI32U => slot_mut!(regs, r[2]) = slot!(regs, r[0]).min(slot!(regs, r[1])),
-                Op::MaxI32S => w32!(regs, r[2], r32!(regs, r[0]).max(r32!(regs, r[1]))),
-                Op::MaxI32U => slot_mut!(regs, r[2]) = slot!(regs, r[0]).max(slot!(regs, r[1])),
-                Op::NotI32 => slot_mut!(regs, r[1]) = !slot!(regs, r[0]),
-                Op::AndI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) & slot!(regs, r[1]),
-                Op::OrI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) | slot!(regs, r[1]),
-                Op::XorI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) ^ slot!(regs, r[1]),
-                Op::CtlzI32 => slot_mut!(regs, r[1]) = slot!(regs, r[0]).leading_zeros(),
-                // ---- i64 arithmetic
-                Op::AddI64 => set_i64(
-                    regs,
-                    r[2],
-                    get_i64u(regs, r[0]).wrapping_add(get_i64u(regs, r[1])),
-                ),
-                Op::SubI64 => set_i64(
-                    regs,
-                    r[2],
-                    get_i64u(regs, r[0]).wrapping_sub(get_i64u(regs, r[1])),
-                ),
-                Op::MulI64 => set_i64(
-                    regs,
-                    r[2],
-                    get_i64u(regs, r[0]).wrapping_mul(get_i64u(regs, r[1])),
-                ),
-                Op::DivI64S => {
-                    let b = get_i64u(regs, r[1]);
-                    if b == 0 {
-                        fail!(div_zero(insn.op));
-                    }
-                    set_i64u!(regs, r[2], get_i64u(regs, r[0]).wrapping_div(b));
-                }
-                Op::DivI64U => {
-                    let b = get_i64u(regs, r[1]) as u64;
-                    if b == 0 {
-                        fail!(div_zero(insn.op));
-                    }
-                    set_i64u!(regs, r[2], ((get_i64u(regs, r[0]) as u64) / b) as i64);
-                }
-                Op::RemI64S => {
-                    let b = get_i64u(regs, r[1]);
-                    if b == 0 {
-                        fail!(div_zero(insn.op));
-                    }
-                    set_i64u!(regs, r[2], get_i64u(regs, r[0]).wrapping_rem(b));
-                }
-                Op::RemI64U => {
-                    let b = get_i64u(regs, r[1]) as u64;
-                    if b == 0 {
-                        fail!(div_zero(insn.op));
-                    }
-                    set_i64u!(regs, r[2], ((get_i64u(regs, r[0]) as u64) % b) as i64);
-                }
-                Op::FMAI64 => set_i64(
-                    regs,
-                    r[3],
-                    get_i64u(regs, r[0])
-                        .wrapping_mul(get_i64u(regs, r[1]))
-                        .wrapping_add(get_i64u(regs, r[2])),
-                ),
-                Op::AbsI64 => set_i64u!(regs, r[1], get_i64u(regs, r[0]).wrapping_abs()),
-                Op::MinI64S => {
-                    set_i64u!(regs, r[2], get_i64u(regs, r[0]).min(get_i64u(regs, r[1])))
-                }
-                Op::MinI64U => set_i64(
-                    regs,
-                    r[2],
-                    (get_i64u(regs, r[0]) as u64).min(get_i64u(regs, r[1]) as u64) as i64,
-                ),
-                Op::MaxI64S => {
-                    set_i64u!(regs, r[2], get_i64u(regs, r[0]).max(get_i64u(regs, r[1])))
-                }
-                Op::MaxI64U => set_i64(
-                    regs,
-                    r[2],
-                    (get_i64u(regs, r[0]) as u64).max(get_i64u(regs, r[1]) as u64) as i64,
-                ),
-                Op::NotI64 => set_i64u!(regs, r[1], !get_i64u(regs, r[0])),
-                Op::AndI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) & get_i64u(regs, r[1])),
-                Op::OrI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) | get_i64u(regs, r[1])),
-                Op::XorI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) ^ get_i64u(regs, r[1])),
-                Op::CtlzI64 => set_i64(
-                    regs,
-                    r[1],
-                    (get_i64u(regs, r[0]) as u64).leading_zeros() as i64,
-                ),
-                // ---- shifts
-                Op::ShlI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) << (slot!(regs, r[1]) & 31),
-                Op::ShrI32S => w32!(regs, r[2], r32!(regs, r[0]) >> (slot!(regs, r[1]) & 31)),
-                Op::ShrI32U => {
-                    slot_mut!(regs, r[2]) = slot!(regs, r[0]) >> (slot!(regs, r[1]) & 31)
-                }
-                Op::ShlI64 => set_i64(regs, r[2], get_i64u(regs, r[0]) << (slot!(regs, r[1]) & 63)),
-                Op::ShrI64S => {
-                    set_i64(regs, r[2], get_i64u(regs, r[0]) >> (slot!(regs, r[1]) & 63))
-                }
-                Op::ShrI64U => set_i64(
-                    regs,
-                    r[2],
-                    ((get_i64u(regs, r[0]) as u64) >> (slot!(regs, r[1]) & 63)) as i64,
-                ),
-                // ---- casting / conversion
-                Op::TruncI32I8 => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u8 as u32,
-                Op::TruncI32I16 => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u16 as u32,
-                Op::TruncI64I32 => slot_mut!(regs, r[1]) = get_i64u(regs, r[0]) as u32,
-                Op::ExtI8I32S => w32!(regs, r[1], slot!(regs, r[0]) as u8 as i8 as i32),
-                Op::ExtI8I32U => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u8 as u32,
-                Op::ExtI16I32S => w32!(regs, r[1], slot!(regs, r[0]) as u16 as i16 as i32),
-                Op::ExtI16I32U => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u16 as u32,
-                Op::ExtI32I64S => set_i64u!(regs, r[1], r32!(regs, r[0]) as i64),
-                Op::ExtI32I64U => set_i64u!(regs, r[1], slot!(regs, r[0]) as i64),
-                // ---- comparisons
-                Op::CmpEQI32 => w32!(regs, r[2], slot!(regs, r[0]) == slot!(regs, r[1])),
-                Op::CmpNEI32 => w32!(regs, r[2], slot!(regs, r[0]) != slot!(regs, r[1])),
-                Op::CmpLTI32S => w32!(regs, r[2], r32!(regs, r[0]) < r32!(regs, r[1])),
-                Op::CmpLTI32U => w32!(regs, r[2], slot!(regs, r[0]) < slot!(regs, r[1])),
-                Op::CmpNZI32 => w32!(regs, r[1], slot!(regs, r[0]) != 0),
-                Op::CmpEQI64 => w32!(regs, r[2], get_i64u(regs, r[0]) == get_i64u(regs, r[1])),
-                Op::CmpNEI64 => w32!(regs, r[2], get_i64u(regs, r[0]) != get_i64u(regs, r[1])),
-                Op::CmpLTI64S => w32!(regs, r[2], get_i64u(regs, r[0]) < get_i64u(regs, r[1])),
-                Op::CmpLTI64U => w32!(
-                    regs,
-                    r[2],
-                    (get_i64u(regs, r[0]) as u64) < (get_i64u(regs, r[1]) as u64)
-                ),
-                Op::CmpNZI64 => w32!(regs, r[1], get_i64u(regs, r[0]) != 0),
-                Op::CmpEQRef => {
-                    let eq = refs[ref_slot(r[0])] == refs[ref_slot(r[1])];
-                    release_moved(refs, &[r[0], r[1]]);
-                    w32!(regs, r[2], eq);
-                }
-                Op::CmpNERef => {
-                    let ne = refs[ref_slot(r[0])] != refs[ref_slot(r[1])];
-                    release_moved(refs, &[r[0], r[1]]);
-                    w32!(regs, r[2], ne);
-                }
-                Op::CmpNZRef => {
-                    let nz = refs[ref_slot(r[0])].is_some();
-                    release_moved(refs, &[r[0]]);
-                    w32!(regs, r[1], nz);
-                }
-                // ---- control flow
-                Op::DirectBranch => pc = insn.a as usize,
-                Op::PrimitiveRemapBranch => {
-                    let list = insn.pool as usize + 1;
-                    let n = pool[list] as usize;
-                    for pair in pool[list + 1..list + 1 + 2 * n].chunks_exact(2) {
-                        let v = slot!(regs, pair[0]);
-                        slot_mut!(regs, pair[1]) = v;
-                    }
-                    pc = insn.a as usize;
-                }
-                Op::DirectCondBranch => {
-                    pc = if slot!(regs, r[0]) != 0 {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::FusedCmpEQI32CondBranch => {
-                    let c = slot!(regs, r[0]) == slot!(regs, r[1]);
-                    slot_mut!(regs, r[2]) = c as u32;
-                    pc = if c {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::FusedCmpNEI32CondBranch => {
-                    let c = slot!(regs, r[0]) != slot!(regs, r[1]);
-                    slot_mut!(regs, r[2]) = c as u32;
-                    pc = if c {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::FusedCmpLTI32SCondBranch => {
-                    let c = (slot!(regs, r[0]) as i32) < (slot!(regs, r[1]) as i32);
-                    slot_mut!(regs, r[2]) = c as u32;
-                    pc = if c {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::FusedCmpLTI32UCondBranch => {
-                    let c = slot!(regs, r[0]) < slot!(regs, r[1]);
-                    slot_mut!(regs, r[2]) = c as u32;
-                    pc = if c {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::FusedCmpNZI32CondBranch => {
-                    let c = slot!(regs, r[0]) != 0;
-                    slot_mut!(regs, r[1]) = c as u32;
-                    pc = if c {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::FusedCmpEQI64CondBranch => {
-                    let c = get_i64u(regs, r[0]) == get_i64u(regs, r[1]);
-                    slot_mut!(regs, r[2]) = c as u32;
-                    pc = if c {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::FusedCmpNEI64CondBranch => {
-                    let c = get_i64u(regs, r[0]) != get_i64u(regs, r[1]);
-                    slot_mut!(regs, r[2]) = c as u32;
-                    pc = if c {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::FusedCmpLTI64SCondBranch => {
-                    let c = get_i64u(regs, r[0]) < get_i64u(regs, r[1]);
-                    slot_mut!(regs, r[2]) = c as u32;
-                    pc = if c {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::FusedCmpLTI64UCondBranch => {
-                    let c = (get_i64u(regs, r[0]) as u64) < (get_i64u(regs, r[1]) as u64);
-                    slot_mut!(regs, r[2]) = c as u32;
-                    pc = if c {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::FusedCmpNZI64CondBranch => {
-                    let c = get_i64u(regs, r[0]) != 0;
-                    slot_mut!(regs, r[1]) = c as u32;
-                    pc = if c {
-                        insn.a as usize
-                    } else {
-                        insn.imm as usize
-                    };
-                }
-                Op::Branch => pc = branch(regs, refs, pool, insn.pool as usize),
-                Op::CondBranch => {
-                    let p = insn.pool as usize;
-                    if slot!(regs, r[0]) != 0 {
-                        pc = branch(regs, refs, pool, p);
-                    } else {
-                        let f = skip_remap(pool, p + 1);
-                        pc = branch(regs, refs, pool, f);
-                    }
-                }
-                Op::BranchTable => {
-                    let p = insn.pool as usize;
-                    let idx = r32!(regs, r[0]);
-                    let default_end = skip_remap(pool, p + 1);
-                    let size = pool[default_end] as i64;
-                    if idx < 0 || idx as i64 >= size {
-                        pc = branch(regs, refs, pool, p);
-                    } else {
-                        let mut at = default_end + 1;
-                        for _ in 0..idx {
-                            at = skip_remap(pool, at + 1);
-                        }
-                        pc = branch(regs, refs, pool, at);
-                    }
-                }
-                Op::Call | Op::CallYieldable => {
-                    let p = insn.pool as usize;
-                    let nargs = pool[p] as usize;
-                    let (resume, results) = if insn.op == Op::CallYieldable {
-                        (pool[p + 1 + nargs] as usize, p + 2 + nargs)
-                    } else {
-                        (pc, p + 1 + nargs)
-                    };
-                    if insn.a & IMPORT_BIT != 0 {
-                        cur.pc = pc;
-                        return Ok(Action::CallImport {
-                            import: insn.a & !IMPORT_BIT,
-                            segments: None,
-                            args: p,
-                            results,
-                            resume,
-                        });
-                    }
-                    // Internal call: push the callee's frame and keep going in
-                    // this loop.
-                    if frames.len() >= *max_depth {
-                        fail!(status!(
-                            ResourceExhausted,
-                            "stack overflow: call depth would exceed the limit of {} frames",
-                            *max_depth
-                        ));
-                    }
-                    if let Some(Frame::Bytecode(f)) = frames.last_mut() {
-                        f.pc = resume as u32;
-                        f.current = (pc - 1) as u32;
-                        f.pending_results = results as u32;
-                    }
-                    let callee = insn.a as usize;
-                    let callee_fn = &module.functions[callee];
-                    let (cib, crb) = (*i32_top, *ref_top);
-                    *i32_top += callee_fn.i32_count as usize;
-                    *ref_top += callee_fn.ref_count as usize;
-                    if i32_regs.len() < *i32_top {
-                        i32_regs.resize(*i32_top, 0);
-                    }
-                    if ref_regs.len() < *ref_top {
-                        ref_regs.resize(*ref_top, None);
-                    }
-                    let (caller_regs, callee_regs) = i32_regs.split_at_mut(cib);
-                    let (caller_refs, callee_refs) = ref_regs.split_at_mut(crb);
-                    copy_args(
-                        &caller_regs[ib..ib + ic],
-                        &mut caller_refs[rb..rb + rc],
-                        callee_regs,
-                        callee_refs,
-                        pool_list(pool, p),
-                        &callee_fn.cconv.args,
-                    );
-                    frames.push(Frame::Bytecode(BytecodeFrame {
-                        state: None,
-                        function: callee as u32,
-                        pc: 0,
-                        current: 0,
-                        i32_base: cib as u32,
-                        ref_base: crb as u32,
-                        pending_results: u32::MAX,
-                        external: false,
-                    }));
-                    *cur = Cursor {
-                        function: callee,
-                        pc: 0,
-                        i32_base: cib,
-                        ref_base: crb,
-                    };
-                    continue 'frame;
-                }
-                Op::CallVariadic | Op::CallVariadicYieldable => {
-                    let p = insn.pool as usize;
-                    let args = p + 1 + pool[p] as usize;
-                    let after_args = args + 1 + pool[args] as usize;
-                    let (resume, results) = if insn.op == Op::CallVariadicYieldable {
-                        (pool[after_args] as usize, after_args + 1)
-                    } else {
-                        (pc, after_args)
-                    };
-                    cur.pc = pc;
-                    return Ok(Action::CallImport {
-                        import: insn.a & !IMPORT_BIT,
-                        segments: Some(p),
-                        args,
-                        results,
-                        resume,
-                    });
-                }
-                Op::Return => {
-                    let n = frames.len();
-                    let internal = matches!(frames.last(), Some(Frame::Bytecode(f)) if !f.external);
-                    let caller = if internal {
-                        frames.get(n.wrapping_sub(2))
-                    } else {
-                        None
-                    };
-                    let Some(Frame::Bytecode(caller)) = caller else {
-                        cur.pc = pc;
-                        return Ok(Action::Return {
-                            list: insn.pool as usize,
-                        });
-                    };
-                    // Internal return: results go straight into the caller's
-                    // registers and execution continues in this loop.
-                    let caller_fn = &module.functions[caller.function as usize];
-                    let dst = pool_list(&caller_fn.pool, caller.pending_results as usize);
-                    let (cib, crb) = (caller.i32_base as usize, caller.ref_base as usize);
-                    let (cic, crc) = (caller_fn.i32_count as usize, caller_fn.ref_count as usize);
-                    let next = Cursor {
-                        function: caller.function as usize,
-                        pc: caller.pc as usize,
-                        i32_base: cib,
-                        ref_base: crb,
-                    };
-                    let (lo_regs, hi_regs) = i32_regs.split_at_mut(ib);
-                    let (lo_refs, hi_refs) = ref_regs.split_at_mut(rb);
-                    copy_results(
-                        &hi_regs[..ic],
-                        &mut hi_refs[..rc],
-                        &mut lo_regs[cib..cib + cic],
-                        &mut lo_refs[crb..crb + crc],
-                        pool_list(pool, insn.pool as usize),
-                        dst,
-                        &func.cconv.results,
-                    );
-                    for r in &mut ref_regs[rb..*ref_top] {
-                        if r.is_some() {
-                            *r = None;
-                        }
-                    }
-                    *i32_top = ib;
-                    *ref_top = rb;
-                    frames.pop();
-                    if let Some(Frame::Bytecode(f)) = frames.last_mut() {
-                        f.pending_results = u32::MAX;
-                    }
-                    *cur = next;
-                    continue 'frame;
-                }
-                Op::Fail => {
-                    let code = r32!(regs, r[0]);
-                    tri!(check_fail(code, &state.module.strings[insn.a as usize]));
-                }
-                Op::ImportResolved => {
-                    let resolved = state.import_resolved(insn.a & !IMPORT_BIT);
-                    w32!(regs, r[0], resolved);
-                }
-                Op::Yield => {
-                    pc = branch(regs, refs, pool, insn.pool as usize);
-                    cur.pc = pc;
-                    return Ok(Action::Yield);
-                }
-                Op::Trace | Op::Print => {
-                    let list = pool_list(pool, insn.pool as usize);
-                    for &reg in list {
-                        let reg = reg as u16;
-                        if reg & (REF_BIT | MOVE_BIT) == REF_BIT | MOVE_BIT {
-                            refs[ref_slot(reg)] = None;
-                        }
-                    }
-                }
-                Op::CondBreak => {
-                    // Debugger breaks are not supported; execution continues.
-                    pc = branch(regs, refs, pool, insn.pool as usize);
-                }
-                Op::Break => pc = branch(regs, refs, pool, insn.pool as usize),
-                // ---- buffers
-                Op::BufferLoadI8U => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i8u(off));
-                    w32!(regs, r[2], v);
-                }
-                Op::BufferLoadI8S => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i8s(off));
-                    w32!(regs, r[2], v);
-                }
-                Op::BufferLoadI16U => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i16u(off));
-                    w32!(regs, r[2], v);
-                }
-                Op::BufferLoadI16S => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i16s(off));
-                    w32!(regs, r[2], v);
-                }
-                Op::BufferLoadI32 => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i32(off));
-                    w32!(regs, r[2], v);
-                }
-                Op::BufferLoadI64 => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i64(off));
-                    set_i64u!(regs, r[2], v);
-                }
-                Op::BufferLoadF32 => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_f32(off));
-                    wf32!(regs, r[2], v);
-                }
-                Op::BufferLoadF64 => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_f64(off));
-                    wf64!(regs, r[2], v);
-                }
-                Op::BufferStoreI8 => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                        .store_i8(off, slot!(regs, r[2]) as i32));
-                }
-                Op::BufferStoreI16 => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                        .store_i16(off, slot!(regs, r[2]) as i32));
-                }
-                Op::BufferStoreI32 => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                        .store_i32(off, slot!(regs, r[2]) as i32));
-                }
-                Op::BufferStoreI64 => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                        .store_i64(off, get_i64u(regs, r[2])));
-                }
-                Op::BufferStoreF32 => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                        .store_f32(off, rf32!(regs, r[2])));
-                }
-                Op::BufferStoreF64 => {
-                    let off = get_i64u(regs, r[1]) as u64;
-                    tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                        .store_f64(off, rf64!(regs, r[2])));
-                }
-                Op::BufferAlloc => {
-                    let len = get_i64u(regs, r[0]) as u64;
-                    let b = tri!(VmBuffer::new(len, slot!(regs, r[1])));
-                    refs[ref_slot(r[2])] = Some(Ref::new(b));
-                }
-                Op::BufferClone => {
-                    let (off, len) = (get_i64u(regs, r[1]) as u64, get_i64u(regs, r[2]) as u64);
-                    let b = tri!(tri!(deref_buffer(refs, r[0], "source")).clone_range(
-                        off,
-                        len,
-                        slot!(regs, r[3])
-                    ));
-                    refs[ref_slot(r[4])] = Some(Ref::new(b));
-                }
-                Op::BufferLength => {
-                    let n = tri!(deref_buffer(refs, r[0], "buffer")).len();
-                    set_i64u!(regs, r[1], n as i64);
-                }
-                Op::BufferCopy => {
-                    let src = tri!(deref_buffer(refs, r[0], "source_buffer"));
-                    let dst = tri!(deref_buffer(refs, r[2], "target_buffer"));
-                    tri!(VmBuffer::copy(
-                        src,
-                        get_i64u(regs, r[1]) as u64,
-                        dst,
-                        get_i64u(regs, r[3]) as u64,
-                        get_i64u(regs, r[4]) as u64
-                    ));
-                }
-                Op::BufferCompare => {
-                    let a = tri!(deref_buffer(refs, r[0], "lhs_buffer"));
-                    let b = tri!(deref_buffer(refs, r[2], "rhs_buffer"));
-                    let eq = tri!(VmBuffer::compare(
-                        a,
-                        get_i64u(regs, r[1]) as u64,
-                        b,
-                        get_i64u(regs, r[3]) as u64,
-                        get_i64u(regs, r[4]) as u64
-                    ));
-                    w32!(regs, r[5], eq);
-                }
-                Op::BufferFillI8 | Op::BufferFillI16 | Op::BufferFillI32 => {
-                    let b = tri!(deref_buffer(refs, r[0], "buffer"));
-                    let (off, len, v) = (
-                        get_i64u(regs, r[1]) as u64,
-                        get_i64u(regs, r[2]) as u64,
-                        r32!(regs, r[3]),
-                    );
-                    tri!(match insn.op {
-                        Op::BufferFillI8 => b.fill_i8(off, len, v),
-                        Op::BufferFillI16 => b.fill_i16(off, len, v),
-                        _ => b.fill_i32(off, len, v),
-                    });
-                }
-                Op::BufferFillI64 => {
-                    let b = tri!(deref_buffer(refs, r[0], "buffer"));
-                    tri!(b.fill_i64(
-                        get_i64u(regs, r[1]) as u64,
-                        get_i64u(regs, r[2]) as u64,
-                        get_i64u(regs, r[3])
-                    ));
-                }
-                Op::BufferFillF32 => {
-                    let b = tri!(deref_buffer(refs, r[0], "buffer"));
-                    tri!(b.fill_f32(
-                        get_i64u(regs, r[1]) as u64,
-                        get_i64u(regs, r[2]) as u64,
-                        rf32!(regs, r[3])
-                    ));
-                }
-                Op::BufferFillF64 => {
-                    let b = tri!(deref_buffer(refs, r[0], "buffer"));
-                    tri!(b.fill_f64(
-                        get_i64u(regs, r[1]) as u64,
-                        get_i64u(regs, r[2]) as u64,
-                        rf64!(regs, r[3])
-                    ));
-                }
-                Op::BufferHash => {
-                    let b = tri!(deref_buffer(refs, r[0], "source_buffer"));
-                    let h = tri!(b.hash(get_i64u(regs, r[1]) as u64, get_i64u(regs, r[2]) as u64));
-                    set_i64u!(regs, r[3], h);
-                }
-                // ---- refs
-                Op::CastAnyRef => {
-                    let v = take_ref(refs, r[0]);
-                    tri!(check_cast(&v, type_at(state, insn.imm)));
-                    refs[ref_slot(r[1])] = v;
-                }
-                Op::DiscardRefs => {
-                    for &reg in pool_list(pool, insn.pool as usize) {
-                        let reg = reg as u16;
-                        if reg & REF_BIT != 0 {
-                            refs[ref_slot(reg)] = None;
-                        }
-                    }
-                }
-                Op::AssignRef => {
-                    let v = take_ref(refs, r[0]);
-                    refs[ref_slot(r[1])] = v;
-                }
-                // ---- f32
-                Op::AddF32 => wf32!(regs, r[2], rf32!(regs, r[0]) + rf32!(regs, r[1])),
-                Op::SubF32 => wf32!(regs, r[2], rf32!(regs, r[0]) - rf32!(regs, r[1])),
-                Op::MulF32 => wf32!(regs, r[2], rf32!(regs, r[0]) * rf32!(regs, r[1])),
-                Op::DivF32 => wf32!(regs, r[2], rf32!(regs, r[0]) / rf32!(regs, r[1])),
-                Op::RemF32 => wf32!(
-                    regs,
-                    r[2],
-                    ieee_rem_f32(rf32!(regs, r[0]), rf32!(regs, r[1]))
-                ),
-                Op::FMAF32 => wf32!(
-                    regs,
-                    r[3],
-                    rf32!(regs, r[0]) * rf32!(regs, r[1]) + rf32!(regs, r[2])
-                ),
-                Op::AbsF32 => wf32!(regs, r[1], rf32!(regs, r[0]).abs()),
-                Op::NegF32 => wf32!(regs, r[1], -rf32!(regs, r[0])),
-                Op::CeilF32 => wf32!(regs, r[1], rf32!(regs, r[0]).ceil()),
-                Op::FloorF32 => wf32!(regs, r[1], rf32!(regs, r[0]).floor()),
-                Op::RoundF32 => wf32!(regs, r[1], rf32!(regs, r[0]).round()),
-                Op::RoundF32Even => wf32!(regs, r[1], round_even_f32(rf32!(regs, r[0]))),
-                Op::MinF32 => {
-                    let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
-                    wf32!(regs, r[2], if b < a { b } else { a });
-                }
-                Op::MaxF32 => {
-                    let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
-                    wf32!(regs, r[2], if a < b { b } else { a });
-                }
-                Op::AtanF32 => wf32!(regs, r[1], rf32!(regs, r[0]).atan()),
-                Op::Atan2F32 => wf32!(regs, r[2], rf32!(regs, r[0]).atan2(rf32!(regs, r[1]))),
-                Op::CosF32 => wf32!(regs, r[1], rf32!(regs, r[0]).cos()),
-                Op::SinF32 => wf32!(regs, r[1], rf32!(regs, r[0]).sin()),
-                Op::ExpF32 => wf32!(regs, r[1], rf32!(regs, r[0]).exp()),
-                Op::Exp2F32 => wf32!(regs, r[1], rf32!(regs, r[0]).exp2()),
-                Op::ExpM1F32 => wf32!(regs, r[1], rf32!(regs, r[0]).exp_m1()),
-                Op::LogF32 => wf32!(regs, r[1], rf32!(regs, r[0]).ln()),
-                Op::Log10F32 => wf32!(regs, r[1], rf32!(regs, r[0]).log10()),
-                Op::Log1pF32 => wf32!(regs, r[1], rf32!(regs, r[0]).ln_1p()),
-                Op::Log2F32 => wf32!(regs, r[1], rf32!(regs, r[0]).log2()),
-                Op::PowF32 => wf32!(regs, r[2], rf32!(regs, r[0]).powf(rf32!(regs, r[1]))),
-                Op::RsqrtF32 => wf32!(regs, r[1], 1.0 / rf32!(regs, r[0]).sqrt()),
-                Op::SqrtF32 => wf32!(regs, r[1], rf32!(regs, r[0]).sqrt()),
-                Op::TanhF32 => wf32!(regs, r[1], rf32!(regs, r[0]).tanh()),
-                Op::ErfF32 => wf32!(regs, r[1], super::cmath::erff(rf32!(regs, r[0]))),
-                Op::CastSI32F32 => wf32!(regs, r[1], r32!(regs, r[0]) as f32),
-                Op::CastUI32F32 => wf32!(regs, r[1], slot!(regs, r[0]) as f32),
-                Op::CastSI64F32 => wf32!(regs, r[1], get_i64u(regs, r[0]) as f32),
-                Op::CastUI64F32 => wf32!(regs, r[1], get_i64u(regs, r[0]) as u64 as f32),
-                Op::CastF32SI32 => w32!(regs, r[1], rf32!(regs, r[0]).round() as i64 as i32),
-                Op::CastF32UI32 => w32!(regs, r[1], rf32!(regs, r[0]).round() as i64 as u32),
-                Op::CastF32SI64 => set_i64u!(regs, r[1], rf32!(regs, r[0]).round() as i64),
-                Op::CastF32UI64 => set_i64u!(regs, r[1], rf32!(regs, r[0]).round() as u64 as i64),
-                Op::BitcastI32F32 | Op::BitcastF32I32 => slot_mut!(regs, r[1]) = slot!(regs, r[0]),
-                Op::CmpEQF32O => w32!(regs, r[2], rf32!(regs, r[0]) == rf32!(regs, r[1])),
-                Op::CmpEQF32U => {
-                    let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
-                    w32!(regs, r[2], a.is_nan() || b.is_nan() || a == b);
-                }
-                Op::CmpNEF32O => {
-                    let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
-                    // C's `!=` is true for unordered operands too.
-                    w32!(regs, r[2], a != b);
-                }
-                Op::CmpNEF32U => {
-                    let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
-                    w32!(regs, r[2], a.is_nan() || b.is_nan() || a != b);
-                }
-                Op::CmpLTF32O => w32!(regs, r[2], rf32!(regs, r[0]) < rf32!(regs, r[1])),
-                Op::CmpLTF32U => {
-                    let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
-                    w32!(regs, r[2], a.is_nan() || b.is_nan() || a < b);
-                }
-                Op::CmpLTEF32O => w32!(regs, r[2], rf32!(regs, r[0]) <= rf32!(regs, r[1])),
-                Op::CmpLTEF32U => {
-                    let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
-                    w32!(regs, r[2], a.is_nan() || b.is_nan() || a <= b);
-                }
-                Op::CmpNaNF32 => w32!(regs, r[1], rf32!(regs, r[0]).is_nan()),
-                // ---- f64
-                Op::AddF64 => wf64!(regs, r[2], rf64!(regs, r[0]) + rf64!(regs, r[1])),
-                Op::SubF64 => wf64!(regs, r[2], rf64!(regs, r[0]) - rf64!(regs, r[1])),
-                Op::MulF64 => wf64!(regs, r[2], rf64!(regs, r[0]) * rf64!(regs, r[1])),
-                Op::DivF64 => wf64!(regs, r[2], rf64!(regs, r[0]) / rf64!(regs, r[1])),
-                Op::RemF64 => wf64!(
-                    regs,
-                    r[2],
-                    ieee_rem_f64(rf64!(regs, r[0]), rf64!(regs, r[1]))
-                ),
-                Op::FMAF64 => wf64!(
-                    regs,
-                    r[3],
-                    rf64!(regs, r[0]) * rf64!(regs, r[1]) + rf64!(regs, r[2])
-                ),
-                Op::AbsF64 => wf64!(regs, r[1], rf64!(regs, r[0]).abs()),
-                Op::NegF64 => wf64!(regs, r[1], -rf64!(regs, r[0])),
-                Op::CeilF64 => wf64!(regs, r[1], rf64!(regs, r[0]).ceil()),
-                Op::FloorF64 => wf64!(regs, r[1], rf64!(regs, r[0]).floor()),
-                Op::RoundF64 => wf64!(regs, r[1], rf64!(regs, r[0]).round()),
-                Op::RoundF64Even => wf64!(regs, r[1], rf64!(regs, r[0]).round_ties_even()),
-                Op::MinF64 => {
-                    let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
-                    wf64!(regs, r[2], if b < a { b } else { a });
-                }
-                Op::MaxF64 => {
-                    let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
-                    wf64!(regs, r[2], if a < b { b } else { a });
-                }
-                Op::AtanF64 => wf64!(regs, r[1], rf64!(regs, r[0]).atan()),
-                Op::Atan2F64 => wf64!(regs, r[2], rf64!(regs, r[0]).atan2(rf64!(regs, r[1]))),
-                Op::CosF64 => wf64!(regs, r[1], rf64!(regs, r[0]).cos()),
-                Op::SinF64 => wf64!(regs, r[1], rf64!(regs, r[0]).sin()),
-                Op::ExpF64 => wf64!(regs, r[1], rf64!(regs, r[0]).exp()),
-                Op::Exp2F64 => wf64!(regs, r[1], rf64!(regs, r[0]).exp2()),
-                Op::ExpM1F64 => wf64!(regs, r[1], rf64!(regs, r[0]).exp_m1()),
-                Op::LogF64 => wf64!(regs, r[1], rf64!(regs, r[0]).ln()),
-                Op::Log10F64 => wf64!(regs, r[1], rf64!(regs, r[0]).log10()),
-                Op::Log1pF64 => wf64!(regs, r[1], rf64!(regs, r[0]).ln_1p()),
-                Op::Log2F64 => wf64!(regs, r[1], rf64!(regs, r[0]).log2()),
-                Op::PowF64 => wf64!(regs, r[2], rf64!(regs, r[0]).powf(rf64!(regs, r[1]))),
-                Op::RsqrtF64 => wf64!(regs, r[1], 1.0 / rf64!(regs, r[0]).sqrt()),
-                Op::SqrtF64 => wf64!(regs, r[1], rf64!(regs, r[0]).sqrt()),
-                Op::TanhF64 => wf64!(regs, r[1], rf64!(regs, r[0]).tanh()),
-                Op::ErfF64 => wf64!(regs, r[1], super::cmath::erf(rf64!(regs, r[0]))),
-                Op::TruncF64F32 => wf32!(regs, r[1], rf64!(regs, r[0]) as f32),
-                Op::ExtF32F64 => wf64!(regs, r[1], rf32!(regs, r[0]) as f64),
-                Op::CastSI32F64 => wf64!(regs, r[1], r32!(regs, r[0]) as f64),
-                Op::CastUI32F64 => wf64!(regs, r[1], slot!(regs, r[0]) as f64),
-                // Upstream rounds these through float (`lroundf`).
-                Op::CastF64SI32 => {
-                    w32!(regs, r[1], (rf64!(regs, r[0]) as f32).round() as i64 as i32)
-                }
-                Op::CastF64UI32 => {
-                    w32!(regs, r[1], (rf64!(regs, r[0]) as f32).round() as i64 as u32)
-                }
-                Op::CastSI64F64 => wf64!(regs, r[1], get_i64u(regs, r[0]) as f64),
-                Op::CastUI64F64 => wf64!(regs, r[1], get_i64u(regs, r[0]) as u64 as f64),
-                Op::CastF64SI64 => set_i64u!(regs, r[1], rf64!(regs, r[0]).round() as i64),
-                Op::CastF64UI64 => set_i64u!(regs, r[1], rf64!(regs, r[0]).round() as i64),
-                Op::BitcastI64F64 | Op::BitcastF64I64 => {
-                    set_i64u!(regs, r[1], get_i64u(regs, r[0]))
-                }
-                Op::CmpEQF64O => w32!(regs, r[2], rf64!(regs, r[0]) == rf64!(regs, r[1])),
-                Op::CmpEQF64U => {
-                    let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
-                    w32!(regs, r[2], a.is_nan() || b.is_nan() || a == b);
-                }
-                Op::CmpNEF64O => w32!(regs, r[2], rf64!(regs, r[0]) != rf64!(regs, r[1])),
-                Op::CmpNEF64U => {
-                    let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
-                    w32!(regs, r[2], a.is_nan() || b.is_nan() || a != b);
-                }
-                Op::CmpLTF64O => w32!(regs, r[2], rf64!(regs, r[0]) < rf64!(regs, r[1])),
-                Op::CmpLTF64U => {
-                    let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
-                    w32!(regs, r[2], a.is_nan() || b.is_nan() || a < b);
-                }
-                Op::CmpLTEF64O => w32!(regs, r[2], rf64!(regs, r[0]) <= rf64!(regs, r[1])),
-                Op::CmpLTEF64U => {
-                    let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
-                    w32!(regs, r[2], a.is_nan() || b.is_nan() || a <= b);
-                }
-                Op::CmpNaNF64 => w32!(regs, r[1], rf64!(regs, r[0]).is_nan()),
-            }
+            Flow::Exit(action) => return Ok(action),
         }
     }
+}
+
+/// How the dispatch loop left: an internal call or return (handled by
+/// [`exec`] without leaving the module), or an [`Action`] for [`run`].
+enum Flow {
+    Call {
+        callee: usize,
+        args: usize,
+        results: usize,
+        resume: usize,
+    },
+    Return {
+        list: usize,
+    },
+    Exit(Action),
+}
+
+/// The dispatch loop over one function's instructions. Kept apart from the
+/// frame handling so its hot loop keeps its values in registers.
+#[inline(never)]
+fn dispatch<const COVERAGE: bool>(
+    state: &BytecodeState,
+    func: &DecodedFunction,
+    regs: &mut [u32],
+    refs: &mut [Option<Ref>],
+    pc_out: &mut usize,
+    mut coverage: Option<&mut [bool]>,
+) -> Result<Flow> {
+    let insns: &[Insn] = &func.insns;
+    let pool: &[u32] = &func.pool;
+    let mut pc = *pc_out;
+    macro_rules! fail {
+        ($e:expr) => {{
+            *pc_out = pc;
+            return Err($e);
+        }};
+    }
+    macro_rules! tri {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => fail!(e),
+            }
+        };
+    }
+    loop {
+        // Fields are read through a reference so each arm loads only the
+        // operands it uses.
+        debug_assert!(pc < insns.len());
+        // SAFETY: `pc` is always a valid instruction index: execution starts
+        // at 0 (every function has at least its end sentinel), branch and
+        // resume targets were verified against the instruction count, and
+        // sequential execution cannot step past the `EndOfFunction` sentinel
+        // the verifier appends, which never falls through.
+        let insn = unsafe { insns.get_unchecked(pc) };
+        pc += 1;
+        if COVERAGE {
+            if let Some(cov) = coverage.as_deref_mut() {
+                for c in insn.op.components() {
+                    cov[*c as usize] = true;
+                }
+            }
+        }
+        let r = &insn.r;
+        match insn.op {
+            Op::Block => {}
+            Op::EndOfFunction => {
+                fail!(status!(
+                    Internal,
+                    "execution fell off the end of the function"
+                ));
+            }
+            // ---- globals
+            Op::GlobalLoadI32 | Op::GlobalLoadF32 => {
+                let s = tri!(global_slot(state, insn.a, 4));
+                slot_mut!(regs, r[0]) = state.globals[s].load(Relaxed);
+            }
+            Op::GlobalStoreI32 | Op::GlobalStoreF32 => {
+                let s = tri!(global_slot(state, insn.a, 4));
+                state.globals[s].store(slot!(regs, r[0]), Relaxed);
+            }
+            Op::GlobalLoadIndirectI32 | Op::GlobalLoadIndirectF32 => {
+                let s = tri!(global_slot(state, slot!(regs, r[0]), 4));
+                slot_mut!(regs, r[1]) = state.globals[s].load(Relaxed);
+            }
+            Op::GlobalStoreIndirectI32 | Op::GlobalStoreIndirectF32 => {
+                let s = tri!(global_slot(state, slot!(regs, r[0]), 4));
+                state.globals[s].store(slot!(regs, r[1]), Relaxed);
+            }
+            Op::GlobalLoadI64 | Op::GlobalLoadF64 => {
+                let s = tri!(global_slot(state, insn.a, 8));
+                slot_mut!(regs, r[0]) = state.globals[s].load(Relaxed);
+                regs[r[0] as usize + 1] = state.globals[s + 1].load(Relaxed);
+            }
+            Op::GlobalStoreI64 | Op::GlobalStoreF64 => {
+                let s = tri!(global_slot(state, insn.a, 8));
+                state.globals[s].store(slot!(regs, r[0]), Relaxed);
+                state.globals[s + 1].store(regs[r[0] as usize + 1], Relaxed);
+            }
+            Op::GlobalLoadIndirectI64 | Op::GlobalLoadIndirectF64 => {
+                let s = tri!(global_slot(state, slot!(regs, r[0]), 8));
+                slot_mut!(regs, r[1]) = state.globals[s].load(Relaxed);
+                regs[r[1] as usize + 1] = state.globals[s + 1].load(Relaxed);
+            }
+            Op::GlobalStoreIndirectI64 | Op::GlobalStoreIndirectF64 => {
+                let s = tri!(global_slot(state, slot!(regs, r[0]), 8));
+                state.globals[s].store(slot!(regs, r[1]), Relaxed);
+                state.globals[s + 1].store(regs[r[1] as usize + 1], Relaxed);
+            }
+            Op::GlobalLoadRef => {
+                let g = tri!(ref_global(state, insn.a)).lock().clone();
+                tri!(check_cast(&g, type_at(state, insn.imm)));
+                refs[ref_slot(r[0])] = g;
+            }
+            Op::GlobalStoreRef => {
+                let v = take_ref(refs, r[0]);
+                tri!(check_cast(&v, type_at(state, insn.imm)));
+                *tri!(ref_global(state, insn.a)).lock() = v;
+            }
+            Op::GlobalLoadIndirectRef => {
+                let g = tri!(ref_global(state, slot!(regs, r[0]))).lock().clone();
+                tri!(check_cast(&g, type_at(state, insn.imm)));
+                refs[ref_slot(r[1])] = g;
+            }
+            Op::GlobalStoreIndirectRef => {
+                let v = take_ref(refs, r[1]);
+                tri!(check_cast(&v, type_at(state, insn.imm)));
+                *tri!(ref_global(state, slot!(regs, r[0]))).lock() = v;
+            }
+            // ---- constants
+            Op::ConstI32Zero | Op::ConstF32Zero => slot_mut!(regs, r[0]) = 0,
+            Op::ConstI32 | Op::ConstF32 => slot_mut!(regs, r[0]) = insn.imm as u32,
+            Op::ConstI64Zero | Op::ConstF64Zero => set_i64u!(regs, r[0], 0),
+            Op::ConstI64 | Op::ConstF64 => set_i64u!(regs, r[0], insn.imm as i64),
+            Op::ConstRefZero => refs[ref_slot(r[0])] = None,
+            Op::ConstRefRodata => {
+                refs[ref_slot(r[0])] = Some(state.module.rodata[insn.a as usize].clone())
+            }
+            // ---- lists
+            Op::ListAlloc => {
+                let ty = type_at(state, insn.imm);
+                let l = tri!(VmList::new(ty, slot!(regs, r[0])));
+                refs[ref_slot(r[1])] = Some(Ref::new(l));
+            }
+            Op::ListReserve => tri!(tri!(deref_list(refs, r[0])).reserve(slot!(regs, r[1]))),
+            Op::ListSize => {
+                let n = tri!(deref_list(refs, r[0])).size();
+                slot_mut!(regs, r[1]) = n;
+            }
+            Op::ListResize => tri!(tri!(deref_list(refs, r[0])).resize(slot!(regs, r[1]))),
+            Op::ListGetI32 => {
+                let v = tri!(tri!(deref_list(refs, r[0])).get_i32(slot!(regs, r[1])));
+                w32!(regs, r[2], v);
+            }
+            Op::ListSetI32 => {
+                let v = r32!(regs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_i32(slot!(regs, r[1]), v));
+            }
+            Op::ListGetI64 => {
+                let v = tri!(tri!(deref_list(refs, r[0])).get_i64(slot!(regs, r[1])));
+                set_i64u!(regs, r[2], v);
+            }
+            Op::ListSetI64 => {
+                let v = get_i64u(regs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_i64(slot!(regs, r[1]), v));
+            }
+            Op::ListGetF32 => {
+                let v = tri!(tri!(deref_list(refs, r[0])).get_f32(slot!(regs, r[1])));
+                wf32!(regs, r[2], v);
+            }
+            Op::ListSetF32 => {
+                let v = rf32!(regs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_f32(slot!(regs, r[1]), v));
+            }
+            Op::ListGetF64 => {
+                let v = tri!(tri!(deref_list(refs, r[0])).get_f64(slot!(regs, r[1])));
+                wf64!(regs, r[2], v);
+            }
+            Op::ListSetF64 => {
+                let v = rf64!(regs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_f64(slot!(regs, r[1]), v));
+            }
+            Op::ListGetRef => {
+                let v = tri!(tri!(deref_list(refs, r[0])).get_ref(slot!(regs, r[1])));
+                let ty = type_at(state, insn.imm);
+                // A value of another type reads as null, as upstream's
+                // retain-or-null does.
+                let v = v.filter(|x| ty.accepts_ref(x));
+                refs[ref_slot(r[2])] = v;
+            }
+            Op::ListSetRef => {
+                let v = take_ref(refs, r[2]);
+                tri!(tri!(deref_list(refs, r[0])).set_ref(slot!(regs, r[1]), v));
+            }
+            // ---- select / switch
+            Op::SelectI32 | Op::SelectF32 => {
+                let v = if slot!(regs, r[0]) != 0 {
+                    slot!(regs, r[1])
+                } else {
+                    slot!(regs, r[2])
+                };
+                slot_mut!(regs, r[3]) = v;
+            }
+            Op::SelectI64 | Op::SelectF64 => {
+                let v = if slot!(regs, r[0]) != 0 {
+                    get_i64u(regs, r[1])
+                } else {
+                    get_i64u(regs, r[2])
+                };
+                set_i64u!(regs, r[3], v);
+            }
+            Op::SelectRef => {
+                let (t, f) = (r[1], r[2]);
+                let chosen = if slot!(regs, r[0]) != 0 { t } else { f };
+                let v = take_ref(refs, chosen);
+                // The unchosen operand is released when marked move.
+                let other = if chosen == t { f } else { t };
+                if other & MOVE_BIT != 0 && ref_slot(other) != ref_slot(chosen) {
+                    refs[ref_slot(other)] = None;
+                }
+                refs[ref_slot(r[3])] = v;
+            }
+            Op::SwitchI32 | Op::SwitchF32 => {
+                let idx = r32!(regs, r[0]);
+                let vals = pool_list(pool, insn.pool as usize);
+                let v = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
+                    Some(&reg) => slot!(regs, reg),
+                    None => slot!(regs, r[1]),
+                };
+                slot_mut!(regs, r[2]) = v;
+            }
+            Op::SwitchI64 | Op::SwitchF64 => {
+                let idx = r32!(regs, r[0]);
+                let vals = pool_list(pool, insn.pool as usize);
+                let v = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
+                    Some(&reg) => get_i64u(regs, reg as u16),
+                    None => get_i64u(regs, r[1]),
+                };
+                set_i64u!(regs, r[2], v);
+            }
+            Op::SwitchRef => {
+                let idx = r32!(regs, r[0]);
+                let vals = pool_list(pool, insn.pool as usize);
+                let src = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
+                    Some(&reg) => reg as u16,
+                    None => r[1],
+                };
+                let v = refs[ref_slot(src)].clone();
+                tri!(check_cast(&v, type_at(state, insn.imm)));
+                refs[ref_slot(r[2])] = v;
+            }
+            // ---- i32 arithmetic
+            Op::AddI32 => w32!(regs, r[2], r32!(regs, r[0]).wrapping_add(r32!(regs, r[1]))),
+            Op::SubI32 => w32!(regs, r[2], r32!(regs, r[0]).wrapping_sub(r32!(regs, r[1]))),
+            Op::MulI32 => w32!(regs, r[2], r32!(regs, r[0]).wrapping_mul(r32!(regs, r[1]))),
+            Op::DivI32S => {
+                let b = r32!(regs, r[1]);
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                w32!(regs, r[2], r32!(regs, r[0]).wrapping_div(b));
+            }
+            Op::DivI32U => {
+                let b = slot!(regs, r[1]);
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                slot_mut!(regs, r[2]) = slot!(regs, r[0]) / b;
+            }
+            Op::RemI32S => {
+                let b = r32!(regs, r[1]);
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                w32!(regs, r[2], r32!(regs, r[0]).wrapping_rem(b));
+            }
+            Op::RemI32U => {
+                let b = slot!(regs, r[1]);
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                slot_mut!(regs, r[2]) = slot!(regs, r[0]) % b;
+            }
+            Op::FMAI32 => w32!(
+                regs,
+                r[3],
+                r32!(regs, r[0])
+                    .wrapping_mul(r32!(regs, r[1]))
+                    .wrapping_add(r32!(regs, r[2]))
+            ),
+            Op::AbsI32 => w32!(regs, r[1], r32!(regs, r[0]).wrapping_abs()),
+            Op::MinI32S => w32!(regs, r[2], r32!(regs, r[0]).min(r32!(regs, r[1]))),
+            Op::MinI32U => slot_mut!(regs, r[2]) = slot!(regs, r[0]).min(slot!(regs, r[1])),
+            Op::MaxI32S => w32!(regs, r[2], r32!(regs, r[0]).max(r32!(regs, r[1]))),
+            Op::MaxI32U => slot_mut!(regs, r[2]) = slot!(regs, r[0]).max(slot!(regs, r[1])),
+            Op::NotI32 => slot_mut!(regs, r[1]) = !slot!(regs, r[0]),
+            Op::AndI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) & slot!(regs, r[1]),
+            Op::OrI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) | slot!(regs, r[1]),
+            Op::XorI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) ^ slot!(regs, r[1]),
+            Op::CtlzI32 => slot_mut!(regs, r[1]) = slot!(regs, r[0]).leading_zeros(),
+            // ---- i64 arithmetic
+            Op::AddI64 => set_i64(
+                regs,
+                r[2],
+                get_i64u(regs, r[0]).wrapping_add(get_i64u(regs, r[1])),
+            ),
+            Op::SubI64 => set_i64(
+                regs,
+                r[2],
+                get_i64u(regs, r[0]).wrapping_sub(get_i64u(regs, r[1])),
+            ),
+            Op::MulI64 => set_i64(
+                regs,
+                r[2],
+                get_i64u(regs, r[0]).wrapping_mul(get_i64u(regs, r[1])),
+            ),
+            Op::DivI64S => {
+                let b = get_i64u(regs, r[1]);
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                set_i64u!(regs, r[2], get_i64u(regs, r[0]).wrapping_div(b));
+            }
+            Op::DivI64U => {
+                let b = get_i64u(regs, r[1]) as u64;
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                set_i64u!(regs, r[2], ((get_i64u(regs, r[0]) as u64) / b) as i64);
+            }
+            Op::RemI64S => {
+                let b = get_i64u(regs, r[1]);
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                set_i64u!(regs, r[2], get_i64u(regs, r[0]).wrapping_rem(b));
+            }
+            Op::RemI64U => {
+                let b = get_i64u(regs, r[1]) as u64;
+                if b == 0 {
+                    fail!(div_zero(insn.op));
+                }
+                set_i64u!(regs, r[2], ((get_i64u(regs, r[0]) as u64) % b) as i64);
+            }
+            Op::FMAI64 => set_i64(
+                regs,
+                r[3],
+                get_i64u(regs, r[0])
+                    .wrapping_mul(get_i64u(regs, r[1]))
+                    .wrapping_add(get_i64u(regs, r[2])),
+            ),
+            Op::AbsI64 => set_i64u!(regs, r[1], get_i64u(regs, r[0]).wrapping_abs()),
+            Op::MinI64S => {
+                set_i64u!(regs, r[2], get_i64u(regs, r[0]).min(get_i64u(regs, r[1])))
+            }
+            Op::MinI64U => set_i64(
+                regs,
+                r[2],
+                (get_i64u(regs, r[0]) as u64).min(get_i64u(regs, r[1]) as u64) as i64,
+            ),
+            Op::MaxI64S => {
+                set_i64u!(regs, r[2], get_i64u(regs, r[0]).max(get_i64u(regs, r[1])))
+            }
+            Op::MaxI64U => set_i64(
+                regs,
+                r[2],
+                (get_i64u(regs, r[0]) as u64).max(get_i64u(regs, r[1]) as u64) as i64,
+            ),
+            Op::NotI64 => set_i64u!(regs, r[1], !get_i64u(regs, r[0])),
+            Op::AndI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) & get_i64u(regs, r[1])),
+            Op::OrI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) | get_i64u(regs, r[1])),
+            Op::XorI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) ^ get_i64u(regs, r[1])),
+            Op::CtlzI64 => set_i64(
+                regs,
+                r[1],
+                (get_i64u(regs, r[0]) as u64).leading_zeros() as i64,
+            ),
+            // ---- shifts
+            Op::ShlI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) << (slot!(regs, r[1]) & 31),
+            Op::ShrI32S => w32!(regs, r[2], r32!(regs, r[0]) >> (slot!(regs, r[1]) & 31)),
+            Op::ShrI32U => slot_mut!(regs, r[2]) = slot!(regs, r[0]) >> (slot!(regs, r[1]) & 31),
+            Op::ShlI64 => set_i64(regs, r[2], get_i64u(regs, r[0]) << (slot!(regs, r[1]) & 63)),
+            Op::ShrI64S => set_i64(regs, r[2], get_i64u(regs, r[0]) >> (slot!(regs, r[1]) & 63)),
+            Op::ShrI64U => set_i64(
+                regs,
+                r[2],
+                ((get_i64u(regs, r[0]) as u64) >> (slot!(regs, r[1]) & 63)) as i64,
+            ),
+            // ---- casting / conversion
+            Op::TruncI32I8 => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u8 as u32,
+            Op::TruncI32I16 => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u16 as u32,
+            Op::TruncI64I32 => slot_mut!(regs, r[1]) = get_i64u(regs, r[0]) as u32,
+            Op::ExtI8I32S => w32!(regs, r[1], slot!(regs, r[0]) as u8 as i8 as i32),
+            Op::ExtI8I32U => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u8 as u32,
+            Op::ExtI16I32S => w32!(regs, r[1], slot!(regs, r[0]) as u16 as i16 as i32),
+            Op::ExtI16I32U => slot_mut!(regs, r[1]) = slot!(regs, r[0]) as u16 as u32,
+            Op::ExtI32I64S => set_i64u!(regs, r[1], r32!(regs, r[0]) as i64),
+            Op::ExtI32I64U => set_i64u!(regs, r[1], slot!(regs, r[0]) as i64),
+            // ---- comparisons
+            Op::CmpEQI32 => w32!(regs, r[2], slot!(regs, r[0]) == slot!(regs, r[1])),
+            Op::CmpNEI32 => w32!(regs, r[2], slot!(regs, r[0]) != slot!(regs, r[1])),
+            Op::CmpLTI32S => w32!(regs, r[2], r32!(regs, r[0]) < r32!(regs, r[1])),
+            Op::CmpLTI32U => w32!(regs, r[2], slot!(regs, r[0]) < slot!(regs, r[1])),
+            Op::CmpNZI32 => w32!(regs, r[1], slot!(regs, r[0]) != 0),
+            Op::CmpEQI64 => w32!(regs, r[2], get_i64u(regs, r[0]) == get_i64u(regs, r[1])),
+            Op::CmpNEI64 => w32!(regs, r[2], get_i64u(regs, r[0]) != get_i64u(regs, r[1])),
+            Op::CmpLTI64S => w32!(regs, r[2], get_i64u(regs, r[0]) < get_i64u(regs, r[1])),
+            Op::CmpLTI64U => w32!(
+                regs,
+                r[2],
+                (get_i64u(regs, r[0]) as u64) < (get_i64u(regs, r[1]) as u64)
+            ),
+            Op::CmpNZI64 => w32!(regs, r[1], get_i64u(regs, r[0]) != 0),
+            Op::CmpEQRef => {
+                let eq = refs[ref_slot(r[0])] == refs[ref_slot(r[1])];
+                release_moved(refs, &[r[0], r[1]]);
+                w32!(regs, r[2], eq);
+            }
+            Op::CmpNERef => {
+                let ne = refs[ref_slot(r[0])] != refs[ref_slot(r[1])];
+                release_moved(refs, &[r[0], r[1]]);
+                w32!(regs, r[2], ne);
+            }
+            Op::CmpNZRef => {
+                let nz = refs[ref_slot(r[0])].is_some();
+                release_moved(refs, &[r[0]]);
+                w32!(regs, r[1], nz);
+            }
+            // ---- control flow
+            Op::DirectBranch => pc = insn.a as usize,
+            Op::PrimitiveRemapBranch => {
+                let list = insn.pool as usize + 1;
+                let n = pool[list] as usize;
+                for pair in pool[list + 1..list + 1 + 2 * n].chunks_exact(2) {
+                    let v = slot!(regs, pair[0]);
+                    slot_mut!(regs, pair[1]) = v;
+                }
+                pc = insn.a as usize;
+            }
+            Op::DirectCondBranch => {
+                pc = if slot!(regs, r[0]) != 0 {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpEQI32CondBranch => {
+                let c = slot!(regs, r[0]) == slot!(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpNEI32CondBranch => {
+                let c = slot!(regs, r[0]) != slot!(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpLTI32SCondBranch => {
+                let c = (slot!(regs, r[0]) as i32) < (slot!(regs, r[1]) as i32);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpLTI32UCondBranch => {
+                let c = slot!(regs, r[0]) < slot!(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpNZI32CondBranch => {
+                let c = slot!(regs, r[0]) != 0;
+                slot_mut!(regs, r[1]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpEQI64CondBranch => {
+                let c = get_i64u(regs, r[0]) == get_i64u(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpNEI64CondBranch => {
+                let c = get_i64u(regs, r[0]) != get_i64u(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpLTI64SCondBranch => {
+                let c = get_i64u(regs, r[0]) < get_i64u(regs, r[1]);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpLTI64UCondBranch => {
+                let c = (get_i64u(regs, r[0]) as u64) < (get_i64u(regs, r[1]) as u64);
+                slot_mut!(regs, r[2]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::FusedCmpNZI64CondBranch => {
+                let c = get_i64u(regs, r[0]) != 0;
+                slot_mut!(regs, r[1]) = c as u32;
+                pc = if c {
+                    insn.a as usize
+                } else {
+                    insn.imm as usize
+                };
+            }
+            Op::Branch => pc = branch(regs, refs, pool, insn.pool as usize),
+            Op::CondBranch => {
+                let p = insn.pool as usize;
+                if slot!(regs, r[0]) != 0 {
+                    pc = branch(regs, refs, pool, p);
+                } else {
+                    let f = skip_remap(pool, p + 1);
+                    pc = branch(regs, refs, pool, f);
+                }
+            }
+            Op::BranchTable => {
+                let p = insn.pool as usize;
+                let idx = r32!(regs, r[0]);
+                let default_end = skip_remap(pool, p + 1);
+                let size = pool[default_end] as i64;
+                if idx < 0 || idx as i64 >= size {
+                    pc = branch(regs, refs, pool, p);
+                } else {
+                    let mut at = default_end + 1;
+                    for _ in 0..idx {
+                        at = skip_remap(pool, at + 1);
+                    }
+                    pc = branch(regs, refs, pool, at);
+                }
+            }
+            Op::Call | Op::CallYieldable => {
+                let p = insn.pool as usize;
+                let nargs = pool[p] as usize;
+                let (resume, results) = if insn.op == Op::CallYieldable {
+                    (pool[p + 1 + nargs] as usize, p + 2 + nargs)
+                } else {
+                    (pc, p + 1 + nargs)
+                };
+                if insn.a & IMPORT_BIT != 0 {
+                    *pc_out = pc;
+                    return Ok(Flow::Exit(Action::CallImport {
+                        import: insn.a & !IMPORT_BIT,
+                        segments: None,
+                        args: p,
+                        results,
+                        resume,
+                    }));
+                }
+                *pc_out = pc;
+                return Ok(Flow::Call {
+                    callee: insn.a as usize,
+                    args: p,
+                    results,
+                    resume,
+                });
+            }
+            Op::CallVariadic | Op::CallVariadicYieldable => {
+                let p = insn.pool as usize;
+                let args = p + 1 + pool[p] as usize;
+                let after_args = args + 1 + pool[args] as usize;
+                let (resume, results) = if insn.op == Op::CallVariadicYieldable {
+                    (pool[after_args] as usize, after_args + 1)
+                } else {
+                    (pc, after_args)
+                };
+                *pc_out = pc;
+                return Ok(Flow::Exit(Action::CallImport {
+                    import: insn.a & !IMPORT_BIT,
+                    segments: Some(p),
+                    args,
+                    results,
+                    resume,
+                }));
+            }
+            Op::Return => {
+                *pc_out = pc;
+                return Ok(Flow::Return {
+                    list: insn.pool as usize,
+                });
+            }
+            Op::Fail => {
+                let code = r32!(regs, r[0]);
+                tri!(check_fail(code, &state.module.strings[insn.a as usize]));
+            }
+            Op::ImportResolved => {
+                let resolved = state.import_resolved(insn.a & !IMPORT_BIT);
+                w32!(regs, r[0], resolved);
+            }
+            Op::Yield => {
+                pc = branch(regs, refs, pool, insn.pool as usize);
+                *pc_out = pc;
+                return Ok(Flow::Exit(Action::Yield));
+            }
+            Op::Trace | Op::Print => {
+                let list = pool_list(pool, insn.pool as usize);
+                for &reg in list {
+                    let reg = reg as u16;
+                    if reg & (REF_BIT | MOVE_BIT) == REF_BIT | MOVE_BIT {
+                        refs[ref_slot(reg)] = None;
+                    }
+                }
+            }
+            Op::CondBreak => {
+                // Debugger breaks are not supported; execution continues.
+                pc = branch(regs, refs, pool, insn.pool as usize);
+            }
+            Op::Break => pc = branch(regs, refs, pool, insn.pool as usize),
+            // ---- buffers
+            Op::BufferLoadI8U => {
+                let off = get_i64u(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i8u(off));
+                w32!(regs, r[2], v);
+            }
+            Op::BufferLoadI8S => {
+                let off = get_i64u(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i8s(off));
+                w32!(regs, r[2], v);
+            }
+            Op::BufferLoadI16U => {
+                let off = get_i64u(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i16u(off));
+                w32!(regs, r[2], v);
+            }
+            Op::BufferLoadI16S => {
+                let off = get_i64u(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i16s(off));
+                w32!(regs, r[2], v);
+            }
+            Op::BufferLoadI32 => {
+                let off = get_i64u(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i32(off));
+                w32!(regs, r[2], v);
+            }
+            Op::BufferLoadI64 => {
+                let off = get_i64u(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i64(off));
+                set_i64u!(regs, r[2], v);
+            }
+            Op::BufferLoadF32 => {
+                let off = get_i64u(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_f32(off));
+                wf32!(regs, r[2], v);
+            }
+            Op::BufferLoadF64 => {
+                let off = get_i64u(regs, r[1]) as u64;
+                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_f64(off));
+                wf64!(regs, r[2], v);
+            }
+            Op::BufferStoreI8 => {
+                let off = get_i64u(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_i8(off, slot!(regs, r[2]) as i32));
+            }
+            Op::BufferStoreI16 => {
+                let off = get_i64u(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_i16(off, slot!(regs, r[2]) as i32));
+            }
+            Op::BufferStoreI32 => {
+                let off = get_i64u(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_i32(off, slot!(regs, r[2]) as i32));
+            }
+            Op::BufferStoreI64 => {
+                let off = get_i64u(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_i64(off, get_i64u(regs, r[2])));
+            }
+            Op::BufferStoreF32 => {
+                let off = get_i64u(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_f32(off, rf32!(regs, r[2])));
+            }
+            Op::BufferStoreF64 => {
+                let off = get_i64u(regs, r[1]) as u64;
+                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
+                    .store_f64(off, rf64!(regs, r[2])));
+            }
+            Op::BufferAlloc => {
+                let len = get_i64u(regs, r[0]) as u64;
+                let b = tri!(VmBuffer::new(len, slot!(regs, r[1])));
+                refs[ref_slot(r[2])] = Some(Ref::new(b));
+            }
+            Op::BufferClone => {
+                let (off, len) = (get_i64u(regs, r[1]) as u64, get_i64u(regs, r[2]) as u64);
+                let b = tri!(tri!(deref_buffer(refs, r[0], "source")).clone_range(
+                    off,
+                    len,
+                    slot!(regs, r[3])
+                ));
+                refs[ref_slot(r[4])] = Some(Ref::new(b));
+            }
+            Op::BufferLength => {
+                let n = tri!(deref_buffer(refs, r[0], "buffer")).len();
+                set_i64u!(regs, r[1], n as i64);
+            }
+            Op::BufferCopy => {
+                let src = tri!(deref_buffer(refs, r[0], "source_buffer"));
+                let dst = tri!(deref_buffer(refs, r[2], "target_buffer"));
+                tri!(VmBuffer::copy(
+                    src,
+                    get_i64u(regs, r[1]) as u64,
+                    dst,
+                    get_i64u(regs, r[3]) as u64,
+                    get_i64u(regs, r[4]) as u64
+                ));
+            }
+            Op::BufferCompare => {
+                let a = tri!(deref_buffer(refs, r[0], "lhs_buffer"));
+                let b = tri!(deref_buffer(refs, r[2], "rhs_buffer"));
+                let eq = tri!(VmBuffer::compare(
+                    a,
+                    get_i64u(regs, r[1]) as u64,
+                    b,
+                    get_i64u(regs, r[3]) as u64,
+                    get_i64u(regs, r[4]) as u64
+                ));
+                w32!(regs, r[5], eq);
+            }
+            Op::BufferFillI8 | Op::BufferFillI16 | Op::BufferFillI32 => {
+                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+                let (off, len, v) = (
+                    get_i64u(regs, r[1]) as u64,
+                    get_i64u(regs, r[2]) as u64,
+                    r32!(regs, r[3]),
+                );
+                tri!(match insn.op {
+                    Op::BufferFillI8 => b.fill_i8(off, len, v),
+                    Op::BufferFillI16 => b.fill_i16(off, len, v),
+                    _ => b.fill_i32(off, len, v),
+                });
+            }
+            Op::BufferFillI64 => {
+                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+                tri!(b.fill_i64(
+                    get_i64u(regs, r[1]) as u64,
+                    get_i64u(regs, r[2]) as u64,
+                    get_i64u(regs, r[3])
+                ));
+            }
+            Op::BufferFillF32 => {
+                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+                tri!(b.fill_f32(
+                    get_i64u(regs, r[1]) as u64,
+                    get_i64u(regs, r[2]) as u64,
+                    rf32!(regs, r[3])
+                ));
+            }
+            Op::BufferFillF64 => {
+                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+                tri!(b.fill_f64(
+                    get_i64u(regs, r[1]) as u64,
+                    get_i64u(regs, r[2]) as u64,
+                    rf64!(regs, r[3])
+                ));
+            }
+            Op::BufferHash => {
+                let b = tri!(deref_buffer(refs, r[0], "source_buffer"));
+                let h = tri!(b.hash(get_i64u(regs, r[1]) as u64, get_i64u(regs, r[2]) as u64));
+                set_i64u!(regs, r[3], h);
+            }
+            // ---- refs
+            Op::CastAnyRef => {
+                let v = take_ref(refs, r[0]);
+                tri!(check_cast(&v, type_at(state, insn.imm)));
+                refs[ref_slot(r[1])] = v;
+            }
+            Op::DiscardRefs => {
+                for &reg in pool_list(pool, insn.pool as usize) {
+                    let reg = reg as u16;
+                    if reg & REF_BIT != 0 {
+                        refs[ref_slot(reg)] = None;
+                    }
+                }
+            }
+            Op::AssignRef => {
+                let v = take_ref(refs, r[0]);
+                refs[ref_slot(r[1])] = v;
+            }
+            // ---- f32
+            Op::AddF32 => wf32!(regs, r[2], rf32!(regs, r[0]) + rf32!(regs, r[1])),
+            Op::SubF32 => wf32!(regs, r[2], rf32!(regs, r[0]) - rf32!(regs, r[1])),
+            Op::MulF32 => wf32!(regs, r[2], rf32!(regs, r[0]) * rf32!(regs, r[1])),
+            Op::DivF32 => wf32!(regs, r[2], rf32!(regs, r[0]) / rf32!(regs, r[1])),
+            Op::RemF32 => wf32!(
+                regs,
+                r[2],
+                ieee_rem_f32(rf32!(regs, r[0]), rf32!(regs, r[1]))
+            ),
+            Op::FMAF32 => wf32!(
+                regs,
+                r[3],
+                rf32!(regs, r[0]) * rf32!(regs, r[1]) + rf32!(regs, r[2])
+            ),
+            Op::AbsF32 => wf32!(regs, r[1], rf32!(regs, r[0]).abs()),
+            Op::NegF32 => wf32!(regs, r[1], -rf32!(regs, r[0])),
+            Op::CeilF32 => wf32!(regs, r[1], rf32!(regs, r[0]).ceil()),
+            Op::FloorF32 => wf32!(regs, r[1], rf32!(regs, r[0]).floor()),
+            Op::RoundF32 => wf32!(regs, r[1], rf32!(regs, r[0]).round()),
+            Op::RoundF32Even => wf32!(regs, r[1], round_even_f32(rf32!(regs, r[0]))),
+            Op::MinF32 => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                wf32!(regs, r[2], if b < a { b } else { a });
+            }
+            Op::MaxF32 => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                wf32!(regs, r[2], if a < b { b } else { a });
+            }
+            Op::AtanF32 => wf32!(regs, r[1], rf32!(regs, r[0]).atan()),
+            Op::Atan2F32 => wf32!(regs, r[2], rf32!(regs, r[0]).atan2(rf32!(regs, r[1]))),
+            Op::CosF32 => wf32!(regs, r[1], rf32!(regs, r[0]).cos()),
+            Op::SinF32 => wf32!(regs, r[1], rf32!(regs, r[0]).sin()),
+            Op::ExpF32 => wf32!(regs, r[1], rf32!(regs, r[0]).exp()),
+            Op::Exp2F32 => wf32!(regs, r[1], rf32!(regs, r[0]).exp2()),
+            Op::ExpM1F32 => wf32!(regs, r[1], rf32!(regs, r[0]).exp_m1()),
+            Op::LogF32 => wf32!(regs, r[1], rf32!(regs, r[0]).ln()),
+            Op::Log10F32 => wf32!(regs, r[1], rf32!(regs, r[0]).log10()),
+            Op::Log1pF32 => wf32!(regs, r[1], rf32!(regs, r[0]).ln_1p()),
+            Op::Log2F32 => wf32!(regs, r[1], rf32!(regs, r[0]).log2()),
+            Op::PowF32 => wf32!(regs, r[2], rf32!(regs, r[0]).powf(rf32!(regs, r[1]))),
+            Op::RsqrtF32 => wf32!(regs, r[1], 1.0 / rf32!(regs, r[0]).sqrt()),
+            Op::SqrtF32 => wf32!(regs, r[1], rf32!(regs, r[0]).sqrt()),
+            Op::TanhF32 => wf32!(regs, r[1], rf32!(regs, r[0]).tanh()),
+            Op::ErfF32 => wf32!(regs, r[1], super::cmath::erff(rf32!(regs, r[0]))),
+            Op::CastSI32F32 => wf32!(regs, r[1], r32!(regs, r[0]) as f32),
+            Op::CastUI32F32 => wf32!(regs, r[1], slot!(regs, r[0]) as f32),
+            Op::CastSI64F32 => wf32!(regs, r[1], get_i64u(regs, r[0]) as f32),
+            Op::CastUI64F32 => wf32!(regs, r[1], get_i64u(regs, r[0]) as u64 as f32),
+            Op::CastF32SI32 => w32!(regs, r[1], rf32!(regs, r[0]).round() as i64 as i32),
+            Op::CastF32UI32 => w32!(regs, r[1], rf32!(regs, r[0]).round() as i64 as u32),
+            Op::CastF32SI64 => set_i64u!(regs, r[1], rf32!(regs, r[0]).round() as i64),
+            Op::CastF32UI64 => set_i64u!(regs, r[1], rf32!(regs, r[0]).round() as u64 as i64),
+            Op::BitcastI32F32 | Op::BitcastF32I32 => slot_mut!(regs, r[1]) = slot!(regs, r[0]),
+            Op::CmpEQF32O => w32!(regs, r[2], rf32!(regs, r[0]) == rf32!(regs, r[1])),
+            Op::CmpEQF32U => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a == b);
+            }
+            Op::CmpNEF32O => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                // C's `!=` is true for unordered operands too.
+                w32!(regs, r[2], a != b);
+            }
+            Op::CmpNEF32U => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a != b);
+            }
+            Op::CmpLTF32O => w32!(regs, r[2], rf32!(regs, r[0]) < rf32!(regs, r[1])),
+            Op::CmpLTF32U => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a < b);
+            }
+            Op::CmpLTEF32O => w32!(regs, r[2], rf32!(regs, r[0]) <= rf32!(regs, r[1])),
+            Op::CmpLTEF32U => {
+                let (a, b) = (rf32!(regs, r[0]), rf32!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a <= b);
+            }
+            Op::CmpNaNF32 => w32!(regs, r[1], rf32!(regs, r[0]).is_nan()),
+            // ---- f64
+            Op::AddF64 => wf64!(regs, r[2], rf64!(regs, r[0]) + rf64!(regs, r[1])),
+            Op::SubF64 => wf64!(regs, r[2], rf64!(regs, r[0]) - rf64!(regs, r[1])),
+            Op::MulF64 => wf64!(regs, r[2], rf64!(regs, r[0]) * rf64!(regs, r[1])),
+            Op::DivF64 => wf64!(regs, r[2], rf64!(regs, r[0]) / rf64!(regs, r[1])),
+            Op::RemF64 => wf64!(
+                regs,
+                r[2],
+                ieee_rem_f64(rf64!(regs, r[0]), rf64!(regs, r[1]))
+            ),
+            Op::FMAF64 => wf64!(
+                regs,
+                r[3],
+                rf64!(regs, r[0]) * rf64!(regs, r[1]) + rf64!(regs, r[2])
+            ),
+            Op::AbsF64 => wf64!(regs, r[1], rf64!(regs, r[0]).abs()),
+            Op::NegF64 => wf64!(regs, r[1], -rf64!(regs, r[0])),
+            Op::CeilF64 => wf64!(regs, r[1], rf64!(regs, r[0]).ceil()),
+            Op::FloorF64 => wf64!(regs, r[1], rf64!(regs, r[0]).floor()),
+            Op::RoundF64 => wf64!(regs, r[1], rf64!(regs, r[0]).round()),
+            Op::RoundF64Even => wf64!(regs, r[1], rf64!(regs, r[0]).round_ties_even()),
+            Op::MinF64 => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                wf64!(regs, r[2], if b < a { b } else { a });
+            }
+            Op::MaxF64 => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                wf64!(regs, r[2], if a < b { b } else { a });
+            }
+            Op::AtanF64 => wf64!(regs, r[1], rf64!(regs, r[0]).atan()),
+            Op::Atan2F64 => wf64!(regs, r[2], rf64!(regs, r[0]).atan2(rf64!(regs, r[1]))),
+            Op::CosF64 => wf64!(regs, r[1], rf64!(regs, r[0]).cos()),
+            Op::SinF64 => wf64!(regs, r[1], rf64!(regs, r[0]).sin()),
+            Op::ExpF64 => wf64!(regs, r[1], rf64!(regs, r[0]).exp()),
+            Op::Exp2F64 => wf64!(regs, r[1], rf64!(regs, r[0]).exp2()),
+            Op::ExpM1F64 => wf64!(regs, r[1], rf64!(regs, r[0]).exp_m1()),
+            Op::LogF64 => wf64!(regs, r[1], rf64!(regs, r[0]).ln()),
+            Op::Log10F64 => wf64!(regs, r[1], rf64!(regs, r[0]).log10()),
+            Op::Log1pF64 => wf64!(regs, r[1], rf64!(regs, r[0]).ln_1p()),
+            Op::Log2F64 => wf64!(regs, r[1], rf64!(regs, r[0]).log2()),
+            Op::PowF64 => wf64!(regs, r[2], rf64!(regs, r[0]).powf(rf64!(regs, r[1]))),
+            Op::RsqrtF64 => wf64!(regs, r[1], 1.0 / rf64!(regs, r[0]).sqrt()),
+            Op::SqrtF64 => wf64!(regs, r[1], rf64!(regs, r[0]).sqrt()),
+            Op::TanhF64 => wf64!(regs, r[1], rf64!(regs, r[0]).tanh()),
+            Op::ErfF64 => wf64!(regs, r[1], super::cmath::erf(rf64!(regs, r[0]))),
+            Op::TruncF64F32 => wf32!(regs, r[1], rf64!(regs, r[0]) as f32),
+            Op::ExtF32F64 => wf64!(regs, r[1], rf32!(regs, r[0]) as f64),
+            Op::CastSI32F64 => wf64!(regs, r[1], r32!(regs, r[0]) as f64),
+            Op::CastUI32F64 => wf64!(regs, r[1], slot!(regs, r[0]) as f64),
+            // Upstream rounds these through float (`lroundf`).
+            Op::CastF64SI32 => {
+                w32!(regs, r[1], (rf64!(regs, r[0]) as f32).round() as i64 as i32)
+            }
+            Op::CastF64UI32 => {
+                w32!(regs, r[1], (rf64!(regs, r[0]) as f32).round() as i64 as u32)
+            }
+            Op::CastSI64F64 => wf64!(regs, r[1], get_i64u(regs, r[0]) as f64),
+            Op::CastUI64F64 => wf64!(regs, r[1], get_i64u(regs, r[0]) as u64 as f64),
+            Op::CastF64SI64 => set_i64u!(regs, r[1], rf64!(regs, r[0]).round() as i64),
+            Op::CastF64UI64 => set_i64u!(regs, r[1], rf64!(regs, r[0]).round() as i64),
+            Op::BitcastI64F64 | Op::BitcastF64I64 => {
+                set_i64u!(regs, r[1], get_i64u(regs, r[0]))
+            }
+            Op::CmpEQF64O => w32!(regs, r[2], rf64!(regs, r[0]) == rf64!(regs, r[1])),
+            Op::CmpEQF64U => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a == b);
+            }
+            Op::CmpNEF64O => w32!(regs, r[2], rf64!(regs, r[0]) != rf64!(regs, r[1])),
+            Op::CmpNEF64U => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a != b);
+            }
+            Op::CmpLTF64O => w32!(regs, r[2], rf64!(regs, r[0]) < rf64!(regs, r[1])),
+            Op::CmpLTF64U => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a < b);
+            }
+            Op::CmpLTEF64O => w32!(regs, r[2], rf64!(regs, r[0]) <= rf64!(regs, r[1])),
+            Op::CmpLTEF64U => {
+                let (a, b) = (rf64!(regs, r[0]), rf64!(regs, r[1]));
+                w32!(regs, r[2], a.is_nan() || b.is_nan() || a <= b);
+            }
+            Op::CmpNaNF64 => w32!(regs, r[1], rf64!(regs, r[0]).is_nan()),
+        }
+    }
+}
+
+/// Pushes the frame of internal function `callee` called from the current
+/// frame, copying the arguments listed at pool index `args`.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn enter_call(
+    module: &BytecodeModule,
+    stack: &mut Stack,
+    cur: &mut Cursor,
+    callee: usize,
+    args: usize,
+    results: usize,
+    resume: usize,
+    pc: usize,
+) -> Result<()> {
+    if stack.frames.len() >= stack.max_depth {
+        bail!(
+            ResourceExhausted,
+            "stack overflow: call depth would exceed the limit of {} frames",
+            stack.max_depth
+        );
+    }
+    if let Some(Frame::Bytecode(f)) = stack.frames.last_mut() {
+        f.pc = resume as u32;
+        f.current = (pc - 1) as u32;
+        f.pending_results = results as u32;
+    }
+    let func = &module.functions[cur.function];
+    let (ib, rb) = (cur.i32_base, cur.ref_base);
+    let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
+    let callee_fn = &module.functions[callee];
+    let (cib, crb) = (stack.i32_top, stack.ref_top);
+    stack.i32_top += callee_fn.i32_count as usize;
+    stack.ref_top += callee_fn.ref_count as usize;
+    if stack.i32_regs.len() < stack.i32_top {
+        stack.i32_regs.resize(stack.i32_top, 0);
+    }
+    if stack.ref_regs.len() < stack.ref_top {
+        stack.ref_regs.resize(stack.ref_top, None);
+    }
+    let (caller_regs, callee_regs) = stack.i32_regs.split_at_mut(cib);
+    let (caller_refs, callee_refs) = stack.ref_regs.split_at_mut(crb);
+    copy_args(
+        &caller_regs[ib..ib + ic],
+        &mut caller_refs[rb..rb + rc],
+        callee_regs,
+        callee_refs,
+        pool_list(&func.pool, args),
+        &callee_fn.cconv.args,
+    );
+    stack.frames.push(Frame::Bytecode(BytecodeFrame {
+        state: None,
+        function: callee as u32,
+        pc: 0,
+        current: 0,
+        i32_base: cib as u32,
+        ref_base: crb as u32,
+        pending_results: u32::MAX,
+        external: false,
+    }));
+    *cur = Cursor {
+        function: callee,
+        pc: 0,
+        i32_base: cib,
+        ref_base: crb,
+    };
+    Ok(())
+}
+
+/// Returns from an internally-called frame into its caller, copying the
+/// results listed at pool index `list`. False when the frame was entered
+/// from outside the module (the caller then hands results to `run`).
+#[inline(never)]
+fn leave_call(module: &BytecodeModule, stack: &mut Stack, cur: &mut Cursor, list: usize) -> bool {
+    let n = stack.frames.len();
+    let internal = matches!(stack.frames.last(), Some(Frame::Bytecode(f)) if !f.external);
+    let caller = if internal {
+        stack.frames.get(n.wrapping_sub(2))
+    } else {
+        None
+    };
+    let Some(Frame::Bytecode(caller)) = caller else {
+        return false;
+    };
+    let func = &module.functions[cur.function];
+    let (ib, rb) = (cur.i32_base, cur.ref_base);
+    let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
+    let caller_fn = &module.functions[caller.function as usize];
+    let dst = pool_list(&caller_fn.pool, caller.pending_results as usize);
+    let (cib, crb) = (caller.i32_base as usize, caller.ref_base as usize);
+    let (cic, crc) = (caller_fn.i32_count as usize, caller_fn.ref_count as usize);
+    let next = Cursor {
+        function: caller.function as usize,
+        pc: caller.pc as usize,
+        i32_base: cib,
+        ref_base: crb,
+    };
+    let (lo_regs, hi_regs) = stack.i32_regs.split_at_mut(ib);
+    let (lo_refs, hi_refs) = stack.ref_regs.split_at_mut(rb);
+    copy_results(
+        &hi_regs[..ic],
+        &mut hi_refs[..rc],
+        &mut lo_regs[cib..cib + cic],
+        &mut lo_refs[crb..crb + crc],
+        pool_list(&func.pool, list),
+        dst,
+        &func.cconv.results,
+    );
+    let top = stack.ref_top;
+    for r in &mut stack.ref_regs[rb..top] {
+        if r.is_some() {
+            *r = None;
+        }
+    }
+    stack.i32_top = ib;
+    stack.ref_top = rb;
+    stack.frames.pop();
+    if let Some(Frame::Bytecode(f)) = stack.frames.last_mut() {
+        f.pending_results = u32::MAX;
+    }
+    *cur = next;
+    true
 }
 
 fn release_moved(refs: &mut [Option<Ref>], regs: &[u16]) {
