@@ -632,7 +632,7 @@ fn get_i64u(regs: &[u32], r: u16) -> i64 {
 
 /// Stores an i64 into two slots, evaluating the value first.
 macro_rules! set_i64u {
-    ($regs:expr, $r:expr, $v:expr) => {{
+    ($regs:expr, $r:expr, $v:expr $(,)?) => {{
         let v: i64 = $v;
         set_i64u_fn($regs, $r, v)
     }};
@@ -1029,17 +1029,17 @@ fn dispatch<const COVERAGE: bool>(
             Op::XorI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) ^ slot!(regs, r[1]),
             Op::CtlzI32 => slot_mut!(regs, r[1]) = slot!(regs, r[0]).leading_zeros(),
             // ---- i64 arithmetic
-            Op::AddI64 => set_i64(
+            Op::AddI64 => set_i64u!(
                 regs,
                 r[2],
                 get_i64u(regs, r[0]).wrapping_add(get_i64u(regs, r[1])),
             ),
-            Op::SubI64 => set_i64(
+            Op::SubI64 => set_i64u!(
                 regs,
                 r[2],
                 get_i64u(regs, r[0]).wrapping_sub(get_i64u(regs, r[1])),
             ),
-            Op::MulI64 => set_i64(
+            Op::MulI64 => set_i64u!(
                 regs,
                 r[2],
                 get_i64u(regs, r[0]).wrapping_mul(get_i64u(regs, r[1])),
@@ -1072,7 +1072,7 @@ fn dispatch<const COVERAGE: bool>(
                 }
                 set_i64u!(regs, r[2], ((get_i64u(regs, r[0]) as u64) % b) as i64);
             }
-            Op::FMAI64 => set_i64(
+            Op::FMAI64 => set_i64u!(
                 regs,
                 r[3],
                 get_i64u(regs, r[0])
@@ -1083,7 +1083,7 @@ fn dispatch<const COVERAGE: bool>(
             Op::MinI64S => {
                 set_i64u!(regs, r[2], get_i64u(regs, r[0]).min(get_i64u(regs, r[1])))
             }
-            Op::MinI64U => set_i64(
+            Op::MinI64U => set_i64u!(
                 regs,
                 r[2],
                 (get_i64u(regs, r[0]) as u64).min(get_i64u(regs, r[1]) as u64) as i64,
@@ -1091,7 +1091,7 @@ fn dispatch<const COVERAGE: bool>(
             Op::MaxI64S => {
                 set_i64u!(regs, r[2], get_i64u(regs, r[0]).max(get_i64u(regs, r[1])))
             }
-            Op::MaxI64U => set_i64(
+            Op::MaxI64U => set_i64u!(
                 regs,
                 r[2],
                 (get_i64u(regs, r[0]) as u64).max(get_i64u(regs, r[1]) as u64) as i64,
@@ -1100,7 +1100,7 @@ fn dispatch<const COVERAGE: bool>(
             Op::AndI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) & get_i64u(regs, r[1])),
             Op::OrI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) | get_i64u(regs, r[1])),
             Op::XorI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) ^ get_i64u(regs, r[1])),
-            Op::CtlzI64 => set_i64(
+            Op::CtlzI64 => set_i64u!(
                 regs,
                 r[1],
                 (get_i64u(regs, r[0]) as u64).leading_zeros() as i64,
@@ -1109,9 +1109,9 @@ fn dispatch<const COVERAGE: bool>(
             Op::ShlI32 => slot_mut!(regs, r[2]) = slot!(regs, r[0]) << (slot!(regs, r[1]) & 31),
             Op::ShrI32S => w32!(regs, r[2], r32!(regs, r[0]) >> (slot!(regs, r[1]) & 31)),
             Op::ShrI32U => slot_mut!(regs, r[2]) = slot!(regs, r[0]) >> (slot!(regs, r[1]) & 31),
-            Op::ShlI64 => set_i64(regs, r[2], get_i64u(regs, r[0]) << (slot!(regs, r[1]) & 63)),
-            Op::ShrI64S => set_i64(regs, r[2], get_i64u(regs, r[0]) >> (slot!(regs, r[1]) & 63)),
-            Op::ShrI64U => set_i64(
+            Op::ShlI64 => set_i64u!(regs, r[2], get_i64u(regs, r[0]) << (slot!(regs, r[1]) & 63)),
+            Op::ShrI64S => set_i64u!(regs, r[2], get_i64u(regs, r[0]) >> (slot!(regs, r[1]) & 63)),
+            Op::ShrI64U => set_i64u!(
                 regs,
                 r[2],
                 ((get_i64u(regs, r[0]) as u64) >> (slot!(regs, r[1]) & 63)) as i64,

@@ -399,7 +399,7 @@ pub fn decode_function(
             other.map(|o| o.mnemonic())
         ),
     }
-    fuse(&mut insns, &pool);
+    fuse(&mut insns, &mut offsets, &pool);
     // A sentinel after the last instruction: falling through the end of the
     // function lands on it (and fails) instead of outside the instruction
     // array, so every pc the interpreter can reach indexes a valid slot.
@@ -650,7 +650,7 @@ fn check_signature_storage(fx: &FnCtx<'_>, cconv: &Cconv) -> Result<()> {
 /// block arguments jump directly, and a compare that feeds the following
 /// conditional branch becomes one compare-and-branch. The replaced
 /// instructions keep their slots, so every instruction index stays valid.
-fn fuse(insns: &mut [Insn], pool: &[u32]) {
+fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32]) {
     for i in 0..insns.len() {
         let insn = insns[i];
         let p = insn.pool as usize;
@@ -685,29 +685,116 @@ fn fuse(insns: &mut [Insn], pool: &[u32]) {
                 if i == 0 {
                     continue;
                 }
-                let prev = insns[i - 1];
+                // The compare feeding the branch may sit a few instructions
+                // earlier; it is sunk next to the branch when the
+                // instructions in between are plain register arithmetic that
+                // neither reads nor writes its operands or result.
                 let cond = insn.r[0];
-                let (fused, result) = match prev.op {
-                    Op::CmpEQI32 => (Op::FusedCmpEQI32CondBranch, prev.r[2]),
-                    Op::CmpNEI32 => (Op::FusedCmpNEI32CondBranch, prev.r[2]),
-                    Op::CmpLTI32S => (Op::FusedCmpLTI32SCondBranch, prev.r[2]),
-                    Op::CmpLTI32U => (Op::FusedCmpLTI32UCondBranch, prev.r[2]),
-                    Op::CmpNZI32 => (Op::FusedCmpNZI32CondBranch, prev.r[1]),
-                    Op::CmpEQI64 => (Op::FusedCmpEQI64CondBranch, prev.r[2]),
-                    Op::CmpNEI64 => (Op::FusedCmpNEI64CondBranch, prev.r[2]),
-                    Op::CmpLTI64S => (Op::FusedCmpLTI64SCondBranch, prev.r[2]),
-                    Op::CmpLTI64U => (Op::FusedCmpLTI64UCondBranch, prev.r[2]),
-                    Op::CmpNZI64 => (Op::FusedCmpNZI64CondBranch, prev.r[1]),
-                    _ => continue,
+                let mut j = i;
+                let mut found = None;
+                while j > 0 && i - j < 4 {
+                    j -= 1;
+                    let cand = insns[j];
+                    if let Some((fused, result)) = fused_compare(cand.op, &cand.r) {
+                        if result == cond {
+                            found = Some((j, fused));
+                        }
+                        break;
+                    }
+                    if !is_plain_register_op(cand.op) || touches(&cand, cond, 1) {
+                        break;
+                    }
+                }
+                let Some((j, fused)) = found else {
+                    continue;
                 };
-                if result != cond {
+                let cmp = insns[j];
+                let (reads, _) = register_slots(&cmp);
+                if insns[j + 1..i].iter().any(|x| {
+                    let (xr, xw) = register_slots(x);
+                    xw.iter().any(|w| reads.contains(w) || *w == cond) || xr.contains(&cond)
+                }) {
                     continue;
                 }
-                insns[i - 1].op = fused;
-                insns[i - 1].a = t;
-                insns[i - 1].imm = f as u64;
+                // Shift the independent instructions up one slot (and their
+                // offsets, for backtraces) and put the fused op last.
+                insns.copy_within(j + 1..i, j);
+                offsets.copy_within(j + 1..i, j);
+                offsets[i - 1] = offsets[i];
+                insns[i - 1] = Insn {
+                    op: fused,
+                    a: t,
+                    imm: f as u64,
+                    ..cmp
+                };
             }
             _ => {}
         }
     }
+}
+
+/// The fused compare-and-branch op for a compare, and its result register.
+fn fused_compare(op: Op, r: &[u16; 6]) -> Option<(Op, u16)> {
+    Some(match op {
+        Op::CmpEQI32 => (Op::FusedCmpEQI32CondBranch, r[2]),
+        Op::CmpNEI32 => (Op::FusedCmpNEI32CondBranch, r[2]),
+        Op::CmpLTI32S => (Op::FusedCmpLTI32SCondBranch, r[2]),
+        Op::CmpLTI32U => (Op::FusedCmpLTI32UCondBranch, r[2]),
+        Op::CmpNZI32 => (Op::FusedCmpNZI32CondBranch, r[1]),
+        Op::CmpEQI64 => (Op::FusedCmpEQI64CondBranch, r[2]),
+        Op::CmpNEI64 => (Op::FusedCmpNEI64CondBranch, r[2]),
+        Op::CmpLTI64S => (Op::FusedCmpLTI64SCondBranch, r[2]),
+        Op::CmpLTI64U => (Op::FusedCmpLTI64UCondBranch, r[2]),
+        Op::CmpNZI64 => (Op::FusedCmpNZI64CondBranch, r[1]),
+        _ => return None,
+    })
+}
+
+/// True for ops whose operands are only primitive registers and immediates
+/// and that cannot fail or have effects beyond their result registers.
+fn is_plain_register_op(op: Op) -> bool {
+    !matches!(
+        op,
+        Op::DivI32S
+            | Op::DivI32U
+            | Op::RemI32S
+            | Op::RemI32U
+            | Op::DivI64S
+            | Op::DivI64U
+            | Op::RemI64S
+            | Op::RemI64U
+    ) && !op.fields().is_empty()
+        && op.fields().iter().all(|f| match f {
+            Field::Reg { bank, .. } => !matches!(bank, Bank::Ref | Bank::Any),
+            Field::Attr(_) => true,
+            _ => false,
+        })
+}
+
+/// Whether `insn` reads or writes i32-bank slot `reg` (+`width` slots).
+fn touches(insn: &Insn, reg: u16, width: u16) -> bool {
+    let (r, w) = register_slots(insn);
+    (0..width).any(|k| r.contains(&(reg + k)) || w.contains(&(reg + k)))
+}
+
+/// The i32-bank slots a plain register op reads and writes.
+fn register_slots(insn: &Insn) -> (Vec<u16>, Vec<u16>) {
+    let (mut reads, mut writes) = (Vec::new(), Vec::new());
+    let mut n = 0;
+    for f in insn.op.fields() {
+        if let Field::Reg { bank, write, .. } = *f {
+            let reg = insn.r[n];
+            n += 1;
+            let width = if matches!(bank, Bank::I64 | Bank::F64) {
+                2
+            } else {
+                1
+            };
+            let set = if write { &mut writes } else { &mut reads };
+            for k in 0..width {
+                set.push(reg + k);
+            }
+        }
+    }
+    (reads, writes)
 }
