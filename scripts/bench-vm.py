@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """VM interpretation benchmark: Ferrite vs upstream IREE, one run, interleaved.
 
-For each program in benches/vm/, both runtimes run the same .vmfb with a
+For each program in benches/vm/ (.vmasm assembled, .mlir compiled by the
+pinned tools), both runtimes run the same .vmfb with a
 small and a large iteration count; the difference cancels process start-up
 and module loading, leaving the cost per loop iteration. Rounds alternate
 Ferrite and upstream so machine noise hits both alike; the median of the
@@ -19,7 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
 BUILD = os.path.join(ROOT, "build", "bench")
-PROGRAMS = [("lcg", "lcg"), ("calls", "calls")]
+PROGRAMS = [("lcg", "lcg"), ("calls", "calls"), ("lcg_i64", "lcg")]
 
 
 def run(cmd):
@@ -44,8 +45,13 @@ def main():
     small = max(1, args.iterations // 100)
     for name, fn in PROGRAMS:
         vmfb = os.path.join(BUILD, name + ".vmfb")
-        subprocess.run([os.path.join(VENV, "iree-as-module"), f"--output={vmfb}",
-                        os.path.join(ROOT, "benches", "vm", name + ".vmasm")], check=True)
+        src = os.path.join(ROOT, "benches", "vm", name)
+        if os.path.exists(src + ".vmasm"):
+            subprocess.run([os.path.join(VENV, "iree-as-module"), f"--output={vmfb}", src + ".vmasm"], check=True)
+        else:
+            subprocess.run([os.path.join(VENV, "iree-compile"), "--iree-hal-target-device=local",
+                            "--iree-hal-local-target-device-backends=llvm-cpu",
+                            "--iree-llvmcpu-target-cpu=generic", src + ".mlir", "-o", vmfb], check=True)
         per = {"ferrite": [], "upstream": []}
         outs = {}
         for r in range(args.rounds):
