@@ -35,5 +35,9 @@ if [[ -d "$MIRROR" ]]; then
 else
   echo "upstream source mirror not found at $MIRROR: skipping the upstream VM suite (set IREE_MIRROR)"
 fi
+step "python package (ferrite.runtime) and its tests"
+.venv/bin/python -c "import maturin, pytest, numpy" 2>/dev/null || .venv/bin/pip install -q maturin pytest numpy
+.venv/bin/maturin develop --release -q
+.venv/bin/pytest -q tests/python
 echo
 echo "all tests passed"

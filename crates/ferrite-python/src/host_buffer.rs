@@ -1,0 +1,125 @@
+//! Reading Python objects that export the buffer protocol (numpy arrays,
+//! `bytes`, `memoryview`), and exporting Ferrite memory through it.
+
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use std::ffi::c_void;
+use std::os::raw::c_int;
+
+/// A borrowed `Py_buffer`, released on drop.
+pub struct HostBuffer {
+    view: Box<ffi::Py_buffer>,
+}
+
+impl HostBuffer {
+    /// Acquires a read-only view with shape, strides and format.
+    pub fn get(obj: &Bound<'_, PyAny>) -> PyResult<HostBuffer> {
+        let mut view: Box<ffi::Py_buffer> = Box::new(ffi::Py_buffer::new());
+        // SAFETY: `obj` is a live object (we hold the GIL through `Bound`), and
+        // `view` is a valid, zeroed `Py_buffer` that CPython fills on success.
+        let rc =
+            unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_RECORDS_RO) };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        Ok(HostBuffer { view })
+    }
+
+    /// The dimensions (a 0-d or 1-d byte view when the exporter gave none).
+    pub fn shape(&self) -> Vec<u64> {
+        let v = &*self.view;
+        if v.shape.is_null() {
+            return vec![v.len as u64 / (v.itemsize.max(1) as u64)];
+        }
+        // SAFETY: with PyBUF_ND requested, `shape` points at `ndim` entries
+        // valid until the buffer is released.
+        unsafe { std::slice::from_raw_parts(v.shape, v.ndim as usize) }
+            .iter()
+            .map(|&d| d as u64)
+            .collect()
+    }
+
+    /// True when the elements are laid out densely in C order.
+    pub fn is_c_contiguous(&self) -> bool {
+        // SAFETY: `view` is a filled buffer; the call only reads it.
+        unsafe { ffi::PyBuffer_IsContiguous(&*self.view, b'C' as std::os::raw::c_char) != 0 }
+    }
+
+    /// The bytes; ValueError when not C-contiguous.
+    pub fn contiguous_bytes(&self) -> PyResult<&[u8]> {
+        if !self.is_c_contiguous() {
+            return Err(PyValueError::new_err("ndarray is not C-contiguous"));
+        }
+        if self.view.len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: the view is C-contiguous, so `buf` points at `len` bytes
+        // that the exporter keeps alive until we release the view (on drop).
+        Ok(unsafe {
+            std::slice::from_raw_parts(self.view.buf as *const u8, self.view.len as usize)
+        })
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        Python::with_gil(|_| {
+            // SAFETY: the view was filled by a successful PyObject_GetBuffer and
+            // is released exactly once, with the GIL held.
+            unsafe { ffi::PyBuffer_Release(&mut *self.view) };
+        });
+    }
+}
+
+/// Fills `view` as a 1-d unsigned-byte buffer over `[ptr, ptr+len)` owned by
+/// `owner` (kept alive through `view.obj`).
+///
+/// # Safety
+/// `view` must be the pointer CPython passed to `__getbuffer__`; `ptr` must
+/// stay valid for `len` bytes while `owner` lives, and writable when
+/// `readonly` is false.
+pub unsafe fn fill_byte_view(
+    owner: &Bound<'_, PyAny>,
+    view: *mut ffi::Py_buffer,
+    flags: c_int,
+    ptr: *mut u8,
+    len: usize,
+    readonly: bool,
+) -> PyResult<()> {
+    if view.is_null() {
+        return Err(PyBufferError::new_err("View is null"));
+    }
+    if (flags & ffi::PyBUF_WRITABLE) == ffi::PyBUF_WRITABLE && readonly {
+        return Err(PyBufferError::new_err("Object is not writable"));
+    }
+    // SAFETY: `view` is non-null and CPython's to fill (caller's contract);
+    // `ptr`/`len` are valid while `owner` lives, and `owner` is stored with a
+    // new reference in `obj`, released by CPython through `__releasebuffer__`.
+    unsafe {
+        (*view).obj = owner.clone().into_ptr();
+        (*view).buf = ptr as *mut c_void;
+        (*view).len = len as isize;
+        (*view).readonly = readonly as c_int;
+        (*view).itemsize = 1;
+        (*view).format = if (flags & ffi::PyBUF_FORMAT) == ffi::PyBUF_FORMAT {
+            c"B".as_ptr() as *mut _
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).ndim = 1;
+        (*view).shape = if (flags & ffi::PyBUF_ND) == ffi::PyBUF_ND {
+            &mut (*view).len
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).strides = if (flags & ffi::PyBUF_STRIDES) == ffi::PyBUF_STRIDES {
+            &mut (*view).itemsize
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).suboffsets = std::ptr::null_mut();
+        (*view).internal = std::ptr::null_mut();
+    }
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! The native module behind `ferrite.runtime` (`ferrite._ferrite`).
+//!
+//! Thin PyO3 classes over the Rust layers, named and shaped as upstream's
+//! `iree.runtime._binding`; everything that upstream writes in Python
+//! (enums, the system API, function invokers) lives in `python/ferrite`.
+//! Nothing here is process-global: every `VmInstance` owns its type registry.
+#![allow(missing_docs)] // Python-facing items are documented in the `.pyi` stub.
+
+use pyo3::prelude::*;
+
+mod hal;
+mod host_buffer;
+mod status;
+mod vm;
+
+#[pymodule]
+fn _ferrite(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    vm::register(m)?;
+    hal::register(m)?;
+    Ok(())
+}

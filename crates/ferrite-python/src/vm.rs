@@ -1,0 +1,743 @@
+//! VM objects: `VmInstance`, `VmModule`, `VmFunction`, `VmContext`,
+//! `VmVariantList`, `VmRef`, `VmBuffer`.
+
+use crate::hal::{PyHalBuffer, PyHalBufferView};
+use crate::host_buffer::{fill_byte_view, HostBuffer};
+use crate::status::PyContext;
+use ferrite_base::{Status, StatusCode};
+use ferrite_vm::buffer::VmBuffer;
+use ferrite_vm::cconv::CconvType;
+use ferrite_vm::list::VmList;
+use ferrite_vm::types::TypeDef;
+use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes, Ref, Variant};
+use parking_lot::RwLock;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyType};
+use std::os::raw::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyVmInstance>()?;
+    m.add_class::<PyVmModule>()?;
+    m.add_class::<PyVmFunction>()?;
+    m.add_class::<PyVmContext>()?;
+    m.add_class::<PyVmVariantList>()?;
+    m.add_class::<PyVmRef>()?;
+    m.add_class::<PyVmBuffer>()?;
+    Ok(())
+}
+
+/// A VM instance: owns the type registry its modules resolve names in.
+#[pyclass(name = "VmInstance", module = "ferrite._ferrite", frozen)]
+pub struct PyVmInstance {
+    pub instance: Instance,
+}
+
+#[pymethods]
+impl PyVmInstance {
+    #[new]
+    fn new() -> Self {
+        let instance = Instance::default();
+        ferrite_hal::module::register_types(instance.types());
+        PyVmInstance { instance }
+    }
+}
+
+/// Linkage values as upstream numbers them.
+pub const LINKAGE_EXPORT: u32 = 3;
+
+/// A loaded module (bytecode or native).
+#[pyclass(name = "VmModule", module = "ferrite._ferrite", frozen)]
+pub struct PyVmModule {
+    pub module: Arc<dyn Module>,
+    destroy_callback: Option<PyObject>,
+}
+
+impl PyVmModule {
+    pub fn new(module: Arc<dyn Module>) -> Self {
+        PyVmModule {
+            module,
+            destroy_callback: None,
+        }
+    }
+
+    fn load(
+        instance: &PyVmInstance,
+        bytes: ModuleBytes,
+        destroy_callback: Option<PyObject>,
+    ) -> PyResult<Self> {
+        let module = BytecodeModule::load(&instance.instance, bytes)
+            .py_context("Error creating vm module from aligned memory")?;
+        Ok(PyVmModule {
+            module,
+            destroy_callback,
+        })
+    }
+
+    fn copy_of(obj: &Bound<'_, PyAny>) -> PyResult<ModuleBytes> {
+        let host = HostBuffer::get(obj)?;
+        Ok(ModuleBytes::from_vec(host.contiguous_bytes()?.to_vec()))
+    }
+}
+
+impl Drop for PyVmModule {
+    fn drop(&mut self) {
+        if let Some(cb) = self.destroy_callback.take() {
+            Python::with_gil(|py| {
+                if let Err(e) = cb.call0(py) {
+                    e.write_unraisable(py, None);
+                }
+            });
+        }
+    }
+}
+
+#[pymethods]
+impl PyVmModule {
+    #[staticmethod]
+    #[pyo3(signature = (instance, buffer, warn_if_copy = true))]
+    fn from_flatbuffer(
+        instance: &PyVmInstance,
+        buffer: &Bound<'_, PyAny>,
+        warn_if_copy: bool,
+    ) -> PyResult<Self> {
+        // Ferrite always takes its own copy of in-memory modules, so there is
+        // nothing to warn about.
+        let _ = warn_if_copy;
+        Self::load(instance, Self::copy_of(buffer)?, None)
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (instance, buffer, warn_if_copy = true))]
+    fn from_buffer(
+        instance: &PyVmInstance,
+        buffer: &Bound<'_, PyAny>,
+        warn_if_copy: bool,
+    ) -> PyResult<Self> {
+        let _ = warn_if_copy;
+        Self::load(instance, Self::copy_of(buffer)?, None)
+    }
+
+    #[staticmethod]
+    fn copy_buffer(instance: &PyVmInstance, buffer: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::load(instance, Self::copy_of(buffer)?, None)
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (instance, buffer, destroy_callback = None, close_buffer = false))]
+    fn wrap_buffer(
+        instance: &PyVmInstance,
+        buffer: &Bound<'_, PyAny>,
+        destroy_callback: Option<PyObject>,
+        close_buffer: bool,
+    ) -> PyResult<Self> {
+        let bytes = Self::copy_of(buffer)?;
+        if close_buffer {
+            buffer.call_method0("close")?;
+        }
+        Self::load(instance, bytes, destroy_callback)
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (instance, filepath, destroy_callback = None))]
+    fn mmap(
+        instance: &PyVmInstance,
+        filepath: std::path::PathBuf,
+        destroy_callback: Option<PyObject>,
+    ) -> PyResult<Self> {
+        let bytes = ModuleBytes::map_file(&filepath)
+            .py_context(&format!("Error mapping file '{}'", filepath.display()))?;
+        Self::load(instance, bytes, destroy_callback)
+    }
+
+    #[getter]
+    fn name(&self) -> String {
+        self.module.name().to_string()
+    }
+
+    #[getter]
+    fn version(&self) -> u32 {
+        self.module.version()
+    }
+
+    #[getter]
+    fn function_names(&self) -> Vec<String> {
+        self.module
+            .exports()
+            .iter()
+            .map(|e| e.name.clone())
+            .collect()
+    }
+
+    #[pyo3(signature = (name, linkage = None))]
+    fn lookup_function(
+        &self,
+        name: &str,
+        linkage: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<PyVmFunction>> {
+        let linkage: u32 = linkage.map(int_of).transpose()?.unwrap_or(LINKAGE_EXPORT);
+        if linkage != LINKAGE_EXPORT {
+            return Ok(None);
+        }
+        Ok(self
+            .module
+            .lookup_export(name)
+            .map(|ordinal| PyVmFunction::new(&self.module, ordinal)))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<VmModule {} : [{}]>",
+            self.module.name(),
+            self.function_names().join(", ")
+        )
+    }
+}
+
+/// Reads an int or an object with `__index__`/`value` (our enums).
+pub fn int_of<T: for<'a> FromPyObject<'a>>(obj: &Bound<'_, PyAny>) -> PyResult<T> {
+    match obj.extract::<T>() {
+        Ok(v) => Ok(v),
+        Err(e) => match obj.getattr("value") {
+            Ok(v) => v.extract::<T>(),
+            Err(_) => Err(e),
+        },
+    }
+}
+
+/// An exported function of a module.
+#[pyclass(name = "VmFunction", module = "ferrite._ferrite", frozen)]
+pub struct PyVmFunction {
+    pub module: Arc<dyn Module>,
+    pub ordinal: u32,
+}
+
+impl PyVmFunction {
+    fn new(module: &Arc<dyn Module>, ordinal: u32) -> Self {
+        PyVmFunction {
+            module: module.clone(),
+            ordinal,
+        }
+    }
+
+    fn export(&self) -> &ferrite_vm::module::ExportInfo {
+        &self.module.exports()[self.ordinal as usize]
+    }
+}
+
+#[pymethods]
+impl PyVmFunction {
+    #[getter]
+    fn name(&self) -> String {
+        self.export().name.clone()
+    }
+
+    #[getter]
+    fn module_name(&self) -> String {
+        self.module.name().to_string()
+    }
+
+    #[getter]
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    #[getter]
+    fn linkage(&self) -> u32 {
+        LINKAGE_EXPORT
+    }
+
+    #[getter]
+    fn reflection<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in &self.export().signature.attrs {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let e = self.export();
+        let reflection = self.reflection(py)?.repr()?.to_string();
+        Ok(format!(
+            "<VmFunction {}({}), reflection = {}>",
+            e.name, e.signature.cconv, reflection
+        ))
+    }
+}
+
+static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A context: modules linked together, with per-context state.
+#[pyclass(name = "VmContext", module = "ferrite._ferrite", frozen)]
+pub struct PyVmContext {
+    context: RwLock<Context>,
+    id: u64,
+}
+
+#[pymethods]
+impl PyVmContext {
+    #[new]
+    #[pyo3(signature = (instance, modules = None))]
+    fn new(instance: &PyVmInstance, modules: Option<Vec<PyRef<'_, PyVmModule>>>) -> PyResult<Self> {
+        let modules: Vec<Arc<dyn Module>> = modules
+            .unwrap_or_default()
+            .iter()
+            .map(|m| m.module.clone())
+            .collect();
+        let context = Context::with_modules(&instance.instance, &modules)
+            .py_context("Error creating context")?;
+        Ok(PyVmContext {
+            context: RwLock::new(context),
+            id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    #[getter]
+    fn context_id(&self) -> u64 {
+        self.id
+    }
+
+    fn register_modules(
+        &self,
+        py: Python<'_>,
+        modules: Vec<PyRef<'_, PyVmModule>>,
+    ) -> PyResult<()> {
+        let modules: Vec<Arc<dyn Module>> = modules.iter().map(|m| m.module.clone()).collect();
+        py.allow_threads(|| {
+            let mut ctx = self.context.write();
+            for m in modules {
+                ctx.register(m)?;
+            }
+            Ok::<_, Status>(())
+        })
+        .py_context("Error registering modules")
+    }
+
+    fn invoke(
+        &self,
+        py: Python<'_>,
+        function: &PyVmFunction,
+        inputs: &PyVmVariantList,
+        outputs: &PyVmVariantList,
+    ) -> PyResult<()> {
+        let name = format!("{}.{}", function.module.name(), function.export().name);
+        let args = (0..inputs.list.size())
+            .map(|i| inputs.list.get_variant(i))
+            .collect::<ferrite_base::Result<Vec<_>>>()
+            .py_context("Error invoking function")?;
+        let results = py
+            .allow_threads(|| {
+                let ctx = self.context.read();
+                let f = ctx.lookup_function(&name)?;
+                if args.len() != f.cconv.args.len() {
+                    return Err(Status::new(
+                        StatusCode::InvalidArgument,
+                        format!(
+                            "input list and function mismatch; expected {} arguments but passed {}",
+                            f.cconv.args.len(),
+                            args.len()
+                        ),
+                    ));
+                }
+                let args = args
+                    .into_iter()
+                    .zip(f.cconv.args.iter())
+                    .enumerate()
+                    .map(|(i, (v, t))| coerce(v, t, i))
+                    .collect::<ferrite_base::Result<Vec<_>>>()?;
+                ctx.invoke(&f, args)
+            })
+            .py_context("Error invoking function")?;
+        for r in results {
+            outputs
+                .list
+                .push_variant(r)
+                .py_context("Error invoking function")?;
+        }
+        Ok(())
+    }
+}
+
+/// Converts a list variant to what the calling convention expects (lists
+/// built from Python hold i64/f64; functions may take i32/f32).
+fn coerce(v: Variant, ty: &CconvType, index: usize) -> ferrite_base::Result<Variant> {
+    Ok(match (v, ty) {
+        (Variant::I64(x), CconvType::I32) => Variant::I32(x as i32),
+        (Variant::I32(x), CconvType::I64) => Variant::I64(x as i64),
+        (Variant::F64(x), CconvType::F32) => Variant::F32(x as f32),
+        (Variant::F32(x), CconvType::F64) => Variant::F64(x as f64),
+        (Variant::I32(x), CconvType::F32) => Variant::F32(x as f32),
+        (Variant::I64(x), CconvType::F32) => Variant::F32(x as f32),
+        (Variant::I32(x), CconvType::F64) => Variant::F64(x as f64),
+        (Variant::I64(x), CconvType::F64) => Variant::F64(x as f64),
+        (v @ Variant::Ref(_), CconvType::Ref) | (v @ Variant::Null, CconvType::Ref) => v,
+        (v @ Variant::I32(_), CconvType::I32)
+        | (v @ Variant::I64(_), CconvType::I64)
+        | (v @ Variant::F32(_), CconvType::F32)
+        | (v @ Variant::F64(_), CconvType::F64) => v,
+        (v, t) => {
+            return Err(Status::new(
+                StatusCode::InvalidArgument,
+                format!(
+                    "argument {index} is {} but the function expects {t:?}",
+                    v.kind_name()
+                ),
+            ))
+        }
+    })
+}
+
+/// A list of variants (`!vm.list<?>`).
+#[pyclass(name = "VmVariantList", module = "ferrite._ferrite", frozen)]
+pub struct PyVmVariantList {
+    pub list: Arc<VmList>,
+}
+
+const LIST_ACCESS: &str = "Could not access list element";
+
+impl PyVmVariantList {
+    fn variant(&self, index: usize) -> PyResult<Variant> {
+        let i = u32::try_from(index).unwrap_or(u32::MAX);
+        self.list.get_variant(i).py_context(LIST_ACCESS)
+    }
+
+    fn ref_at(&self, index: usize) -> PyResult<Ref> {
+        match self.variant(index)? {
+            Variant::Ref(r) => Ok(r),
+            _ => Err(PyValueError::new_err("list element is not a ref")),
+        }
+    }
+
+    fn push(&self, v: Variant) -> PyResult<()> {
+        self.list
+            .push_variant(v)
+            .py_context("Could not push to list")
+    }
+}
+
+#[pymethods]
+impl PyVmVariantList {
+    #[new]
+    fn new(capacity: u32) -> PyResult<Self> {
+        let list = VmList::new(TypeDef::Any, capacity).py_context("Could not create list")?;
+        Ok(PyVmVariantList {
+            list: Arc::new(list),
+        })
+    }
+
+    #[getter]
+    fn size(&self) -> u32 {
+        self.list.size()
+    }
+
+    fn __len__(&self) -> usize {
+        self.list.size() as usize
+    }
+
+    #[getter]
+    fn r#ref(&self) -> PyVmRef {
+        PyVmRef(Ref::from_arc(self.list.clone()))
+    }
+
+    #[getter]
+    fn __iree_vm_ref__(&self) -> PyVmRef {
+        self.r#ref()
+    }
+
+    fn push_int(&self, value: i64) -> PyResult<()> {
+        self.push(Variant::I64(value))
+    }
+
+    fn push_float(&self, value: f64) -> PyResult<()> {
+        self.push(Variant::F64(value))
+    }
+
+    fn push_list(&self, value: &PyVmVariantList) -> PyResult<()> {
+        self.push(Variant::Ref(Ref::from_arc(value.list.clone())))
+    }
+
+    fn push_ref(&self, r#ref: &Bound<'_, PyAny>) -> PyResult<()> {
+        let r = ref_of(r#ref)?;
+        self.push(Variant::Ref(r))
+    }
+
+    fn get_variant(&self, py: Python<'_>, index: usize) -> PyResult<PyObject> {
+        Ok(match self.variant(index)? {
+            Variant::Null => py.None(),
+            Variant::I32(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Variant::I64(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Variant::F32(v) => (v as f64).into_pyobject(py)?.into_any().unbind(),
+            Variant::F64(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Variant::Ref(r) => object_of(py, r)?,
+        })
+    }
+
+    fn get_as_ref(&self, index: usize) -> PyResult<PyVmRef> {
+        Ok(PyVmRef(self.ref_at(index)?))
+    }
+
+    fn get_as_list(&self, index: usize) -> PyResult<PyVmVariantList> {
+        let r = self.ref_at(index)?;
+        match r.downcast_arc::<VmList>() {
+            Some(list) => Ok(PyVmVariantList { list }),
+            None => Err(PyValueError::new_err(format!(
+                "list element {index} is a {}, not a list",
+                r.type_name()
+            ))),
+        }
+    }
+
+    #[pyo3(signature = (index, clazz = None))]
+    fn get_as_object(
+        &self,
+        py: Python<'_>,
+        index: usize,
+        clazz: Option<&Bound<'_, PyType>>,
+    ) -> PyResult<PyObject> {
+        let r = self.ref_at(index)?;
+        match clazz {
+            None => object_of(py, r),
+            Some(c) => deref_as(py, &r, c)?.ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "Cannot cast VM ref of type {} to {}",
+                    r.type_name(),
+                    c.name().map(|n| n.to_string()).unwrap_or_default()
+                ))
+            }),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        self.__str__()
+    }
+
+    fn __str__(&self) -> String {
+        let n = self.list.size();
+        let mut out = format!("<VmVariantList({n}): [");
+        format_items(&self.list, &mut out, 0);
+        out.push_str("]>");
+        out
+    }
+}
+
+fn format_items(list: &VmList, out: &mut String, depth: usize) {
+    for i in 0..list.size() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        match list.get_variant(i) {
+            Err(_) => out.push_str("Error"),
+            Ok(Variant::Null) => out.push_str("None"),
+            Ok(Variant::I32(v)) => out.push_str(&v.to_string()),
+            Ok(Variant::I64(v)) => out.push_str(&v.to_string()),
+            Ok(Variant::F32(v)) => out.push_str(&format!("{:.6}", v)),
+            Ok(Variant::F64(v)) => out.push_str(&format!("{:.6}", v)),
+            Ok(Variant::Ref(r)) => {
+                if let Some(bv) = r.downcast::<ferrite_hal::buffer_view::BufferView>() {
+                    let shape: Vec<String> = bv.shape().iter().map(|d| d.to_string()).collect();
+                    out.push_str(&format!(
+                        "HalBufferView({}:0x{:08x})",
+                        shape.join("x"),
+                        bv.element_type().value().swap_bytes()
+                    ));
+                } else if let Some(l) = r.downcast::<VmList>() {
+                    out.push_str("List[");
+                    if depth > 8 {
+                        out.push_str("...circular...");
+                    } else {
+                        format_items(l, out, depth + 1);
+                    }
+                    out.push(']');
+                } else {
+                    out.push_str(&format!("Unknown({})", r.type_name()));
+                }
+            }
+        }
+    }
+}
+
+/// The VM ref an object carries: a `VmRef`, or anything with `__iree_vm_ref__`.
+pub fn ref_of(obj: &Bound<'_, PyAny>) -> PyResult<Ref> {
+    if let Ok(r) = obj.downcast::<PyVmRef>() {
+        return Ok(r.get().0.clone());
+    }
+    let r = obj.getattr("__iree_vm_ref__")?;
+    match r.downcast::<PyVmRef>() {
+        Ok(r) => Ok(r.get().0.clone()),
+        Err(_) => Err(PyTypeError::new_err(
+            "__iree_vm_ref__ did not return a VmRef",
+        )),
+    }
+}
+
+/// The natural Python object for a ref.
+fn object_of(py: Python<'_>, r: Ref) -> PyResult<PyObject> {
+    if let Some(list) = r.downcast_arc::<VmList>() {
+        return Ok(Py::new(py, PyVmVariantList { list })?.into_any());
+    }
+    if let Some(b) = r.downcast_arc::<VmBuffer>() {
+        return Ok(Py::new(py, PyVmBuffer { buffer: b })?.into_any());
+    }
+    if let Some(bv) = r.downcast_arc::<ferrite_hal::buffer_view::BufferView>() {
+        return Ok(Py::new(py, PyHalBufferView { view: bv })?.into_any());
+    }
+    if let Some(b) = r.downcast_arc::<ferrite_hal::buffer::Buffer>() {
+        return Ok(Py::new(py, PyHalBuffer { buffer: b })?.into_any());
+    }
+    Ok(Py::new(py, PyVmRef(r))?.into_any())
+}
+
+/// `ref` as an instance of `clazz`, or None when it is of another type.
+fn deref_as(py: Python<'_>, r: &Ref, clazz: &Bound<'_, PyType>) -> PyResult<Option<PyObject>> {
+    let is = |t: Bound<'_, PyType>| clazz.is(&t);
+    let ok = (is(py.get_type::<PyVmVariantList>()) && r.is::<VmList>())
+        || (is(py.get_type::<PyVmBuffer>()) && r.is::<VmBuffer>())
+        || (is(py.get_type::<PyHalBufferView>()) && r.is::<ferrite_hal::buffer_view::BufferView>())
+        || (is(py.get_type::<PyHalBuffer>()) && r.is::<ferrite_hal::buffer::Buffer>());
+    if ok {
+        return object_of(py, r.clone()).map(Some);
+    }
+    if is(py.get_type::<PyVmRef>()) {
+        return Ok(Some(Py::new(py, PyVmRef(r.clone()))?.into_any()));
+    }
+    Ok(None)
+}
+
+/// A reference to any VM object.
+#[pyclass(name = "VmRef", module = "ferrite._ferrite", frozen)]
+pub struct PyVmRef(pub Ref);
+
+#[pymethods]
+impl PyVmRef {
+    #[pyo3(signature = (value, optional = false))]
+    fn deref(
+        &self,
+        py: Python<'_>,
+        value: &Bound<'_, PyType>,
+        optional: bool,
+    ) -> PyResult<PyObject> {
+        match deref_as(py, &self.0, value)? {
+            Some(o) => Ok(o),
+            None if optional => Ok(py.None()),
+            None => Err(PyValueError::new_err(format!(
+                "Cannot cast VM ref of type {} to {}",
+                self.0.type_name(),
+                value.name()?
+            ))),
+        }
+    }
+
+    fn isinstance(&self, py: Python<'_>, ref_type: &Bound<'_, PyType>) -> PyResult<bool> {
+        Ok(deref_as(py, &self.0, ref_type)?.is_some() && !ref_type.is(py.get_type::<PyVmRef>()))
+    }
+
+    #[getter]
+    fn __iree_vm_ref__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        match ref_of(other) {
+            Ok(r) => r.ptr_eq(&self.0),
+            Err(_) => false,
+        }
+    }
+
+    fn __hash__(&self) -> u64 {
+        ref_address(&self.0) as u64
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<VmRef {} at 0x{:x}>",
+            self.0.type_name(),
+            ref_address(&self.0)
+        )
+    }
+}
+
+/// The address of a ref's object, for reprs and hashing.
+fn ref_address(r: &Ref) -> usize {
+    if let Some(b) = r.downcast::<VmBuffer>() {
+        return b as *const VmBuffer as usize;
+    }
+    if let Some(l) = r.downcast::<VmList>() {
+        return l as *const VmList as usize;
+    }
+    if let Some(bv) = r.downcast::<ferrite_hal::buffer_view::BufferView>() {
+        return bv as *const _ as usize;
+    }
+    if let Some(b) = r.downcast::<ferrite_hal::buffer::Buffer>() {
+        return b as *const _ as usize;
+    }
+    0
+}
+
+/// A `!vm.buffer`, exposing its bytes through the buffer protocol.
+#[pyclass(name = "VmBuffer", module = "ferrite._ferrite", frozen)]
+pub struct PyVmBuffer {
+    pub buffer: Arc<VmBuffer>,
+}
+
+#[pymethods]
+impl PyVmBuffer {
+    #[new]
+    #[pyo3(signature = (length, alignment = 0, mutable = true))]
+    fn new(length: u64, alignment: u32, mutable: bool) -> PyResult<Self> {
+        let buffer = if mutable {
+            VmBuffer::new(length, alignment).py_context("Error creating buffer")?
+        } else {
+            VmBuffer::from_vec(vec![0; length as usize], false)
+        };
+        Ok(PyVmBuffer {
+            buffer: Arc::new(buffer),
+        })
+    }
+
+    #[getter]
+    fn r#ref(&self) -> PyVmRef {
+        PyVmRef(Ref::from_arc(self.buffer.clone()))
+    }
+
+    #[getter]
+    fn __iree_vm_ref__(&self) -> PyVmRef {
+        self.r#ref()
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        match ref_of(other) {
+            Ok(r) => r
+                .downcast::<VmBuffer>()
+                .is_some_and(|b| std::ptr::eq(b, &*self.buffer)),
+            Err(_) => false,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<VmBuffer size {} at 0x{:x}>",
+            self.buffer.len(),
+            &*self.buffer as *const VmBuffer as usize
+        )
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let b = slf.get().buffer.clone();
+        let (ptr, len) = b.with_bytes(|s| (s.as_ptr() as *mut u8, s.len()));
+        // SAFETY: a VmBuffer's bytes are one heap allocation that never moves
+        // or changes length while the buffer lives, and `slf` (held by the
+        // view) keeps the buffer alive. Writes from Python are unsynchronized
+        // with VM use of the same buffer, the same host contract as device
+        // binding pointers: the program must not run on it meanwhile.
+        unsafe { fill_byte_view(slf.as_any(), view, flags, ptr, len, !b.is_mutable()) }
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+}

@@ -1,0 +1,40 @@
+"""Ferrite's runtime API: `import ferrite.runtime as rt` in place of `iree.runtime`."""
+
+from . import _binding
+
+from ._binding import (
+    BufferCompatibility,
+    BufferUsage,
+    HalAllocator,
+    HalBuffer,
+    HalBufferView,
+    HalDevice,
+    HalDriver,
+    HalElementType,
+    MappedMemory,
+    MemoryAccess,
+    MemoryType,
+    create_hal_module,
+)
+
+from ._binding import (
+    Linkage,
+    VmBuffer,
+    VmVariantList,
+    VmFunction,
+    VmInstance,
+    VmContext,
+    VmModule,
+    VmRef,
+)
+
+from .array_interop import *
+from .system_api import *
+from .system_setup import (
+    get_device,
+    get_first_device,
+    get_driver,
+    query_available_drivers,
+)
+from .function import *
+from . import dtypes

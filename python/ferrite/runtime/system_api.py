@@ -1,0 +1,151 @@
+"""The high-level API: configurations, system contexts and bound modules."""
+
+import os
+from typing import Optional, Sequence
+
+from ._binding import VmContext, VmInstance, VmModule, create_hal_module
+from .function import FunctionInvoker
+from .system_setup import get_device, get_driver
+
+__all__ = [
+    "BoundModule",
+    "Config",
+    "SystemContext",
+    "load_vm_flatbuffer",
+    "load_vm_flatbuffer_file",
+    "load_vm_module",
+    "load_vm_modules",
+]
+
+
+class Config:
+    """A VM instance, a device and the default modules (`hal`) over it."""
+
+    def __init__(self, driver_name: Optional[str] = None, hal_module_kwargs=None, *, device=None):
+        self.vm_instance = VmInstance()
+        if device is None:
+            driver_name = driver_name or os.environ.get("IREE_DEFAULT_DEVICE", "local-task")
+            self.driver = get_driver(driver_name)
+            device = get_device(driver_name)
+        else:
+            self.driver = None
+        self.device = device
+        hal = create_hal_module(self.vm_instance, device, **(hal_module_kwargs or {}))
+        self.default_vm_modules = (hal,)
+
+
+class BoundModule:
+    """A module in a context; its functions are attributes (FunctionInvokers)."""
+
+    def __init__(self, context: "SystemContext", vm_module: VmModule):
+        self._context = context
+        self._vm_module = vm_module
+        self._lazy = {}
+
+    @property
+    def name(self):
+        return self._vm_module.name
+
+    @property
+    def vm_module(self):
+        return self._vm_module
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getitem__(self, name):
+        invoker = self._lazy.get(name)
+        if invoker is None:
+            f = self._vm_module.lookup_function(name)
+            if f is None:
+                raise KeyError(name)
+            invoker = FunctionInvoker(self._context.vm_context, self._context.config.device, f)
+            self._lazy[name] = invoker
+        return invoker
+
+    def __repr__(self):
+        return f"<BoundModule {self._vm_module!r}>"
+
+
+class Modules(dict):
+    """Bound modules by name, also reachable as attributes."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class SystemContext:
+    """A VM context over a config's device, with modules bound by name."""
+
+    def __init__(self, vm_modules=None, config: Optional[Config] = None):
+        self._config = config if config is not None else Config()
+        self._is_dynamic = vm_modules is None
+        modules = list(self._config.default_vm_modules)
+        if vm_modules is not None:
+            modules.extend(vm_modules)
+        self._vm_context = VmContext(self._config.vm_instance, modules=modules)
+        self._bound = Modules((m.name, BoundModule(self, m)) for m in modules)
+
+    @property
+    def vm_context(self) -> VmContext:
+        return self._vm_context
+
+    @property
+    def instance(self) -> VmInstance:
+        return self._config.vm_instance
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @property
+    def modules(self) -> Modules:
+        return self._bound
+
+    def add_vm_modules(self, vm_modules: Sequence[VmModule]):
+        vm_modules = list(vm_modules)
+        self._vm_context.register_modules(vm_modules)
+        for m in vm_modules:
+            self._bound[m.name] = BoundModule(self, m)
+
+    def add_vm_module(self, vm_module: VmModule):
+        self.add_vm_modules((vm_module,))
+
+
+def load_vm_modules(*vm_modules, config: Optional[Config] = None):
+    """Loads modules into one new context; returns their BoundModules in order."""
+    context = SystemContext(vm_modules=vm_modules, config=config)
+    return [context.modules[m.name] for m in vm_modules]
+
+
+def load_vm_module(vm_module, config: Optional[Config] = None):
+    """Loads one module into a new context; returns its BoundModule."""
+    return load_vm_modules(vm_module, config=config)[0]
+
+
+def _config_for(driver, backend):
+    if driver is None and backend is not None:
+        driver = "local-task"
+    return Config(driver)
+
+
+def load_vm_flatbuffer(vm_flatbuffer: bytes, *, driver: Optional[str] = None, backend: Optional[str] = None):
+    """Loads a `.vmfb` held in memory; returns its BoundModule."""
+    config = _config_for(driver, backend)
+    vm_module = VmModule.copy_buffer(config.vm_instance, vm_flatbuffer)
+    return load_vm_module(vm_module, config)
+
+
+def load_vm_flatbuffer_file(path: str, *, driver: Optional[str] = None, backend: Optional[str] = None):
+    """Loads a `.vmfb` file (memory-mapped); returns its BoundModule."""
+    config = _config_for(driver, backend)
+    vm_module = VmModule.mmap(config.vm_instance, os.fspath(path))
+    return load_vm_module(vm_module, config)

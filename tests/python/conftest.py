@@ -1,0 +1,55 @@
+"""Shared fixtures: programs compiled at test time by the pinned compiler."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def _compiler():
+    for c in (ROOT / ".venv/bin/iree-compile", Path(sys.executable).parent / "iree-compile"):
+        if c.exists():
+            return str(c)
+    return shutil.which("iree-compile")
+
+
+@pytest.fixture(scope="session")
+def compile_program(tmp_path_factory):
+    """Compiles `programs/<name>.mlir` for a portable CPU; returns the .vmfb path."""
+    compiler = _compiler()
+    if compiler is None:
+        pytest.skip("iree-compile (pinned iree-base-compiler) not installed")
+    out_dir = tmp_path_factory.mktemp("vmfb")
+    cache = {}
+
+    def build(name):
+        if name not in cache:
+            out = out_dir / f"{name}.vmfb"
+            subprocess.run(
+                [
+                    compiler,
+                    "--iree-hal-target-device=local",
+                    "--iree-hal-local-target-device-backends=llvm-cpu",
+                    "--iree-llvmcpu-target-cpu=generic",
+                    str(PROGRAMS / f"{name}.mlir"),
+                    "-o",
+                    str(out),
+                ],
+                check=True,
+            )
+            cache[name] = out
+        return cache[name]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def upstream():
+    """The pinned `iree.runtime`, or skip when it is not installed."""
+    return pytest.importorskip("iree.runtime")
