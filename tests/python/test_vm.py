@@ -105,6 +105,8 @@ def test_lookup_function_and_reflection(instance, arith):
     assert repr(f) == f"<VmFunction add(0rr_r), reflection = {{'iree.abi.declaration': '{decl}'}}>"
     assert m.lookup_function("nope") is None
     assert m.lookup_function("add", rt.Linkage.IMPORT) is None
+    assert f.linkage == 2 and {k: v.value for k, v in rt.Linkage.__members__.items()} == {
+        "INTERNAL": 0, "IMPORT": 1, "IMPORT_OPTIONAL": 3, "EXPORT": 2, "EXPORT_OPTIONAL": 4}
 
 
 def test_context_invoke(instance, arith):

@@ -46,7 +46,7 @@ impl PyVmInstance {
 }
 
 /// Linkage values as upstream numbers them.
-pub const LINKAGE_EXPORT: u32 = 3;
+pub const LINKAGE_EXPORT: u32 = 2;
 
 /// A loaded module (bytecode or native).
 #[pyclass(name = "VmModule", module = "ferrite._ferrite", frozen)]

@@ -111,8 +111,8 @@ class BufferCompatibility(_IntValued):
 class Linkage(_IntValued):
     INTERNAL = 0
     IMPORT = 1
-    IMPORT_OPTIONAL = 2
-    EXPORT = 3
+    IMPORT_OPTIONAL = 3
+    EXPORT = 2
     EXPORT_OPTIONAL = 4
 
 
