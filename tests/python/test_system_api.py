@@ -47,11 +47,6 @@ def test_results_match_upstream(arith, upstream, driver):
             assert type(got) is type(want) and got == want
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ferrite-hal's hal.buffer_view.assert rejects si32 where the program "
-    "declares i32; upstream accepts a signed or unsigned type for a signless one",
-)
 def test_signed_ints_for_signless_tensors_match_upstream(arith, upstream):
     m = np.arange(6, dtype=np.int32).reshape(2, 3)
     args = (m, np.array(3, np.int32))

@@ -29,6 +29,10 @@ impl HostBuffer {
     /// The dimensions (a 0-d or 1-d byte view when the exporter gave none).
     pub fn shape(&self) -> Vec<u64> {
         let v = &*self.view;
+        if v.ndim == 0 {
+            // A 0-d array (a numpy scalar array) is a rank-0 tensor.
+            return Vec::new();
+        }
         if v.shape.is_null() {
             return vec![v.len as u64 / (v.itemsize.max(1) as u64)];
         }

@@ -81,7 +81,8 @@ def asdevicearray(device, a, dtype=None, *, implicit_host_transfer: bool = True,
         if dtype is None or np.dtype(dtype) == a.dtype:
             return a
         a = a.to_host()
-    a = np.ascontiguousarray(a, dtype=dtype)
+    # asarray keeps 0-d arrays rank 0 (ascontiguousarray makes them 1-d).
+    a = np.asarray(a, dtype=dtype, order="C")
     if element_type is None:
         element_type = dtypes.dtype_to_element_type(a.dtype)
     bv = device.allocator.allocate_buffer_copy(

@@ -68,7 +68,7 @@ class FunctionInvoker:
             arg_list.push_ref(value)
         else:
             try:
-                array = np.ascontiguousarray(value)
+                array = np.asarray(value, order="C")  # keeps rank-0 arrays rank 0
                 element_type = dtypes.dtype_to_element_type(array.dtype)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"{name}: cannot pass a value of type {type(value).__name__}: {e}") from None

@@ -248,7 +248,7 @@ fn assert_view(
             view.type_name()
         );
     };
-    if view.element_type() != et {
+    if !element_types_compatible(view.element_type(), et) {
         bail!(
             InvalidArgument,
             "{message} element type mismatch; expected {} ({:08X}) but have {} ({:08X})",
@@ -293,4 +293,46 @@ fn shape_text(shape: &[u64], et: ElementType) -> String {
     let mut s: String = shape.iter().map(|d| format!("{d}x")).collect();
     s.push_str(&et.to_string());
     s
+}
+
+/// Whether a view of `actual` satisfies an `expected` element type: opaque
+/// data matches anything, and integers of one width match regardless of
+/// signedness (a signless `i32` accepts `si32` and `ui32`), as upstream.
+fn element_types_compatible(actual: ElementType, expected: ElementType) -> bool {
+    let numerical = |t: ElementType| (t.0 >> 24) as u8;
+    let is_integer = |t: ElementType| numerical(t) & 0xF0 == 0x10;
+    actual == expected
+        || numerical(actual) == 0
+        || (is_integer(actual)
+            && is_integer(expected)
+            && actual.bit_count() == expected.bit_count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signless_integers_accept_either_signedness() {
+        assert!(element_types_compatible(
+            ElementType::SINT_32,
+            ElementType::INT_32
+        ));
+        assert!(element_types_compatible(
+            ElementType::UINT_32,
+            ElementType::INT_32
+        ));
+        assert!(!element_types_compatible(
+            ElementType::SINT_16,
+            ElementType::INT_32
+        ));
+        assert!(!element_types_compatible(
+            ElementType::FLOAT_32,
+            ElementType::INT_32
+        ));
+        assert!(element_types_compatible(
+            ElementType::OPAQUE_32,
+            ElementType::FLOAT_32
+        ));
+    }
 }
