@@ -3,9 +3,12 @@
 //! - `ferrite run-module --module=m.vmfb --function=f --input=42`
 //! - `ferrite dump-module [--output=metadata|disassembly] m.vmfb`
 
+mod benchmark_module;
 mod dump_module;
 mod format;
 mod inputs;
+mod npy;
+mod outputs;
 mod run_module;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +31,8 @@ enum Command {
     RunModule(run_module::RunModuleArgs),
     /// Prints a module's metadata and disassembly (like `iree-dump-module`).
     DumpModule(dump_module::DumpModuleArgs),
+    /// Times calls of one function (like `iree-benchmark-module`).
+    BenchmarkModule(benchmark_module::BenchmarkModuleArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +40,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::RunModule(a) => run_module::run(a),
         Command::DumpModule(a) => dump_module::run(a),
+        Command::BenchmarkModule(a) => benchmark_module::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

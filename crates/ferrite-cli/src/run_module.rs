@@ -1,7 +1,6 @@
 //! `ferrite run-module`: load modules, call one function, print results the
 //! way upstream's `iree-run-module` does.
 
-use crate::format::format_result;
 use crate::inputs::parse_scalar;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
@@ -21,9 +20,23 @@ pub struct RunModuleArgs {
     /// Function to call (`name` or `module.name`).
     #[arg(long)]
     pub function: String,
-    /// Function inputs in upstream's syntax (`42`, `1.5`).
-    #[arg(long = "input")]
+    /// Function inputs in upstream's syntax: scalars (`42`, `1.5`), tensors
+    /// (`2x2xi32=1 2 3 4`, `2x2xi32=@raw.bin`), numpy files (`@a.npy` from
+    /// the start, `+a.npy` continuing in the same file, `*a.npy` all arrays
+    /// left), `(null)`.
+    #[arg(long = "input", allow_hyphen_values = true)]
     pub inputs: Vec<String>,
+    /// Where each result goes, one flag per result: `-` stdout, empty to
+    /// drop it, `@f.npy`/`+f.npy` numpy create/append, `@f.bin`/`+f.bin` raw.
+    #[arg(long = "output", allow_hyphen_values = true)]
+    pub outputs: Vec<String>,
+    /// An expected result (same syntax as `--input`, `(ignored)` to skip);
+    /// results are compared instead of printed and a mismatch exits 1.
+    #[arg(long = "expected_output", allow_hyphen_values = true)]
+    pub expected_outputs: Vec<String>,
+    /// Tolerances and equality mode for `--expected_output`.
+    #[command(flatten)]
+    pub compare: crate::outputs::CompareArgs,
     /// HAL device(s) to run on: `local-sync` or `local-task` (default when
     /// the program needs one: `local-task`).
     #[arg(long = "device")]
@@ -32,7 +45,11 @@ pub struct RunModuleArgs {
     #[arg(long = "task_topology_group_count", default_value_t = 0)]
     pub task_workers: usize,
     /// Maximum elements of a tensor printed before eliding.
-    #[arg(long = "print_max_element_count", default_value_t = 1024)]
+    #[arg(
+        long = "print_max_element_count",
+        alias = "output_max_element_count",
+        default_value_t = 1024
+    )]
     pub print_max_element_count: usize,
     /// Registers the `yieldable_test` native module (for upstream's async VM tests).
     #[arg(long = "yieldable-test-module")]
@@ -129,6 +146,7 @@ pub fn load_context(
 
 /// Parses one `--input` for an argument of type `ty`: scalars by type,
 /// tensors (`4xf32=1,2,3,4`) into buffer views on the first device.
+#[allow(dead_code)]
 pub fn parse_input(
     text: &str,
     ty: &CconvType,
@@ -150,7 +168,21 @@ pub fn parse_input(
     }
 }
 
-/// Runs the command; returns the process exit code.
+/// Parses all `--input` values for `f`'s arguments (upstream's
+/// `iree_tooling_parse_variants`), tensors on the first device.
+pub fn parse_inputs(
+    specs: &[String],
+    arg_types: &[CconvType],
+    devices: &[DeviceRef],
+) -> Result<Vec<Variant>> {
+    let allocator = devices.first().map(|d| d.0.allocator());
+    crate::inputs::parse_variants(arg_types, specs, allocator.as_deref(), "arguments")
+        .annotate(|| "parsing function inputs".to_string())
+}
+
+/// Runs the command. When an expected output does not match, the process
+/// exits with status 1 after the `[FAILED]` report, printing nothing more
+/// (as upstream).
 pub fn run(args: &RunModuleArgs) -> Result<()> {
     let instance = Instance::default();
     let run = load_context(
@@ -165,19 +197,13 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
     let f = ctx
         .lookup_function(&args.function)
         .annotate(|| format!("looking up function '{}'", args.function))?;
-    // Inputs are parsed by the function's argument types, as upstream does;
-    // extra inputs beyond the signature are counted, not parsed.
-    let inputs = args
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| match f.cconv.args.get(i) {
-            Some(ty) => parse_input(t, ty, i, &run.devices),
-            None => Ok(ferrite_vm::Variant::Null),
-        })
-        .collect::<Result<Vec<_>>>()
-        .annotate(|| "parsing function inputs".to_string())?;
-    println!("EXEC @{}", args.function);
+    let inputs = parse_inputs(&args.inputs, &f.cconv.args, &run.devices)?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "EXEC @{}", args.function);
+        let _ = out.flush();
+    }
     // Upstream prints the EXEC line before checking the argument count.
     if inputs.len() != f.cconv.args.len() {
         bail!(
@@ -194,11 +220,18 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
             .invoke(&f, inputs.clone())
             .annotate(|| format!("invoking function '{}'", args.function))?;
     }
-    for (i, r) in results.iter().enumerate() {
-        println!(
-            "result[{i}]: {}",
-            format_result(r, args.print_max_element_count)
-        );
+    let matched = crate::outputs::process_results(
+        &results,
+        &f.cconv.results,
+        &args.outputs,
+        &args.expected_outputs,
+        &args.compare,
+        args.print_max_element_count,
+    )
+    .annotate(|| "processing function outputs".to_string())?;
+    if !matched {
+        drop(results);
+        std::process::exit(1);
     }
     Ok(())
 }
