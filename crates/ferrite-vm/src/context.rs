@@ -192,12 +192,12 @@ fn function_ref(
         &e.signature.cconv
     })
     .annotate(|| format!("export '{}.{}'", module.name(), e.name))?;
-    Ok(FunctionRef {
-        state: state.clone(),
+    Ok(FunctionRef::new(
+        state.clone(),
         ordinal,
-        cconv: Arc::new(cconv),
-        name: format!("{}.{}", module.name(), e.name).into(),
-    })
+        Arc::new(cconv),
+        format!("{}.{}", module.name(), e.name).into(),
+    ))
 }
 
 impl Drop for Context {

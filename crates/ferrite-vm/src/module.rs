@@ -97,8 +97,14 @@ pub trait Module: Send + Sync {
 }
 
 /// A function of a specific module state, as imports resolve to.
+///
+/// One shared allocation: import calls clone it per call, so it costs a
+/// single reference-count update.
 #[derive(Clone)]
-pub struct FunctionRef {
+pub struct FunctionRef(Arc<FunctionTarget>);
+
+/// What a [`FunctionRef`] points at (reachable through `Deref`).
+pub struct FunctionTarget {
     /// The state whose export is called.
     pub state: Arc<dyn ModuleState>,
     /// Export ordinal within that module.
@@ -107,6 +113,30 @@ pub struct FunctionRef {
     pub cconv: Arc<Cconv>,
     /// `module.function`, for messages and backtraces.
     pub name: Arc<str>,
+}
+
+impl FunctionRef {
+    /// A reference to export `ordinal` of `state`.
+    pub fn new(
+        state: Arc<dyn ModuleState>,
+        ordinal: u32,
+        cconv: Arc<Cconv>,
+        name: Arc<str>,
+    ) -> FunctionRef {
+        FunctionRef(Arc::new(FunctionTarget {
+            state,
+            ordinal,
+            cconv,
+            name,
+        }))
+    }
+}
+
+impl std::ops::Deref for FunctionRef {
+    type Target = FunctionTarget;
+    fn deref(&self) -> &FunctionTarget {
+        &self.0
+    }
 }
 
 impl std::fmt::Debug for FunctionRef {

@@ -7,9 +7,7 @@
 
 use super::isa::Op;
 use super::module::{BytecodeModule, BytecodeState};
-use super::verifier::{
-    expand_variadic, pool_list, DecodedFunction, Insn, IMPORT_BIT, MOVE_BIT, REF_BIT, REF_MASK,
-};
+use super::verifier::{pool_list, DecodedFunction, Insn, IMPORT_BIT, MOVE_BIT, REF_BIT, REF_MASK};
 use crate::buffer::VmBuffer;
 use crate::cconv::CconvType;
 use crate::list::VmList;
@@ -473,33 +471,60 @@ pub(crate) fn frame_state(frames: &[Frame], index: usize) -> Option<&Arc<Bytecod
 /// Delivers a cross-module callee's results to the top (bytecode) frame.
 pub(crate) fn deliver_results(stack: &mut Stack, results: Vec<Variant>) -> Result<()> {
     let top = stack.frames.len().wrapping_sub(1);
-    let Some(state) = stack
-        .frames
-        .get(top)
-        .and_then(|_| frame_state(&stack.frames, top))
-        .cloned()
-    else {
+    let Stack {
+        frames,
+        i32_regs,
+        ref_regs,
+        ..
+    } = stack;
+    let Some(Frame::Bytecode(f)) = frames.get(top) else {
         bail!(Internal, "results delivered to a non-bytecode frame");
     };
-    let Some(Frame::Bytecode(f)) = stack.frames.last_mut() else {
-        bail!(Internal, "results delivered to a non-bytecode frame");
-    };
-    let func = &state.module.functions[f.function as usize];
-    let at = f.pending_results;
-    f.pending_results = u32::MAX;
+    let (function, at) = (f.function as usize, f.pending_results);
+    let (ib, rb) = (f.i32_base as usize, f.ref_base as usize);
     if at == u32::MAX {
         bail!(Internal, "no call awaiting results");
     }
+    let Some(state) = frame_state(frames, top) else {
+        bail!(Internal, "bytecode frame without a module state");
+    };
+    let func = &state.module.functions[function];
     let list = pool_list(&func.pool, at as usize);
-    let (ib, rb) = (f.i32_base as usize, f.ref_base as usize);
-    let regs = &mut stack.i32_regs[ib..ib + func.i32_count as usize];
-    let refs = &mut stack.ref_regs[rb..rb + func.ref_count as usize];
-    write_results(regs, refs, list, results)
+    let regs = &mut i32_regs[ib..ib + func.i32_count as usize];
+    let refs = &mut ref_regs[rb..rb + func.ref_count as usize];
+    let r = write_results(regs, refs, list, results);
+    if let Some(Frame::Bytecode(f)) = frames.get_mut(top) {
+        f.pending_results = u32::MAX;
+    }
+    r
 }
 
 /// Runs the top frame (which must be bytecode) until it leaves the module.
 pub(crate) fn run(stack: &mut Stack) -> Result<Step> {
     let top_index = stack.frames.len().wrapping_sub(1);
+    // The module state lives in the nearest externally-entered frame. It is
+    // moved out for the duration of the run (and put back below) so that the
+    // interpreter can hold it while mutating the stack without refcounting.
+    let Some(owner) = (0..=top_index)
+        .rev()
+        .find(|&i| matches!(&stack.frames[i], Frame::Bytecode(b) if b.state.is_some()))
+    else {
+        bail!(Internal, "bytecode frame without a module state");
+    };
+    let Frame::Bytecode(holder) = &mut stack.frames[owner] else {
+        bail!(Internal, "bytecode frame without a module state");
+    };
+    let Some(state) = holder.state.take() else {
+        bail!(Internal, "bytecode frame without a module state");
+    };
+    let step = run_with(&state, stack);
+    if let Some(Frame::Bytecode(holder)) = stack.frames.get_mut(owner) {
+        holder.state = Some(state);
+    }
+    step
+}
+
+fn run_with(state: &Arc<BytecodeState>, stack: &mut Stack) -> Result<Step> {
     let Some(Frame::Bytecode(top)) = stack.frames.last() else {
         bail!(Internal, "interpreter entered on a non-bytecode frame");
     };
@@ -509,14 +534,11 @@ pub(crate) fn run(stack: &mut Stack) -> Result<Step> {
         i32_base: top.i32_base as usize,
         ref_base: top.ref_base as usize,
     };
-    let Some(state) = frame_state(&stack.frames, top_index).cloned() else {
-        bail!(Internal, "bytecode frame without a module state");
-    };
     let module = &*state.module;
     let result = if stack.coverage.is_some() {
-        exec::<true>(&state, stack, &mut cur)
+        exec::<true>(state, stack, &mut cur)
     } else {
-        exec::<false>(&state, stack, &mut cur)
+        exec::<false>(state, stack, &mut cur)
     };
     let Some(Frame::Bytecode(frame)) = stack.frames.last_mut() else {
         bail!(Internal, "bytecode frame vanished");
@@ -546,44 +568,77 @@ pub(crate) fn run(stack: &mut Stack) -> Result<Step> {
             frame.pc = resume as u32;
             frame.pending_results = results as u32;
             let target = state.import(import)?;
-            let flat;
-            let types: &[CconvType] = match segments {
-                Some(seg) => {
-                    flat = expand_variadic(&target.cconv.args, pool_list(&func.pool, seg))?;
-                    &flat
-                }
-                None => &target.cconv.args,
-            };
             let regs = &stack.i32_regs[ib..ib + ic];
             let refs = &mut stack.ref_regs[rb..rb + rc];
-            let mut vals = read_values(regs, refs, pool_list(&func.pool, args), types)?;
-            if let Some(seg) = segments {
-                vals = insert_span_counts(&target.cconv.args, pool_list(&func.pool, seg), vals);
-            }
+            let list = pool_list(&func.pool, args);
+            let vals = match segments {
+                None => read_values(regs, refs, list, &target.cconv.args)?,
+                Some(seg) => read_variadic(
+                    regs,
+                    refs,
+                    list,
+                    &target.cconv.args,
+                    pool_list(&func.pool, seg),
+                )?,
+            };
             Ok(Step::Call(target, vals))
         }
         Action::Yield => Ok(Step::Yield(Wait::yield_now())),
     }
 }
 
-/// Variadic native calls receive each span as its element count followed by
-/// the elements, as upstream's ABI lays them out.
-fn insert_span_counts(args: &[CconvType], segments: &[u32], flat: Vec<Variant>) -> Vec<Variant> {
-    let mut out = Vec::with_capacity(flat.len() + segments.len());
-    let mut it = flat.into_iter();
+/// Reads the arguments of a variadic import call: each span is passed as
+/// its element count followed by the elements, as upstream's ABI lays them
+/// out.
+fn read_variadic(
+    regs: &[u32],
+    refs: &mut [Option<Ref>],
+    list: &[u32],
+    args: &[CconvType],
+    segments: &[u32],
+) -> Result<Vec<Variant>> {
+    let mut out = Vec::with_capacity(list.len() + segments.len());
+    let mut regs_iter = list.iter();
+    let mut read_one = |t: &CconvType, out: &mut Vec<Variant>| -> Result<()> {
+        let Some(&reg) = regs_iter.next() else {
+            bail!(
+                InvalidArgument,
+                "variadic call has fewer registers than its segments need"
+            );
+        };
+        let reg = reg as u16;
+        out.push(match t {
+            CconvType::I32 => Variant::I32(regs[reg as usize] as i32),
+            CconvType::F32 => Variant::F32(f32::from_bits(regs[reg as usize])),
+            CconvType::I64 => Variant::I64(get_i64(regs, reg)),
+            CconvType::F64 => Variant::F64(f64::from_bits(get_i64(regs, reg) as u64)),
+            CconvType::Ref => Variant::from_ref(take_ref(refs, reg)),
+            CconvType::Span(_) => bail!(InvalidArgument, "nested variadic spans are not supported"),
+        });
+        Ok(())
+    };
     for (i, a) in args.iter().enumerate() {
         match a {
             CconvType::Span(items) => {
-                let n = segments.get(i).copied().unwrap_or(0);
+                let n = *segments.get(i).ok_or_else(|| {
+                    status!(
+                        InvalidArgument,
+                        "variadic call has {} segment sizes, signature needs {}",
+                        segments.len(),
+                        args.len()
+                    )
+                })?;
                 out.push(Variant::I32(n as i32));
-                for _ in 0..n as usize * items.len() {
-                    out.extend(it.next());
+                for _ in 0..n {
+                    for t in items {
+                        read_one(t, &mut out)?;
+                    }
                 }
             }
-            _ => out.extend(it.next()),
+            t => read_one(t, &mut out)?,
         }
     }
-    out
+    Ok(out)
 }
 
 /// An i32-bank register slot, without a bounds check.
