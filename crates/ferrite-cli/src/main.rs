@@ -2,8 +2,10 @@
 //!
 //! - `ferrite run-module --module=m.vmfb --function=f --input=42`
 //! - `ferrite dump-module [--output=metadata|disassembly] m.vmfb`
+//! - `ferrite check-module --module=tests.vmfb [--device=local-sync]`
 
 mod benchmark_module;
+mod check_module;
 mod dump_module;
 mod format;
 mod inputs;
@@ -33,6 +35,8 @@ enum Command {
     DumpModule(dump_module::DumpModuleArgs),
     /// Times calls of one function (like `iree-benchmark-module`).
     BenchmarkModule(benchmark_module::BenchmarkModuleArgs),
+    /// Runs each test function of a self-checking program (like `iree-check-module`).
+    CheckModule(check_module::CheckModuleArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
         Command::RunModule(a) => run_module::run(a),
         Command::DumpModule(a) => dump_module::run(a),
         Command::BenchmarkModule(a) => benchmark_module::run(a),
+        Command::CheckModule(a) => check_module::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -94,6 +94,19 @@ pub fn load_context(
     task_workers: usize,
     yieldable: bool,
 ) -> Result<RunContext> {
+    load_context_with(instance, modules, devices, task_workers, yieldable, Vec::new())
+}
+
+/// [`load_context`] with `extra` native modules (e.g. `check`) registered
+/// after `hal` and before the loaded modules.
+pub fn load_context_with(
+    instance: &Instance,
+    modules: &[String],
+    devices: &[String],
+    task_workers: usize,
+    yieldable: bool,
+    extra: Vec<Arc<dyn Module>>,
+) -> Result<RunContext> {
     ferrite_hal::module::register_types(instance.types());
     let mut loaded = Vec::new();
     for path in modules {
@@ -134,6 +147,9 @@ pub fn load_context(
     }
     if yieldable {
         ctx.register(ferrite_vm::testing::yieldable_test_module()?)?;
+    }
+    for m in extra {
+        ctx.register(m)?;
     }
     for m in loaded {
         ctx.register(m as Arc<dyn Module>)?;

@@ -1,0 +1,175 @@
+//! `ferrite check-module`: runs every test function of a self-checking
+//! program (like upstream's `iree-check-module`).
+//!
+//! The `check` module is registered after `hal` and before the program.
+//! Each exported function of the main (last) module is a test, except
+//! internal ones (`__init`, names starting with `__` or containing `$`).
+//! Every test runs in a fresh context on a fresh device, so one failure
+//! cannot affect the next. A test fails when any `check.expect_*` failed or
+//! the call returned an error (or panicked).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrite_base::status::ResultExt;
+use ferrite_base::{bail, Result};
+use ferrite_modules::check::create_check_module;
+use ferrite_vm::cconv::Cconv;
+use ferrite_vm::{BytecodeModule, Instance, Module, ModuleBytes};
+
+use crate::run_module::load_context_with;
+
+/// Options of `check-module`.
+#[derive(clap::Args, Debug)]
+pub struct CheckModuleArgs {
+    /// A `.vmfb` file to load; repeat for several (the last is the module
+    /// whose functions are the tests).
+    #[arg(long = "module", required = true)]
+    pub modules: Vec<String>,
+    /// HAL device to run on: `local-sync` or `local-task` (default).
+    #[arg(long = "device")]
+    pub devices: Vec<String>,
+    /// Worker threads of `local-task` (0 = one per core).
+    #[arg(long = "task_topology_group_count", default_value_t = 0)]
+    pub task_workers: usize,
+    /// Runs only tests whose name contains this text.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Succeeds only when some test fails (as upstream's flag).
+    #[arg(long = "expect_failure")]
+    pub expect_failure: bool,
+}
+
+/// One test: the function's local name.
+struct Test {
+    name: String,
+}
+
+/// The main module's name and its test functions; exports with arguments
+/// or results are returned separately (skipped, with their cconv).
+fn discover(path: &str) -> Result<(String, Vec<Test>, Vec<(String, String)>)> {
+    let instance = Instance::default();
+    ferrite_hal::module::register_types(instance.types());
+    let bytes = if path == "-" {
+        bail!(InvalidArgument, "check-module needs a module file, not stdin");
+    } else {
+        ModuleBytes::map_file(path).annotate(|| format!("loading bytecode module at '{path}'"))?
+    };
+    let m = BytecodeModule::load(&instance, bytes)
+        .annotate(|| format!("loading bytecode module at '{path}'"))?;
+    let mut tests = Vec::new();
+    let mut skipped = Vec::new();
+    for e in m.exports() {
+        if e.name.starts_with("__") || e.name.contains('$') {
+            continue;
+        }
+        let cconv = Cconv::parse(&e.signature.cconv)
+            .annotate(|| format!("export '{}'", e.name))?;
+        if !cconv.args.is_empty() || !cconv.results.is_empty() {
+            skipped.push((e.name.clone(), e.signature.cconv.clone()));
+            continue;
+        }
+        tests.push(Test {
+            name: e.name.clone(),
+        });
+    }
+    Ok((m.name().to_string(), tests, skipped))
+}
+
+/// Runs one test in its own context; the failure messages (empty: passed).
+fn run_test(args: &CheckModuleArgs, module_name: &str, test: &Test) -> Vec<String> {
+    let instance = Instance::default();
+    let (check, log) = match create_check_module() {
+        Ok(x) => x,
+        Err(e) => return vec![e.to_string()],
+    };
+    let outcome = (|| -> Result<()> {
+        let run = load_context_with(
+            &instance,
+            &args.modules,
+            &args.devices,
+            args.task_workers,
+            false,
+            vec![check as Arc<dyn Module>],
+        )
+        .annotate(|| "creating the test context".to_string())?;
+        let name = format!("{module_name}.{}", test.name);
+        let f = run.context.lookup_function(&name)?;
+        run.context
+            .invoke(&f, Vec::new())
+            .annotate(|| format!("invoking function '{name}'"))?;
+        Ok(())
+    })();
+    let mut failures = log.take();
+    if let Err(e) = outcome {
+        failures.push(e.to_string());
+    }
+    failures
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}
+
+/// Runs the command: exits 1 when a test failed (or, with
+/// `--expect_failure`, when none did).
+pub fn run(args: &CheckModuleArgs) -> Result<()> {
+    let main = args.modules.last().map(String::as_str).unwrap_or("-");
+    let (module_name, tests, skipped) = discover(main)?;
+    for (name, cconv) in &skipped {
+        println!(
+            "[ SKIPPED  ] {module_name}.{name} (signature '{cconv}': a test takes no arguments and returns nothing)"
+        );
+    }
+    let tests: Vec<&Test> = tests
+        .iter()
+        .filter(|t| args.filter.as_ref().is_none_or(|f| t.name.contains(f.as_str())))
+        .collect();
+    let (mut passed, mut failed) = (0usize, Vec::new());
+    for test in tests {
+        let full = format!("{module_name}.{}", test.name);
+        println!("[ RUN      ] {full}");
+        let start = Instant::now();
+        let failures = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_test(args, &module_name, test)
+        })) {
+            Ok(f) => f,
+            Err(p) => vec![format!("panic: {}", panic_text(&*p))],
+        };
+        let ms = start.elapsed().as_millis();
+        if failures.is_empty() {
+            passed += 1;
+            println!("[       OK ] {full} ({ms} ms)");
+        } else {
+            for f in &failures {
+                for line in f.lines() {
+                    println!("    {line}");
+                }
+            }
+            println!("[  FAILED  ] {full} ({ms} ms)");
+            failed.push(full);
+        }
+    }
+    println!("{passed} passed, {} failed", failed.len());
+    for f in &failed {
+        println!("[  FAILED  ] {f}");
+    }
+    if args.expect_failure {
+        if failed.is_empty() {
+            println!("Test passed but expected failure");
+            std::process::exit(1);
+        }
+        println!("Test failed as expected");
+        return Ok(());
+    }
+    if !failed.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}
