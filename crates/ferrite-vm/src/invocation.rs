@@ -191,7 +191,9 @@ fn run_frames(stack: &mut Stack) -> Result<Poll> {
                 nf.call.resumed = true;
                 match r {
                     Ok(NativePoll::Ready(v)) => {
-                        stack.frames.pop();
+                        if let Some(Frame::Native(nf)) = stack.frames.pop() {
+                            stack.recycle_values(nf.call.args);
+                        }
                         Ok(Step::Return(v))
                     }
                     Ok(NativePoll::Pending(w)) => Ok(Step::Yield(w)),

@@ -136,6 +136,9 @@ pub struct Stack {
     pub(crate) ref_regs: Vec<Option<Ref>>,
     pub(crate) ref_top: usize,
     pub(crate) max_depth: usize,
+    /// Emptied argument/result vectors kept for reuse: cross-module calls
+    /// would otherwise allocate and free one per call.
+    pub(crate) spare_values: Vec<Vec<Variant>>,
     /// Per-op execution flags, when coverage recording is on.
     pub(crate) coverage: Option<Vec<bool>>,
 }
@@ -155,6 +158,7 @@ impl Stack {
             i32_top: 0,
             ref_regs: Vec::with_capacity(64),
             ref_top: 0,
+            spare_values: Vec::new(),
             max_depth,
             coverage: None,
         }
@@ -212,6 +216,14 @@ impl Stack {
             },
         }));
         Ok(())
+    }
+
+    /// Keeps an emptied vector for the next call's arguments.
+    pub(crate) fn recycle_values(&mut self, mut values: Vec<Variant>) {
+        if self.spare_values.len() < 8 && values.capacity() <= 64 {
+            values.clear();
+            self.spare_values.push(values);
+        }
     }
 
     /// Drops every frame and clears registers (after a failure).

@@ -231,7 +231,7 @@ pub(crate) fn write_results(
     regs: &mut [u32],
     refs: &mut [Option<Ref>],
     list: &[u32],
-    results: Vec<Variant>,
+    results: &mut Vec<Variant>,
 ) -> Result<()> {
     if list.len() != results.len() {
         bail!(
@@ -241,7 +241,7 @@ pub(crate) fn write_results(
             list.len()
         );
     }
-    for (&reg, v) in list.iter().zip(results) {
+    for (&reg, v) in list.iter().zip(results.drain(..)) {
         let reg = reg as u16;
         let is_ref = reg & REF_BIT != 0;
         match (v, is_ref) {
@@ -270,6 +270,17 @@ fn read_values(
     list: &[u32],
     types: &[CconvType],
 ) -> Result<Vec<Variant>> {
+    read_values_into(regs, refs, list, types, Vec::with_capacity(list.len()))
+}
+
+/// [`read_values`] into a recycled vector.
+fn read_values_into(
+    regs: &[u32],
+    refs: &mut [Option<Ref>],
+    list: &[u32],
+    types: &[CconvType],
+    mut out: Vec<Variant>,
+) -> Result<Vec<Variant>> {
     if list.len() != types.len() {
         bail!(
             Internal,
@@ -278,7 +289,7 @@ fn read_values(
             types.len()
         );
     }
-    let mut out = Vec::with_capacity(list.len());
+    out.clear();
     for (&reg, t) in list.iter().zip(types) {
         let reg = reg as u16;
         out.push(match t {
@@ -469,7 +480,7 @@ pub(crate) fn frame_state(frames: &[Frame], index: usize) -> Option<&Arc<Bytecod
 }
 
 /// Delivers a cross-module callee's results to the top (bytecode) frame.
-pub(crate) fn deliver_results(stack: &mut Stack, results: Vec<Variant>) -> Result<()> {
+pub(crate) fn deliver_results(stack: &mut Stack, mut results: Vec<Variant>) -> Result<()> {
     let top = stack.frames.len().wrapping_sub(1);
     let Stack {
         frames,
@@ -492,10 +503,11 @@ pub(crate) fn deliver_results(stack: &mut Stack, results: Vec<Variant>) -> Resul
     let list = pool_list(&func.pool, at as usize);
     let regs = &mut i32_regs[ib..ib + func.i32_count as usize];
     let refs = &mut ref_regs[rb..rb + func.ref_count as usize];
-    let r = write_results(regs, refs, list, results);
+    let r = write_results(regs, refs, list, &mut results);
     if let Some(Frame::Bytecode(f)) = frames.get_mut(top) {
         f.pending_results = u32::MAX;
     }
+    stack.recycle_values(results);
     r
 }
 
@@ -568,17 +580,19 @@ fn run_with(state: &Arc<BytecodeState>, stack: &mut Stack) -> Result<Step> {
             frame.pc = resume as u32;
             frame.pending_results = results as u32;
             let target = state.import(import)?;
+            let spare = stack.spare_values.pop().unwrap_or_default();
             let regs = &stack.i32_regs[ib..ib + ic];
             let refs = &mut stack.ref_regs[rb..rb + rc];
             let list = pool_list(&func.pool, args);
             let vals = match segments {
-                None => read_values(regs, refs, list, &target.cconv.args)?,
+                None => read_values_into(regs, refs, list, &target.cconv.args, spare)?,
                 Some(seg) => read_variadic(
                     regs,
                     refs,
                     list,
                     &target.cconv.args,
                     pool_list(&func.pool, seg),
+                    spare,
                 )?,
             };
             Ok(Step::Call(target, vals))
@@ -596,8 +610,9 @@ fn read_variadic(
     list: &[u32],
     args: &[CconvType],
     segments: &[u32],
+    mut out: Vec<Variant>,
 ) -> Result<Vec<Variant>> {
-    let mut out = Vec::with_capacity(list.len() + segments.len());
+    out.clear();
     let mut regs_iter = list.iter();
     let mut read_one = |t: &CconvType, out: &mut Vec<Variant>| -> Result<()> {
         let Some(&reg) = regs_iter.next() else {
