@@ -1,0 +1,536 @@
+//! Our own HAL programs (`tests/hal/*.mlir`), compiled at test time for a
+//! generic x86-64 CPU, run through `ferrite run-module` and upstream's
+//! `iree-run-module` (pinned in `.venv/bin`) with the same inputs on
+//! `local-sync` and `local-task`: stdout must be identical. Then bad input:
+//! wrong rank, shape, element type or argument count give an error naming
+//! the argument with expected vs received (the text upstream prints), and a
+//! device we lack is reported with the devices we have.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+fn workspace_root() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    dir.canonicalize().unwrap_or(dir)
+}
+
+fn venv_tool(name: &str) -> PathBuf {
+    let venv = std::env::var_os("VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv"));
+    let p = venv.join("bin").join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/setup-venv.sh (these tests need the pinned IREE tools)",
+        p.display()
+    );
+    p
+}
+
+static BUILD_LOCK: Mutex<()> = Mutex::new(());
+
+/// Compiles `tests/hal/<name>.mlir` with `flags` (once per source change)
+/// into `<name><suffix>.vmfb`.
+fn compile_with(name: &str, suffix: &str, flags: &[&str]) -> PathBuf {
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let src = workspace_root()
+        .join("tests/hal")
+        .join(format!("{name}.mlir"));
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hal-programs");
+    std::fs::create_dir_all(&out_dir).expect("create output directory");
+    let out = out_dir.join(format!("{name}{suffix}.vmfb"));
+    let fresh = match (std::fs::metadata(&src), std::fs::metadata(&out)) {
+        (Ok(s), Ok(o)) => matches!((s.modified(), o.modified()), (Ok(s), Ok(o)) if o >= s),
+        _ => false,
+    };
+    if !fresh {
+        let tmp = out.with_extension(format!("vmfb.{}.tmp", std::process::id()));
+        let output = Command::new(venv_tool("iree-compile"))
+            .args(flags)
+            .arg(&src)
+            .arg("-o")
+            .arg(&tmp)
+            .output()
+            .expect("run iree-compile");
+        assert!(
+            output.status.success(),
+            "iree-compile failed for {}:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        std::fs::rename(&tmp, &out).expect("move compiled module into place");
+    }
+    out
+}
+
+/// Compiles for the local llvm-cpu target with a portable CPU.
+fn compile(name: &str) -> PathBuf {
+    compile_with(
+        name,
+        "",
+        &[
+            "--iree-hal-target-device=local",
+            "--iree-hal-local-target-device-backends=llvm-cpu",
+            "--iree-llvmcpu-target-cpu=generic",
+        ],
+    )
+}
+
+struct Output {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn run_with_timeout(program: &Path, args: &[String], timeout: Duration) -> Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+    // Drain the pipes on threads so large outputs cannot block the child.
+    let mut out_pipe = child.stdout.take().unwrap();
+    let mut err_pipe = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        std::io::Read::read_to_end(&mut out_pipe, &mut s).ok();
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        std::io::Read::read_to_end(&mut err_pipe, &mut s).ok();
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() > timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "{} {} did not finish within {timeout:?}",
+                    program.display(),
+                    args.join(" ")
+                );
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("waiting for {}: {e}", program.display()),
+        }
+    };
+    Output {
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned(),
+        stderr: String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned(),
+    }
+}
+
+fn tool_args(
+    module: &Path,
+    function: &str,
+    inputs: &[String],
+    device: Option<&str>,
+) -> Vec<String> {
+    let mut v = vec![
+        format!("--module={}", module.display()),
+        format!("--function={function}"),
+    ];
+    if let Some(d) = device {
+        v.push(format!("--device={d}"));
+    }
+    v.extend(inputs.iter().map(|i| format!("--input={i}")));
+    v
+}
+
+fn ferrite(module: &Path, function: &str, inputs: &[String], device: Option<&str>) -> Output {
+    let mut a = vec!["run-module".to_string()];
+    a.extend(tool_args(module, function, inputs, device));
+    run_with_timeout(
+        Path::new(env!("CARGO_BIN_EXE_ferrite")),
+        &a,
+        Duration::from_secs(120),
+    )
+}
+
+fn upstream(module: &Path, function: &str, inputs: &[String], device: Option<&str>) -> Output {
+    run_with_timeout(
+        &venv_tool("iree-run-module"),
+        &tool_args(module, function, inputs, device),
+        Duration::from_secs(120),
+    )
+}
+
+const DEVICES: [&str; 2] = ["local-sync", "local-task"];
+
+/// Runs `program.function` through both tools on both devices and asserts
+/// success and identical stdout. Returns upstream's stdout (local-sync).
+fn differential(program: &str, function: &str, inputs: &[String]) -> String {
+    let module = compile(program);
+    let mut first = None;
+    for device in DEVICES {
+        let up = upstream(&module, function, inputs, Some(device));
+        assert_eq!(
+            up.code,
+            Some(0),
+            "upstream iree-run-module {program}.{function} on {device} failed:\n{}",
+            up.stderr
+        );
+        let fe = ferrite(&module, function, inputs, Some(device));
+        assert_eq!(
+            fe.code,
+            Some(0),
+            "ferrite run-module {program}.{function} on {device} failed:\n{}{}",
+            fe.stdout,
+            fe.stderr
+        );
+        assert!(
+            fe.stdout == up.stdout,
+            "{program}.{function} on {device}: stdout differs\n--- upstream\n{}\n--- ferrite\n{}",
+            up.stdout,
+            fe.stdout
+        );
+        first.get_or_insert(up.stdout);
+    }
+    first.unwrap()
+}
+
+/// `SHAPExTYPE=v0,v1,...` with `n` values from `f(i)`.
+fn tensor(spec: &str, n: usize, f: impl Fn(usize) -> String) -> String {
+    let values: Vec<String> = (0..n).map(f).collect();
+    format!("{spec}={}", values.join(","))
+}
+
+/// Deterministic non-trivial f32 values in about [-2, 2], printed with all
+/// their digits.
+fn fvals(spec: &str, n: usize, seed: u32) -> String {
+    tensor(spec, n, |i| {
+        let mut s = (i as u32)
+            .wrapping_mul(2_654_435_761)
+            .wrapping_add(seed.wrapping_mul(40_503));
+        s ^= s >> 13;
+        s = s.wrapping_mul(0x5bd1_e995);
+        s ^= s >> 15;
+        let v = (s % 40_000) as f32 / 10_000.0 - 2.0;
+        format!("{v}")
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Differential runs
+
+#[test]
+fn matmul_32x64_times_64x16() {
+    let out = differential(
+        "matmul",
+        "matmul",
+        &[
+            fvals("32x64xf32", 32 * 64, 1),
+            fvals("64x16xf32", 64 * 16, 2),
+        ],
+    );
+    assert!(
+        out.starts_with("EXEC @matmul\nresult[0]: hal.buffer_view\n32x16xf32=["),
+        "{out}"
+    );
+}
+
+#[test]
+fn conv2d_nhwc() {
+    let out = differential(
+        "conv2d",
+        "conv2d",
+        &[
+            fvals("1x8x8x3xf32", 8 * 8 * 3, 3),
+            fvals("3x3x3x4xf32", 3 * 3 * 3 * 4, 4),
+        ],
+    );
+    assert!(out.contains("1x6x6x4xf32="), "{out}");
+}
+
+#[test]
+fn elementwise_chain() {
+    let out = differential(
+        "elementwise",
+        "chain",
+        &[fvals("4x8xf32", 32, 5), fvals("4x8xf32", 32, 6)],
+    );
+    assert!(out.contains("4x8xf32="), "{out}");
+    // Splat inputs and special values (inf, nan, signed zero).
+    differential(
+        "elementwise",
+        "chain",
+        &[
+            tensor("4x8xf32", 32, |i| {
+                ["0", "-0", "inf", "-inf", "nan", "1e-38", "3.4e38", "-1.5"][i % 8].to_string()
+            }),
+            "4x8xf32=0.75".to_string(),
+        ],
+    );
+}
+
+#[test]
+fn reduction_sum_over_axis() {
+    let out = differential("reduction", "row_sum", &[fvals("8x16xf32", 128, 7)]);
+    assert!(out.contains("result[0]: hal.buffer_view\n8xf32="), "{out}");
+}
+
+#[test]
+fn dynamic_shapes() {
+    for n in [1usize, 7, 1000] {
+        let spec = format!("{n}xf32");
+        differential(
+            "dynamic",
+            "fma1",
+            &[fvals(&spec, n, 8 + n as u32), fvals(&spec, n, 9)],
+        );
+        differential("dynamic", "sum_squares", &[fvals(&spec, n, 10)]);
+    }
+    // Empty tensors.
+    let out = differential(
+        "dynamic",
+        "fma1",
+        &["0xf32=".to_string(), "0xf32=".to_string()],
+    );
+    assert!(out.contains("0xf32="), "{out}");
+    let out = differential("dynamic", "sum_squares", &["0xf32=".to_string()]);
+    assert!(out.contains("f32=0"), "{out}");
+}
+
+#[test]
+fn integer_i8_matmul_to_i32() {
+    let out = differential(
+        "int8",
+        "qmatmul",
+        &[
+            tensor("4x8xi8", 32, |i| {
+                format!("{}", ((i * 37) % 256) as i32 - 128)
+            }),
+            tensor("8x4xi8", 32, |i| {
+                format!("{}", ((i * 91 + 13) % 255) as i32 - 127)
+            }),
+            tensor("4x4xi32", 16, |i| format!("{}", (i as i32 - 8) * 100_003)),
+        ],
+    );
+    assert!(out.contains("4x4xi32="), "{out}");
+}
+
+#[test]
+fn empty_and_fill() {
+    for v in ["2.5", "-0", "1e-45", "-3.4028235e38"] {
+        let out = differential("fill", "splat", &[v.to_string()]);
+        assert!(out.contains("3x5xf32="), "{out}");
+    }
+    differential(
+        "fill",
+        "offset",
+        &["6xi32=1,2,3,-4,-5,2147483640".to_string()],
+    );
+}
+
+#[test]
+fn several_results() {
+    let out = differential(
+        "multi_result",
+        "several",
+        &[
+            fvals("5xf32", 5, 11),
+            fvals("5xf32", 5, 12),
+            "-123456".to_string(),
+        ],
+    );
+    for i in 0..5 {
+        assert!(out.contains(&format!("result[{i}]: ")), "{out}");
+    }
+    assert!(out.contains("result[4]: i32=-246912"), "{out}");
+}
+
+// ---------------------------------------------------------------------------
+// Bad input
+
+/// The diagnostic of an `iree-run-module` error: the text after the status
+/// code, up to where upstream starts naming its own call stack.
+fn upstream_diagnostic(stderr: &str, code: &str) -> String {
+    let start = stderr
+        .find(&format!("{code}; "))
+        .unwrap_or_else(|| panic!("no {code} in upstream's stderr:\n{stderr}"))
+        + code.len()
+        + 2;
+    let rest = &stderr[start..];
+    let end = ["; while ", "; invoking", "; parsing", "\n"]
+        .iter()
+        .filter_map(|m| rest.find(m))
+        .min()
+        .unwrap_or(rest.len());
+    rest[..end].to_string()
+}
+
+/// Both tools fail on both devices; Ferrite's stderr carries upstream's
+/// diagnostic (which names the argument, expected and received), and
+/// anything in `also`.
+fn rejected_like_upstream(program: &str, function: &str, inputs: &[String], also: &[&str]) {
+    let module = compile(program);
+    for device in DEVICES {
+        let up = upstream(&module, function, inputs, Some(device));
+        assert_ne!(up.code, Some(0), "upstream accepted {inputs:?}");
+        let want = upstream_diagnostic(&up.stderr, "INVALID_ARGUMENT");
+        let fe = ferrite(&module, function, inputs, Some(device));
+        assert_eq!(
+            fe.code,
+            Some(1),
+            "ferrite {program}.{function} {inputs:?} on {device}:\n{}{}",
+            fe.stdout,
+            fe.stderr
+        );
+        assert!(
+            fe.stderr.starts_with("INVALID_ARGUMENT; "),
+            "ferrite's error does not start with the status code:\n{}",
+            fe.stderr
+        );
+        assert!(
+            fe.stderr.contains(&want),
+            "on {device}: ferrite's error does not carry upstream's diagnostic\n  upstream: {want}\n  ferrite:  {}",
+            fe.stderr
+        );
+        for a in also {
+            assert!(
+                fe.stderr.contains(a),
+                "ferrite's error lacks {a:?}:\n{}",
+                fe.stderr
+            );
+        }
+        assert_eq!(fe.stdout, up.stdout, "stdout before the error differs");
+        assert!(!fe.stderr.contains("panicked"), "{}", fe.stderr);
+    }
+}
+
+#[test]
+fn wrong_input_rank() {
+    rejected_like_upstream(
+        "dynamic",
+        "fma1",
+        &["5x2xf32=1".to_string(), "5xf32=0.5".to_string()],
+        &["input0 shape rank mismatch; expected 1 but have 2"],
+    );
+    rejected_like_upstream(
+        "matmul",
+        "matmul",
+        &["32x64xf32=1".to_string(), "1024xf32=1".to_string()],
+        &["input1 shape rank mismatch; expected 2 but have 1"],
+    );
+}
+
+#[test]
+fn wrong_input_shape() {
+    rejected_like_upstream(
+        "add",
+        "add",
+        &["99999xf32=1".to_string(), "100000xf32=2".to_string()],
+        &["input0 shape dimension 0 mismatch; expected 100000 but have 99999"],
+    );
+    rejected_like_upstream(
+        "matmul",
+        "matmul",
+        &["32x64xf32=1".to_string(), "64x17xf32=1".to_string()],
+        &["input1 shape dimension 1 mismatch; expected 16 but have 17"],
+    );
+}
+
+#[test]
+fn wrong_input_element_type() {
+    rejected_like_upstream(
+        "dynamic",
+        "fma1",
+        &["5xi32=1".to_string(), "5xf32=0.5".to_string()],
+        &["input0 element type mismatch; expected f32", "but have i32"],
+    );
+    rejected_like_upstream(
+        "int8",
+        "qmatmul",
+        &[
+            "4x8xi8=1".to_string(),
+            "8x4xi8=1".to_string(),
+            "4x4xf32=1".to_string(),
+        ],
+        &["input2 element type mismatch; expected i32", "but have f32"],
+    );
+}
+
+#[test]
+fn wrong_input_count() {
+    rejected_like_upstream(
+        "dynamic",
+        "fma1",
+        &["5xf32=1".to_string()],
+        &["expected 2 arguments but passed 1"],
+    );
+}
+
+#[test]
+fn tensor_input_for_scalar_argument_is_an_error() {
+    // Upstream 3.13 reads `5xf32=1` for an i32 argument as the number 5
+    // (a strtol prefix); Ferrite rejects it, naming the input text.
+    let module = compile("multi_result");
+    let inputs = [
+        "5xf32=1".to_string(),
+        "5xf32=1".to_string(),
+        "5xf32=1".to_string(),
+    ];
+    let fe = ferrite(&module, "several", &inputs, Some("local-sync"));
+    assert_eq!(fe.code, Some(1), "{}{}", fe.stdout, fe.stderr);
+    assert!(fe.stderr.starts_with("INVALID_ARGUMENT; "), "{}", fe.stderr);
+    assert!(fe.stderr.contains("`5xf32=1`"), "{}", fe.stderr);
+}
+
+#[test]
+fn unavailable_device_lists_available_ones() {
+    let module = compile("add");
+    let inputs = ["100000xf32=1".to_string(), "100000xf32=2".to_string()];
+    for device in ["cuda", "vulkan", "local-async"] {
+        let fe = ferrite(&module, "add", &inputs, Some(device));
+        assert_eq!(fe.code, Some(1), "{}{}", fe.stdout, fe.stderr);
+        assert!(fe.stdout.is_empty(), "{}", fe.stdout);
+        assert!(fe.stderr.contains(&format!("'{device}'")), "{}", fe.stderr);
+        assert!(
+            fe.stderr.contains("local-sync") && fe.stderr.contains("local-task"),
+            "the error does not list the available devices:\n{}",
+            fe.stderr
+        );
+        assert!(!fe.stderr.contains("panicked"), "{}", fe.stderr);
+    }
+    // A device URI with a suffix is still a device we lack.
+    let fe = ferrite(&module, "add", &inputs, Some("cuda://0"));
+    assert_eq!(fe.code, Some(1));
+    assert!(fe.stderr.contains("cuda"), "{}", fe.stderr);
+    assert!(
+        fe.stderr.contains("local-sync, local-task"),
+        "{}",
+        fe.stderr
+    );
+}
+
+#[test]
+fn module_compiled_for_a_device_we_lack() {
+    // A module built only for CUDA, run on our default device: its
+    // initializer finds no usable device. Upstream fails the same way
+    // (INCOMPATIBLE naming the cuda target).
+    let module = compile_with(
+        "add",
+        "_cuda",
+        &["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"],
+    );
+    let inputs = ["100000xf32=1".to_string(), "100000xf32=2".to_string()];
+    for device in [None, Some("local-sync"), Some("local-task")] {
+        let fe = ferrite(&module, "add", &inputs, device);
+        assert_eq!(fe.code, Some(1), "{}{}", fe.stdout, fe.stderr);
+        assert!(fe.stderr.starts_with("INCOMPATIBLE; "), "{}", fe.stderr);
+        assert!(fe.stderr.contains("\"cuda\""), "{}", fe.stderr);
+        assert!(!fe.stderr.contains("panicked"), "{}", fe.stderr);
+    }
+    let up = upstream(&module, "add", &inputs, Some("local-sync"));
+    assert_ne!(up.code, Some(0));
+    assert!(up.stderr.contains("INCOMPATIBLE"), "{}", up.stderr);
+}
