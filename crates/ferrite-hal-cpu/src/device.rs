@@ -88,8 +88,10 @@ impl CpuDevice {
             _ => return run_slice(cpu, function, workgroups, None, 0, 1, constants, &bindings),
         };
         let workers = pool.worker_count();
-        let chunks = total.min(workers as u64 * 4);
-        let per = total.div_ceil(chunks);
+        // Split into at most 4 chunks per worker, each of `per` workgroups;
+        // the chunk count is recomputed so no chunk starts past the end.
+        let per = total.div_ceil(total.min(workers as u64 * 4));
+        let chunks = total.div_ceil(per);
         let exe = exe.clone();
         let constants: Arc<[u32]> = constants.into();
         let bindings: Arc<[BindingPtr]> = bindings.into();

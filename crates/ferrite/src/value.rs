@@ -1,0 +1,404 @@
+//! [`Value`] and [`Tensor`]: what functions take and return.
+
+use ferrite_base::{bail, status, Result};
+use ferrite_hal::allocator::{Allocator, BufferParams};
+use ferrite_hal::{BufferUsage, BufferView, ElementType, EncodingType, MemoryType, WHOLE_BUFFER};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A Rust number type that can be a tensor element (little-endian, dense).
+///
+/// Implemented for `i8`..`i64`, `u8`..`u64`, `f32` and `f64`; sealed.
+pub trait Element: Copy + sealed::Sealed {
+    /// The element type a tensor made from this type gets (`si32` for
+    /// `i32`, `ui8` for `u8`, `f32` for `f32`), as upstream's Python API
+    /// maps numpy dtypes.
+    const ELEMENT_TYPE: ElementType;
+    /// Bytes per element.
+    const SIZE: usize;
+    /// Appends the element's little-endian bytes.
+    fn write_le(self, out: &mut Vec<u8>);
+    /// Reads an element from exactly [`Self::SIZE`] little-endian bytes.
+    fn read_le(bytes: &[u8]) -> Self;
+    /// True when a tensor of `ty` can be read as this type: the same type,
+    /// or the signless integer of the same width for integers.
+    fn accepts(ty: ElementType) -> bool;
+}
+
+macro_rules! element {
+    ($t:ty, $et:expr, $signless:expr) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const ELEMENT_TYPE: ElementType = $et;
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn read_le(bytes: &[u8]) -> Self {
+                let mut b = [0u8; std::mem::size_of::<$t>()];
+                b.copy_from_slice(bytes);
+                <$t>::from_le_bytes(b)
+            }
+            fn accepts(ty: ElementType) -> bool {
+                let signless: Option<ElementType> = $signless;
+                ty == $et || Some(ty) == signless
+            }
+        }
+    };
+}
+
+element!(i8, ElementType::SINT_8, Some(ElementType::INT_8));
+element!(i16, ElementType::SINT_16, Some(ElementType::INT_16));
+element!(i32, ElementType::SINT_32, Some(ElementType::INT_32));
+element!(i64, ElementType::SINT_64, Some(ElementType::INT_64));
+element!(u8, ElementType::UINT_8, Some(ElementType::INT_8));
+element!(u16, ElementType::UINT_16, Some(ElementType::INT_16));
+element!(u32, ElementType::UINT_32, Some(ElementType::INT_32));
+element!(u64, ElementType::UINT_64, Some(ElementType::INT_64));
+element!(f32, ElementType::FLOAT_32, None);
+element!(f64, ElementType::FLOAT_64, None);
+
+/// A dense, row-major tensor held in host memory: shape, element type and
+/// the elements' little-endian bytes.
+///
+/// Tensors passed to [`crate::Function::call`] are copied into a buffer
+/// from the session's device allocator; tensors returned are copied out, so
+/// a `Tensor` never aliases device memory.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Tensor {
+    shape: Vec<u64>,
+    element_type: ElementType,
+    data: Vec<u8>,
+}
+
+fn element_count(shape: &[u64]) -> Result<u64> {
+    shape.iter().try_fold(1u64, |acc, &d| {
+        acc.checked_mul(d)
+            .ok_or_else(|| status!(OutOfRange, "element count of shape {shape:?} overflows"))
+    })
+}
+
+impl Tensor {
+    /// A tensor of `shape` and `element_type` over `data` (dense row-major,
+    /// little-endian). Fails with `INVALID_ARGUMENT` when `data` is not
+    /// exactly the size the shape and type need.
+    pub fn new(shape: &[u64], element_type: ElementType, data: Vec<u8>) -> Result<Tensor> {
+        if element_type.bit_count() == 0 {
+            bail!(InvalidArgument, "element type {element_type} has no size");
+        }
+        let need = element_type.dense_byte_count(element_count(shape)?)?;
+        if need != data.len() as u64 {
+            bail!(
+                InvalidArgument,
+                "tensor {}x{element_type} needs {need} bytes but {} were given",
+                ferrite_hal::buffer_view::format_shape(shape),
+                data.len()
+            );
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            element_type,
+            data,
+        })
+    }
+
+    /// A tensor of `shape` whose elements are `values` (row-major); the
+    /// element type follows `T` (see [`Element::ELEMENT_TYPE`]).
+    pub fn from_slice<T: Element>(shape: &[u64], values: &[T]) -> Result<Tensor> {
+        let count = element_count(shape)?;
+        if count != values.len() as u64 {
+            bail!(
+                InvalidArgument,
+                "shape {} holds {count} elements but {} values were given",
+                ferrite_hal::buffer_view::format_shape(shape),
+                values.len()
+            );
+        }
+        let mut data = Vec::with_capacity(values.len() * T::SIZE);
+        for &v in values {
+            v.write_le(&mut data);
+        }
+        Tensor::new(shape, T::ELEMENT_TYPE, data)
+    }
+
+    /// An `f32` tensor of `shape` holding `values`.
+    pub fn from_f32(shape: &[u64], values: &[f32]) -> Result<Tensor> {
+        Tensor::from_slice(shape, values)
+    }
+
+    /// An `si32` tensor of `shape` holding `values`.
+    pub fn from_i32(shape: &[u64], values: &[i32]) -> Result<Tensor> {
+        Tensor::from_slice(shape, values)
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    /// The element type.
+    pub fn element_type(&self) -> ElementType {
+        self.element_type
+    }
+
+    /// The elements' bytes (dense, row-major, little-endian).
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Takes the elements' bytes.
+    pub fn into_data(self) -> Vec<u8> {
+        self.data
+    }
+
+    /// The number of elements (1 for rank 0).
+    pub fn element_count(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    /// The elements as `T`. Fails with `INVALID_ARGUMENT` naming both types
+    /// when the tensor's element type is not `T`'s (signless integers read
+    /// as either signedness of their width).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if !T::accepts(self.element_type) {
+            bail!(
+                InvalidArgument,
+                "tensor of {} cannot be read as {} ({})",
+                self.element_type,
+                std::any::type_name::<T>(),
+                T::ELEMENT_TYPE
+            );
+        }
+        Ok(self.data.chunks_exact(T::SIZE).map(T::read_le).collect())
+    }
+
+    /// The elements as `f32` (the tensor must be `f32`).
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        self.to_vec()
+    }
+
+    /// The elements as `i32` (the tensor must be `i32` or `si32`).
+    pub fn to_i32_vec(&self) -> Result<Vec<i32>> {
+        self.to_vec()
+    }
+
+    /// Copies the tensor into a new buffer from `allocator` and views it.
+    pub fn to_buffer_view(&self, allocator: &dyn Allocator) -> Result<BufferView> {
+        let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
+        let buffer = allocator.allocate(&params, self.data.len() as u64)?;
+        if !self.data.is_empty() {
+            let mut map = buffer.map_write(0, WHOLE_BUFFER)?;
+            map[..self.data.len()].copy_from_slice(&self.data);
+        }
+        BufferView::new(
+            buffer,
+            &self.shape,
+            self.element_type,
+            EncodingType::DENSE_ROW_MAJOR,
+        )
+    }
+
+    /// Copies a buffer view's elements out of its buffer. Fails with
+    /// `UNIMPLEMENTED` for encodings other than dense row-major.
+    pub fn from_buffer_view(view: &BufferView) -> Result<Tensor> {
+        if view.encoding_type() != EncodingType::DENSE_ROW_MAJOR {
+            bail!(
+                Unimplemented,
+                "reading buffer views of encoding {:?} is not supported",
+                view.encoding_type()
+            );
+        }
+        let len = usize::try_from(view.byte_length())
+            .map_err(|_| status!(ResourceExhausted, "buffer view too large for host memory"))?;
+        let mut data = vec![0u8; len];
+        if len > 0 {
+            view.buffer().read(0, &mut data)?;
+        }
+        Tensor::new(view.shape(), view.element_type(), data)
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tensor({}x{}, {} bytes)",
+            ferrite_hal::buffer_view::format_shape(&self.shape),
+            self.element_type,
+            self.data.len()
+        )
+    }
+}
+
+/// A function argument or result.
+#[derive(Clone, Debug)]
+pub enum Value {
+    /// No value: a null reference.
+    Null,
+    /// A 32-bit integer (also i1/i8/i16 scalars).
+    I32(i32),
+    /// A 64-bit integer.
+    I64(i64),
+    /// A 32-bit float.
+    F32(f32),
+    /// A 64-bit float.
+    F64(f64),
+    /// A tensor (a `hal.buffer_view` in the program).
+    Tensor(Tensor),
+    /// Any other reference object (a `vm.list`, a `hal.fence`, ...),
+    /// passed through untouched.
+    Ref(ferrite_vm::Ref),
+}
+
+impl Value {
+    /// The tensor held, if this is a [`Value::Tensor`].
+    pub fn as_tensor(&self) -> Option<&Tensor> {
+        match self {
+            Value::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Takes the tensor held, if this is a [`Value::Tensor`].
+    pub fn into_tensor(self) -> Option<Tensor> {
+        match self {
+            Value::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The integer held by [`Value::I32`].
+    pub fn as_i32(&self) -> Option<i32> {
+        match self {
+            Value::I32(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The integer held by [`Value::I64`] or [`Value::I32`].
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Value::I64(v) => Some(*v),
+            Value::I32(v) => Some(*v as i64),
+            _ => None,
+        }
+    }
+
+    /// The float held by [`Value::F32`].
+    pub fn as_f32(&self) -> Option<f32> {
+        match self {
+            Value::F32(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The float held by [`Value::F64`] or [`Value::F32`].
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::F64(v) => Some(*v),
+            Value::F32(v) => Some(*v as f64),
+            _ => None,
+        }
+    }
+
+    /// A short name of the value's kind, for messages (`i32`, `tensor`).
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::I32(_) => "i32",
+            Value::I64(_) => "i64",
+            Value::F32(_) => "f32",
+            Value::F64(_) => "f64",
+            Value::Tensor(_) => "tensor",
+            Value::Ref(_) => "ref",
+        }
+    }
+
+    /// Converts a VM value, copying buffer views out into [`Tensor`]s.
+    pub fn from_variant(v: ferrite_vm::Variant) -> Result<Value> {
+        use ferrite_vm::Variant as V;
+        Ok(match v {
+            V::Null => Value::Null,
+            V::I32(x) => Value::I32(x),
+            V::I64(x) => Value::I64(x),
+            V::F32(x) => Value::F32(x),
+            V::F64(x) => Value::F64(x),
+            V::Ref(r) => match r.downcast::<BufferView>() {
+                Some(view) => Value::Tensor(Tensor::from_buffer_view(view)?),
+                None => Value::Ref(r),
+            },
+        })
+    }
+}
+
+impl From<i32> for Value {
+    fn from(v: i32) -> Value {
+        Value::I32(v)
+    }
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Value {
+        Value::I64(v)
+    }
+}
+
+impl From<f32> for Value {
+    fn from(v: f32) -> Value {
+        Value::F32(v)
+    }
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Value {
+        Value::F64(v)
+    }
+}
+
+impl From<Tensor> for Value {
+    fn from(t: Tensor) -> Value {
+        Value::Tensor(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrite_hal::HeapAllocator;
+
+    #[test]
+    fn typed_round_trip() {
+        let t = Tensor::from_f32(&[2, 2], &[1.0, -2.5, 3.0, 4.0]).unwrap();
+        assert_eq!(t.element_type(), ElementType::FLOAT_32);
+        assert_eq!(t.data().len(), 16);
+        assert_eq!(t.to_f32_vec().unwrap(), vec![1.0, -2.5, 3.0, 4.0]);
+        assert!(t.to_i32_vec().is_err());
+        let t = Tensor::from_i32(&[3], &[1, -2, 3]).unwrap();
+        assert_eq!(t.to_vec::<i32>().unwrap(), vec![1, -2, 3]);
+        let signless = Tensor::new(&[1], ElementType::INT_32, 7i32.to_le_bytes().to_vec()).unwrap();
+        assert_eq!(signless.to_vec::<i32>().unwrap(), vec![7]);
+        assert_eq!(signless.to_vec::<u32>().unwrap(), vec![7]);
+        let scalar = Tensor::from_slice::<f64>(&[], &[2.0]).unwrap();
+        assert_eq!(scalar.element_count(), 1);
+    }
+
+    #[test]
+    fn checks_sizes() {
+        let e = Tensor::from_f32(&[2, 3], &[1.0]).unwrap_err();
+        assert!(e.to_string().contains("holds 6 elements"), "{e}");
+        let e = Tensor::new(&[4], ElementType::FLOAT_32, vec![0; 3]).unwrap_err();
+        assert!(e.to_string().contains("needs 16 bytes"), "{e}");
+    }
+
+    #[test]
+    fn buffer_view_round_trip() {
+        let t = Tensor::from_i32(&[2, 3], &[1, 2, 3, 4, 5, 6]).unwrap();
+        let view = t.to_buffer_view(&HeapAllocator::new()).unwrap();
+        assert_eq!(view.to_string(), "2x3xsi32=[1 2 3][4 5 6]");
+        assert_eq!(Tensor::from_buffer_view(&view).unwrap(), t);
+        let v = Value::from_variant(ferrite_vm::Variant::Ref(ferrite_vm::Ref::new(view))).unwrap();
+        assert_eq!(v.as_tensor(), Some(&t));
+    }
+}
