@@ -393,6 +393,8 @@ impl PyMappedMemory {
         flat.call_method1("reshape", (PyTuple::new(py, shape)?,))
     }
 
+    // SAFETY: CPython calls this with a `Py_buffer` to fill for `slf`; the
+    // body only hands it to `fill_byte_view` with memory `slf` keeps alive.
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
         view: *mut pyo3::ffi::Py_buffer,
@@ -406,6 +408,8 @@ impl PyMappedMemory {
         unsafe { fill_byte_view(slf.as_any(), view, flags, ptr, len, !writable) }
     }
 
+    // SAFETY: nothing to release: the view owns a reference to `self`, which
+    // keeps the memory alive until CPython drops the view.
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
 }
 

@@ -83,6 +83,8 @@ impl Drop for HostBuffer {
 /// `view` must be the pointer CPython passed to `__getbuffer__`; `ptr` must
 /// stay valid for `len` bytes while `owner` lives, and writable when
 /// `readonly` is false.
+// SAFETY: callers pass the pointer CPython gave `__getbuffer__` and memory
+// that `owner` keeps valid (the contract above); only `view` is written.
 pub unsafe fn fill_byte_view(
     owner: &Bound<'_, PyAny>,
     view: *mut ffi::Py_buffer,

@@ -981,6 +981,8 @@ impl LoadedElf {
     /// # Safety
     /// Calls code from the image: the ELF must be a trusted executable whose
     /// initializers take no arguments and follow the C ABI.
+    // SAFETY: the caller vouches the image is trusted (contract above); every
+    // address called is first checked to lie in the image's executable pages.
     pub unsafe fn run_initializers(&self) -> Result<()> {
         let mut fns = Vec::new();
         if let Some(init) = self.init {

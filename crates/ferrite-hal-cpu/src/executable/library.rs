@@ -71,6 +71,8 @@ impl ImportTable {
     /// # Safety
     /// `context` must stay valid, and usable from any thread, for as long as
     /// this table or any library resolved against it lives.
+    // SAFETY: the caller keeps `context` valid and thread-safe for the table's
+    // lifetime (contract above); the table only stores it.
     pub unsafe fn register_with_context(
         &mut self,
         name: impl Into<String>,
@@ -575,6 +577,8 @@ impl ExecutableLibrary {
     /// writes of its length, not otherwise accessed during the call, and large
     /// enough for the shapes the export was compiled for (or sized by the
     /// constants passed); `constants` must carry the values the export expects.
+    // SAFETY: the caller guarantees the bindings (contract above); the body
+    // checks ordinal, counts and ranges before calling the kernel.
     pub unsafe fn dispatch(
         &self,
         ordinal: u32,
