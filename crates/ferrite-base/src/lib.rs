@@ -4,6 +4,7 @@
 //! Nothing here knows about the VM or the HAL; both build on these types.
 #![deny(missing_docs)]
 
+pub mod cfmt;
 pub mod status;
 pub mod time;
 pub mod wait;

@@ -2,45 +2,10 @@
 
 use ferrite_vm::Variant;
 
-/// Formats like C's `printf("%g")`: 6 significant digits, trailing zeros
-/// trimmed, scientific notation outside [1e-4, 1e6).
+/// Formats like C's `printf("%g")` (6 significant digits), as upstream's
+/// tools print scalar floats.
 pub fn format_g(x: f64) -> String {
-    if x.is_nan() {
-        return if x.is_sign_negative() {
-            "-nan".into()
-        } else {
-            "nan".into()
-        };
-    }
-    if x.is_infinite() {
-        return if x < 0.0 { "-inf".into() } else { "inf".into() };
-    }
-    if x == 0.0 {
-        return if x.is_sign_negative() {
-            "-0".into()
-        } else {
-            "0".into()
-        };
-    }
-    let sci = format!("{:.5e}", x);
-    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    if !(-4..6).contains(&exp) {
-        let mant = trim_zeros(mant);
-        let sign = if exp < 0 { '-' } else { '+' };
-        format!("{mant}e{sign}{:02}", exp.abs())
-    } else {
-        let decimals = (5 - exp).max(0) as usize;
-        trim_zeros(&format!("{:.*}", decimals, x)).to_string()
-    }
-}
-
-fn trim_zeros(s: &str) -> &str {
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.')
-    } else {
-        s
-    }
+    ferrite_base::cfmt::format_g(x, 6)
 }
 
 /// Formats one function result as `i32=42`, `f32=2.5`, or for tensors

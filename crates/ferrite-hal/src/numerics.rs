@@ -291,51 +291,15 @@ fn frexp(x: f64) -> (f64, i32) {
     (f, e)
 }
 
-/// Formats like C's `printf("%g")`: 6 significant digits, trailing zeros
-/// trimmed, scientific notation outside [1e-4, 1e6); `nan`/`-nan`, `inf`.
+/// Formats like C's `printf("%g")` (6 significant digits).
 pub fn format_g(x: f64) -> String {
-    if x.is_nan() {
-        return if x.is_sign_negative() {
-            "-nan".into()
-        } else {
-            "nan".into()
-        };
-    }
-    if x.is_infinite() {
-        return if x < 0.0 { "-inf".into() } else { "inf".into() };
-    }
-    if x == 0.0 {
-        return if x.is_sign_negative() {
-            "-0".into()
-        } else {
-            "0".into()
-        };
-    }
-    let sci = format!("{:.5e}", x);
-    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    if !(-4..6).contains(&exp) {
-        let mant = trim_zeros(mant);
-        let sign = if exp < 0 { '-' } else { '+' };
-        format!("{mant}e{sign}{:02}", exp.abs())
-    } else {
-        let decimals = (5 - exp).max(0) as usize;
-        trim_zeros(&format!("{:.*}", decimals, x)).to_string()
-    }
+    ferrite_base::cfmt::format_g(x, 6)
 }
 
 /// Formats like C's `printf("%G")` (upper-case `E`, `INF`, `NAN`), which is
 /// what upstream uses for buffer-view floats.
 pub fn format_upper_g(x: f64) -> String {
     format_g(x).to_ascii_uppercase()
-}
-
-fn trim_zeros(s: &str) -> &str {
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.')
-    } else {
-        s
-    }
 }
 
 /// Result of a C-style integer scan: the magnitude, its sign, and whether it

@@ -212,39 +212,7 @@ pub fn decode_raw(code: &[u8]) -> Result<Vec<RawInsn>> {
     Ok(out)
 }
 
-/// Formats `v` like C's `printf("%.{prec}g", v)`.
-pub fn format_g(v: f64, prec: usize) -> String {
-    if v.is_nan() {
-        return if v.is_sign_negative() { "-nan" } else { "nan" }.into();
-    }
-    if v.is_infinite() {
-        return if v < 0.0 { "-inf" } else { "inf" }.into();
-    }
-    if v == 0.0 {
-        return if v.is_sign_negative() { "-0" } else { "0" }.into();
-    }
-    let prec = prec.max(1);
-    let sci = format!("{:.*e}", prec - 1, v);
-    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let strip = |s: &str| -> String {
-        if s.contains('.') {
-            s.trim_end_matches('0').trim_end_matches('.').to_string()
-        } else {
-            s.to_string()
-        }
-    };
-    if exp < -4 || exp >= prec as i32 {
-        let sign = if exp < 0 { '-' } else { '+' };
-        format!("{}e{sign}{:02}", strip(mant), exp.abs())
-    } else {
-        strip(&format!(
-            "{:.*}",
-            (prec as i32 - 1 - exp).max(0) as usize,
-            v
-        ))
-    }
-}
+pub use ferrite_base::cfmt::format_g;
 
 /// Name of a register as upstream prints it (`%i3`, `%i4:5`, `%r2`, `%R2`
 /// for a ref moved out of its register).
