@@ -3,7 +3,7 @@
 use super::args::{as_vm_buffer, cast, obj, span, string, vm_buffer};
 use super::Shared;
 use crate::allocator::BufferParams;
-use crate::buffer::{Buffer, HostMemory};
+use crate::buffer::Buffer;
 use crate::buffer_view::BufferView;
 use crate::device::{AllocatorRef, DeviceRef};
 use crate::element_type::{ElementType, EncodingType};
@@ -54,10 +54,14 @@ pub(super) fn register(
             bail!(OutOfRange, "import range {offset}+{length} exceeds the source's {} bytes", src.len());
         };
         // Host memory is shared with the VM buffer's bytes by copy: vm
-        // buffers do not expose their owner for zero-copy imports.
+        // buffers do not expose their owner for zero-copy imports. The copy
+        // goes into an allocator block (64-byte aligned), not a Vec<u8>:
+        // kernels rely on the constant's declared alignment (aligned AVX-512
+        // loads fault on a Vec's 16-byte alignment).
         let mut bytes = vec![0u8; length as usize];
         src.read(offset, &mut bytes)?;
-        match alloc.0.import_host(&params(types, usage, affinity), HostMemory::Owned(bytes)) {
+        let imported = alloc.0.allocate(&params(types, usage, affinity), length);
+        match imported.and_then(|b| b.write(0, &bytes).map(|()| b)) {
             Ok(b) => ready(vec![Variant::Ref(Ref::new(b))]),
             Err(_) if is_try => ready(vec![Variant::Null]),
             Err(e) => Err(e),
