@@ -51,7 +51,10 @@ fn discover(path: &str) -> Result<(String, Vec<Test>, Vec<(String, String)>)> {
     let instance = Instance::default();
     ferrite_hal::module::register_types(instance.types());
     let bytes = if path == "-" {
-        bail!(InvalidArgument, "check-module needs a module file, not stdin");
+        bail!(
+            InvalidArgument,
+            "check-module needs a module file, not stdin"
+        );
     } else {
         ModuleBytes::map_file(path).annotate(|| format!("loading bytecode module at '{path}'"))?
     };
@@ -63,8 +66,7 @@ fn discover(path: &str) -> Result<(String, Vec<Test>, Vec<(String, String)>)> {
         if e.name.starts_with("__") || e.name.contains('$') {
             continue;
         }
-        let cconv = Cconv::parse(&e.signature.cconv)
-            .annotate(|| format!("export '{}'", e.name))?;
+        let cconv = Cconv::parse(&e.signature.cconv).annotate(|| format!("export '{}'", e.name))?;
         if !cconv.args.is_empty() || !cconv.results.is_empty() {
             skipped.push((e.name.clone(), e.signature.cconv.clone()));
             continue;
@@ -129,7 +131,11 @@ pub fn run(args: &CheckModuleArgs) -> Result<()> {
     }
     let tests: Vec<&Test> = tests
         .iter()
-        .filter(|t| args.filter.as_ref().is_none_or(|f| t.name.contains(f.as_str())))
+        .filter(|t| {
+            args.filter
+                .as_ref()
+                .is_none_or(|f| t.name.contains(f.as_str()))
+        })
         .collect();
     let (mut passed, mut failed) = (0usize, Vec::new());
     for test in tests {

@@ -94,7 +94,14 @@ pub fn load_context(
     task_workers: usize,
     yieldable: bool,
 ) -> Result<RunContext> {
-    load_context_with(instance, modules, devices, task_workers, yieldable, Vec::new())
+    load_context_with(
+        instance,
+        modules,
+        devices,
+        task_workers,
+        yieldable,
+        Vec::new(),
+    )
 }
 
 /// [`load_context`] with `extra` native modules (e.g. `check`) registered

@@ -185,9 +185,7 @@ fn downcast<T: RefObject + Clone>(r: &Ref, what: &str) -> Result<T> {
 fn host_view(device: Option<&DeviceRef>, view: &BufferView) -> Result<BufferView> {
     let buffer = view.buffer();
     if buffer.memory_type().contains(MemoryType::HOST_VISIBLE)
-        && buffer
-            .allowed_usage()
-            .contains(BufferUsage::MAPPING_SCOPED)
+        && buffer.allowed_usage().contains(BufferUsage::MAPPING_SCOPED)
     {
         return Ok(view.clone());
     }
@@ -219,7 +217,10 @@ fn host_view(device: Option<&DeviceRef>, view: &BufferView) -> Result<BufferView
         length,
     )?;
     if !signal.wait(Timeout::INFINITE)? {
-        bail!(DeadlineExceeded, "transfer of a buffer view to the host timed out");
+        bail!(
+            DeadlineExceeded,
+            "transfer of a buffer view to the host timed out"
+        );
     }
     BufferView::new(
         target,
@@ -466,19 +467,31 @@ mod tests {
 
     #[test]
     fn expect_eq_reports_which_parts_differ() {
-        assert_eq!(expect_eq(None, &view("2xi32=1 2"), &view("2xi32=1 2")).unwrap(), None);
-        let m = expect_eq(None, &view("2xi32=1 2"), &view("2xi32=1 3")).unwrap().unwrap();
+        assert_eq!(
+            expect_eq(None, &view("2xi32=1 2"), &view("2xi32=1 2")).unwrap(),
+            None
+        );
+        let m = expect_eq(None, &view("2xi32=1 2"), &view("2xi32=1 3"))
+            .unwrap()
+            .unwrap();
         assert_eq!(
             m,
             "Expected equality of these values. Contents does not match.\n  lhs:\n    2xi32=1 2\n  rhs:\n    2xi32=1 3"
         );
-        let m = expect_eq(None, &view("2xi32=1 2"), &view("1x2xf32=1 2")).unwrap().unwrap();
+        let m = expect_eq(None, &view("2xi32=1 2"), &view("1x2xf32=1 2"))
+            .unwrap()
+            .unwrap();
         assert!(m.starts_with(
             "Expected equality of these values. Element types do not match. Shapes do not match. Contents does not match."
         ), "{m}");
         // Same bytes, different shapes.
-        let m = expect_eq(None, &view("2xi32=1 2"), &view("1x2xi32=1 2")).unwrap().unwrap();
-        assert!(m.starts_with("Expected equality of these values. Shapes do not match.\n"), "{m}");
+        let m = expect_eq(None, &view("2xi32=1 2"), &view("1x2xi32=1 2"))
+            .unwrap()
+            .unwrap();
+        assert!(
+            m.starts_with("Expected equality of these values. Shapes do not match.\n"),
+            "{m}"
+        );
     }
 
     #[test]
@@ -504,24 +517,44 @@ mod tests {
         .unwrap()
         .unwrap();
         assert!(m.contains("atol=0.01, rtol=0. The first failure occurs at index 0 as the lhs value 1 differs from the rhs value 0.98 by -2.000e-02."), "{m}");
-        let m = expect_almost_eq(None, &view("2xf16=0 100"), &view("2xf16=0.011 99"), 1e-2, 1e-2)
-            .unwrap()
-            .unwrap();
+        let m = expect_almost_eq(
+            None,
+            &view("2xf16=0 100"),
+            &view("2xf16=0.011 99"),
+            1e-2,
+            1e-2,
+        )
+        .unwrap()
+        .unwrap();
         assert!(m.contains("atol=0.01, rtol=0.01. The first failure occurs at index 0 as the lhs value 0 differs from the rhs value 0.0110016 by 1.100e-02."), "{m}");
-        let m = expect_almost_eq(None, &view("2xbf16=0 100"), &view("2xbf16=0.009 98"), 1e-2, 1e-2)
-            .unwrap()
-            .unwrap();
+        let m = expect_almost_eq(
+            None,
+            &view("2xbf16=0 100"),
+            &view("2xbf16=0.009 98"),
+            1e-2,
+            1e-2,
+        )
+        .unwrap()
+        .unwrap();
         assert!(m.contains("The first failure occurs at index 1 as the lhs value 100 differs from the rhs value 98 by -2.000e+00."), "{m}");
-        let m = expect_almost_eq(None, &view("2xf8E5M2=0 100"), &view("2xf8E5M2=0.25 75"), 0.1, 0.1)
-            .unwrap()
-            .unwrap();
+        let m = expect_almost_eq(
+            None,
+            &view("2xf8E5M2=0 100"),
+            &view("2xf8E5M2=0.25 75"),
+            0.1,
+            0.1,
+        )
+        .unwrap()
+        .unwrap();
         assert!(m.contains("atol=0.1, rtol=0.1. The first failure occurs at index 0 as the lhs value 0 differs from the rhs value 0.25 by 2.500e-01."), "{m}");
     }
 
     #[test]
     fn expect_almost_eq_tolerances() {
         let ok = |l: &str, r: &str, atol: f32, rtol: f32| {
-            expect_almost_eq(None, &view(l), &view(r), atol, rtol).unwrap().is_none()
+            expect_almost_eq(None, &view(l), &view(r), atol, rtol)
+                .unwrap()
+                .is_none()
         };
         assert!(ok("3xf32=1 2 3", "3xf32=1.00001 2 3", 1e-4, 0.0));
         assert!(!ok("3xf32=1 2 3", "3xf32=1.001 2 3", 1e-4, 0.0));
@@ -536,10 +569,17 @@ mod tests {
         let m = expect_almost_eq(None, &view("2xf32=1 2"), &view("2xf16=1 2"), 1e-4, 0.0)
             .unwrap()
             .unwrap();
-        assert!(m.starts_with("Expected near equality of these values. Element types do not match.\n"), "{m}");
+        assert!(
+            m.starts_with("Expected near equality of these values. Element types do not match.\n"),
+            "{m}"
+        );
         // Integers are not supported.
-        let e = expect_almost_eq(None, &view("2xi32=1 2"), &view("2xi32=1 2"), 1e-4, 0.0).unwrap_err();
-        assert!(e.to_string().contains("unsupported element type i32"), "{e}");
+        let e =
+            expect_almost_eq(None, &view("2xi32=1 2"), &view("2xi32=1 2"), 1e-4, 0.0).unwrap_err();
+        assert!(
+            e.to_string().contains("unsupported element type i32"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -547,10 +587,16 @@ mod tests {
         assert_eq!(expect_all_true(None, &view("3xi32=1 -1 7")).unwrap(), None);
         assert_eq!(expect_all_true(None, &view("2xf32=0.5 NAN")).unwrap(), None);
         let m = expect_all_true(None, &view("3xi8=1 0 0")).unwrap().unwrap();
-        assert_eq!(m, "Expected all elements to be nonzero; element #1 is 0.\n  operand:\n    3xi8=1 0 0");
+        assert_eq!(
+            m,
+            "Expected all elements to be nonzero; element #1 is 0.\n  operand:\n    3xi8=1 0 0"
+        );
         assert!(expect_all_true(None, &view("1xf64=-0")).unwrap().is_some());
         let e = expect_all_true(None, &view("1xf16=1")).unwrap_err();
-        assert!(e.to_string().contains("unsupported element type f16"), "{e}");
+        assert!(
+            e.to_string().contains("unsupported element type f16"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -581,7 +627,11 @@ mod tests {
         let (a, b) = (view("2xi32=1 2"), view("2xi32=1 2"));
         ctx.invoke(
             &f,
-            vec![Variant::Null, Variant::Ref(Ref::new(a)), Variant::Ref(Ref::new(b))],
+            vec![
+                Variant::Null,
+                Variant::Ref(Ref::new(a)),
+                Variant::Ref(Ref::new(b)),
+            ],
         )
         .unwrap();
         let f = ctx.lookup_function("check.expect_almost_eq").unwrap();
