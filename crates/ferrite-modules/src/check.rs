@@ -160,10 +160,13 @@ fn device_and_views(c: &NativeCall, n: usize) -> Result<(Option<DeviceRef>, Vec<
         None => None,
         Some(r) => Some(downcast::<DeviceRef>(&r, "device")?),
     };
-    let names = ["lhs", "rhs"];
+    let names: &[&str] = if n == 1 {
+        &["operand"]
+    } else {
+        &["lhs", "rhs"]
+    };
     let mut views = Vec::with_capacity(n);
-    for i in 0..n {
-        let what = if n == 1 { "operand" } else { names[i] };
+    for &what in names.iter().take(n) {
         let r = a.a_ref().annotate(|| what.to_string())?;
         views.push(downcast::<BufferView>(&r, what)?);
     }
