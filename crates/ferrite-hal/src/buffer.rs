@@ -45,10 +45,17 @@ pub const WHOLE_BUFFER: u64 = u64::MAX;
 /// Alignment of every allocation made by Ferrite's allocators.
 pub const ALLOCATION_ALIGNMENT: usize = 64;
 
+/// Blocks at least this large are mapped straight from the OS: the pages
+/// arrive zeroed (no memset), and freeing returns them at once, where the
+/// C heap would keep large freed chunks and let RSS grow.
+const MAPPED_BLOCK_MIN: usize = 1 << 20;
+
 /// An owned, aligned block of host memory (zeroed when first allocated).
 pub(crate) struct HeapBlock {
     ptr: NonNull<u8>,
     layout: Layout,
+    /// The anonymous mapping backing a large block (None for heap blocks).
+    mapping: Option<memmap2::MmapMut>,
 }
 
 // SAFETY: a HeapBlock exclusively owns its memory (like a Box<[u8]>); it is
@@ -75,12 +82,38 @@ impl HeapBlock {
             // A dangling, well-aligned pointer: never dereferenced for reads
             // or writes of more than zero bytes, never deallocated.
             let ptr = NonNull::new(align as *mut u8).unwrap_or(NonNull::dangling());
-            return Ok(HeapBlock { ptr, layout });
+            return Ok(HeapBlock {
+                ptr,
+                layout,
+                mapping: None,
+            });
+        }
+        if layout.size() >= MAPPED_BLOCK_MIN && align <= 4096 {
+            let mut map = memmap2::MmapMut::map_anon(layout.size()).map_err(|e| {
+                status!(
+                    ResourceExhausted,
+                    "out of host memory mapping {size} bytes: {e}"
+                )
+            })?;
+            // Page-aligned, so at least `align`-aligned; the pointer stays
+            // valid while `mapping` lives (moving the MmapMut does not move
+            // the pages).
+            if let Some(ptr) = NonNull::new(map.as_mut_ptr()) {
+                return Ok(HeapBlock {
+                    ptr,
+                    layout,
+                    mapping: Some(map),
+                });
+            }
         }
         // SAFETY: the layout has a non-zero size (checked above).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         match NonNull::new(raw) {
-            Some(ptr) => Ok(HeapBlock { ptr, layout }),
+            Some(ptr) => Ok(HeapBlock {
+                ptr,
+                layout,
+                mapping: None,
+            }),
             None => bail!(
                 ResourceExhausted,
                 "out of host memory allocating {size} bytes"
@@ -95,6 +128,10 @@ impl HeapBlock {
 
 impl Drop for HeapBlock {
     fn drop(&mut self) {
+        if self.mapping.is_some() {
+            // The mapping unmaps itself.
+            return;
+        }
         if self.layout.size() != 0 {
             // SAFETY: `ptr` came from `alloc_zeroed` with exactly `layout`.
             unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
