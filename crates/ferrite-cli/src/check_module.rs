@@ -45,9 +45,14 @@ struct Test {
     name: String,
 }
 
+/// What a module offers `check-module`: its name, its test functions, and
+/// the exports skipped for taking arguments or returning results (name and
+/// cconv).
+type Discovered = (String, Vec<Test>, Vec<(String, String)>);
+
 /// The main module's name and its test functions; exports with arguments
 /// or results are returned separately (skipped, with their cconv).
-fn discover(path: &str) -> Result<(String, Vec<Test>, Vec<(String, String)>)> {
+fn discover(path: &str) -> Result<Discovered> {
     let instance = Instance::default();
     ferrite_hal::module::register_types(instance.types());
     let bytes = if path == "-" {

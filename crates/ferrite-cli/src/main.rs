@@ -27,6 +27,8 @@ struct Cli {
     command: Command,
 }
 
+// The subcommands are named after the upstream tools they stand in for.
+#[allow(clippy::enum_variant_names)]
 #[derive(Subcommand)]
 enum Command {
     /// Loads modules and runs one function (like `iree-run-module`).

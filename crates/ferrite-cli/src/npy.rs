@@ -124,10 +124,8 @@ fn parse_header_dict(text: &str) -> Result<NpyHeader> {
         dict = rest.trim();
         match key {
             "descr" => element_type = Some(descr_to_element_type(value)?),
-            "fortran_order" => {
-                if value != "False" {
-                    bail!(Unimplemented, "fortran order arrays not supported");
-                }
+            "fortran_order" if value != "False" => {
+                bail!(Unimplemented, "fortran order arrays not supported");
             }
             "shape" => shape = Some(parse_shape(value)?),
             _ => {}
