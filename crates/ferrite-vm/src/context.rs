@@ -22,6 +22,9 @@ struct Entry {
 pub struct Context {
     instance: Instance,
     entries: Vec<Entry>,
+    /// Stacks of finished invocations, reused so a call does not allocate
+    /// its frame and register arrays anew.
+    spare_stacks: parking_lot::Mutex<Vec<crate::stack::Stack>>,
 }
 
 impl Context {
@@ -30,6 +33,7 @@ impl Context {
         Context {
             instance: instance.clone(),
             entries: Vec::new(),
+            spare_stacks: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -171,7 +175,16 @@ impl Context {
 
     /// Calls a function synchronously (yields are waited on and resumed).
     pub fn invoke(&self, function: &FunctionRef, args: Vec<Variant>) -> Result<Vec<Variant>> {
-        Invocation::begin(function, args, self.instance.options().max_stack_depth)?.run()
+        let stack = self.spare_stacks.lock().pop();
+        let stack = stack
+            .unwrap_or_else(|| crate::stack::Stack::new(self.instance.options().max_stack_depth));
+        let mut invocation = Invocation::begin_on(function, args, stack)?;
+        let result = invocation.run_to_end();
+        let mut spare = self.spare_stacks.lock();
+        if spare.len() < 4 {
+            spare.push(invocation.into_stack());
+        }
+        result
     }
 
     /// Begins an invocation the caller drives with [`Invocation::step`].

@@ -41,7 +41,17 @@ impl Invocation {
         args: Vec<Variant>,
         max_depth: usize,
     ) -> Result<Invocation> {
-        let mut stack = Stack::new(max_depth);
+        Invocation::begin_on(function, args, Stack::new(max_depth))
+    }
+
+    /// [`Invocation::begin`] on a stack kept from an earlier invocation
+    /// (see [`Invocation::into_stack`]), reusing its allocations.
+    pub fn begin_on(
+        function: &FunctionRef,
+        args: Vec<Variant>,
+        mut stack: Stack,
+    ) -> Result<Invocation> {
+        stack.unwind();
         check_args(function, &args)?;
         function
             .state
@@ -111,6 +121,17 @@ impl Invocation {
 
     /// Runs to completion, blocking on whatever the call waits for.
     pub fn run(mut self) -> Result<Vec<Variant>> {
+        self.run_to_end()
+    }
+
+    /// Gives back the stack for another invocation (cleared first).
+    pub fn into_stack(mut self) -> Stack {
+        self.stack.unwind();
+        self.stack
+    }
+
+    /// Runs to completion, keeping the invocation (and its stack).
+    pub fn run_to_end(&mut self) -> Result<Vec<Variant>> {
         loop {
             match self.step()? {
                 Poll::Done(v) => return Ok(v),

@@ -290,6 +290,7 @@ fn read_values_into(
         );
     }
     out.clear();
+    out.reserve(list.len());
     for (&reg, t) in list.iter().zip(types) {
         let reg = reg as u16;
         out.push(match t {
@@ -613,6 +614,7 @@ fn read_variadic(
     mut out: Vec<Variant>,
 ) -> Result<Vec<Variant>> {
     out.clear();
+    out.reserve(list.len() + segments.len());
     let mut regs_iter = list.iter();
     let mut read_one = |t: &CconvType, out: &mut Vec<Variant>| -> Result<()> {
         let Some(&reg) = regs_iter.next() else {
