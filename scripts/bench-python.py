@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Python call overhead: ferrite.runtime vs iree.runtime, one run, interleaved.
+
+Calls a 4xf32 add through the system API (`load_vm_flatbuffer_file`, i.e. a
+SystemContext, then the bound module's FunctionInvoker) with numpy inputs, on
+local-sync and local-task, alternating the two runtimes each round; prints the
+median time per call and the ratio ferrite / upstream (lower is better).
+
+Usage: .venv/bin/python scripts/bench-python.py [--rounds N] [--calls N]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = """func.func @add(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = arith.addf %a, %b : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+"""
+
+
+def compile_add():
+    out = os.path.join(ROOT, "build", "bench", "py_add.vmfb")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    src = out.replace(".vmfb", ".mlir")
+    with open(src, "w") as f:
+        f.write(SRC)
+    subprocess.run([os.path.join(ROOT, ".venv", "bin", "iree-compile"),
+                    "--iree-hal-target-device=local",
+                    "--iree-hal-local-target-device-backends=llvm-cpu",
+                    "--iree-llvmcpu-target-cpu=host", src, "-o", out], check=True)
+    return out
+
+
+def per_call(fn, a, b, calls):
+    for _ in range(100):
+        fn(a, b)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn(a, b)
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=20000)
+    args = ap.parse_args()
+    import iree.runtime as up
+    import ferrite.runtime as fe
+    vmfb = compile_add()
+    a = np.arange(4, dtype=np.float32)
+    b = np.ones(4, dtype=np.float32)
+    for driver in ("local-sync", "local-task"):
+        mods = {name: rt.load_vm_flatbuffer_file(vmfb, driver=driver) for name, rt in (("ferrite", fe), ("upstream", up))}
+        for name, m in mods.items():
+            got = np.asarray(m.add(a, b).to_host())
+            if not np.array_equal(got, a + b):
+                sys.exit(f"{name} on {driver} computed {got}")
+        for path in ("FunctionInvoker",):
+            times = {"ferrite": [], "upstream": []}
+            for r in range(args.rounds):
+                for name, m in mods.items():
+                    times[name].append(per_call(m.add, a, b, args.calls))
+                print(f"  {driver} {path} round {r + 1}/{args.rounds}: ferrite {times['ferrite'][-1]:.2f} us, "
+                      f"upstream {times['upstream'][-1]:.2f} us", flush=True)
+            f, u = statistics.median(times["ferrite"]), statistics.median(times["upstream"])
+            print(f"{driver} {path}: ferrite {f:.2f} us/call, upstream {u:.2f} us/call, ratio: {f / u:.2f}")
+
+
+if __name__ == "__main__":
+    main()
