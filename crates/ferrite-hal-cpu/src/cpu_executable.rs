@@ -6,7 +6,7 @@ use ferrite_hal::executable::{Executable, ExportInfo};
 use std::any::Any;
 
 /// Executable formats this driver loads.
-pub const FORMATS: &[&str] = &["embedded-elf-x86_64"];
+pub const FORMATS: &[&str] = &["embedded-elf-x86_64", "system-elf-x86_64"];
 
 /// An executable library loaded for a CPU device.
 pub struct CpuExecutable {

@@ -1,7 +1,8 @@
 //! [`ExecutableLibrary`]: a loaded CPU executable and serial dispatch.
 //!
 //! Loading: pick the host ELF out of the container, load it with our own
-//! loader, run its initializers, call `iree_hal_executable_library_query` with
+//! loader and run its initializers (`embedded-elf-*`), or open a shared object
+//! with the system loader (`system-elf-*`, see [`super::dylib`]); then call `iree_hal_executable_library_query` with
 //! version 0.6 and our environment, then read and check the library tables
 //! (every pointer must land inside the image; dispatch functions inside its
 //! executable pages): header (version 0.6, no sanitizer), imports (resolved by
@@ -18,10 +19,12 @@ use super::abi::{
     ProcessorV0,
 };
 use super::container;
+use super::dylib::{self, DylibImage};
 use super::elf::{ElfFile, LoadedElf};
+use super::ImageView;
 use ferrite_base::{Result, Status, StatusCode};
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_void, CStr};
 use std::ops::Range;
 
 /// Most exports or imports a library may declare.
@@ -227,6 +230,38 @@ unsafe extern "C" fn import_thunk(
     }
 }
 
+/// The image a library was loaded into.
+#[derive(Debug)]
+enum LoadedImage {
+    /// Loaded by our own ELF loader.
+    Elf(LoadedElf),
+    /// Opened by the system dynamic loader.
+    Dylib(DylibImage),
+}
+
+impl ImageView for LoadedImage {
+    fn slice_at(&self, addr: usize, len: usize) -> Option<&[u8]> {
+        match self {
+            LoadedImage::Elf(e) => ImageView::slice_at(e, addr, len),
+            LoadedImage::Dylib(d) => d.slice_at(addr, len),
+        }
+    }
+
+    fn c_str_at(&self, addr: usize) -> Option<&CStr> {
+        match self {
+            LoadedImage::Elf(e) => e.c_str_at(addr),
+            LoadedImage::Dylib(d) => d.c_str_at(addr),
+        }
+    }
+
+    fn is_executable(&self, addr: usize) -> bool {
+        match self {
+            LoadedImage::Elf(e) => e.is_executable(addr),
+            LoadedImage::Dylib(d) => d.is_executable(addr),
+        }
+    }
+}
+
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct CacheLine([u8; 64]);
@@ -244,7 +279,7 @@ pub struct ExecutableLibrary {
     imports: Vec<ImportInfo>,
     constant_count: u32,
     // Declared last so it is dropped last: every pointer above points into it.
-    elf: LoadedElf,
+    image: LoadedImage,
 }
 
 // SAFETY: after loading, the environment, tables and image are only read by
@@ -270,9 +305,13 @@ fn failed(msg: impl Into<String>) -> Status {
 }
 
 impl ExecutableLibrary {
-    /// Loads a library from executable data (a bare ELF or a FatELF).
+    /// Loads a library from executable data: a bare ELF or a FatELF, or a
+    /// system shared object when `options.format` is `system-elf-*`.
     pub fn load(data: &[u8], options: &LoadOptions<'_>) -> Result<ExecutableLibrary> {
         if let Some(format) = options.format {
+            if dylib::supports_format(format) {
+                return Self::load_system_dylib(data, options);
+            }
             if !container::supports_format(format) {
                 return Err(Status::new(
                     StatusCode::Unimplemented,
@@ -286,20 +325,27 @@ impl ExecutableLibrary {
         }
         let elf_bytes = container::select_elf(data)?;
         let elf = ElfFile::parse(elf_bytes)?.load()?;
-        Self::from_loaded(elf, options)
-            .map_err(|e| e.annotate("loading an embedded-elf executable"))
+        Self::from_elf(elf, options).map_err(|e| e.annotate("loading an embedded-elf executable"))
     }
 
-    fn from_loaded(elf: LoadedElf, options: &LoadOptions<'_>) -> Result<ExecutableLibrary> {
-        let constants: Box<[u32]> = options.constants.into();
-        let mut environment = Box::new(EnvironmentV0 {
-            constants: constants.as_ptr(),
-            import_thunk: Some(import_thunk),
-            import_funcs: std::ptr::null(),
-            import_contexts: std::ptr::null(),
-            processor: options.processor.unwrap_or_else(host_processor),
-        });
+    /// Loads a `system-elf-*` executable: the data is a shared object
+    /// (optionally followed by a debug footer) opened with the system loader.
+    pub fn load_system_dylib(data: &[u8], options: &LoadOptions<'_>) -> Result<ExecutableLibrary> {
+        let load = || {
+            let image = DylibImage::open(data)?;
+            let query_addr = image.query_address();
+            if !image.is_executable(query_addr) {
+                return Err(failed(format!(
+                    "'{}' is not in executable pages",
+                    abi::QUERY_SYMBOL
+                )));
+            }
+            Self::from_image(LoadedImage::Dylib(image), query_addr, options)
+        };
+        load().map_err(|e| e.annotate("loading a system-elf executable"))
+    }
 
+    fn from_elf(elf: LoadedElf, options: &LoadOptions<'_>) -> Result<ExecutableLibrary> {
         // SAFETY: the image is trusted code (as upstream); initializer addresses
         // were checked to lie in its executable pages.
         unsafe { elf.run_initializers()? };
@@ -316,6 +362,25 @@ impl ExecutableLibrary {
                 abi::QUERY_SYMBOL
             )));
         }
+        Self::from_image(LoadedImage::Elf(elf), query_addr, options)
+    }
+
+    /// Queries the library at `query_addr` (checked to lie in the image's
+    /// executable pages) and reads its tables through the image's bounds.
+    fn from_image(
+        image: LoadedImage,
+        query_addr: usize,
+        options: &LoadOptions<'_>,
+    ) -> Result<ExecutableLibrary> {
+        let elf = &image;
+        let constants: Box<[u32]> = options.constants.into();
+        let mut environment = Box::new(EnvironmentV0 {
+            constants: constants.as_ptr(),
+            import_thunk: Some(import_thunk),
+            import_funcs: std::ptr::null(),
+            import_contexts: std::ptr::null(),
+            processor: options.processor.unwrap_or_else(host_processor),
+        });
         // SAFETY: `query_addr` is the executable's exported query function inside
         // its executable pages; trusted code following the library ABI.
         let query: abi::QueryFn = unsafe { std::mem::transmute::<usize, abi::QueryFn>(query_addr) };
@@ -356,7 +421,7 @@ impl ExecutableLibrary {
                 ),
             ));
         }
-        let name = string_at(&elf, header.name as usize)
+        let name = string_at(elf, header.name as usize)
             .ok_or_else(|| failed("library name outside the image"))?;
 
         // Imports.
@@ -369,12 +434,12 @@ impl ExecutableLibrary {
         let mut import_contexts = Vec::new();
         for i in 0..import_count as usize {
             let sym_ptr: usize = read_entry(
-                &elf,
+                elf,
                 library.imports.symbols as usize,
                 i,
                 "import symbol table",
             )?;
-            let raw = string_at(&elf, sym_ptr)
+            let raw = string_at(elf, sym_ptr)
                 .ok_or_else(|| failed(format!("import {i} name outside the image")))?;
             let (optional, name) = match raw.strip_prefix('?') {
                 Some(n) => (true, n.to_string()),
@@ -418,7 +483,7 @@ impl ExecutableLibrary {
         let mut exports = Vec::with_capacity(ex.count as usize);
         let mut dispatch_fns = Vec::with_capacity(ex.count as usize);
         for i in 0..ex.count as usize {
-            let fn_addr: usize = read_entry(&elf, ex.ptrs as usize, i, "export function table")?;
+            let fn_addr: usize = read_entry(elf, ex.ptrs as usize, i, "export function table")?;
             if !elf.is_executable(fn_addr) {
                 return Err(failed(format!(
                     "export {i} function is not in executable pages"
@@ -428,30 +493,28 @@ impl ExecutableLibrary {
             // library ABI says it is a dispatch function (trusted code).
             dispatch_fns.push(unsafe { std::mem::transmute::<usize, DispatchFnV0>(fn_addr) });
             let attrs: DispatchAttrsV0 =
-                read_entry(&elf, ex.attrs as usize, i, "export attributes")?;
-            let name_ptr: usize = read_entry(&elf, ex.names as usize, i, "export name table")?;
-            let name = string_at(&elf, name_ptr)
+                read_entry(elf, ex.attrs as usize, i, "export attributes")?;
+            let name_ptr: usize = read_entry(elf, ex.names as usize, i, "export name table")?;
+            let name = string_at(elf, name_ptr)
                 .filter(|n| !n.is_empty())
                 .ok_or_else(|| failed(format!("export {i} has no name")))?;
             let tag = if ex.tags.is_null() {
                 None
             } else {
-                let p: usize = read_entry(&elf, ex.tags as usize, i, "export tag table")?;
+                let p: usize = read_entry(elf, ex.tags as usize, i, "export tag table")?;
                 if p == 0 {
                     None
                 } else {
-                    string_at(&elf, p)
+                    string_at(elf, p)
                 }
             };
             let source_location = if ex.source_locations.is_null() {
                 None
             } else {
                 let loc: abi::SourceLocationV0 =
-                    read_entry(&elf, ex.source_locations as usize, i, "source locations")?;
+                    read_entry(elf, ex.source_locations as usize, i, "source locations")?;
                 let path = elf
-                    .bytes()
-                    .get((loc.path as usize).wrapping_sub(elf.base() as usize)..)
-                    .and_then(|b| b.get(..loc.path_length as usize))
+                    .slice_at(loc.path as usize, loc.path_length as usize)
                     .map(|b| String::from_utf8_lossy(b).into_owned());
                 path.map(|p| (p, loc.line))
             };
@@ -510,7 +573,7 @@ impl ExecutableLibrary {
             dispatch_fns,
             imports,
             constant_count,
-            elf,
+            image,
         })
     }
 
@@ -563,9 +626,13 @@ impl ExecutableLibrary {
         &self.environment.processor
     }
 
-    /// The loaded image.
-    pub fn image(&self) -> &LoadedElf {
-        &self.elf
+    /// The image loaded by our own ELF loader (`None` for a system shared
+    /// library).
+    pub fn image(&self) -> Option<&LoadedElf> {
+        match &self.image {
+            LoadedImage::Elf(e) => Some(e),
+            LoadedImage::Dylib(_) => None,
+        }
     }
 
     /// Runs export `ordinal` over the workgroups of `config`, serially on the
@@ -701,7 +768,7 @@ impl ExecutableLibrary {
 }
 
 /// Reads entry `index` of a table of `T` at runtime address `table`.
-fn read_entry<T: Copy>(elf: &LoadedElf, table: usize, index: usize, what: &str) -> Result<T> {
+fn read_entry<T: Copy>(elf: &impl ImageView, table: usize, index: usize, what: &str) -> Result<T> {
     if table == 0 {
         return Err(failed(format!("{what} is null")));
     }
@@ -712,6 +779,6 @@ fn read_entry<T: Copy>(elf: &LoadedElf, table: usize, index: usize, what: &str) 
         .ok_or_else(|| failed(format!("{what} entry {index} lies outside the image")))
 }
 
-fn string_at(elf: &LoadedElf, addr: usize) -> Option<String> {
+fn string_at(elf: &impl ImageView, addr: usize) -> Option<String> {
     Some(elf.c_str_at(addr)?.to_string_lossy().into_owned())
 }

@@ -1,10 +1,12 @@
-//! IREE CPU executables (`embedded-elf-*`).
+//! IREE CPU executables (`embedded-elf-*` and `system-elf-*`).
 //!
 //! Layers, bottom up:
 //! - [`container`]: what surrounds the ELF in a module's rodata (a bare ELF or a
 //!   FatELF holding one ELF per architecture) and format inference.
 //! - [`elf`]: a defensive ELF64 shared-object parser and loader (one private
 //!   mapping, x86-64 RELA relocations, per-segment protections).
+//! - [`dylib`]: `system-elf-*` shared objects opened with the system loader
+//!   (`dlopen`), bounded by their program headers.
 //! - [`abi`]: `#[repr(C)]` mirrors of the executable library ABI (version 0.6).
 //! - [`library`]: [`library::ExecutableLibrary`]: query, validation, exports,
 //!   imports and serial dispatch.
@@ -15,5 +17,47 @@
 
 pub mod abi;
 pub mod container;
+pub mod dylib;
 pub mod elf;
 pub mod library;
+
+use std::ffi::CStr;
+
+/// Bounds-checked reads of a loaded library image at runtime addresses; the
+/// library tables are read only through this.
+pub trait ImageView {
+    /// The `len` bytes at `addr`, if they lie inside the readable image.
+    fn slice_at(&self, addr: usize, len: usize) -> Option<&[u8]>;
+
+    /// The NUL-terminated string at `addr`, if it starts and ends inside the
+    /// image.
+    fn c_str_at(&self, addr: usize) -> Option<&CStr>;
+
+    /// Whether `addr` lies in executable pages of the image.
+    fn is_executable(&self, addr: usize) -> bool;
+
+    /// Reads a `T` at `addr` if it lies inside the image. `T` must be plain
+    /// old data: every bit pattern valid (the library ABI structs of integers,
+    /// raw pointers and `Option<fn>`s).
+    fn read<T: Copy>(&self, addr: usize) -> Option<T> {
+        let bytes = self.slice_at(addr, std::mem::size_of::<T>())?;
+        // SAFETY: `bytes` holds `size_of::<T>()` readable bytes (checked above);
+        // unaligned read; callers only use `T`s valid for any bit pattern.
+        Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+    }
+}
+
+impl ImageView for elf::LoadedElf {
+    fn slice_at(&self, addr: usize, len: usize) -> Option<&[u8]> {
+        let off = addr.checked_sub(self.base() as usize)?;
+        self.bytes().get(off..off.checked_add(len)?)
+    }
+
+    fn c_str_at(&self, addr: usize) -> Option<&CStr> {
+        elf::LoadedElf::c_str_at(self, addr)
+    }
+
+    fn is_executable(&self, addr: usize) -> bool {
+        elf::LoadedElf::is_executable(self, addr)
+    }
+}
