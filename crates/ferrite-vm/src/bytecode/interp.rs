@@ -845,6 +845,20 @@ fn dispatch<const COVERAGE: bool>(
             }
         };
     }
+    macro_rules! buffer_load {
+        ($r:ident, $load:ident, |$v:ident| $write:expr) => {{
+            let off = get_i64u(regs, $r[1]) as u64;
+            let $v = tri!(tri!(deref_buffer(refs, $r[0], "source_buffer")).$load(off));
+            $write;
+        }};
+    }
+    macro_rules! buffer_store {
+        ($r:ident, $store:ident, $value:expr) => {{
+            let off = get_i64u(regs, $r[1]) as u64;
+            let value = $value;
+            tri!(tri!(deref_buffer(refs, $r[0], "target_buffer")).$store(off, value));
+        }};
+    }
     loop {
         // Fields are read through a reference so each arm loads only the
         // operands it uses.
@@ -1439,76 +1453,22 @@ fn dispatch<const COVERAGE: bool>(
             }
             Op::Break => pc = branch(regs, refs, pool, insn.pool as usize),
             // ---- buffers
-            Op::BufferLoadI8U => {
-                let off = get_i64u(regs, r[1]) as u64;
-                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i8u(off));
-                w32!(regs, r[2], v);
-            }
-            Op::BufferLoadI8S => {
-                let off = get_i64u(regs, r[1]) as u64;
-                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i8s(off));
-                w32!(regs, r[2], v);
-            }
-            Op::BufferLoadI16U => {
-                let off = get_i64u(regs, r[1]) as u64;
-                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i16u(off));
-                w32!(regs, r[2], v);
-            }
-            Op::BufferLoadI16S => {
-                let off = get_i64u(regs, r[1]) as u64;
-                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i16s(off));
-                w32!(regs, r[2], v);
-            }
-            Op::BufferLoadI32 => {
-                let off = get_i64u(regs, r[1]) as u64;
-                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i32(off));
-                w32!(regs, r[2], v);
-            }
-            Op::BufferLoadI64 => {
-                let off = get_i64u(regs, r[1]) as u64;
-                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_i64(off));
-                set_i64u!(regs, r[2], v);
-            }
-            Op::BufferLoadF32 => {
-                let off = get_i64u(regs, r[1]) as u64;
-                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_f32(off));
-                wf32!(regs, r[2], v);
-            }
-            Op::BufferLoadF64 => {
-                let off = get_i64u(regs, r[1]) as u64;
-                let v = tri!(tri!(deref_buffer(refs, r[0], "source_buffer")).load_f64(off));
-                wf64!(regs, r[2], v);
-            }
-            Op::BufferStoreI8 => {
-                let off = get_i64u(regs, r[1]) as u64;
-                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                    .store_i8(off, slot!(regs, r[2]) as i32));
-            }
-            Op::BufferStoreI16 => {
-                let off = get_i64u(regs, r[1]) as u64;
-                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                    .store_i16(off, slot!(regs, r[2]) as i32));
-            }
-            Op::BufferStoreI32 => {
-                let off = get_i64u(regs, r[1]) as u64;
-                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                    .store_i32(off, slot!(regs, r[2]) as i32));
-            }
-            Op::BufferStoreI64 => {
-                let off = get_i64u(regs, r[1]) as u64;
-                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                    .store_i64(off, get_i64u(regs, r[2])));
-            }
-            Op::BufferStoreF32 => {
-                let off = get_i64u(regs, r[1]) as u64;
-                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                    .store_f32(off, rf32!(regs, r[2])));
-            }
-            Op::BufferStoreF64 => {
-                let off = get_i64u(regs, r[1]) as u64;
-                tri!(tri!(deref_buffer(refs, r[0], "target_buffer"))
-                    .store_f64(off, rf64!(regs, r[2])));
-            }
+            // Loads and stores: buffer in r[0], element offset (i64) in r[1],
+            // value in r[2]; they differ only in width and register bank.
+            Op::BufferLoadI8U => buffer_load!(r, load_i8u, |v| w32!(regs, r[2], v)),
+            Op::BufferLoadI8S => buffer_load!(r, load_i8s, |v| w32!(regs, r[2], v)),
+            Op::BufferLoadI16U => buffer_load!(r, load_i16u, |v| w32!(regs, r[2], v)),
+            Op::BufferLoadI16S => buffer_load!(r, load_i16s, |v| w32!(regs, r[2], v)),
+            Op::BufferLoadI32 => buffer_load!(r, load_i32, |v| w32!(regs, r[2], v)),
+            Op::BufferLoadI64 => buffer_load!(r, load_i64, |v| set_i64u!(regs, r[2], v)),
+            Op::BufferLoadF32 => buffer_load!(r, load_f32, |v| wf32!(regs, r[2], v)),
+            Op::BufferLoadF64 => buffer_load!(r, load_f64, |v| wf64!(regs, r[2], v)),
+            Op::BufferStoreI8 => buffer_store!(r, store_i8, slot!(regs, r[2]) as i32),
+            Op::BufferStoreI16 => buffer_store!(r, store_i16, slot!(regs, r[2]) as i32),
+            Op::BufferStoreI32 => buffer_store!(r, store_i32, slot!(regs, r[2]) as i32),
+            Op::BufferStoreI64 => buffer_store!(r, store_i64, get_i64u(regs, r[2])),
+            Op::BufferStoreF32 => buffer_store!(r, store_f32, rf32!(regs, r[2])),
+            Op::BufferStoreF64 => buffer_store!(r, store_f64, rf64!(regs, r[2])),
             Op::BufferAlloc => {
                 let len = get_i64u(regs, r[0]) as u64;
                 let b = tri!(VmBuffer::new(len, slot!(regs, r[1])));
