@@ -1,7 +1,8 @@
-//! Shared helpers of the executable tests: compiling the MLIR fixtures under
-//! `tests/data` with the pinned `iree-compile`, pulling the executable out of
-//! the module with Ferrite's archive reader, and reading the workgroup counts
-//! the compiled host code dispatches with (from `iree-dump-module`).
+//! Shared helpers of the crate's tests: compiling MLIR programs with the
+//! pinned `iree-compile`, pulling the executable out of the module with
+//! Ferrite's archive reader, and reading the workgroup counts the compiled
+//! host code dispatches with (from `iree-dump-module`). `tests/common`
+//! (the HAL suite's helpers) builds on this module.
 #![allow(dead_code)]
 
 use ferrite_vm::bytecode::archive::Archive;
@@ -16,12 +17,14 @@ pub fn workspace_root() -> PathBuf {
     dir.canonicalize().unwrap_or(dir)
 }
 
-fn tool(name: &str) -> PathBuf {
+/// A pinned tool from `<workspace>/.venv/bin`.
+pub fn tool(name: &str) -> PathBuf {
     let p = workspace_root().join(".venv/bin").join(name);
     assert!(
         p.is_file(),
-        "{} not found: the executable tests compile their fixtures with the pinned IREE \
-         compiler (iree-base-compiler==3.13.0) installed in <workspace>/.venv",
+        "{} not found: these tests compile their programs with the pinned IREE \
+         compiler (iree-base-compiler==3.13.0) installed in <workspace>/.venv \
+         (run scripts/setup-venv.sh)",
         p.display()
     );
     p
@@ -32,27 +35,44 @@ static BUILD_LOCK: Mutex<()> = Mutex::new(());
 /// Compiles `tests/data/<name>.mlir` for the local llvm-cpu target (generic
 /// x86-64), once per source change, and returns the `.vmfb` path.
 pub fn compile(name: &str) -> PathBuf {
-    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(format!("{name}.mlir"));
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hal-cpu-fixtures");
-    std::fs::create_dir_all(&out_dir).expect("create fixture directory");
-    let out = out_dir.join(format!("{name}.vmfb"));
-    let fresh = match (std::fs::metadata(&src), std::fs::metadata(&out)) {
+    compile_file(&src, "hal-cpu-fixtures", &[])
+}
+
+/// Compiles `src` with the pinned compiler into `<target tmp>/<out_dir>/`,
+/// once per source change. Without `flags`, it builds for the local llvm-cpu
+/// target with a portable (generic x86-64) CPU.
+pub fn compile_file(src: &Path, out_dir: &str, flags: &[&str]) -> PathBuf {
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out_dir);
+    std::fs::create_dir_all(&out_dir).expect("create output directory");
+    let stem = src.file_stem().expect("source file name").to_string_lossy();
+    let out = out_dir.join(format!("{stem}.vmfb"));
+    let fresh = match (std::fs::metadata(src), std::fs::metadata(&out)) {
         (Ok(s), Ok(o)) => matches!((s.modified(), o.modified()), (Ok(s), Ok(o)) if o >= s),
         _ => false,
     };
     if !fresh {
+        let default_flags = [
+            "--iree-hal-target-device=local",
+            "--iree-hal-local-target-device-backends=llvm-cpu",
+            "--iree-llvmcpu-target-cpu=generic",
+        ];
+        let flags: &[&str] = if flags.is_empty() {
+            &default_flags
+        } else {
+            flags
+        };
+        // Compile to a temporary name so a concurrent reader never sees a
+        // half-written module.
+        let tmp = out.with_extension(format!("vmfb.{}.tmp", std::process::id()));
         let output = Command::new(tool("iree-compile"))
-            .args([
-                "--iree-hal-target-device=local",
-                "--iree-hal-local-target-device-backends=llvm-cpu",
-                "--iree-llvmcpu-target-cpu=generic",
-            ])
-            .arg(&src)
+            .args(flags)
+            .arg(src)
             .arg("-o")
-            .arg(&out)
+            .arg(&tmp)
             .output()
             .expect("run iree-compile");
         assert!(
@@ -61,8 +81,30 @@ pub fn compile(name: &str) -> PathBuf {
             src.display(),
             String::from_utf8_lossy(&output.stderr)
         );
+        std::fs::rename(&tmp, &out).expect("move compiled module into place");
     }
     out
+}
+
+/// Every rodata segment of `vmfb`, its ELF executable and format string.
+pub fn module_executable(vmfb: &Path) -> (Vec<Vec<u8>>, Vec<u8>, String) {
+    let bytes = ModuleBytes::read_file(vmfb).expect("read module");
+    let archive = Archive::parse(bytes).expect("parse module");
+    let rodata: Vec<Vec<u8>> = (0..archive.rodata_segments().len())
+        .map(|i| archive.rodata(i).expect("rodata").to_vec())
+        .collect();
+    let executable = rodata
+        .iter()
+        .find(|r| r.starts_with(b"\x7fELF"))
+        .expect("module holds no ELF executable")
+        .clone();
+    let format = rodata
+        .iter()
+        .filter_map(|r| std::str::from_utf8(r).ok())
+        .find(|s| s.starts_with("embedded-elf-"))
+        .expect("module names no embedded-elf format")
+        .to_string();
+    (rodata, executable, format)
 }
 
 /// A compiled module's CPU executable.
@@ -80,22 +122,7 @@ pub struct Fixture {
 /// Compiles `name` and extracts its executable.
 pub fn fixture(name: &str) -> Fixture {
     let vmfb = compile(name);
-    let bytes = ModuleBytes::read_file(&vmfb).expect("read module");
-    let archive = Archive::parse(bytes).expect("parse module");
-    let rodata: Vec<Vec<u8>> = (0..archive.rodata_segments().len())
-        .map(|i| archive.rodata(i).expect("rodata").to_vec())
-        .collect();
-    let executable = rodata
-        .iter()
-        .find(|r| r.starts_with(b"\x7fELF"))
-        .expect("module holds no ELF executable")
-        .clone();
-    let format = rodata
-        .iter()
-        .filter_map(|r| std::str::from_utf8(r).ok())
-        .find(|s| s.starts_with("embedded-elf-"))
-        .expect("module names no embedded-elf format")
-        .to_string();
+    let (rodata, executable, format) = module_executable(&vmfb);
     Fixture {
         vmfb,
         executable,
