@@ -1,6 +1,7 @@
 //! Parsing `--input=` values in upstream's syntax.
 
 use ferrite_base::{bail, Result};
+use ferrite_hal::numerics::{parse_c_f64, parse_c_i64, parse_c_u64};
 use ferrite_vm::cconv::CconvType;
 use ferrite_vm::Variant;
 
@@ -28,28 +29,15 @@ pub fn parse_scalar(text: &str, ty: &CconvType, index: usize) -> Result<Variant>
     })
 }
 
+/// An integer as upstream reads one (C `strtoll` rules, unsigned values
+/// wrapping: `4294967295` is `-1` as i32, `4.5` is 4).
 pub(crate) fn parse_int(t: &str) -> Option<i64> {
-    if let Ok(v) = t.parse::<i64>() {
-        return Some(v);
-    }
-    if let Ok(v) = t.parse::<u64>() {
-        return Some(v as i64);
-    }
-    if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        return u64::from_str_radix(h, 16).ok().map(|v| v as i64);
-    }
-    // Upstream accepts a float where an integer is expected (`4.5` -> 4).
-    parse_float(t).map(|f| f as i64)
+    parse_c_i64(t).or_else(|| parse_c_u64(t).map(|v| v as i64))
 }
 
+/// A float as upstream reads one (C `strtod` rules: `nan`, `inf`, hex floats).
 pub(crate) fn parse_float(t: &str) -> Option<f64> {
-    match t.to_ascii_lowercase().as_str() {
-        "nan" => Some(f64::NAN),
-        "-nan" => Some(-f64::NAN),
-        "inf" | "+inf" | "infinity" => Some(f64::INFINITY),
-        "-inf" | "-infinity" => Some(f64::NEG_INFINITY),
-        _ => t.parse::<f64>().ok(),
-    }
+    parse_c_f64(t)
 }
 
 // ---------------------------------------------------------------------------
