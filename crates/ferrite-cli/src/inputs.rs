@@ -16,6 +16,14 @@ pub fn parse_scalar(text: &str, ty: &CconvType, index: usize) -> Result<Variant>
         ferrite_base::status!(InvalidArgument, "parsing value `{t}` as {what}")
             .annotate(format!("parsing input {index} `{text}`"))
     };
+    // A tensor (`5xf32=1`) where a scalar is expected is an error, not the
+    // number its leading digits spell (upstream's strtol would read 5).
+    if t.contains('=') {
+        return Err(ferrite_base::status!(
+            InvalidArgument,
+            "input {index} `{text}` is a tensor but the function takes a scalar here"
+        ));
+    }
     Ok(match ty {
         CconvType::I32 => Variant::I32(parse_int(t).ok_or_else(|| bad("i32"))? as i32),
         CconvType::I64 => Variant::I64(parse_int(t).ok_or_else(|| bad("i64"))?),
