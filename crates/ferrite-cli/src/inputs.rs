@@ -16,14 +16,6 @@ pub fn parse_scalar(text: &str, ty: &CconvType, index: usize) -> Result<Variant>
         ferrite_base::status!(InvalidArgument, "parsing value `{t}` as {what}")
             .annotate(format!("parsing input {index} `{text}`"))
     };
-    // A tensor (`5xf32=1`) where a scalar is expected is an error, not the
-    // number its leading digits spell (upstream's strtol would read 5).
-    if t.contains('=') {
-        return Err(ferrite_base::status!(
-            InvalidArgument,
-            "input {index} `{text}` is a tensor but the function takes a scalar here"
-        ));
-    }
     Ok(match ty {
         CconvType::I32 => Variant::I32(parse_int(t).ok_or_else(|| bad("i32"))? as i32),
         CconvType::I64 => Variant::I64(parse_int(t).ok_or_else(|| bad("i64"))?),
@@ -40,12 +32,24 @@ pub fn parse_scalar(text: &str, ty: &CconvType, index: usize) -> Result<Variant>
 /// An integer as upstream reads one (C `strtoll` rules, unsigned values
 /// wrapping: `4294967295` is `-1` as i32, `4.5` is 4).
 pub(crate) fn parse_int(t: &str) -> Option<i64> {
+    if is_tensor(t) {
+        return None;
+    }
     parse_c_i64(t).or_else(|| parse_c_u64(t).map(|v| v as i64))
 }
 
 /// A float as upstream reads one (C `strtod` rules: `nan`, `inf`, hex floats).
 pub(crate) fn parse_float(t: &str) -> Option<f64> {
+    if is_tensor(t) {
+        return None;
+    }
     parse_c_f64(t)
+}
+
+/// A tensor (`5xf32=1`) where a scalar is expected is an error, not the
+/// number its leading digits spell (upstream's strtol would read 5).
+fn is_tensor(t: &str) -> bool {
+    t.contains('=')
 }
 
 // ---------------------------------------------------------------------------
