@@ -1,6 +1,10 @@
-//! `ferrite benchmark-module`: times calls of one function like upstream's
+//! `ferrite benchmark-module`: times calls of functions like upstream's
 //! `iree-benchmark-module` (same flags), printing a google-benchmark-style
-//! table of per-call wall time; `--compare-upstream` also runs the pinned
+//! table of per-call wall and CPU time, and with `--benchmark_out=FILE
+//! --benchmark_out_format=json` (or `--benchmark_format=json` on stdout)
+//! google benchmark's JSON report, which `ferrite.runtime.benchmark_module`
+//! reads. Without `--function` every exported function that takes no
+//! arguments is timed. `--compare-upstream` also runs the pinned
 //! `iree-benchmark-module` on the same module, function, inputs and device
 //! and ends with `ratio: X` (Ferrite time / upstream time, lower is better).
 
@@ -18,9 +22,10 @@ pub struct BenchmarkModuleArgs {
     /// A `.vmfb` file to load; repeat for several (the last is the main module).
     #[arg(long = "module", required = true)]
     pub modules: Vec<String>,
-    /// Function to call.
+    /// Function to call; without it, every exported function that takes
+    /// no arguments.
     #[arg(long)]
-    pub function: String,
+    pub function: Option<String>,
     /// Function inputs (as `run-module --input`).
     #[arg(long = "input", allow_hyphen_values = true)]
     pub inputs: Vec<String>,
@@ -37,6 +42,15 @@ pub struct BenchmarkModuleArgs {
     /// (google benchmark's syntax).
     #[arg(long = "benchmark_min_time", default_value = "0.5s")]
     pub min_time: String,
+    /// Format of the report on stdout: `console` (a table) or `json`.
+    #[arg(long = "benchmark_format", default_value = "console")]
+    pub format: String,
+    /// Also write the report to this file.
+    #[arg(long = "benchmark_out")]
+    pub out: Option<PathBuf>,
+    /// Format of `--benchmark_out`: `json` (default) or `console`.
+    #[arg(long = "benchmark_out_format", default_value = "json")]
+    pub out_format: String,
     /// Also run the pinned `iree-benchmark-module` (found as
     /// `$IREE_BENCHMARK_MODULE`, else `.venv/bin/` above the working
     /// directory or this executable) and print `ratio: X`.
@@ -63,10 +77,19 @@ fn parse_min_time(s: &str) -> Result<MinTime> {
     Ok(MinTime::Seconds(v.parse().map_err(|_| bad())?))
 }
 
-/// Per-call times of each repetition, in nanoseconds.
-struct Measurement {
-    per_call_ns: Vec<f64>,
+/// One row of the report: a repetition or an aggregate over them.
+struct Row {
+    name: String,
+    run_name: String,
+    /// `None` for a repetition, else `mean`, `median`, `stddev` or `cv`.
+    aggregate: Option<&'static str>,
+    repetitions: usize,
+    repetition_index: usize,
     iterations: u64,
+    /// Per-call wall and process-CPU time in nanoseconds (for `cv`, a ratio).
+    real: f64,
+    cpu: f64,
+    items_per_second: f64,
 }
 
 fn fmt_time(ns: f64) -> String {
@@ -79,7 +102,8 @@ fn fmt_time(ns: f64) -> String {
     }
 }
 
-fn stats(v: &[f64]) -> (f64, f64, f64, f64) {
+/// Mean, median and sample standard deviation.
+fn stats(v: &[f64]) -> (f64, f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
     let mut s = v.to_vec();
@@ -94,27 +118,65 @@ fn stats(v: &[f64]) -> (f64, f64, f64, f64) {
     } else {
         0.0
     };
-    (mean, median, s[0], var.sqrt())
+    (mean, median, var.sqrt())
 }
 
-/// Runs the command; prints the table (and upstream's figures and the
-/// ratio with `--compare-upstream`).
-pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
-    let min_time = parse_min_time(&args.min_time)?;
-    let instance = Instance::default();
-    let rc = load_context(
-        &instance,
-        &args.modules,
-        &args.devices,
-        args.task_workers,
-        false,
-    )
-    .annotate(|| "creating run context".to_string())?;
-    let ctx = &rc.context;
+/// CPU time consumed by this process (all threads), in nanoseconds.
+fn process_cpu_ns() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec owned by this frame, and
+    // CLOCK_PROCESS_CPUTIME_ID is a clock every Linux kernel provides.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 * 1e9 + ts.tv_nsec as f64
+}
+
+/// The functions to time: `--function`, else every export of the main
+/// (last) module that takes no arguments, as upstream.
+fn functions_to_run(ctx: &ferrite_vm::Context, args: &BenchmarkModuleArgs) -> Result<Vec<String>> {
+    if let Some(f) = &args.function {
+        return Ok(vec![f.clone()]);
+    }
+    let Some(main) = ctx.modules().last() else {
+        return Ok(Vec::new());
+    };
+    let mut names = Vec::new();
+    for e in main.exports() {
+        if e.name.starts_with("__") {
+            continue;
+        }
+        let full = format!("{}.{}", main.name(), e.name);
+        let f = ctx.lookup_function(&full)?;
+        if f.cconv.args.is_empty() {
+            names.push(e.name.clone());
+        }
+    }
+    Ok(names)
+}
+
+/// Times `function`: a warm-up call, then `repetitions` timed runs of the
+/// same number of calls; returns the repetition rows and, for several
+/// repetitions, the aggregates.
+fn time_function(
+    ctx: &ferrite_vm::Context,
+    rc_devices: &[ferrite_hal::device::DeviceRef],
+    function: &str,
+    args: &BenchmarkModuleArgs,
+    min_time: &MinTime,
+) -> Result<Vec<Row>> {
     let f = ctx
-        .lookup_function(&args.function)
-        .annotate(|| format!("looking up function '{}'", args.function))?;
-    let inputs = parse_inputs(&args.inputs, &f.cconv.args, &rc.devices)?;
+        .lookup_function(function)
+        .annotate(|| format!("looking up function '{function}'"))?;
+    let inputs = if args.function.is_some() {
+        parse_inputs(&args.inputs, &f.cconv.args, rc_devices)?
+    } else {
+        Vec::new()
+    };
     if inputs.len() != f.cconv.args.len() {
         bail!(
             InvalidArgument,
@@ -125,14 +187,14 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
     }
     let call = || -> Result<()> {
         ctx.invoke(&f, inputs.clone())
-            .annotate(|| format!("invoking function '{}'", args.function))?;
+            .annotate(|| format!("invoking function '{function}'"))?;
         Ok(())
     };
     // Warm-up: first-call costs (executable loading, pools) stay out.
     let warm = Instant::now();
     call()?;
     let first = warm.elapsed();
-    let iterations = match min_time {
+    let iterations = match *min_time {
         MinTime::Iterations(n) => n.max(1),
         MinTime::Seconds(s) => {
             // Calibrate on a short run, then size repetitions to `s`.
@@ -150,23 +212,122 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
             ((s / per.max(1e-9)).ceil() as u64).max(1)
         }
     };
-    let mut m = Measurement {
-        per_call_ns: Vec::new(),
-        iterations,
-    };
-    for _ in 0..args.repetitions.max(1) {
+    let run_name = format!("BM_{function}/process_time/real_time");
+    let repetitions = args.repetitions.max(1);
+    let mut rows = Vec::new();
+    for index in 0..repetitions {
+        let cpu0 = process_cpu_ns();
         let t = Instant::now();
         for _ in 0..iterations {
             call()?;
         }
-        m.per_call_ns
-            .push(t.elapsed().as_secs_f64() * 1e9 / iterations as f64);
+        let wall = t.elapsed().as_secs_f64();
+        let cpu = process_cpu_ns() - cpu0;
+        rows.push(Row {
+            name: run_name.clone(),
+            run_name: run_name.clone(),
+            aggregate: None,
+            repetitions,
+            repetition_index: index,
+            iterations,
+            real: wall * 1e9 / iterations as f64,
+            cpu: cpu / iterations as f64,
+            items_per_second: iterations as f64 / wall.max(1e-12),
+        });
     }
-    let name = format!("BM_{}/process_time/real_time", args.function);
-    print_table(&name, &m);
+    if repetitions > 1 {
+        let real: Vec<f64> = rows.iter().map(|r| r.real).collect();
+        let cpu: Vec<f64> = rows.iter().map(|r| r.cpu).collect();
+        let ips: Vec<f64> = rows.iter().map(|r| r.items_per_second).collect();
+        let (rm, rmed, rsd) = stats(&real);
+        let (cm, cmed, csd) = stats(&cpu);
+        let (im, imed, isd) = stats(&ips);
+        let ratio = |sd: f64, mean: f64| if mean > 0.0 { sd / mean } else { 0.0 };
+        for (agg, real, cpu, items) in [
+            ("mean", rm, cm, im),
+            ("median", rmed, cmed, imed),
+            ("stddev", rsd, csd, isd),
+            ("cv", ratio(rsd, rm), ratio(csd, cm), ratio(isd, im)),
+        ] {
+            rows.push(Row {
+                name: format!("{run_name}_{agg}"),
+                run_name: run_name.clone(),
+                aggregate: Some(agg),
+                repetitions,
+                repetition_index: 0,
+                iterations: repetitions as u64,
+                real,
+                cpu,
+                items_per_second: items,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Runs the command; prints the report (and upstream's figures and the
+/// ratio with `--compare-upstream`).
+pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
+    let min_time = parse_min_time(&args.min_time)?;
+    for (flag, value) in [
+        ("--benchmark_format", &args.format),
+        ("--benchmark_out_format", &args.out_format),
+    ] {
+        if value != "console" && value != "json" {
+            bail!(
+                InvalidArgument,
+                "{flag}={value}: expected `console` or `json`"
+            );
+        }
+    }
+    let instance = Instance::default();
+    let rc = load_context(
+        &instance,
+        &args.modules,
+        &args.devices,
+        args.task_workers,
+        false,
+    )
+    .annotate(|| "creating run context".to_string())?;
+    let functions = functions_to_run(&rc.context, args)?;
+    let mut rows = Vec::new();
+    for f in &functions {
+        rows.extend(time_function(&rc.context, &rc.devices, f, args, &min_time)?);
+    }
+    if functions.is_empty() {
+        // As google benchmark: a message, an empty report, success.
+        eprintln!("Failed to match any benchmarks against regex: .");
+    }
+    if args.format == "json" {
+        println!("{}", json_report(&rows));
+    } else if !rows.is_empty() {
+        print!("{}", console_report(&rows));
+    }
+    if let Some(path) = &args.out {
+        let text = match (rows.is_empty(), args.out_format.as_str()) {
+            (true, _) => String::new(),
+            (false, "json") => json_report(&rows) + "\n",
+            (false, _) => console_report(&rows),
+        };
+        std::fs::write(path, text).map_err(|e| {
+            status!(
+                PermissionDenied,
+                "writing --benchmark_out={}: {e}",
+                path.display()
+            )
+        })?;
+    }
     if args.compare_upstream {
+        let Some(ours) = rows
+            .iter()
+            .filter(|r| r.aggregate.is_none())
+            .map(|r| r.real)
+            .reduce(|a, b| a + b)
+        else {
+            bail!(InvalidArgument, "--compare-upstream: nothing was timed");
+        };
+        let ours = ours / args.repetitions.max(1) as f64;
         let up = run_upstream(args)?;
-        let ours = stats(&m.per_call_ns).0;
         println!(
             "upstream iree-benchmark-module: {} per call (mean of {} repetition(s))",
             fmt_time(up),
@@ -178,30 +339,80 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_table(name: &str, m: &Measurement) {
-    let w = name.len() + 8;
-    let rule = "-".repeat(w + 34);
-    println!("{rule}");
-    println!("{:<w$}{:>16}{:>18}", "Benchmark", "Time", "Iterations");
-    println!("{rule}");
-    for t in &m.per_call_ns {
-        println!("{:<w$}{:>16}{:>18}", name, fmt_time(*t), m.iterations);
+/// Google benchmark's console table (times per call; `cv` in percent).
+fn console_report(rows: &[Row]) -> String {
+    let w = rows.iter().map(|r| r.name.len()).max().unwrap_or(9) + 4;
+    let rule = "-".repeat(w + 62);
+    let mut out = format!(
+        "{rule}\n{:<w$}{:>15}{:>15}{:>13} UserCounters...\n{rule}\n",
+        "Benchmark", "Time", "CPU", "Iterations"
+    );
+    for r in rows {
+        let (time, cpu, items) = if r.aggregate == Some("cv") {
+            (
+                format!("{:.2} %", r.real * 100.0),
+                format!("{:.2} %", r.cpu * 100.0),
+                format!("{:.2}%", r.items_per_second * 100.0),
+            )
+        } else {
+            (
+                fmt_time(r.real),
+                fmt_time(r.cpu),
+                format!("{:.6}k/s", r.items_per_second / 1e3),
+            )
+        };
+        out.push_str(&format!(
+            "{:<w$}{time:>15}{cpu:>15}{:>13} items_per_second={items}\n",
+            r.name, r.iterations
+        ));
     }
-    let (mean, median, min, stddev) = stats(&m.per_call_ns);
-    let n = m.per_call_ns.len();
-    for (suffix, v) in [
-        ("mean", mean),
-        ("median", median),
-        ("min", min),
-        ("stddev", stddev),
-    ] {
-        println!(
-            "{:<w$}{:>16}{:>18}",
-            format!("{name}_{suffix}"),
-            fmt_time(v),
-            n
-        );
-    }
+    out
+}
+
+/// Google benchmark's JSON report (schema version 1; times in ms).
+fn json_report(rows: &[Row]) -> String {
+    let benchmarks: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            let mut o = serde_json::Map::new();
+            o.insert("name".into(), r.name.clone().into());
+            o.insert("family_index".into(), 0.into());
+            o.insert("per_family_instance_index".into(), 0.into());
+            o.insert("run_name".into(), r.run_name.clone().into());
+            let run_type = if r.aggregate.is_some() {
+                "aggregate"
+            } else {
+                "iteration"
+            };
+            o.insert("run_type".into(), run_type.into());
+            o.insert("repetitions".into(), r.repetitions.into());
+            if let Some(agg) = r.aggregate {
+                o.insert("threads".into(), 1.into());
+                o.insert("aggregate_name".into(), agg.into());
+                let unit = if agg == "cv" { "percentage" } else { "time" };
+                o.insert("aggregate_unit".into(), unit.into());
+            } else {
+                o.insert("repetition_index".into(), r.repetition_index.into());
+                o.insert("threads".into(), 1.into());
+            }
+            o.insert("iterations".into(), r.iterations.into());
+            // A `cv` row holds ratios, which google benchmark leaves unscaled.
+            let scale = if r.aggregate == Some("cv") { 1.0 } else { 1e-6 };
+            o.insert("real_time".into(), (r.real * scale).into());
+            o.insert("cpu_time".into(), (r.cpu * scale).into());
+            o.insert("time_unit".into(), "ms".into());
+            o.insert("items_per_second".into(), r.items_per_second.into());
+            serde_json::Value::Object(o)
+        })
+        .collect();
+    let context = serde_json::json!({
+        "executable": std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
+        "num_cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "library_build_type": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "json_schema_version": 1,
+    });
+    let report = serde_json::json!({ "context": context, "benchmarks": benchmarks });
+    serde_json::to_string_pretty(&report).unwrap_or_default()
 }
 
 fn upstream_tool() -> Result<PathBuf> {
@@ -237,7 +448,9 @@ fn run_upstream(args: &BenchmarkModuleArgs) -> Result<f64> {
     for m in &args.modules {
         cmd.arg(format!("--module={m}"));
     }
-    cmd.arg(format!("--function={}", args.function));
+    if let Some(f) = &args.function {
+        cmd.arg(format!("--function={f}"));
+    }
     for i in &args.inputs {
         cmd.arg(format!("--input={i}"));
     }

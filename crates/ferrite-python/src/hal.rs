@@ -72,7 +72,9 @@ impl PyHalDriver {
         let _ = allocators;
         let device = match self.name.as_str() {
             "local-sync" => DeviceRef(CpuDevice::local_sync()),
-            _ => DeviceRef(CpuDevice::local_task(0)),
+            _ => DeviceRef(CpuDevice::local_task(
+                crate::flags::local_task_worker_count(),
+            )),
         };
         PyHalDevice { device }
     }

@@ -8,14 +8,21 @@
 
 use pyo3::prelude::*;
 
+mod flags;
 mod hal;
 mod host_buffer;
+mod pymodule;
 mod status;
+mod tokenizer;
 mod vm;
 
 #[pymodule]
 fn _ferrite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     vm::register(m)?;
     hal::register(m)?;
+    flags::register(m)?;
+    pymodule::register(m)?;
+    tokenizer::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

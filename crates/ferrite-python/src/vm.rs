@@ -53,6 +53,8 @@ pub const LINKAGE_EXPORT: u32 = 2;
 pub struct PyVmModule {
     pub module: Arc<dyn Module>,
     destroy_callback: Option<PyObject>,
+    /// The `.vmfb` bytes a bytecode module was loaded from.
+    blob: Option<ModuleBytes>,
 }
 
 impl PyVmModule {
@@ -60,6 +62,7 @@ impl PyVmModule {
         PyVmModule {
             module,
             destroy_callback: None,
+            blob: None,
         }
     }
 
@@ -68,11 +71,12 @@ impl PyVmModule {
         bytes: ModuleBytes,
         destroy_callback: Option<PyObject>,
     ) -> PyResult<Self> {
-        let module = BytecodeModule::load(&instance.instance, bytes)
+        let module = BytecodeModule::load(&instance.instance, bytes.clone())
             .py_context("Error creating vm module from aligned memory")?;
         Ok(PyVmModule {
             module,
             destroy_callback,
+            blob: Some(bytes),
         })
     }
 
@@ -155,6 +159,17 @@ impl PyVmModule {
     #[getter]
     fn name(&self) -> String {
         self.module.name().to_string()
+    }
+
+    /// The `.vmfb` a bytecode module was loaded from (None for native modules).
+    #[getter]
+    fn stashed_flatbuffer_blob<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> Option<Bound<'py, pyo3::types::PyBytes>> {
+        self.blob
+            .as_ref()
+            .map(|b| pyo3::types::PyBytes::new(py, b.as_slice()))
     }
 
     #[getter]

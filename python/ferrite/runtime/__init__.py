@@ -28,7 +28,20 @@ from ._binding import (
     VmRef,
 )
 
+# Python-defined modules
+from ._binding import PyModuleInterface
+
+# Tokenizer imports
+from ._binding import (
+    Tokenizer,
+    TokenizerEncodeStream,
+    TokenizerDecodeStream,
+)
+
+from .typing import HalModuleBufferViewTraceCallback
+
 from .array_interop import *
+from .benchmark import *
 from .system_api import *
 from .system_setup import (
     get_device,
@@ -38,3 +51,4 @@ from .system_setup import (
 )
 from .function import *
 from . import dtypes
+from . import flags

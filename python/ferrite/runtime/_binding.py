@@ -14,6 +14,10 @@ from .._ferrite import (
     HalDevice,
     HalDriver,
     MappedMemory,
+    PyModuleInterface,
+    Tokenizer,
+    TokenizerDecodeStream,
+    TokenizerEncodeStream,
     VmBuffer,
     VmContext,
     VmFunction,
@@ -22,6 +26,7 @@ from .._ferrite import (
     VmRef,
     VmVariantList,
     create_hal_module,
+    parse_flags,
 )
 
 

@@ -75,3 +75,22 @@ def dtype_to_element_type(dtype):
         return _FROM_NUMPY[np.dtype(dtype)]
     except KeyError:
         raise ValueError(f"Unsupported numpy dtype {dtype}") from None
+
+# The element-type spelling of each dtype in `--input=SHAPExTYPE=...` flags
+# (unsigned integers use the signless spelling, as upstream).
+DTYPE_TO_ABI_TYPE = {
+    np.dtype(np.float16): "f16",
+    np.dtype(np.float32): "f32",
+    np.dtype(np.float64): "f64",
+    np.dtype(np.int8): "i8",
+    np.dtype(np.uint8): "i8",
+    np.dtype(np.int16): "i16",
+    np.dtype(np.uint16): "i16",
+    np.dtype(np.int32): "i32",
+    np.dtype(np.uint32): "i32",
+    np.dtype(np.int64): "i64",
+    np.dtype(np.uint64): "i64",
+    np.dtype(np.bool_): "i1",
+    np.dtype(np.complex64): "complex<f32>",
+    np.dtype(np.complex128): "complex<f64>",
+}
