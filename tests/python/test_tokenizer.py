@@ -1,4 +1,4 @@
-"""Tokenizer: HuggingFace tokenizer.json files, encode/decode and streams.
+"""Tokenizer: HuggingFace tokenizer.json and tiktoken files, encode/decode, streams.
 
 The tokenizers are written here (a byte-level BPE with special tokens and a
 BOS/EOS template, and a BERT-style WordPiece); results are checked against
@@ -276,4 +276,69 @@ def test_matches_upstream(make, upstream):
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip)
     for i in range(ours.vocab_size + 2):
+        assert ours.id_to_token(i) == theirs.id_to_token(i), i
+
+
+def tiktoken_data():
+    import base64
+
+    lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
+    extra = [b"he", b"ll", b"hell", b"hello", b" w", b"or", b" wor", b"ld", b" world", b" t", b" the",
+             b"ab", b"abc", b"bc", b"  ", b"\n\n", b"12", b"123"]
+    lines += [f"{base64.b64encode(e).decode()} {256 + i}" for i, e in enumerate(extra)]
+    return "\n".join(lines), {e: 256 + i for i, e in enumerate(extra)}
+
+
+TIKTOKEN_TEXTS = [
+    "hello world, the end!  don't 123456 <|endoftext|> x",
+    "héllo 😀\n\n  the",
+    "abcabc bcab abc",
+    "x <|endoftext|> y<|fim_prefix|><|endofprompt|>",
+    "I'LL  We've 1234567 !!\r\n\r\n  z",
+]
+
+
+def test_tiktoken_ranks_merges_and_specials(tmp_path):
+    data, ranks = tiktoken_data()
+    tok = rt.Tokenizer.from_tiktoken(data, "cl100k_base")
+    assert tok.model_type == "BPE"
+    assert tok.vocab_size == 256 + len(ranks) + 5
+    assert tok.encode("hello world") == [ranks[b"hello"], ranks[b" world"]]
+    # "abc" is a token itself; "bcab" pieces merge by rank ("ab" before "bc").
+    assert tok.encode("abc") == [ranks[b"abc"]]
+    assert tok.encode(" bcab") == [32, ranks[b"bc"], ranks[b"ab"]]
+    assert tok.encode("<|endoftext|>") == [100257]
+    assert 100257 not in tok.encode("<|endoftext|>", no_special_token_matching=True)
+    for text in TIKTOKEN_TEXTS:
+        assert tok.decode(tok.encode(text)) == text
+    # Files named <encoding>.tiktoken load the same way.
+    path = tmp_path / "cl100k_base.tiktoken"
+    path.write_text(data)
+    assert rt.Tokenizer.from_file(path).encode("hello world") == tok.encode("hello world")
+    bad = tmp_path / "mystery.tiktoken"
+    bad.write_text(data)
+    with pytest.raises(ValueError, match="Unknown tiktoken encoding in filename"):
+        rt.Tokenizer.from_file(bad)
+    with pytest.raises(ValueError, match="Unknown tiktoken encoding: nope"):
+        rt.Tokenizer.from_tiktoken(data, "nope")
+    with pytest.raises(ValueError, match="lacks the single-byte token"):
+        rt.Tokenizer.from_tiktoken("aGk= 0", "gpt2")
+
+
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base", "gpt2", "p50k_edit", "o200k_harmony"])
+def test_tiktoken_matches_upstream(encoding, upstream):
+    if not hasattr(upstream, "Tokenizer"):
+        pytest.skip("this iree.runtime has no Tokenizer")
+    data, _ = tiktoken_data()
+    ours = rt.Tokenizer.from_tiktoken(data, encoding)
+    theirs = upstream.Tokenizer.from_tiktoken(data, encoding)
+    assert ours.vocab_size == theirs.vocab_size
+    assert ours.special_ids == theirs.special_ids
+    for text in TIKTOKEN_TEXTS:
+        for literal in (False, True):
+            ids = theirs.encode(text, no_special_token_matching=literal)
+            assert ours.encode(text, no_special_token_matching=literal) == ids, (text, literal)
+            for skip in (False, True):
+                assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip)
+    for i in range(300):
         assert ours.id_to_token(i) == theirs.id_to_token(i), i

@@ -13,6 +13,7 @@ mod hal;
 mod host_buffer;
 mod pymodule;
 mod status;
+mod tiktoken;
 mod tokenizer;
 mod vm;
 

@@ -1,6 +1,7 @@
 //! `Tokenizer`, `TokenizerEncodeStream`, `TokenizerDecodeStream`: text to
-//! token ids and back for HuggingFace `tokenizer.json` files, on the
-//! `tokenizers` crate (pure-Rust regex backend; nothing is downloaded).
+//! token ids and back for HuggingFace `tokenizer.json` files (and tiktoken
+//! files, converted by [`crate::tiktoken`]), on the `tokenizers` crate
+//! (pure-Rust regex backend; nothing is downloaded).
 //!
 //! Streaming follows one rule: what a stream returns, concatenated, equals
 //! the batch result for the whole text. The encode stream re-encodes its
@@ -140,16 +141,24 @@ impl PyTokenizer {
     #[staticmethod]
     fn from_file(py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<Self> {
         let path = path_of(path)?;
-        if path.ends_with(".tiktoken") {
-            return Err(PyValueError::new_err(format!(
-                "Failed to load tokenizer '{path}': tiktoken files are not supported by this build; \
-                 convert it to a HuggingFace tokenizer.json"
-            )));
-        }
-        let json = std::fs::read_to_string(&path).map_err(|e| {
+        let text = std::fs::read_to_string(&path).map_err(|e| {
             PyValueError::new_err(format!("Failed to read tokenizer file '{path}': {e}"))
         })?;
-        let loaded = py.allow_threads(|| Loaded::from_json(&json))?;
+        // `<encoding>.tiktoken` files are tiktoken ranks; all else is JSON.
+        if let Some(stem) = path.strip_suffix(".tiktoken") {
+            let name = std::path::Path::new(stem)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("");
+            if !crate::tiktoken::is_known_encoding(name) {
+                return Err(PyValueError::new_err(format!(
+                    "Unknown tiktoken encoding in filename: {path} (name the file \
+                     <encoding>.tiktoken, e.g. cl100k_base.tiktoken)"
+                )));
+            }
+            return Self::from_tiktoken(py, &text, name);
+        }
+        let loaded = py.allow_threads(|| Loaded::from_json(&text))?;
         Ok(PyTokenizer {
             loaded: Arc::new(loaded),
         })
@@ -159,6 +168,21 @@ impl PyTokenizer {
     #[staticmethod]
     fn from_huggingface_json(py: Python<'_>, json: &str) -> PyResult<Self> {
         let loaded = py.allow_threads(|| Loaded::from_json(json))?;
+        Ok(PyTokenizer {
+            loaded: Arc::new(loaded),
+        })
+    }
+
+    /// Loads a tiktoken vocabulary (`<base64> <rank>` lines) under a named
+    /// encoding (`cl100k_base`, `o200k_base`, `r50k_base`, ...), which
+    /// supplies the split pattern and special tokens.
+    #[staticmethod]
+    fn from_tiktoken(py: Python<'_>, data: &str, encoding: &str) -> PyResult<Self> {
+        let loaded = py.allow_threads(|| {
+            let json = crate::tiktoken::to_huggingface_json(data, encoding)
+                .map_err(|s| crate::status::to_py_err("Failed to parse tiktoken data", &s))?;
+            Loaded::from_json(&json)
+        })?;
         Ok(PyTokenizer {
             loaded: Arc::new(loaded),
         })
