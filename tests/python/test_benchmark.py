@@ -83,3 +83,15 @@ def test_same_report_shape_as_upstream_tool(compile_program):
         assert a.time.split()[1] == b.time.split()[1]
         for key in ("run_type", "aggregate_name", "aggregate_unit", "repetitions", "time_unit"):
             assert a.report.get(key) == b.report.get(key), key
+
+
+def test_console_command_ships_with_the_package():
+    import subprocess
+
+    from ferrite import _ferrite
+
+    exe = benchmark.benchmark_exe()
+    p = subprocess.run([exe, "benchmark-module", "--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "--benchmark_out" in p.stdout
+    # In-process, bad usage is an exit status, never the end of the interpreter.
+    assert _ferrite.cli_main(["ferrite", "no-such-command"]) == 2

@@ -15,6 +15,7 @@ mod pymodule;
 mod status;
 mod tiktoken;
 mod tokenizer;
+mod tools;
 mod vm;
 
 #[pymodule]
@@ -24,6 +25,7 @@ fn _ferrite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     flags::register(m)?;
     pymodule::register(m)?;
     tokenizer::register(m)?;
+    tools::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -5,8 +5,9 @@ a module (a `VmModule`, whose bytes are piped in, or a `.vmfb` path), with
 keyword arguments passed as `--key=value` flags, and returns one
 `BenchmarkResult` per row of its google-benchmark JSON report.
 
-The tool is the `ferrite` executable (its `benchmark-module` command), found
-by `benchmark_exe()`; `executable=` runs another tool taking the same flags
+The tool is the `ferrite` command (its `benchmark-module` subcommand), which
+this package installs as a console command running the tools inside the
+native module, found by `benchmark_exe()`; `executable=` runs another tool taking the same flags
 (for instance upstream's `iree-benchmark-module`).
 """
 
@@ -14,6 +15,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 from collections import namedtuple
 from pathlib import Path
@@ -54,15 +57,22 @@ _TOOL_NAME = "ferrite"
 
 
 def benchmark_exe():
-    """Path of the `ferrite` executable that runs `benchmark-module`.
+    """Path of the `ferrite` command that runs `benchmark-module`.
 
-    Looked up, in order: `$FERRITE_CLI`; `ferrite` on `PATH`; the newest of
+    Looked up, in order: `$FERRITE_CLI`; the `ferrite` console command this
+    package installs beside the interpreter (it runs the tools inside the
+    native module); `ferrite` on `PATH`; the newest of
     `target/release/ferrite` and `target/debug/ferrite` of the source tree
     this package lives in. Raises `BenchmarkToolError` when none exists.
     """
     env = os.environ.get("FERRITE_CLI")
     if env:
         return env
+    scripts = {Path(sysconfig.get_path("scripts")), Path(sys.executable).parent}
+    for directory in scripts:
+        candidate = directory / _TOOL_NAME
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
     found = shutil.which(_TOOL_NAME)
     if found:
         return found
@@ -77,8 +87,8 @@ def benchmark_exe():
     if builds:
         return str(max(builds, key=lambda b: b.stat().st_mtime))
     raise BenchmarkToolError(
-        "the ferrite executable was not found: set FERRITE_CLI, put `ferrite` on PATH, "
-        "or build it (cargo build --release -p ferrite-cli)"
+        "the ferrite command was not found: reinstall this package (it installs `ferrite`), "
+        "set FERRITE_CLI, or build it (cargo build --release -p ferrite-cli)"
     )
 
 
