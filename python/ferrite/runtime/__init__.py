@@ -29,7 +29,7 @@ from ._binding import (
 )
 
 # Python-defined modules
-from ._binding import PyModuleInterface
+from ._binding import PyModuleInterface, Shape
 
 # Tokenizer imports
 from ._binding import (

@@ -168,3 +168,46 @@ class HalElementType(_IntValued):
     @staticmethod
     def dense_byte_count(element_type):
         return _ferrite.element_type_dense_byte_count(int(element_type))
+
+
+class Shape:
+    """A list of dimensions, as upstream's native `Shape` holder."""
+
+    __slots__ = ["dims"]
+
+    def __init__(self, indices):
+        self.dims = tuple(int(i) for i in indices)
+
+    def __repr__(self):
+        return f"Shape({list(self.dims)})"
+
+
+_driver_cache = {}
+
+
+def _driver_name(device_uri: str) -> str:
+    return device_uri.split("://", 1)[0].split(":", 1)[0]
+
+
+def create_hal_driver(device_uri: str) -> HalDriver:
+    """A new driver for `device_uri` (`local-task`, `local-sync://`)."""
+    return HalDriver.create(device_uri)
+
+
+def get_cached_hal_driver(device_uri: str) -> HalDriver:
+    """The process-wide driver for the driver named by `device_uri`."""
+    name = _driver_name(device_uri)
+    driver = _driver_cache.get(name)
+    if driver is None:
+        driver = _driver_cache.setdefault(name, create_hal_driver(device_uri))
+    return driver
+
+
+def clear_hal_driver_cache():
+    """Forgets cached drivers; the next lookup creates new ones."""
+    _driver_cache.clear()
+
+
+def disable_leak_checker():
+    """Upstream turns off its allocation leak checker here. Ferrite frees by
+    ownership and has no leak checker, so there is nothing to turn off."""

@@ -1,13 +1,17 @@
 """The high-level API: configurations, system contexts and bound modules."""
 
 import os
-from typing import Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from ._binding import VmContext, VmInstance, VmModule, create_hal_module
 from .function import FunctionInvoker
 from .system_setup import get_device, get_driver
 
 __all__ = [
+    "TARGET_BACKEND_TO_DRIVER",
+    "normalize_value",
     "BoundModule",
     "Config",
     "SystemContext",
@@ -16,6 +20,28 @@ __all__ = [
     "load_vm_module",
     "load_vm_modules",
 ]
+
+
+# The driver that runs what each compiler target backend produces.
+TARGET_BACKEND_TO_DRIVER = {
+    "llvm-cpu": "local-task",
+    "vmvx": "local-task",
+    "vulkan-spirv": "vulkan",
+}
+
+
+def normalize_value(value: Any) -> Optional[Union[np.ndarray, List[Any], Tuple[Any], dict]]:
+    """`value` as the runtime takes it: containers and None unchanged, all
+    else an array, with Python ints and floats narrowed to 32 bits."""
+    if value is None or isinstance(value, (list, tuple, dict)):
+        return value
+    array = np.asarray(value)
+    if isinstance(value, (bool, int, float)):
+        if array.dtype == np.float64:
+            array = array.astype(np.float32)
+        elif array.dtype == np.int64:
+            array = array.astype(np.int32)
+    return array
 
 
 class Config:

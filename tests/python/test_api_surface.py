@@ -1,0 +1,63 @@
+"""The public names of iree.runtime that ferrite.runtime offers, and the
+small pieces of system setup that code written for upstream relies on."""
+
+import numpy as np
+import pytest
+
+import ferrite.runtime as rt
+from ferrite.runtime import _binding, system_setup
+
+# Names of iree.runtime 3.13 not offered yet (semaphores/fences/command
+# buffers/external timepoints/debug sinks, and the parameter I/O API).
+NOT_YET = {
+    "ExternalTimepointFlags", "ExternalTimepointType", "HalCommandBuffer", "HalDeviceLoopBridge",
+    "HalExternalTimepoint", "HalFence", "HalModuleDebugSink", "HalSemaphore", "SemaphoreCompatibility",
+    "FileHandle", "ParameterIndex", "ParameterIndexEntry", "ParameterProvider", "SplatValue",
+    "create_io_parameters_module", "io", "parameter_index_add_numpy_ndarray",
+    "parameter_index_entry_as_numpy_flat_ndarray", "parameter_index_entry_as_numpy_ndarray",
+    "save_archive_file",
+}
+
+
+def test_every_other_upstream_name_exists(upstream):
+    theirs = {n for n in dir(upstream) if not n.startswith("_")}
+    missing = theirs - set(dir(rt))
+    assert missing <= NOT_YET, sorted(missing - NOT_YET)
+    for name in ("PyModuleInterface", "Tokenizer", "benchmark_module", "flags", "Shape",
+                 "normalize_value", "TARGET_BACKEND_TO_DRIVER", "HalModuleBufferViewTraceCallback"):
+        assert hasattr(rt, name), name
+
+
+def test_driver_cache():
+    d = _binding.get_cached_hal_driver("local-task")
+    assert _binding.get_cached_hal_driver("local-task://") is d
+    assert rt.get_driver("local-task") is d
+    assert _binding.create_hal_driver("local-task") is not d
+    _binding.clear_hal_driver_cache()
+    assert _binding.get_cached_hal_driver("local-task") is not d
+    with pytest.raises(ValueError, match="NOT_FOUND; no driver 'nope' registered"):
+        _binding.get_cached_hal_driver("nope://x")
+    assert _binding.disable_leak_checker() is None
+
+
+def test_first_device_order_and_errors(monkeypatch, upstream):
+    for lib in (rt, upstream):
+        monkeypatch.setenv("IREE_DEFAULT_DEVICE", "nope, local-sync")
+        assert lib.get_first_device(cache=False) is not None
+        monkeypatch.delenv("IREE_DEFAULT_DEVICE")
+        assert lib.get_first_device(cache=False) is not None  # local-task among the defaults
+        with pytest.raises(ValueError, match=r"No device found from list \['nope', 'nada'\]"):
+            lib.get_first_device(["nope", "nada"], cache=False)
+        assert lib.system_setup.DEFAULT_DRIVER_NAMES == upstream.system_setup.DEFAULT_DRIVER_NAMES
+    assert rt.get_device("local-sync") is rt.get_device("local-sync")
+    assert rt.get_device("local-sync", cache=False) is not rt.get_device("local-sync")
+
+
+def test_normalize_value_as_upstream(upstream):
+    for value in (None, [1, 2], (3,), {"a": 1}, 7, 2.5, True, np.arange(3), np.float64(1.5)):
+        ours, theirs = rt.normalize_value(value), upstream.normalize_value(value)
+        if isinstance(theirs, np.ndarray):
+            assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
+        else:
+            assert ours == theirs
+    assert rt.TARGET_BACKEND_TO_DRIVER == upstream.TARGET_BACKEND_TO_DRIVER
