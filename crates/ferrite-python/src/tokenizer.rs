@@ -35,6 +35,10 @@ struct Loaded {
     /// Bytes of the longest added token: a stream holds back that much
     /// text, since a partial added token may complete with the next chunk.
     longest_added: usize,
+    /// True when each pre-tokenizer word encodes the same whatever text
+    /// precedes it (see [`word_local`]): an encode stream may then drop the
+    /// text of the tokens it handed out instead of re-encoding it.
+    word_local: bool,
 }
 
 impl Loaded {
@@ -48,6 +52,7 @@ impl Loaded {
             ModelWrapper::Unigram(_) => "Unigram",
         };
         let unk = unk_id(json, &tokenizer);
+        let word_local = word_local(json);
         let longest_added = tokenizer
             .get_added_tokens_decoder()
             .values()
@@ -60,6 +65,7 @@ impl Loaded {
             model_type,
             unk,
             longest_added,
+            word_local,
         })
     }
 
@@ -102,6 +108,73 @@ fn unk_id(json: &str, tokenizer: &tokenizers::Tokenizer) -> Option<u32> {
     }
     let token = model.get("unk_token")?.as_str()?;
     tokenizer.token_to_id(token)
+}
+
+/// Whether the tokenizer described by `json` encodes each pre-tokenizer
+/// word independently of the text before it. Only configurations known to
+/// qualify count: no post-processor, character-local normalizers, splitters
+/// whose patterns look neither behind nor at the start of the text, a
+/// ByteLevel step that adds no prefix space, and added tokens that strip
+/// no neighbouring whitespace.
+fn word_local(json: &str) -> bool {
+    let Ok(doc) = serde_json::from_str::<serde_json::Value>(json) else {
+        return false;
+    };
+    let absent = |v: Option<&serde_json::Value>| v.is_none_or(|v| v.is_null());
+    fn kind(v: &serde_json::Value) -> &str {
+        v.get("type").and_then(|t| t.as_str()).unwrap_or("")
+    }
+    fn normalizer_ok(v: &serde_json::Value) -> bool {
+        match kind(v) {
+            "NFC" | "NFD" | "NFKC" | "NFKD" | "Lowercase" | "BertNormalizer" => true,
+            "Sequence" => v
+                .get("normalizers")
+                .and_then(|n| n.as_array())
+                .is_some_and(|n| n.iter().all(normalizer_ok)),
+            _ => false,
+        }
+    }
+    fn pattern_ok(v: &serde_json::Value) -> bool {
+        let pattern = v
+            .get("pattern")
+            .and_then(|p| p.get("Regex").or_else(|| p.get("String")))
+            .and_then(|p| p.as_str());
+        pattern.is_some_and(|p| {
+            !["^", "$", "\\b", "\\B", "\\A", "\\z", "\\Z", "\\G", "(?<"]
+                .iter()
+                .any(|bad| p.contains(bad))
+        })
+    }
+    fn pre_tokenizer_ok(v: &serde_json::Value) -> bool {
+        match kind(v) {
+            "ByteLevel" => v.get("add_prefix_space").and_then(|b| b.as_bool()) == Some(false),
+            "Split" => pattern_ok(v),
+            "BertPreTokenizer" | "Whitespace" | "WhitespaceSplit" | "Punctuation" | "Digits" => {
+                true
+            }
+            "Sequence" => v
+                .get("pretokenizers")
+                .and_then(|n| n.as_array())
+                .is_some_and(|n| n.iter().all(pre_tokenizer_ok)),
+            _ => false,
+        }
+    }
+    let normalizer = doc.get("normalizer");
+    let pre = doc.get("pre_tokenizer");
+    let added_ok = doc
+        .get("added_tokens")
+        .and_then(|a| a.as_array())
+        .is_none_or(|tokens| {
+            tokens.iter().all(|t| {
+                ["lstrip", "rstrip", "single_word"]
+                    .iter()
+                    .all(|k| t.get(*k).and_then(|b| b.as_bool()) != Some(true))
+            })
+        });
+    absent(doc.get("post_processor"))
+        && (absent(normalizer) || normalizer.is_some_and(normalizer_ok))
+        && pre.is_some_and(pre_tokenizer_ok)
+        && added_ok
 }
 
 /// Token ids from Python ints, rejecting negatives and values past u32.
@@ -301,12 +374,14 @@ struct EncodeState {
 impl EncodeState {
     /// Appends `chunk` and returns the ids that no further text can change.
     ///
-    /// The text is encoded whole; a token is final when it lies before the
-    /// last two pre-tokenizer words (the last word may grow, and a run of
-    /// whitespace before it may split differently) and before the last
-    /// `longest_added` bytes (where a partly fed added token could still
-    /// match). Tokens the post-processor adds (no word) go out with the
-    /// first final token after them, so a trailing EOS waits for finalize.
+    /// The pending text is encoded whole; a word's tokens are final when
+    /// the word lies before the last two pre-tokenizer words (the last word
+    /// may grow, and a run of whitespace before it may split differently)
+    /// and ends before the last `longest_added` bytes (where a partly fed
+    /// added token could still match). Tokens the post-processor adds (no
+    /// word) go out with the first final word after them, so a trailing EOS
+    /// waits for finalize. For word-local tokenizers the text of handed-out
+    /// tokens is then dropped, so a long stream costs linear time.
     fn feed(&mut self, chunk: &str) -> PyResult<Vec<u32>> {
         self.text.push_str(chunk);
         let enc = self.loaded.encode(
@@ -315,21 +390,38 @@ impl EncodeState {
             self.no_special_token_matching,
         )?;
         let words = enc.get_word_ids();
+        let offsets = enc.get_offsets();
         let Some(last_word) = words.iter().flatten().max().copied() else {
             return Ok(Vec::new());
         };
         let limit = self.text.len().saturating_sub(self.loaded.longest_added);
+        // The end of each word's text, to hold back any word that reaches
+        // into the last `longest_added` bytes.
+        let mut word_end: HashMap<u32, usize> = HashMap::new();
+        for (w, o) in words.iter().zip(offsets) {
+            if let Some(w) = w {
+                let e = word_end.entry(*w).or_default();
+                *e = (*e).max(o.1);
+            }
+        }
         let mut end = self.emitted.len();
-        let offsets = enc.get_offsets();
         for (i, word) in words.iter().enumerate().skip(self.emitted.len()) {
             match word {
-                Some(w) if w + 2 <= last_word && offsets[i].1 <= limit => end = i + 1,
+                Some(w) if w + 2 <= last_word && word_end[w] <= limit => end = i + 1,
                 Some(_) => break,
                 None => {}
             }
         }
         let fresh = enc.get_ids()[self.emitted.len()..end].to_vec();
         self.emitted.extend_from_slice(&fresh);
+        if self.loaded.word_local && end > 0 && end < enc.len() {
+            // Restart after the last handed-out word.
+            let cut = offsets[end - 1].1;
+            if self.text.is_char_boundary(cut) {
+                self.text.drain(..cut);
+                self.emitted.clear();
+            }
+        }
         Ok(fresh)
     }
 
