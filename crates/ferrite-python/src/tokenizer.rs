@@ -91,6 +91,20 @@ impl Loaded {
             .map_err(|e| PyValueError::new_err(format!("Failed to encode text: {e}")))
     }
 
+    /// Ids only: skips the offset bookkeeping that streams need.
+    fn encode_ids(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        no_special_token_matching: bool,
+    ) -> PyResult<Vec<u32>> {
+        let e = self
+            .pick(no_special_token_matching)
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| PyValueError::new_err(format!("Failed to encode text: {e}")))?;
+        Ok(e.get_ids().to_vec())
+    }
+
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> PyResult<String> {
         self.tokenizer
             .decode(ids, skip_special_tokens)
@@ -270,10 +284,8 @@ impl PyTokenizer {
         no_special_token_matching: bool,
     ) -> PyResult<Vec<u32>> {
         py.allow_threads(|| {
-            let e = self
-                .loaded
-                .encode(text, add_special_tokens, no_special_token_matching)?;
-            Ok(e.get_ids().to_vec())
+            self.loaded
+                .encode_ids(text, add_special_tokens, no_special_token_matching)
         })
     }
 
