@@ -36,7 +36,9 @@ def _new_workers(before, expected):
 @pytest.fixture
 def reset_flags():
     yield
-    flags.parse_flags("--task_topology_group_count=0", "--task_topology_max_group_count=64")
+    flags.parse_flags(
+        "--task_topology_group_count=0", "--task_topology_max_group_count=64", "--task_worker_stack_size=0"
+    )
 
 
 def test_group_count_sets_local_task_workers(reset_flags):
@@ -54,7 +56,8 @@ def test_group_count_sets_local_task_workers(reset_flags):
 
 
 def test_devices_created_with_flags_still_compute(reset_flags, compile_program):
-    flags.parse_flags("--task_topology_group_count=2")
+    # Small worker stacks (the worker-side size is checked by ferrite-hal-cpu's tests).
+    flags.parse_flags("--task_topology_group_count=2", "--task_worker_stack_size=65536")
     config = rt.Config(device=rt.get_device("local-task", cache=False))
     ctx = rt.SystemContext(config=config)
     ctx.add_vm_module(rt.VmModule.mmap(config.vm_instance, str(compile_program("arith"))))

@@ -44,6 +44,13 @@ impl CpuDevice {
 
     /// `local-task` with `workers` threads (0 = one per available core).
     pub fn local_task(workers: usize) -> Arc<CpuDevice> {
+        CpuDevice::local_task_with_stack_size(workers, None)
+    }
+
+    /// `local-task` with `workers` threads (0 = one per available core) of
+    /// `stack_size` bytes each (None: the platform default), as upstream's
+    /// `--task_worker_stack_size`.
+    pub fn local_task_with_stack_size(workers: usize, stack_size: Option<usize>) -> Arc<CpuDevice> {
         let n = if workers == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -52,7 +59,7 @@ impl CpuDevice {
         Arc::new(CpuDevice {
             id: "local-task",
             allocator: Arc::new(HeapAllocator::new()),
-            mode: Mode::Task(Arc::new(WorkerPool::new(n))),
+            mode: Mode::Task(Arc::new(WorkerPool::with_stack_size(n, stack_size))),
         })
     }
 

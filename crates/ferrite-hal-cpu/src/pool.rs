@@ -28,6 +28,12 @@ pub struct WorkerPool {
 impl WorkerPool {
     /// Starts `count` workers (at least one).
     pub fn new(count: usize) -> WorkerPool {
+        WorkerPool::with_stack_size(count, None)
+    }
+
+    /// Starts `count` workers (at least one), each with a stack of
+    /// `stack_size` bytes (None: the platform's default for new threads).
+    pub fn with_stack_size(count: usize, stack_size: Option<usize>) -> WorkerPool {
         let queue = Arc::new(Queue {
             jobs: Mutex::new((VecDeque::new(), false)),
             ready: Condvar::new(),
@@ -35,8 +41,11 @@ impl WorkerPool {
         let threads = (0..count.max(1))
             .map(|i| {
                 let q = queue.clone();
-                std::thread::Builder::new()
-                    .name(format!("ferrite-worker-{i}"))
+                let mut builder = std::thread::Builder::new().name(format!("ferrite-worker-{i}"));
+                if let Some(size) = stack_size {
+                    builder = builder.stack_size(size);
+                }
+                builder
                     .spawn(move || worker(q))
                     .expect("spawning a worker thread")
             })
@@ -132,6 +141,38 @@ impl Drop for WorkerPool {
         for t in self.threads.drain(..) {
             // A worker that panicked has already reported it.
             let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stack size of the calling thread, as pthreads reports it.
+    fn current_stack_size() -> usize {
+        // SAFETY: `attr` is initialised by pthread_getattr_np before it is
+        // read and destroyed once; `size` is a valid out-pointer; both calls
+        // concern the calling thread, which is alive throughout.
+        unsafe {
+            let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+            assert_eq!(libc::pthread_getattr_np(libc::pthread_self(), &mut attr), 0);
+            let mut size = 0usize;
+            assert_eq!(libc::pthread_attr_getstacksize(&attr, &mut size), 0);
+            libc::pthread_attr_destroy(&mut attr);
+            size
+        }
+    }
+
+    #[test]
+    fn workers_get_the_requested_stack_size() {
+        for wanted in [256 * 1024, 4 * 1024 * 1024] {
+            let pool = WorkerPool::with_stack_size(1, Some(wanted));
+            let (tx, rx) = std::sync::mpsc::channel();
+            pool.spawn(Box::new(move || tx.send(current_stack_size()).unwrap()));
+            let got = rx.recv().unwrap();
+            // The system may round up to whole pages (and add a guard page).
+            assert!(got >= wanted && got < wanted + 64 * 1024, "{got} for {wanted}");
         }
     }
 }

@@ -49,10 +49,14 @@ const FLAGS: &[FlagDef] = &[
         Kind::Int,
         "Upper bound on the default local-task worker count.",
     ),
+    def(
+        "task_worker_stack_size",
+        Kind::Int,
+        "Stack bytes of each local-task worker thread created afterwards (0: the platform default).",
+    ),
     // Accepted for compatibility; this build has no use for them.
     def("task_abort_on_failure", Kind::Bool, "(accepted; no effect)"),
     def("task_worker_spin_us", Kind::Int, "(accepted; no effect)"),
-    def("task_worker_stack_size", Kind::Int, "(accepted; no effect)"),
     def("task_worker_local_memory", Kind::Int, "(accepted; no effect)"),
     def("task_topology_mode", Kind::Text, "(accepted; no effect)"),
     def("task_topology_cpu_ids", Kind::Text, "(accepted; no effect)"),
@@ -281,6 +285,18 @@ pub fn local_task_worker_count() -> usize {
                 .unwrap_or(DEFAULT_MAX_GROUP_COUNT);
             cores.min(cap as usize)
         }
+    }
+}
+
+/// Stack size of local-task workers created now, from
+/// `--task_worker_stack_size` (None when unset or 0: the platform default).
+/// Sizes below 64 KiB are raised to that: smaller stacks cannot run the
+/// worker loop.
+pub fn local_task_worker_stack_size() -> Option<usize> {
+    const MIN_STACK: usize = 64 * 1024;
+    match int_flag("task_worker_stack_size") {
+        Some(n) if n > 0 => Some((n as usize).max(MIN_STACK)),
+        _ => None,
     }
 }
 

@@ -72,8 +72,9 @@ impl PyHalDriver {
         let _ = allocators;
         let device = match self.name.as_str() {
             "local-sync" => DeviceRef(CpuDevice::local_sync()),
-            _ => DeviceRef(CpuDevice::local_task(
+            _ => DeviceRef(CpuDevice::local_task_with_stack_size(
                 crate::flags::local_task_worker_count(),
+                crate::flags::local_task_worker_stack_size(),
             )),
         };
         PyHalDevice { device }
