@@ -8,7 +8,7 @@
 //! `iree-benchmark-module` on the same module, function, inputs and device
 //! and ends with `ratio: X` (Ferrite time / upstream time, lower is better).
 
-use crate::run_module::{load_context, parse_inputs};
+use crate::run_module::{load_context_with, parse_inputs};
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, status, Result};
 use ferrite_vm::Instance;
@@ -51,6 +51,9 @@ pub struct BenchmarkModuleArgs {
     /// Format of `--benchmark_out`: `json` (default) or `console`.
     #[arg(long = "benchmark_out_format", default_value = "json")]
     pub out_format: String,
+    /// Parameter files (`--parameters`, `--parameter_mode`).
+    #[command(flatten)]
+    pub params: crate::parameters::ParameterArgs,
     /// Also run the pinned `iree-benchmark-module` (found as
     /// `$IREE_BENCHMARK_MODULE`, else `.venv/bin/` above the working
     /// directory or this executable) and print `ratio: X`.
@@ -281,12 +284,13 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
         }
     }
     let instance = Instance::default();
-    let rc = load_context(
+    let rc = load_context_with(
         &instance,
         &args.modules,
         &args.devices,
         args.task_workers,
         false,
+        args.params.modules()?,
     )
     .annotate(|| "creating run context".to_string())?;
     let functions = functions_to_run(&rc.context, args)?;
@@ -457,6 +461,10 @@ fn run_upstream(args: &BenchmarkModuleArgs) -> Result<f64> {
     for d in &args.devices {
         cmd.arg(format!("--device={d}"));
     }
+    for p in &args.params.parameters {
+        cmd.arg(format!("--parameters={p}"));
+    }
+    cmd.arg(format!("--parameter_mode={}", args.params.parameter_mode));
     cmd.arg(format!("--task_topology_group_count={}", args.task_workers));
     cmd.arg(format!(
         "--benchmark_repetitions={}",

@@ -32,6 +32,9 @@ pub struct CheckModuleArgs {
     /// Worker threads of `local-task` (0 = one per core).
     #[arg(long = "task_topology_group_count", default_value_t = 0)]
     pub task_workers: usize,
+    /// Parameter files (`--parameters`, `--parameter_mode`).
+    #[command(flatten)]
+    pub params: crate::parameters::ParameterArgs,
     /// Runs only tests whose name contains this text.
     #[arg(long)]
     pub filter: Option<String>,
@@ -91,13 +94,15 @@ fn run_test(args: &CheckModuleArgs, module_name: &str, test: &Test) -> Vec<Strin
         Err(e) => return vec![e.to_string()],
     };
     let outcome = (|| -> Result<()> {
+        let mut extra = vec![check as Arc<dyn Module>];
+        extra.extend(args.params.modules()?);
         let run = load_context_with(
             &instance,
             &args.modules,
             &args.devices,
             args.task_workers,
             false,
-            vec![check as Arc<dyn Module>],
+            extra,
         )
         .annotate(|| "creating the test context".to_string())?;
         let name = format!("{module_name}.{}", test.name);

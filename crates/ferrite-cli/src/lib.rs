@@ -15,6 +15,7 @@ mod format;
 mod inputs;
 mod npy;
 mod outputs;
+mod parameters;
 mod run_module;
 
 use clap::{Parser, Subcommand};

@@ -54,6 +54,9 @@ pub struct RunModuleArgs {
     /// Registers the `yieldable_test` native module (for upstream's async VM tests).
     #[arg(long = "yieldable-test-module")]
     pub yieldable_test_module: bool,
+    /// Parameter files (`--parameters`, `--parameter_mode`).
+    #[command(flatten)]
+    pub params: crate::parameters::ParameterArgs,
     /// Number of times to run the function (for timing; results printed once).
     #[arg(long, default_value_t = 1)]
     pub repeat: u64,
@@ -86,25 +89,8 @@ pub struct RunContext {
     pub devices: Vec<DeviceRef>,
 }
 
-/// Loads the modules named on the command line, in order, into a context.
-pub fn load_context(
-    instance: &Instance,
-    modules: &[String],
-    devices: &[String],
-    task_workers: usize,
-    yieldable: bool,
-) -> Result<RunContext> {
-    load_context_with(
-        instance,
-        modules,
-        devices,
-        task_workers,
-        yieldable,
-        Vec::new(),
-    )
-}
-
-/// [`load_context`] with `extra` native modules (e.g. `check`) registered
+/// Loads the modules named on the command line, in order, into a context,
+/// with `extra` native modules (e.g. `check`, `io_parameters`) registered
 /// after `hal` and before the loaded modules.
 pub fn load_context_with(
     instance: &Instance,
@@ -154,6 +140,19 @@ pub fn load_context_with(
     }
     if yieldable {
         ctx.register(ferrite_vm::testing::yieldable_test_module()?)?;
+    }
+    // Programs compiled with parameters import `io_parameters`
+    // unconditionally; without `--parameters` it serves no scope, so a load
+    // fails with a message naming the scope (as upstream).
+    let needs_parameters = loaded.iter().any(|m| {
+        m.imports()
+            .iter()
+            .any(|i| i.full_name.starts_with("io_parameters."))
+    });
+    if needs_parameters && !extra.iter().any(|m| m.name() == "io_parameters") {
+        ctx.register(ferrite_modules::io_parameters::create_io_parameters_module(
+            Vec::new(),
+        )?)?;
     }
     for m in extra {
         ctx.register(m)?;
@@ -208,12 +207,13 @@ pub fn parse_inputs(
 /// (as upstream).
 pub fn run(args: &RunModuleArgs) -> Result<()> {
     let instance = Instance::default();
-    let run = load_context(
+    let run = load_context_with(
         &instance,
         &args.modules,
         &args.devices,
         args.task_workers,
         args.yieldable_test_module,
+        args.params.modules()?,
     )
     .annotate(|| "creating run context".to_string())?;
     let ctx = &run.context;

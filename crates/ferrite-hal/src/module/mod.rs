@@ -8,7 +8,7 @@
 //! [`queues`] (devices and their queues, files), [`fences`]. Collective
 //! channels answer `UNIMPLEMENTED` until a driver supports them.
 
-mod args;
+pub mod args;
 mod buffers;
 mod commands;
 mod fences;

@@ -1,0 +1,179 @@
+//! File handles: the bytes a parameter index points into.
+//!
+//! A handle is either read-only shared bytes (a memory map of a file opened
+//! for reading, or host memory such as a Python `bytes`) or writable memory
+//! that `scatter` may store into. Read-only handles hand out stable slices,
+//! so devices that can use host memory import parameters from them without
+//! copying.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use ferrite_base::{bail, status, Result};
+use parking_lot::RwLock;
+
+/// Read-only bytes whose address never changes while they live.
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+enum Contents {
+    ReadOnly(SharedBytes),
+    Writable(RwLock<Box<[u8]>>),
+}
+
+/// A file (or host memory treated as one) that parameters are stored in.
+/// Clones share the same bytes.
+#[derive(Clone)]
+pub struct FileHandle {
+    contents: Arc<Contents>,
+    name: Arc<str>,
+}
+
+impl std::fmt::Debug for FileHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FileHandle({}, {} bytes)", self.name, self.len())
+    }
+}
+
+/// The memory map of a whole file; an empty file maps to no bytes (mapping
+/// zero bytes is an error on most systems).
+struct MappedFile(Option<memmap2::Mmap>);
+
+impl AsRef<[u8]> for MappedFile {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+}
+
+impl FileHandle {
+    /// Maps the file at `path` read-only. The bytes are not read until used.
+    pub fn open(path: impl AsRef<Path>) -> Result<FileHandle> {
+        let path = path.as_ref();
+        let file = File::open(path)
+            .map_err(|e| status!(NotFound, "opening parameter file '{}': {e}", path.display()))?;
+        let len = file
+            .metadata()
+            .map_err(|e| status!(Unavailable, "reading '{}' metadata: {e}", path.display()))?
+            .len();
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: the map is read-only and private to this process. Like
+            // every runtime that maps weights, we rely on the file not being
+            // truncated or rewritten by another process while it is mapped
+            // (the same contract upstream's mmap-backed file handles have).
+            let map = unsafe { memmap2::Mmap::map(&file) }
+                .map_err(|e| status!(Unavailable, "mapping '{}': {e}", path.display()))?;
+            Some(map)
+        };
+        Ok(FileHandle {
+            contents: Arc::new(Contents::ReadOnly(Arc::new(MappedFile(map)))),
+            name: path.display().to_string().into(),
+        })
+    }
+
+    /// Reads the whole file at `path` into memory (upstream's `preload`
+    /// parameter mode): later accesses never touch the file.
+    pub fn preload(path: impl AsRef<Path>) -> Result<FileHandle> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path)
+            .map_err(|e| status!(NotFound, "reading parameter file '{}': {e}", path.display()))?;
+        Ok(FileHandle::from_shared(
+            Arc::new(bytes),
+            &path.display().to_string(),
+        ))
+    }
+
+    /// Wraps read-only host memory without copying it.
+    pub fn from_shared(bytes: SharedBytes, name: &str) -> FileHandle {
+        FileHandle {
+            contents: Arc::new(Contents::ReadOnly(bytes)),
+            name: name.into(),
+        }
+    }
+
+    /// Takes ownership of writable host memory (a target for `scatter`).
+    pub fn from_writable(bytes: Vec<u8>, name: &str) -> FileHandle {
+        FileHandle {
+            contents: Arc::new(Contents::Writable(RwLock::new(bytes.into_boxed_slice()))),
+            name: name.into(),
+        }
+    }
+
+    /// What the handle was made from (a path or a description), for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.with_bytes(|b| b.len() as u64)
+    }
+
+    /// True when the handle holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True when `scatter` may write into the handle.
+    pub fn is_writable(&self) -> bool {
+        matches!(*self.contents, Contents::Writable(_))
+    }
+
+    /// The shared bytes of a read-only handle (None for writable ones, whose
+    /// bytes may change and so cannot be imported without a copy).
+    pub fn shared_bytes(&self) -> Option<SharedBytes> {
+        match &*self.contents {
+            Contents::ReadOnly(b) => Some(b.clone()),
+            Contents::Writable(_) => None,
+        }
+    }
+
+    /// Runs `f` over all the bytes.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        match &*self.contents {
+            Contents::ReadOnly(b) => f((**b).as_ref()),
+            Contents::Writable(m) => f(&m.read()),
+        }
+    }
+
+    /// Runs `f` over `length` bytes at `offset`, after checking the range.
+    pub fn with_range<R>(&self, offset: u64, length: u64, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        self.with_bytes(|b| {
+            let r = checked_range(b.len(), offset, length, &self.name)?;
+            Ok(f(&b[r]))
+        })
+    }
+
+    /// Copies `data` into the handle at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        match &*self.contents {
+            Contents::ReadOnly(_) => bail!(
+                PermissionDenied,
+                "file '{}' is read-only; parameters cannot be written to it",
+                self.name
+            ),
+            Contents::Writable(m) => {
+                let mut m = m.write();
+                let r = checked_range(m.len(), offset, data.len() as u64, &self.name)?;
+                m[r].copy_from_slice(data);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn checked_range(
+    size: usize,
+    offset: u64,
+    length: u64,
+    name: &str,
+) -> Result<std::ops::Range<usize>> {
+    match offset.checked_add(length) {
+        Some(end) if end <= size as u64 => Ok(offset as usize..end as usize),
+        _ => bail!(
+            OutOfRange,
+            "range {offset}+{length} is outside file '{name}' of {size} bytes"
+        ),
+    }
+}
