@@ -1,0 +1,477 @@
+//! Parameter files: each format indexes correctly, malformed files give
+//! errors naming the file offset, irpa archives round-trip through the
+//! writer, and on the CPU a loaded parameter is the mapped file's memory
+//! (no copy) when the program promises not to write it.
+
+use std::sync::Arc;
+
+use ferrite_base::StatusCode;
+use ferrite_hal::allocator::BufferParams;
+use ferrite_hal::device::Device;
+use ferrite_hal::{BufferUsage, Fence, MemoryType};
+use ferrite_hal_cpu::CpuDevice;
+use ferrite_modules::io_parameters::formats::{self, irpa};
+use ferrite_modules::io_parameters::{
+    FileHandle, ParameterIndex, ParameterProvider, Span, Storage,
+};
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn memory(bytes: Vec<u8>, name: &str) -> FileHandle {
+    FileHandle::from_shared(Arc::new(bytes), name)
+}
+
+fn parse(bytes: Vec<u8>, format: &str) -> ferrite_base::Result<ParameterIndex> {
+    let mut index = ParameterIndex::new();
+    formats::parse_into(&mut index, &memory(bytes, &format!("test.{format}")), None)?;
+    Ok(index)
+}
+
+fn entry_bytes(index: &ParameterIndex, key: &str) -> Vec<u8> {
+    let e = index.lookup(key).unwrap();
+    match &e.storage {
+        Storage::File { handle, offset } => handle
+            .with_range(*offset, e.length, |b| b.to_vec())
+            .unwrap(),
+        Storage::Splat { pattern } => pattern
+            .iter()
+            .copied()
+            .cycle()
+            .take(e.length as usize)
+            .collect(),
+    }
+}
+
+/// A GGUF v3 file: one string and one `general.alignment` key/value, then
+/// the tensors (name, dims, GGML type) with their data.
+fn gguf(alignment: u32, tensors: &[(&str, &[u64], u32, Vec<u8>)]) -> Vec<u8> {
+    let mut f = Vec::new();
+    let string = |f: &mut Vec<u8>, s: &str| {
+        f.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        f.extend_from_slice(s.as_bytes());
+    };
+    f.extend_from_slice(b"GGUF");
+    f.extend_from_slice(&3u32.to_le_bytes());
+    f.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    f.extend_from_slice(&2u64.to_le_bytes());
+    string(&mut f, "general.name");
+    f.extend_from_slice(&8u32.to_le_bytes());
+    string(&mut f, "test");
+    string(&mut f, "general.alignment");
+    f.extend_from_slice(&4u32.to_le_bytes());
+    f.extend_from_slice(&alignment.to_le_bytes());
+    let mut offset = 0u64;
+    let mut offsets = Vec::new();
+    for (name, dims, ty, data) in tensors {
+        string(&mut f, name);
+        f.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        for d in *dims {
+            f.extend_from_slice(&d.to_le_bytes());
+        }
+        f.extend_from_slice(&ty.to_le_bytes());
+        f.extend_from_slice(&offset.to_le_bytes());
+        offsets.push(offset);
+        offset = (offset + data.len() as u64).div_ceil(alignment as u64) * alignment as u64;
+    }
+    let start = (f.len() as u64).div_ceil(alignment as u64) * alignment as u64;
+    for ((_, _, _, data), o) in tensors.iter().zip(offsets) {
+        f.resize((start + o) as usize, 0);
+        f.extend_from_slice(data);
+    }
+    f
+}
+
+/// A safetensors file with a JSON header describing `tensors` (all F32).
+fn safetensors(tensors: &[(&str, &[u64], Vec<u8>)]) -> Vec<u8> {
+    let mut header = String::from("{");
+    let mut offset = 0;
+    for (i, (name, shape, data)) in tensors.iter().enumerate() {
+        let shape: Vec<String> = shape.iter().map(u64::to_string).collect();
+        header += &format!(
+            "{}\"{name}\":{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{offset},{}]}}",
+            if i > 0 { "," } else { "" },
+            shape.join(","),
+            offset + data.len()
+        );
+        offset += data.len();
+    }
+    header += "}";
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut f = (header.len() as u64).to_le_bytes().to_vec();
+    f.extend_from_slice(header.as_bytes());
+    for (_, _, data) in tensors {
+        f.extend_from_slice(data);
+    }
+    f
+}
+
+fn sample_index() -> ParameterIndex {
+    let mut index = ParameterIndex::new();
+    let h = memory(f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0]), "host");
+    index.add_file("a", &h, 4, 12, b"meta".to_vec()).unwrap();
+    index.add_splat("s", &[0xAA, 0xBB], 10, Vec::new()).unwrap();
+    index.add_file("b", &h, 0, 20, Vec::new()).unwrap();
+    index
+}
+
+fn archive(index: &ParameterIndex) -> Vec<u8> {
+    let mut out = Vec::new();
+    irpa::write_archive(index, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn irpa_round_trip() {
+    let index = sample_index();
+    let bytes = archive(&index);
+    let back = parse(bytes, "irpa").unwrap();
+    assert_eq!(back.len(), 3);
+    assert_eq!(entry_bytes(&back, "a"), f32_bytes(&[2.0, 3.0, 4.0]));
+    assert_eq!(
+        entry_bytes(&back, "b"),
+        f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0])
+    );
+    assert_eq!(back.lookup("a").unwrap().metadata, b"meta");
+    let s = back.lookup("s").unwrap();
+    assert!(matches!(&s.storage, Storage::Splat { pattern } if pattern == &[0xAA, 0xBB]));
+    assert_eq!(s.length, 10);
+    // Data is aligned so that maps import without a copy.
+    for key in ["a", "b"] {
+        let Storage::File { offset, .. } = back.lookup(key).unwrap().storage else {
+            panic!()
+        };
+        assert_eq!(offset % irpa::DATA_ALIGNMENT, 0, "{key} at {offset}");
+    }
+}
+
+fn error_of(bytes: Vec<u8>, format: &str) -> (StatusCode, String) {
+    let e = parse(bytes, format).expect_err("malformed file must be rejected");
+    (e.code(), e.to_string())
+}
+
+#[test]
+fn irpa_malformed_files_name_the_offset() {
+    let good = archive(&sample_index());
+    let (code, msg) = error_of(good[..20].to_vec(), "irpa");
+    assert_eq!(code, StatusCode::InvalidArgument);
+    assert!(
+        msg.contains("offset 0") && msg.contains("20 bytes"),
+        "{msg}"
+    );
+
+    let mut bad = good.clone();
+    bad[0] = b'X';
+    let (_, msg) = error_of(bad, "irpa");
+    assert!(
+        msg.contains("magic at offset 0") && msg.contains("41505249"),
+        "{msg}"
+    );
+
+    let mut bad = good.clone();
+    bad[4] = 1; // major version 1
+    let (code, msg) = error_of(bad, "irpa");
+    assert_eq!(code, StatusCode::Unimplemented);
+    assert!(msg.contains("version 1.0"), "{msg}");
+
+    // Storage segment longer than the file.
+    let mut bad = good.clone();
+    bad[80..88].copy_from_slice(&u64::MAX.to_le_bytes());
+    let (code, msg) = error_of(bad, "irpa");
+    assert_eq!(code, StatusCode::OutOfRange);
+    assert!(
+        msg.contains("storage segment") && msg.contains(&format!("{} bytes", good.len())),
+        "{msg}"
+    );
+
+    // First entry's name outside the metadata segment; the entry table
+    // starts at offset 96.
+    let mut bad = good.clone();
+    bad[96 + 20..96 + 28].copy_from_slice(&1_000_000u64.to_le_bytes());
+    let (code, msg) = error_of(bad, "irpa");
+    assert_eq!(code, StatusCode::OutOfRange);
+    assert!(
+        msg.contains("entry at offset 96") && msg.contains("metadata segment"),
+        "{msg}"
+    );
+
+    // File truncated inside the storage segment.
+    let (code, msg) = error_of(good[..good.len() - 4].to_vec(), "irpa");
+    assert_eq!(code, StatusCode::OutOfRange);
+    assert!(msg.contains("storage segment"), "{msg}");
+
+    // A next-header link past the end of the file.
+    let mut bad = good;
+    bad[16..24].copy_from_slice(&4096u64.to_le_bytes());
+    let (_, msg) = error_of(bad, "irpa");
+    assert!(msg.contains("next header at offset 4096"), "{msg}");
+}
+
+#[test]
+fn gguf_tensors_index_at_their_aligned_offsets() {
+    let w = f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let q = vec![7u8; 18]; // one Q4_0 block of 32 elements
+    let bytes = gguf(
+        64,
+        &[("w", &[3, 2], 0, w.clone()), ("q", &[32], 2, q.clone())],
+    );
+    let index = parse(bytes, "gguf").unwrap();
+    assert_eq!(index.len(), 2);
+    assert_eq!(entry_bytes(&index, "w"), w);
+    assert_eq!(entry_bytes(&index, "q"), q);
+    for key in ["w", "q"] {
+        let Storage::File { offset, .. } = index.lookup(key).unwrap().storage else {
+            panic!()
+        };
+        assert_eq!(offset % 64, 0);
+    }
+}
+
+#[test]
+fn gguf_malformed_files_name_the_offset() {
+    let good = gguf(32, &[("w", &[4], 0, f32_bytes(&[1.0, 2.0, 3.0, 4.0]))]);
+    let (code, msg) = error_of(good[..10].to_vec(), "gguf");
+    assert_eq!(code, StatusCode::OutOfRange);
+    assert!(
+        msg.contains("tensor count needs 8 bytes at offset 8"),
+        "{msg}"
+    );
+
+    let mut bad = good.clone();
+    bad[4] = 9;
+    let (code, msg) = error_of(bad, "gguf");
+    assert_eq!(code, StatusCode::Unimplemented);
+    assert!(msg.contains("version 9 at offset 4"), "{msg}");
+
+    // Data cut short: the tensor's bytes run past the file.
+    let (code, msg) = error_of(good[..good.len() - 1].to_vec(), "gguf");
+    assert_eq!(code, StatusCode::OutOfRange);
+    assert!(
+        msg.contains("tensor 'w' at offset") && msg.contains("data section"),
+        "{msg}"
+    );
+
+    // Unknown GGML type 4 (a gap in the type list).
+    let bad = gguf(32, &[("w", &[4], 4, vec![0; 16])]);
+    let (code, msg) = error_of(bad, "gguf");
+    assert_eq!(code, StatusCode::Unimplemented);
+    assert!(msg.contains("GGML type 4"), "{msg}");
+
+    // A string length far past the end.
+    let mut bad = good;
+    bad[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+    let (_, msg) = error_of(bad, "gguf");
+    assert!(
+        msg.contains("metadata key needs") && msg.contains("at offset 32"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn safetensors_index_in_data_order() {
+    let a = f32_bytes(&[1.0, 2.0]);
+    let b = f32_bytes(&[3.0, 4.0, 5.0]);
+    let index = parse(
+        safetensors(&[("b", &[3], b.clone()), ("a", &[2], a.clone())]),
+        "safetensors",
+    )
+    .unwrap();
+    let keys: Vec<_> = index.entries().iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["b", "a"]);
+    assert_eq!(entry_bytes(&index, "a"), a);
+    assert_eq!(entry_bytes(&index, "b"), b);
+}
+
+#[test]
+fn safetensors_malformed_files_are_rejected() {
+    let good = safetensors(&[("a", &[2], f32_bytes(&[1.0, 2.0]))]);
+    let (code, msg) = error_of(good[..good.len() - 2].to_vec(), "safetensors");
+    assert_eq!(code, StatusCode::InvalidArgument);
+    assert!(msg.contains("header at offset 0"), "{msg}");
+    let mut bad = good;
+    bad[0..8].copy_from_slice(&1_000_000u64.to_le_bytes());
+    let (_, msg) = error_of(bad, "safetensors");
+    assert!(msg.contains("declared JSON length 1000000"), "{msg}");
+}
+
+#[test]
+fn unknown_formats_are_named() {
+    let e = parse(vec![1, 2, 3], "bin").unwrap_err();
+    assert_eq!(e.code(), StatusCode::Unimplemented);
+    assert!(e.to_string().contains("'bin'") && e.to_string().contains("irpa, gguf, safetensors"));
+}
+
+fn cpu() -> Arc<dyn Device> {
+    CpuDevice::local_sync()
+}
+
+fn load(
+    provider: &ParameterProvider,
+    usage: BufferUsage,
+    spans: &[Span],
+) -> ferrite_base::Result<Vec<ferrite_hal::buffer::Buffer>> {
+    let params = BufferParams::new(MemoryType::DEVICE_LOCAL, usage);
+    let signal = Fence::new();
+    let out = provider.load(&cpu(), &Fence::new(), &signal, &params, spans)?;
+    Ok(out)
+}
+
+fn span(key: &str, length: u64) -> Span {
+    Span {
+        key: key.to_string(),
+        parameter_offset: 0,
+        buffer_offset: 0,
+        length,
+    }
+}
+
+#[test]
+fn cpu_loads_of_immutable_parameters_are_the_mapped_file() {
+    let dir = std::env::temp_dir().join(format!("ferrite-params-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("zero_copy.irpa");
+    irpa::save_archive_file(&sample_index(), &path).unwrap();
+    let handle = FileHandle::open(&path).unwrap();
+    let mut index = ParameterIndex::new();
+    formats::parse_into(&mut index, &handle, None).unwrap();
+    let Storage::File { offset, .. } = index.lookup("b").unwrap().storage else {
+        panic!()
+    };
+    let file_ptr = handle.with_bytes(|b| b.as_ptr() as usize) + offset as usize;
+    let provider = ParameterProvider::new("model", index);
+
+    let immutable = BufferUsage::DEFAULT | BufferUsage::SHARING_IMMUTABLE;
+    let b = load(&provider, immutable, &[span("b", 20)])
+        .unwrap()
+        .remove(0);
+    let mapped = b.map_read(0, 20).unwrap();
+    assert_eq!(&mapped[..], &f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0])[..]);
+    assert_eq!(
+        mapped.as_ptr() as usize,
+        file_ptr,
+        "immutable parameter was copied"
+    );
+    drop(mapped);
+
+    // A buffer the program may write gets its own copy.
+    let b = load(&provider, BufferUsage::DEFAULT, &[span("b", 20)])
+        .unwrap()
+        .remove(0);
+    let mapped = b.map_read(0, 20).unwrap();
+    assert_eq!(&mapped[..], &f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0])[..]);
+    assert_ne!(mapped.as_ptr() as usize, file_ptr);
+    drop(mapped);
+
+    // Splats are filled; parts of a parameter load at an offset.
+    let got = load(
+        &provider,
+        immutable,
+        &[
+            span("s", 10),
+            Span {
+                key: "b".into(),
+                parameter_offset: 8,
+                buffer_offset: 0,
+                length: 8,
+            },
+        ],
+    )
+    .unwrap();
+    assert_eq!(got[0].to_vec().unwrap(), [0xAA, 0xBB].repeat(5));
+    assert_eq!(got[1].to_vec().unwrap(), f32_bytes(&[3.0, 4.0]));
+    drop(provider);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn provider_errors_name_the_parameter() {
+    let provider = ParameterProvider::new("", sample_index());
+    let e = load(&provider, BufferUsage::DEFAULT, &[span("missing", 4)]).unwrap_err();
+    assert_eq!(e.code(), StatusCode::NotFound);
+    assert!(e.to_string().contains("key 'missing'"), "{e}");
+    let e = load(&provider, BufferUsage::DEFAULT, &[span("a", 13)]).unwrap_err();
+    assert_eq!(e.code(), StatusCode::OutOfRange);
+    assert!(
+        e.to_string()
+            .contains("parameter `a` range out of bounds (offset=0, length=13, size=12)"),
+        "{e}"
+    );
+    // Read-only storage cannot be scattered into.
+    let src = cpu()
+        .allocator()
+        .allocate(
+            &BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT),
+            12,
+        )
+        .unwrap();
+    let e = provider
+        .scatter(&cpu(), &Fence::new(), &Fence::new(), &src, &[span("a", 12)])
+        .unwrap_err();
+    assert_eq!(e.code(), StatusCode::PermissionDenied);
+}
+
+#[test]
+fn gather_and_scatter_move_bytes() {
+    let target_file = FileHandle::from_writable(vec![0; 16], "scratch");
+    let mut index = sample_index();
+    index
+        .add_file("out", &target_file, 4, 8, Vec::new())
+        .unwrap();
+    let provider = ParameterProvider::new("", index);
+    let device = cpu();
+    let buffer = device
+        .allocator()
+        .allocate(
+            &BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT),
+            24,
+        )
+        .unwrap();
+    let signal = Fence::new();
+    provider
+        .gather(
+            &device,
+            &Fence::new(),
+            &signal,
+            &buffer,
+            &[
+                Span {
+                    key: "a".into(),
+                    parameter_offset: 0,
+                    buffer_offset: 0,
+                    length: 12,
+                },
+                Span {
+                    key: "s".into(),
+                    parameter_offset: 0,
+                    buffer_offset: 12,
+                    length: 10,
+                },
+            ],
+        )
+        .unwrap();
+    assert!(signal.wait(ferrite_base::Timeout::INFINITE).unwrap());
+    let got = buffer.to_vec().unwrap();
+    assert_eq!(&got[..12], &f32_bytes(&[2.0, 3.0, 4.0])[..]);
+    assert_eq!(&got[12..22], &[0xAA, 0xBB].repeat(5)[..]);
+    provider
+        .scatter(
+            &device,
+            &Fence::new(),
+            &Fence::new(),
+            &buffer,
+            &[Span {
+                key: "out".into(),
+                parameter_offset: 0,
+                buffer_offset: 4,
+                length: 8,
+            }],
+        )
+        .unwrap();
+    target_file.with_bytes(|b| {
+        assert_eq!(&b[..4], &[0; 4]);
+        assert_eq!(&b[4..12], &f32_bytes(&[3.0, 4.0])[..]);
+    });
+}
