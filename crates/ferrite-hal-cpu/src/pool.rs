@@ -172,7 +172,10 @@ mod tests {
             pool.spawn(Box::new(move || tx.send(current_stack_size()).unwrap()));
             let got = rx.recv().unwrap();
             // The system may round up to whole pages (and add a guard page).
-            assert!(got >= wanted && got < wanted + 64 * 1024, "{got} for {wanted}");
+            assert!(
+                got >= wanted && got < wanted + 64 * 1024,
+                "{got} for {wanted}"
+            );
         }
     }
 }

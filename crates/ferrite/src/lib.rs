@@ -37,6 +37,8 @@ mod value;
 pub use device::Device;
 pub use ferrite_base::{Result, Status, StatusCode};
 pub use ferrite_hal::ElementType;
+/// Parameter files, indexes and providers (see [`Session::add_parameter_file`]).
+pub use ferrite_modules::io_parameters as parameters;
 pub use instance::Instance;
 pub use session::{Function, Session};
 pub use value::{Element, Tensor, Value};

@@ -6,6 +6,9 @@ use std::sync::Arc;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
 use ferrite_hal::module::HalModuleOptions;
+use ferrite_modules::io_parameters::{
+    create_io_parameters_module, formats, FileHandle, ParameterIndex, ParameterProvider,
+};
 use ferrite_vm::cconv::CconvType;
 use ferrite_vm::{BytecodeModule, Context, FunctionRef, Module, ModuleBytes, Ref, Variant};
 
@@ -23,6 +26,16 @@ pub struct Session {
     instance: Instance,
     devices: Vec<Device>,
     context: Context,
+    parameters: Parameters,
+}
+
+/// Parameter scopes added to a session, served by the `io_parameters`
+/// module once a program that imports it is loaded.
+#[derive(Default)]
+struct Parameters {
+    scopes: Vec<(String, ParameterIndex)>,
+    providers: Vec<ParameterProvider>,
+    registered: bool,
 }
 
 impl Session {
@@ -61,6 +74,7 @@ impl Session {
             instance: instance.clone(),
             devices,
             context,
+            parameters: Parameters::default(),
         })
     }
 
@@ -71,6 +85,7 @@ impl Session {
             instance: instance.clone(),
             devices: Vec::new(),
             context: Context::new(instance.vm()),
+            parameters: Parameters::default(),
         }
     }
 
@@ -112,9 +127,64 @@ impl Session {
                 module.name()
             );
         }
+        let needs_parameters = module
+            .imports()
+            .iter()
+            .any(|i| i.full_name.starts_with("io_parameters."));
+        if needs_parameters && !self.parameters.registered {
+            let p = std::mem::take(&mut self.parameters);
+            let mut providers: Vec<ParameterProvider> = p
+                .scopes
+                .into_iter()
+                .map(|(scope, index)| ParameterProvider::new(&scope, index))
+                .collect();
+            providers.extend(p.providers);
+            self.register(create_io_parameters_module(providers)?)?;
+            self.parameters.registered = true;
+        }
         let name = module.name().to_string();
         self.register(module as Arc<dyn Module>)?;
         Ok(name)
+    }
+
+    /// Makes the parameters of a `.irpa`, `.gguf` or `.safetensors` file
+    /// (memory-mapped; format from the extension) available to programs
+    /// under `scope` (`""` for the anonymous scope), like the CLI's
+    /// `--parameters=scope=path`. Files of one scope are searched in the
+    /// order added. Add parameters before loading the programs that use
+    /// them.
+    pub fn add_parameter_file(&mut self, scope: &str, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        self.check_parameters_open()?;
+        let handle = FileHandle::open(path)?;
+        let i = match self.parameters.scopes.iter().position(|(s, _)| s == scope) {
+            Some(i) => i,
+            None => {
+                self.parameters
+                    .scopes
+                    .push((scope.to_string(), ParameterIndex::new()));
+                self.parameters.scopes.len() - 1
+            }
+        };
+        formats::parse_into(&mut self.parameters.scopes[i].1, &handle, None)
+    }
+
+    /// Serves parameters from `provider` (an index built by hand, e.g. over
+    /// host memory), after the scopes of [`Session::add_parameter_file`].
+    pub fn add_parameter_provider(&mut self, provider: ParameterProvider) -> Result<()> {
+        self.check_parameters_open()?;
+        self.parameters.providers.push(provider);
+        Ok(())
+    }
+
+    fn check_parameters_open(&self) -> Result<()> {
+        if self.parameters.registered {
+            bail!(
+                FailedPrecondition,
+                "parameters must be added before loading a program that uses them (the io_parameters module is already registered)"
+            );
+        }
+        Ok(())
     }
 
     /// Registers any VM module (a native module, a module loaded by hand)
