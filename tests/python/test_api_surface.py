@@ -61,3 +61,21 @@ def test_normalize_value_as_upstream(upstream):
         else:
             assert ours == theirs
     assert rt.TARGET_BACKEND_TO_DRIVER == upstream.TARGET_BACKEND_TO_DRIVER
+
+
+def test_driver_create_device_as_upstream(upstream):
+    for lib in (rt, upstream):
+        driver = lib.get_driver("local-sync")
+        (info,) = driver.query_available_devices()
+        assert info == {"device_id": 0, "path": "", "name": "default"}
+        assert driver.create_device(0) is not None
+        assert driver.create_device(info, allocators=["caching", "debug"]) is not None
+        with pytest.raises(ValueError, match=r"Device id 5555 not found. Available devices: \[\{'device_id': 0"):
+            driver.create_device(5555)
+        with pytest.raises(TypeError):
+            driver.create_device("zero")
+        with pytest.raises(ValueError, match="unrecognized allocator 'bogus'"):
+            driver.create_device(0, allocators=["bogus"])
+        with pytest.raises(ValueError, match=r"NOT_FOUND; device paths not yet implemented; creating device 'local-sync://1'"):
+            lib.get_device("local-sync://1", cache=False)
+        assert lib.get_device("local-task://", cache=False) is not None

@@ -85,13 +85,30 @@ def test_same_report_shape_as_upstream_tool(compile_program):
             assert a.report.get(key) == b.report.get(key), key
 
 
-def test_console_command_ships_with_the_package():
+def test_console_commands_ship_with_the_package():
+    import shutil
     import subprocess
 
     from ferrite import _ferrite
 
     exe = benchmark.benchmark_exe()
-    p = subprocess.run([exe, "benchmark-module", "--help"], capture_output=True, text=True)
+    assert Path(exe).name == "ferrite-benchmark-module"
+    p = subprocess.run([exe, "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "--benchmark_out" in p.stdout
+    cli = Path(exe).with_name("ferrite")
+    p = subprocess.run([str(cli), "--version"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.startswith("ferrite ")
     # In-process, bad usage is an exit status, never the end of the interpreter.
     assert _ferrite.cli_main(["ferrite", "no-such-command"]) == 2
+
+
+def test_argument_lists_as_upstream(upstream):
+    from iree.runtime import benchmark as theirs
+
+    a = np.arange(3, dtype=np.int32)
+    for inputs in ([a], ["4xf32=1"], [np.full((2, 2), 1.5, dtype=np.float32)]):
+        kwargs = dict(module="m.vmfb", entry_function="f", inputs=inputs, device="local-task",
+                      benchmark_repetitions=2, print_statistics=True, task_topology_cpu_ids=[0, 1])
+        ours, _ = benchmark._build_benchmark_args(**kwargs)
+        up, _ = theirs._build_benchmark_args(**kwargs)
+        assert ours[1:] == up[1:]

@@ -35,6 +35,27 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// The drivers this build offers, in upstream's (sorted) order.
 const DRIVERS: &[&str] = &["local-sync", "local-task"];
 
+/// Allocator wrappers upstream's drivers accept by name (`caching` pools,
+/// `debug` checks). The CPU devices allocate from the heap and need neither,
+/// so these names are accepted and change nothing; others are errors.
+const ALLOCATORS: &[&str] = &["caching", "debug"];
+
+fn check_allocators(allocators: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let Some(allocators) = allocators else {
+        return Ok(());
+    };
+    for spec in allocators.try_iter()? {
+        let spec: String = spec?.extract()?;
+        let name = spec.split(':').next().unwrap_or("");
+        if !ALLOCATORS.contains(&name) {
+            return Err(PyValueError::new_err(format!(
+                "Error configuring the device: INVALID_ARGUMENT; unrecognized allocator '{spec}'"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A HAL driver: a factory of devices.
 #[pyclass(name = "HalDriver", module = "ferrite._ferrite", frozen)]
 pub struct PyHalDriver {
@@ -68,8 +89,11 @@ impl PyHalDriver {
     }
 
     #[pyo3(signature = (allocators = None))]
-    fn create_default_device(&self, allocators: Option<PyObject>) -> PyHalDevice {
-        let _ = allocators;
+    fn create_default_device(
+        &self,
+        allocators: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyHalDevice> {
+        check_allocators(allocators)?;
         let device = match self.name.as_str() {
             "local-sync" => DeviceRef(CpuDevice::local_sync()),
             _ => DeviceRef(CpuDevice::local_task_with_stack_size(
@@ -77,17 +101,56 @@ impl PyHalDriver {
                 crate::flags::local_task_worker_stack_size(),
             )),
         };
-        PyHalDevice { device }
+        Ok(PyHalDevice { device })
+    }
+
+    /// Creates device `device_id` (or the `device_id` of an info dict from
+    /// `query_available_devices`); the CPU drivers have one, id 0.
+    #[pyo3(signature = (device_id, params = None, allocators = None))]
+    fn create_device(
+        &self,
+        device_id: &Bound<'_, PyAny>,
+        params: Option<&Bound<'_, PyAny>>,
+        allocators: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyHalDevice> {
+        let _ = params; // upstream's driver-specific creation parameters; CPU drivers take none
+        let id = if let Ok(info) = device_id.downcast::<pyo3::types::PyDict>() {
+            info.get_item("device_id")?
+                .ok_or_else(|| PyValueError::new_err("device info dict has no 'device_id'"))?
+                .extract::<i64>()?
+        } else if let Ok(id) = device_id.extract::<i64>() {
+            id
+        } else {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "create_device(): device_id must be an int or a device info dict, not {}",
+                device_id.get_type().qualname()?
+            )));
+        };
+        if id != 0 {
+            return Err(PyValueError::new_err(format!(
+                "Device id {id} not found. Available devices: [{{'device_id': 0, 'path': '', 'name': 'default'}}]"
+            )));
+        }
+        self.create_default_device(allocators)
     }
 
     #[pyo3(signature = (device_uri, allocators = None))]
     fn create_device_by_uri(
         &self,
         device_uri: &str,
-        allocators: Option<PyObject>,
+        allocators: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyHalDevice> {
         let d = PyHalDriver::create(device_uri)?;
-        Ok(d.create_default_device(allocators))
+        // `driver://path?params`: the CPU drivers have one device, no paths.
+        if let Some((_, path)) = device_uri.split_once("://") {
+            if !path.is_empty() {
+                return Err(PyValueError::new_err(format!(
+                    "Error creating device: NOT_FOUND; device paths not yet implemented; \
+                     creating device '{device_uri}'"
+                )));
+            }
+        }
+        d.create_default_device(allocators)
     }
 
     fn query_available_devices(&self, py: Python<'_>) -> PyResult<Vec<PyObject>> {

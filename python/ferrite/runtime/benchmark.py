@@ -5,9 +5,9 @@ a module (a `VmModule`, whose bytes are piped in, or a `.vmfb` path), with
 keyword arguments passed as `--key=value` flags, and returns one
 `BenchmarkResult` per row of its google-benchmark JSON report.
 
-The tool is the `ferrite` command (its `benchmark-module` subcommand), which
-this package installs as a console command running the tools inside the
-native module, found by `benchmark_exe()`; `executable=` runs another tool taking the same flags
+The tool is `ferrite-benchmark-module` (the `benchmark-module` command of the
+`ferrite` tools under upstream's flags), which this package installs as a
+console command running inside the native module; `benchmark_exe()` finds it; `executable=` runs another tool taking the same flags
 (for instance upstream's `iree-benchmark-module`).
 """
 
@@ -53,19 +53,22 @@ class BenchmarkTimeoutError(Exception):
     """The tool ran past the `timeout` given to `benchmark_module`."""
 
 
-_TOOL_NAME = "ferrite"
+_TOOL_NAME = "ferrite-benchmark-module"
+# A build of the whole CLI, which takes the tool as a subcommand.
+_CLI_NAME = "ferrite"
 
 
 def benchmark_exe():
-    """Path of the `ferrite` command that runs `benchmark-module`.
+    """Path of the benchmark tool (`iree-benchmark-module`'s flags).
 
-    Looked up, in order: `$FERRITE_CLI`; the `ferrite` console command this
-    package installs beside the interpreter (it runs the tools inside the
-    native module); `ferrite` on `PATH`; the newest of
-    `target/release/ferrite` and `target/debug/ferrite` of the source tree
-    this package lives in. Raises `BenchmarkToolError` when none exists.
+    Looked up, in order: `$FERRITE_BENCHMARK_MODULE`; the
+    `ferrite-benchmark-module` console command this package installs beside
+    the interpreter (it runs inside the native module), else on `PATH`; the
+    newest `target/{release,debug}/ferrite` of the source tree this package
+    lives in (run with its `benchmark-module` subcommand). Raises
+    `BenchmarkToolError` when none exists.
     """
-    env = os.environ.get("FERRITE_CLI")
+    env = os.environ.get("FERRITE_BENCHMARK_MODULE")
     if env:
         return env
     scripts = {Path(sysconfig.get_path("scripts")), Path(sys.executable).parent}
@@ -76,10 +79,9 @@ def benchmark_exe():
     found = shutil.which(_TOOL_NAME)
     if found:
         return found
-    # A source checkout: the newest build of the tree this package is in.
     package = Path(__file__).resolve()
     builds = [
-        root / "target" / profile / _TOOL_NAME
+        root / "target" / profile / _CLI_NAME
         for root in package.parents
         for profile in ("release", "debug")
     ]
@@ -87,19 +89,17 @@ def benchmark_exe():
     if builds:
         return str(max(builds, key=lambda b: b.stat().st_mtime))
     raise BenchmarkToolError(
-        "the ferrite command was not found: reinstall this package (it installs `ferrite`), "
-        "set FERRITE_CLI, or build it (cargo build --release -p ferrite-cli)"
+        "ferrite-benchmark-module was not found: reinstall this package (it installs the command), "
+        "set FERRITE_BENCHMARK_MODULE, or build the CLI (cargo build --release -p ferrite-cli)"
     )
 
 
 def _tool_command(executable):
-    """The command line prefix: our tool takes a subcommand, others do not."""
-    if executable is not None:
-        exe = os.fspath(executable)
-        if Path(exe).name == _TOOL_NAME:
-            return [exe, "benchmark-module"]
-        return [exe]
-    return [benchmark_exe(), "benchmark-module"]
+    """The command line prefix: the whole CLI takes a subcommand, tools do not."""
+    exe = os.fspath(executable) if executable is not None else benchmark_exe()
+    if Path(exe).name == _CLI_NAME:
+        return [exe, "benchmark-module"]
+    return [exe]
 
 
 def _flag_values(value):
