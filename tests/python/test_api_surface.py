@@ -79,3 +79,14 @@ def test_driver_create_device_as_upstream(upstream):
         with pytest.raises(ValueError, match=r"NOT_FOUND; device paths not yet implemented; creating device 'local-sync://1'"):
             lib.get_device("local-sync://1", cache=False)
         assert lib.get_device("local-task://", cache=False) is not None
+
+
+def test_config_takes_a_list_of_drivers(upstream):
+    for lib in (rt, upstream):
+        c1 = lib.Config("nothere1,local-sync")
+        c2 = lib.Config("nothere1,local-sync")
+        assert c1.device is c2.device
+        with pytest.raises(ValueError, match="No device found from list"):
+            lib.Config("nothere1,nothere2")
+        with pytest.raises(ValueError, match="not both"):
+            lib.Config("local-sync", device=c1.device)

@@ -7,7 +7,7 @@ import numpy as np
 
 from ._binding import VmContext, VmInstance, VmModule, create_hal_module
 from .function import FunctionInvoker
-from .system_setup import get_device, get_driver
+from .system_setup import get_first_device
 
 __all__ = [
     "TARGET_BACKEND_TO_DRIVER",
@@ -48,13 +48,14 @@ class Config:
     """A VM instance, a device and the default modules (`hal`) over it."""
 
     def __init__(self, driver_name: Optional[str] = None, hal_module_kwargs=None, *, device=None):
+        if device is not None and driver_name is not None:
+            raise ValueError("Either 'device' or 'driver_name' can be specified (not both)")
         self.vm_instance = VmInstance()
         if device is None:
-            driver_name = driver_name or os.environ.get("IREE_DEFAULT_DEVICE", "local-task")
-            self.driver = get_driver(driver_name)
-            device = get_device(driver_name)
-        else:
-            self.driver = None
+            # `driver_name` may list several ("cuda,local-task"): the first
+            # that works, as get_first_device (which also reads
+            # IREE_DEFAULT_DEVICE when no name is given).
+            device = get_first_device(driver_name.split(",") if driver_name is not None else None)
         self.device = device
         hal = create_hal_module(self.vm_instance, device, **(hal_module_kwargs or {}))
         self.default_vm_modules = (hal,)
