@@ -90,3 +90,29 @@ def test_config_takes_a_list_of_drivers(upstream):
             lib.Config("nothere1,nothere2")
         with pytest.raises(ValueError, match="not both"):
             lib.Config("local-sync", device=c1.device)
+
+
+def test_dtype_infos_as_upstream(upstream):
+    from iree.runtime import dtypes as theirs
+
+    from ferrite.runtime import dtypes as ours
+
+    for t in (np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.uint16, np.int32,
+              np.uint32, np.int64, np.uint64, np.bool_, np.complex64, np.complex128):
+        a, b = ours.map_dtype_to_dtype_info(t), theirs.map_dtype_to_dtype_info(t)
+        assert (a.dtype, a.name, a.abi_type, a.hal_type.name) == (b.dtype, b.name, b.abi_type, b.hal_type.name)
+        assert (a.is_integer, a.is_signed, a.is_floating_point, a.is_complex) == (
+            b.is_integer, b.is_signed, b.is_floating_point, b.is_complex)
+        assert ours.map_name_to_dtype_info(a.name).dtype == a.dtype
+        assert ours.map_dtype_to_hal_element_type(t).name == theirs.map_dtype_to_hal_element_type(t).name
+    for abi in ("f32", "i8", "i64", "i1", "complex<f64>"):
+        assert ours.map_abi_type_to_dtype_info(abi).dtype == theirs.map_abi_type_to_dtype_info(abi).dtype
+    assert ours.DTYPE_TO_ABI_TYPE == theirs.DTYPE_TO_ABI_TYPE
+    assert ours.map_dtype_to_hal_element_type("not a dtype") is None
+    assert ours.map_dtype_to_hal_element_type(np.dtype("U3")) is None
+    for bad in (lambda: ours.map_name_to_dtype_info("nope"), lambda: ours.map_abi_type_to_dtype_info("q7"),
+                lambda: ours.map_dtype_to_dtype_info(np.dtype("U3"))):
+        with pytest.raises(KeyError):
+            bad()
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert ours.map_dtype_to_hal_element_type(ml_dtypes.bfloat16) == rt.HalElementType.BFLOAT_16

@@ -1,5 +1,7 @@
 """numpy dtypes of HAL element types (bfloat16 and float8 from ml_dtypes)."""
 
+import dataclasses as _dataclasses
+
 import numpy as np
 
 from ._binding import HalElementType as _E
@@ -76,21 +78,96 @@ def dtype_to_element_type(dtype):
     except KeyError:
         raise ValueError(f"Unsupported numpy dtype {dtype}") from None
 
+@_dataclasses.dataclass(frozen=True)
+class DTypeInfo:
+    """A numpy dtype with its name, its `--input` spelling and HAL element type."""
+
+    dtype: np.dtype
+    name: str
+    abi_type: str
+    hal_type: _E
+
+    @property
+    def is_complex(self) -> bool:
+        return np.issubdtype(self.dtype, np.complexfloating)
+
+    @property
+    def is_floating_point(self) -> bool:
+        return np.issubdtype(self.dtype, np.floating)
+
+    @property
+    def is_integer(self) -> bool:
+        return np.issubdtype(self.dtype, np.integer)
+
+    @property
+    def is_signed(self) -> bool:
+        return np.issubdtype(self.dtype, np.signedinteger)
+
+
+# (numpy type, --input spelling, element type); unsigned integers use the
+# signless spelling, so that spelling maps back to the signed type.
+_INFO_ROWS = [
+    (np.float16, "f16", _E.FLOAT_16),
+    (np.float32, "f32", _E.FLOAT_32),
+    (np.float64, "f64", _E.FLOAT_64),
+    (np.int8, "i8", _E.SINT_8),
+    (np.uint8, "i8", _E.UINT_8),
+    (np.int16, "i16", _E.SINT_16),
+    (np.uint16, "i16", _E.UINT_16),
+    (np.int32, "i32", _E.SINT_32),
+    (np.uint32, "i32", _E.UINT_32),
+    (np.int64, "i64", _E.SINT_64),
+    (np.uint64, "i64", _E.UINT_64),
+    (np.bool_, "i1", _E.BOOL_8),
+    (np.complex64, "complex<f32>", _E.COMPLEX_64),
+    (np.complex128, "complex<f64>", _E.COMPLEX_128),
+]
+_BY_DTYPE = {
+    np.dtype(t): DTypeInfo(np.dtype(t), np.dtype(t).name, abi, hal) for t, abi, hal in _INFO_ROWS
+}
+_BY_NAME = {info.name: info for info in _BY_DTYPE.values()}
+_BY_ABI_TYPE = {
+    info.abi_type: info for info in _BY_DTYPE.values() if not info.is_integer or info.is_signed
+}
+
+
+def map_dtype_to_dtype_info(dtype) -> DTypeInfo:
+    """The `DTypeInfo` of a numpy dtype; KeyError when there is none."""
+    dtype = np.dtype(dtype)
+    try:
+        return _BY_DTYPE[dtype]
+    except KeyError:
+        raise KeyError(f"Numpy dtype {dtype} not found.") from None
+
+
+def map_name_to_dtype_info(name: str) -> DTypeInfo:
+    """The `DTypeInfo` of a dtype name such as `"float32"`."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"Numpy dtype name {name!r} not found.") from None
+
+
+def map_abi_type_to_dtype_info(abi_type: str) -> DTypeInfo:
+    """The `DTypeInfo` of an `--input` spelling such as `"i32"` (signed)."""
+    try:
+        return _BY_ABI_TYPE[abi_type]
+    except KeyError:
+        raise KeyError(f"ABI type {abi_type!r} not found.") from None
+
+
+def map_dtype_to_hal_element_type(dtype):
+    """The HAL element type of a dtype (ml_dtypes' included), or None."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        return None
+    info = _BY_DTYPE.get(dtype)
+    if info is not None:
+        return info.hal_type
+    return _FROM_NUMPY.get(dtype)
+
+
 # The element-type spelling of each dtype in `--input=SHAPExTYPE=...` flags
 # (unsigned integers use the signless spelling, as upstream).
-DTYPE_TO_ABI_TYPE = {
-    np.dtype(np.float16): "f16",
-    np.dtype(np.float32): "f32",
-    np.dtype(np.float64): "f64",
-    np.dtype(np.int8): "i8",
-    np.dtype(np.uint8): "i8",
-    np.dtype(np.int16): "i16",
-    np.dtype(np.uint16): "i16",
-    np.dtype(np.int32): "i32",
-    np.dtype(np.uint32): "i32",
-    np.dtype(np.int64): "i64",
-    np.dtype(np.uint64): "i64",
-    np.dtype(np.bool_): "i1",
-    np.dtype(np.complex64): "complex<f32>",
-    np.dtype(np.complex128): "complex<f64>",
-}
+DTYPE_TO_ABI_TYPE = {info.dtype: info.abi_type for info in _BY_DTYPE.values()}
