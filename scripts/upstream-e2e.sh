@@ -10,19 +10,28 @@
 # `iree_check_single_backend_test_suite` in its CMakeLists.txt give the
 # sources and extra compiler flags (list_suite below);
 # generated sources (math) are produced by running the suite's generator.
+# Suites of generated runner tests (matmul, convolution, attention) run
+# each llvm-cpu iree_generated_e2e_runner_test target this host can run:
+# its generator (upstream's python, exported into build/ at run time) makes
+# a tests and a calls program, both are compiled, and
+# `ferrite e2e-{matmul,conv2d,attention}-test` runs the calls.
 # Files that the pinned compiler rejects are counted as "skipped: does not
 # compile". Everything goes to build/upstream-e2e/<suite>/<variant>/.
 #
 # Environment: IREE_COMPILE (default .venv/bin/iree-compile), FERRITE
 # (default target/release/ferrite), JOBS (parallel compiles, default 2),
 # DEVICES (default "local-sync local-task"), RUN_TIMEOUT (seconds per
-# check-module run, default 600).
+# check-module run, default 600), PYTHON (generators' interpreter, default
+# .venv/bin/python), E2E_ONLY (regex: run only generated runner targets
+# whose name matches, e.g. 'cpu_dt_(f32|i8)' or '_small$').
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 IREE_MIRROR=${IREE_MIRROR:-/work/.mirror/iree-org+iree/repo}
 IREE_COMPILE=${IREE_COMPILE:-$ROOT/.venv/bin/iree-compile}
 FERRITE=${FERRITE:-$ROOT/target/release/ferrite}
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+E2E_ONLY=${E2E_ONLY:-}
 JOBS=${JOBS:-2}
 DEVICES=${DEVICES:-local-sync local-task}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
@@ -69,6 +78,7 @@ import subprocess
 import sys
 
 mirror, suite = sys.argv[1], sys.argv[2]
+only = sys.argv[3] if len(sys.argv) > 3 else ""
 text = subprocess.run(
     ["git", "-C", mirror, "show", f"HEAD:tests/e2e/{suite}/CMakeLists.txt"],
     capture_output=True, text=True, check=True).stdout
@@ -111,18 +121,39 @@ for b in blocks("iree_genrule"):
 
 variants = [fields(b) for b in blocks("iree_check_single_backend_test_suite")]
 cpu = [v for v in variants if v.get("TARGET_BACKEND") == ["llvm-cpu"]]
-runners = blocks("iree_generated_e2e_runner_test")
-if runners:
-    r = fields(runners[0])
-    print(f"# {len(runners)} iree_generated_e2e_runner_test targets (runner "
-          f"{r.get('TEST_RUNNER', ['?'])[0]}) need upstream's native e2e test "
-          "module (random inputs, reference results): not run")
+# Generated runner tests (matmul, conv2d, attention): one `R` line per
+# llvm-cpu target this host can run.
+seen_runs = set()
+for b in blocks("iree_generated_e2e_runner_test"):
+    f = fields(b)
+    name = f["NAME"][0]
+    if "llvm-cpu" not in f.get("TARGET_BACKENDS", []):
+        continue
+    flags = [x for x in f.get("COMPILER_FLAGS", []) if not x.startswith("--iree-llvmcpu-target-cpu=")]
+    triple = [x.split("=", 1)[1] for x in flags if x.startswith("--iree-llvmcpu-target-triple=")]
+    if any(not t.startswith("x86_64") for t in triple):
+        print(f"# {name}: built for {triple[0]}, not this host: skipped")
+        continue
+    cpu_variants = f.get("TARGET_CPU_FEATURES_VARIANTS", ["default"])
+    if not {"default", "generic"} & set(cpu_variants) and not any(v.startswith("x86_64:") for v in cpu_variants):
+        print(f"# {name}: cpu feature variants {' '.join(cpu_variants)} are for other architectures: skipped")
+        continue
+    key = (tuple(f.get("GENERATOR_ARGS", [])), tuple(flags), tuple(f.get("RUNNER_ARGS", [])))
+    if key in seen_runs:
+        print(f"# {name}: same generator args and flags as an earlier target (cpu features aside): skipped")
+        continue
+    seen_runs.add(key)
+    if only and not re.search(only, name):
+        continue
+    print("\t".join(["R", name, f["TEST_TYPE"][0], f["GENERATOR"][0],
+                     " ".join(f.get("GENERATOR_ARGS", [])), " ".join(flags),
+                     " ".join(f.get("RUNNER_ARGS", []))]))
 if not cpu:
     listing = subprocess.run(
         ["git", "-C", mirror, "ls-tree", "--name-only", "HEAD", f"tests/e2e/{suite}/"],
         capture_output=True, text=True, check=True).stdout.split()
     plain = [p.rsplit("/", 1)[-1] for p in listing if p.endswith(".mlir")]
-    if plain:
+    if plain and not seen_runs:
         backends = sorted({w.get("TARGET_BACKEND", ["?"])[0] for w in variants})
         print(f"# no llvm-cpu check suite upstream (only {', '.join(backends) or 'none'}); "
               "compiling its plain .mlir for llvm-cpu anyway")
@@ -156,6 +187,32 @@ for v in cpu:
 PY
 }
 
+# tally SUITE ID DEVICE LOG RC: adds a run's `N passed, M failed` to the
+# suite's counts (pass/fail/errs) and its failures to `failures`.
+tally() {
+  local suite=$1 id=$2 dev=$3 log=$4 rc=$5 counts p f why fn
+  counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
+  p=$(awk '{print $1}' <<<"${counts:-0 passed, 0 failed}")
+  f=$(awk '{print $3}' <<<"${counts:-0 passed, 0 failed}")
+  pass[$dev]=$(( ${pass[$dev]:-0} + p ))
+  fail[$dev]=$(( ${fail[$dev]:-0} + f ))
+  if [ -z "$counts" ]; then
+    errs[$dev]=$(( ${errs[$dev]:-0} + 1 ))
+    why=$(tail -3 "$log" | tr '\n' ' ' | cut -c1-200)
+    [ $rc -eq 124 ] && why="timed out after ${RUN_TIMEOUT}s"
+    [ $rc -gt 128 ] && [ $rc -ne 124 ] && why="killed by signal $((rc - 128)); $why"
+    echo "  ERROR     $id [$dev] ferrite exited $rc: $why"
+    failures+=("$suite/$id [$dev]: ferrite exited $rc: $why (log: $log)")
+  else
+    echo "  ran       $id [$dev]: $p passed, $f failed"
+    if [ "$f" != 0 ]; then
+      while read -r fn; do
+        failures+=("$suite/$id [$dev]: $fn (log: $log)")
+      done < <(grep -E '^\[  FAILED  \] ' "$log" | sed 's/^\[  FAILED  \] //; s/ ([0-9]* ms)$//' | sort -u)
+    fi
+  fi
+}
+
 summary=()
 failures=()
 for suite in "${suites[@]}"; do
@@ -163,7 +220,7 @@ for suite in "${suites[@]}"; do
   sdir=$OUT/$suite
   rm -rf "$sdir"
   mkdir -p "$sdir"
-  listing=$(list_suite "$IREE_MIRROR" "$suite") || {
+  listing=$(list_suite "$IREE_MIRROR" "$suite" "$E2E_ONLY") || {
     echo "  cannot read tests/e2e/$suite/CMakeLists.txt from the mirror"
     summary+=("$suite|-|-|-|-|-|-|-|unreadable")
     continue
@@ -221,31 +278,44 @@ for suite in "${suites[@]}"; do
     for dev in $DEVICES; do
       log=${vmfb%.vmfb}.$dev.log
       timeout "$RUN_TIMEOUT" "$FERRITE" check-module --module="$vmfb" --device="$dev" >"$log" 2>&1
-      rc=$?
-      counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
-      p=$(awk '{print $1}' <<<"${counts:-0 passed, 0 failed}")
-      f=$(awk '{print $3}' <<<"${counts:-0 passed, 0 failed}")
-      pass[$dev]=$(( ${pass[$dev]:-0} + p ))
-      fail[$dev]=$(( ${fail[$dev]:-0} + f ))
-      if [ -z "$counts" ]; then
-        errs[$dev]=$(( ${errs[$dev]:-0} + 1 ))
-        why=$(tail -3 "$log" | tr '\n' ' ' | cut -c1-200)
-        [ $rc -eq 124 ] && why="timed out after ${RUN_TIMEOUT}s"
-        [ $rc -gt 128 ] && [ $rc -ne 124 ] && why="killed by signal $((rc - 128)); $why"
-        echo "  ERROR     $id [$dev] check-module exited $rc: $why"
-        failures+=("$suite/$id [$dev]: check-module exited $rc: $why (log: $log)")
-      else
-        status="ok"
-        [ "$f" != 0 ] && status="FAILED"
-        echo "  ran       $id [$dev]: $p passed, $f failed"
-        if [ "$f" != 0 ]; then
-          while read -r fn; do
-            failures+=("$suite/$id [$dev]: $fn (log: $log)")
-          done < <(grep -E '^\[  FAILED  \] ' "$log" | sed 's/^\[  FAILED  \] //; s/ ([0-9]* ms)$//' | sort -u)
-        fi
-      fi
+      tally "$suite" "$id" "$dev" "$log" $?
     done
   done <"$jobs_file"
+  # Generated runner tests: generate the tests and calls programs, compile
+  # both, run them with `ferrite e2e-<type>-test` (the runner flags of the
+  # target, if any, passed on).
+  pysrc=$OUT/pysrc
+  while IFS=$'\t' read -r kind name ttype gen gargs cflags rargs; do
+    [ "$kind" = R ] || continue
+    total=$((total + 1))
+    tdir=$sdir/$name
+    mkdir -p "$tdir"
+    if [ ! -d "$pysrc/tests/e2e/$suite" ]; then
+      mkdir -p "$pysrc"
+      git -C "$IREE_MIRROR" archive HEAD "tests/e2e/$suite" | tar -x -C "$pysrc"
+    fi
+    read -r -a ga <<<"$gargs"
+    if ! (cd "$pysrc" && PYTHONPATH="$pysrc" "$PYTHON" "tests/e2e/$suite/$gen" "${ga[@]}" \
+        "--output_${ttype}_mlir=$tdir/$ttype.mlir" "--output_calls_mlir=$tdir/calls.mlir") \
+        >"$tdir/gen.log" 2>&1; then
+      echo "  SKIPPED   $name (generator failed: see $tdir/gen.log)"
+      continue
+    fi
+    read -r -a cf <<<"$cflags"
+    compile_one "$name/$ttype" "$tdir/$ttype.mlir" "$tdir/$ttype.vmfb" "${cf[@]}" &
+    compile_one "$name/calls" "$tdir/calls.mlir" "$tdir/calls.vmfb" "${cf[@]}"
+    wait
+    [ -f "$tdir/$ttype.vmfb" ] && [ -f "$tdir/calls.vmfb" ] || continue
+    compiled=$((compiled + 1))
+    read -r -a ra <<<"$rargs"
+    for dev in $DEVICES; do
+      log=$tdir/$dev.log
+      timeout "$RUN_TIMEOUT" "$FERRITE" "e2e-$ttype-test" --module="$tdir/$ttype.vmfb" \
+        --module="$tdir/calls.vmfb" --device="$dev" "${ra[@]}" >"$log" 2>&1
+      tally "$suite" "$name" "$dev" "$log" $?
+    done
+  done <<<"$listing"
+
   skipped=$((total - compiled))
   cols="$suite|$total|$compiled|$skipped"
   for dev in $DEVICES; do

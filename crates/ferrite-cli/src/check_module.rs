@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
-use ferrite_modules::check::create_check_module;
+use ferrite_modules::check::{create_check_module, CheckLog};
 use ferrite_vm::cconv::Cconv;
 use ferrite_vm::{BytecodeModule, Instance, Module, ModuleBytes};
 
@@ -86,28 +86,47 @@ fn discover(path: &str) -> Result<Discovered> {
     Ok((m.name().to_string(), tests, skipped))
 }
 
+/// The native modules one test's context gets besides `hal` (registered
+/// before the program modules), and the log their failed expectations go to.
+pub(crate) type ExtraModules = (Vec<Arc<dyn Module>>, CheckLog);
+
+/// What a test run needs: the program modules and devices, which tests to
+/// run, and how to make the native modules of each test's context.
+pub(crate) struct TestRun<'a> {
+    /// `.vmfb` paths; the last one's exports are the tests.
+    pub modules: &'a [String],
+    /// `--device` values.
+    pub devices: &'a [String],
+    /// `local-task` workers (0 = one per core).
+    pub task_workers: usize,
+    /// Runs only tests whose name contains this text.
+    pub filter: Option<&'a str>,
+    /// Succeeds only when some test fails.
+    pub expect_failure: bool,
+    /// Makes a fresh set of native modules for one test.
+    pub extra: &'a dyn Fn() -> Result<ExtraModules>,
+}
+
 /// Runs one test in its own context; the failure messages (empty: passed).
-fn run_test(args: &CheckModuleArgs, module_name: &str, test: &Test) -> Vec<String> {
+fn run_test(run: &TestRun<'_>, module_name: &str, test: &Test) -> Vec<String> {
     let instance = Instance::default();
-    let (check, log) = match create_check_module() {
+    let (extra, log) = match (run.extra)() {
         Ok(x) => x,
         Err(e) => return vec![e.to_string()],
     };
     let outcome = (|| -> Result<()> {
-        let mut extra = vec![check as Arc<dyn Module>];
-        extra.extend(args.params.modules()?);
-        let run = load_context_with(
+        let ctx = load_context_with(
             &instance,
-            &args.modules,
-            &args.devices,
-            args.task_workers,
+            run.modules,
+            run.devices,
+            run.task_workers,
             false,
             extra,
         )
         .annotate(|| "creating the test context".to_string())?;
         let name = format!("{module_name}.{}", test.name);
-        let f = run.context.lookup_function(&name)?;
-        run.context
+        let f = ctx.context.lookup_function(&name)?;
+        ctx.context
             .invoke(&f, Vec::new())
             .annotate(|| format!("invoking function '{name}'"))?;
         Ok(())
@@ -132,6 +151,27 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 /// Runs the command: exits 1 when a test failed (or, with
 /// `--expect_failure`, when none did).
 pub fn run(args: &CheckModuleArgs) -> Result<()> {
+    let extra = || -> Result<ExtraModules> {
+        let (check, log) = create_check_module()?;
+        let mut extra = vec![check as Arc<dyn Module>];
+        extra.extend(args.params.modules()?);
+        Ok((extra, log))
+    };
+    run_tests(&TestRun {
+        modules: &args.modules,
+        devices: &args.devices,
+        task_workers: args.task_workers,
+        filter: args.filter.as_deref(),
+        expect_failure: args.expect_failure,
+        extra: &extra,
+    })
+}
+
+/// Runs each test of `run`, printing `[ RUN ]`/`[ OK ]`/`[ FAILED ]` lines
+/// and `N passed, M failed`: exits 1 when a test failed (or, with
+/// `expect_failure`, when none did).
+pub(crate) fn run_tests(run: &TestRun<'_>) -> Result<()> {
+    let args = run;
     let main = args.modules.last().map(String::as_str).unwrap_or("-");
     let (module_name, tests, skipped) = discover(main)?;
     for (name, cconv) in &skipped {
@@ -141,11 +181,7 @@ pub fn run(args: &CheckModuleArgs) -> Result<()> {
     }
     let tests: Vec<&Test> = tests
         .iter()
-        .filter(|t| {
-            args.filter
-                .as_ref()
-                .is_none_or(|f| t.name.contains(f.as_str()))
-        })
+        .filter(|t| args.filter.is_none_or(|f| t.name.contains(f)))
         .collect();
     let (mut passed, mut failed) = (0usize, Vec::new());
     for test in tests {
@@ -153,7 +189,7 @@ pub fn run(args: &CheckModuleArgs) -> Result<()> {
         println!("[ RUN      ] {full}");
         let start = Instant::now();
         let failures = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_test(args, &module_name, test)
+            run_test(run, &module_name, test)
         })) {
             Ok(f) => f,
             Err(p) => vec![format!("panic: {}", panic_text(&*p))],

@@ -7,10 +7,12 @@
 //! - `ferrite run-module --module=m.vmfb --function=f --input=42`
 //! - `ferrite dump-module [--output=metadata|disassembly] m.vmfb`
 //! - `ferrite check-module --module=tests.vmfb [--device=local-sync]`
+//! - `ferrite e2e-matmul-test --module=matmul.vmfb --module=calls.vmfb`
 
 mod benchmark_module;
 mod check_module;
 mod dump_module;
+mod e2e_test;
 mod format;
 mod inputs;
 mod npy;
@@ -44,6 +46,12 @@ enum Command {
     BenchmarkModule(benchmark_module::BenchmarkModuleArgs),
     /// Runs each test function of a self-checking program (like `iree-check-module`).
     CheckModule(check_module::CheckModuleArgs),
+    /// Runs generated matmul e2e tests with the `matmul_test` module (like `iree-e2e-matmul-test`).
+    E2eMatmulTest(e2e_test::E2eTestArgs),
+    /// Runs generated conv2d e2e tests with the `conv2d_test` module (like `iree-e2e-conv2d-test`).
+    E2eConv2dTest(e2e_test::E2eTestArgs),
+    /// Runs generated attention e2e tests with the `attention_test` module (like `iree-e2e-attention-test`).
+    E2eAttentionTest(e2e_test::E2eTestArgs),
 }
 
 /// Runs the command line `args` (program name first) and returns the exit
@@ -66,6 +74,16 @@ where
         Command::DumpModule(a) => dump_module::run(a),
         Command::BenchmarkModule(a) => benchmark_module::run(a),
         Command::CheckModule(a) => check_module::run(a),
+        Command::E2eMatmulTest(a) => {
+            e2e_test::run(a, ferrite_modules::e2e::matmul::create_matmul_test_module)
+        }
+        Command::E2eConv2dTest(a) => {
+            e2e_test::run(a, ferrite_modules::e2e::conv2d::create_conv2d_test_module)
+        }
+        Command::E2eAttentionTest(a) => e2e_test::run(
+            a,
+            ferrite_modules::e2e::attention::create_attention_test_module,
+        ),
     };
     match result {
         Ok(()) => 0,

@@ -1,0 +1,79 @@
+//! `ferrite e2e-matmul-test` and `ferrite e2e-conv2d-test`: run upstream's
+//! generated e2e programs (like `iree-e2e-matmul-test` /
+//! `iree-e2e-conv2d-test`) with the native test module they import.
+//!
+//! Takes upstream's runner flags: `--module=<tests.vmfb> --module=<calls.vmfb>
+//! --device=...` plus `--require_exact_results`, `--acceptable_fp_delta`
+//! and `--max_elements_to_check`. Each exported test function of the last
+//! module runs in a fresh context, reported as `check-module` reports.
+
+use std::sync::Arc;
+
+use ferrite_base::Result;
+use ferrite_modules::check::CheckLog;
+use ferrite_modules::e2e::E2eOptions;
+use ferrite_vm::native::NativeModule;
+use ferrite_vm::Module;
+
+use crate::check_module::{run_tests, ExtraModules, TestRun};
+
+/// Options of the `e2e-*-test` commands (upstream's runner flags).
+#[derive(clap::Args, Debug)]
+pub struct E2eTestArgs {
+    /// A `.vmfb` file to load; repeat (the generated tests module, then the
+    /// calls module whose functions are the tests).
+    #[arg(long = "module", required = true)]
+    pub modules: Vec<String>,
+    /// HAL device to run on: `local-sync` or `local-task` (default).
+    #[arg(long = "device")]
+    pub devices: Vec<String>,
+    /// Worker threads of `local-task` (0 = one per core).
+    #[arg(long = "task_topology_group_count", default_value_t = 0)]
+    pub task_workers: usize,
+    /// Runs only tests whose name contains this text.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Requires floating-point result elements to match exactly.
+    #[arg(long = "require_exact_results", default_value_t = true,
+          num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub require_exact_results: bool,
+    /// Largest absolute difference accepted for inexact floating-point results.
+    #[arg(long = "acceptable_fp_delta", default_value_t = 1e-5)]
+    pub acceptable_fp_delta: f32,
+    /// Checks about this many elements of large results (0 = all).
+    #[arg(long = "max_elements_to_check", default_value_t = 10000)]
+    pub max_elements_to_check: i32,
+}
+
+impl E2eTestArgs {
+    fn options(&self) -> E2eOptions {
+        E2eOptions {
+            require_exact_results: self.require_exact_results,
+            acceptable_fp_delta: self.acceptable_fp_delta,
+            max_elements_to_check: self.max_elements_to_check,
+        }
+    }
+}
+
+/// Runs the tests with the module made by `create` registered.
+pub fn run(args: &E2eTestArgs, create: fn(E2eOptions) -> Result<Arc<NativeModule>>) -> Result<()> {
+    if args.acceptable_fp_delta.is_nan() || args.acceptable_fp_delta < 0.0 {
+        ferrite_base::bail!(
+            InvalidArgument,
+            "--acceptable_fp_delta: expected a tolerance >= 0, received {}",
+            args.acceptable_fp_delta
+        );
+    }
+    let opts = args.options();
+    let extra = || -> Result<ExtraModules> {
+        Ok((vec![create(opts)? as Arc<dyn Module>], CheckLog::new()))
+    };
+    run_tests(&TestRun {
+        modules: &args.modules,
+        devices: &args.devices,
+        task_workers: args.task_workers,
+        filter: args.filter.as_deref(),
+        expect_failure: false,
+        extra: &extra,
+    })
+}
