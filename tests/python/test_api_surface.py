@@ -116,3 +116,31 @@ def test_dtype_infos_as_upstream(upstream):
             bad()
     ml_dtypes = pytest.importorskip("ml_dtypes")
     assert ours.map_dtype_to_hal_element_type(ml_dtypes.bfloat16) == rt.HalElementType.BFLOAT_16
+
+
+def test_system_context_dynamic_static_and_loading_rules(compile_program, upstream):
+    vmfb = str(compile_program("arith"))
+    for lib in (rt, upstream):
+        dynamic = lib.SystemContext()
+        assert dynamic.is_dynamic and "hal" in dynamic.modules
+        module = lib.VmModule.mmap(dynamic.instance, vmfb)
+        dynamic.add_vm_module(module)
+        with pytest.raises(ValueError, match="duplicate VmModule: 'module'"):
+            dynamic.add_vm_module(module)
+        static = lib.SystemContext(vm_modules=[lib.VmModule.mmap(dynamic.instance, vmfb)], config=dynamic.config)
+        assert not static.is_dynamic
+        with pytest.raises(AssertionError):
+            static.add_vm_module(module)
+        with pytest.raises(ValueError, match="Either 'driver' or 'backend'"):
+            lib.load_vm_flatbuffer_file(vmfb)
+        with pytest.raises(ValueError, match="Cannot specify both"):
+            lib.load_vm_flatbuffer_file(vmfb, driver="local-sync", backend="llvm-cpu")
+        assert lib.load_vm_flatbuffer_file(vmfb, backend="llvm-cpu").mul_i32(6, 7) == 42
+        released = []
+        m = lib.load_vm_flatbuffer_file(vmfb, driver="local-sync", destroy_callback=lambda: released.append(1))
+        assert m.mul_i32(2, 3) == 6
+        del m
+        import gc
+
+        gc.collect()
+        assert released == [1]

@@ -126,6 +126,11 @@ class SystemContext:
         return self._vm_context
 
     @property
+    def is_dynamic(self) -> bool:
+        """True when made without `vm_modules` (modules are added later)."""
+        return self._is_dynamic
+
+    @property
     def instance(self) -> VmInstance:
         return self._config.vm_instance
 
@@ -138,7 +143,12 @@ class SystemContext:
         return self._bound
 
     def add_vm_modules(self, vm_modules: Sequence[VmModule]):
+        """Registers more modules (only on a dynamic context); names must be new."""
+        assert self._is_dynamic, "Cannot 'add_module' on a static context"
         vm_modules = list(vm_modules)
+        for m in vm_modules:
+            if m.name in self._bound:
+                raise ValueError(f"Attempt to register duplicate VmModule: '{m.name}'")
         self._vm_context.register_modules(vm_modules)
         for m in vm_modules:
             self._bound[m.name] = BoundModule(self, m)
@@ -159,8 +169,18 @@ def load_vm_module(vm_module, config: Optional[Config] = None):
 
 
 def _config_for(driver, backend):
-    if driver is None and backend is not None:
-        driver = "local-task"
+    """The config for a driver name, or for the driver of a compiler backend."""
+    if driver is None and backend is None:
+        raise ValueError("Either 'driver' or 'backend' must be specified, but got 'None' for both.")
+    if driver is not None and backend is not None:
+        raise ValueError("Cannot specify both 'driver' and a 'backend' to infer the driver from.")
+    if backend is not None:
+        try:
+            driver = TARGET_BACKEND_TO_DRIVER[backend]
+        except KeyError:
+            raise ValueError(
+                f"Unknown backend '{backend}' (known: {', '.join(sorted(TARGET_BACKEND_TO_DRIVER))})"
+            ) from None
     return Config(driver)
 
 
@@ -171,8 +191,11 @@ def load_vm_flatbuffer(vm_flatbuffer: bytes, *, driver: Optional[str] = None, ba
     return load_vm_module(vm_module, config)
 
 
-def load_vm_flatbuffer_file(path: str, *, driver: Optional[str] = None, backend: Optional[str] = None):
-    """Loads a `.vmfb` file (memory-mapped); returns its BoundModule."""
+def load_vm_flatbuffer_file(
+    path: str, *, driver: Optional[str] = None, backend: Optional[str] = None, destroy_callback=None
+):
+    """Loads a `.vmfb` file (memory-mapped); returns its BoundModule.
+    `destroy_callback` runs once the mapping is no longer used."""
     config = _config_for(driver, backend)
-    vm_module = VmModule.mmap(config.vm_instance, os.fspath(path))
+    vm_module = VmModule.mmap(config.vm_instance, os.fspath(path), destroy_callback=destroy_callback)
     return load_vm_module(vm_module, config)
