@@ -534,3 +534,26 @@ fn module_compiled_for_a_device_we_lack() {
     assert_ne!(up.code, Some(0));
     assert!(up.stderr.contains("INCOMPATIBLE"), "{}", up.stderr);
 }
+
+/// `hal.cpu` feature queries answer as upstream's: the host's bits once
+/// the program loaded an executable, zeros in a program that loads none;
+/// an unknown feature name fails the query (the program's default).
+#[test]
+fn cpu_feature_queries() {
+    let with_exec = differential("cpu_features", "features", &[]);
+    let bit = |out: &str, i: usize| out.contains(&format!("result[{i}]: i64=1"));
+    assert_eq!(
+        bit(&with_exec, 0),
+        std::arch::is_x86_feature_detected!("sse3"),
+        "{with_exec}"
+    );
+    assert_eq!(
+        bit(&with_exec, 4),
+        std::arch::is_x86_feature_detected!("avx2"),
+        "{with_exec}"
+    );
+    assert!(with_exec.contains("result[10]: i64=7"), "{with_exec}");
+    let without = differential("cpu_features_noexec", "features", &[]);
+    assert!(!without.contains("i64=1"), "{without}");
+    assert!(without.contains("result[10]: i64=7"), "{without}");
+}

@@ -192,6 +192,9 @@ impl Device for CpuDevice {
             "hal.executable.format" => Some(FORMATS.iter().any(|f| glob(key, f)) as i64),
             "hal.device" if key == "concurrency" => Some(self.worker_count() as i64),
             "hal.dispatch" if key == "concurrency" => Some(self.worker_count() as i64),
+            "hal.cpu" => {
+                crate::cpu_features::lookup_feature(&crate::cpu_features::query_data(), key)
+            }
             _ => None,
         })
     }

@@ -4,11 +4,14 @@
 //!   the container, our own ELF loader, the executable library ABI) and running
 //!   their dispatch functions on host memory.
 //! - [`cpu_executable`]: a loaded library as a HAL executable.
+//! - [`cpu_features`]: the host's CPU feature bits (processor data, and the
+//!   `hal.cpu` device queries).
 //! - [`device`]: the `local-sync` and `local-task` devices.
 //! - [`pool`]: the worker pool of `local-task`.
 #![deny(missing_docs)]
 
 pub mod cpu_executable;
+pub mod cpu_features;
 pub mod device;
 pub mod executable;
 pub mod pool;

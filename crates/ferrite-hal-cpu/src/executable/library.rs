@@ -173,44 +173,14 @@ impl DispatchConfig {
     }
 }
 
-/// The host's processor data in IREE's `cpu_data.h` layout (x86-64 word 0).
+/// The host's processor data in IREE's `cpu_data.h` layout (x86-64 word 0),
+/// from [`crate::cpu_features::host_cpu_data`]; device queries answer from
+/// it from now on ([`crate::cpu_features::mark_loaded`]).
 pub fn host_processor() -> ProcessorV0 {
-    let mut p = ProcessorV0::default();
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut w = 0u64;
-        macro_rules! bit {
-            ($pos:expr, $feat:tt) => {
-                if std::arch::is_x86_feature_detected!($feat) {
-                    w |= 1u64 << $pos;
-                }
-            };
-        }
-        bit!(0, "sse3");
-        bit!(1, "ssse3");
-        bit!(2, "sse4.1");
-        bit!(3, "sse4.2");
-        bit!(4, "sse4a");
-        bit!(10, "avx");
-        bit!(11, "fma");
-        bit!(14, "f16c");
-        bit!(15, "avx2");
-        bit!(20, "avx512f");
-        bit!(21, "avx512cd");
-        bit!(22, "avx512vl");
-        bit!(23, "avx512dq");
-        bit!(24, "avx512bw");
-        bit!(25, "avx512ifma");
-        bit!(26, "avx512vbmi");
-        bit!(27, "avx512vpopcntdq");
-        bit!(28, "avx512vnni");
-        bit!(29, "avx512vbmi2");
-        bit!(30, "avx512bitalg");
-        bit!(31, "avx512bf16");
-        bit!(32, "avx512fp16");
-        p.data[0] = w;
+    crate::cpu_features::mark_loaded();
+    ProcessorV0 {
+        data: crate::cpu_features::host_cpu_data(),
     }
-    p
 }
 
 /// The thunk every import call goes through: calls `fn_ptr` (or fails with -1
