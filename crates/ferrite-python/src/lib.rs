@@ -3,7 +3,8 @@
 //! Thin PyO3 classes over the Rust layers, named and shaped as upstream's
 //! `iree.runtime._binding`; everything that upstream writes in Python
 //! (enums, the system API, function invokers) lives in `python/ferrite`.
-//! Nothing here is process-global: every `VmInstance` owns its type registry.
+//! Every `VmInstance` owns its type registry; the one process-wide state is
+//! the runtime flags of `parse_flags` (see `flags.rs`), as upstream's.
 #![allow(missing_docs)] // Python-facing items are documented in the `.pyi` stub.
 
 use pyo3::prelude::*;
