@@ -13,24 +13,27 @@ from ferrite.runtime import flags
 
 
 def _worker_threads():
-    names = []
+    """Thread ids of the local-task workers alive in this process."""
+    tids = set()
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
+                if f.read().startswith("ferrite-worker"):
+                    tids.add(tid)
         except FileNotFoundError:  # the thread ended meanwhile
             pass
-    return sum(1 for n in names if n.startswith("ferrite-worker"))
+    return tids
 
 
 def _new_workers(before, expected):
-    """Workers started since `before`; threads name themselves once running,
-    so wait (briefly) for the expected count to show."""
+    """Workers started since `before` was taken. Threads name themselves once
+    running, so wait (briefly) for the expected count to show; workers of
+    other devices that end meanwhile do not count."""
     deadline = time.monotonic() + 10
-    while _worker_threads() - before < expected and time.monotonic() < deadline:
+    while len(_worker_threads() - before) < expected and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.05)  # and make sure no more than that appear
-    return _worker_threads() - before
+    return len(_worker_threads() - before)
 
 
 @pytest.fixture
