@@ -1,4 +1,4 @@
-//! `ferrite e2e-matmul-test` / `e2e-conv2d-test` on our own programs
+//! `ferrite e2e-matmul-test` / `e2e-conv2d-test` / `e2e-attention-test` on our own programs
 //! (`tests/e2e_runners/*.mlir`, compiled at test time): correct products
 //! and convolutions pass on both devices; a wrong product fails naming the
 //! first disagreeing element with both values and the matrices around it;
@@ -147,6 +147,30 @@ fn conv2d_checks_pass_and_mismatched_sizes_are_reported() {
         assert!(out.contains("[  FAILED  ] module.f32_wrong_sizes"), "{out}");
         assert!(
             out.contains("actual_result: expected at least 36 elements of f32 (144 bytes), the buffer view has 72 bytes"),
+            "{out}"
+        );
+        assert!(out.contains("1 passed, 1 failed"), "{out}");
+    }
+}
+
+#[test]
+fn attention_results_outside_the_value_range_fail() {
+    let vmfb = compile("attention");
+    for device in ["local-sync", "local-task"] {
+        let (code, out) = ferrite("e2e-attention-test", &vmfb, device, &[]);
+        assert_eq!(code, 1, "{device}:\n{out}");
+        assert!(
+            out.contains("[       OK ] module.mean_is_within_range"),
+            "{out}"
+        );
+        assert!(
+            out.contains("[  FAILED  ] module.out_of_range_fails"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "attention result at batch 0, row 0, column 0 is 96.6, outside the range [-8, -1]"
+            ),
             "{out}"
         );
         assert!(out.contains("1 passed, 1 failed"), "{out}");
