@@ -6,14 +6,20 @@
 //! --device=...` plus `--require_exact_results`, `--acceptable_fp_delta`
 //! and `--max_elements_to_check`. Each exported test function of the last
 //! module runs in a fresh context, reported as `check-module` reports.
+//!
+//! As upstream's runners, a last module whose reflection attribute
+//! `target_features` (the generators' `--requirements`) names a CPU feature
+//! this host lacks is not run: the command says which feature and succeeds.
 
 use std::sync::Arc;
 
-use ferrite_base::Result;
+use ferrite_base::status::ResultExt;
+use ferrite_base::{bail, Result};
+use ferrite_hal_cpu::cpu_features::{host_cpu_data, lookup_feature};
 use ferrite_modules::check::CheckLog;
 use ferrite_modules::e2e::E2eOptions;
 use ferrite_vm::native::NativeModule;
-use ferrite_vm::Module;
+use ferrite_vm::{BytecodeModule, Instance, Module, ModuleBytes};
 
 use crate::check_module::{run_tests, ExtraModules, TestRun};
 
@@ -58,11 +64,17 @@ impl E2eTestArgs {
 /// Runs the tests with the module made by `create` registered.
 pub fn run(args: &E2eTestArgs, create: fn(E2eOptions) -> Result<Arc<NativeModule>>) -> Result<()> {
     if args.acceptable_fp_delta.is_nan() || args.acceptable_fp_delta < 0.0 {
-        ferrite_base::bail!(
+        bail!(
             InvalidArgument,
             "--acceptable_fp_delta: expected a tolerance >= 0, received {}",
             args.acceptable_fp_delta
         );
+    }
+    if let Some(path) = args.modules.last() {
+        if let Some(missing) = missing_feature(path)? {
+            println!("{missing}; not running the tests of '{path}'");
+            return Ok(());
+        }
     }
     let opts = args.options();
     let extra = || -> Result<ExtraModules> {
@@ -76,4 +88,41 @@ pub fn run(args: &E2eTestArgs, create: fn(E2eOptions) -> Result<Arc<NativeModule
         expect_failure: false,
         extra: &extra,
     })
+}
+
+/// The first CPU feature the module at `path` requires (its
+/// `target_features` attribute) that this host lacks, as a message.
+fn missing_feature(path: &str) -> Result<Option<String>> {
+    let instance = Instance::default();
+    ferrite_hal::module::register_types(instance.types());
+    let bytes =
+        ModuleBytes::map_file(path).annotate(|| format!("loading bytecode module at '{path}'"))?;
+    let module = BytecodeModule::load(&instance, bytes)
+        .annotate(|| format!("loading bytecode module at '{path}'"))?;
+    let Some((_, features)) = module
+        .archive()
+        .attrs()
+        .iter()
+        .find(|(k, _)| k == "target_features")
+    else {
+        return Ok(None);
+    };
+    let data = host_cpu_data();
+    for feature in features.split(',').filter(|f| !f.is_empty()) {
+        match lookup_feature(&data, feature) {
+            Some(1) => {}
+            Some(_) => {
+                return Ok(Some(format!(
+                    "target device does not have the required feature '{feature}'"
+                )))
+            }
+            None => {
+                return Ok(Some(format!(
+                    "CPU feature '{feature}' unknown on {}",
+                    std::env::consts::ARCH
+                )))
+            }
+        }
+    }
+    Ok(None)
 }

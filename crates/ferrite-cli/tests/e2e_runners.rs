@@ -176,3 +176,18 @@ fn attention_results_outside_the_value_range_fail() {
         assert!(out.contains("1 passed, 1 failed"), "{out}");
     }
 }
+
+#[test]
+fn modules_requiring_missing_cpu_features_are_not_run() {
+    let vmfb = compile("requirements");
+    let (code, out) = ferrite("e2e-matmul-test", &vmfb, "local-sync", &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!(
+            "CPU feature 'not-a-feature' unknown on {}; not running the tests",
+            std::env::consts::ARCH
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("would_fail"), "{out}");
+}
