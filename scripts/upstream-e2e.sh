@@ -301,6 +301,14 @@ for suite in "${suites[@]}"; do
       echo "  SKIPPED   $name (generator failed: see $tdir/gen.log)"
       continue
     fi
+    # The generators at the mirror's HEAD write iree_linalg_ext.attention's
+    # indexing maps as an attribute dictionary; the pinned compiler parses
+    # them only as properties (`<{...}>`). Same op, older syntax.
+    if grep -q 'iree_linalg_ext\.attention {' "$tdir/$ttype.mlir"; then
+      perl -0pi -e 's/iree_linalg_ext\.attention \{(\s*indexing_maps = \[.*?\])\s*\}(\s*ins\()/iree_linalg_ext.attention <{$1}>$2/gs' \
+        "$tdir/$ttype.mlir"
+      echo "  note: $name: attention indexing maps rewritten as properties <{...}> for the pinned compiler"
+    fi
     read -r -a cf <<<"$cflags"
     compile_one "$name/$ttype" "$tdir/$ttype.mlir" "$tdir/$ttype.vmfb" "${cf[@]}" &
     compile_one "$name/calls" "$tdir/calls.mlir" "$tdir/calls.vmfb" "${cf[@]}"
