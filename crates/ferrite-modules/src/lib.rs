@@ -3,9 +3,9 @@
 //! - [`check`]: the `check` module (`check.expect_true`, `check.expect_eq`,
 //!   `check.expect_almost_eq`, ...) that self-checking test programs call;
 //!   `ferrite check-module` registers it and reports each failure.
-//! - [`e2e`]: the `matmul_test` and `conv2d_test` modules of upstream's
-//!   generated e2e suites (random inputs, host reference checks); run by
-//!   `ferrite e2e-matmul-test` / `ferrite e2e-conv2d-test`.
+//! - [`e2e`]: the `matmul_test`, `conv2d_test` and `attention_test` modules
+//!   of upstream's generated e2e suites (random inputs, host reference
+//!   checks); run by `ferrite e2e-{matmul,conv2d,attention}-test`.
 //! - [`io_parameters`]: the `io_parameters` module serving parameters from
 //!   `.irpa`, `.gguf` and `.safetensors` files (`--parameters=scope=file`).
 

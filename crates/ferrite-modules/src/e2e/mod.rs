@@ -1,9 +1,9 @@
 //! Native test modules for upstream's generated e2e suites (matmul,
-//! conv2d): they give programs pseudo-random inputs and check results
-//! against a reference computation done on the host.
+//! conv2d, attention): they give programs pseudo-random inputs and check
+//! results against a reference computation done on the host.
 //!
 //! The generated "calls" programs import a module (`matmul_test`,
-//! `conv2d_test`) whose functions make input buffer views from a seed and
+//! `conv2d_test`, `attention_test`) whose functions make input buffer views from a seed and
 //! compare an actual result with a reference one. This part holds what the
 //! modules share: the seeded generator (values match upstream's runners for
 //! the same seed), reading buffers back from a device, and the rules for
