@@ -1,6 +1,7 @@
 //! Reading Python objects that export the buffer protocol (numpy arrays,
 //! `bytes`, `memoryview`), and exporting Ferrite memory through it.
 
+use ferrite_hal::element_type::{ElementType, NumericalType};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -42,6 +43,47 @@ impl HostBuffer {
             .iter()
             .map(|&d| d as u64)
             .collect()
+    }
+
+    /// The element type the struct-module format names (`f`, `<i`, `Zd`,
+    /// `?`), numpy's signed integers as `SINT_*`; `None` for formats with no
+    /// plain mapping (the caller may ask the exporter, e.g. a numpy dtype);
+    /// ValueError for data in non-native byte order.
+    pub fn element_type(&self) -> PyResult<Option<ElementType>> {
+        let v = &*self.view;
+        if v.format.is_null() {
+            return Ok(Some(ElementType::UINT_8));
+        }
+        // SAFETY: a non-null `format` is a NUL-terminated string owned by the
+        // exporter until the view is released.
+        let format = unsafe { std::ffi::CStr::from_ptr(v.format) }.to_bytes();
+        let format = match format.split_first() {
+            Some((b'@' | b'=', rest)) => rest,
+            Some((b'<', rest)) if cfg!(target_endian = "little") => rest,
+            Some((b'>' | b'!', rest)) if cfg!(target_endian = "little") => {
+                let _ = rest;
+                return Err(PyValueError::new_err(
+                    "arrays in non-native byte order are not supported",
+                ));
+            }
+            _ => format,
+        };
+        let bits = u8::try_from(v.itemsize * 8).unwrap_or(0);
+        Ok(match format {
+            b"?" => Some(ElementType::BOOL_8),
+            b"e" => Some(ElementType::FLOAT_16),
+            b"f" => Some(ElementType::FLOAT_32),
+            b"d" => Some(ElementType::FLOAT_64),
+            b"Zf" => Some(ElementType::COMPLEX_FLOAT_64),
+            b"Zd" => Some(ElementType::COMPLEX_FLOAT_128),
+            [c] if b"bhilq".contains(c) => {
+                Some(ElementType::new(NumericalType::INTEGER_SIGNED, bits))
+            }
+            [c] if b"BHILQ".contains(c) => {
+                Some(ElementType::new(NumericalType::INTEGER_UNSIGNED, bits))
+            }
+            _ => None,
+        })
     }
 
     /// True when the elements are laid out densely in C order.

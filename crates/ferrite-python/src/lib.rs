@@ -9,9 +9,11 @@
 
 use pyo3::prelude::*;
 
+mod declaration;
 mod flags;
 mod hal;
 mod host_buffer;
+mod invoke;
 mod pymodule;
 mod status;
 mod tiktoken;
@@ -23,6 +25,7 @@ mod vm;
 fn _ferrite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     vm::register(m)?;
     hal::register(m)?;
+    invoke::register(m)?;
     flags::register(m)?;
     pymodule::register(m)?;
     tokenizer::register(m)?;

@@ -237,7 +237,7 @@ impl PyVmFunction {
         }
     }
 
-    fn export(&self) -> &ferrite_vm::module::ExportInfo {
+    pub(crate) fn export(&self) -> &ferrite_vm::module::ExportInfo {
         &self.module.exports()[self.ordinal as usize]
     }
 }
@@ -288,7 +288,7 @@ static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// A context: modules linked together, with per-context state.
 #[pyclass(name = "VmContext", module = "ferrite._ferrite", frozen)]
 pub struct PyVmContext {
-    context: RwLock<Context>,
+    pub(crate) context: RwLock<Context>,
     id: u64,
 }
 
@@ -378,7 +378,7 @@ impl PyVmContext {
 
 /// Converts a list variant to what the calling convention expects (lists
 /// built from Python hold i64/f64; functions may take i32/f32).
-fn coerce(v: Variant, ty: &CconvType, index: usize) -> ferrite_base::Result<Variant> {
+pub(crate) fn coerce(v: Variant, ty: &CconvType, index: usize) -> ferrite_base::Result<Variant> {
     Ok(match (v, ty) {
         (Variant::I64(x), CconvType::I32) => Variant::I32(x as i32),
         (Variant::I32(x), CconvType::I64) => Variant::I64(x as i64),
@@ -589,7 +589,7 @@ pub fn ref_of(obj: &Bound<'_, PyAny>) -> PyResult<Ref> {
 }
 
 /// The natural Python object for a ref.
-fn object_of(py: Python<'_>, r: Ref) -> PyResult<PyObject> {
+pub(crate) fn object_of(py: Python<'_>, r: Ref) -> PyResult<PyObject> {
     if let Some(list) = r.downcast_arc::<VmList>() {
         return Ok(Py::new(py, PyVmVariantList { list })?.into_any());
     }

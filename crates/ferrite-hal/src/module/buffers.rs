@@ -302,7 +302,7 @@ fn shape_text(shape: &[u64], et: ElementType) -> String {
 /// Whether a view of `actual` satisfies an `expected` element type: opaque
 /// data matches anything, and integers of one width match regardless of
 /// signedness (a signless `i32` accepts `si32` and `ui32`), as upstream.
-fn element_types_compatible(actual: ElementType, expected: ElementType) -> bool {
+pub fn element_types_compatible(actual: ElementType, expected: ElementType) -> bool {
     let numerical = |t: ElementType| (t.0 >> 24) as u8;
     let is_integer = |t: ElementType| numerical(t) & 0xF0 == 0x10;
     actual == expected

@@ -14,6 +14,10 @@ mod commands;
 mod fences;
 mod queues;
 
+/// The element-type rule `hal.buffer_view.assert` applies, for hosts that
+/// check arguments before a call (the Python function invoker).
+pub use buffers::element_types_compatible;
+
 use crate::buffer_view::BufferView;
 use crate::device::DeviceRef;
 use ferrite_base::Result;
