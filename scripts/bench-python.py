@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Python call overhead: ferrite.runtime vs iree.runtime, one run, interleaved.
 
-Calls a 4xf32 add through the system API (`load_vm_flatbuffer_file`, i.e. a
-SystemContext, then the bound module's FunctionInvoker) with numpy inputs, on
-local-sync and local-task, alternating the two runtimes each round; prints the
-median time per call and the ratio ferrite / upstream (lower is better).
+Calls a 4xf32 add with numpy inputs two ways, on local-sync and local-task,
+alternating the two runtimes each round: through a SystemContext (the module
+attribute looked up on every call, `ctx.modules.module.add(a, b)`) and through
+a FunctionInvoker made once (`FunctionInvoker(ctx.vm_context, device, f)`).
+Prints the median time per call and the ratio ferrite / upstream (lower is
+better).
 
 Usage: .venv/bin/python scripts/bench-python.py [--rounds N] [--calls N]
 """
@@ -47,6 +49,16 @@ def per_call(fn, a, b, calls):
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def per_call_system(modules, a, b, calls):
+    """As `per_call`, with the lookup a caller writes inline on every call."""
+    for _ in range(100):
+        modules.module.add(a, b)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        modules.module.add(a, b)
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -58,21 +70,28 @@ def main():
     a = np.arange(4, dtype=np.float32)
     b = np.ones(4, dtype=np.float32)
     for driver in ("local-sync", "local-task"):
-        mods = {name: rt.load_vm_flatbuffer_file(vmfb, driver=driver) for name, rt in (("ferrite", fe), ("upstream", up))}
-        for name, m in mods.items():
-            got = np.asarray(m.add(a, b).to_host())
-            if not np.array_equal(got, a + b):
-                sys.exit(f"{name} on {driver} computed {got}")
-        for path in ("FunctionInvoker",):
+        paths = {}
+        for name, rt in (("ferrite", fe), ("upstream", up)):
+            config = rt.Config(driver)
+            ctx = rt.SystemContext(vm_modules=[rt.VmModule.mmap(config.vm_instance, vmfb)], config=config)
+            module = ctx.modules.module
+            invoker = rt.FunctionInvoker(ctx.vm_context, config.device, module.vm_module.lookup_function("add"))
+            paths.setdefault("SystemContext", {})[name] = ctx.modules
+            paths.setdefault("FunctionInvoker", {})[name] = invoker
+        for path, fns in paths.items():
+            measure = per_call_system if path == "SystemContext" else per_call
+            for name, fn in fns.items():
+                got = np.asarray((fn.module.add if path == "SystemContext" else fn)(a, b).to_host())
+                if not np.array_equal(got, a + b):
+                    sys.exit(f"{name} {path} on {driver} computed {got}")
             times = {"ferrite": [], "upstream": []}
             for r in range(args.rounds):
-                for name, m in mods.items():
-                    times[name].append(per_call(m.add, a, b, args.calls))
+                for name, fn in fns.items():
+                    times[name].append(measure(fn, a, b, args.calls))
                 print(f"  {driver} {path} round {r + 1}/{args.rounds}: ferrite {times['ferrite'][-1]:.2f} us, "
                       f"upstream {times['upstream'][-1]:.2f} us", flush=True)
             f, u = statistics.median(times["ferrite"]), statistics.median(times["upstream"])
             print(f"{driver} {path}: ferrite {f:.2f} us/call, upstream {u:.2f} us/call, ratio: {f / u:.2f}")
-
 
 if __name__ == "__main__":
     main()
