@@ -91,7 +91,9 @@ def main():
                 print(f"  {driver} {path} round {r + 1}/{args.rounds}: ferrite {times['ferrite'][-1]:.2f} us, "
                       f"upstream {times['upstream'][-1]:.2f} us", flush=True)
             f, u = statistics.median(times["ferrite"]), statistics.median(times["upstream"])
-            print(f"{driver} {path}: ferrite {f:.2f} us/call, upstream {u:.2f} us/call, ratio: {f / u:.2f}")
+            fb, ub = min(times["ferrite"]), min(times["upstream"])
+            print(f"{driver} {path}: ferrite {f:.2f} us/call, upstream {u:.2f} us/call, ratio: {f / u:.2f} "
+                  f"(best rounds: {fb:.2f} vs {ub:.2f} us, ratio {fb / ub:.2f})")
 
 if __name__ == "__main__":
     main()
