@@ -1,16 +1,21 @@
 //! HAL objects: drivers, devices, allocators, buffers, buffer views and
 //! mapped memory; `create_hal_module`.
 
+use crate::command_buffer::PyHalCommandBuffer;
+use crate::debug_sink::PyHalModuleDebugSink;
+use crate::fence::{fence_of, PyHalFence};
 use crate::host_buffer::{fill_byte_view, HostBuffer};
+use crate::semaphore::PyHalSemaphore;
 use crate::status::PyContext;
 use crate::vm::{int_of, PyVmInstance, PyVmModule, PyVmRef};
 use ferrite_hal::allocator::{Allocator, BufferParams};
 use ferrite_hal::buffer::{BindingPtr, Buffer, WHOLE_BUFFER};
 use ferrite_hal::buffer_view::BufferView;
-use ferrite_hal::device::DeviceRef;
+use ferrite_hal::device::{queue, DeviceRef};
 use ferrite_hal::element_type::{ElementType, EncodingType};
 use ferrite_hal::memory::{BufferUsage, MemoryAccess, MemoryType};
 use ferrite_hal::module::HalModuleOptions;
+use ferrite_hal::semaphore::Semaphore;
 use ferrite_hal_cpu::CpuDevice;
 use ferrite_vm::Ref;
 use pyo3::exceptions::PyValueError;
@@ -26,6 +31,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyHalBuffer>()?;
     m.add_class::<PyHalBufferView>()?;
     m.add_class::<PyMappedMemory>()?;
+    m.add_class::<PyHalSemaphore>()?;
+    m.add_class::<PyHalFence>()?;
+    m.add_class::<PyHalCommandBuffer>()?;
+    m.add_class::<PyHalModuleDebugSink>()?;
     m.add_function(wrap_pyfunction!(create_hal_module, m)?)?;
     m.add_function(wrap_pyfunction!(element_type_is_byte_aligned, m)?)?;
     m.add_function(wrap_pyfunction!(element_type_dense_byte_count, m)?)?;
@@ -177,6 +186,114 @@ impl PyHalDevice {
         }
     }
 
+    fn create_semaphore(&self, initial_value: u64) -> PyHalSemaphore {
+        PyHalSemaphore {
+            semaphore: Semaphore::new(initial_value),
+        }
+    }
+
+    /// A device-local buffer usable once `signal_semaphores` is reached.
+    fn queue_alloca(
+        &self,
+        py: Python<'_>,
+        allocation_size: u64,
+        wait_semaphores: &Bound<'_, PyAny>,
+        signal_semaphores: &Bound<'_, PyAny>,
+    ) -> PyResult<PyHalBuffer> {
+        let wait = fence_of(wait_semaphores, "wait_semaphores")?;
+        let signal = fence_of(signal_semaphores, "signal_semaphores")?;
+        let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::empty());
+        let device = &self.device.0;
+        let buffer = py
+            .allow_threads(|| queue::alloca(device, &wait, &signal, &params, allocation_size))
+            .py_context("allocating memory on queue")?;
+        Ok(PyHalBuffer {
+            buffer: Arc::new(buffer),
+        })
+    }
+
+    fn queue_dealloca(
+        &self,
+        py: Python<'_>,
+        buffer: &PyHalBuffer,
+        wait_semaphores: &Bound<'_, PyAny>,
+        signal_semaphores: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let wait = fence_of(wait_semaphores, "wait_semaphores")?;
+        let signal = fence_of(signal_semaphores, "signal_semaphores")?;
+        let buffer = (*buffer.buffer).clone();
+        let device = &self.device.0;
+        py.allow_threads(|| queue::dealloca(device, &wait, &signal, buffer))
+            .py_context("deallocating memory on queue")
+    }
+
+    /// Runs an ended command buffer once the wait list is reached.
+    fn queue_execute(
+        &self,
+        py: Python<'_>,
+        command_buffers: &PyHalCommandBuffer,
+        wait_semaphores: &Bound<'_, PyAny>,
+        signal_semaphores: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let wait = fence_of(wait_semaphores, "wait_semaphores")?;
+        let signal = fence_of(signal_semaphores, "signal_semaphores")?;
+        let cb = command_buffers.command_buffer.clone();
+        if cb.commands().is_err() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "executing command buffers: FAILED_PRECONDITION; command buffer recording has not \
+                 been ended and it is still in a recording state",
+            ));
+        }
+        let device = &self.device.0;
+        py.allow_threads(|| queue::execute(device, &wait, &signal, Some(&cb), Vec::new()))
+            .py_context("executing command buffers")
+    }
+
+    /// Copies the whole source buffer to the start of the target.
+    fn queue_copy(
+        &self,
+        py: Python<'_>,
+        source_buffer: &PyHalBuffer,
+        target_buffer: &PyHalBuffer,
+        wait_semaphores: &Bound<'_, PyAny>,
+        signal_semaphores: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let wait = fence_of(wait_semaphores, "wait_semaphores")?;
+        let signal = fence_of(signal_semaphores, "signal_semaphores")?;
+        let length = source_buffer.buffer.byte_length();
+        if length > target_buffer.buffer.byte_length() {
+            return Err(PyValueError::new_err(
+                "Source and buffer length must be less than the target buffer length and it \
+                 does not. Please check allocations",
+            ));
+        }
+        let (source, target) = (
+            (*source_buffer.buffer).clone(),
+            (*target_buffer.buffer).clone(),
+        );
+        let device = &self.device.0;
+        py.allow_threads(|| queue::copy(device, &wait, &signal, source, 0, target, 0, length))
+            .py_context("Copying buffer on queue")
+    }
+
+    /// Starts a profiling capture. CPU devices record nothing (as
+    /// upstream's local devices without a profile sink); a `mode` needs a
+    /// sink, which the bindings do not expose (upstream's message).
+    #[pyo3(signature = (mode = None))]
+    fn begin_profiling(&self, mode: Option<&str>) -> PyResult<()> {
+        if mode.is_some() {
+            return Err(PyValueError::new_err(
+                "Python HAL native profiling requires a profile sink and is not exposed by the \
+                 runtime bindings",
+            ));
+        }
+        Ok(())
+    }
+
+    fn flush_profiling(&self) {}
+
+    fn end_profiling(&self) {}
+
     fn __repr__(&self) -> String {
         self.device.0.id().to_string()
     }
@@ -257,6 +374,64 @@ impl PyHalAllocator {
                 .into_any())
             }
         }
+    }
+
+    /// A transfer buffer holding a copy of `initial_contents` (a
+    /// C-contiguous buffer-protocol object).
+    fn allocate_host_staging_buffer_copy(
+        &self,
+        device: &Bound<'_, PyAny>,
+        initial_contents: &Bound<'_, PyAny>,
+    ) -> PyResult<PyHalBuffer> {
+        let _ = device;
+        let host = HostBuffer::get(initial_contents)?;
+        let bytes = host.contiguous_bytes()?;
+        let p = BufferParams::new(
+            MemoryType::OPTIMAL | MemoryType::DEVICE_LOCAL,
+            BufferUsage::TRANSFER,
+        );
+        let buffer = self
+            .allocator
+            .allocate(&p, bytes.len() as u64)
+            .py_context("Failed to allocate device visible buffer")?;
+        buffer
+            .write(0, bytes)
+            .py_context("Failed to allocate device visible buffer")?;
+        Ok(PyHalBuffer {
+            buffer: Arc::new(buffer),
+        })
+    }
+
+    /// The `BufferCompatibility` bits of buffers of these parameters, used
+    /// as `intended_usage` (restricted to `allowed_usage`).
+    fn query_buffer_compatibility(
+        &self,
+        memory_type: &Bound<'_, PyAny>,
+        allowed_usage: &Bound<'_, PyAny>,
+        intended_usage: &Bound<'_, PyAny>,
+        allocation_size: u64,
+    ) -> PyResult<u32> {
+        let mt = MemoryType::from_bits_truncate(int_of::<u32>(memory_type)?);
+        let usage = int_of::<u32>(allowed_usage)? & int_of::<u32>(intended_usage)?;
+        let p = BufferParams::new(mt, BufferUsage::from_bits_truncate(usage));
+        Ok(self
+            .allocator
+            .query_compatibility(&p, allocation_size)
+            .0
+            .bits())
+    }
+
+    #[getter]
+    fn statistics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let s = self.allocator.statistics();
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("host_bytes_peak", s.host_bytes_peak)?;
+        d.set_item("host_bytes_allocated", s.host_bytes_allocated)?;
+        d.set_item("host_bytes_freed", s.host_bytes_freed)?;
+        d.set_item("device_bytes_peak", s.device_bytes_peak)?;
+        d.set_item("device_bytes_allocated", s.device_bytes_allocated)?;
+        d.set_item("device_bytes_freed", s.device_bytes_freed)?;
+        Ok(d)
     }
 
     #[getter]
@@ -486,9 +661,8 @@ fn create_hal_module(
     instance: &PyVmInstance,
     device: Option<PyRef<'_, PyHalDevice>>,
     devices: Option<Vec<PyRef<'_, PyHalDevice>>>,
-    debug_sink: Option<PyObject>,
+    debug_sink: Option<Py<PyHalModuleDebugSink>>,
 ) -> PyResult<PyVmModule> {
-    let _ = debug_sink;
     let list: Vec<DeviceRef> = match (device, devices) {
         (Some(_), Some(_)) => {
             return Err(PyValueError::new_err(
@@ -504,7 +678,11 @@ fn create_hal_module(
         }
     };
     ferrite_hal::module::register_types(instance.instance.types());
-    let module = ferrite_hal::module::create_hal_module(list, HalModuleOptions::default())
+    let options = HalModuleOptions {
+        trace_sink: debug_sink.map(PyHalModuleDebugSink::trace_sink),
+        ..HalModuleOptions::default()
+    };
+    let module = ferrite_hal::module::create_hal_module(list, options)
         .py_context("Error creating hal module")?;
     Ok(PyVmModule::new(module))
 }
@@ -517,4 +695,42 @@ fn element_type_is_byte_aligned(value: u32) -> bool {
 #[pyfunction]
 fn element_type_dense_byte_count(value: u32) -> usize {
     ElementType(value).element_byte_count()
+}
+
+/// The Python object for a semaphore, fence or command buffer ref.
+pub fn sync_object_of(py: Python<'_>, r: &Ref) -> PyResult<Option<PyObject>> {
+    if let Some(semaphore) = r.downcast_arc::<Semaphore>() {
+        return Ok(Some(Py::new(py, PyHalSemaphore { semaphore })?.into_any()));
+    }
+    if let Some(fence) = r.downcast_arc::<ferrite_hal::fence::Fence>() {
+        return Ok(Some(Py::new(py, PyHalFence { fence })?.into_any()));
+    }
+    if let Some(cb) = r.downcast_arc::<ferrite_hal::command_buffer::CommandBuffer>() {
+        return Ok(Some(Py::new(py, PyHalCommandBuffer::wrap(cb))?.into_any()));
+    }
+    Ok(None)
+}
+
+/// True when `clazz` is the Python class of `r`'s semaphore, fence or
+/// command buffer.
+pub fn sync_class_matches(py: Python<'_>, r: &Ref, clazz: &Bound<'_, pyo3::types::PyType>) -> bool {
+    (clazz.is(py.get_type::<PyHalSemaphore>()) && r.is::<Semaphore>())
+        || (clazz.is(py.get_type::<PyHalFence>()) && r.is::<ferrite_hal::fence::Fence>())
+        || (clazz.is(py.get_type::<PyHalCommandBuffer>())
+            && r.is::<ferrite_hal::command_buffer::CommandBuffer>())
+}
+
+/// The object address of a semaphore, fence or command buffer ref (0 for
+/// other types).
+pub fn sync_ref_address(r: &Ref) -> usize {
+    if let Some(s) = r.downcast::<Semaphore>() {
+        return s as *const _ as usize;
+    }
+    if let Some(f) = r.downcast::<ferrite_hal::fence::Fence>() {
+        return f as *const _ as usize;
+    }
+    if let Some(c) = r.downcast::<ferrite_hal::command_buffer::CommandBuffer>() {
+        return c as *const _ as usize;
+    }
+    0
 }

@@ -9,12 +9,16 @@
 
 use pyo3::prelude::*;
 
+mod command_buffer;
+mod debug_sink;
 mod declaration;
+mod fence;
 mod flags;
 mod hal;
 mod host_buffer;
 mod invoke;
 mod pymodule;
+mod semaphore;
 mod status;
 mod tiktoken;
 mod tokenizer;

@@ -602,6 +602,9 @@ pub(crate) fn object_of(py: Python<'_>, r: Ref) -> PyResult<PyObject> {
     if let Some(b) = r.downcast_arc::<ferrite_hal::buffer::Buffer>() {
         return Ok(Py::new(py, PyHalBuffer { buffer: b })?.into_any());
     }
+    if let Some(o) = crate::hal::sync_object_of(py, &r)? {
+        return Ok(o);
+    }
     Ok(Py::new(py, PyVmRef(r))?.into_any())
 }
 
@@ -611,7 +614,8 @@ fn deref_as(py: Python<'_>, r: &Ref, clazz: &Bound<'_, PyType>) -> PyResult<Opti
     let ok = (is(py.get_type::<PyVmVariantList>()) && r.is::<VmList>())
         || (is(py.get_type::<PyVmBuffer>()) && r.is::<VmBuffer>())
         || (is(py.get_type::<PyHalBufferView>()) && r.is::<ferrite_hal::buffer_view::BufferView>())
-        || (is(py.get_type::<PyHalBuffer>()) && r.is::<ferrite_hal::buffer::Buffer>());
+        || (is(py.get_type::<PyHalBuffer>()) && r.is::<ferrite_hal::buffer::Buffer>())
+        || crate::hal::sync_class_matches(py, r, clazz);
     if ok {
         return object_of(py, r.clone()).map(Some);
     }
@@ -688,7 +692,7 @@ fn ref_address(r: &Ref) -> usize {
     if let Some(b) = r.downcast::<ferrite_hal::buffer::Buffer>() {
         return b as *const _ as usize;
     }
-    0
+    crate::hal::sync_ref_address(r)
 }
 
 /// A `!vm.buffer`, exposing its bytes through the buffer protocol.
