@@ -8,14 +8,10 @@ import ferrite.runtime as rt
 from ferrite.runtime import _binding, system_setup
 
 # Names of iree.runtime 3.13 not offered yet (semaphores/fences/command
-# buffers/external timepoints/debug sinks, and the parameter I/O API).
+# buffers/external timepoints/debug sinks).
 NOT_YET = {
     "ExternalTimepointFlags", "ExternalTimepointType", "HalCommandBuffer", "HalDeviceLoopBridge",
     "HalExternalTimepoint", "HalFence", "HalModuleDebugSink", "HalSemaphore", "SemaphoreCompatibility",
-    "FileHandle", "ParameterIndex", "ParameterIndexEntry", "ParameterProvider", "SplatValue",
-    "create_io_parameters_module", "io", "parameter_index_add_numpy_ndarray",
-    "parameter_index_entry_as_numpy_flat_ndarray", "parameter_index_entry_as_numpy_ndarray",
-    "save_archive_file",
 }
 
 

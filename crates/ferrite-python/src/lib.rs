@@ -17,6 +17,7 @@ mod flags;
 mod hal;
 mod host_buffer;
 mod invoke;
+mod io;
 mod pymodule;
 mod semaphore;
 mod status;
@@ -34,6 +35,7 @@ fn _ferrite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pymodule::register(m)?;
     tokenizer::register(m)?;
     tools::register(m)?;
+    io::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -42,6 +42,17 @@ from ._binding import (
     TokenizerDecodeStream,
 )
 
+# Parameter I/O
+from ._binding import (
+    FileHandle,
+    ParameterIndex,
+    ParameterIndexEntry,
+    ParameterProvider,
+    create_io_parameters_module,
+)
+from .io import *
+from . import io
+
 from .typing import HalModuleBufferViewTraceCallback
 
 from .array_interop import *

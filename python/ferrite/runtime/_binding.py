@@ -32,6 +32,13 @@ from .._ferrite import (
     create_hal_module,
     parse_flags,
 )
+from .._ferrite import (
+    FileHandle,
+    ParameterIndex,
+    ParameterIndexEntry,
+    ParameterProvider,
+    create_io_parameters_module,
+)
 
 
 class _IntValued(_enum.Enum):

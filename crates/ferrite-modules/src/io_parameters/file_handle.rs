@@ -51,9 +51,14 @@ impl FileHandle {
         let path = path.as_ref();
         let file = File::open(path)
             .map_err(|e| status!(NotFound, "opening parameter file '{}': {e}", path.display()))?;
+        FileHandle::map(&file, &path.display().to_string())
+    }
+
+    /// Maps an open file read-only; `name` says what it is in messages.
+    pub fn map(file: &File, name: &str) -> Result<FileHandle> {
         let len = file
             .metadata()
-            .map_err(|e| status!(Unavailable, "reading '{}' metadata: {e}", path.display()))?
+            .map_err(|e| status!(Unavailable, "reading '{name}' metadata: {e}"))?
             .len();
         let map = if len == 0 {
             None
@@ -62,13 +67,13 @@ impl FileHandle {
             // every runtime that maps weights, we rely on the file not being
             // truncated or rewritten by another process while it is mapped
             // (the same contract upstream's mmap-backed file handles have).
-            let map = unsafe { memmap2::Mmap::map(&file) }
-                .map_err(|e| status!(Unavailable, "mapping '{}': {e}", path.display()))?;
+            let map = unsafe { memmap2::Mmap::map(file) }
+                .map_err(|e| status!(Unavailable, "mapping '{name}': {e}"))?;
             Some(map)
         };
         Ok(FileHandle {
             contents: Arc::new(Contents::ReadOnly(Arc::new(MappedFile(map)))),
-            name: path.display().to_string().into(),
+            name: name.into(),
         })
     }
 

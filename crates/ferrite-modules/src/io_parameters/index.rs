@@ -129,6 +129,11 @@ impl ParameterIndex {
         })
     }
 
+    /// Reserves room for `additional` more entries.
+    pub fn reserve(&mut self, additional: usize) {
+        self.entries.reserve(additional);
+    }
+
     /// Number of entries.
     pub fn len(&self) -> usize {
         self.entries.len()
