@@ -291,8 +291,9 @@ impl PyParameterIndexEntry {
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(match &self.entry.storage {
+            // Upstream's file-entry repr has no closing '>'; kept identical.
             Storage::File { handle, offset } => format!(
-                "<ParameterIndexEntry '{}' {}:{offset}:{}>",
+                "<ParameterIndexEntry '{}' {}:{offset}:{}",
                 self.entry.key,
                 PyFileHandle::of(handle.clone()).__repr__(),
                 self.entry.length
