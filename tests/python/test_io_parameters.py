@@ -195,3 +195,14 @@ def test_errors_match_upstream(tmp_path, upstream):
         rt.ParameterIndex().load(str(bad))
     with pytest.raises(ValueError, match="writable=True"):
         rt.FileHandle.wrap_memory(bytearray(8), writable=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.uint16, np.bool_, np.complex64, np.float16])
+def test_numpy_metadata_matches_upstream(upstream, dtype):
+    array = np.ones((2, 3), dtype=dtype)
+    ours, theirs = rt.ParameterIndex(), upstream.ParameterIndex()
+    rt.parameter_index_add_numpy_ndarray(ours, "t", array)
+    upstream.parameter_index_add_numpy_ndarray(theirs, "t", array)
+    assert ours[0].metadata == theirs[0].metadata
+    back = rt.parameter_index_entry_as_numpy_ndarray(ours[0])
+    assert back.dtype == array.dtype and np.array_equal(back, array)

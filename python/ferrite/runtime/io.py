@@ -16,6 +16,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from ._binding import ParameterIndex, ParameterIndexEntry
+from .dtypes import map_dtype_to_dtype_info, map_name_to_dtype_info
 
 __all__ = [
     "parameter_index_add_numpy_ndarray",
@@ -69,26 +70,18 @@ def save_archive_file(entries: "dict[str, Union[Any, SplatValue]]", file_path: P
     index.create_archive_file(str(file_path))
 
 
-def _dtype_of_name(name: str) -> np.dtype:
-    try:
-        return np.dtype(name)
-    except TypeError:
-        import ml_dtypes  # bfloat16 and the float8 types
-
-        return np.dtype(getattr(ml_dtypes, name))
-
-
 def _tensor_metadata(array: np.ndarray) -> str:
     dt = array.dtype
+    info = map_dtype_to_dtype_info(dt)
     description = {
         "type": "Tensor",
-        "dtype": dt.name,
+        "dtype": info.name,
         "shape": list(array.shape),
         "dtype_desc": {
             "class_name": type(dt).__name__,
-            "is_complex": dt.kind == "c",
-            "is_floating_point": dt.kind == "f" or dt.name.startswith(("bfloat", "float8")),
-            "is_signed": dt.kind == "i",
+            "is_complex": info.is_complex,
+            "is_floating_point": info.is_floating_point,
+            "is_signed": info.is_signed,
             "itemsize": dt.itemsize,
         },
     }
@@ -142,8 +135,8 @@ def parameter_index_entry_as_numpy_ndarray(index_entry: ParameterIndexEntry) -> 
     if kind != "Tensor":
         raise ValueError(f"Metadata for parameter entry {index_entry.key} is not a Tensor ('{kind}')")
     try:
-        dtype = _dtype_of_name(dtype_name)
-    except (TypeError, AttributeError, ImportError) as e:
+        dtype = map_name_to_dtype_info(dtype_name).dtype
+    except KeyError as e:
         raise ValueError(f"Unsupported dtype for parameter entry {index_entry.key}") from e
     try:
         shape = [int(d) for d in shape]
