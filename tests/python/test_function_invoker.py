@@ -198,6 +198,24 @@ def test_unaligned_or_strided_input_is_copied(invoker_vmfb, driver):
     np.testing.assert_array_equal(out, big[:, ::2])
 
 
+def test_read_only_and_output_arguments_are_copied(both):
+    ours, theirs = both
+    x = aligned((2, 3), np.float32)
+    x[:] = 2.0
+    x.setflags(write=False)
+    out = ours.echo(x).to_host()
+    assert out.ctypes.data != x.ctypes.data  # never let a program write it
+    np.testing.assert_array_equal(out, x)
+    # An iree.abi.output argument is storage the program writes; upstream
+    # copies it, so the caller's array stays as it was.
+    a = np.arange(4, dtype=np.float32)
+    for m in (ours, theirs):
+        dest = aligned(4, np.float32)
+        got = m.add_into(a, dest).to_host()
+        np.testing.assert_array_equal(got, 2 * a)
+        np.testing.assert_array_equal(dest, np.zeros(4, np.float32))
+
+
 def test_imported_input_outlives_caller_reference(invoker_vmfb):
     m = frt.load_vm_flatbuffer_file(invoker_vmfb, driver="local-task")
     x = aligned((2, 2), np.float32)

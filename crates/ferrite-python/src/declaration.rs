@@ -27,6 +27,9 @@ pub struct ArgDecl {
     pub name: String,
     pub text: String,
     pub ty: ArgType,
+    /// Carries `iree.abi.output`: the program writes its result into this
+    /// argument's buffer, so it must never be the caller's own memory.
+    pub is_output: bool,
 }
 
 /// The arguments of `declaration`, or `None` when it is not of the
@@ -87,9 +90,15 @@ fn split_top_level(s: &str, sep: char) -> Vec<&str> {
 fn parse_arg(s: &str) -> Option<ArgDecl> {
     let (name, ty) = s.trim().split_once(':')?;
     let name = name.trim().trim_start_matches('%').to_string();
-    let text = without_attributes(ty.trim()).trim().to_string();
-    let ty = parse_type(&text);
-    Some(ArgDecl { name, text, ty })
+    let ty = ty.trim();
+    let text = without_attributes(ty).trim().to_string();
+    let is_output = ty[text.len()..].contains("iree.abi.output");
+    Some(ArgDecl {
+        name,
+        ty: parse_type(&text),
+        text,
+        is_output,
+    })
 }
 
 /// A type without its trailing attribute dictionary (`{iree.abi... = ...}`).
@@ -205,6 +214,12 @@ mod tests {
         );
         assert_eq!(args[0].name, "input0");
         assert_eq!(args[4].text, "tensor<2xcomplex<f32>>");
+        assert!(!args[4].is_output);
+        let out = parse_arguments(
+            "sync func @f(%input0: tensor<4xf32> {iree.abi.output = 0 : index}) -> ()",
+        )
+        .unwrap();
+        assert!(out[0].is_output);
     }
 
     #[test]

@@ -86,6 +86,11 @@ impl HostBuffer {
         })
     }
 
+    /// True when the exporter allows writes through this memory.
+    pub fn is_writable(&self) -> bool {
+        self.view.readonly == 0
+    }
+
     /// True when the elements are laid out densely in C order.
     pub fn is_c_contiguous(&self) -> bool {
         // SAFETY: `view` is a filled buffer; the call only reads it.

@@ -5,8 +5,9 @@
 //! checked against the function's `iree.abi.declaration` (parsed once) before
 //! the call, so a wrong rank, element type, dimension or kind is a ValueError
 //! naming the argument instead of a failure deep inside the program. Numpy
-//! inputs that are C-contiguous and aligned as device buffers must be are
-//! imported without a copy (read-only); others are copied, as upstream does.
+//! inputs that are writable, C-contiguous and aligned as device buffers must
+//! be are imported without a copy (as read-only buffers); others, and
+//! `iree.abi.output` arguments, are copied, as upstream does.
 
 use crate::declaration::{parse_arguments, ArgDecl, ArgType};
 use crate::hal::{PyHalBufferView, PyHalDevice};
@@ -85,9 +86,11 @@ struct ImportedArray {
 // SAFETY: the export is only read through `as_ref` (a pointer and length
 // fixed at export) and released in `HostBuffer::drop`, which takes the GIL
 // first, so moving it to or sharing it with worker threads is sound. While
-// exported, numpy refuses to resize the array; writes to it from Python
-// during a call race with the device as with any mapped memory, the host
-// contract upstream documents for imported buffers.
+// exported, numpy refuses to resize the array. Only writable exports are
+// imported (`buffer_for`), so even a program that writes an input in place
+// writes memory its owner allows writing; writes to it from Python during
+// a call race with the device as with any mapped memory, the host contract
+// upstream documents for imported buffers.
 unsafe impl Send for ImportedArray {}
 // SAFETY: see `Send`: shared use is read-only.
 unsafe impl Sync for ImportedArray {}
@@ -383,18 +386,22 @@ impl PyFunctionInvoker {
             let dense = classes(py)?.ascontiguousarray.call1(py, (obj,))?;
             host = HostBuffer::get(dense.bind(py))?;
         }
-        let buffer = self.buffer_for(host)?;
+        let may_alias = decl.is_none_or(|d| !d.is_output);
+        let buffer = self.buffer_for(host, may_alias)?;
         let view = BufferView::new(buffer, &shape, element_type, EncodingType::DENSE_ROW_MAJOR)
             .py_context("Error allocating buffer_view")?;
         Ok(Variant::Ref(Ref::from_arc(Arc::new(view))))
     }
 
     /// A device buffer with `host`'s bytes: the array's own memory when it is
-    /// aligned as device buffers are, else a copy.
-    fn buffer_for(&self, host: HostBuffer) -> PyResult<Buffer> {
+    /// aligned as device buffers are, writable (programs that write their
+    /// inputs in place then write memory its owner allows writing) and
+    /// `may_alias` (not an `iree.abi.output` argument, which upstream copies
+    /// and so never writes back); else a copy.
+    fn buffer_for(&self, host: HostBuffer, may_alias: bool) -> PyResult<Buffer> {
         let bytes = host.contiguous_bytes()?;
         let aligned = (bytes.as_ptr() as usize).is_multiple_of(ALLOCATION_ALIGNMENT);
-        if aligned && !bytes.is_empty() {
+        if may_alias && aligned && host.is_writable() && !bytes.is_empty() {
             let len = bytes.len();
             let memory = HostMemory::ReadOnly(Arc::new(ImportedArray { host }));
             let buffer = self

@@ -42,3 +42,8 @@ func.func @echo(%a: tensor<?x?xf32>) -> tensor<?x?xf32> {
 func.func @echo_list(%a: !util.list<?>) -> !util.list<?> {
   return %a : !util.list<?>
 }
+
+func.func @add_into(%a: tensor<4xf32>, %out: tensor<4xf32> {iree.abi.output = 0 : index}) -> tensor<4xf32> {
+  %0 = arith.addf %a, %a : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
