@@ -1,15 +1,37 @@
 //! Wait sources and the one blocking-wait loop every layer shares.
 //!
 //! A [`WaitSource`] is anything that becomes ready (or fails) later: a HAL
-//! timeline semaphore reaching a value, an [`Event`] being set. Waiters never
-//! spin: they subscribe a [`Notifier`] to each source, re-check, and sleep on
-//! the notifier's condition variable until a source reports a change or the
-//! deadline passes.
+//! timeline semaphore reaching a value, an [`Event`] being set. Waiters poll
+//! for a short, bounded time first ([`SPIN`], yielding the CPU between
+//! polls: a handoff to another thread usually completes within it), then
+//! subscribe a [`Notifier`] to each source, re-check, and sleep on the
+//! notifier's condition variable until a source reports a change or the
+//! deadline passes. Nothing waits by spinning beyond that bound.
 
 use crate::status::{Result, Status, StatusCode};
 use crate::time::Deadline;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a blocking wait keeps polling before it sleeps.
+pub const SPIN: Duration = Duration::from_micros(50);
+
+/// Polls `ready` (yielding the CPU between polls) until it answers true or
+/// [`SPIN`] (or `deadline`, when sooner) passes; returns its last answer.
+/// Blocking waits call this before they sleep.
+pub fn spin_until(deadline: Deadline, mut ready: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if ready() {
+            return true;
+        }
+        if start.elapsed() >= SPIN || deadline.has_passed() {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
 
 /// Whether a multi-wait needs every source or any one of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +120,18 @@ pub fn wait_sources(
     mode: WaitMode,
     deadline: Deadline,
 ) -> Result<()> {
-    if poll_sources(sources, mode)? {
+    let mut failure = None;
+    let ready = spin_until(deadline, || match poll_sources(sources, mode) {
+        Ok(r) => r,
+        Err(e) => {
+            failure = Some(e);
+            true
+        }
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if ready {
         return Ok(());
     }
     let notifier = Notifier::new();

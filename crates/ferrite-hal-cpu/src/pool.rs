@@ -6,17 +6,42 @@
 //! atomic counter of workgroup chunks that every participant (the workers
 //! and the submitting thread) pulls from until none are left, so a slow
 //! worker never holds up the others.
+//!
+//! An idle worker polls the queue for a short, bounded time ([`SPIN`],
+//! yielding the CPU between polls) before it sleeps on the condition
+//! variable: programs submit in quick succession (one submission per
+//! dispatch), and a worker still awake takes the next job without the
+//! futex wake-up a sleeping one needs.
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// How long an idle worker (or a caller waiting for its dispatch's slices)
+/// keeps polling before it sleeps.
+pub(crate) const SPIN: Duration = Duration::from_micros(50);
+
 struct Queue {
     jobs: Mutex<(VecDeque<Job>, bool)>,
+    /// Jobs queued and not yet taken: lets idle workers poll without the lock.
+    queued: AtomicUsize,
     ready: Condvar,
+}
+
+impl Queue {
+    fn pop(&self) -> Option<Job> {
+        let mut g = self.jobs.lock();
+        let j = g.0.pop_front();
+        if j.is_some() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        j
+    }
 }
 
 /// A fixed-size pool of worker threads.
@@ -36,6 +61,7 @@ impl WorkerPool {
     pub fn with_stack_size(count: usize, stack_size: Option<usize>) -> WorkerPool {
         let queue = Arc::new(Queue {
             jobs: Mutex::new((VecDeque::new(), false)),
+            queued: AtomicUsize::new(0),
             ready: Condvar::new(),
         });
         let threads = (0..count.max(1))
@@ -62,6 +88,7 @@ impl WorkerPool {
     pub fn spawn(&self, job: Job) {
         let mut g = self.queue.jobs.lock();
         g.0.push_back(job);
+        self.queue.queued.fetch_add(1, Ordering::Relaxed);
         drop(g);
         self.queue.ready.notify_one();
     }
@@ -83,24 +110,36 @@ impl WorkerPool {
             }
             return;
         }
-        let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        struct Shared {
+            next: AtomicU64,
+            /// Items finished; the participant finishing the last one wakes
+            /// the caller.
+            done: AtomicU64,
+            lock: Mutex<()>,
+            all_done: Condvar,
+        }
+        let shared = Arc::new(Shared {
+            next: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            lock: Mutex::new(()),
+            all_done: Condvar::new(),
+        });
         // Completion counts items, not helpers: a helper that starts late
         // finds nothing left and exits, and the caller never waits on it.
-        let done = Arc::new((Mutex::new(0u64), Condvar::new()));
         let run = {
-            let next = next.clone();
-            let done = done.clone();
+            let shared = shared.clone();
             let task = task.clone();
             move || loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let i = shared.next.fetch_add(1, Ordering::Relaxed);
                 if i >= count {
                     break;
                 }
                 task(i);
-                let mut d = done.0.lock();
-                *d += 1;
-                if *d == count {
-                    done.1.notify_all();
+                if shared.done.fetch_add(1, Ordering::AcqRel) + 1 == count {
+                    // Taking the lock orders this wake-up after the caller's
+                    // check-then-sleep below.
+                    drop(shared.lock.lock());
+                    shared.all_done.notify_all();
                 }
             }
         };
@@ -109,25 +148,46 @@ impl WorkerPool {
             self.spawn(Box::new(run));
         }
         run();
-        let mut finished = done.0.lock();
-        while *finished < count {
-            done.1.wait(&mut finished);
+        let finished = || shared.done.load(Ordering::Acquire) >= count;
+        let start = Instant::now();
+        while !finished() && start.elapsed() < SPIN {
+            std::thread::yield_now();
+        }
+        let mut g = shared.lock.lock();
+        while !finished() {
+            shared.all_done.wait(&mut g);
         }
     }
 }
 
 fn worker(q: Arc<Queue>) {
     loop {
-        let job = {
-            let mut g = q.jobs.lock();
-            loop {
-                if let Some(j) = g.0.pop_front() {
-                    break j;
+        // Poll for a while before sleeping (see the module docs).
+        let start = Instant::now();
+        let mut job = None;
+        while start.elapsed() < SPIN {
+            if q.queued.load(Ordering::Relaxed) > 0 {
+                job = q.pop();
+                if job.is_some() {
+                    break;
                 }
-                if g.1 {
-                    return;
+            }
+            std::thread::yield_now();
+        }
+        let job = match job {
+            Some(j) => j,
+            None => {
+                let mut g = q.jobs.lock();
+                loop {
+                    if let Some(j) = g.0.pop_front() {
+                        q.queued.fetch_sub(1, Ordering::Relaxed);
+                        break j;
+                    }
+                    if g.1 {
+                        return;
+                    }
+                    q.ready.wait(&mut g);
                 }
-                q.ready.wait(&mut g);
             }
         };
         job();

@@ -13,8 +13,14 @@ use ferrite_base::wait::{wait_sources, Notifier, WaitMode, WaitSource};
 use ferrite_base::{Result, Status, StatusCode, Timeout};
 use ferrite_vm::refs::RefObject;
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use crate::semaphore::{Semaphore, Timepoint};
+
+/// A copy of a fence's timepoints taken to act on them outside its lock;
+/// fences of the programs compiled today hold one or two, which then need
+/// no allocation.
+type Snapshot = SmallVec<[(Arc<Semaphore>, u64); 2]>;
 
 /// A set of (semaphore, value) timepoints, one per semaphore.
 #[derive(Default)]
@@ -53,6 +59,14 @@ impl Fence {
     /// An empty fence (always reached).
     pub fn new() -> Fence {
         Fence::default()
+    }
+
+    /// A shared empty fence, for optional fence arguments that are absent.
+    pub fn empty() -> &'static Fence {
+        static EMPTY: Fence = Fence {
+            timepoints: parking_lot::const_mutex(Vec::new()),
+        };
+        &EMPTY
     }
 
     /// A fence with the single timepoint `semaphore >= value`.
@@ -97,6 +111,10 @@ impl Fence {
         self.timepoints.lock().clone()
     }
 
+    fn snapshot(&self) -> Snapshot {
+        self.timepoints.lock().iter().cloned().collect()
+    }
+
     /// The number of timepoints (distinct semaphores).
     pub fn timepoint_count(&self) -> usize {
         self.timepoints.lock().len()
@@ -110,7 +128,7 @@ impl Fence {
     /// Signals every semaphore to its timepoint value. Stops at and returns
     /// the first error (e.g. a semaphore already signalled past its value).
     pub fn signal(&self) -> Result<()> {
-        for (s, v) in self.timepoints() {
+        for (s, v) in self.snapshot() {
             s.signal(v)?;
         }
         Ok(())
@@ -118,7 +136,7 @@ impl Fence {
 
     /// Fails every semaphore of the fence with `status`.
     pub fn fail(&self, status: Status) {
-        for (s, _) in self.timepoints() {
+        for (s, _) in self.snapshot() {
             s.fail(status.clone());
         }
     }
@@ -137,7 +155,7 @@ impl Fence {
     /// or a semaphore fails (its status).
     pub fn wait(&self, timeout: Timeout) -> Result<bool> {
         let deadline = timeout.to_deadline();
-        let tps = self.timepoints();
+        let tps = self.snapshot();
         let result = match tps.as_slice() {
             [] => Ok(()),
             [(s, v)] => s.wait_until(*v, deadline),

@@ -1,7 +1,8 @@
 //! Timeline semaphores (the `hal.semaphore` ref type).
 //!
 //! A semaphore holds a `u64` payload that only grows. Waiters block (on a
-//! condition variable, never spinning) until the payload reaches their value,
+//! condition variable, after polling for at most
+//! [`ferrite_base::wait::SPIN`]) until the payload reaches their value,
 //! the deadline passes (`DEADLINE_EXCEEDED`), or the semaphore fails. Failure
 //! is sticky: every present and future waiter, query and timepoint callback
 //! sees the failure status.
@@ -162,6 +163,10 @@ impl Semaphore {
 
     /// [`Semaphore::wait`] with an absolute deadline.
     pub fn wait_until(&self, value: u64, deadline: Deadline) -> Result<()> {
+        ferrite_base::wait::spin_until(deadline, || {
+            let s = self.state.lock();
+            s.failure.is_some() || s.value >= value
+        });
         let mut s = self.state.lock();
         loop {
             if let Some(e) = &s.failure {

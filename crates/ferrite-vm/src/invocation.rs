@@ -3,7 +3,7 @@
 //! [`Invocation::step`] runs frames until the call returns or something
 //! yields; a yield hands back the [`Wait`] to satisfy before stepping again.
 //! [`Invocation::run`] is the built-in scheduler: it blocks on the wait
-//! sources (never spinning) and resumes, so synchronous callers see a plain
+//! sources (polling only briefly first) and resumes, so synchronous callers see a plain
 //! call while asynchronous hosts can drive `step` themselves.
 
 use crate::bytecode::interp::{self, Step};

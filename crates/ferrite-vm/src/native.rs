@@ -283,8 +283,14 @@ impl<'a> ArgReader<'a> {
 
     /// The next argument as a (possibly null) ref.
     pub fn opt_ref(&mut self) -> Result<Option<crate::refs::Ref>> {
+        Ok(self.opt_ref_borrowed()?.cloned())
+    }
+
+    /// The next argument as a borrowed (possibly null) ref: no reference
+    /// count traffic, for functions that only look at the object.
+    pub fn opt_ref_borrowed(&mut self) -> Result<Option<&'a crate::refs::Ref>> {
         match self.next()? {
-            Variant::Ref(r) => Ok(Some(r.clone())),
+            Variant::Ref(r) => Ok(Some(r)),
             Variant::Null => Ok(None),
             v => bail!(
                 InvalidArgument,
@@ -297,8 +303,13 @@ impl<'a> ArgReader<'a> {
 
     /// The next argument as a non-null ref.
     pub fn a_ref(&mut self) -> Result<crate::refs::Ref> {
+        self.a_ref_borrowed().cloned()
+    }
+
+    /// The next argument as a borrowed non-null ref.
+    pub fn a_ref_borrowed(&mut self) -> Result<&'a crate::refs::Ref> {
         let at = self.at;
-        self.opt_ref()?
+        self.opt_ref_borrowed()?
             .ok_or_else(|| status!(InvalidArgument, "argument {at}: ref is null"))
     }
 }

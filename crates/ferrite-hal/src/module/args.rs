@@ -8,21 +8,40 @@ use ferrite_vm::refs::{Ref, RefObject};
 
 /// Reads a non-null ref of type `T`.
 pub fn obj<T: RefObject + Clone>(a: &mut ArgReader<'_>, what: &str) -> Result<T> {
-    let r = a.a_ref().map_err(|e| e.annotate(what.to_string()))?;
-    cast(&r, what)
+    obj_ref(a, what).cloned()
+}
+
+/// Borrows a non-null ref argument of type `T` (no copy, no reference
+/// count traffic: the call's arguments outlive the reader).
+pub fn obj_ref<'a, T: RefObject>(a: &mut ArgReader<'a>, what: &str) -> Result<&'a T> {
+    let r = a
+        .a_ref_borrowed()
+        .map_err(|e| e.annotate(what.to_string()))?;
+    cast_ref(r, what)
 }
 
 /// Reads a possibly-null ref of type `T`.
 pub fn opt_obj<T: RefObject + Clone>(a: &mut ArgReader<'_>, what: &str) -> Result<Option<T>> {
-    match a.opt_ref()? {
+    Ok(opt_obj_ref(a, what)?.cloned())
+}
+
+/// Borrows a possibly-null ref argument of type `T`.
+pub fn opt_obj_ref<'a, T: RefObject>(a: &mut ArgReader<'a>, what: &str) -> Result<Option<&'a T>> {
+    match a.opt_ref_borrowed()? {
         None => Ok(None),
-        Some(r) => cast(&r, what).map(Some),
+        Some(r) => cast_ref(r, what).map(Some),
     }
 }
 
 /// Downcasts a ref, naming what was expected and what arrived.
 pub fn cast<T: RefObject + Clone>(r: &Ref, what: &str) -> Result<T> {
-    r.downcast::<T>().cloned().ok_or_else(|| {
+    cast_ref(r, what).cloned()
+}
+
+/// Borrows a ref's object as a `T`, naming what was expected and what
+/// arrived.
+pub fn cast_ref<'r, T: RefObject>(r: &'r Ref, what: &str) -> Result<&'r T> {
+    r.downcast::<T>().ok_or_else(|| {
         status!(
             InvalidArgument,
             "{what}: expected a different ref type, received !{}",

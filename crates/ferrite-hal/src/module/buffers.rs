@@ -1,6 +1,6 @@
 //! `hal.allocator.*`, `hal.buffer.*` and `hal.buffer_view.*`.
 
-use super::args::{as_vm_buffer, cast, obj, span, string, vm_buffer};
+use super::args::{as_vm_buffer, cast, obj, obj_ref, span, string, vm_buffer};
 use super::Shared;
 use crate::allocator::BufferParams;
 use crate::buffer::Buffer;
@@ -77,10 +77,14 @@ pub(super) fn register(
         ready(vec![Variant::Ref(Ref::new(device)), Variant::I64(affinity)])
     })?
     .function("buffer.assert", "0rrrIii_v", |c| {
+        if buffer_assert_passes(&mut ArgReader::new(c))? {
+            return ready(vec![]);
+        }
+        // Failing: read again, now rendering the message for the error.
         let mut a = ArgReader::new(c);
         let buffer = a.opt_ref()?;
         let message = string(&mut a, "message")?;
-        let _alloc: AllocatorRef = obj(&mut a, "allocator")?;
+        let _alloc: &AllocatorRef = obj_ref(&mut a, "allocator")?;
         let (min_len, types, usage) = (a.i64()? as u64, a.i32()?, a.i32()?);
         let Some(buffer) = buffer else {
             bail!(InvalidArgument, "{message} buffer is null");
@@ -178,6 +182,10 @@ pub(super) fn register(
         ready(vec![Variant::Ref(Ref::new(view))])
     })?
     .function("buffer_view.assert", "0rriiCID_v", |c| {
+        if view_assert_passes(&mut ArgReader::new(c))? {
+            return ready(vec![]);
+        }
+        // Failing: read again, now rendering the message for the error.
         let mut a = ArgReader::new(c);
         let view = a.opt_ref()?;
         let message = string(&mut a, "message")?;
@@ -188,27 +196,27 @@ pub(super) fn register(
     })?
     .function("buffer_view.buffer", "0r_r", |c| {
         let mut a = ArgReader::new(c);
-        let view: BufferView = obj(&mut a, "buffer view")?;
+        let view: &BufferView = obj_ref(&mut a, "buffer view")?;
         ready(vec![Variant::Ref(Ref::new(view.buffer().clone()))])
     })?
     .function("buffer_view.element_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);
-        let view: BufferView = obj(&mut a, "buffer view")?;
+        let view: &BufferView = obj_ref(&mut a, "buffer view")?;
         ready(vec![Variant::I32(view.element_type().0 as i32)])
     })?
     .function("buffer_view.encoding_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);
-        let view: BufferView = obj(&mut a, "buffer view")?;
+        let view: &BufferView = obj_ref(&mut a, "buffer view")?;
         ready(vec![Variant::I32(view.encoding_type().0 as i32)])
     })?
     .function("buffer_view.rank", "0r_i", |c| {
         let mut a = ArgReader::new(c);
-        let view: BufferView = obj(&mut a, "buffer view")?;
+        let view: &BufferView = obj_ref(&mut a, "buffer view")?;
         ready(vec![Variant::I32(view.rank() as i32)])
     })?
     .function("buffer_view.dim", "0ri_I", |c| {
         let mut a = ArgReader::new(c);
-        let view: BufferView = obj(&mut a, "buffer view")?;
+        let view: &BufferView = obj_ref(&mut a, "buffer view")?;
         let i = a.i32()?;
         let Some(d) = usize::try_from(i).ok().and_then(|i| view.shape().get(i)) else {
             bail!(OutOfRange, "dimension index {i} out of range (rank {})", view.rank());
@@ -227,6 +235,49 @@ pub(super) fn register(
             ready(vec![])
         }
     })
+}
+
+/// The common case of `buffer.assert`, without rendering its message:
+/// true when every check passes (false sends the caller down the path that
+/// reports the failure).
+fn buffer_assert_passes(a: &mut ArgReader<'_>) -> Result<bool> {
+    let buffer = a.opt_ref_borrowed()?;
+    let _message = a.a_ref_borrowed()?;
+    let _alloc: &AllocatorRef = obj_ref(a, "allocator")?;
+    let (min_len, types, usage) = (a.i64()? as u64, a.i32()?, a.i32()?);
+    let Some(buffer) = buffer.and_then(|b| b.downcast::<Buffer>()) else {
+        return Ok(false);
+    };
+    Ok(buffer.byte_length() >= min_len
+        && buffer
+            .validate_memory_type(MemoryType::from_bits_retain(types as u32))
+            .is_ok()
+        && buffer
+            .validate_usage(BufferUsage::from_bits_retain(usage as u32))
+            .is_ok())
+}
+
+/// The common case of `buffer_view.assert` (see [`buffer_assert_passes`]).
+fn view_assert_passes(a: &mut ArgReader<'_>) -> Result<bool> {
+    let view = a.opt_ref_borrowed()?;
+    let _message = a.a_ref_borrowed()?;
+    let (et, enc) = (ElementType(a.i32()? as u32), EncodingType(a.i32()? as u32));
+    let rank = a.i32()?;
+    let Some(view) = view.and_then(|v| v.downcast::<BufferView>()) else {
+        return Ok(false);
+    };
+    if !element_types_compatible(view.element_type(), et)
+        || view.encoding_type() != enc
+        || usize::try_from(rank).ok() != Some(view.rank())
+    {
+        return Ok(false);
+    }
+    for &have in view.shape() {
+        if a.i64()? as u64 != have {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Checks a program-supplied view against its expected type and shape,

@@ -1,13 +1,13 @@
 //! `hal.fence.*`, including `fence.await`: blocking in synchronous mode, a
 //! coroutine yield otherwise.
 
-use super::args::{obj, span};
+use super::args::{obj_ref, span};
 use super::Shared;
 use crate::device::DeviceRef;
 use crate::fence::Fence;
 use crate::semaphore::Semaphore;
 use ferrite_base::wait::{WaitMode, WaitSource};
-use ferrite_base::{Deadline, Result, Status, StatusCode, Timeout};
+use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
 use ferrite_vm::stack::{NativePoll, Wait};
 use ferrite_vm::{Ref, Variant};
@@ -48,7 +48,7 @@ pub(super) fn register(
     let synchronous = shared.options.synchronous;
     b.function("fence.create", "0rI_r", |c| {
         let mut a = ArgReader::new(c);
-        let _device: DeviceRef = obj(&mut a, "device")?;
+        let _device: &DeviceRef = obj_ref(&mut a, "device")?;
         let _flags = a.i64()?;
         let fence = Fence::create_at(Semaphore::new(0), 1);
         ready(vec![Variant::Ref(Ref::new(fence))])
@@ -102,30 +102,32 @@ pub(super) fn register(
         let mut a = ArgReader::new(c);
         let timeout_ms = a.i32()? as u32;
         let _flags = a.i64()?;
-        let fences = span(&mut a, |a| {
-            Ok(match a.opt_ref()? {
-                Some(r) => Some(r.downcast_arc::<Fence>().ok_or_else(|| {
-                    ferrite_base::status!(
+        let count = a.i32()?;
+        if count < 0 {
+            bail!(InvalidArgument, "negative span length {count}");
+        }
+        // Reached fences are elided (the common case allocates nothing); a
+        // failed one fails the call at once.
+        let mut pending: Vec<&Fence> = Vec::new();
+        for _ in 0..count {
+            if let Some(r) = a.opt_ref_borrowed()? {
+                let Some(f) = r.downcast::<Fence>() else {
+                    bail!(
                         InvalidArgument,
                         "expected !hal.fence, received !{}",
                         r.type_name()
-                    )
-                })?),
-                None => None,
-            })
-        })?;
+                    );
+                };
+                if !f.query()? {
+                    pending.push(f);
+                }
+            }
+        }
         let deadline = if timeout_ms == u32::MAX {
             Deadline::InfiniteFuture
         } else {
             Timeout::from_duration(Duration::from_millis(timeout_ms as u64)).to_deadline()
         };
-        // Reached fences are elided; a failed one fails the call at once.
-        let mut pending = Vec::new();
-        for f in fences.into_iter().flatten() {
-            if !f.query()? {
-                pending.push(f);
-            }
-        }
         if pending.is_empty() {
             return ready(vec![Variant::I32(0)]);
         }

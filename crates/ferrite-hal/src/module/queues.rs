@@ -1,7 +1,7 @@
 //! `hal.devices.*`, `hal.device.*` (allocator, queries, queue operations),
 //! `hal.ex.file.from_memory` and the (unsupported) `hal.channel.*`.
 
-use super::args::{as_vm_buffer, obj, opt_obj, span, string, vm_buffer};
+use super::args::{as_vm_buffer, obj, obj_ref, opt_obj, opt_obj_ref, span, string, vm_buffer};
 use super::Shared;
 use crate::allocator::BufferParams;
 use crate::buffer::Buffer;
@@ -50,19 +50,19 @@ const FILE_READ: u32 = 1 << 0;
 const FILE_WRITE: u32 = 1 << 1;
 
 /// Reads `(device, affinity, wait fence, signal fence)`, the head of every
-/// queue operation. Null fences mean "no wait" and "nothing to signal".
-fn queue_head(a: &mut ArgReader<'_>) -> Result<(Arc<dyn crate::device::Device>, Fence, Fence)> {
-    let device: DeviceRef = obj(a, "device")?;
+/// queue operation, borrowing them from the call's arguments. Null fences
+/// mean "no wait" and "nothing to signal" (the shared empty fence).
+fn queue_head<'a>(
+    a: &mut ArgReader<'a>,
+) -> Result<(&'a Arc<dyn crate::device::Device>, &'a Fence, &'a Fence)> {
+    let device: &DeviceRef = obj_ref(a, "device")?;
     let _affinity = a.i64()?;
-    let wait: Option<Fence> = opt_obj(a, "wait fence")?;
-    let signal: Option<Fence> = opt_obj(a, "signal fence")?;
-    // Fences are shared objects: keep the program's fence identity by
-    // wrapping clones of its timepoints (signalling a clone signals the same
-    // semaphores).
+    let wait: Option<&Fence> = opt_obj_ref(a, "wait fence")?;
+    let signal: Option<&Fence> = opt_obj_ref(a, "signal fence")?;
     Ok((
-        device.0,
-        wait.unwrap_or_default(),
-        signal.unwrap_or_default(),
+        &device.0,
+        wait.unwrap_or(Fence::empty()),
+        signal.unwrap_or(Fence::empty()),
     ))
 }
 
@@ -83,7 +83,7 @@ pub(super) fn register(
         }
     })?
     .function("device.allocator", "0r_r", |c| {
-        let device: DeviceRef = obj(&mut ArgReader::new(c), "device")?;
+        let device: &DeviceRef = obj_ref(&mut ArgReader::new(c), "device")?;
         ready(vec![Variant::Ref(Ref::new(AllocatorRef(
             device.0.allocator(),
         )))])
@@ -114,7 +114,7 @@ pub(super) fn register(
             usage: BufferUsage::from_bits_retain(usage as u32),
             ..BufferParams::default()
         };
-        let buffer = queue::alloca(&device, &wait, &signal, &params, size as u64)?;
+        let buffer = queue::alloca(device, wait, signal, &params, size as u64)?;
         ready(vec![Variant::Ref(Ref::new(buffer))])
     })?
     .function("device.queue.dealloca", "0rIrrrI_v", |c| {
@@ -122,7 +122,7 @@ pub(super) fn register(
         let (device, wait, signal) = queue_head(&mut a)?;
         let buffer: Buffer = obj(&mut a, "buffer")?;
         let _flags = a.i64()?;
-        queue::dealloca(&device, &wait, &signal, buffer)?;
+        queue::dealloca(device, wait, signal, buffer)?;
         ready(vec![])
     })?
     .function("device.queue.fill", "0rIrrrIIIiI_v", |c| {
@@ -143,7 +143,7 @@ pub(super) fn register(
             );
         }
         let pattern = pattern.to_le_bytes()[..pattern_length as usize].to_vec();
-        queue::fill(&device, &wait, &signal, target, offset, length, pattern)?;
+        queue::fill(device, wait, signal, target, offset, length, pattern)?;
         ready(vec![])
     })?
     .function("device.queue.update", "0rIrrrIrIII_v", |c| {
@@ -155,7 +155,7 @@ pub(super) fn register(
         let (target_offset, length, _flags) = (a.i64()? as u64, a.i64()? as u64, a.i64()?);
         let mut data = vec![0u8; length as usize];
         as_vm_buffer(&source, "source buffer")?.read(source_offset, &mut data)?;
-        queue::update(&device, &wait, &signal, data, target, target_offset)?;
+        queue::update(device, wait, signal, data, target, target_offset)?;
         ready(vec![])
     })?
     .function("device.queue.copy", "0rIrrrIrIII_v", |c| {
@@ -166,9 +166,9 @@ pub(super) fn register(
         let target: Buffer = obj(&mut a, "target buffer")?;
         let (target_offset, length, _flags) = (a.i64()? as u64, a.i64()? as u64, a.i64()?);
         queue::copy(
-            &device,
-            &wait,
-            &signal,
+            device,
+            wait,
+            signal,
             source,
             source_offset,
             target,
@@ -199,7 +199,7 @@ pub(super) fn register(
         }
         let mut data = vec![0u8; length as usize];
         as_vm_buffer(&file.memory, "file memory")?.read(file.offset + source_offset, &mut data)?;
-        queue::update(&device, &wait, &signal, data, target, target_offset)?;
+        queue::update(device, wait, signal, data, target, target_offset)?;
         ready(vec![])
     })?
     .function("device.queue.write", "0rIrrrIrIII_v", |c| {
@@ -225,8 +225,8 @@ pub(super) fn register(
         let memory = file.memory.clone();
         let at = file.offset + target_offset;
         device.submit(
-            &wait,
-            &signal,
+            wait,
+            signal,
             Box::new(move || {
                 let mut data = vec![0u8; length as usize];
                 source.read(source_offset, &mut data)?;
@@ -239,15 +239,15 @@ pub(super) fn register(
         let mut a = ArgReader::new(c);
         let (device, wait, signal) = queue_head(&mut a)?;
         let _flags = a.i64()?;
-        queue::barrier(&device, &wait, &signal)?;
+        queue::barrier(device, wait, signal)?;
         ready(vec![])
     })?
     .function("device.queue.execute", "0rIrrrI_v", |c| {
         let mut a = ArgReader::new(c);
         let (device, wait, signal) = queue_head(&mut a)?;
-        let cb = a.opt_ref()?;
+        let cb = a.opt_ref_borrowed()?;
         let _flags = a.i64()?;
-        let cb = match &cb {
+        let cb = match cb {
             Some(r) => Some(r.downcast::<CommandBuffer>().ok_or_else(|| {
                 ferrite_base::status!(
                     InvalidArgument,
@@ -257,13 +257,13 @@ pub(super) fn register(
             })?),
             None => None,
         };
-        queue::execute(&device, &wait, &signal, cb, Vec::new())?;
+        queue::execute(device, wait, signal, cb, Vec::new())?;
         ready(vec![])
     })?
     .function("device.queue.execute.indirect", "0rIrrrICrIID_v", |c| {
         let mut a = ArgReader::new(c);
         let (device, wait, signal) = queue_head(&mut a)?;
-        let cb = a.a_ref()?;
+        let cb = a.a_ref_borrowed()?;
         let _flags = a.i64()?;
         let bindings = span(&mut a, |a| {
             let buffer: Option<Buffer> = opt_obj(a, "binding buffer")?;
@@ -284,7 +284,7 @@ pub(super) fn register(
                 cb.type_name()
             );
         };
-        queue::execute(&device, &wait, &signal, Some(cb), bindings)?;
+        queue::execute(device, wait, signal, Some(cb), bindings)?;
         ready(vec![])
     })?
     .function("device.queue.flush", "0rI_v", |c| {
