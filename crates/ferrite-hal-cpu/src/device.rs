@@ -15,6 +15,7 @@ use ferrite_hal::executable::Executable;
 use ferrite_hal::fence::Fence;
 use ferrite_hal::memory::MemoryAccess;
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -77,7 +78,7 @@ impl CpuDevice {
         function: u32,
         workgroups: [u32; 3],
         constants: &[u32],
-        bindings: Vec<BindingPtr>,
+        bindings: SmallVec<[BindingPtr; 8]>,
     ) -> Result<()> {
         let Some(cpu) = exe.as_any().downcast_ref::<CpuExecutable>() else {
             bail!(
@@ -101,7 +102,7 @@ impl CpuDevice {
         let chunks = total.div_ceil(per);
         let exe = exe.clone();
         let constants: Arc<[u32]> = constants.into();
-        let bindings: Arc<[BindingPtr]> = bindings.into();
+        let bindings: Arc<[BindingPtr]> = bindings.into_vec().into();
         let failure: Arc<Mutex<Option<Status>>> = Arc::new(Mutex::new(None));
         let f2 = failure.clone();
         pool.parallel_for(
@@ -147,7 +148,8 @@ fn run_slice(
     constants: &[u32],
     bindings: &[BindingPtr],
 ) -> Result<()> {
-    let ptrs: Vec<(*mut u8, usize)> = bindings.iter().map(|b| (b.as_ptr(), b.len())).collect();
+    let ptrs: SmallVec<[(*mut u8, usize); 8]> =
+        bindings.iter().map(|b| (b.as_ptr(), b.len())).collect();
     let config = DispatchConfig {
         workgroups: range,
         processor_id,
@@ -317,7 +319,7 @@ impl CpuDevice {
                         b.binding_ptr(o, l, MemoryAccess::READ)
                             .map_err(|e| e.annotate(format!("dispatch binding {i}")))
                     })
-                    .collect::<Result<Vec<_>>>()?;
+                    .collect::<Result<SmallVec<_>>>()?;
                 self.dispatch(&executable.0, *function, workgroups, constants, ptrs)
                     .map_err(|e| e.annotate(format!("dispatch of function {function}")))
             }

@@ -17,15 +17,15 @@ use smallvec::SmallVec;
 
 use crate::semaphore::{Semaphore, Timepoint};
 
-/// A copy of a fence's timepoints taken to act on them outside its lock;
-/// fences of the programs compiled today hold one or two, which then need
+/// A fence's timepoints, or a copy taken to act on them outside its lock.
+/// Fences of the programs compiled today hold one or two, which then need
 /// no allocation.
-type Snapshot = SmallVec<[(Arc<Semaphore>, u64); 2]>;
+type Timepoints = SmallVec<[(Arc<Semaphore>, u64); 2]>;
 
 /// A set of (semaphore, value) timepoints, one per semaphore.
 #[derive(Default)]
 pub struct Fence {
-    timepoints: Mutex<Vec<(Arc<Semaphore>, u64)>>,
+    timepoints: Mutex<Timepoints>,
 }
 
 impl RefObject for Fence {
@@ -50,7 +50,7 @@ impl Clone for Fence {
     /// A new fence with the same timepoints.
     fn clone(&self) -> Fence {
         Fence {
-            timepoints: Mutex::new(self.timepoints()),
+            timepoints: Mutex::new(self.snapshot()),
         }
     }
 }
@@ -62,17 +62,17 @@ impl Fence {
     }
 
     /// A shared empty fence, for optional fence arguments that are absent.
+    /// Being shared, it must never gain timepoints: only wait on, query or
+    /// signal it (all no-ops).
     pub fn empty() -> &'static Fence {
-        static EMPTY: Fence = Fence {
-            timepoints: parking_lot::const_mutex(Vec::new()),
-        };
-        &EMPTY
+        static EMPTY: std::sync::OnceLock<Fence> = std::sync::OnceLock::new();
+        EMPTY.get_or_init(Fence::new)
     }
 
     /// A fence with the single timepoint `semaphore >= value`.
     pub fn create_at(semaphore: Arc<Semaphore>, value: u64) -> Fence {
         Fence {
-            timepoints: Mutex::new(vec![(semaphore, value)]),
+            timepoints: Mutex::new(smallvec::smallvec![(semaphore, value)]),
         }
     }
 
@@ -108,11 +108,11 @@ impl Fence {
 
     /// A snapshot of the timepoints.
     pub fn timepoints(&self) -> Vec<(Arc<Semaphore>, u64)> {
-        self.timepoints.lock().clone()
+        self.timepoints.lock().to_vec()
     }
 
-    fn snapshot(&self) -> Snapshot {
-        self.timepoints.lock().iter().cloned().collect()
+    fn snapshot(&self) -> Timepoints {
+        self.timepoints.lock().clone()
     }
 
     /// The number of timepoints (distinct semaphores).

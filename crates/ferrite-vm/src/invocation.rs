@@ -214,6 +214,7 @@ fn run_frames(stack: &mut Stack) -> Result<Poll> {
                     Ok(NativePoll::Ready(v)) => {
                         if let Some(Frame::Native(nf)) = stack.frames.pop() {
                             stack.recycle_values(nf.call.args);
+                            stack.recycle_values(nf.call.results);
                         }
                         Ok(Step::Return(v))
                     }

@@ -77,9 +77,23 @@ pub struct NativeCall {
     /// [`Wait::handles_failure`]) `DEADLINE_EXCEEDED` or the failing
     /// source's status.
     pub wait_status: Option<ferrite_base::Result<()>>,
+    /// A recycled vector for the results (see [`NativeCall::ready`]).
+    pub(crate) results: Vec<Variant>,
 }
 
 impl NativeCall {
+    /// Finishes the call with `values` as its results, in a vector the
+    /// stack recycles (no allocation per call, unlike building a new one).
+    pub fn ready(
+        &mut self,
+        values: impl IntoIterator<Item = Variant>,
+    ) -> ferrite_base::Result<NativePoll> {
+        let mut out = std::mem::take(&mut self.results);
+        out.clear();
+        out.extend(values);
+        Ok(NativePoll::Ready(out))
+    }
+
     /// Takes the outcome of the wait this call last yielded on.
     pub fn take_wait_status(&mut self) -> Option<ferrite_base::Result<()>> {
         self.wait_status.take()
@@ -206,6 +220,7 @@ impl Stack {
         args: Vec<Variant>,
     ) -> ferrite_base::Result<()> {
         self.check_depth()?;
+        let results = self.spare_values.pop().unwrap_or_default();
         self.frames.push(Frame::Native(NativeFrame {
             body,
             call: NativeCall {
@@ -213,6 +228,7 @@ impl Stack {
                 saved: None,
                 resumed: false,
                 wait_status: None,
+                results,
             },
         }));
         Ok(())
@@ -220,7 +236,7 @@ impl Stack {
 
     /// Keeps an emptied vector for the next call's arguments.
     pub(crate) fn recycle_values(&mut self, mut values: Vec<Variant>) {
-        if self.spare_values.len() < 8 && values.capacity() <= 64 {
+        if self.spare_values.len() < 8 && (1..=64).contains(&values.capacity()) {
             values.clear();
             self.spare_values.push(values);
         }

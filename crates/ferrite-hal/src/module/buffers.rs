@@ -38,7 +38,7 @@ pub(super) fn register(
         let affinity = a.i64()?;
         let (types, usage, size) = (a.i32()?, a.i32()?, a.i64()?);
         let buffer = alloc.0.allocate(&params(types, usage, affinity), size as u64)?;
-        ready(vec![Variant::Ref(Ref::new(buffer))])
+        c.ready([Variant::Ref(Ref::new(buffer))])
     })?
     .function("allocator.import", "0riIiirII_r", |c| {
         let mut a = ArgReader::new(c);
@@ -62,8 +62,8 @@ pub(super) fn register(
         src.read(offset, &mut bytes)?;
         let imported = alloc.0.allocate(&params(types, usage, affinity), length);
         match imported.and_then(|b| b.write(0, &bytes).map(|()| b)) {
-            Ok(b) => ready(vec![Variant::Ref(Ref::new(b))]),
-            Err(_) if is_try => ready(vec![Variant::Null]),
+            Ok(b) => c.ready([Variant::Ref(Ref::new(b))]),
+            Err(_) if is_try => c.ready([Variant::Null]),
             Err(e) => Err(e),
         }
     })?
@@ -74,7 +74,7 @@ pub(super) fn register(
         let Some((device, affinity)) = pairs.into_iter().next() else {
             bail!(NotFound, "no devices to select from");
         };
-        ready(vec![Variant::Ref(Ref::new(device)), Variant::I64(affinity)])
+        c.ready([Variant::Ref(Ref::new(device)), Variant::I64(affinity)])
     })?
     .function("buffer.assert", "0rrrIii_v", |c| {
         if buffer_assert_passes(&mut ArgReader::new(c))? {
@@ -109,14 +109,14 @@ pub(super) fn register(
     .function("buffer.allocation.discard", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let _: Buffer = obj(&mut a, "buffer")?;
-        ready(vec![Variant::I32(1)])
+        c.ready([Variant::I32(1)])
     })?
     .function("buffer.allocation.is_terminal", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let r = a.a_ref()?;
         let _: Buffer = cast(&r, "buffer")?;
         // Terminal when this call holds the only other reference.
-        ready(vec![Variant::I32((r.strong_count() <= 2) as i32)])
+        c.ready([Variant::I32((r.strong_count() <= 2) as i32)])
     })?
     .function("buffer.subspan", "0rII_r", |c| {
         let mut a = ArgReader::new(c);
@@ -127,12 +127,12 @@ pub(super) fn register(
                 "invalid subspan of an existing buffer (source_offset={offset}, length={length})"
             ))
         })?;
-        ready(vec![Variant::Ref(Ref::new(sub))])
+        c.ready([Variant::Ref(Ref::new(sub))])
     })?
     .function("buffer.length", "0r_I", |c| {
         let mut a = ArgReader::new(c);
         let buffer: Buffer = obj(&mut a, "buffer")?;
-        ready(vec![Variant::I64(buffer.byte_length() as i64)])
+        c.ready([Variant::I64(buffer.byte_length() as i64)])
     })?
     .function("buffer.load", "0rIi_i", |c| {
         let mut a = ArgReader::new(c);
@@ -143,7 +143,7 @@ pub(super) fn register(
         }
         let mut v = [0u8; 4];
         buffer.read(offset, &mut v[..length as usize])?;
-        ready(vec![Variant::I32(i32::from_le_bytes(v))])
+        c.ready([Variant::I32(i32::from_le_bytes(v))])
     })?
     .function("buffer.store", "0irIi_v", |c| {
         let mut a = ArgReader::new(c);
@@ -179,7 +179,7 @@ pub(super) fn register(
             buffer
         };
         let view = BufferView::new(buffer, &shape, ElementType(et), EncodingType(enc))?;
-        ready(vec![Variant::Ref(Ref::new(view))])
+        c.ready([Variant::Ref(Ref::new(view))])
     })?
     .function("buffer_view.assert", "0rriiCID_v", |c| {
         if view_assert_passes(&mut ArgReader::new(c))? {
@@ -197,22 +197,22 @@ pub(super) fn register(
     .function("buffer_view.buffer", "0r_r", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        ready(vec![Variant::Ref(Ref::new(view.buffer().clone()))])
+        c.ready([Variant::Ref(Ref::new(view.buffer().clone()))])
     })?
     .function("buffer_view.element_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        ready(vec![Variant::I32(view.element_type().0 as i32)])
+        c.ready([Variant::I32(view.element_type().0 as i32)])
     })?
     .function("buffer_view.encoding_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        ready(vec![Variant::I32(view.encoding_type().0 as i32)])
+        c.ready([Variant::I32(view.encoding_type().0 as i32)])
     })?
     .function("buffer_view.rank", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        ready(vec![Variant::I32(view.rank() as i32)])
+        c.ready([Variant::I32(view.rank() as i32)])
     })?
     .function("buffer_view.dim", "0ri_I", |c| {
         let mut a = ArgReader::new(c);
@@ -221,7 +221,7 @@ pub(super) fn register(
         let Some(d) = usize::try_from(i).ok().and_then(|i| view.shape().get(i)) else {
             bail!(OutOfRange, "dimension index {i} out of range (rank {})", view.rank());
         };
-        ready(vec![Variant::I64(*d as i64)])
+        c.ready([Variant::I64(*d as i64)])
     })?
     .function("buffer_view.trace", "0rCrD_v", {
         let shared = shared.clone();

@@ -67,7 +67,7 @@ pub(super) fn register(
         let _device: DeviceRef = obj(&mut a, "device")?;
         let (modes, categories, affinity, capacity) = (a.i32()?, a.i32()?, a.i64()?, a.i32()?);
         let cb = CommandBuffer::new(modes as u32, categories as u32, affinity as u64, capacity as u32);
-        ready(vec![Variant::Ref(Ref::new(cb))])
+        c.ready([Variant::Ref(Ref::new(cb))])
     })?
     .function("command_buffer.finalize", "0r_v", |c| {
         cb(&mut ArgReader::new(c))?.finalize()?;
@@ -193,14 +193,14 @@ pub(super) fn register(
         };
         let data = as_vm_buffer(&data, "executable data")?;
         let exe = data.with_bytes(|bytes| device.0.create_executable(&format, bytes, &constants))?;
-        ready(vec![Variant::Ref(Ref::new(ExecutableRef(exe)))])
+        c.ready([Variant::Ref(Ref::new(ExecutableRef(exe)))])
     })?
     .function("executable.lookup.function", "0rr_I", |c| {
         let mut a = ArgReader::new(c);
         let exe: ExecutableRef = obj(&mut a, "executable")?;
         let name = string(&mut a, "function name")?;
         match exe.0.lookup_export(&name) {
-            Some(i) => ready(vec![Variant::I64(i as i64)]),
+            Some(i) => c.ready([Variant::I64(i as i64)]),
             None => bail!(
                 NotFound,
                 "executable has no export named '{name}' (exports: {})",

@@ -9,7 +9,7 @@ use crate::semaphore::Semaphore;
 use ferrite_base::wait::{WaitMode, WaitSource};
 use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
-use ferrite_vm::stack::{NativePoll, Wait};
+use ferrite_vm::stack::{NativeCall, NativePoll, Wait};
 use ferrite_vm::{Ref, Variant};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,11 +31,11 @@ fn fence_arc(a: &mut ArgReader<'_>) -> Result<Arc<Fence>> {
 
 /// The i32 a wait outcome becomes: 0 when reached, `DEADLINE_EXCEEDED` as a
 /// value; any other failure fails the invocation.
-fn await_result(outcome: Result<()>) -> Result<NativePoll> {
+fn await_result(c: &mut NativeCall, outcome: Result<()>) -> Result<NativePoll> {
     match outcome {
-        Ok(()) => ready(vec![Variant::I32(0)]),
+        Ok(()) => c.ready([Variant::I32(0)]),
         Err(e) if e.code() == StatusCode::DeadlineExceeded => {
-            ready(vec![Variant::I32(StatusCode::DeadlineExceeded as i32)])
+            c.ready([Variant::I32(StatusCode::DeadlineExceeded as i32)])
         }
         Err(e) => Err(e),
     }
@@ -51,7 +51,7 @@ pub(super) fn register(
         let _device: &DeviceRef = obj_ref(&mut a, "device")?;
         let _flags = a.i64()?;
         let fence = Fence::create_at(Semaphore::new(0), 1);
-        ready(vec![Variant::Ref(Ref::new(fence))])
+        c.ready([Variant::Ref(Ref::new(fence))])
     })?
     .function("fence.join", "0ICrD_r", |c| {
         let mut a = ArgReader::new(c);
@@ -71,9 +71,9 @@ pub(super) fn register(
         let fences: Vec<&Fence> = fences.iter().flatten().map(|f| &**f).collect();
         let joined = Fence::join(&fences);
         if joined.is_empty() {
-            return ready(vec![Variant::Null]);
+            return c.ready([Variant::Null]);
         }
-        ready(vec![Variant::Ref(Ref::new(joined))])
+        c.ready([Variant::Ref(Ref::new(joined))])
     })?
     .function("fence.query", "0r_i", |c| {
         let fence = fence_arc(&mut ArgReader::new(c))?;
@@ -82,7 +82,7 @@ pub(super) fn register(
             Ok(false) => StatusCode::Deferred,
             Err(e) => e.code(),
         };
-        ready(vec![Variant::I32(code as i32)])
+        c.ready([Variant::I32(code as i32)])
     })?
     .function("fence.signal", "0r_v", |c| {
         fence_arc(&mut ArgReader::new(c))?.signal()?;
@@ -97,7 +97,10 @@ pub(super) fn register(
     })?
     .function("fence.await", "0iICrD_i", move |c| {
         if c.resumed {
-            return await_result(c.take_wait_status().unwrap_or(Ok(())));
+            return {
+                let outcome = c.take_wait_status().unwrap_or(Ok(()));
+                await_result(c, outcome)
+            };
         }
         let mut a = ArgReader::new(c);
         let timeout_ms = a.i32()? as u32;
@@ -129,22 +132,25 @@ pub(super) fn register(
             Timeout::from_duration(Duration::from_millis(timeout_ms as u64)).to_deadline()
         };
         if pending.is_empty() {
-            return ready(vec![Variant::I32(0)]);
+            return c.ready([Variant::I32(0)]);
         }
         if synchronous {
             for f in &pending {
                 match f.wait(Timeout::Absolute(deadline)) {
                     Ok(true) => {}
                     Ok(false) => {
-                        return await_result(Err(Status::new(
-                            StatusCode::DeadlineExceeded,
-                            "fence wait timed out",
-                        )))
+                        return await_result(
+                            c,
+                            Err(Status::new(
+                                StatusCode::DeadlineExceeded,
+                                "fence wait timed out",
+                            )),
+                        )
                     }
-                    Err(e) => return await_result(Err(e)),
+                    Err(e) => return await_result(c, Err(e)),
                 }
             }
-            return ready(vec![Variant::I32(0)]);
+            return c.ready([Variant::I32(0)]);
         }
         // One timepoint per semaphore across all fences, keeping the max.
         let mut timepoints: Vec<(Arc<Semaphore>, u64)> = Vec::new();

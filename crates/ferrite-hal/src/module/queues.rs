@@ -72,21 +72,19 @@ pub(super) fn register(
 ) -> Result<NativeModuleBuilder> {
     let s1 = shared.clone();
     let s2 = shared.clone();
-    b.function("devices.count", "0v_i", move |_c| {
-        ready(vec![Variant::I32(s1.devices.len() as i32)])
+    b.function("devices.count", "0v_i", move |c| {
+        c.ready([Variant::I32(s1.devices.len() as i32)])
     })?
     .function("devices.get", "0i_r", move |c| {
         let i = ArgReader::new(c).i32()?;
         match usize::try_from(i).ok().and_then(|i| s2.devices.get(i)) {
-            Some(d) => ready(vec![Variant::Ref(Ref::new(d.clone()))]),
-            None => ready(vec![Variant::Null]),
+            Some(d) => c.ready([Variant::Ref(Ref::new(d.clone()))]),
+            None => c.ready([Variant::Null]),
         }
     })?
     .function("device.allocator", "0r_r", |c| {
         let device: &DeviceRef = obj_ref(&mut ArgReader::new(c), "device")?;
-        ready(vec![Variant::Ref(Ref::new(AllocatorRef(
-            device.0.allocator(),
-        )))])
+        c.ready([Variant::Ref(Ref::new(AllocatorRef(device.0.allocator())))])
     })?
     .function("device.query.i64", "0rrr_iI", |c| {
         let mut a = ArgReader::new(c);
@@ -94,8 +92,8 @@ pub(super) fn register(
         let category = string(&mut a, "category")?;
         let key = string(&mut a, "key")?;
         match device.0.query_i64(&category, &key) {
-            Ok(Some(v)) => ready(vec![Variant::I32(1), Variant::I64(v)]),
-            _ => ready(vec![Variant::I32(0), Variant::I64(0)]),
+            Ok(Some(v)) => c.ready([Variant::I32(1), Variant::I64(v)]),
+            _ => c.ready([Variant::I32(0), Variant::I64(0)]),
         }
     })?
     .function("device.queue.alloca", "0rIrrIiiII_r", |c| {
@@ -115,7 +113,7 @@ pub(super) fn register(
             ..BufferParams::default()
         };
         let buffer = queue::alloca(device, wait, signal, &params, size as u64)?;
-        ready(vec![Variant::Ref(Ref::new(buffer))])
+        c.ready([Variant::Ref(Ref::new(buffer))])
     })?
     .function("device.queue.dealloca", "0rIrrrI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -307,7 +305,7 @@ pub(super) fn register(
                 "file range {offset}+{length} exceeds the memory's {len} bytes"
             );
         }
-        ready(vec![Variant::Ref(Ref::new(File {
+        c.ready([Variant::Ref(Ref::new(File {
             memory,
             offset,
             length,
