@@ -148,9 +148,49 @@ pub enum HostMemory {
     ReadOnly(Arc<dyn AsRef<[u8]> + Send + Sync>),
     /// A writable vector the buffer takes ownership of.
     Owned(Vec<u8>),
+    /// Memory owned by someone else (e.g. a DLPack producer), kept valid
+    /// until its owner is dropped; made by [`HostMemory::foreign`].
+    Foreign(ForeignBytes),
 }
 
+/// Foreign host memory and the owner whose drop releases it.
+pub struct ForeignBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+    writable: bool,
+    _owner: Box<dyn Send + Sync>,
+}
+
+// SAFETY: the memory is plain bytes whose owner is `Send + Sync`; access
+// follows the allocation's lock or BindingPtr's contract, as for owned
+// storage.
+unsafe impl Send for ForeignBytes {}
+// SAFETY: see above.
+unsafe impl Sync for ForeignBytes {}
+
 impl HostMemory {
+    /// Wraps `len` bytes at `ptr` that stay valid (and, when `writable`,
+    /// writable by this buffer alone) until `owner` is dropped; the buffer
+    /// drops `owner` when its allocation is freed.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads (and writes when `writable`) of `len`
+    /// bytes until `owner` is dropped, and nothing else may write to the
+    /// memory while the buffer lives.
+    pub unsafe fn foreign(
+        ptr: *mut u8,
+        len: usize,
+        writable: bool,
+        owner: Box<dyn Send + Sync>,
+    ) -> HostMemory {
+        HostMemory::Foreign(ForeignBytes {
+            ptr: NonNull::new(ptr).unwrap_or(NonNull::dangling()),
+            len: if ptr.is_null() { 0 } else { len },
+            writable,
+            _owner: owner,
+        })
+    }
+
     /// Read-only import of a VM module's bytes (rodata, constants).
     pub fn from_module_bytes(bytes: ferrite_vm::ModuleBytes) -> HostMemory {
         HostMemory::ReadOnly(Arc::new(bytes))
@@ -164,6 +204,7 @@ impl fmt::Debug for HostMemory {
                 write!(f, "HostMemory::ReadOnly({} bytes)", (**b).as_ref().len())
             }
             HostMemory::Owned(v) => write!(f, "HostMemory::Owned({} bytes)", v.len()),
+            HostMemory::Foreign(b) => write!(f, "HostMemory::Foreign({} bytes)", b.len),
         }
     }
 }
@@ -194,6 +235,7 @@ pub(crate) enum Storage {
     Heap(HeapBlock),
     Boxed(BoxedBytes),
     ReadOnly(Arc<dyn AsRef<[u8]> + Send + Sync>),
+    Foreign(ForeignBytes),
     /// Moved out (returned to a pool) during drop.
     Empty,
 }
@@ -279,6 +321,15 @@ impl Allocation {
                     None => (Storage::Empty, 0, access),
                 }
             }
+            HostMemory::Foreign(b) => {
+                let mut access = access;
+                if !b.writable {
+                    access &= !(MemoryAccess::WRITE | MemoryAccess::DISCARD | MemoryAccess::ANY);
+                    access |= MemoryAccess::READ;
+                }
+                let len = b.len as u64;
+                (Storage::Foreign(b), len, access)
+            }
         };
         Allocation {
             storage,
@@ -293,7 +344,11 @@ impl Allocation {
     }
 
     fn is_writable(&self) -> bool {
-        matches!(self.storage, Storage::Heap(_) | Storage::Boxed(_))
+        match &self.storage {
+            Storage::Heap(_) | Storage::Boxed(_) => true,
+            Storage::Foreign(b) => b.writable,
+            Storage::ReadOnly(_) | Storage::Empty => false,
+        }
     }
 
     /// Base pointer of the whole allocation (valid for `len` bytes).
@@ -302,6 +357,7 @@ impl Allocation {
             Storage::Heap(b) => b.ptr.as_ptr(),
             Storage::Boxed(b) => b.ptr.as_ptr(),
             Storage::ReadOnly(o) => (**o).as_ref().as_ptr() as *mut u8,
+            Storage::Foreign(b) => b.ptr.as_ptr(),
             Storage::Empty => NonNull::dangling().as_ptr(),
         }
     }

@@ -35,6 +35,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyHalFence>()?;
     m.add_class::<PyHalCommandBuffer>()?;
     m.add_class::<PyHalModuleDebugSink>()?;
+    m.add_class::<crate::loop_bridge::PyHalDeviceLoopBridge>()?;
     m.add_function(wrap_pyfunction!(create_hal_module, m)?)?;
     m.add_function(wrap_pyfunction!(element_type_is_byte_aligned, m)?)?;
     m.add_function(wrap_pyfunction!(element_type_dense_byte_count, m)?)?;
@@ -291,6 +292,32 @@ impl PyHalDevice {
     }
 
     fn flush_profiling(&self) {}
+
+    /// A legacy (`dltensor`) DLPack capsule of `buffer_view`, labelled with
+    /// the given DLPack device (the memory itself is host memory).
+    fn create_dlpack_capsule(
+        &self,
+        py: Python<'_>,
+        buffer_view: &PyHalBufferView,
+        device_type_code: i32,
+        device_id: i32,
+    ) -> PyResult<PyObject> {
+        crate::dlpack::export_capsule(py, &buffer_view.view, device_type_code, device_id, false)
+    }
+
+    /// Imports a DLPack capsule (`dltensor` or `dltensor_versioned`), or
+    /// any object with `__dlpack__`, as a buffer view: zero-copy when dense
+    /// row-major, copied when strided.
+    fn from_dlpack_capsule(
+        &self,
+        py: Python<'_>,
+        capsule: &Bound<'_, PyAny>,
+    ) -> PyResult<PyHalBufferView> {
+        let view = crate::dlpack::import(py, &self.device.0.allocator(), capsule)?;
+        Ok(PyHalBufferView {
+            view: Arc::new(view),
+        })
+    }
 
     fn end_profiling(&self) {}
 
@@ -551,6 +578,24 @@ impl PyHalBufferView {
         element_type: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
         buffer.create_view(shape, element_type)
+    }
+
+    /// DLPack export (protocol 1.0 when `max_version` allows, else legacy).
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<PyObject>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<PyObject> {
+        let _ = stream; // host memory: nothing to order against
+        crate::dlpack::dlpack_of(py, self, max_version, dl_device, copy)
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        crate::dlpack::dlpack_device()
     }
 
     fn get_buffer(&self) -> PyHalBuffer {

@@ -10,6 +10,7 @@ from ._binding import (
     HalBufferView,
     HalCommandBuffer,
     HalDevice,
+    HalDeviceLoopBridge,
     HalDriver,
     HalElementType,
     HalFence,

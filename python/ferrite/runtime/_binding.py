@@ -13,6 +13,7 @@ from .._ferrite import (
     HalBufferView,
     HalCommandBuffer,
     HalDevice,
+    HalDeviceLoopBridge,
     HalDriver,
     HalFence,
     HalModuleDebugSink,
