@@ -388,16 +388,17 @@ pub fn import(
     let et = element_type_of(t.dtype)?;
     let ndim = usize::try_from(t.ndim)
         .map_err(|_| PyValueError::new_err(format!("invalid dlpack ndim {}", t.ndim)))?;
-    // SAFETY: DLPack guarantees `shape` (and `strides` when non-null) point
-    // to `ndim` values while the tensor lives.
     let shape: Vec<i64> = if ndim == 0 {
         Vec::new()
     } else {
+        // SAFETY: DLPack guarantees `shape` points to `ndim` values while
+        // the tensor lives (until `imported` is dropped).
         unsafe { std::slice::from_raw_parts(t.shape, ndim) }.to_vec()
     };
     let strides: Option<Vec<i64>> = if t.strides.is_null() || ndim == 0 {
         None
     } else {
+        // SAFETY: non-null `strides` point to `ndim` values, as `shape`.
         Some(unsafe { std::slice::from_raw_parts(t.strides, ndim) }.to_vec())
     };
     if shape.iter().any(|&d| d < 0) {
@@ -408,7 +409,7 @@ pub fn import(
     let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
     let count: u64 = dims.iter().product();
     let bits = et.bit_count() as u64;
-    if (count * bits) % 8 != 0 {
+    if !(count * bits).is_multiple_of(8) {
         return Err(PyValueError::new_err(
             "dlpack tensor does not have a byte aligned size",
         ));
@@ -429,7 +430,7 @@ pub fn import(
             ok
         }
     };
-    if !dense && bits % 8 != 0 {
+    if !dense && !bits.is_multiple_of(8) {
         return Err(PyValueError::new_err(
             "strided dlpack tensors of sub-byte elements are not supported",
         ));

@@ -308,6 +308,7 @@ impl PyHalDevice {
     /// Imports a DLPack capsule (`dltensor` or `dltensor_versioned`), or
     /// any object with `__dlpack__`, as a buffer view: zero-copy when dense
     /// row-major, copied when strided.
+    #[allow(clippy::wrong_self_convention)] // upstream's method name
     fn from_dlpack_capsule(
         &self,
         py: Python<'_>,
