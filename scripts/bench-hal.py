@@ -83,7 +83,10 @@ def run_rss(cmd):
 
 
 def parse_ferrite(out):
-    m = re.search(r"_mean\s+([0-9.]+) (ns|us|ms|s)\b", out)
+    # With repetitions the table ends in `_mean`; a single repetition
+    # prints only its `BM_...` row (google benchmark's console format).
+    m = re.search(r"_mean\s+([0-9.]+) (ns|us|ms|s)\b", out) or re.search(
+        r"^BM_\S+\s+([0-9.]+) (ns|us|ms|s)\b", out, re.M)
     if not m:
         sys.exit(f"cannot parse ferrite benchmark output:\n{out}")
     return float(m.group(1)) * UNITS[m.group(2)]
