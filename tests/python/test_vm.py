@@ -71,12 +71,17 @@ def test_vm_buffer_protocol_and_refs():
 
 def test_module_loading_paths(instance, arith):
     data = arith.read_bytes()
+    # wrap_buffer takes 64-byte-aligned memory only (test_compat_vm.py).
+    store = np.zeros(len(data) + 64, np.uint8)
+    start = (-store.ctypes.data) % 64
+    store[start : start + len(data)] = np.frombuffer(data, np.uint8)
+    aligned = store[start : start + len(data)]
     for m in (
         rt.VmModule.mmap(instance, str(arith)),
-        rt.VmModule.from_flatbuffer(instance, data),
+        rt.VmModule.from_flatbuffer(instance, data, warn_if_copy=False),
         rt.VmModule.from_buffer(instance, data, warn_if_copy=False),
         rt.VmModule.copy_buffer(instance, data),
-        rt.VmModule.wrap_buffer(instance, memoryview(data)),
+        rt.VmModule.wrap_buffer(instance, memoryview(aligned)),
     ):
         assert m.name == "module"
         assert m.function_names[:4] == ["add", "mul_i32", "scale", "dyn"]
@@ -85,7 +90,7 @@ def test_module_loading_paths(instance, arith):
 
 def test_bad_module_is_value_error(instance):
     with pytest.raises(ValueError, match=r"^Error creating vm module from aligned memory: INVALID_ARGUMENT; "):
-        rt.VmModule.from_flatbuffer(instance, b"garbage" * 10)
+        rt.VmModule.from_flatbuffer(instance, b"garbage" * 10, warn_if_copy=False)
 
 
 def test_destroy_callback_runs_when_module_freed(instance, arith):

@@ -559,6 +559,12 @@ impl PyHalBuffer {
         self.r#ref()
     }
 
+    /// The buffer a VM ref holds; ValueError when it holds something else.
+    #[staticmethod]
+    fn __iree_vm_cast__(py: Python<'_>, r#ref: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        crate::vm::vm_cast(py, r#ref, &py.get_type::<PyHalBuffer>())
+    }
+
     fn __repr__(&self) -> String {
         format!("<HalBuffer {}>", format_buffer(&self.buffer))
     }
@@ -632,6 +638,12 @@ impl PyHalBufferView {
     #[getter]
     fn __iree_vm_ref__(&self) -> PyVmRef {
         self.r#ref()
+    }
+
+    /// The buffer view a VM ref holds; ValueError when it holds something else.
+    #[staticmethod]
+    fn __iree_vm_cast__(py: Python<'_>, r#ref: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        crate::vm::vm_cast(py, r#ref, &py.get_type::<PyHalBufferView>())
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {

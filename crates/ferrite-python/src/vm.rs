@@ -84,7 +84,45 @@ impl PyVmModule {
         let host = HostBuffer::get(obj)?;
         Ok(ModuleBytes::from_vec(host.contiguous_bytes()?.to_vec()))
     }
+
+    /// The address of `obj`'s bytes when it does not meet
+    /// [`MODULE_BUFFER_ALIGNMENT`], None when it does.
+    fn misaligned_address(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        let host = HostBuffer::get(obj)?;
+        let address = host.contiguous_bytes()?.as_ptr() as usize;
+        Ok((!address.is_multiple_of(MODULE_BUFFER_ALIGNMENT)).then_some(address))
+    }
+
+    /// Loads from a caller's buffer the way upstream's `from_buffer` does:
+    /// an aligned buffer is taken as is, an unaligned one is copied, with a
+    /// `UserWarning` unless `warn_if_copy` is false.
+    fn from_any_buffer(
+        instance: &PyVmInstance,
+        buffer: &Bound<'_, PyAny>,
+        warn_if_copy: bool,
+    ) -> PyResult<Self> {
+        if warn_if_copy && Self::misaligned_address(buffer)?.is_some() {
+            let py = buffer.py();
+            PyErr::warn(
+                py,
+                py.get_type::<pyo3::exceptions::PyUserWarning>().as_any(),
+                UNALIGNED_COPY_WARNING,
+                1,
+            )?;
+        }
+        Self::load(instance, Self::copy_of(buffer)?, None)
+    }
 }
+
+/// Alignment upstream requires of a module buffer it wraps without copying
+/// (its heap buffer alignment); kept so the same inputs are accepted.
+const MODULE_BUFFER_ALIGNMENT: usize = 64;
+
+/// Warning `from_buffer` gives when it has to copy an unaligned buffer.
+const UNALIGNED_COPY_WARNING: &std::ffi::CStr = c"Making copy of unaligned VmModule buffer. \
+It is recommended to make this deterministic by calling `copy_buffer` to always make a copy \
+or `mmap` to efficiently load from a file. This warning can be silenced by adding \
+`warn_if_copy=False` to `from_buffer`";
 
 impl Drop for PyVmModule {
     fn drop(&mut self) {
@@ -107,10 +145,7 @@ impl PyVmModule {
         buffer: &Bound<'_, PyAny>,
         warn_if_copy: bool,
     ) -> PyResult<Self> {
-        // Ferrite always takes its own copy of in-memory modules, so there is
-        // nothing to warn about.
-        let _ = warn_if_copy;
-        Self::load(instance, Self::copy_of(buffer)?, None)
+        Self::from_any_buffer(instance, buffer, warn_if_copy)
     }
 
     #[staticmethod]
@@ -120,8 +155,7 @@ impl PyVmModule {
         buffer: &Bound<'_, PyAny>,
         warn_if_copy: bool,
     ) -> PyResult<Self> {
-        let _ = warn_if_copy;
-        Self::load(instance, Self::copy_of(buffer)?, None)
+        Self::from_any_buffer(instance, buffer, warn_if_copy)
     }
 
     #[staticmethod]
@@ -137,6 +171,14 @@ impl PyVmModule {
         destroy_callback: Option<PyObject>,
         close_buffer: bool,
     ) -> PyResult<Self> {
+        // Upstream wraps without copying and so refuses unaligned memory;
+        // refusing the same inputs keeps code written against it portable.
+        if let Some(address) = Self::misaligned_address(buffer)? {
+            return Err(PyValueError::new_err(format!(
+                "VmModule.from_aligned_memory received an unaligned buffer. \
+                 Got {address:#x}, expected alignment {MODULE_BUFFER_ALIGNMENT}"
+            )));
+        }
         let bytes = Self::copy_of(buffer)?;
         if close_buffer {
             buffer.call_method0("close")?;
@@ -462,6 +504,27 @@ impl PyVmVariantList {
         self.r#ref()
     }
 
+    /// Lists are equal when they are the same VM list (as upstream compares
+    /// the wrapped pointer), so a list and its ref's cast compare equal.
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        match ref_of(other) {
+            Ok(r) => r
+                .downcast::<VmList>()
+                .is_some_and(|l| std::ptr::eq(l, &*self.list)),
+            Err(_) => false,
+        }
+    }
+
+    fn __hash__(&self) -> u64 {
+        Arc::as_ptr(&self.list) as usize as u64
+    }
+
+    /// The list a VM ref holds; ValueError when it holds something else.
+    #[staticmethod]
+    fn __iree_vm_cast__(py: Python<'_>, r#ref: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        vm_cast(py, r#ref, &py.get_type::<PyVmVariantList>())
+    }
+
     fn push_int(&self, value: i64) -> PyResult<()> {
         self.push(Variant::I64(value))
     }
@@ -566,6 +629,8 @@ fn format_items(list: &VmList, out: &mut String, depth: usize) {
                         format_items(l, out, depth + 1);
                     }
                     out.push(']');
+                } else if let Some(fence) = r.downcast::<ferrite_hal::fence::Fence>() {
+                    out.push_str(&format!("fence({})", fence.timepoint_count()));
                 } else {
                     out.push_str(&format!("Unknown({})", r.type_name()));
                 }
@@ -623,6 +688,23 @@ fn deref_as(py: Python<'_>, r: &Ref, clazz: &Bound<'_, PyType>) -> PyResult<Opti
         return Ok(Some(Py::new(py, PyVmRef(r.clone()))?.into_any()));
     }
     Ok(None)
+}
+
+/// `obj` (a `VmRef` or anything with `__iree_vm_ref__`) as an instance of
+/// `clazz`: the `__iree_vm_cast__` of the ref-backed classes.
+pub fn vm_cast(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    clazz: &Bound<'_, PyType>,
+) -> PyResult<PyObject> {
+    let r = ref_of(obj)?;
+    deref_as(py, &r, clazz)?.ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "Cannot cast VM ref of type {} to {}",
+            r.type_name(),
+            clazz.name().map(|n| n.to_string()).unwrap_or_default()
+        ))
+    })
 }
 
 /// A reference to any VM object.
@@ -724,6 +806,12 @@ impl PyVmBuffer {
     #[getter]
     fn __iree_vm_ref__(&self) -> PyVmRef {
         self.r#ref()
+    }
+
+    /// The buffer a VM ref holds; ValueError when it holds something else.
+    #[staticmethod]
+    fn __iree_vm_cast__(py: Python<'_>, r#ref: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        vm_cast(py, r#ref, &py.get_type::<PyVmBuffer>())
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
