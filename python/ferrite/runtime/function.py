@@ -7,5 +7,15 @@ arrays without a copy), calls, and returns buffer views as `DeviceArray`s.
 """
 
 from .._ferrite import FunctionInvoker
+from ._binding import BufferUsage, MemoryType
 
-__all__ = ["FunctionInvoker"]
+# Memory type and usage of the device buffers the invoker allocates for host
+# arrays it cannot import in place (upstream exposes the same two names).
+IMPLICIT_BUFFER_ARG_MEMORY_TYPE = MemoryType.DEVICE_LOCAL
+IMPLICIT_BUFFER_ARG_USAGE = BufferUsage.DEFAULT
+
+__all__ = [
+    "FunctionInvoker",
+    "IMPLICIT_BUFFER_ARG_MEMORY_TYPE",
+    "IMPLICIT_BUFFER_ARG_USAGE",
+]
