@@ -23,8 +23,11 @@ use std::time::{Duration, Instant};
 type Job = Box<dyn FnOnce() + Send>;
 
 /// How long an idle worker (or a caller waiting for its dispatch's slices)
-/// keeps polling before it sleeps.
-pub(crate) const SPIN: Duration = Duration::from_micros(50);
+/// keeps polling before it sleeps. Short on purpose: 50 µs made 100 small
+/// dispatches faster still but cost the 1024³ matmul about 15% on a 2-core
+/// host, where the polling worker competes with the computing ones
+/// (`scripts/bench-hal.py`).
+pub(crate) const SPIN: Duration = Duration::from_micros(5);
 
 struct Queue {
     jobs: Mutex<(VecDeque<Job>, bool)>,
