@@ -177,6 +177,8 @@ impl HostMemory {
     /// `ptr` must be valid for reads (and writes when `writable`) of `len`
     /// bytes until `owner` is dropped, and nothing else may write to the
     /// memory while the buffer lives.
+    // SAFETY: the contract above is the caller's; the body only stores the
+    // pointer, which every later access bounds-checks against `len`.
     pub unsafe fn foreign(
         ptr: *mut u8,
         len: usize,

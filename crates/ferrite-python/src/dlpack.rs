@@ -255,6 +255,11 @@ pub fn export_capsule(
 }
 
 /// Frees a tensor whose capsule could not be created.
+///
+/// # Safety
+/// `ptr` is a tensor made by `export_capsule` (versioned as `versioned`
+/// says) that no capsule owns, freed at most once.
+// SAFETY: callers uphold the contract above; the body only frees the tensor.
 unsafe fn capsule_destructor_fallback(ptr: *mut c_void, versioned: bool) {
     // SAFETY: the caller passes a tensor made by `export_capsule` that no
     // capsule owns.
