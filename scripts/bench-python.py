@@ -19,6 +19,8 @@ import time
 
 import numpy as np
 
+from bench_common import compile_for_host
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = """func.func @add(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
   %0 = arith.addf %a, %b : tensor<4xf32>
@@ -28,16 +30,7 @@ SRC = """func.func @add(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
 
 
 def compile_add():
-    out = os.path.join(ROOT, "build", "bench", "py_add.vmfb")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    src = out.replace(".vmfb", ".mlir")
-    with open(src, "w") as f:
-        f.write(SRC)
-    subprocess.run([os.path.join(ROOT, ".venv", "bin", "iree-compile"),
-                    "--iree-hal-target-device=local",
-                    "--iree-hal-local-target-device-backends=llvm-cpu",
-                    "--iree-llvmcpu-target-cpu=host", src, "-o", out], check=True)
-    return out
+    return compile_for_host(SRC, "py_add")
 
 
 def per_call(fn, a, b, calls):

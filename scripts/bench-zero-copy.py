@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from bench_common import compile_for_host
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = """func.func @sum(%a: tensor<?xf32>) -> tensor<f32> {
   %init = arith.constant dense<0.0> : tensor<f32>
@@ -34,16 +36,7 @@ SRC = """func.func @sum(%a: tensor<?xf32>) -> tensor<f32> {
 
 
 def compile_sum():
-    out = os.path.join(ROOT, "build", "bench", "py_sum.vmfb")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    src = out.replace(".vmfb", ".mlir")
-    with open(src, "w") as f:
-        f.write(SRC)
-    subprocess.run([os.path.join(ROOT, ".venv", "bin", "iree-compile"),
-                    "--iree-hal-target-device=local",
-                    "--iree-hal-local-target-device-backends=llvm-cpu",
-                    "--iree-llvmcpu-target-cpu=host", src, "-o", out], check=True)
-    return out
+    return compile_for_host(SRC, "py_sum")
 
 
 def child(runtime, vmfb, mib, calls):
