@@ -3,6 +3,7 @@
 # `ferrite check-module`, on local-sync and local-task.
 #
 #   scripts/upstream-e2e.sh [suite...]      (default: all suites below)
+#   scripts/upstream-e2e.sh --list [suite...]  (print what would run, run nothing)
 #
 # The test sources are read from a mirror of iree-org/iree at run time
 # (nothing of them is kept in this repository): IREE_MIRROR, default
@@ -23,7 +24,11 @@
 # DEVICES (default "local-sync local-task"), RUN_TIMEOUT (seconds per
 # check-module run, default 600), PYTHON (generators' interpreter, default
 # .venv/bin/python), E2E_ONLY (regex: run only generated runner targets
-# whose name matches, e.g. 'cpu_dt_(f32|i8)' or '_small$').
+# whose name matches, e.g. 'cpu_dt_(f32|i8)' or '_small$'), E2E_SKIP (regex:
+# leave out generated runner targets whose name matches). With E2E_ONLY or
+# E2E_SKIP set, only the targets that run are cleared from the output
+# directory, so batches of one suite can run one after another (not at the
+# same time: they share <suite>/jobs.txt) and keep each other's logs.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +37,7 @@ IREE_COMPILE=${IREE_COMPILE:-$ROOT/.venv/bin/iree-compile}
 FERRITE=${FERRITE:-$ROOT/target/release/ferrite}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 E2E_ONLY=${E2E_ONLY:-}
+E2E_SKIP=${E2E_SKIP:-}
 JOBS=${JOBS:-2}
 DEVICES=${DEVICES:-local-sync local-task}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
@@ -41,9 +47,17 @@ BASE_FLAGS=(--iree-hal-target-device=local --iree-hal-local-target-device-backen
 ALL_SUITES=(stablehlo_ops tosa_ops linalg linalg_ext_ops matmul math convolution tensor_ops
   subbyte_types attention encoding)
 
+LIST_ONLY=0
+if [ "${1:-}" = --list ]; then
+  LIST_ONLY=1
+  shift
+fi
+
 [ -d "$IREE_MIRROR" ] || { echo "no IREE mirror at $IREE_MIRROR (set IREE_MIRROR)" >&2; exit 2; }
-[ -x "$IREE_COMPILE" ] || { echo "no iree-compile at $IREE_COMPILE" >&2; exit 2; }
-[ -x "$FERRITE" ] || { echo "no ferrite at $FERRITE (cargo build --release -p ferrite-cli)" >&2; exit 2; }
+if [ $LIST_ONLY = 0 ]; then
+  [ -x "$IREE_COMPILE" ] || { echo "no iree-compile at $IREE_COMPILE" >&2; exit 2; }
+  [ -x "$FERRITE" ] || { echo "no ferrite at $FERRITE (cargo build --release -p ferrite-cli)" >&2; exit 2; }
+fi
 
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${ALL_SUITES[@]}")
@@ -79,6 +93,7 @@ import sys
 
 mirror, suite = sys.argv[1], sys.argv[2]
 only = sys.argv[3] if len(sys.argv) > 3 else ""
+skip = sys.argv[4] if len(sys.argv) > 4 else ""
 text = subprocess.run(
     ["git", "-C", mirror, "show", f"HEAD:tests/e2e/{suite}/CMakeLists.txt"],
     capture_output=True, text=True, check=True).stdout
@@ -144,6 +159,8 @@ for b in blocks("iree_generated_e2e_runner_test"):
         continue
     seen_runs.add(key)
     if only and not re.search(only, name):
+        continue
+    if skip and re.search(skip, name):
         continue
     print("\t".join(["R", name, f["TEST_TYPE"][0], f["GENERATOR"][0],
                      " ".join(f.get("GENERATOR_ARGS", [])), " ".join(flags),
@@ -213,14 +230,27 @@ tally() {
   fi
 }
 
+if [ $LIST_ONLY = 1 ]; then
+  for suite in "${suites[@]}"; do
+    echo "=== $suite"
+    list_suite "$IREE_MIRROR" "$suite" "$E2E_ONLY" "$E2E_SKIP" | awk -F'\t' '
+      /^#/ { sub(/^# /, "  note: "); print; next }
+      $1 == "R" { print "  runner    " $2 " (" $3 ")"; next }
+      $1 == "V" { print "  variant   " $2 (length($3) ? " [" $3 "]" : ""); next }
+      { print "    source  " $2 }'
+  done
+  exit 0
+fi
+
 summary=()
 failures=()
 for suite in "${suites[@]}"; do
   echo "=== $suite"
   sdir=$OUT/$suite
-  rm -rf "$sdir"
+  # A filtered run clears only the targets it runs (below).
+  [ -z "$E2E_ONLY$E2E_SKIP" ] && rm -rf "$sdir"
   mkdir -p "$sdir"
-  listing=$(list_suite "$IREE_MIRROR" "$suite" "$E2E_ONLY") || {
+  listing=$(list_suite "$IREE_MIRROR" "$suite" "$E2E_ONLY" "$E2E_SKIP") || {
     echo "  cannot read tests/e2e/$suite/CMakeLists.txt from the mirror"
     summary+=("$suite|-|-|-|-|-|-|-|unreadable")
     continue
@@ -231,7 +261,7 @@ for suite in "${suites[@]}"; do
   variant="" flags=""
   while IFS=$'\t' read -r kind a b; do
     case $kind in
-      V) variant=$a flags=$b; mkdir -p "$sdir/$variant" ;;
+      V) variant=$a flags=$b; rm -rf "${sdir:?}/$variant"; mkdir -p "$sdir/$variant" ;;
       S|G)
         name=${a##*/}
         src=$sdir/$variant/$name
@@ -289,6 +319,7 @@ for suite in "${suites[@]}"; do
     [ "$kind" = R ] || continue
     total=$((total + 1))
     tdir=$sdir/$name
+    rm -rf "$tdir"
     mkdir -p "$tdir"
     if [ ! -d "$pysrc/tests/e2e/$suite" ]; then
       mkdir -p "$pysrc"

@@ -3,51 +3,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repository root")
-}
-
-/// The fixture directory, built once by `scripts/build-fixtures.sh` when
-/// missing. Panics (never skips) when it cannot be had.
-fn fixtures() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let root = repo_root();
-        let dir = root.join("build/fixtures/vm");
-        if !dir.join("calls.vmfb").exists() {
-            let status = Command::new("bash")
-                .arg(root.join("scripts/build-fixtures.sh"))
-                .status()
-                .expect("running scripts/build-fixtures.sh");
-            assert!(
-                status.success() && dir.join("calls.vmfb").exists(),
-                "fixtures missing under {} and scripts/build-fixtures.sh failed ({status}); \
-                 install the pinned tools in .venv and run it",
-                dir.display()
-            );
-        }
-        dir
-    })
-}
+use ferrite_testkit::fixtures::{fixture_path, fixtures};
+use ferrite_testkit::venv_tool_path;
 
 fn all_fixtures() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(fixtures())
-        .expect("reading fixtures")
-        .map(|e| e.expect("dir entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "vmfb"))
-        .collect();
-    v.sort();
-    assert!(
-        !v.is_empty(),
-        "no .vmfb fixtures in {}",
-        fixtures().display()
-    );
-    v
+    fixtures().into_iter().map(|(_, path)| path).collect()
 }
 
 fn run(bin: &Path, args: &[&str], file: &Path) -> Output {
@@ -84,10 +45,7 @@ fn assert_lines(text: &str, lines: &[&str]) {
 
 #[test]
 fn metadata_of_calls() {
-    let out = stdout_ok(&ferrite(
-        &["--output=metadata"],
-        &fixtures().join("calls.vmfb"),
-    ));
+    let out = stdout_ok(&ferrite(&["--output=metadata"], &fixture_path("calls")));
     assert_lines(
         &out,
         &[
@@ -122,10 +80,7 @@ fn metadata_of_calls() {
 
 #[test]
 fn disassembly_of_calls() {
-    let out = stdout_ok(&ferrite(
-        &["--output=disassembly"],
-        &fixtures().join("calls.vmfb"),
-    ));
+    let out = stdout_ok(&ferrite(&["--output=disassembly"], &fixture_path("calls")));
     assert_lines(
         &out,
         &[
@@ -154,7 +109,7 @@ fn disassembly_of_calls() {
             "--bytecode_offsets",
             "--function=fn5",
         ],
-        &fixtures().join("calls.vmfb"),
+        &fixture_path("calls"),
     ));
     assert_lines(
         &with_offsets,
@@ -169,7 +124,7 @@ fn disassembly_of_calls() {
 
 #[test]
 fn default_output_is_all() {
-    let out = stdout_ok(&ferrite(&[], &fixtures().join("calls.vmfb")));
+    let out = stdout_ok(&ferrite(&[], &fixture_path("calls")));
     assert!(out.contains("// @calls : version 0"));
     assert!(out.contains("vm.func @mix(%i0:1: i64, %i2:3: f64, %i4: f32) -> (f64, i64) {"));
 }
@@ -188,7 +143,7 @@ fn errors_exit_non_zero() {
     assert!(!bad.stderr.is_empty());
     assert!(bad.stdout.is_empty());
 
-    let flag = ferrite(&["--output=bogus"], &fixtures().join("calls.vmfb"));
+    let flag = ferrite(&["--output=bogus"], &fixture_path("calls"));
     assert!(!flag.status.success());
     assert!(String::from_utf8_lossy(&flag.stderr).contains("bogus"));
 }
@@ -205,7 +160,7 @@ fn section<'a>(text: &'a str, title: &str) -> &'a str {
 
 #[test]
 fn matches_upstream() {
-    let upstream = repo_root().join(".venv/bin/iree-dump-module");
+    let upstream = venv_tool_path("iree-dump-module");
     if !upstream.exists() {
         eprintln!(
             "skipping upstream comparison: {} not installed",

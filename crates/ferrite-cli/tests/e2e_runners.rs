@@ -4,55 +4,15 @@
 //! first disagreeing element with both values and the matrices around it;
 //! sizes that do not match the result are an error, not a bad read.
 
+use ferrite_testkit::{compile_file, workspace_root, GENERIC_CPU};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
-
-fn workspace_root() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    dir.canonicalize().unwrap_or(dir)
-}
-
-fn iree_compile() -> PathBuf {
-    let venv = std::env::var_os("VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".venv"));
-    let p = venv.join("bin/iree-compile");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/setup-venv.sh (these tests need the pinned compiler)",
-        p.display()
-    );
-    p
-}
-
-static BUILD_LOCK: Mutex<()> = Mutex::new(());
 
 /// Compiles `tests/e2e_runners/<name>.mlir` for a portable x86-64 CPU.
 fn compile(name: &str) -> PathBuf {
-    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let src = workspace_root().join(format!("tests/e2e_runners/{name}.mlir"));
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-runners");
-    std::fs::create_dir_all(&dir).expect("create output directory");
-    let out = dir.join(format!("{name}.vmfb"));
-    let output = Command::new(iree_compile())
-        .args([
-            "--iree-hal-target-device=local",
-            "--iree-hal-local-target-device-backends=llvm-cpu",
-            "--iree-llvmcpu-target-cpu=generic",
-        ])
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .expect("run iree-compile");
-    assert!(
-        output.status.success(),
-        "iree-compile failed for {}:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    out
+    let out = ferrite_testkit::target_tmpdir!("e2e-runners").join(format!("{name}.vmfb"));
+    compile_file(&src, &out, GENERIC_CPU)
 }
 
 /// Runs `ferrite <command> --module=<vmfb> --device=<device>`: exit code

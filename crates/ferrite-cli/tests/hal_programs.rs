@@ -6,127 +6,23 @@
 //! the argument with expected vs received (the text upstream prints), and a
 //! device we lack is reported with the devices we have.
 
+use ferrite_testkit::{compile_file, run_program, venv_tool, workspace_root, Output, GENERIC_CPU};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
-fn workspace_root() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    dir.canonicalize().unwrap_or(dir)
-}
-
-fn venv_tool(name: &str) -> PathBuf {
-    let venv = std::env::var_os("VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".venv"));
-    let p = venv.join("bin").join(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/setup-venv.sh (these tests need the pinned IREE tools)",
-        p.display()
-    );
-    p
-}
-
-static BUILD_LOCK: Mutex<()> = Mutex::new(());
+use std::time::Duration;
 
 /// Compiles `tests/hal/<name>.mlir` with `flags` (once per source change)
 /// into `<name><suffix>.vmfb`.
 fn compile_with(name: &str, suffix: &str, flags: &[&str]) -> PathBuf {
-    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let src = workspace_root()
         .join("tests/hal")
         .join(format!("{name}.mlir"));
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hal-programs");
-    std::fs::create_dir_all(&out_dir).expect("create output directory");
-    let out = out_dir.join(format!("{name}{suffix}.vmfb"));
-    let fresh = match (std::fs::metadata(&src), std::fs::metadata(&out)) {
-        (Ok(s), Ok(o)) => matches!((s.modified(), o.modified()), (Ok(s), Ok(o)) if o >= s),
-        _ => false,
-    };
-    if !fresh {
-        let tmp = out.with_extension(format!("vmfb.{}.tmp", std::process::id()));
-        let output = Command::new(venv_tool("iree-compile"))
-            .args(flags)
-            .arg(&src)
-            .arg("-o")
-            .arg(&tmp)
-            .output()
-            .expect("run iree-compile");
-        assert!(
-            output.status.success(),
-            "iree-compile failed for {}:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        std::fs::rename(&tmp, &out).expect("move compiled module into place");
-    }
-    out
+    let out = ferrite_testkit::target_tmpdir!("hal-programs").join(format!("{name}{suffix}.vmfb"));
+    compile_file(&src, &out, flags)
 }
 
 /// Compiles for the local llvm-cpu target with a portable CPU.
 fn compile(name: &str) -> PathBuf {
-    compile_with(
-        name,
-        "",
-        &[
-            "--iree-hal-target-device=local",
-            "--iree-hal-local-target-device-backends=llvm-cpu",
-            "--iree-llvmcpu-target-cpu=generic",
-        ],
-    )
-}
-
-struct Output {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn run_with_timeout(program: &Path, args: &[String], timeout: Duration) -> Output {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
-    // Drain the pipes on threads so large outputs cannot block the child.
-    let mut out_pipe = child.stdout.take().unwrap();
-    let mut err_pipe = child.stderr.take().unwrap();
-    let out_reader = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        std::io::Read::read_to_end(&mut out_pipe, &mut s).ok();
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        std::io::Read::read_to_end(&mut err_pipe, &mut s).ok();
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() > timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "{} {} did not finish within {timeout:?}",
-                    program.display(),
-                    args.join(" ")
-                );
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => panic!("waiting for {}: {e}", program.display()),
-        }
-    };
-    Output {
-        code: status.code(),
-        stdout: String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned(),
-        stderr: String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned(),
-    }
+    compile_with(name, "", GENERIC_CPU)
 }
 
 fn tool_args(
@@ -149,7 +45,7 @@ fn tool_args(
 fn ferrite(module: &Path, function: &str, inputs: &[String], device: Option<&str>) -> Output {
     let mut a = vec!["run-module".to_string()];
     a.extend(tool_args(module, function, inputs, device));
-    run_with_timeout(
+    run_program(
         Path::new(env!("CARGO_BIN_EXE_ferrite")),
         &a,
         Duration::from_secs(120),
@@ -157,7 +53,7 @@ fn ferrite(module: &Path, function: &str, inputs: &[String], device: Option<&str
 }
 
 fn upstream(module: &Path, function: &str, inputs: &[String], device: Option<&str>) -> Output {
-    run_with_timeout(
+    run_program(
         &venv_tool("iree-run-module"),
         &tool_args(module, function, inputs, device),
         Duration::from_secs(120),

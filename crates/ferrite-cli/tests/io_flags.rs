@@ -13,6 +13,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::Duration;
+
+use ferrite_testkit::{compile_source, f32_bytes, run_command, venv_tool, Output, GENERIC_CPU};
 
 const PROGRAM: &str = r#"
 func.func @multi(%a: tensor<2x3xf32>, %b: tensor<i32>) -> (tensor<2x3xf32>, tensor<i32>) {
@@ -34,23 +37,6 @@ func.func @two(%a: tensor<2x3xf32>, %b: tensor<2x3xf32>) -> tensor<2x3xf32> {
 }
 "#;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn venv_bin(tool: &str) -> PathBuf {
-    let venv = std::env::var_os("VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv"));
-    let p = venv.join("bin").join(tool);
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/setup-venv.sh",
-        p.display()
-    );
-    p
-}
-
 /// npy v1 file bytes as numpy writes them.
 fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
     let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({shape}), }}");
@@ -65,38 +51,25 @@ fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
     v
 }
 
-fn f32s(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 /// A directory with `io.vmfb` and input files, made once per test run.
 fn workdir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("ferrite-io-flags-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("io.mlir"), PROGRAM).unwrap();
-        let st = Command::new(venv_bin("iree-compile"))
-            .args([
-                "--iree-hal-target-device=local",
-                "--iree-hal-local-target-device-backends=llvm-cpu",
-                "--iree-llvmcpu-target-cpu=generic",
-                "io.mlir",
-                "-o",
-                "io.vmfb",
-            ])
-            .current_dir(&dir)
-            .status()
-            .expect("running iree-compile");
-        assert!(st.success(), "iree-compile failed");
+        compile_source(PROGRAM, &dir.join("io.vmfb"), GENERIC_CPU);
         let a: Vec<f32> = (0..6).map(|x| x as f32).collect();
         let a3: Vec<f32> = a.iter().map(|x| x * 3.0).collect();
-        std::fs::write(dir.join("a.npy"), npy("<f4", "2, 3", &f32s(&a))).unwrap();
-        std::fs::write(dir.join("a.bin"), f32s(&a)).unwrap();
-        let mut aa = npy("<f4", "2, 3", &f32s(&a3));
-        aa.extend(npy("<f4", "2, 3", &f32s(&a)));
+        std::fs::write(dir.join("a.npy"), npy("<f4", "2, 3", &f32_bytes(&a))).unwrap();
+        std::fs::write(dir.join("a.bin"), f32_bytes(&a)).unwrap();
+        let mut aa = npy("<f4", "2, 3", &f32_bytes(&a3));
+        aa.extend(npy("<f4", "2, 3", &f32_bytes(&a)));
         std::fs::write(dir.join("aa.npy"), aa).unwrap();
-        std::fs::write(dir.join("wrong.npy"), npy("<f4", "4,", &f32s(&[1.0; 4]))).unwrap();
+        std::fs::write(
+            dir.join("wrong.npy"),
+            npy("<f4", "4,", &f32_bytes(&[1.0; 4])),
+        )
+        .unwrap();
         std::fs::write(dir.join("bool.npy"), npy("|b1", "3,", &[1, 0, 1])).unwrap();
         std::fs::write(
             dir.join("f16.npy"),
@@ -105,44 +78,34 @@ fn workdir() -> &'static Path {
         .unwrap();
         std::fs::write(
             dir.join("c64.npy"),
-            npy("<c8", "2,", &f32s(&[1.0, 2.0, 3.0, -4.0])),
+            npy("<c8", "2,", &f32_bytes(&[1.0, 2.0, 3.0, -4.0])),
         )
         .unwrap();
         std::fs::write(dir.join("u8.npy"), npy("|u1", "2,", &[1, 255])).unwrap();
         std::fs::write(dir.join("be.npy"), npy(">f4", "2, 3", &[0; 24])).unwrap();
         std::fs::write(dir.join("junk.npy"), b"hello, not numpy").unwrap();
-        let whole = npy("<f4", "2, 3", &f32s(&a));
+        let whole = npy("<f4", "2, 3", &f32_bytes(&a));
         std::fs::write(dir.join("trunc.npy"), &whole[..whole.len() - 8]).unwrap();
         dir
     })
 }
 
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn run(program: &Path, pre: &[&str], function: &str, flags: &[&str], cwd: &Path) -> Out {
-    let o = Command::new(program)
-        .args(pre)
-        .arg("--module=io.vmfb")
-        .arg(format!("--function={function}"))
-        .args(flags)
-        .current_dir(cwd)
-        .output()
-        .expect("running tool");
-    Out {
-        code: o.status.code(),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+fn run(program: &Path, pre: &[&str], function: &str, flags: &[&str], cwd: &Path) -> Output {
+    run_command(
+        Command::new(program)
+            .args(pre)
+            .arg("--module=io.vmfb")
+            .arg(format!("--function={function}"))
+            .args(flags)
+            .current_dir(cwd),
+        Duration::from_secs(120),
+    )
 }
 
 /// Runs both tools in separate copies of the work directory (so output
 /// files don't collide); checks stdout and exit code match and returns
 /// (ferrite, upstream, ferrite dir, upstream dir).
-fn both(function: &str, flags: &[&str]) -> (Out, Out, PathBuf, PathBuf) {
+fn both(function: &str, flags: &[&str]) -> (Output, Output, PathBuf, PathBuf) {
     let base = workdir();
     let tag = flags
         .join(" ")
@@ -167,7 +130,7 @@ fn both(function: &str, flags: &[&str]) -> (Out, Out, PathBuf, PathBuf) {
         flags,
         &fd,
     );
-    let u = run(&venv_bin("iree-run-module"), &[], function, flags, &ud);
+    let u = run(&venv_tool("iree-run-module"), &[], function, flags, &ud);
     assert_eq!(
         (f.code, &f.stdout),
         (u.code, &u.stdout),
@@ -424,7 +387,7 @@ fn benchmark_module_compares_with_upstream() {
             "--benchmark_min_time=5x",
             "--compare-upstream",
         ])
-        .env("IREE_BENCHMARK_MODULE", venv_bin("iree-benchmark-module"))
+        .env("IREE_BENCHMARK_MODULE", venv_tool("iree-benchmark-module"))
         .current_dir(dir)
         .output()
         .unwrap();

@@ -11,55 +11,16 @@ use std::sync::Arc;
 
 use ferrite_modules::io_parameters::formats::irpa;
 use ferrite_modules::io_parameters::{FileHandle, ParameterIndex};
-
-fn workspace_root() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    dir.canonicalize().unwrap_or(dir)
-}
-
-fn venv_tool(name: &str) -> PathBuf {
-    let venv = std::env::var_os("VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".venv"));
-    let p = venv.join("bin").join(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/setup-venv.sh",
-        p.display()
-    );
-    p
-}
+use ferrite_testkit::parameter_files::{gguf, safetensors};
+use ferrite_testkit::{compile_file, f32_bytes, venv_tool, workspace_root, GENERIC_CPU};
 
 fn out_dir() -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("parameters");
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    ferrite_testkit::target_tmpdir!("parameters")
 }
 
 fn compile() -> PathBuf {
     let src = workspace_root().join("tests/parameters/affine.mlir");
-    let out = out_dir().join("affine.vmfb");
-    let o = Command::new(venv_tool("iree-compile"))
-        .args([
-            "--iree-hal-target-device=local",
-            "--iree-hal-local-target-device-backends=llvm-cpu",
-            "--iree-llvmcpu-target-cpu=generic",
-        ])
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "iree-compile: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    compile_file(&src, &out_dir().join("affine.vmfb"), GENERIC_CPU)
 }
 
 const W: [f32; 4] = [1.5, -2.0, 0.25, 8.0];
@@ -76,41 +37,19 @@ fn write_irpa(path: &Path) {
 }
 
 fn write_gguf(path: &Path) {
-    let mut f = Vec::new();
-    let string = |f: &mut Vec<u8>, s: &str| {
-        f.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        f.extend_from_slice(s.as_bytes());
-    };
-    f.extend_from_slice(b"GGUF");
-    f.extend_from_slice(&3u32.to_le_bytes());
-    f.extend_from_slice(&2u64.to_le_bytes()); // tensors
-    f.extend_from_slice(&0u64.to_le_bytes()); // key/values
-    for (name, offset) in [("w", 0u64), ("b", 32)] {
-        string(&mut f, name);
-        f.extend_from_slice(&1u32.to_le_bytes());
-        f.extend_from_slice(&4u64.to_le_bytes());
-        f.extend_from_slice(&0u32.to_le_bytes()); // F32
-        f.extend_from_slice(&offset.to_le_bytes());
-    }
-    f.resize(f.len().div_ceil(32) * 32, 0);
-    f.extend_from_slice(&f32_bytes(&W));
-    f.resize(f.len() + 16, 0);
-    f.extend_from_slice(&f32_bytes(&B));
-    std::fs::write(path, f).unwrap();
+    let tensors = [
+        ("w", &[4u64][..], 0, f32_bytes(&W)),
+        ("b", &[4], 0, f32_bytes(&B)),
+    ];
+    std::fs::write(path, gguf(32, &tensors)).unwrap();
 }
 
 fn write_safetensors(path: &Path) {
-    let mut header = String::from(
-        r#"{"b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"w":{"dtype":"F32","shape":[4],"data_offsets":[16,32]}}"#,
-    );
-    while header.len() % 8 != 0 {
-        header.push(' ');
-    }
-    let mut f = (header.len() as u64).to_le_bytes().to_vec();
-    f.extend_from_slice(header.as_bytes());
-    f.extend_from_slice(&f32_bytes(&B));
-    f.extend_from_slice(&f32_bytes(&W));
-    std::fs::write(path, f).unwrap();
+    let tensors = [
+        ("b", &[4u64][..], f32_bytes(&B)),
+        ("w", &[4], f32_bytes(&W)),
+    ];
+    std::fs::write(path, safetensors(&tensors)).unwrap();
 }
 
 fn run(tool: &Path, pre: &[&str], args: &[String]) -> (bool, String, String) {

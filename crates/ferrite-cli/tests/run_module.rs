@@ -9,64 +9,17 @@
 #[path = "../../ferrite-vm/tests/common/mod.rs"]
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-struct Output {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn run_with_timeout(program: &Path, args: &[String], timeout: Duration) -> Output {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if start.elapsed() > timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "{} {} did not finish within {timeout:?}",
-                    program.display(),
-                    args.join(" ")
-                );
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => panic!("waiting for {}: {e}", program.display()),
-        }
-    }
-    let out = child.wait_with_output().expect("collecting output");
-    Output {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
+use ferrite_testkit::{run_program, venv_tool, Output};
+use std::path::PathBuf;
+use std::time::Duration;
 
 fn ferrite_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ferrite"))
 }
 
+/// Upstream's `iree-run-module`; the differential tests fail without it.
 fn upstream_bin() -> PathBuf {
-    let venv = std::env::var_os("VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| common::workspace_root().join(".venv"));
-    let p = venv.join("bin/iree-run-module");
-    assert!(
-        p.is_file(),
-        "upstream {} is missing: run scripts/setup-venv.sh (the differential tests need the pinned iree-run-module)",
-        p.display()
-    );
-    p
+    venv_tool("iree-run-module")
 }
 
 fn args(fixture: &str, function: &str, inputs: &[&str]) -> Vec<String> {
@@ -81,11 +34,11 @@ fn args(fixture: &str, function: &str, inputs: &[&str]) -> Vec<String> {
 fn ferrite(fixture: &str, function: &str, inputs: &[&str]) -> Output {
     let mut a = vec!["run-module".to_string()];
     a.extend(args(fixture, function, inputs));
-    run_with_timeout(&ferrite_bin(), &a, Duration::from_secs(60))
+    run_program(&ferrite_bin(), &a, Duration::from_secs(60))
 }
 
 fn upstream(fixture: &str, function: &str, inputs: &[&str]) -> Output {
-    run_with_timeout(
+    run_program(
         &upstream_bin(),
         &args(fixture, function, inputs),
         Duration::from_secs(60),
@@ -194,7 +147,7 @@ fn runtime_failure_exits_nonzero_with_status() {
 #[test]
 fn load_and_lookup_errors() {
     let missing = common::fixtures_dir().join("no_such_module.vmfb");
-    let o = run_with_timeout(
+    let o = run_program(
         &ferrite_bin(),
         &[
             "run-module".into(),

@@ -13,11 +13,12 @@ use ferrite_hal::element_type::{ElementType, EncodingType};
 use ferrite_hal::memory::{BufferUsage, MemoryType};
 use ferrite_hal::module::HalModuleOptions;
 use ferrite_hal_cpu::CpuDevice;
+use ferrite_testkit::{compile_source, GENERIC_CPU};
 use ferrite_vm::bytecode::archive::Archive;
 use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes, Ref, Variant};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const FORMAT: &str = "system-elf-x86_64";
 
@@ -28,40 +29,12 @@ func.func @add(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
 }
 ";
 
-static COMPILE_LOCK: Mutex<()> = Mutex::new(());
-
 /// Compiles [`PROGRAM`] with a system shared-library executable (again only
 /// when the program changes) and returns the `.vmfb` path.
 fn compile_dylib() -> PathBuf {
-    let _guard = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("executable-dylib");
-    std::fs::create_dir_all(&dir).expect("create output directory");
-    let out = dir.join("add.vmfb");
-    let src = dir.join("add.mlir");
-    if out.is_file() && std::fs::read_to_string(&src).is_ok_and(|s| s == PROGRAM) {
-        return out;
-    }
-    std::fs::write(&src, PROGRAM).expect("write program");
-    let tmp = out.with_extension(format!("vmfb.{}.tmp", std::process::id()));
-    let output = Command::new(common::tool("iree-compile"))
-        .args([
-            "--iree-hal-target-device=local",
-            "--iree-hal-local-target-device-backends=llvm-cpu",
-            "--iree-llvmcpu-target-cpu=generic",
-            "--iree-llvmcpu-link-embedded=false",
-        ])
-        .arg(&src)
-        .arg("-o")
-        .arg(&tmp)
-        .output()
-        .expect("run iree-compile");
-    assert!(
-        output.status.success(),
-        "iree-compile failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    std::fs::rename(&tmp, &out).expect("move compiled module into place");
-    out
+    let flags = [GENERIC_CPU, &["--iree-llvmcpu-link-embedded=false"]].concat();
+    let out = ferrite_testkit::target_tmpdir!("executable-dylib").join("add.vmfb");
+    compile_source(PROGRAM, &out, &flags)
 }
 
 /// The module's executable format and bytes, from its rodata.

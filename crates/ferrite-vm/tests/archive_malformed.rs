@@ -9,11 +9,12 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
 use ferrite_base::StatusCode;
+use ferrite_testkit::{compile_source, venv_tool_path, workspace_root, GENERIC_CPU};
 use ferrite_vm::bytecode::archive::{Archive, Location};
 use ferrite_vm::bytes::ModuleBytes;
 
@@ -89,17 +90,6 @@ func.func @add(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
 }
 "#;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn venv_bin(tool: &str) -> PathBuf {
-    let venv = std::env::var_os("VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".venv"));
-    venv.join("bin").join(tool)
-}
-
 fn fixture_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(d) = std::env::var_os("FERRITE_FIXTURES") {
@@ -110,13 +100,11 @@ fn fixture_dirs() -> Vec<PathBuf> {
 }
 
 fn scratch_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("archive_malformed");
-    std::fs::create_dir_all(&dir).expect("creating scratch dir");
-    dir
+    ferrite_testkit::target_tmpdir!("archive_malformed")
 }
 
 fn run_tool(tool: &str, args: &[&str], what: &str) -> Vec<u8> {
-    let path = venv_bin(tool);
+    let path = venv_tool_path(tool);
     let out = Command::new(&path).args(args).output().unwrap_or_else(|e| {
         panic!(
             "cannot build test module {what}: no fixture found in {:?} and running {} failed: {e}. \
@@ -151,20 +139,7 @@ fn module(name: &str, source: &str, mlir: bool) -> Vec<u8> {
             let out = dir.join(format!("{name}.vmfb"));
             let out_s = out.to_str().expect("utf-8 path").to_owned();
             if mlir {
-                let src = dir.join(format!("{name}.mlir"));
-                std::fs::write(&src, source).unwrap();
-                run_tool(
-                    "iree-compile",
-                    &[
-                        "--iree-hal-target-device=local",
-                        "--iree-hal-local-target-device-backends=llvm-cpu",
-                        "--iree-llvmcpu-target-cpu=generic",
-                        src.to_str().unwrap(),
-                        "-o",
-                        &out_s,
-                    ],
-                    name,
-                );
+                compile_source(source, &out, GENERIC_CPU);
             } else {
                 let src = dir.join(format!("{name}.vmasm"));
                 std::fs::write(&src, source).unwrap();
@@ -1189,10 +1164,10 @@ fn cross_check(name: &str, bytes: &[u8]) {
 
 #[test]
 fn cross_check_with_iree_dump_module() {
-    if !venv_bin("iree-dump-module").exists() {
+    if !venv_tool_path("iree-dump-module").exists() {
         eprintln!(
             "SKIPPED cross_check_with_iree_dump_module: {} not found",
-            venv_bin("iree-dump-module").display()
+            venv_tool_path("iree-dump-module").display()
         );
         return;
     }

@@ -9,10 +9,7 @@ use std::sync::Arc;
 use ferrite::parameters::formats::irpa;
 use ferrite::parameters::{FileHandle, ParameterIndex, ParameterProvider};
 use ferrite::{Instance, Session, StatusCode, Tensor, Value};
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
+use ferrite_testkit::f32_bytes;
 
 fn index() -> ParameterIndex {
     let mut index = ParameterIndex::new();

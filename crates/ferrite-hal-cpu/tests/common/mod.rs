@@ -49,10 +49,7 @@ pub fn executable(name: &str) -> Executable {
     }
 }
 
-/// f32 values as little-endian bytes.
-pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
+pub use ferrite_testkit::f32_bytes;
 
 /// Little-endian bytes as f32 values.
 pub fn bytes_f32(b: &[u8]) -> Vec<f32> {

@@ -5,32 +5,15 @@
 //! (the HAL suite's helpers) builds on this module.
 #![allow(dead_code)]
 
+use ferrite_testkit::GENERIC_CPU;
 use ferrite_vm::bytecode::archive::Archive;
 use ferrite_vm::ModuleBytes;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 
-/// The workspace root.
-pub fn workspace_root() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    dir.canonicalize().unwrap_or(dir)
-}
-
-/// A pinned tool from `<workspace>/.venv/bin`.
-pub fn tool(name: &str) -> PathBuf {
-    let p = workspace_root().join(".venv/bin").join(name);
-    assert!(
-        p.is_file(),
-        "{} not found: these tests compile their programs with the pinned IREE \
-         compiler (iree-base-compiler==3.13.0) installed in <workspace>/.venv \
-         (run scripts/setup-venv.sh)",
-        p.display()
-    );
-    p
-}
-
-static BUILD_LOCK: Mutex<()> = Mutex::new(());
+// Not every test binary uses both.
+#[allow(unused_imports)]
+pub use ferrite_testkit::{venv_tool as tool, workspace_root};
 
 /// Compiles `tests/data/<name>.mlir` for the local llvm-cpu target (generic
 /// x86-64), once per source change, and returns the `.vmfb` path.
@@ -45,45 +28,10 @@ pub fn compile(name: &str) -> PathBuf {
 /// once per source change. Without `flags`, it builds for the local llvm-cpu
 /// target with a portable (generic x86-64) CPU.
 pub fn compile_file(src: &Path, out_dir: &str, flags: &[&str]) -> PathBuf {
-    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out_dir);
-    std::fs::create_dir_all(&out_dir).expect("create output directory");
     let stem = src.file_stem().expect("source file name").to_string_lossy();
-    let out = out_dir.join(format!("{stem}.vmfb"));
-    let fresh = match (std::fs::metadata(src), std::fs::metadata(&out)) {
-        (Ok(s), Ok(o)) => matches!((s.modified(), o.modified()), (Ok(s), Ok(o)) if o >= s),
-        _ => false,
-    };
-    if !fresh {
-        let default_flags = [
-            "--iree-hal-target-device=local",
-            "--iree-hal-local-target-device-backends=llvm-cpu",
-            "--iree-llvmcpu-target-cpu=generic",
-        ];
-        let flags: &[&str] = if flags.is_empty() {
-            &default_flags
-        } else {
-            flags
-        };
-        // Compile to a temporary name so a concurrent reader never sees a
-        // half-written module.
-        let tmp = out.with_extension(format!("vmfb.{}.tmp", std::process::id()));
-        let output = Command::new(tool("iree-compile"))
-            .args(flags)
-            .arg(src)
-            .arg("-o")
-            .arg(&tmp)
-            .output()
-            .expect("run iree-compile");
-        assert!(
-            output.status.success(),
-            "iree-compile failed for {}:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        std::fs::rename(&tmp, &out).expect("move compiled module into place");
-    }
-    out
+    let out = ferrite_testkit::target_tmpdir!(out_dir).join(format!("{stem}.vmfb"));
+    let flags = if flags.is_empty() { GENERIC_CPU } else { flags };
+    ferrite_testkit::compile_file(src, &out, flags)
 }
 
 /// Every rodata segment of `vmfb`, its ELF executable and format string.

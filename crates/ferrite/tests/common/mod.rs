@@ -1,49 +1,17 @@
-//! Helpers shared by the integration tests: the pinned upstream tools.
+//! Helpers shared by the integration tests: the pinned upstream tools and
+//! compiling programs with them (from `ferrite-testkit`).
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
-/// The repository root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-/// A pinned upstream tool from the project venv; panics with a clear message
-/// when it is missing.
-pub fn tool(name: &str) -> PathBuf {
-    let path = root().join(".venv/bin").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: these tests need the pinned IREE tools; run scripts/setup-venv.sh",
-        path.display()
-    );
-    path
-}
+// Not every test binary uses both.
+#[allow(unused_imports)]
+pub use ferrite_testkit::{venv_tool as tool, workspace_root as root};
 
 /// Compiles `mlir` (source text) for a portable CPU into
-/// `$CARGO_TARGET_TMPDIR/<name>.vmfb` with the pinned compiler.
+/// `$CARGO_TARGET_TMPDIR/ferrite-facade/<name>.vmfb` with the pinned
+/// compiler (again only when the text changes).
 pub fn compile(name: &str, mlir: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ferrite-facade");
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join(format!("{name}.mlir"));
-    let out = dir.join(format!("{name}.vmfb"));
-    std::fs::write(&src, mlir).unwrap();
-    let compiler = tool("iree-compile");
-    let status = Command::new(&compiler)
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .args([
-            "--iree-hal-target-device=local",
-            "--iree-hal-local-target-device-backends=llvm-cpu",
-            "--iree-llvmcpu-target-cpu=generic",
-        ])
-        .status()
-        .unwrap_or_else(|e| panic!("running {}: {e}", compiler.display()));
-    assert!(status.success(), "iree-compile failed on {}", src.display());
-    out
+    let out = ferrite_testkit::target_tmpdir!("ferrite-facade").join(format!("{name}.vmfb"));
+    ferrite_testkit::compile_source(mlir, &out, ferrite_testkit::GENERIC_CPU)
 }
