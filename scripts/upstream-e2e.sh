@@ -29,6 +29,15 @@
 # E2E_SKIP set, only the targets that run are cleared from the output
 # directory, so batches of one suite can run one after another (not at the
 # same time: they share <suite>/jobs.txt) and keep each other's logs.
+# E2E_VARIANTS: `host` (default) compiles each generated runner target once,
+# for this host's CPU (--iree-llvmcpu-target-cpu=host); `upstream` runs it
+# once per entry of its TARGET_CPU_FEATURES_VARIANTS for this architecture,
+# as upstream's CMake does: `generic` as --iree-llvmcpu-target-cpu=generic,
+# `x86_64:<name>:<features>` as --iree-llvmcpu-target-cpu-features=<features>
+# with the generator's --requirements=<features>; the instance is named
+# <target>_<name> (E2E_ONLY/E2E_SKIP match that name), and one whose
+# features this host lacks (per /proc/cpuinfo) is skipped with a note.
+# E2E_OUT: output directory (default build/upstream-e2e).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,12 +47,13 @@ FERRITE=${FERRITE:-$ROOT/target/release/ferrite}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 E2E_ONLY=${E2E_ONLY:-}
 E2E_SKIP=${E2E_SKIP:-}
+E2E_VARIANTS=${E2E_VARIANTS:-host}
 JOBS=${JOBS:-2}
 DEVICES=${DEVICES:-local-sync local-task}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
-OUT=$ROOT/build/upstream-e2e
-BASE_FLAGS=(--iree-hal-target-device=local --iree-hal-local-target-device-backends=llvm-cpu
-  --iree-llvmcpu-target-cpu=host)
+OUT=${E2E_OUT:-$ROOT/build/upstream-e2e}
+# The target CPU comes with each job's flags (list_suite).
+BASE_FLAGS=(--iree-hal-target-device=local --iree-hal-local-target-device-backends=llvm-cpu)
 ALL_SUITES=(stablehlo_ops tosa_ops linalg linalg_ext_ops matmul math convolution tensor_ops
   subbyte_types attention encoding)
 
@@ -53,6 +63,10 @@ if [ "${1:-}" = --list ]; then
   shift
 fi
 
+case $E2E_VARIANTS in
+  host | upstream) ;;
+  *) echo "E2E_VARIANTS must be host or upstream, not '$E2E_VARIANTS'" >&2; exit 2 ;;
+esac
 [ -d "$IREE_MIRROR" ] || { echo "no IREE mirror at $IREE_MIRROR (set IREE_MIRROR)" >&2; exit 2; }
 if [ $LIST_ONLY = 0 ]; then
   [ -x "$IREE_COMPILE" ] || { echo "no iree-compile at $IREE_COMPILE" >&2; exit 2; }
@@ -80,7 +94,7 @@ export BASE_FLAGS_STR="${BASE_FLAGS[*]}"
 # list_suite MIRROR SUITE: the llvm-cpu check tests of tests/e2e/SUITE, read
 # from its CMakeLists.txt. Prints `# note` lines, then per llvm-cpu variant of
 # iree_check_single_backend_test_suite a line `V<TAB>name<TAB>extra flags`
-# (target-cpu flags dropped: host is used) followed by its sources, `S<TAB>src`
+# (target-cpu flags replaced by the host's) followed by its sources, `S<TAB>src`
 # or, for sources made by an iree_genrule, `G<TAB>out<TAB>command`. Variants
 # repeating an earlier one's sources and flags, and sources already listed
 # with the same flags, are left out. A suite with no llvm-cpu variant but
@@ -94,6 +108,8 @@ import sys
 mirror, suite = sys.argv[1], sys.argv[2]
 only = sys.argv[3] if len(sys.argv) > 3 else ""
 skip = sys.argv[4] if len(sys.argv) > 4 else ""
+variant_mode = sys.argv[5] if len(sys.argv) > 5 else "host"
+HOST_CPU = "--iree-llvmcpu-target-cpu=host"
 text = subprocess.run(
     ["git", "-C", mirror, "show", f"HEAD:tests/e2e/{suite}/CMakeLists.txt"],
     capture_output=True, text=True, check=True).stdout
@@ -136,8 +152,56 @@ for b in blocks("iree_genrule"):
 
 variants = [fields(b) for b in blocks("iree_check_single_backend_test_suite")]
 cpu = [v for v in variants if v.get("TARGET_BACKEND") == ["llvm-cpu"]]
+def host_cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def host_lacks(features):
+    """The LLVM features (`+avx2,+avx512vnni`) /proc/cpuinfo does not list
+    (it writes some with an underscore: avx512_vnni, avx512_bf16)."""
+    have = host_cpu_flags()
+    missing = []
+    for feat in features.split(","):
+        feat = feat.strip().lstrip("+")
+        alt = re.sub(r"^avx512", "avx512_", feat)
+        if feat and feat not in have and alt not in have:
+            missing.append(feat)
+    return missing
+
+
+def cpu_variants_of(name, entries):
+    """(suffix, compiler flags, generator args) per variant to run, as
+    upstream's CMake makes them on x86_64; notes the ones left out."""
+    if variant_mode == "host":
+        return [("", [HOST_CPU], [])]
+    out = []
+    for entry in entries or ["generic"]:
+        if entry in ("generic", "host"):
+            out.append(("_" + entry, [f"--iree-llvmcpu-target-cpu={entry}"], []))
+            continue
+        parts = entry.split(":")
+        if len(parts) != 3 or parts[0] != "x86_64":
+            continue
+        _, vname, features = parts
+        missing = host_lacks(features)
+        if missing:
+            print(f"# {name}_{vname}: this host lacks CPU feature(s) {','.join(missing)}: skipped")
+            continue
+        out.append(("_" + vname, [f"--iree-llvmcpu-target-cpu-features={features}"],
+                    [f"--requirements={features}"]))
+    return out
+
+
 # Generated runner tests (matmul, conv2d, attention): one `R` line per
-# llvm-cpu target this host can run.
+# llvm-cpu target (and, with E2E_VARIANTS=upstream, CPU variant) this host
+# can run.
 seen_runs = set()
 for b in blocks("iree_generated_e2e_runner_test"):
     f = fields(b)
@@ -153,18 +217,21 @@ for b in blocks("iree_generated_e2e_runner_test"):
     if not {"default", "generic"} & set(cpu_variants) and not any(v.startswith("x86_64:") for v in cpu_variants):
         print(f"# {name}: cpu feature variants {' '.join(cpu_variants)} are for other architectures: skipped")
         continue
-    key = (tuple(f.get("GENERATOR_ARGS", [])), tuple(flags), tuple(f.get("RUNNER_ARGS", [])))
-    if key in seen_runs:
-        print(f"# {name}: same generator args and flags as an earlier target (cpu features aside): skipped")
-        continue
-    seen_runs.add(key)
-    if only and not re.search(only, name):
-        continue
-    if skip and re.search(skip, name):
-        continue
-    print("\t".join(["R", name, f["TEST_TYPE"][0], f["GENERATOR"][0],
-                     " ".join(f.get("GENERATOR_ARGS", [])), " ".join(flags),
-                     " ".join(f.get("RUNNER_ARGS", []))]))
+    for suffix, vflags, vgen in cpu_variants_of(name, f.get("TARGET_CPU_FEATURES_VARIANTS")):
+        gen_args = f.get("GENERATOR_ARGS", []) + vgen
+        key = (tuple(gen_args), tuple(flags + vflags), tuple(f.get("RUNNER_ARGS", [])))
+        if key in seen_runs:
+            print(f"# {name}{suffix}: same generator args and flags as an earlier target"
+                  f"{' (cpu features aside)' if variant_mode == 'host' else ''}: skipped")
+            continue
+        seen_runs.add(key)
+        if only and not re.search(only, name + suffix):
+            continue
+        if skip and re.search(skip, name + suffix):
+            continue
+        print("\t".join(["R", name + suffix, f["TEST_TYPE"][0], f["GENERATOR"][0],
+                         " ".join(gen_args), " ".join(flags + vflags),
+                         " ".join(f.get("RUNNER_ARGS", []))]))
 if not cpu:
     listing = subprocess.run(
         ["git", "-C", mirror, "ls-tree", "--name-only", "HEAD", f"tests/e2e/{suite}/"],
@@ -174,7 +241,7 @@ if not cpu:
         backends = sorted({w.get("TARGET_BACKEND", ["?"])[0] for w in variants})
         print(f"# no llvm-cpu check suite upstream (only {', '.join(backends) or 'none'}); "
               "compiling its plain .mlir for llvm-cpu anyway")
-        print("V\tplain-llvm-cpu\t")
+        print(f"V\tplain-llvm-cpu\t{HOST_CPU}")
         for name in plain:
             print(f"S\t{name}")
     sys.exit(0)
@@ -190,7 +257,7 @@ for v in cpu:
     seen.add(key)
     if v.get("RUNNER_ARGS"):
         print(f"# variant {name}: runner args not applied: {' '.join(v['RUNNER_ARGS'])}")
-    print(f"V\t{name}\t{' '.join(flags)}")
+    print(f"V\t{name}\t{' '.join(flags + [HOST_CPU])}")
     for src in v.get("SRCS", []):
         base = src.rsplit("/", 1)[-1]
         if (base, tuple(flags)) in seen_srcs:
@@ -233,7 +300,7 @@ tally() {
 if [ $LIST_ONLY = 1 ]; then
   for suite in "${suites[@]}"; do
     echo "=== $suite"
-    list_suite "$IREE_MIRROR" "$suite" "$E2E_ONLY" "$E2E_SKIP" | awk -F'\t' '
+    list_suite "$IREE_MIRROR" "$suite" "$E2E_ONLY" "$E2E_SKIP" "$E2E_VARIANTS" | awk -F'\t' '
       /^#/ { sub(/^# /, "  note: "); print; next }
       $1 == "R" { print "  runner    " $2 " (" $3 ")"; next }
       $1 == "V" { print "  variant   " $2 (length($3) ? " [" $3 "]" : ""); next }
@@ -250,7 +317,7 @@ for suite in "${suites[@]}"; do
   # A filtered run clears only the targets it runs (below).
   [ -z "$E2E_ONLY$E2E_SKIP" ] && rm -rf "$sdir"
   mkdir -p "$sdir"
-  listing=$(list_suite "$IREE_MIRROR" "$suite" "$E2E_ONLY" "$E2E_SKIP") || {
+  listing=$(list_suite "$IREE_MIRROR" "$suite" "$E2E_ONLY" "$E2E_SKIP" "$E2E_VARIANTS") || {
     echo "  cannot read tests/e2e/$suite/CMakeLists.txt from the mirror"
     summary+=("$suite|-|-|-|-|-|-|-|unreadable")
     continue
