@@ -7,11 +7,17 @@
 //! subscribe a [`Notifier`] to each source, re-check, and sleep on the
 //! notifier's condition variable until a source reports a change or the
 //! deadline passes. Nothing waits by spinning beyond that bound.
+//!
+//! While it polls, a waiter first lends its thread to ready queued work
+//! ([`Helper`]s, e.g. the `local-task` worker pool): on a host with few
+//! cores, the waiter running the submission it waits for itself beats
+//! handing it to a worker that must first be woken, and the thread would
+//! otherwise only yield.
 
 use crate::status::{Result, Status, StatusCode};
 use crate::time::Deadline;
 use parking_lot::{Condvar, Mutex};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How long a blocking wait keeps polling before it sleeps.
@@ -20,17 +26,65 @@ pub const SPIN: Duration = Duration::from_micros(50);
 /// Polls `ready` (yielding the CPU between polls) until it answers true or
 /// [`SPIN`] (or `deadline`, when sooner) passes; returns its last answer.
 /// Blocking waits call this before they sleep.
+/// While it polls, the caller runs ready work from registered [`Helper`]s;
+/// time spent running work does not count against the polling bound.
 pub fn spin_until(deadline: Deadline, mut ready: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
+    let mut start = Instant::now();
     loop {
         if ready() {
             return true;
         }
-        if start.elapsed() >= SPIN || deadline.has_passed() {
+        if deadline.has_passed() {
+            return false;
+        }
+        if help_one() {
+            start = Instant::now();
+            continue;
+        }
+        if start.elapsed() >= SPIN {
             return false;
         }
         std::thread::yield_now();
     }
+}
+
+/// A source of ready work that a blocked waiter may run on its own thread
+/// instead of idling (register with [`register_helper`]).
+pub trait Helper: Send + Sync {
+    /// Runs one piece of ready work on the calling thread; false when none
+    /// was ready. The work must not depend on anything the waiter holds: it
+    /// is work that was already free to run on any thread.
+    fn help_one(&self) -> bool;
+}
+
+/// Registered helpers; entries whose owner is gone are pruned on register.
+static HELPERS: RwLock<Vec<Weak<dyn Helper>>> = RwLock::new(Vec::new());
+
+/// Lets blocked waiters run `helper`'s ready work until its last strong
+/// reference is dropped.
+pub fn register_helper(helper: Weak<dyn Helper>) {
+    let mut helpers = HELPERS.write().unwrap_or_else(|e| e.into_inner());
+    helpers.retain(|h| h.strong_count() > 0);
+    helpers.push(helper);
+}
+
+/// Runs one piece of ready work from some registered helper on this thread;
+/// false when none had any.
+pub fn help_one() -> bool {
+    let count = HELPERS.read().unwrap_or_else(|e| e.into_inner()).len();
+    for i in 0..count {
+        // The lock is released before the work runs: work may register
+        // helpers or wait (and help) itself.
+        let helper = HELPERS
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(i)
+            .and_then(Weak::upgrade);
+        if helper.is_some_and(|h| h.help_one()) {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether a multi-wait needs every source or any one of them.
@@ -253,5 +307,38 @@ mod tests {
         b.fail(Status::new(StatusCode::Aborted, "boom"));
         let err = wait_sources(&srcs, WaitMode::All, Deadline::InfiniteFuture).unwrap_err();
         assert_eq!(err.code(), StatusCode::Aborted);
+    }
+
+    /// A helper holding jobs that set events.
+    struct Jobs(Mutex<Vec<Arc<Event>>>);
+
+    impl Helper for Jobs {
+        fn help_one(&self) -> bool {
+            match self.0.lock().pop() {
+                Some(e) => {
+                    e.set();
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    #[test]
+    fn a_waiter_runs_ready_work_it_waits_for() {
+        let event = Event::new();
+        let jobs = Arc::new(Jobs(Mutex::new(vec![event.clone()])));
+        let weak: Weak<dyn Helper> = Arc::downgrade(&jobs) as Weak<dyn Helper>;
+        register_helper(weak);
+        // Nothing else sets the event: only the waiter running the job can,
+        // well before the deadline.
+        let srcs: Vec<Arc<dyn WaitSource>> = vec![event.clone()];
+        wait_sources(
+            &srcs,
+            WaitMode::All,
+            Deadline::after(Duration::from_secs(10)),
+        )
+        .unwrap();
+        assert!(jobs.0.lock().is_empty());
     }
 }

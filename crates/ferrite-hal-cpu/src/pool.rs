@@ -12,11 +12,18 @@
 //! variable: programs submit in quick succession (one submission per
 //! dispatch), and a worker still awake takes the next job without the
 //! futex wake-up a sleeping one needs.
+//!
+//! The queue is also a [`Helper`]: a thread blocked on a semaphore or fence
+//! (the program waiting for its results) runs queued jobs itself while it
+//! polls, instead of idling until a woken worker has run them. Pools with a
+//! requested worker stack size do not lend jobs to waiters, whose stacks
+//! may be smaller.
 
+use ferrite_base::wait::{register_helper, Helper};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -47,6 +54,21 @@ impl Queue {
     }
 }
 
+impl Helper for Queue {
+    fn help_one(&self) -> bool {
+        if self.queued.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        match self.pop() {
+            Some(job) => {
+                job();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// A fixed-size pool of worker threads.
 pub struct WorkerPool {
     queue: Arc<Queue>,
@@ -67,6 +89,10 @@ impl WorkerPool {
             queued: AtomicUsize::new(0),
             ready: Condvar::new(),
         });
+        if stack_size.is_none() {
+            let weak: Weak<dyn Helper> = Arc::downgrade(&queue) as Weak<dyn Helper>;
+            register_helper(weak);
+        }
         let threads = (0..count.max(1))
             .map(|i| {
                 let q = queue.clone();
