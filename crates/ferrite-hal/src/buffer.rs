@@ -89,6 +89,18 @@ impl HeapBlock {
             });
         }
         if layout.size() >= MAPPED_BLOCK_MIN && align <= 4096 {
+            if let Some(mut map) = take_spare_mapping(layout.size()) {
+                // Reused pages are already resident: one memset instead of a
+                // page fault per page (and the unmap's TLB shootdown).
+                map.fill(0);
+                if let Some(ptr) = NonNull::new(map.as_mut_ptr()) {
+                    return Ok(HeapBlock {
+                        ptr,
+                        layout,
+                        mapping: Some(map),
+                    });
+                }
+            }
             let mut map = memmap2::MmapMut::map_anon(layout.size()).map_err(|e| {
                 status!(
                     ResourceExhausted,
@@ -126,10 +138,41 @@ impl HeapBlock {
     }
 }
 
+/// Freed mappings of at most this size are kept for reuse.
+const SPARE_MAPPING_MAX_BYTES: usize = 16 << 20;
+/// At most this many freed mappings are kept: a program that allocates the
+/// same large buffer per call (a result, a transient) reuses the last one,
+/// and at most 2 x 16 MiB stay resident after frees.
+const SPARE_MAPPING_COUNT: usize = 2;
+
+/// Recently freed mappings, most recent last.
+static SPARE_MAPPINGS: std::sync::Mutex<Vec<memmap2::MmapMut>> = std::sync::Mutex::new(Vec::new());
+
+/// A kept mapping of exactly `len` bytes, if any.
+fn take_spare_mapping(len: usize) -> Option<memmap2::MmapMut> {
+    let mut spare = SPARE_MAPPINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let i = spare.iter().rposition(|m| m.len() == len)?;
+    Some(spare.swap_remove(i))
+}
+
+/// Keeps `map` for reuse (unmapping the oldest kept one beyond the limit).
+fn keep_spare_mapping(map: memmap2::MmapMut) {
+    if map.len() > SPARE_MAPPING_MAX_BYTES {
+        return;
+    }
+    let evicted = {
+        let mut spare = SPARE_MAPPINGS.lock().unwrap_or_else(|e| e.into_inner());
+        spare.push(map);
+        (spare.len() > SPARE_MAPPING_COUNT).then(|| spare.remove(0))
+    };
+    // Unmapped outside the lock.
+    drop(evicted);
+}
+
 impl Drop for HeapBlock {
     fn drop(&mut self) {
-        if self.mapping.is_some() {
-            // The mapping unmaps itself.
+        if let Some(map) = self.mapping.take() {
+            keep_spare_mapping(map);
             return;
         }
         if self.layout.size() != 0 {
@@ -895,6 +938,28 @@ mod tests {
         HeapAllocator::new()
             .allocate(&BufferParams::default(), size)
             .unwrap()
+    }
+
+    #[test]
+    fn reused_large_blocks_come_back_zeroed() {
+        // A size no other test uses, so the spare found is this test's.
+        let size = MAPPED_BLOCK_MIN as u64 + 4096 * 3;
+        let b = alloc(size);
+        b.fill(0, size, &[0xAB]).unwrap();
+        let first = b
+            .binding_ptr(0, WHOLE_BUFFER, MemoryAccess::READ)
+            .unwrap()
+            .as_ptr() as usize;
+        drop(b);
+        let b = alloc(size);
+        let again = b
+            .binding_ptr(0, WHOLE_BUFFER, MemoryAccess::READ)
+            .unwrap()
+            .as_ptr() as usize;
+        assert_eq!(first, again, "the freed mapping is reused");
+        let mut out = vec![1u8; size as usize];
+        b.read(0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0));
     }
 
     #[test]
