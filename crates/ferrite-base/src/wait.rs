@@ -29,32 +29,52 @@ pub const SPIN: Duration = Duration::from_micros(50);
 /// While it polls, the caller runs ready work from registered [`Helper`]s;
 /// time spent running work does not count against the polling bound.
 pub fn spin_until(deadline: Deadline, mut ready: impl FnMut() -> bool) -> bool {
+    if ready() {
+        return true;
+    }
+    if deadline.has_passed() {
+        return false;
+    }
+    let helpers = start_helping();
     let mut start = Instant::now();
-    loop {
+    let answer = loop {
         if ready() {
-            return true;
+            break true;
         }
         if deadline.has_passed() {
-            return false;
+            break false;
         }
-        if help_one() {
+        if helpers.iter().any(|h| h.help_one()) {
             start = Instant::now();
             continue;
         }
         if start.elapsed() >= SPIN {
-            return false;
+            break false;
         }
         std::thread::yield_now();
+    };
+    for h in &helpers {
+        h.stop_polling();
     }
+    answer
 }
 
 /// A source of ready work that a blocked waiter may run on its own thread
 /// instead of idling (register with [`register_helper`]).
+///
+/// A waiter announces itself with [`Helper::start_polling`] before its first
+/// [`Helper::help_one`] and leaves with [`Helper::stop_polling`]: while some
+/// thread polls, the source may skip waking its own threads for new work,
+/// and must make sure queued work is picked up once the last poller leaves.
 pub trait Helper: Send + Sync {
+    /// The calling thread starts polling for work.
+    fn start_polling(&self);
     /// Runs one piece of ready work on the calling thread; false when none
     /// was ready. The work must not depend on anything the waiter holds: it
     /// is work that was already free to run on any thread.
     fn help_one(&self) -> bool;
+    /// The calling thread stops polling (it goes to sleep or returns).
+    fn stop_polling(&self);
 }
 
 /// Registered helpers; entries whose owner is gone are pruned on register.
@@ -68,23 +88,19 @@ pub fn register_helper(helper: Weak<dyn Helper>) {
     helpers.push(helper);
 }
 
-/// Runs one piece of ready work from some registered helper on this thread;
-/// false when none had any.
-pub fn help_one() -> bool {
-    let count = HELPERS.read().unwrap_or_else(|e| e.into_inner()).len();
-    for i in 0..count {
-        // The lock is released before the work runs: work may register
-        // helpers or wait (and help) itself.
-        let helper = HELPERS
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(i)
-            .and_then(Weak::upgrade);
-        if helper.is_some_and(|h| h.help_one()) {
-            return true;
+/// The live helpers, each told that this thread starts polling it.
+fn start_helping() -> Vec<Arc<dyn Helper>> {
+    let helpers: Vec<Arc<dyn Helper>> = {
+        let registered = HELPERS.read().unwrap_or_else(|e| e.into_inner());
+        if registered.is_empty() {
+            return Vec::new();
         }
+        registered.iter().filter_map(Weak::upgrade).collect()
+    };
+    for h in &helpers {
+        h.start_polling();
     }
-    false
+    helpers
 }
 
 /// Whether a multi-wait needs every source or any one of them.
@@ -313,6 +329,8 @@ mod tests {
     struct Jobs(Mutex<Vec<Arc<Event>>>);
 
     impl Helper for Jobs {
+        fn start_polling(&self) {}
+        fn stop_polling(&self) {}
         fn help_one(&self) -> bool {
             match self.0.lock().pop() {
                 Some(e) => {

@@ -15,7 +15,11 @@
 //!
 //! The queue is also a [`Helper`]: a thread blocked on a semaphore or fence
 //! (the program waiting for its results) runs queued jobs itself while it
-//! polls, instead of idling until a woken worker has run them. Pools with a
+//! polls, instead of idling until a woken worker has run them. A new job
+//! wakes a sleeping worker only when no thread is polling the queue (see
+//! `Queue::push`): a waiter about to run the job itself is not raced by a
+//! worker woken for nothing, which on a 2-core host would take the CPU from
+//! it. Pools with a
 //! requested worker stack size do not lend jobs to waiters, whose stacks
 //! may be smaller.
 
@@ -40,32 +44,79 @@ struct Queue {
     jobs: Mutex<(VecDeque<Job>, bool)>,
     /// Jobs queued and not yet taken: lets idle workers poll without the lock.
     queued: AtomicUsize,
+    /// Threads polling the queue right now (idle workers in their [`SPIN`]
+    /// phase, blocked waiters lending their thread), not counting those
+    /// running a job. While one polls, a new job needs no wake-up.
+    pollers: AtomicUsize,
     ready: Condvar,
 }
 
+// The wake-up protocol: `push` bumps `queued` and then reads `pollers`; a
+// poller that stops (to sleep, return, or run a job) drops `pollers` and
+// then reads `queued`. Both sides use SeqCst, so at least one of them sees
+// the other and wakes a worker: a queued job is never left with nobody
+// polling and nobody woken.
 impl Queue {
+    fn push(&self, job: Job) {
+        let mut g = self.jobs.lock();
+        g.0.push_back(job);
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        drop(g);
+        if self.pollers.load(Ordering::SeqCst) == 0 {
+            self.ready.notify_one();
+        }
+    }
+
     fn pop(&self) -> Option<Job> {
         let mut g = self.jobs.lock();
         let j = g.0.pop_front();
         if j.is_some() {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.queued.fetch_sub(1, Ordering::SeqCst);
         }
         j
+    }
+
+    fn start_polling(&self) {
+        self.pollers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn stop_polling(&self) {
+        self.pollers.fetch_sub(1, Ordering::SeqCst);
+        if self.queued.load(Ordering::SeqCst) > 0 {
+            self.ready.notify_one();
+        }
+    }
+
+    /// A polling thread takes a job: it stops polling while it runs it (call
+    /// `start_polling` again after).
+    fn take_while_polling(&self) -> Option<Job> {
+        if self.queued.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let job = self.pop()?;
+        self.stop_polling();
+        Some(job)
     }
 }
 
 impl Helper for Queue {
+    fn start_polling(&self) {
+        Queue::start_polling(self);
+    }
+
     fn help_one(&self) -> bool {
-        if self.queued.load(Ordering::Relaxed) == 0 {
-            return false;
-        }
-        match self.pop() {
+        match self.take_while_polling() {
             Some(job) => {
                 job();
+                Queue::start_polling(self);
                 true
             }
             None => false,
         }
+    }
+
+    fn stop_polling(&self) {
+        Queue::stop_polling(self);
     }
 }
 
@@ -87,6 +138,7 @@ impl WorkerPool {
         let queue = Arc::new(Queue {
             jobs: Mutex::new((VecDeque::new(), false)),
             queued: AtomicUsize::new(0),
+            pollers: AtomicUsize::new(0),
             ready: Condvar::new(),
         });
         if stack_size.is_none() {
@@ -115,11 +167,7 @@ impl WorkerPool {
 
     /// Runs `job` on some worker.
     pub fn spawn(&self, job: Job) {
-        let mut g = self.queue.jobs.lock();
-        g.0.push_back(job);
-        self.queue.queued.fetch_add(1, Ordering::Relaxed);
-        drop(g);
-        self.queue.ready.notify_one();
+        self.queue.push(job);
     }
 
     /// Runs `task(i)` for every `i` in `0..count` using up to `parallelism`
@@ -193,23 +241,23 @@ fn worker(q: Arc<Queue>) {
     loop {
         // Poll for a while before sleeping (see the module docs).
         let start = Instant::now();
+        q.start_polling();
         let mut job = None;
         while start.elapsed() < SPIN {
-            if q.queued.load(Ordering::Relaxed) > 0 {
-                job = q.pop();
-                if job.is_some() {
-                    break;
-                }
+            job = q.take_while_polling();
+            if job.is_some() {
+                break;
             }
             std::thread::yield_now();
         }
         let job = match job {
             Some(j) => j,
             None => {
+                q.stop_polling();
                 let mut g = q.jobs.lock();
                 loop {
                     if let Some(j) = g.0.pop_front() {
-                        q.queued.fetch_sub(1, Ordering::Relaxed);
+                        q.queued.fetch_sub(1, Ordering::SeqCst);
                         break j;
                     }
                     if g.1 {
@@ -251,6 +299,41 @@ mod tests {
             libc::pthread_attr_destroy(&mut attr);
             size
         }
+    }
+
+    #[test]
+    fn jobs_queued_while_a_waiter_polls_still_run() {
+        let pool = WorkerPool::new(1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for round in 0..200u32 {
+            // A waiter polls (and may take the job) for at most a few µs,
+            // then stops: whoever does not run the job must have woken a
+            // worker for it.
+            let waiter = std::thread::spawn(|| {
+                let deadline = ferrite_base::time::Deadline::after(Duration::from_micros(20));
+                ferrite_base::wait::spin_until(deadline, || false)
+            });
+            let tx = tx.clone();
+            pool.spawn(Box::new(move || tx.send(round).unwrap()));
+            waiter.join().unwrap();
+            assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(round));
+        }
+    }
+
+    #[test]
+    fn parallel_for_runs_every_item_once() {
+        let pool = WorkerPool::new(2);
+        let hits: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..1000).map(|_| AtomicUsize::new(0)).collect());
+        let h = hits.clone();
+        pool.parallel_for(
+            1000,
+            3,
+            Arc::new(move |i| {
+                h[i as usize].fetch_add(1, Ordering::Relaxed);
+            }),
+        );
+        assert!(hits.iter().all(|c| c.load(Ordering::Relaxed) == 1));
     }
 
     #[test]
