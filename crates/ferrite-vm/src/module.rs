@@ -113,6 +113,9 @@ pub struct FunctionTarget {
     pub cconv: Arc<Cconv>,
     /// `module.function`, for messages and backtraces.
     pub name: Arc<str>,
+    /// The callee's body when it is a native function: the interpreter
+    /// steps it in place, without a frame of its own, unless it yields.
+    pub native: Option<Arc<dyn crate::stack::NativeStep>>,
 }
 
 impl FunctionRef {
@@ -123,7 +126,9 @@ impl FunctionRef {
         cconv: Arc<Cconv>,
         name: Arc<str>,
     ) -> FunctionRef {
+        let native = state.native_body(ordinal);
         FunctionRef(Arc::new(FunctionTarget {
+            native,
             state,
             ordinal,
             cconv,
@@ -162,4 +167,11 @@ pub trait ModuleState: Send + Sync {
     /// Releases resources before the context drops the state (`__deinit` has
     /// already run); breaks reference cycles through resolved imports.
     fn teardown(&self) {}
+    /// The body of export `ordinal` when it is a native function that may be
+    /// stepped directly by a calling interpreter (see
+    /// [`FunctionTarget::native`]); None makes calls go through
+    /// [`ModuleState::begin_call`].
+    fn native_body(&self, _ordinal: u32) -> Option<Arc<dyn crate::stack::NativeStep>> {
+        None
+    }
 }

@@ -203,6 +203,11 @@ impl ModuleState for NativeState {
         })?;
         stack.push_native(f.clone(), args)
     }
+
+    fn native_body(&self, ordinal: u32) -> Option<Arc<dyn NativeStep>> {
+        let f: Arc<dyn NativeStep> = self.module.functions.get(ordinal as usize)?.clone();
+        Some(f)
+    }
 }
 
 /// Reads the arguments of a native call in order, with checked types.

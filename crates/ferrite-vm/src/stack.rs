@@ -220,18 +220,25 @@ impl Stack {
         args: Vec<Variant>,
     ) -> ferrite_base::Result<()> {
         self.check_depth()?;
-        let results = self.spare_values.pop().unwrap_or_default();
-        self.frames.push(Frame::Native(NativeFrame {
-            body,
-            call: NativeCall {
-                args,
-                saved: None,
-                resumed: false,
-                wait_status: None,
-                results,
-            },
-        }));
+        let call = self.native_call(args);
+        self.push_native_call(body, call);
         Ok(())
+    }
+
+    /// A fresh call record for `args`, with a recycled result vector.
+    pub(crate) fn native_call(&mut self, args: Vec<Variant>) -> NativeCall {
+        NativeCall {
+            args,
+            saved: None,
+            resumed: false,
+            wait_status: None,
+            results: self.spare_values.pop().unwrap_or_default(),
+        }
+    }
+
+    /// Pushes a frame for a call already begun (see [`Stack::native_call`]).
+    pub(crate) fn push_native_call(&mut self, body: Arc<dyn NativeStep>, call: NativeCall) {
+        self.frames.push(Frame::Native(NativeFrame { body, call }));
     }
 
     /// Keeps an emptied vector for the next call's arguments.

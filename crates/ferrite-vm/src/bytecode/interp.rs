@@ -13,7 +13,7 @@ use crate::cconv::CconvType;
 use crate::list::VmList;
 use crate::module::FunctionRef;
 use crate::refs::Ref;
-use crate::stack::{BytecodeFrame, Frame, Stack, Wait};
+use crate::stack::{BytecodeFrame, Frame, NativePoll, Stack, Wait};
 use crate::types::TypeDef;
 use crate::value::Variant;
 use ferrite_base::{bail, status, Result, Status, StatusCode};
@@ -548,57 +548,91 @@ fn run_with(state: &Arc<BytecodeState>, stack: &mut Stack) -> Result<Step> {
         ref_base: top.ref_base as usize,
     };
     let module = &*state.module;
-    let result = if stack.coverage.is_some() {
-        exec::<true>(state, stack, &mut cur)
-    } else {
-        exec::<false>(state, stack, &mut cur)
-    };
-    let Some(Frame::Bytecode(frame)) = stack.frames.last_mut() else {
-        bail!(Internal, "bytecode frame vanished");
-    };
-    // Keep the frame record in sync for backtraces and resumption.
-    frame.pc = cur.pc as u32;
-    frame.current = cur.pc.saturating_sub(1) as u32;
-    let action = result?;
-    let func = &module.functions[cur.function];
-    let (ib, rb) = (cur.i32_base, cur.ref_base);
-    let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
-    match action {
-        Action::Return { list } => {
-            let regs = &stack.i32_regs[ib..ib + ic];
-            let refs = &mut stack.ref_regs[rb..rb + rc];
-            let vals = read_values(regs, refs, pool_list(&func.pool, list), &func.cconv.results)?;
-            pop_frame(stack, ib, rb);
-            Ok(Step::Return(vals))
+    loop {
+        let result = if stack.coverage.is_some() {
+            exec::<true>(state, stack, &mut cur)
+        } else {
+            exec::<false>(state, stack, &mut cur)
+        };
+        let Some(Frame::Bytecode(frame)) = stack.frames.last_mut() else {
+            bail!(Internal, "bytecode frame vanished");
+        };
+        // Keep the frame record in sync for backtraces and resumption.
+        frame.pc = cur.pc as u32;
+        frame.current = cur.pc.saturating_sub(1) as u32;
+        let action = result?;
+        let func = &module.functions[cur.function];
+        let (ib, rb) = (cur.i32_base, cur.ref_base);
+        let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
+        match action {
+            Action::Return { list } => {
+                let regs = &stack.i32_regs[ib..ib + ic];
+                let refs = &mut stack.ref_regs[rb..rb + rc];
+                let vals =
+                    read_values(regs, refs, pool_list(&func.pool, list), &func.cconv.results)?;
+                pop_frame(stack, ib, rb);
+                return Ok(Step::Return(vals));
+            }
+            Action::CallImport {
+                import,
+                segments,
+                args,
+                results,
+                resume,
+            } => {
+                frame.pc = resume as u32;
+                frame.pending_results = results as u32;
+                let target = state.import_ref(import)?;
+                let spare = stack.spare_values.pop().unwrap_or_default();
+                let regs = &stack.i32_regs[ib..ib + ic];
+                let refs = &mut stack.ref_regs[rb..rb + rc];
+                let list = pool_list(&func.pool, args);
+                let vals = match segments {
+                    None => read_values_into(regs, refs, list, &target.cconv.args, spare)?,
+                    Some(seg) => read_variadic(
+                        regs,
+                        refs,
+                        list,
+                        &target.cconv.args,
+                        pool_list(&func.pool, seg),
+                        spare,
+                    )?,
+                };
+                let Some(body) = &target.native else {
+                    return Ok(Step::Call(target.clone(), vals));
+                };
+                // A native callee runs in place: it gets a frame only if it
+                // yields (to be stepped again) or fails (for the backtrace).
+                stack.check_depth()?;
+                let mut call = stack.native_call(vals);
+                match body.step(&mut call) {
+                    Ok(NativePoll::Ready(mut out)) => {
+                        let regs = &mut stack.i32_regs[ib..ib + ic];
+                        let refs = &mut stack.ref_regs[rb..rb + rc];
+                        let written =
+                            write_results(regs, refs, pool_list(&func.pool, results), &mut out);
+                        if let Some(Frame::Bytecode(f)) = stack.frames.last_mut() {
+                            f.pending_results = u32::MAX;
+                        }
+                        stack.recycle_values(out);
+                        stack.recycle_values(call.args);
+                        stack.recycle_values(call.results);
+                        written?;
+                        cur.pc = resume;
+                    }
+                    Ok(NativePoll::Pending(w)) => {
+                        call.resumed = true;
+                        stack.push_native_call(body.clone(), call);
+                        return Ok(Step::Yield(w));
+                    }
+                    Err(e) => {
+                        stack.push_native_call(body.clone(), call);
+                        return Err(e);
+                    }
+                }
+            }
+            Action::Yield => return Ok(Step::Yield(Wait::yield_now())),
         }
-        Action::CallImport {
-            import,
-            segments,
-            args,
-            results,
-            resume,
-        } => {
-            frame.pc = resume as u32;
-            frame.pending_results = results as u32;
-            let target = state.import(import)?;
-            let spare = stack.spare_values.pop().unwrap_or_default();
-            let regs = &stack.i32_regs[ib..ib + ic];
-            let refs = &mut stack.ref_regs[rb..rb + rc];
-            let list = pool_list(&func.pool, args);
-            let vals = match segments {
-                None => read_values_into(regs, refs, list, &target.cconv.args, spare)?,
-                Some(seg) => read_variadic(
-                    regs,
-                    refs,
-                    list,
-                    &target.cconv.args,
-                    pool_list(&func.pool, seg),
-                    spare,
-                )?,
-            };
-            Ok(Step::Call(target, vals))
-        }
-        Action::Yield => Ok(Step::Yield(Wait::yield_now())),
     }
 }
 

@@ -262,9 +262,9 @@ pub struct BytecodeState {
 
 impl BytecodeState {
     /// The resolved target of import `ordinal`.
-    pub(crate) fn import(&self, ordinal: u32) -> Result<FunctionRef> {
+    pub(crate) fn import_ref(&self, ordinal: u32) -> Result<&FunctionRef> {
         match self.imports.get(ordinal as usize).and_then(|c| c.get()) {
-            Some(Some(f)) => Ok(f.clone()),
+            Some(Some(f)) => Ok(f),
             _ => {
                 let name = self
                     .module
