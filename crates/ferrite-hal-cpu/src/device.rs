@@ -275,6 +275,10 @@ impl Device for CpuDevice {
     fn as_any(&self) -> &dyn Any {
         self
     }
+
+    fn runs_inline(&self) -> bool {
+        matches!(self.mode, Mode::Sync)
+    }
 }
 
 impl CpuDevice {

@@ -44,11 +44,17 @@ pub trait Device: Send + Sync + 'static {
     fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()>;
     /// For drivers and tests: downcast to the concrete type.
     fn as_any(&self) -> &dyn Any;
+    /// True when [`Device::submit`] always runs work inline, as
+    /// [`run_inline`] does: queue operations then call it themselves and
+    /// skip boxing their work.
+    fn runs_inline(&self) -> bool {
+        false
+    }
 }
 
 /// Runs `work` after waiting for `wait` on the calling thread, then signals
 /// or fails `signal`: the synchronous form of [`Device::submit`].
-pub fn run_inline(wait: &Fence, signal: &Fence, work: Work) -> Result<()> {
+pub fn run_inline(wait: &Fence, signal: &Fence, work: impl FnOnce() -> Result<()>) -> Result<()> {
     let outcome = match wait.wait(ferrite_base::Timeout::INFINITE) {
         Ok(_) => work(),
         Err(e) => Err(e),
@@ -196,6 +202,11 @@ pub mod queue {
             return barrier(device, wait, signal);
         };
         let commands = cb.commands()?;
+        if device.runs_inline() {
+            return run_inline(wait, signal, || {
+                device.execute_commands(&commands, &bindings)
+            });
+        }
         let d = device.clone();
         device.submit(
             wait,

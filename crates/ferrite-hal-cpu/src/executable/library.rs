@@ -23,6 +23,7 @@ use super::dylib::{self, DylibImage};
 use super::elf::{ElfFile, LoadedElf};
 use super::ImageView;
 use ferrite_base::{Result, Status, StatusCode};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
 use std::ops::Range;
@@ -677,8 +678,10 @@ impl ExecutableLibrary {
         if range.is_empty() {
             return Ok(());
         }
-        let binding_ptrs: Vec<*mut c_void> = bindings.iter().map(|b| b.0.cast()).collect();
-        let binding_lengths: Vec<usize> = bindings.iter().map(|b| b.1).collect();
+        // Inline for the usual handful of bindings: no allocation per dispatch.
+        let binding_ptrs: SmallVec<[*mut c_void; 8]> =
+            bindings.iter().map(|b| b.0.cast()).collect();
+        let binding_lengths: SmallVec<[usize; 8]> = bindings.iter().map(|b| b.1).collect();
         let state = abi::DispatchStateV0 {
             workgroup_size_x: size[0],
             workgroup_size_y: size[1],

@@ -292,15 +292,7 @@ fn read_values_into(
     out.clear();
     out.reserve(list.len());
     for (&reg, t) in list.iter().zip(types) {
-        let reg = reg as u16;
-        out.push(match t {
-            CconvType::I32 => Variant::I32(regs[reg as usize] as i32),
-            CconvType::F32 => Variant::F32(f32::from_bits(regs[reg as usize])),
-            CconvType::I64 => Variant::I64(get_i64(regs, reg)),
-            CconvType::F64 => Variant::F64(f64::from_bits(get_i64(regs, reg) as u64)),
-            CconvType::Ref => Variant::from_ref(take_ref(refs, reg)),
-            CconvType::Span(_) => bail!(Internal, "unexpanded span"),
-        });
+        out.push(read_scalar_or_ref(regs, refs, reg, t)?);
     }
     Ok(out)
 }
@@ -649,25 +641,7 @@ fn read_variadic(
 ) -> Result<Vec<Variant>> {
     out.clear();
     out.reserve(list.len() + segments.len());
-    let mut regs_iter = list.iter();
-    let mut read_one = |t: &CconvType, out: &mut Vec<Variant>| -> Result<()> {
-        let Some(&reg) = regs_iter.next() else {
-            bail!(
-                InvalidArgument,
-                "variadic call has fewer registers than its segments need"
-            );
-        };
-        let reg = reg as u16;
-        out.push(match t {
-            CconvType::I32 => Variant::I32(regs[reg as usize] as i32),
-            CconvType::F32 => Variant::F32(f32::from_bits(regs[reg as usize])),
-            CconvType::I64 => Variant::I64(get_i64(regs, reg)),
-            CconvType::F64 => Variant::F64(f64::from_bits(get_i64(regs, reg) as u64)),
-            CconvType::Ref => Variant::from_ref(take_ref(refs, reg)),
-            CconvType::Span(_) => bail!(InvalidArgument, "nested variadic spans are not supported"),
-        });
-        Ok(())
-    };
+    let mut at = 0usize;
     for (i, a) in args.iter().enumerate() {
         match a {
             CconvType::Span(items) => {
@@ -678,18 +652,53 @@ fn read_variadic(
                         segments.len(),
                         args.len()
                     )
-                })?;
+                })? as usize;
+                let take = n * items.len();
+                let Some(span) = list.get(at..at + take) else {
+                    bail!(
+                        InvalidArgument,
+                        "variadic call has fewer registers than its segments need"
+                    );
+                };
                 out.push(Variant::I32(n as i32));
-                for _ in 0..n {
-                    for t in items {
-                        read_one(t, &mut out)?;
-                    }
+                for (&reg, t) in span.iter().zip(items.iter().cycle()) {
+                    out.push(read_scalar_or_ref(regs, refs, reg, t)?);
                 }
+                at += take;
             }
-            t => read_one(t, &mut out)?,
+            t => {
+                let Some(&reg) = list.get(at) else {
+                    bail!(
+                        InvalidArgument,
+                        "variadic call has fewer registers than its segments need"
+                    );
+                };
+                out.push(read_scalar_or_ref(regs, refs, reg, t)?);
+                at += 1;
+            }
         }
     }
     Ok(out)
+}
+
+/// One call operand as a value; refs are moved or retained per the
+/// register's move bit.
+#[inline(always)]
+fn read_scalar_or_ref(
+    regs: &[u32],
+    refs: &mut [Option<Ref>],
+    reg: u32,
+    t: &CconvType,
+) -> Result<Variant> {
+    let reg = reg as u16;
+    Ok(match t {
+        CconvType::I32 => Variant::I32(regs[reg as usize] as i32),
+        CconvType::F32 => Variant::F32(f32::from_bits(regs[reg as usize])),
+        CconvType::I64 => Variant::I64(get_i64(regs, reg)),
+        CconvType::F64 => Variant::F64(f64::from_bits(get_i64(regs, reg) as u64)),
+        CconvType::Ref => Variant::from_ref(take_ref(refs, reg)),
+        CconvType::Span(_) => bail!(InvalidArgument, "nested variadic spans are not supported"),
+    })
 }
 
 /// An i32-bank register slot, without a bounds check.
