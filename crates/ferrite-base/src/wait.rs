@@ -27,7 +27,9 @@ pub const SPIN: Duration = Duration::from_micros(50);
 /// [`SPIN`] (or `deadline`, when sooner) passes; returns its last answer.
 /// Blocking waits call this before they sleep.
 /// While it polls, the caller runs ready work from registered [`Helper`]s;
-/// time spent running work does not count against the polling bound.
+/// time spent running work does not count against the polling bound. Only
+/// waits without a deadline lend their thread: a job's length is unknown,
+/// and a bounded wait must return on time.
 pub fn spin_until(deadline: Deadline, mut ready: impl FnMut() -> bool) -> bool {
     if ready() {
         return true;
@@ -35,7 +37,11 @@ pub fn spin_until(deadline: Deadline, mut ready: impl FnMut() -> bool) -> bool {
     if deadline.has_passed() {
         return false;
     }
-    let helpers = start_helping();
+    let helpers = if matches!(deadline, Deadline::InfiniteFuture) {
+        start_helping()
+    } else {
+        Vec::new()
+    };
     let mut start = Instant::now();
     let answer = loop {
         if ready() {
