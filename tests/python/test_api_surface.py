@@ -7,20 +7,25 @@ import pytest
 import ferrite.runtime as rt
 from ferrite.runtime import _binding, system_setup
 
-# Names of iree.runtime 3.13 not offered yet (external timepoints, which
-# only GPU drivers produce).
-NOT_YET = {
-    "ExternalTimepointFlags", "ExternalTimepointType", "HalExternalTimepoint", "SemaphoreCompatibility",
-}
-
-
-def test_every_other_upstream_name_exists(upstream):
+def test_every_upstream_name_exists(upstream):
     theirs = {n for n in dir(upstream) if not n.startswith("_")}
     missing = theirs - set(dir(rt))
-    assert missing <= NOT_YET, sorted(missing - NOT_YET)
+    assert not missing, sorted(missing)
     for name in ("PyModuleInterface", "Tokenizer", "benchmark_module", "flags", "Shape",
                  "normalize_value", "TARGET_BACKEND_TO_DRIVER", "HalModuleBufferViewTraceCallback"):
         assert hasattr(rt, name), name
+
+
+def test_every_upstream_class_attribute_exists(upstream):
+    missing = []
+    for name in dir(upstream):
+        theirs = getattr(upstream, name)
+        if name.startswith("_") or not isinstance(theirs, type):
+            continue
+        ours = getattr(rt, name)
+        missing += [f"{name}.{a}" for a in dir(theirs)
+                    if not a.startswith("_") and not hasattr(ours, a)]
+    assert not missing, missing
 
 
 def test_driver_cache():

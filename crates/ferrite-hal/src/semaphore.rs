@@ -18,7 +18,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use ferrite_base::wait::{wait_sources, Notifier, WaitMode, WaitSource};
+use ferrite_base::wait::{wait_sources, Event, Notifier, WaitMode, WaitSource};
 use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
 use ferrite_vm::refs::RefObject;
 use parking_lot::{Condvar, Mutex};
@@ -34,6 +34,21 @@ struct State {
     notifiers: Vec<(u64, Arc<Notifier>)>,
     /// Device callbacks, with their values.
     callbacks: Vec<(u64, TimepointCallback)>,
+}
+
+/// A semaphore timepoint exported as a host wait primitive (see
+/// [`Semaphore::export_timepoint`]).
+pub struct ExportedTimepoint {
+    source: Arc<Semaphore>,
+    value: u64,
+    event: Arc<Event>,
+}
+
+impl ExportedTimepoint {
+    /// The wait primitive: set when the timepoint is reached.
+    pub fn event(&self) -> &Arc<Event> {
+        &self.event
+    }
 }
 
 /// A timeline semaphore. Shared as `Arc<Semaphore>`.
@@ -199,6 +214,46 @@ impl Semaphore {
                 ));
             }
         }
+    }
+
+    /// Exports the timepoint `value` as a host wait primitive: an
+    /// [`ExportedTimepoint`] whose event is set when the semaphore reaches
+    /// `value`, or failed with the semaphore's failure.
+    pub fn export_timepoint(self: &Arc<Self>, value: u64) -> ExportedTimepoint {
+        let event = Event::new();
+        let e = event.clone();
+        self.on_reached(
+            value,
+            Box::new(move |outcome| match outcome {
+                Ok(()) => e.set(),
+                Err(status) => e.fail(status),
+            }),
+        );
+        ExportedTimepoint {
+            source: self.clone(),
+            value,
+            event,
+        }
+    }
+
+    /// Imports `timepoint` as `value` of this semaphore: once the timepoint
+    /// is reached this semaphore is signalled to `value` (if still below
+    /// it); a failure of the timepoint's source fails this semaphore.
+    pub fn import_timepoint(self: &Arc<Self>, value: u64, timepoint: &ExportedTimepoint) {
+        let target = self.clone();
+        timepoint.source.on_reached(
+            timepoint.value,
+            Box::new(move |outcome| match outcome {
+                Ok(()) => {
+                    if target.query().is_ok_and(|v| v < value) {
+                        // Racing signals may pass `value` first; then there
+                        // is nothing left to do.
+                        let _ = target.signal(value);
+                    }
+                }
+                Err(status) => target.fail(status),
+            }),
+        );
     }
 
     /// Runs `callback` once the payload reaches `value` (`Ok`) or the
@@ -474,5 +529,40 @@ mod tests {
         // Subscriptions are cleaned up.
         assert!(a.state.lock().notifiers.is_empty());
         assert!(wait_multi(&[], WaitMode::All, Timeout::IMMEDIATE).is_ok());
+    }
+
+    #[test]
+    fn exported_timepoints_follow_the_semaphore() {
+        let s = Semaphore::new(0);
+        let at2 = s.export_timepoint(2).event().clone();
+        let at0 = s.export_timepoint(0).event().clone();
+        assert!(at0.poll().unwrap(), "a reached value exports a set event");
+        assert!(!at2.poll().unwrap());
+        s.signal(1).unwrap();
+        assert!(!at2.poll().unwrap());
+        s.signal(2).unwrap();
+        assert!(at2.poll().unwrap());
+        let at5 = s.export_timepoint(5);
+        let imported = Semaphore::new(0);
+        imported.import_timepoint(7, &at5);
+        s.signal(5).unwrap();
+        assert_eq!(
+            imported.query().unwrap(),
+            7,
+            "an import signals on the source's reach"
+        );
+        let at9 = s.export_timepoint(9);
+        imported.import_timepoint(8, &at9);
+        s.fail(Status::new(StatusCode::Aborted, "gone"));
+        let e = at9.event().poll().unwrap_err();
+        assert_eq!(e.code(), StatusCode::Aborted);
+        assert!(
+            imported.query().is_err(),
+            "a failed source fails the importer"
+        );
+        assert!(
+            s.export_timepoint(10).event().poll().is_err(),
+            "failure stays"
+        );
     }
 }

@@ -32,6 +32,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyHalBufferView>()?;
     m.add_class::<PyMappedMemory>()?;
     m.add_class::<PyHalSemaphore>()?;
+    m.add_class::<crate::external_timepoint::PyHalExternalTimepoint>()?;
     m.add_class::<PyHalFence>()?;
     m.add_class::<PyHalCommandBuffer>()?;
     m.add_class::<PyHalModuleDebugSink>()?;
@@ -163,6 +164,26 @@ impl PyHalDriver {
         d.create_default_device(allocators)
     }
 
+    /// A text description of device `device_id` (see
+    /// `query_available_devices`): driver, device, executable formats and,
+    /// for `local-task`, the worker count.
+    fn dump_device_info(&self, device_id: i64) -> PyResult<String> {
+        if device_id != 0 {
+            return Err(PyValueError::new_err(format!(
+                "Querying device info: NOT_FOUND; driver '{}' has no device with id {device_id} \
+                 (available: 0)",
+                self.name
+            )));
+        }
+        let device = self.create_default_device(None)?;
+        let mut out = format!("- driver: {}\n- device 0: default\n", self.name);
+        if let Some(cpu) = device.device.0.as_any().downcast_ref::<CpuDevice>() {
+            out.push_str(&format!("- workers: {}\n", cpu.worker_count()));
+        }
+        out.push_str("- executable formats: embedded-elf-x86_64, system-elf-x86_64\n");
+        Ok(out)
+    }
+
     fn query_available_devices(&self, py: Python<'_>) -> PyResult<Vec<PyObject>> {
         let d = pyo3::types::PyDict::new(py);
         d.set_item("device_id", 0)?;
@@ -176,6 +197,16 @@ impl PyHalDriver {
 #[pyclass(name = "HalDevice", module = "ferrite._ferrite", frozen)]
 pub struct PyHalDevice {
     pub device: DeviceRef,
+}
+
+impl PyHalDevice {
+    fn no_external_capture(&self, context: &str) -> PyResult<()> {
+        Err::<(), _>(ferrite_base::Status::new(
+            ferrite_base::StatusCode::Unimplemented,
+            format!("{} external capture not implemented", self.device.0.id()),
+        ))
+        .py_context(context)
+    }
 }
 
 #[pymethods]
@@ -293,6 +324,24 @@ impl PyHalDevice {
 
     fn flush_profiling(&self) {}
 
+    /// Starts a capture by an external tool (RenderDoc, Nsight...): none
+    /// applies to the CPU devices, so UNIMPLEMENTED, as upstream's.
+    #[pyo3(signature = (provider, file_path = None, label = None))]
+    fn begin_external_capture(
+        &self,
+        provider: &str,
+        file_path: Option<&str>,
+        label: Option<&str>,
+    ) -> PyResult<()> {
+        let _ = (provider, file_path, label);
+        self.no_external_capture("starting external device capture")
+    }
+
+    /// Ends an external capture (see `begin_external_capture`).
+    fn end_external_capture(&self) -> PyResult<()> {
+        self.no_external_capture("ending external device capture")
+    }
+
     /// A legacy (`dltensor`) DLPack capsule of `buffer_view`, labelled with
     /// the given DLPack device (the memory itself is host memory).
     fn create_dlpack_capsule(
@@ -352,6 +401,36 @@ impl PyHalAllocator {
             .allocator
             .allocate(&p, allocation_size)
             .py_context("could not allocate buffer")?;
+        Ok(PyHalBuffer {
+            buffer: Arc::new(buffer),
+        })
+    }
+
+    /// Wraps a writable, C-contiguous buffer-protocol object's memory as a
+    /// HAL buffer without copying; the object stays exported (and alive)
+    /// until the buffer is freed. Host writes to it while a device reads or
+    /// writes it race, as for any mapped memory.
+    fn import_host_allocation(
+        &self,
+        buffer_obj: &Bound<'_, PyAny>,
+        memory_type: &Bound<'_, PyAny>,
+        allowed_usage: &Bound<'_, PyAny>,
+    ) -> PyResult<PyHalBuffer> {
+        let p = params(memory_type, allowed_usage)?;
+        let host = HostBuffer::get_writable(buffer_obj)?;
+        let bytes = host.contiguous_bytes()?;
+        let (ptr, len) = (bytes.as_ptr() as *mut u8, bytes.len());
+        // SAFETY: `host` holds a writable, C-contiguous export of `len` bytes
+        // at `ptr`, which the exporter keeps valid (and unresized) until the
+        // export is released, i.e. until `host`, the owner passed here, is
+        // dropped with the buffer's allocation.
+        let memory = unsafe {
+            ferrite_hal::buffer::HostMemory::foreign(ptr, len, true, Box::new(host.into_shared()))
+        };
+        let buffer = self
+            .allocator
+            .import_host(&p, memory)
+            .py_context("Could not import host allocation")?;
         Ok(PyHalBuffer {
             buffer: Arc::new(buffer),
         })

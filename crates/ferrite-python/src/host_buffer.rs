@@ -27,6 +27,23 @@ impl HostBuffer {
         Ok(HostBuffer { view })
     }
 
+    /// Acquires a writable view (BufferError from the exporter when the
+    /// object is read-only).
+    pub fn get_writable(obj: &Bound<'_, PyAny>) -> PyResult<HostBuffer> {
+        let mut view: Box<ffi::Py_buffer> = Box::new(ffi::Py_buffer::new());
+        // SAFETY: as in `get`: a live object and a zeroed view to fill.
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_RECORDS) };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        Ok(HostBuffer { view })
+    }
+
+    /// This export as an owner another thread may hold (and drop).
+    pub fn into_shared(self) -> SharedExport {
+        SharedExport(self)
+    }
+
     /// The dimensions (a 0-d or 1-d byte view when the exporter gave none).
     pub fn shape(&self) -> Vec<u64> {
         let v = &*self.view;
@@ -112,6 +129,17 @@ impl HostBuffer {
         })
     }
 }
+
+/// A buffer export kept alive by a HAL buffer that imported its memory.
+pub struct SharedExport(#[allow(dead_code)] HostBuffer);
+
+// SAFETY: the export is never read through this wrapper (the HAL buffer
+// holds the pointer it was given); it is only dropped, and
+// `HostBuffer::drop` takes the GIL before releasing the export, so dropping
+// it on any thread is sound.
+unsafe impl Send for SharedExport {}
+// SAFETY: see `Send`: a shared reference gives access to nothing.
+unsafe impl Sync for SharedExport {}
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {

@@ -167,6 +167,21 @@ impl PyFileHandle {
         matches!(self.kind, Kind::Host(_))
     }
 
+    /// True when the handle wraps a file descriptor.
+    #[getter]
+    fn is_fd(&self) -> bool {
+        matches!(self.kind, Kind::Fd(_))
+    }
+
+    /// The wrapped file descriptor; -1 for other handles.
+    #[getter]
+    fn fd(&self) -> i64 {
+        match self.kind {
+            Kind::Fd(fd) => fd as i64,
+            _ => -1,
+        }
+    }
+
     #[getter]
     fn is_async(&self) -> bool {
         false

@@ -13,6 +13,7 @@ mod command_buffer;
 mod debug_sink;
 mod declaration;
 mod dlpack;
+mod external_timepoint;
 mod fence;
 mod flags;
 mod hal;

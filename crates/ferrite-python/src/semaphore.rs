@@ -116,6 +116,33 @@ impl PyHalSemaphore {
         Arc::as_ptr(&self.semaphore) as usize as u64
     }
 
+    /// Exports timepoint `value` into `out_external_timepoint` (see
+    /// `HalExternalTimepoint`).
+    fn export_timepoint(
+        &self,
+        value: u64,
+        requested_type: &Bound<'_, PyAny>,
+        requested_flags: &Bound<'_, PyAny>,
+        out_external_timepoint: &Bound<'_, crate::external_timepoint::PyHalExternalTimepoint>,
+    ) -> PyResult<()> {
+        crate::external_timepoint::export_timepoint(
+            self,
+            value,
+            requested_type,
+            requested_flags,
+            out_external_timepoint,
+        )
+    }
+
+    /// Imports an external timepoint as `value` of this semaphore.
+    fn import_timepoint(
+        &self,
+        value: u64,
+        timepoint: PyRef<'_, crate::external_timepoint::PyHalExternalTimepoint>,
+    ) -> PyResult<()> {
+        crate::external_timepoint::import_timepoint(self, value, &timepoint)
+    }
+
     fn __repr__(&self) -> String {
         match self.semaphore.query() {
             Ok(v) => format!("<HalSemaphore value={v}>"),

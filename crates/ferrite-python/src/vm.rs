@@ -138,6 +138,32 @@ impl Drop for PyVmModule {
 
 #[pymethods]
 impl PyVmModule {
+    /// Resolves a module a program depends on by name from the modules this
+    /// runtime can create without configuration. Every built-in module
+    /// needs some (`hal` a device, `io_parameters` its providers: use
+    /// `create_hal_module` / `create_io_parameters_module`), so this is
+    /// NOT_FOUND for every name, as upstream's Python build answers.
+    #[staticmethod]
+    #[pyo3(signature = (instance, name, minimum_version = 0))]
+    fn resolve_module_dependency(
+        instance: &PyVmInstance,
+        name: &str,
+        minimum_version: u32,
+    ) -> PyResult<PyVmModule> {
+        let _ = (instance, minimum_version);
+        let hint = match name {
+            "hal" => " (create it with create_hal_module(instance, device))",
+            "io_parameters" => {
+                " (create it with create_io_parameters_module(instance, *providers))"
+            }
+            _ => "",
+        };
+        Err(PyValueError::new_err(format!(
+            "Error resolving module dependency: NOT_FOUND; required module '{name}' not \
+             available without configuration{hint}"
+        )))
+    }
+
     #[staticmethod]
     #[pyo3(signature = (instance, buffer, warn_if_copy = true))]
     fn from_flatbuffer(
@@ -447,6 +473,42 @@ pub(crate) fn coerce(v: Variant, ty: &CconvType, index: usize) -> ferrite_base::
     })
 }
 
+fn serialized_trace_value(py: Python<'_>, v: Variant) -> PyResult<PyObject> {
+    let record = PyDict::new(py);
+    match v {
+        Variant::Null => record.set_item("type", "null")?,
+        Variant::I32(x) => record.set_item("i32", x)?,
+        Variant::I64(x) => record.set_item("i64", x)?,
+        Variant::F32(x) => record.set_item("f32", x)?,
+        Variant::F64(x) => record.set_item("f64", x)?,
+        Variant::Ref(r) => {
+            if let Some(list) = r.downcast::<VmList>() {
+                record.set_item("type", "vm.list")?;
+                let mut items = Vec::with_capacity(list.size() as usize);
+                for i in 0..list.size() {
+                    let item = list.get_variant(i).py_context(LIST_ACCESS)?;
+                    items.push(serialized_trace_value(py, item)?);
+                }
+                record.set_item("items", items)?;
+            } else if let Some(view) = r.downcast::<ferrite_hal::buffer_view::BufferView>() {
+                record.set_item("type", "hal.buffer_view")?;
+                record.set_item("shape", view.shape().to_vec())?;
+                record.set_item("element_type", view.element_type().to_string())?;
+                let bytes = view.buffer().to_vec().py_context("Could not map memory")?;
+                record.set_item("contents", pyo3::types::PyBytes::new(py, &bytes))?;
+            } else {
+                return Err(PyValueError::new_err(
+                    "Unsupported VM to Python Type Conversion",
+                ));
+            }
+        }
+    }
+    if !record.contains("type")? {
+        record.set_item("type", "value")?;
+    }
+    Ok(record.into_any().unbind())
+}
+
 /// A list of variants (`!vm.list<?>`).
 #[pyclass(name = "VmVariantList", module = "ferrite._ferrite", frozen)]
 pub struct PyVmVariantList {
@@ -551,6 +613,14 @@ impl PyVmVariantList {
             Variant::F64(v) => v.into_pyobject(py)?.into_any().unbind(),
             Variant::Ref(r) => object_of(py, r)?,
         })
+    }
+
+    /// Element `index` as a trace record (a dict): `{"type": "value", "i64":
+    /// v}` (or `i32`/`f32`/`f64`), `{"type": "null"}`, `{"type": "vm.list",
+    /// "items": [...]}`, or `{"type": "hal.buffer_view", "shape", "element_type",
+    /// "contents"}`; ValueError for other refs.
+    fn get_serialized_trace_value(&self, py: Python<'_>, index: usize) -> PyResult<PyObject> {
+        serialized_trace_value(py, self.variant(index)?)
     }
 
     fn get_as_ref(&self, index: usize) -> PyResult<PyVmRef> {

@@ -5,6 +5,8 @@ from . import _binding
 from ._binding import (
     BufferCompatibility,
     BufferUsage,
+    ExternalTimepointFlags,
+    ExternalTimepointType,
     HalAllocator,
     HalBuffer,
     HalBufferView,
@@ -13,12 +15,14 @@ from ._binding import (
     HalDeviceLoopBridge,
     HalDriver,
     HalElementType,
+    HalExternalTimepoint,
     HalFence,
     HalModuleDebugSink,
     HalSemaphore,
     MappedMemory,
     MemoryAccess,
     MemoryType,
+    SemaphoreCompatibility,
     create_hal_module,
 )
 

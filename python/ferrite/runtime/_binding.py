@@ -15,6 +15,7 @@ from .._ferrite import (
     HalDevice,
     HalDeviceLoopBridge,
     HalDriver,
+    HalExternalTimepoint,
     HalFence,
     HalModuleDebugSink,
     HalSemaphore,
@@ -123,6 +124,35 @@ class BufferCompatibility(_IntValued):
     EXPORTABLE = 4
     QUEUE_TRANSFER = 1024
     QUEUE_DISPATCH = 2048
+
+
+class _IntFlagValued(_enum.IntFlag):
+    """Flags that print as their integer value, as upstream's do."""
+
+    __repr__ = int.__repr__
+    __str__ = int.__repr__
+
+
+class ExternalTimepointType(_IntFlagValued):
+    NONE = 0
+    ASYNC_PRIMITIVE = 1
+    CUDA_EVENT = 2
+    HIP_EVENT = 3
+
+
+class ExternalTimepointFlags(_IntFlagValued):
+    NONE = 0
+
+
+class SemaphoreCompatibility(_IntFlagValued):
+    NONE = 0
+    HOST_WAIT = 1
+    DEVICE_WAIT = 2
+    HOST_SIGNAL = 4
+    DEVICE_SIGNAL = 8
+    HOST_ONLY = 5
+    DEVICE_ONLY = 10
+    ALL = 15
 
 
 class Linkage(_IntValued):

@@ -156,6 +156,13 @@ class SystemContext:
     def add_vm_module(self, vm_module: VmModule):
         self.add_vm_modules((vm_module,))
 
+    def add_module_dependency(self, name, minimum_version=0):
+        """Registers the module `name` resolved by `VmModule.resolve_module_dependency`."""
+        resolved = VmModule.resolve_module_dependency(
+            self._config.vm_instance, name, minimum_version
+        )
+        self._vm_context.register_modules([resolved])
+
 
 def load_vm_modules(*vm_modules, config: Optional[Config] = None):
     """Loads modules into one new context; returns their BoundModules in order."""
