@@ -392,6 +392,26 @@ def test_debug_sink_receives_traces(compile_with):
     assert seen == [("input", [[1, 2, 3, 4]]), ("result", [[2, 4, 6, 8]])]
 
 
+def test_traces_print_to_stderr_without_a_sink(compile_with, capfd, upstream):
+    vmfb = compile_with("trace")
+    printed = []
+    for lib in (rt, upstream):
+        inst = lib.VmInstance()
+        dev = lib.get_device("local-sync")
+        hal = lib.create_hal_module(inst, dev)
+        module = lib.VmModule.copy_buffer(inst, vmfb)
+        ctx = lib.VmContext(inst, [hal, module])
+        args = lib.VmVariantList(1)
+        args.push_ref(dev.allocator.allocate_buffer_copy(
+            lib.MemoryType.DEVICE_LOCAL, lib.BufferUsage.DEFAULT, dev,
+            np.array([1, 2.5, 3, 4], np.float32), lib.HalElementType.FLOAT_32))
+        capfd.readouterr()
+        ctx.invoke(module.lookup_function("double"), args, lib.VmVariantList(1))
+        printed.append(capfd.readouterr().err)
+    assert printed[0] == "=== input ===\n4xf32=1 2.5 3 4\n\n=== result ===\n4xf32=2 5 6 8\n\n"
+    assert printed[0] == printed[1]
+
+
 def test_debug_sink_exception_fails_the_call(compile_with):
     vmfb = compile_with("trace")
 

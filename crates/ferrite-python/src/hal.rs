@@ -816,7 +816,11 @@ fn create_hal_module(
     };
     ferrite_hal::module::register_types(instance.instance.types());
     let options = HalModuleOptions {
-        trace_sink: debug_sink.map(PyHalModuleDebugSink::trace_sink),
+        trace_sink: Some(
+            debug_sink
+                .map(PyHalModuleDebugSink::trace_sink)
+                .unwrap_or_else(ferrite_hal::module::stderr_trace_sink),
+        ),
         ..HalModuleOptions::default()
     };
     let module = ferrite_hal::module::create_hal_module(list, options)

@@ -30,6 +30,26 @@ pub const HAL_MODULE_VERSION: u32 = 7;
 /// Receives `hal.buffer_view.trace` calls (upstream's debug sink).
 pub type TraceSink = dyn Fn(&str, &[BufferView]) -> Result<()> + Send + Sync;
 
+/// A trace sink that prints to stderr in upstream's stdio format: a
+/// `=== key ===` line, each buffer view in full (`4xf32=1 2 3 4`) on its
+/// own line, then an empty line. What `create_hal_module` without a debug
+/// sink uses, as upstream's Python bindings do.
+pub fn stderr_trace_sink() -> Arc<TraceSink> {
+    Arc::new(|key: &str, views: &[BufferView]| {
+        use std::io::Write;
+        let mut out = format!("=== {key} ===\n");
+        for v in views {
+            out.push_str(&v.format(None)?);
+            out.push('\n');
+        }
+        out.push('\n');
+        // One write per trace keeps concurrent traces from interleaving;
+        // a closed stderr is not the program's failure.
+        let _ = std::io::stderr().lock().write_all(out.as_bytes());
+        Ok(())
+    })
+}
+
 /// How the module is created.
 #[derive(Clone, Default)]
 pub struct HalModuleOptions {
