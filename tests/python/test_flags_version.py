@@ -25,10 +25,16 @@ def _worker_threads():
     return tids
 
 
+def _all_threads():
+    """Ids of every thread of this process: a worker of an earlier device
+    that has not run yet (so has not named itself) must not count as new."""
+    return set(os.listdir("/proc/self/task"))
+
+
 def _new_workers(before, expected):
-    """Workers started since `before` was taken. Threads name themselves once
-    running, so wait (briefly) for the expected count to show; workers of
-    other devices that end meanwhile do not count."""
+    """Workers started since `before` (from `_all_threads`) was taken.
+    Threads name themselves once running, so wait (briefly) for the expected
+    count to show; workers of other devices that end meanwhile do not count."""
     deadline = time.monotonic() + 10
     while len(_worker_threads() - before) < expected and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -49,11 +55,11 @@ def test_group_count_sets_local_task_workers(reset_flags):
     devices = []  # kept alive so that worker counts only grow
     for count in (3, 1):
         flags.parse_flags(f"--task_topology_group_count={count}")
-        before = _worker_threads()
+        before = _all_threads()
         devices.append(driver.create_default_device())
         assert _new_workers(before, count) == count
     flags.parse_flags("--task_topology_group_count=0", "--task_topology_max_group_count=1")
-    before = _worker_threads()
+    before = _all_threads()
     device = rt.get_device("local-task", cache=False)
     assert _new_workers(before, 1) == 1
 
@@ -84,7 +90,7 @@ def test_flagfile(tmp_path, reset_flags):
     f = tmp_path / "flags.txt"
     f.write_text("# comment\n--task_topology_group_count=2\n\n")
     flags.parse_flags(f"--flagfile={f}")
-    before = _worker_threads()
+    before = _all_threads()
     d = rt.get_driver("local-task").create_default_device()
     assert _new_workers(before, 2) == 2
     with pytest.raises(ValueError, match="flagfile"):
