@@ -7,7 +7,7 @@ use crate::cpu_executable::{CpuExecutable, FORMATS};
 use crate::executable::library::DispatchConfig;
 use crate::pool::WorkerPool;
 use ferrite_base::{bail, Result, Status};
-use ferrite_hal::allocator::{Allocator, HeapAllocator};
+use ferrite_hal::allocator::{Allocator, CachingAllocator, HeapAllocator};
 use ferrite_hal::buffer::BindingPtr;
 use ferrite_hal::command_buffer::{Binding, Command};
 use ferrite_hal::device::{run_inline, Device, Work};
@@ -23,6 +23,11 @@ use std::sync::Arc;
 /// Workgroups a participant takes per reservation of a large dispatch.
 const TILES_PER_RESERVATION: u64 = 8;
 
+/// Most bytes of freed queue-allocated blocks a device keeps for reuse:
+/// enough for the transients and results of typical per-call programs,
+/// small next to what those programs map anyway.
+const QUEUE_POOL_BYTES: u64 = 32 << 20;
+
 /// How a CPU device runs work.
 enum Mode {
     Sync,
@@ -33,6 +38,8 @@ enum Mode {
 pub struct CpuDevice {
     id: &'static str,
     allocator: Arc<HeapAllocator>,
+    /// Pool for queue `alloca` (see [`Device::queue_allocator`]).
+    queue_pool: Arc<CachingAllocator>,
     mode: Mode,
 }
 
@@ -42,6 +49,7 @@ impl CpuDevice {
         Arc::new(CpuDevice {
             id: "local-sync",
             allocator: Arc::new(HeapAllocator::new()),
+            queue_pool: Arc::new(CachingAllocator::new(QUEUE_POOL_BYTES)),
             mode: Mode::Sync,
         })
     }
@@ -63,6 +71,7 @@ impl CpuDevice {
         Arc::new(CpuDevice {
             id: "local-task",
             allocator: Arc::new(HeapAllocator::new()),
+            queue_pool: Arc::new(CachingAllocator::new(QUEUE_POOL_BYTES)),
             mode: Mode::Task(Arc::new(WorkerPool::with_stack_size(n, stack_size))),
         })
     }
@@ -196,6 +205,10 @@ impl Device for CpuDevice {
         self.allocator.clone()
     }
 
+    fn queue_allocator(&self) -> Arc<dyn Allocator> {
+        self.queue_pool.clone()
+    }
+
     fn query_i64(&self, category: &str, key: &str) -> Result<Option<i64>> {
         Ok(match category {
             "hal.device.id" => Some(glob(key, self.id) as i64),
@@ -296,7 +309,7 @@ impl CpuDevice {
             Command::Copy { source, target } => {
                 let (s, so, sl) = source.resolve(table)?;
                 let (t, to, _) = target.resolve(table)?;
-                ferrite_hal::buffer::Buffer::copy(&s, so, &t, to, sl)
+                ferrite_hal::buffer::Buffer::copy(s, so, t, to, sl)
             }
             Command::Dispatch {
                 executable,

@@ -268,7 +268,7 @@ fn queue_chain_ordered_by_fences(dev: Arc<dyn Device>) {
 }
 
 fn queue_alloca_dealloca(dev: Arc<dyn Device>) {
-    let alloc = dev.allocator();
+    let alloc = dev.queue_allocator();
     let timeline = Semaphore::new(0);
     let at = |v| Fence::create_at(timeline.clone(), v);
     let (f1, f2, f3) = (at(1), at(2), at(3));

@@ -49,6 +49,12 @@ pub enum BufferRef {
 }
 
 /// One entry of a submission's binding table.
+/// The bindings a command buffer executes with (slot `i` is entry `i`).
+/// Programs bind a handful of buffers per execution, which then need no
+/// allocation.
+pub type BindingTable = smallvec::SmallVec<[Binding; 4]>;
+
+/// One binding table entry.
 #[derive(Clone, Debug)]
 pub struct Binding {
     /// The bound buffer.
@@ -61,7 +67,7 @@ pub struct Binding {
 
 impl BufferRef {
     /// Resolves to a concrete buffer subrange against `table`.
-    pub fn resolve(&self, table: &[Binding]) -> Result<(Buffer, u64, u64)> {
+    pub fn resolve<'a>(&'a self, table: &'a [Binding]) -> Result<(&'a Buffer, u64, u64)> {
         match self {
             BufferRef::Direct {
                 buffer,
@@ -69,7 +75,7 @@ impl BufferRef {
                 length,
             } => {
                 let (o, l) = buffer.resolve_range(*offset, *length)?;
-                Ok((buffer.clone(), o, l))
+                Ok((buffer, o, l))
             }
             BufferRef::Slot {
                 slot,
@@ -95,7 +101,7 @@ impl BufferRef {
                         "binding table slot {slot}: range {offset}+{len} exceeds the bound length {bl}"
                     );
                 }
-                Ok((b.buffer.clone(), bo + offset, len))
+                Ok((&b.buffer, bo + offset, len))
             }
         }
     }

@@ -10,7 +10,7 @@
 //! running the work, and failed work fails the signal fence with its status.
 
 use crate::allocator::Allocator;
-use crate::command_buffer::{Binding, Command};
+use crate::command_buffer::{Binding, BindingTable, Command};
 use crate::executable::Executable;
 use crate::fence::Fence;
 use ferrite_base::Result;
@@ -27,6 +27,13 @@ pub trait Device: Send + Sync + 'static {
     fn id(&self) -> &str;
     /// The device's allocator.
     fn allocator(&self) -> Arc<dyn Allocator>;
+    /// The allocator queue-ordered `alloca` draws from. Programs allocate
+    /// and release transients of the same sizes on every call, so drivers
+    /// give it a pool in front of [`Device::allocator`]; the default is the
+    /// device allocator itself.
+    fn queue_allocator(&self) -> Arc<dyn Allocator> {
+        self.allocator()
+    }
     /// Answers `hal.device.query.i64(category, key)`; None when unknown.
     fn query_i64(&self, category: &str, key: &str) -> Result<Option<i64>>;
     /// Loads an executable of `format` (e.g. `embedded-elf-x86_64`).
@@ -111,8 +118,12 @@ pub mod queue {
         params: &BufferParams,
         size: u64,
     ) -> Result<Buffer> {
-        let buffer = device.allocator().allocate(params, size)?;
-        device.submit(wait, signal, Box::new(|| Ok(())))?;
+        let buffer = device.queue_allocator().allocate(params, size)?;
+        if device.runs_inline() {
+            run_inline(wait, signal, || Ok(()))?;
+        } else {
+            device.submit(wait, signal, Box::new(|| Ok(())))?;
+        }
         Ok(buffer)
     }
 
@@ -196,8 +207,9 @@ pub mod queue {
         wait: &Fence,
         signal: &Fence,
         command_buffer: Option<&CommandBuffer>,
-        bindings: Vec<Binding>,
+        bindings: impl Into<BindingTable>,
     ) -> Result<()> {
+        let bindings: BindingTable = bindings.into();
         let Some(cb) = command_buffer else {
             return barrier(device, wait, signal);
         };

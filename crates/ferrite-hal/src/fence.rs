@@ -128,6 +128,14 @@ impl Fence {
     /// Signals every semaphore to its timepoint value. Stops at and returns
     /// the first error (e.g. a semaphore already signalled past its value).
     pub fn signal(&self) -> Result<()> {
+        let single = match self.timepoints.lock().as_slice() {
+            [] => return Ok(()),
+            [(s, v)] => Some((s.clone(), *v)),
+            _ => None,
+        };
+        if let Some((s, v)) = single {
+            return s.signal(v);
+        }
         for (s, v) in self.snapshot() {
             s.signal(v)?;
         }
@@ -155,11 +163,14 @@ impl Fence {
     /// or a semaphore fails (its status).
     pub fn wait(&self, timeout: Timeout) -> Result<bool> {
         let deadline = timeout.to_deadline();
-        let tps = self.snapshot();
-        let result = match tps.as_slice() {
-            [] => Ok(()),
-            [(s, v)] => s.wait_until(*v, deadline),
-            _ => wait_sources(&self.wait_sources(), WaitMode::All, deadline),
+        let single = match self.timepoints.lock().as_slice() {
+            [] => return Ok(true),
+            [(s, v)] => Some((s.clone(), *v)),
+            _ => None,
+        };
+        let result = match single {
+            Some((s, v)) => s.wait_until(v, deadline),
+            None => wait_sources(&self.wait_sources(), WaitMode::All, deadline),
         };
         match result {
             Ok(()) => Ok(true),

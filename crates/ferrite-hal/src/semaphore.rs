@@ -116,6 +116,13 @@ impl Semaphore {
                 bail!(InvalidArgument, "semaphore already signaled past {value}");
             }
             s.value = value;
+            if s.callbacks.is_empty() && s.notifiers.is_empty() {
+                // Nobody scheduled on this semaphore: only blocked waiters
+                // (if any) need waking.
+                drop(s);
+                self.cond.notify_all();
+                return Ok(());
+            }
             let ready = take_where(&mut s.callbacks, |(v, _)| *v <= value);
             let notify: Vec<Arc<Notifier>> = s
                 .notifiers
@@ -178,6 +185,16 @@ impl Semaphore {
 
     /// [`Semaphore::wait`] with an absolute deadline.
     pub fn wait_until(&self, value: u64, deadline: Deadline) -> Result<()> {
+        {
+            // Most waits find the value already reached.
+            let s = self.state.lock();
+            if let Some(e) = &s.failure {
+                return Err(e.clone());
+            }
+            if s.value >= value {
+                return Ok(());
+            }
+        }
         ferrite_base::wait::spin_until(deadline, || {
             let s = self.state.lock();
             s.failure.is_some() || s.value >= value

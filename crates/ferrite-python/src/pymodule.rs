@@ -311,19 +311,20 @@ fn type_name(ty: &CconvType) -> &'static str {
 impl NativeStep for BoundExport {
     fn step(&self, call: &mut NativeCall) -> Result<NativePoll> {
         let cconv = &self.export.cconv;
-        if call.args.len() != cconv.args.len() {
+        let values = call.arg_values();
+        if values.len() != cconv.args.len() {
             bail!(
                 InvalidArgument,
                 "{} takes {} arguments, received {}",
                 self.export.full_name,
                 cconv.args.len(),
-                call.args.len()
+                values.len()
             );
         }
         Python::with_gil(|py| {
-            let mut args = Vec::with_capacity(call.args.len() + 1);
+            let mut args = Vec::with_capacity(values.len() + 1);
             args.push(self.state.clone_ref(py));
-            for v in &call.args {
+            for v in &values {
                 args.push(to_python(py, v).map_err(|e| {
                     python_failure(py, "Converting an argument for a Python module", &e)
                 })?);

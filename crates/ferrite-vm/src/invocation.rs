@@ -213,7 +213,9 @@ fn run_frames(stack: &mut Stack) -> Result<Poll> {
                 match r {
                     Ok(NativePoll::Ready(v)) => {
                         if let Some(Frame::Native(nf)) = stack.frames.pop() {
-                            stack.recycle_values(nf.call.args);
+                            if let crate::stack::Args::Values(args) = nf.call.args {
+                                stack.recycle_values(args);
+                            }
                             stack.recycle_values(nf.call.results);
                         }
                         Ok(Step::Return(v))

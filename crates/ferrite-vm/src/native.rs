@@ -12,14 +12,14 @@ use crate::instance::Instance;
 use crate::module::{
     Dependency, ExportInfo, FunctionRef, ImportInfo, Module, ModuleState, Signature,
 };
-use crate::stack::{NativeCall, NativePoll, NativeStep, Stack};
+use crate::stack::{Args, NativeCall, NativePoll, NativeStep, Operand, Stack};
 use crate::value::Variant;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, status, Result};
 use std::sync::Arc;
 
 /// The body of a native function.
-pub type NativeFn = dyn Fn(&mut NativeCall) -> Result<NativePoll> + Send + Sync;
+pub type NativeFn = dyn Fn(&mut NativeCall<'_>) -> Result<NativePoll> + Send + Sync;
 
 struct Function {
     name: String,
@@ -28,7 +28,7 @@ struct Function {
 }
 
 impl NativeStep for Function {
-    fn step(&self, call: &mut NativeCall) -> Result<NativePoll> {
+    fn step(&self, call: &mut NativeCall<'_>) -> Result<NativePoll> {
         let r = (self.body)(call).annotate(|| format!("in native function '{}'", self.name))?;
         if let NativePoll::Ready(results) = &r {
             check_results(&self.name, &self.cconv, results)?;
@@ -106,7 +106,7 @@ impl NativeModuleBuilder {
         mut self,
         name: &str,
         cconv: &str,
-        body: impl Fn(&mut NativeCall) -> Result<NativePoll> + Send + Sync + 'static,
+        body: impl Fn(&mut NativeCall<'_>) -> Result<NativePoll> + Send + Sync + 'static,
     ) -> Result<Self> {
         let parsed = Cconv::parse(cconv)
             .annotate(|| format!("declaring native function '{}.{name}'", self.name))?;
@@ -212,77 +212,160 @@ impl ModuleState for NativeState {
 
 /// Reads the arguments of a native call in order, with checked types.
 pub struct ArgReader<'a> {
-    args: &'a [Variant],
+    source: Source<'a>,
     at: usize,
+}
+
+/// What an [`ArgReader`] reads from (see [`Args`]).
+enum Source<'a> {
+    Values(&'a [Variant]),
+    Registers {
+        regs: &'a [u32],
+        refs: &'a [Option<crate::refs::Ref>],
+        operands: &'a [Operand],
+    },
+}
+
+/// A register operand's kind, for error messages.
+fn operand_kind(op: &Operand) -> &'static str {
+    match op {
+        Operand::I32(_) | Operand::Count(_) => "i32",
+        Operand::I64(_) => "i64",
+        Operand::F32(_) => "f32",
+        Operand::F64(_) => "f64",
+        Operand::Ref(_) => "ref",
+    }
 }
 
 impl<'a> ArgReader<'a> {
     /// Starts reading `call`'s arguments.
-    pub fn new(call: &'a NativeCall) -> ArgReader<'a> {
-        ArgReader {
-            args: &call.args,
-            at: 0,
-        }
+    pub fn new(call: &'a NativeCall<'_>) -> ArgReader<'a> {
+        let source = match &call.args {
+            Args::Values(v) => Source::Values(v),
+            Args::Registers {
+                regs,
+                refs,
+                operands,
+            } => Source::Registers {
+                regs,
+                refs,
+                operands,
+            },
+        };
+        ArgReader { source, at: 0 }
     }
 
-    fn next(&mut self) -> Result<&'a Variant> {
-        let v = self
-            .args
-            .get(self.at)
-            .ok_or_else(|| status!(InvalidArgument, "missing argument {}", self.at))?;
+    fn missing(&self) -> ferrite_base::Status {
+        status!(InvalidArgument, "missing argument {}", self.at)
+    }
+
+    fn mismatch(&self, expected: &str, received: &str) -> ferrite_base::Status {
+        status!(
+            InvalidArgument,
+            "argument {}: expected {expected}, received {received}",
+            self.at - 1
+        )
+    }
+
+    /// The next argument as a value (refs retained); None past the end.
+    pub fn value(&mut self) -> Option<Variant> {
+        let v = match &self.source {
+            Source::Values(v) => v.get(self.at)?.clone(),
+            Source::Registers {
+                regs,
+                refs,
+                operands,
+            } => match *operands.get(self.at)? {
+                Operand::I32(r) => Variant::I32(*regs.get(r as usize)? as i32),
+                Operand::F32(r) => Variant::F32(f32::from_bits(*regs.get(r as usize)?)),
+                Operand::I64(r) => Variant::I64(reg_i64(regs, r)?),
+                Operand::F64(r) => Variant::F64(f64::from_bits(reg_i64(regs, r)? as u64)),
+                Operand::Ref(r) => Variant::from_ref(reg_ref(refs, r)?.cloned()),
+                Operand::Count(n) => Variant::I32(n),
+            },
+        };
         self.at += 1;
-        Ok(v)
+        Some(v)
     }
 
     /// The next argument as i32.
     pub fn i32(&mut self) -> Result<i32> {
-        match self.next()? {
-            Variant::I32(v) => Ok(*v),
-            v => bail!(
-                InvalidArgument,
-                "argument {}: expected i32, received {}",
-                self.at - 1,
-                v.kind_name()
-            ),
+        let at = self.at;
+        self.at += 1;
+        match &self.source {
+            Source::Values(v) => match v.get(at) {
+                Some(Variant::I32(x)) => Ok(*x),
+                Some(o) => Err(self.mismatch("i32", o.kind_name())),
+                None => Err(self.missing()),
+            },
+            Source::Registers { regs, operands, .. } => match operands.get(at) {
+                Some(Operand::I32(r)) => regs
+                    .get(*r as usize)
+                    .map(|&x| x as i32)
+                    .ok_or_else(|| self.missing()),
+                Some(Operand::Count(n)) => Ok(*n),
+                Some(o) => Err(self.mismatch("i32", operand_kind(o))),
+                None => Err(self.missing()),
+            },
         }
     }
 
     /// The next argument as i64.
     pub fn i64(&mut self) -> Result<i64> {
-        match self.next()? {
-            Variant::I64(v) => Ok(*v),
-            v => bail!(
-                InvalidArgument,
-                "argument {}: expected i64, received {}",
-                self.at - 1,
-                v.kind_name()
-            ),
+        let at = self.at;
+        self.at += 1;
+        match &self.source {
+            Source::Values(v) => match v.get(at) {
+                Some(Variant::I64(x)) => Ok(*x),
+                Some(o) => Err(self.mismatch("i64", o.kind_name())),
+                None => Err(self.missing()),
+            },
+            Source::Registers { regs, operands, .. } => match operands.get(at) {
+                Some(Operand::I64(r)) => reg_i64(regs, *r).ok_or_else(|| self.missing()),
+                Some(o) => Err(self.mismatch("i64", operand_kind(o))),
+                None => Err(self.missing()),
+            },
         }
     }
 
     /// The next argument as f32.
     pub fn f32(&mut self) -> Result<f32> {
-        match self.next()? {
-            Variant::F32(v) => Ok(*v),
-            v => bail!(
-                InvalidArgument,
-                "argument {}: expected f32, received {}",
-                self.at - 1,
-                v.kind_name()
-            ),
+        let at = self.at;
+        self.at += 1;
+        match &self.source {
+            Source::Values(v) => match v.get(at) {
+                Some(Variant::F32(x)) => Ok(*x),
+                Some(o) => Err(self.mismatch("f32", o.kind_name())),
+                None => Err(self.missing()),
+            },
+            Source::Registers { regs, operands, .. } => match operands.get(at) {
+                Some(Operand::F32(r)) => regs
+                    .get(*r as usize)
+                    .map(|&x| f32::from_bits(x))
+                    .ok_or_else(|| self.missing()),
+                Some(o) => Err(self.mismatch("f32", operand_kind(o))),
+                None => Err(self.missing()),
+            },
         }
     }
 
     /// The next argument as f64.
     pub fn f64(&mut self) -> Result<f64> {
-        match self.next()? {
-            Variant::F64(v) => Ok(*v),
-            v => bail!(
-                InvalidArgument,
-                "argument {}: expected f64, received {}",
-                self.at - 1,
-                v.kind_name()
-            ),
+        let at = self.at;
+        self.at += 1;
+        match &self.source {
+            Source::Values(v) => match v.get(at) {
+                Some(Variant::F64(x)) => Ok(*x),
+                Some(o) => Err(self.mismatch("f64", o.kind_name())),
+                None => Err(self.missing()),
+            },
+            Source::Registers { regs, operands, .. } => match operands.get(at) {
+                Some(Operand::F64(r)) => reg_i64(regs, *r)
+                    .map(|x| f64::from_bits(x as u64))
+                    .ok_or_else(|| self.missing()),
+                Some(o) => Err(self.mismatch("f64", operand_kind(o))),
+                None => Err(self.missing()),
+            },
         }
     }
 
@@ -294,14 +377,32 @@ impl<'a> ArgReader<'a> {
     /// The next argument as a borrowed (possibly null) ref: no reference
     /// count traffic, for functions that only look at the object.
     pub fn opt_ref_borrowed(&mut self) -> Result<Option<&'a crate::refs::Ref>> {
-        match self.next()? {
-            Variant::Ref(r) => Ok(Some(r)),
-            Variant::Null => Ok(None),
-            v => bail!(
-                InvalidArgument,
-                "argument {}: expected ref, received {}",
-                self.at - 1,
-                v.kind_name()
+        let at = self.at;
+        self.at += 1;
+        match &self.source {
+            Source::Values(v) => match v.get(at) {
+                Some(Variant::Ref(r)) => Ok(Some(r)),
+                Some(Variant::Null) => Ok(None),
+                Some(o) => Err(self.mismatch("ref", o.kind_name())),
+                None => Err(self.missing()),
+            },
+            Source::Registers { refs, operands, .. } => match operands.get(at) {
+                Some(Operand::Ref(r)) => reg_ref(refs, *r).ok_or_else(|| self.missing()),
+                Some(o) => Err(self.mismatch("ref", operand_kind(o))),
+                None => Err(self.missing()),
+            },
+        }
+    }
+
+    /// Whether the call owns the ref argument read last: true for owned
+    /// argument values and for operands the caller moved into the call;
+    /// false when the caller's register keeps its reference too.
+    pub fn last_ref_owned(&self) -> bool {
+        match &self.source {
+            Source::Values(_) => true,
+            Source::Registers { operands, .. } => matches!(
+                self.at.checked_sub(1).and_then(|i| operands.get(i)),
+                Some(Operand::Ref(r)) if r & crate::bytecode::verifier::MOVE_BIT != 0
             ),
         }
     }
@@ -317,4 +418,19 @@ impl<'a> ArgReader<'a> {
         self.opt_ref_borrowed()?
             .ok_or_else(|| status!(InvalidArgument, "argument {at}: ref is null"))
     }
+}
+
+/// A 64-bit register pair (None when out of range, which the verifier
+/// already rules out).
+#[inline]
+fn reg_i64(regs: &[u32], r: u16) -> Option<i64> {
+    let r = r as usize;
+    Some((*regs.get(r)? as u64 | ((*regs.get(r + 1)? as u64) << 32)) as i64)
+}
+
+/// A ref register's content (the operand carries the ref and move bits).
+#[inline]
+fn reg_ref(refs: &[Option<crate::refs::Ref>], r: u16) -> Option<Option<&crate::refs::Ref>> {
+    refs.get((r & crate::bytecode::verifier::REF_MASK) as usize)
+        .map(Option::as_ref)
 }

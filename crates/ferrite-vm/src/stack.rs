@@ -64,10 +64,39 @@ pub enum NativePoll {
     Pending(Wait),
 }
 
+/// One argument of a native call read in place from the caller's
+/// registers: which register (with its ref/move bits) and as what type, or
+/// the element count a variadic span is passed as.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Operand {
+    I32(u16),
+    I64(u16),
+    F32(u16),
+    F64(u16),
+    Ref(u16),
+    Count(i32),
+}
+
+/// Where a native call's arguments are.
+pub(crate) enum Args<'a> {
+    /// Owned values: calls from the host, and calls that yielded (their
+    /// arguments then outlive the caller's registers being reused).
+    Values(Vec<Variant>),
+    /// The calling bytecode frame's registers, borrowed for the duration of
+    /// one step: no values are built and no reference counts touched. The
+    /// interpreter applies the operands' move bits after the step.
+    Registers {
+        regs: &'a [u32],
+        refs: &'a [Option<Ref>],
+        operands: &'a [Operand],
+    },
+}
+
 /// Per-call data of a native function, kept across yields.
-pub struct NativeCall {
-    /// Arguments, flattened per the function's calling convention.
-    pub args: Vec<Variant>,
+pub struct NativeCall<'a> {
+    /// Arguments, flattened per the function's calling convention (read
+    /// them with [`crate::native::ArgReader`]).
+    pub(crate) args: Args<'a>,
     /// Whatever the function saved before yielding (None on first step).
     pub saved: Option<Box<dyn Any + Send>>,
     /// True when stepping after a yield.
@@ -81,7 +110,18 @@ pub struct NativeCall {
     pub(crate) results: Vec<Variant>,
 }
 
-impl NativeCall {
+impl NativeCall<'_> {
+    /// A call with owned argument values (as a host or test would make).
+    pub fn with_values(args: Vec<Variant>) -> NativeCall<'static> {
+        NativeCall {
+            args: Args::Values(args),
+            saved: None,
+            resumed: false,
+            wait_status: None,
+            results: Vec::new(),
+        }
+    }
+
     /// Finishes the call with `values` as its results, in a vector the
     /// stack recycles (no allocation per call, unlike building a new one).
     pub fn ready(
@@ -98,12 +138,29 @@ impl NativeCall {
     pub fn take_wait_status(&mut self) -> Option<ferrite_base::Result<()>> {
         self.wait_status.take()
     }
+
+    /// The number of flattened arguments.
+    pub fn arg_count(&self) -> usize {
+        match &self.args {
+            Args::Values(v) => v.len(),
+            Args::Registers { operands, .. } => operands.len(),
+        }
+    }
+
+    /// The arguments as values (refs retained), for functions that hand
+    /// them on as a whole, e.g. to another language.
+    pub fn arg_values(&self) -> Vec<Variant> {
+        let mut reader = crate::native::ArgReader::new(self);
+        (0..self.arg_count())
+            .filter_map(|_| reader.value())
+            .collect()
+    }
 }
 
 /// A native function body, stepped until it returns [`NativePoll::Ready`].
 pub trait NativeStep: Send + Sync {
     /// Runs (or resumes) the call.
-    fn step(&self, call: &mut NativeCall) -> ferrite_base::Result<NativePoll>;
+    fn step(&self, call: &mut NativeCall<'_>) -> ferrite_base::Result<NativePoll>;
     /// `module.function`, for backtraces.
     fn name(&self) -> &str;
 }
@@ -132,7 +189,7 @@ pub(crate) struct BytecodeFrame {
 /// A native function activation.
 pub(crate) struct NativeFrame {
     pub body: Arc<dyn NativeStep>,
-    pub call: NativeCall,
+    pub call: NativeCall<'static>,
 }
 
 pub(crate) enum Frame {
@@ -153,6 +210,8 @@ pub struct Stack {
     /// Emptied argument/result vectors kept for reuse: cross-module calls
     /// would otherwise allocate and free one per call.
     pub(crate) spare_values: Vec<Vec<Variant>>,
+    /// The operand list of native calls made in place (reused).
+    pub(crate) operands: Vec<Operand>,
     /// Per-op execution flags, when coverage recording is on.
     pub(crate) coverage: Option<Vec<bool>>,
 }
@@ -173,6 +232,7 @@ impl Stack {
             ref_regs: Vec::with_capacity(64),
             ref_top: 0,
             spare_values: Vec::new(),
+            operands: Vec::new(),
             max_depth,
             coverage: None,
         }
@@ -226,9 +286,9 @@ impl Stack {
     }
 
     /// A fresh call record for `args`, with a recycled result vector.
-    pub(crate) fn native_call(&mut self, args: Vec<Variant>) -> NativeCall {
+    pub(crate) fn native_call(&mut self, args: Vec<Variant>) -> NativeCall<'static> {
         NativeCall {
-            args,
+            args: Args::Values(args),
             saved: None,
             resumed: false,
             wait_status: None,
@@ -237,7 +297,11 @@ impl Stack {
     }
 
     /// Pushes a frame for a call already begun (see [`Stack::native_call`]).
-    pub(crate) fn push_native_call(&mut self, body: Arc<dyn NativeStep>, call: NativeCall) {
+    pub(crate) fn push_native_call(
+        &mut self,
+        body: Arc<dyn NativeStep>,
+        call: NativeCall<'static>,
+    ) {
         self.frames.push(Frame::Native(NativeFrame { body, call }));
     }
 

@@ -79,8 +79,17 @@ pub fn vm_buffer(a: &mut ArgReader<'_>, what: &str) -> Result<Ref> {
 /// Reads a variadic span: its count, then `count` tuples read by `f`.
 pub fn span<T>(
     a: &mut ArgReader<'_>,
-    mut f: impl FnMut(&mut ArgReader<'_>) -> Result<T>,
+    f: impl FnMut(&mut ArgReader<'_>) -> Result<T>,
 ) -> Result<Vec<T>> {
+    span_into(a, f)
+}
+
+/// [`span`] collected into any `C` (e.g. a small vector that spares the
+/// allocation on hot paths).
+pub fn span_into<T, C: FromIterator<T>>(
+    a: &mut ArgReader<'_>,
+    mut f: impl FnMut(&mut ArgReader<'_>) -> Result<T>,
+) -> Result<C> {
     let n = a.i32()?;
     if n < 0 {
         bail!(InvalidArgument, "negative span length {n}");

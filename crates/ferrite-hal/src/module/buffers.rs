@@ -115,8 +115,10 @@ pub(super) fn register(
         let mut a = ArgReader::new(c);
         let r = a.a_ref()?;
         let _: Buffer = cast(&r, "buffer")?;
-        // Terminal when this call holds the only other reference.
-        c.ready([Variant::I32((r.strong_count() <= 2) as i32)])
+        // Terminal when the call's reference (handed over, not shared
+        // with a live register) is the only one besides this read's.
+        let terminal = a.last_ref_owned() && r.strong_count() <= 2;
+        c.ready([Variant::I32(terminal as i32)])
     })?
     .function("buffer.subspan", "0rII_r", |c| {
         let mut a = ArgReader::new(c);

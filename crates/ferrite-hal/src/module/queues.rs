@@ -1,11 +1,11 @@
 //! `hal.devices.*`, `hal.device.*` (allocator, queries, queue operations),
 //! `hal.ex.file.from_memory` and the (unsupported) `hal.channel.*`.
 
-use super::args::{as_vm_buffer, obj, obj_ref, opt_obj, opt_obj_ref, span, string, vm_buffer};
+use super::args::{as_vm_buffer, obj, obj_ref, opt_obj, opt_obj_ref, span_into, string, vm_buffer};
 use super::Shared;
 use crate::allocator::BufferParams;
 use crate::buffer::Buffer;
-use crate::command_buffer::{Binding, CommandBuffer};
+use crate::command_buffer::{Binding, BindingTable, CommandBuffer};
 use crate::device::{queue, AllocatorRef, DeviceRef};
 use crate::fence::Fence;
 use crate::memory::{BufferUsage, MemoryType};
@@ -263,7 +263,7 @@ pub(super) fn register(
         let (device, wait, signal) = queue_head(&mut a)?;
         let cb = a.a_ref_borrowed()?;
         let _flags = a.i64()?;
-        let bindings = span(&mut a, |a| {
+        let bindings: BindingTable = span_into(&mut a, |a| {
             let buffer: Option<Buffer> = opt_obj(a, "binding buffer")?;
             let (offset, length) = (a.i64()? as u64, a.i64()? as u64);
             match buffer {

@@ -2,8 +2,10 @@
 //!
 //! Runs decoded, verified instructions ([`super::verifier`]) of the frames
 //! at the top of a [`Stack`]. Calls between functions of one module stay in
-//! this loop; calls to imports, returns to the host and yields hand a
-//! [`Step`] back to the invocation loop, which owns cross-module control flow.
+//! this loop, and so do calls to native imports that finish in one step
+//! (they read their arguments from the caller's registers); other import
+//! calls, returns to the host and yields hand a [`Step`] back to the
+//! invocation loop, which owns cross-module control flow.
 
 use super::isa::Op;
 use super::module::{BytecodeModule, BytecodeState};
@@ -13,7 +15,9 @@ use crate::cconv::CconvType;
 use crate::list::VmList;
 use crate::module::FunctionRef;
 use crate::refs::Ref;
-use crate::stack::{BytecodeFrame, Frame, NativePoll, Stack, Wait};
+use crate::stack::{
+    Args, BytecodeFrame, Frame, NativeCall, NativePoll, NativeStep, Operand, Stack, Wait,
+};
 use crate::types::TypeDef;
 use crate::value::Variant;
 use ferrite_base::{bail, status, Result, Status, StatusCode};
@@ -52,6 +56,37 @@ enum Action {
         list: usize,
     },
     Yield,
+    /// A native import called in place yielded or failed: it needs a frame.
+    Parked(Box<Parked>),
+}
+
+/// An in-place native call that outlives its step.
+struct Parked {
+    body: Arc<dyn NativeStep>,
+    /// The wait it yielded on, or its failure.
+    outcome: Result<Wait>,
+    saved: Option<Box<dyn std::any::Any + Send>>,
+    spare: Vec<Variant>,
+    results: usize,
+    resume: usize,
+}
+
+/// What the dispatch loop needs to call native imports in place.
+struct NativeScratch<'a> {
+    operands: &'a mut Vec<Operand>,
+    spare_values: &'a mut Vec<Vec<Variant>>,
+    /// False when one more frame would exceed the stack's depth limit.
+    depth_ok: bool,
+}
+
+/// How an attempt to call an import in place ended.
+enum InPlace {
+    /// Finished; its results are in the registers.
+    Done,
+    /// Not a native function: take the general path.
+    NotNative,
+    /// Yielded or failed.
+    Parked(Box<Parked>),
 }
 
 #[inline(always)]
@@ -540,92 +575,262 @@ fn run_with(state: &Arc<BytecodeState>, stack: &mut Stack) -> Result<Step> {
         ref_base: top.ref_base as usize,
     };
     let module = &*state.module;
-    loop {
-        let result = if stack.coverage.is_some() {
-            exec::<true>(state, stack, &mut cur)
-        } else {
-            exec::<false>(state, stack, &mut cur)
-        };
-        let Some(Frame::Bytecode(frame)) = stack.frames.last_mut() else {
-            bail!(Internal, "bytecode frame vanished");
-        };
-        // Keep the frame record in sync for backtraces and resumption.
-        frame.pc = cur.pc as u32;
-        frame.current = cur.pc.saturating_sub(1) as u32;
-        let action = result?;
-        let func = &module.functions[cur.function];
-        let (ib, rb) = (cur.i32_base, cur.ref_base);
-        let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
-        match action {
-            Action::Return { list } => {
-                let regs = &stack.i32_regs[ib..ib + ic];
-                let refs = &mut stack.ref_regs[rb..rb + rc];
-                let vals =
-                    read_values(regs, refs, pool_list(&func.pool, list), &func.cconv.results)?;
-                pop_frame(stack, ib, rb);
-                return Ok(Step::Return(vals));
-            }
-            Action::CallImport {
-                import,
-                segments,
-                args,
+    let result = if stack.coverage.is_some() {
+        exec::<true>(state, stack, &mut cur)
+    } else {
+        exec::<false>(state, stack, &mut cur)
+    };
+    let Some(Frame::Bytecode(frame)) = stack.frames.last_mut() else {
+        bail!(Internal, "bytecode frame vanished");
+    };
+    // Keep the frame record in sync for backtraces and resumption.
+    frame.pc = cur.pc as u32;
+    frame.current = cur.pc.saturating_sub(1) as u32;
+    let action = result?;
+    let func = &module.functions[cur.function];
+    let (ib, rb) = (cur.i32_base, cur.ref_base);
+    let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
+    match action {
+        Action::Return { list } => {
+            let regs = &stack.i32_regs[ib..ib + ic];
+            let refs = &mut stack.ref_regs[rb..rb + rc];
+            let vals = read_values(regs, refs, pool_list(&func.pool, list), &func.cconv.results)?;
+            pop_frame(stack, ib, rb);
+            Ok(Step::Return(vals))
+        }
+        Action::CallImport {
+            import,
+            segments,
+            args,
+            results,
+            resume,
+        } => {
+            frame.pc = resume as u32;
+            frame.pending_results = results as u32;
+            let target = state.import_ref(import)?;
+            let list = pool_list(&func.pool, args);
+            let seg = segments.map(|seg| pool_list(&func.pool, seg));
+            let spare = stack.spare_values.pop().unwrap_or_default();
+            let regs = &stack.i32_regs[ib..ib + ic];
+            let refs = &mut stack.ref_regs[rb..rb + rc];
+            let vals = match seg {
+                None => read_values_into(regs, refs, list, &target.cconv.args, spare)?,
+                Some(seg) => read_variadic(regs, refs, list, &target.cconv.args, seg, spare)?,
+            };
+            Ok(Step::Call(target.clone(), vals))
+        }
+        Action::Parked(parked) => {
+            let Parked {
+                body,
+                outcome,
+                saved,
+                spare,
                 results,
                 resume,
-            } => {
-                frame.pc = resume as u32;
-                frame.pending_results = results as u32;
-                let target = state.import_ref(import)?;
-                let spare = stack.spare_values.pop().unwrap_or_default();
-                let regs = &stack.i32_regs[ib..ib + ic];
-                let refs = &mut stack.ref_regs[rb..rb + rc];
-                let list = pool_list(&func.pool, args);
-                let vals = match segments {
-                    None => read_values_into(regs, refs, list, &target.cconv.args, spare)?,
-                    Some(seg) => read_variadic(
-                        regs,
-                        refs,
-                        list,
-                        &target.cconv.args,
-                        pool_list(&func.pool, seg),
-                        spare,
-                    )?,
-                };
-                let Some(body) = &target.native else {
-                    return Ok(Step::Call(target.clone(), vals));
-                };
-                // A native callee runs in place: it gets a frame only if it
-                // yields (to be stepped again) or fails (for the backtrace).
-                stack.check_depth()?;
-                let mut call = stack.native_call(vals);
-                match body.step(&mut call) {
-                    Ok(NativePoll::Ready(mut out)) => {
-                        let regs = &mut stack.i32_regs[ib..ib + ic];
-                        let refs = &mut stack.ref_regs[rb..rb + rc];
-                        let written =
-                            write_results(regs, refs, pool_list(&func.pool, results), &mut out);
-                        if let Some(Frame::Bytecode(f)) = stack.frames.last_mut() {
-                            f.pending_results = u32::MAX;
-                        }
-                        stack.recycle_values(out);
-                        stack.recycle_values(call.args);
-                        stack.recycle_values(call.results);
-                        written?;
-                        cur.pc = resume;
-                    }
-                    Ok(NativePoll::Pending(w)) => {
-                        call.resumed = true;
-                        stack.push_native_call(body.clone(), call);
-                        return Ok(Step::Yield(w));
-                    }
-                    Err(e) => {
-                        stack.push_native_call(body.clone(), call);
-                        return Err(e);
-                    }
+            } = *parked;
+            frame.pc = resume as u32;
+            frame.pending_results = results as u32;
+            let operands = std::mem::take(&mut stack.operands);
+            let mut call = keep_call(stack, ib, ic, rb, rc, operands, saved, spare);
+            match outcome {
+                Ok(w) => {
+                    call.resumed = true;
+                    stack.push_native_call(body, call);
+                    Ok(Step::Yield(w))
+                }
+                Err(e) => {
+                    stack.push_native_call(body, call);
+                    Err(e)
                 }
             }
-            Action::Yield => return Ok(Step::Yield(Wait::yield_now())),
+        }
+        Action::Yield => Ok(Step::Yield(Wait::yield_now())),
+    }
+}
+
+/// Lists a native call's operands (per `args`, with each variadic span's
+/// count from `segments`) without reading any register.
+fn build_operands(
+    out: &mut Vec<Operand>,
+    list: &[u32],
+    segments: Option<&[u32]>,
+    args: &[CconvType],
+) -> Result<()> {
+    out.clear();
+    let operand = |reg: u32, t: &CconvType| -> Result<Operand> {
+        let reg = reg as u16;
+        Ok(match t {
+            CconvType::I32 => Operand::I32(reg),
+            CconvType::I64 => Operand::I64(reg),
+            CconvType::F32 => Operand::F32(reg),
+            CconvType::F64 => Operand::F64(reg),
+            CconvType::Ref => Operand::Ref(reg),
+            CconvType::Span(_) => bail!(InvalidArgument, "nested variadic spans are not supported"),
+        })
+    };
+    let Some(segments) = segments else {
+        if list.len() != args.len() {
+            bail!(
+                Internal,
+                "register list has {} entries, signature {}",
+                list.len(),
+                args.len()
+            );
+        }
+        for (&reg, t) in list.iter().zip(args) {
+            out.push(operand(reg, t)?);
+        }
+        return Ok(());
+    };
+    let mut at = 0usize;
+    for (i, a) in args.iter().enumerate() {
+        let (items, n): (&[CconvType], usize) = match a {
+            CconvType::Span(items) => {
+                let n = *segments.get(i).ok_or_else(|| {
+                    status!(
+                        InvalidArgument,
+                        "variadic call has {} segment sizes, signature needs {}",
+                        segments.len(),
+                        args.len()
+                    )
+                })? as usize;
+                out.push(Operand::Count(n as i32));
+                (items, n * items.len())
+            }
+            t => (std::slice::from_ref(t), 1),
+        };
+        let Some(span) = list.get(at..at + n) else {
+            bail!(
+                InvalidArgument,
+                "variadic call has fewer registers than its segments need"
+            );
+        };
+        for (&reg, t) in span.iter().zip(items.iter().cycle()) {
+            out.push(operand(reg, t)?);
+        }
+        at += n;
+    }
+    Ok(())
+}
+
+/// Calls import `call.0` in place when it is a native function: its body
+/// reads the arguments straight from `regs`/`refs` (see [`Args::Registers`])
+/// and its results are written back before the dispatch loop goes on, with
+/// no frame, no argument values and no trip through the invocation loop.
+/// `call` is (import, segment list, argument list, result list, resume pc).
+#[inline(never)]
+fn call_in_place(
+    state: &BytecodeState,
+    regs: &mut [u32],
+    refs: &mut [Option<Ref>],
+    pool: &[u32],
+    call: (u32, Option<usize>, usize, usize, usize),
+    scratch: &mut NativeScratch<'_>,
+) -> Result<InPlace> {
+    let (import, segments, args, results, resume) = call;
+    let target = state.import_ref(import)?;
+    let Some(body) = &target.native else {
+        return Ok(InPlace::NotNative);
+    };
+    if !scratch.depth_ok {
+        return Ok(InPlace::NotNative);
+    }
+    let list = pool_list(pool, args);
+    let seg = segments.map(|seg| pool_list(pool, seg));
+    build_operands(scratch.operands, list, seg, &target.cconv.args)?;
+    let spare = scratch.spare_values.pop().unwrap_or_default();
+    let mut call = NativeCall {
+        args: Args::Registers {
+            regs,
+            refs,
+            operands: scratch.operands,
+        },
+        saved: None,
+        resumed: false,
+        wait_status: None,
+        results: spare,
+    };
+    let outcome = body.step(&mut call);
+    let (saved, spare) = (call.saved, call.results);
+    let (outcome, spare) = match outcome {
+        Ok(NativePoll::Ready(mut out)) => {
+            release_moved_operands(refs, scratch.operands);
+            let written = write_results(regs, refs, pool_list(pool, results), &mut out);
+            for mut v in [out, spare] {
+                if scratch.spare_values.len() < 8 && (1..=64).contains(&v.capacity()) {
+                    v.clear();
+                    scratch.spare_values.push(v);
+                }
+            }
+            written?;
+            return Ok(InPlace::Done);
+        }
+        Ok(NativePoll::Pending(w)) => (Ok(w), spare),
+        Err(e) => (Err(e), spare),
+    };
+    Ok(InPlace::Parked(Box::new(Parked {
+        body: body.clone(),
+        outcome,
+        saved,
+        spare,
+        results,
+        resume,
+    })))
+}
+
+/// The record of an in-place native call that outlives its step (it
+/// yielded, or failed and needs a frame for the backtrace): it takes its
+/// arguments as values, moved or retained per their move bits, as a call
+/// through the trampoline would have.
+#[allow(clippy::too_many_arguments)]
+fn keep_call(
+    stack: &mut Stack,
+    ib: usize,
+    ic: usize,
+    rb: usize,
+    rc: usize,
+    operands: Vec<Operand>,
+    saved: Option<Box<dyn std::any::Any + Send>>,
+    results: Vec<Variant>,
+) -> NativeCall<'static> {
+    let vals = take_operands(
+        &stack.i32_regs[ib..ib + ic],
+        &mut stack.ref_regs[rb..rb + rc],
+        &operands,
+    );
+    stack.operands = operands;
+    let mut call = stack.native_call(vals);
+    call.saved = saved;
+    call.results = results;
+    call
+}
+
+/// Releases the ref operands a finished in-place native call received with
+/// the move bit (the callee only borrowed them).
+fn release_moved_operands(refs: &mut [Option<Ref>], operands: &[Operand]) {
+    for op in operands {
+        if let Operand::Ref(reg) = *op {
+            if reg & MOVE_BIT != 0 {
+                refs[ref_slot(reg)] = None;
+            }
         }
     }
+}
+
+/// The operands as owned values, refs moved or retained per their move
+/// bits: what a call that outlives its step keeps.
+fn take_operands(regs: &[u32], refs: &mut [Option<Ref>], operands: &[Operand]) -> Vec<Variant> {
+    operands
+        .iter()
+        .map(|op| match *op {
+            Operand::I32(r) => Variant::I32(regs[r as usize] as i32),
+            Operand::F32(r) => Variant::F32(f32::from_bits(regs[r as usize])),
+            Operand::I64(r) => Variant::I64(get_i64(regs, r)),
+            Operand::F64(r) => Variant::F64(f64::from_bits(get_i64(regs, r) as u64)),
+            Operand::Ref(r) => Variant::from_ref(take_ref(refs, r)),
+            Operand::Count(n) => Variant::I32(n),
+        })
+        .collect()
 }
 
 /// Reads the arguments of a variadic import call: each span is passed as
@@ -810,13 +1015,22 @@ fn exec<const COVERAGE: bool>(
         let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
         let (ib, rb) = (cur.i32_base, cur.ref_base);
         let Stack {
+            frames,
             i32_regs,
             ref_regs,
             coverage,
+            operands,
+            spare_values,
+            max_depth,
             ..
         } = &mut *stack;
         let regs: &mut [u32] = &mut i32_regs[ib..ib + ic];
         let refs: &mut [Option<Ref>] = &mut ref_regs[rb..rb + rc];
+        let mut scratch = NativeScratch {
+            operands,
+            spare_values,
+            depth_ok: frames.len() < *max_depth,
+        };
         let flow = dispatch::<COVERAGE>(
             state,
             func,
@@ -824,6 +1038,7 @@ fn exec<const COVERAGE: bool>(
             refs,
             &mut cur.pc,
             coverage.as_deref_mut(),
+            &mut scratch,
         )?;
         match flow {
             Flow::Call {
@@ -870,6 +1085,7 @@ fn dispatch<const COVERAGE: bool>(
     refs: &mut [Option<Ref>],
     pc_out: &mut usize,
     mut coverage: Option<&mut [bool]>,
+    scratch: &mut NativeScratch<'_>,
 ) -> Result<Flow> {
     let insns: &[Insn] = &func.insns;
     let pool: &[u32] = &func.pool;
@@ -1427,9 +1643,22 @@ fn dispatch<const COVERAGE: bool>(
                     (pc, p + 1 + nargs)
                 };
                 if insn.a & IMPORT_BIT != 0 {
+                    let import = insn.a & !IMPORT_BIT;
+                    let call = (import, None, p, results, resume);
+                    match tri!(call_in_place(state, regs, refs, pool, call, scratch)) {
+                        InPlace::Done => {
+                            pc = resume;
+                            continue;
+                        }
+                        InPlace::Parked(parked) => {
+                            *pc_out = pc;
+                            return Ok(Flow::Exit(Action::Parked(parked)));
+                        }
+                        InPlace::NotNative => {}
+                    }
                     *pc_out = pc;
                     return Ok(Flow::Exit(Action::CallImport {
-                        import: insn.a & !IMPORT_BIT,
+                        import,
                         segments: None,
                         args: p,
                         results,
@@ -1453,9 +1682,22 @@ fn dispatch<const COVERAGE: bool>(
                 } else {
                     (pc, after_args)
                 };
+                let import = insn.a & !IMPORT_BIT;
+                let call = (import, Some(p), args, results, resume);
+                match tri!(call_in_place(state, regs, refs, pool, call, scratch)) {
+                    InPlace::Done => {
+                        pc = resume;
+                        continue;
+                    }
+                    InPlace::Parked(parked) => {
+                        *pc_out = pc;
+                        return Ok(Flow::Exit(Action::Parked(parked)));
+                    }
+                    InPlace::NotNative => {}
+                }
                 *pc_out = pc;
                 return Ok(Flow::Exit(Action::CallImport {
-                    import: insn.a & !IMPORT_BIT,
+                    import,
                     segments: Some(p),
                     args,
                     results,
