@@ -212,6 +212,8 @@ pub struct Stack {
     pub(crate) spare_values: Vec<Vec<Variant>>,
     /// The operand list of native calls made in place (reused).
     pub(crate) operands: Vec<Operand>,
+    /// The result vector of native calls made in place (reused).
+    pub(crate) native_results: Vec<Variant>,
     /// Per-op execution flags, when coverage recording is on.
     pub(crate) coverage: Option<Vec<bool>>,
 }
@@ -233,6 +235,7 @@ impl Stack {
             ref_top: 0,
             spare_values: Vec::new(),
             operands: Vec::new(),
+            native_results: Vec::new(),
             max_depth,
             coverage: None,
         }

@@ -9,7 +9,9 @@
 
 use super::isa::Op;
 use super::module::{BytecodeModule, BytecodeState};
-use super::verifier::{pool_list, DecodedFunction, Insn, IMPORT_BIT, MOVE_BIT, REF_BIT, REF_MASK};
+use super::verifier::{
+    call_operands, pool_list, DecodedFunction, Insn, IMPORT_BIT, MOVE_BIT, REF_BIT, REF_MASK,
+};
 use crate::buffer::VmBuffer;
 use crate::cconv::CconvType;
 use crate::list::VmList;
@@ -74,7 +76,7 @@ struct Parked {
 /// What the dispatch loop needs to call native imports in place.
 struct NativeScratch<'a> {
     operands: &'a mut Vec<Operand>,
-    spare_values: &'a mut Vec<Vec<Variant>>,
+    results: &'a mut Vec<Variant>,
     /// False when one more frame would exceed the stack's depth limit.
     depth_ok: bool,
 }
@@ -650,7 +652,7 @@ fn run_with(state: &Arc<BytecodeState>, stack: &mut Stack) -> Result<Step> {
 
 /// Lists a native call's operands (per `args`, with each variadic span's
 /// count from `segments`) without reading any register.
-fn build_operands(
+pub(crate) fn build_operands(
     out: &mut Vec<Operand>,
     list: &[u32],
     segments: Option<&[u32]>,
@@ -724,6 +726,7 @@ fn call_in_place(
     regs: &mut [u32],
     refs: &mut [Option<Ref>],
     pool: &[u32],
+    listed: Option<&[Operand]>,
     call: (u32, Option<usize>, usize, usize, usize),
     scratch: &mut NativeScratch<'_>,
 ) -> Result<InPlace> {
@@ -735,15 +738,21 @@ fn call_in_place(
     if !scratch.depth_ok {
         return Ok(InPlace::NotNative);
     }
-    let list = pool_list(pool, args);
-    let seg = segments.map(|seg| pool_list(pool, seg));
-    build_operands(scratch.operands, list, seg, &target.cconv.args)?;
-    let spare = scratch.spare_values.pop().unwrap_or_default();
+    let operands: &[Operand] = match listed {
+        Some(ops) => ops,
+        None => {
+            let list = pool_list(pool, args);
+            let seg = segments.map(|seg| pool_list(pool, seg));
+            build_operands(scratch.operands, list, seg, &target.cconv.args)?;
+            scratch.operands
+        }
+    };
+    let spare = std::mem::take(scratch.results);
     let mut call = NativeCall {
         args: Args::Registers {
             regs,
             refs,
-            operands: scratch.operands,
+            operands,
         },
         saved: None,
         resumed: false,
@@ -754,20 +763,28 @@ fn call_in_place(
     let (saved, spare) = (call.saved, call.results);
     let (outcome, spare) = match outcome {
         Ok(NativePoll::Ready(mut out)) => {
-            release_moved_operands(refs, scratch.operands);
+            release_moved_operands(refs, operands);
             let written = write_results(regs, refs, pool_list(pool, results), &mut out);
-            for mut v in [out, spare] {
-                if scratch.spare_values.len() < 8 && (1..=64).contains(&v.capacity()) {
-                    v.clear();
-                    scratch.spare_values.push(v);
-                }
-            }
+            // Keep whichever vector has room (`out` is normally `spare`,
+            // handed back by `NativeCall::ready`).
+            let mut keep = if out.capacity() >= spare.capacity() {
+                out
+            } else {
+                spare
+            };
+            keep.clear();
+            *scratch.results = keep;
             written?;
             return Ok(InPlace::Done);
         }
         Ok(NativePoll::Pending(w)) => (Ok(w), spare),
         Err(e) => (Err(e), spare),
     };
+    // The parked call's record is built from the scratch list.
+    if let Some(listed) = listed {
+        scratch.operands.clear();
+        scratch.operands.extend_from_slice(listed);
+    }
     Ok(InPlace::Parked(Box::new(Parked {
         body: body.clone(),
         outcome,
@@ -1020,7 +1037,7 @@ fn exec<const COVERAGE: bool>(
             ref_regs,
             coverage,
             operands,
-            spare_values,
+            native_results,
             max_depth,
             ..
         } = &mut *stack;
@@ -1028,7 +1045,7 @@ fn exec<const COVERAGE: bool>(
         let refs: &mut [Option<Ref>] = &mut ref_regs[rb..rb + rc];
         let mut scratch = NativeScratch {
             operands,
-            spare_values,
+            results: native_results,
             depth_ok: frames.len() < *max_depth,
         };
         let flow = dispatch::<COVERAGE>(
@@ -1645,7 +1662,10 @@ fn dispatch<const COVERAGE: bool>(
                 if insn.a & IMPORT_BIT != 0 {
                     let import = insn.a & !IMPORT_BIT;
                     let call = (import, None, p, results, resume);
-                    match tri!(call_in_place(state, regs, refs, pool, call, scratch)) {
+                    let listed = call_operands(insn, &func.operands);
+                    match tri!(call_in_place(
+                        state, regs, refs, pool, listed, call, scratch
+                    )) {
                         InPlace::Done => {
                             pc = resume;
                             continue;
@@ -1684,7 +1704,10 @@ fn dispatch<const COVERAGE: bool>(
                 };
                 let import = insn.a & !IMPORT_BIT;
                 let call = (import, Some(p), args, results, resume);
-                match tri!(call_in_place(state, regs, refs, pool, call, scratch)) {
+                let listed = call_operands(insn, &func.operands);
+                match tri!(call_in_place(
+                    state, regs, refs, pool, listed, call, scratch
+                )) {
                     InPlace::Done => {
                         pc = resume;
                         continue;

@@ -60,6 +60,23 @@ pub struct DecodedFunction {
     pub ref_count: u32,
     /// The function's calling convention.
     pub cconv: Cconv,
+    /// Operand lists of import calls whose callee signature the module
+    /// declares, listed once here so that native callees can read them in
+    /// place without building them per call (see `Insn::imm` of such calls).
+    pub(crate) operands: Vec<crate::stack::Operand>,
+}
+
+/// The operands of an import call listed at decode time: `Insn::imm` holds
+/// `(start + 1) << 32 | len` into [`DecodedFunction::operands`], 0 if none.
+pub(crate) fn call_operands<'a>(
+    insn: &Insn,
+    operands: &'a [crate::stack::Operand],
+) -> Option<&'a [crate::stack::Operand]> {
+    if insn.imm == 0 {
+        return None;
+    }
+    let start = ((insn.imm >> 32) as usize).checked_sub(1)?;
+    operands.get(start..start + (insn.imm as u32) as usize)
 }
 
 /// What the verifier needs to know about the rest of the module.
@@ -227,6 +244,7 @@ pub fn decode_function(
     let mut insns = Vec::new();
     let mut offsets = Vec::new();
     let mut pool: Vec<u32> = Vec::new();
+    let mut operands: Vec<crate::stack::Operand> = Vec::new();
     // Branch target pool slots to patch from byte offsets to insn indices.
     let mut fixups: Vec<(usize, usize)> = Vec::new();
     let mut block_at: Vec<(u32, u32)> = Vec::new();
@@ -364,6 +382,7 @@ pub fn decode_function(
             }
         }
         check_semantics(&insn, &pool, env, &fx, cconv, start)?;
+        list_import_operands(&mut insn, &pool, env, &mut operands)?;
         insns.push(insn);
         offsets.push(start as u32);
     }
@@ -418,7 +437,40 @@ pub fn decode_function(
         i32_count,
         ref_count,
         cconv: cconv.clone(),
+        operands,
     })
+}
+
+/// For an import call with a declared callee signature, lists its operands
+/// in `operands` and records where in `insn.imm` (see [`call_operands`]).
+fn list_import_operands(
+    insn: &mut Insn,
+    pool: &[u32],
+    env: &ModuleEnv<'_>,
+    operands: &mut Vec<crate::stack::Operand>,
+) -> Result<()> {
+    let p = insn.pool as usize;
+    let (args, segments) = match insn.op {
+        Op::Call | Op::CallYieldable => (p, None),
+        Op::CallVariadic | Op::CallVariadicYieldable => (p + 1 + pool_list(pool, p).len(), Some(p)),
+        _ => return Ok(()),
+    };
+    if insn.a & IMPORT_BIT == 0 {
+        return Ok(());
+    }
+    let Some(c) = callee_cconv(env, insn.a) else {
+        return Ok(());
+    };
+    let mut listed = Vec::new();
+    super::interp::build_operands(
+        &mut listed,
+        pool_list(pool, args),
+        segments.map(|s| pool_list(pool, s)),
+        &c.args,
+    )?;
+    insn.imm = ((operands.len() as u64 + 1) << 32) | listed.len() as u64;
+    operands.extend(listed);
+    Ok(())
 }
 
 fn op_has_segments(op: Op) -> bool {
