@@ -8,7 +8,7 @@ use crate::executable::library::DispatchConfig;
 use crate::pool::WorkerPool;
 use ferrite_base::{bail, Result, Status};
 use ferrite_hal::allocator::{Allocator, CachingAllocator, HeapAllocator};
-use ferrite_hal::buffer::BindingPtr;
+use ferrite_hal::buffer::{BindingPtr, Buffer};
 use ferrite_hal::command_buffer::{Binding, Command};
 use ferrite_hal::device::{run_inline, Device, Work};
 use ferrite_hal::executable::Executable;
@@ -90,7 +90,7 @@ impl CpuDevice {
         function: u32,
         workgroups: [u32; 3],
         constants: &[u32],
-        bindings: SmallVec<[BindingPtr; 8]>,
+        bindings: &[(&Buffer, u64, u64)],
     ) -> Result<()> {
         let Some(cpu) = exe.as_any().downcast_ref::<CpuExecutable>() else {
             bail!(
@@ -105,12 +105,30 @@ impl CpuDevice {
         let sequential = cpu.library().export(function).is_some_and(|e| e.sequential);
         let pool = match &self.mode {
             Mode::Task(p) if !sequential && total > 1 => p.clone(),
-            _ => return run_slice(cpu, function, workgroups, None, 0, 1, constants, &bindings),
+            _ => {
+                // Run here, now: the caller holds every bound buffer for the
+                // whole call, so plain addresses do (no keep-alive handles).
+                let ptrs = bindings
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (b, o, l))| {
+                        b.binding_range(*o, *l, MemoryAccess::READ)
+                            .map_err(|e| e.annotate(format!("dispatch binding {i}")))
+                    })
+                    .collect::<Result<SmallVec<[_; 8]>>>()?;
+                return run_slice(cpu, function, workgroups, None, 0, 1, constants, &ptrs);
+            }
         };
+        let bindings: Arc<[BindingPtr]> = bindings
+            .iter()
+            .enumerate()
+            .map(|(i, (b, o, l))| {
+                b.binding_ptr(*o, *l, MemoryAccess::READ)
+                    .map_err(|e| e.annotate(format!("dispatch binding {i}")))
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into();
         let workers = pool.worker_count();
-        // Participants take workgroups in reservations of `per`, as upstream's
-        // task executor does: 8 at a time (fewer atomic fetches, neighbouring
-        // tiles on one core), or 1 for small grids so every worker gets some.
         let per = if total < workers as u64 * TILES_PER_RESERVATION {
             1
         } else {
@@ -119,7 +137,6 @@ impl CpuDevice {
         let chunks = total.div_ceil(per);
         let exe = exe.clone();
         let constants: Arc<[u32]> = constants.into();
-        let bindings: Arc<[BindingPtr]> = bindings.into_vec().into();
         let failure: Arc<Mutex<Option<Status>>> = Arc::new(Mutex::new(None));
         let f2 = failure.clone();
         pool.parallel_for(
@@ -131,6 +148,8 @@ impl CpuDevice {
                 let Some(cpu) = exe.as_any().downcast_ref::<CpuExecutable>() else {
                     return;
                 };
+                let ptrs: SmallVec<[(*mut u8, usize); 8]> =
+                    bindings.iter().map(|b| (b.as_ptr(), b.len())).collect();
                 let r = run_slice(
                     cpu,
                     function,
@@ -139,7 +158,7 @@ impl CpuDevice {
                     (chunk % workers as u64) as u32,
                     workers,
                     &constants,
-                    &bindings,
+                    &ptrs,
                 );
                 if let Err(e) = r {
                     f2.lock().get_or_insert(e);
@@ -163,24 +182,24 @@ fn run_slice(
     processor_id: u32,
     concurrency: usize,
     constants: &[u32],
-    bindings: &[BindingPtr],
+    ptrs: &[(*mut u8, usize)],
 ) -> Result<()> {
-    let ptrs: SmallVec<[(*mut u8, usize); 8]> =
-        bindings.iter().map(|b| (b.as_ptr(), b.len())).collect();
     let config = DispatchConfig {
         workgroups: range,
         processor_id,
         max_concurrency: concurrency.clamp(1, 255) as u8,
         ..DispatchConfig::new(workgroups)
     };
-    // SAFETY: every binding pointer comes from `Buffer::binding_ptr`, which
-    // checked the range against its live allocation and keeps it alive for
-    // as long as `bindings` does (the whole call). The executable is trusted
+    // SAFETY: every binding pointer comes from `Buffer::binding_ptr` or
+    // `Buffer::binding_range`, which checked the range against its live
+    // allocation; the allocation stays alive for the whole call (kept by the
+    // `BindingPtr`s of a pooled dispatch, or by the binding table the caller
+    // of an inline dispatch holds). The executable is trusted
     // compiled code; queue ordering (wait fences) keeps host access and other
     // submissions off these ranges while it runs, and concurrent slices of
     // one dispatch touch the disjoint output regions the program assigns to
     // distinct workgroups.
-    unsafe { cpu.library().dispatch(function, &config, constants, &ptrs) }
+    unsafe { cpu.library().dispatch(function, &config, constants, ptrs) }
 }
 
 /// Matches `pattern` (with `*` wildcards) against `text`.
@@ -336,16 +355,11 @@ impl CpuDevice {
                         [w(0), w(1), w(2)]
                     }
                 };
-                let ptrs = bindings
+                let resolved = bindings
                     .iter()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        let (b, o, l) = r.resolve(table)?;
-                        b.binding_ptr(o, l, MemoryAccess::READ)
-                            .map_err(|e| e.annotate(format!("dispatch binding {i}")))
-                    })
-                    .collect::<Result<SmallVec<_>>>()?;
-                self.dispatch(&executable.0, *function, workgroups, constants, ptrs)
+                    .map(|r| r.resolve(table))
+                    .collect::<Result<SmallVec<[_; 8]>>>()?;
+                self.dispatch(&executable.0, *function, workgroups, constants, &resolved)
                     .map_err(|e| e.annotate(format!("dispatch of function {function}")))
             }
         }

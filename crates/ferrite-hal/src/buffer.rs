@@ -777,24 +777,36 @@ impl Buffer {
         length: u64,
         access: MemoryAccess,
     ) -> Result<BindingPtr> {
+        let (ptr, len) = self.binding_range(offset, length, access)?;
+        Ok(BindingPtr {
+            ptr,
+            len,
+            writable: self.alloc.is_writable()
+                && access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY),
+            _keep: self.alloc.clone(),
+        })
+    }
+
+    /// The address and length of `[offset, offset+length)` for `access`,
+    /// checked as [`Buffer::binding_ptr`] checks it, without keeping the
+    /// allocation alive: for callers that hold this buffer for as long as
+    /// they use the pointer (e.g. a dispatch run inline on the submitting
+    /// thread). The pointer carries the same contract as a [`BindingPtr`].
+    pub fn binding_range(
+        &self,
+        offset: u64,
+        length: u64,
+        access: MemoryAccess,
+    ) -> Result<(*mut u8, usize)> {
         self.validate_access(access)?;
-        let writable =
-            self.alloc.is_writable() && access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY);
         if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
             bail!(PermissionDenied, "buffer wraps read-only host memory");
         }
         let (off, len) = self.resolve_range(offset, length)?;
         let abs = (self.offset + off) as usize;
-        let base = self.alloc.base_ptr();
         // `wrapping_add` keeps this safe; the result is in bounds because the
         // range was checked against the allocation.
-        let ptr = base.wrapping_add(abs);
-        Ok(BindingPtr {
-            ptr,
-            len: len as usize,
-            writable,
-            _keep: self.alloc.clone(),
-        })
+        Ok((self.alloc.base_ptr().wrapping_add(abs), len as usize))
     }
 
     /// How `[a_off, a_off+a_len)` of `a` overlaps `[b_off, b_off+b_len)` of

@@ -31,7 +31,11 @@ pub const MAX_PARSED_RANK: usize = 128;
 #[derive(Clone)]
 pub struct BufferView {
     buffer: Buffer,
-    shape: Vec<u64>,
+    /// `buffer` as a VM ref, made on first request (`hal.buffer_view.buffer`)
+    /// or handed in at creation, so that later requests only share it.
+    buffer_ref: std::sync::OnceLock<ferrite_vm::Ref>,
+    /// Dimensions; views of rank 4 or less need no allocation.
+    shape: smallvec::SmallVec<[u64; 4]>,
     element_type: ElementType,
     encoding_type: EncodingType,
     byte_length: u64,
@@ -109,7 +113,8 @@ impl BufferView {
         }
         Ok(BufferView {
             buffer,
-            shape: shape.to_vec(),
+            buffer_ref: std::sync::OnceLock::new(),
+            shape: shape.into(),
             element_type,
             encoding_type,
             byte_length,
@@ -119,6 +124,34 @@ impl BufferView {
     /// The viewed buffer.
     pub fn buffer(&self) -> &Buffer {
         &self.buffer
+    }
+
+    /// The viewed buffer as a VM ref (one shared ref per view).
+    pub fn buffer_ref(&self) -> ferrite_vm::Ref {
+        self.buffer_ref
+            .get_or_init(|| ferrite_vm::Ref::new(self.buffer.clone()))
+            .clone()
+    }
+
+    /// A view like [`BufferView::new`] of the buffer behind `buffer_ref`
+    /// (a `hal.buffer` ref), which [`BufferView::buffer_ref`] then returns.
+    /// `INVALID_ARGUMENT` when the ref is not a buffer.
+    pub fn over_ref(
+        buffer_ref: ferrite_vm::Ref,
+        shape: &[u64],
+        element_type: ElementType,
+        encoding_type: EncodingType,
+    ) -> Result<BufferView> {
+        let Some(buffer) = buffer_ref.downcast::<Buffer>() else {
+            bail!(
+                InvalidArgument,
+                "buffer view source: expected !hal.buffer, received !{}",
+                buffer_ref.type_name()
+            );
+        };
+        let view = BufferView::new(buffer.clone(), shape, element_type, encoding_type)?;
+        let _ = view.buffer_ref.set(buffer_ref);
+        Ok(view)
     }
 
     /// The dimensions.

@@ -289,6 +289,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// The next argument as i32.
+    #[inline]
     pub fn i32(&mut self) -> Result<i32> {
         let at = self.at;
         self.at += 1;
@@ -311,6 +312,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// The next argument as i64.
+    #[inline]
     pub fn i64(&mut self) -> Result<i64> {
         let at = self.at;
         self.at += 1;
@@ -329,6 +331,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// The next argument as f32.
+    #[inline]
     pub fn f32(&mut self) -> Result<f32> {
         let at = self.at;
         self.at += 1;
@@ -350,6 +353,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// The next argument as f64.
+    #[inline]
     pub fn f64(&mut self) -> Result<f64> {
         let at = self.at;
         self.at += 1;
@@ -376,6 +380,7 @@ impl<'a> ArgReader<'a> {
 
     /// The next argument as a borrowed (possibly null) ref: no reference
     /// count traffic, for functions that only look at the object.
+    #[inline]
     pub fn opt_ref_borrowed(&mut self) -> Result<Option<&'a crate::refs::Ref>> {
         let at = self.at;
         self.at += 1;
@@ -413,6 +418,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// The next argument as a borrowed non-null ref.
+    #[inline]
     pub fn a_ref_borrowed(&mut self) -> Result<&'a crate::refs::Ref> {
         let at = self.at;
         self.opt_ref_borrowed()?

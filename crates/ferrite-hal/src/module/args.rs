@@ -13,6 +13,7 @@ pub fn obj<T: RefObject + Clone>(a: &mut ArgReader<'_>, what: &str) -> Result<T>
 
 /// Borrows a non-null ref argument of type `T` (no copy, no reference
 /// count traffic: the call's arguments outlive the reader).
+#[inline]
 pub fn obj_ref<'a, T: RefObject>(a: &mut ArgReader<'a>, what: &str) -> Result<&'a T> {
     let r = a
         .a_ref_borrowed()
@@ -26,6 +27,7 @@ pub fn opt_obj<T: RefObject + Clone>(a: &mut ArgReader<'_>, what: &str) -> Resul
 }
 
 /// Borrows a possibly-null ref argument of type `T`.
+#[inline]
 pub fn opt_obj_ref<'a, T: RefObject>(a: &mut ArgReader<'a>, what: &str) -> Result<Option<&'a T>> {
     match a.opt_ref_borrowed()? {
         None => Ok(None),
@@ -40,6 +42,7 @@ pub fn cast<T: RefObject + Clone>(r: &Ref, what: &str) -> Result<T> {
 
 /// Borrows a ref's object as a `T`, naming what was expected and what
 /// arrived.
+#[inline]
 pub fn cast_ref<'r, T: RefObject>(r: &'r Ref, what: &str) -> Result<&'r T> {
     r.downcast::<T>().ok_or_else(|| {
         status!(

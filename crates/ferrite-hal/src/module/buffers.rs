@@ -1,6 +1,6 @@
 //! `hal.allocator.*`, `hal.buffer.*` and `hal.buffer_view.*`.
 
-use super::args::{as_vm_buffer, cast, obj, obj_ref, span, string, vm_buffer};
+use super::args::{as_vm_buffer, cast, cast_ref, obj, obj_ref, span, span_into, string, vm_buffer};
 use super::Shared;
 use crate::allocator::BufferParams;
 use crate::buffer::Buffer;
@@ -12,6 +12,7 @@ use ferrite_base::{bail, Result};
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
 use ferrite_vm::stack::NativePoll;
 use ferrite_vm::{Ref, Variant};
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 fn ready(v: Vec<Variant>) -> Result<NativePoll> {
@@ -167,20 +168,23 @@ pub(super) fn register(
     })?
     .function("buffer_view.create", "0rIIiiCID_r", |c| {
         let mut a = ArgReader::new(c);
-        let buffer: Buffer = obj(&mut a, "source buffer")?;
+        let source = a.a_ref_borrowed()?;
+        let buffer: &Buffer = cast_ref(source, "source buffer")?;
         let (offset, length) = (a.i64()? as u64, a.i64()? as u64);
         let (et, enc) = (a.i32()? as u32, a.i32()? as u32);
-        let shape = span(&mut a, |a| Ok(a.i64()? as u64))?;
-        let buffer = if offset != 0 || length != buffer.byte_length() {
-            buffer.subspan(offset, length).map_err(|e| {
+        let shape: SmallVec<[u64; 4]> = span_into(&mut a, |a| Ok(a.i64()? as u64))?;
+        let (et, enc) = (ElementType(et), EncodingType(enc));
+        let view = if offset != 0 || length != buffer.byte_length() {
+            let sub = buffer.subspan(offset, length).map_err(|e| {
                 e.annotate(format!(
                     "invalid subspan of an existing buffer (source_offset={offset}, length={length})"
                 ))
-            })?
+            })?;
+            BufferView::new(sub, &shape, et, enc)?
         } else {
-            buffer
+            // The whole buffer: the view shares the caller's ref to it.
+            BufferView::over_ref(source.clone(), &shape, et, enc)?
         };
-        let view = BufferView::new(buffer, &shape, ElementType(et), EncodingType(enc))?;
         c.ready([Variant::Ref(Ref::new(view))])
     })?
     .function("buffer_view.assert", "0rriiCID_v", |c| {
@@ -199,7 +203,7 @@ pub(super) fn register(
     .function("buffer_view.buffer", "0r_r", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        c.ready([Variant::Ref(Ref::new(view.buffer().clone()))])
+        c.ready([Variant::Ref(view.buffer_ref())])
     })?
     .function("buffer_view.element_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);

@@ -22,6 +22,7 @@ use crate::buffer_view::BufferView;
 use crate::device::DeviceRef;
 use ferrite_base::Result;
 use ferrite_vm::native::{NativeModule, NativeModuleBuilder};
+use ferrite_vm::Ref;
 use std::sync::Arc;
 
 /// The module version compiled programs require (`hal, version >= 7`).
@@ -64,6 +65,36 @@ pub struct HalModuleOptions {
 pub(crate) struct Shared {
     pub devices: Vec<DeviceRef>,
     pub options: HalModuleOptions,
+    /// `hal.allocator` refs of `devices`, in the same order: programs ask
+    /// for a device's allocator on every call.
+    allocator_refs: Vec<Ref>,
+}
+
+impl Shared {
+    fn new(devices: Vec<DeviceRef>, options: HalModuleOptions) -> Shared {
+        let allocator_refs = devices
+            .iter()
+            .map(|d| Ref::new(crate::device::AllocatorRef(d.0.allocator())))
+            .collect();
+        Shared {
+            devices,
+            options,
+            allocator_refs,
+        }
+    }
+
+    /// The `hal.allocator` ref of `device` (shared for the module's own
+    /// devices, fresh for others).
+    pub fn allocator_ref(&self, device: &DeviceRef) -> Ref {
+        match self
+            .devices
+            .iter()
+            .position(|d| Arc::ptr_eq(&d.0, &device.0))
+        {
+            Some(i) => self.allocator_refs[i].clone(),
+            None => Ref::new(crate::device::AllocatorRef(device.0.allocator())),
+        }
+    }
 }
 
 /// Builds the `hal` module over `devices` (what `hal.devices.get` returns).
@@ -71,7 +102,7 @@ pub fn create_hal_module(
     devices: Vec<DeviceRef>,
     options: HalModuleOptions,
 ) -> Result<Arc<NativeModule>> {
-    let shared = Arc::new(Shared { devices, options });
+    let shared = Arc::new(Shared::new(devices, options));
     let b = NativeModuleBuilder::new("hal", HAL_MODULE_VERSION);
     let b = buffers::register(b, &shared)?;
     let b = commands::register(b, &shared)?;

@@ -6,7 +6,7 @@ use super::Shared;
 use crate::allocator::BufferParams;
 use crate::buffer::Buffer;
 use crate::command_buffer::{Binding, BindingTable, CommandBuffer};
-use crate::device::{queue, AllocatorRef, DeviceRef};
+use crate::device::{queue, DeviceRef};
 use crate::fence::Fence;
 use crate::memory::{BufferUsage, MemoryType};
 use ferrite_base::{bail, Result};
@@ -72,6 +72,7 @@ pub(super) fn register(
 ) -> Result<NativeModuleBuilder> {
     let s1 = shared.clone();
     let s2 = shared.clone();
+    let s3 = shared.clone();
     b.function("devices.count", "0v_i", move |c| {
         c.ready([Variant::I32(s1.devices.len() as i32)])
     })?
@@ -82,9 +83,10 @@ pub(super) fn register(
             None => c.ready([Variant::Null]),
         }
     })?
-    .function("device.allocator", "0r_r", |c| {
+    .function("device.allocator", "0r_r", move |c| {
         let device: &DeviceRef = obj_ref(&mut ArgReader::new(c), "device")?;
-        c.ready([Variant::Ref(Ref::new(AllocatorRef(device.0.allocator())))])
+        let r = s3.allocator_ref(device);
+        c.ready([Variant::Ref(r)])
     })?
     .function("device.query.i64", "0rrr_iI", |c| {
         let mut a = ArgReader::new(c);
