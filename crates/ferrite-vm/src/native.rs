@@ -31,7 +31,10 @@ impl NativeStep for Function {
     fn step(&self, call: &mut NativeCall<'_>) -> Result<NativePoll> {
         let r = (self.body)(call).annotate(|| format!("in native function '{}'", self.name))?;
         if let NativePoll::Ready(results) = &r {
-            check_results(&self.name, &self.cconv, results)?;
+            // Results written in place were checked as they were written.
+            if !call.written {
+                check_results(&self.name, &self.cconv, results)?;
+            }
         }
         Ok(r)
     }
@@ -242,23 +245,23 @@ impl<'a> ArgReader<'a> {
     pub fn new(call: &'a NativeCall<'_>) -> ArgReader<'a> {
         let source = match &call.args {
             Args::Values(v) => Source::Values(v),
-            Args::Registers {
-                regs,
-                refs,
-                operands,
-            } => Source::Registers {
-                regs,
-                refs,
-                operands,
+            Args::Registers(frame) => Source::Registers {
+                regs: frame.regs,
+                refs: frame.refs,
+                operands: frame.operands,
             },
         };
         ArgReader { source, at: 0 }
     }
 
+    #[cold]
+    #[inline(never)]
     fn missing(&self) -> ferrite_base::Status {
         status!(InvalidArgument, "missing argument {}", self.at)
     }
 
+    #[cold]
+    #[inline(never)]
     fn mismatch(&self, expected: &str, received: &str) -> ferrite_base::Status {
         status!(
             InvalidArgument,
@@ -289,7 +292,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// The next argument as i32.
-    #[inline]
+    #[inline(always)]
     pub fn i32(&mut self) -> Result<i32> {
         let at = self.at;
         self.at += 1;
@@ -312,7 +315,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// The next argument as i64.
-    #[inline]
+    #[inline(always)]
     pub fn i64(&mut self) -> Result<i64> {
         let at = self.at;
         self.at += 1;
@@ -331,7 +334,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// The next argument as f32.
-    #[inline]
+    #[inline(always)]
     pub fn f32(&mut self) -> Result<f32> {
         let at = self.at;
         self.at += 1;
@@ -353,7 +356,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// The next argument as f64.
-    #[inline]
+    #[inline(always)]
     pub fn f64(&mut self) -> Result<f64> {
         let at = self.at;
         self.at += 1;
@@ -380,7 +383,7 @@ impl<'a> ArgReader<'a> {
 
     /// The next argument as a borrowed (possibly null) ref: no reference
     /// count traffic, for functions that only look at the object.
-    #[inline]
+    #[inline(always)]
     pub fn opt_ref_borrowed(&mut self) -> Result<Option<&'a crate::refs::Ref>> {
         let at = self.at;
         self.at += 1;
@@ -418,7 +421,7 @@ impl<'a> ArgReader<'a> {
     }
 
     /// The next argument as a borrowed non-null ref.
-    #[inline]
+    #[inline(always)]
     pub fn a_ref_borrowed(&mut self) -> Result<&'a crate::refs::Ref> {
         let at = self.at;
         self.opt_ref_borrowed()?

@@ -83,13 +83,57 @@ pub(crate) enum Args<'a> {
     /// arguments then outlive the caller's registers being reused).
     Values(Vec<Variant>),
     /// The calling bytecode frame's registers, borrowed for the duration of
-    /// one step: no values are built and no reference counts touched. The
-    /// interpreter applies the operands' move bits after the step.
-    Registers {
-        regs: &'a [u32],
-        refs: &'a [Option<Ref>],
-        operands: &'a [Operand],
-    },
+    /// one step: no values are built and no reference counts touched.
+    Registers(InPlace<'a>),
+}
+
+/// A native call stepped inside the caller's frame: its arguments are the
+/// caller's registers and [`NativeCall::ready`] writes the results straight
+/// into the caller's result registers (no result vector in between).
+pub(crate) struct InPlace<'a> {
+    pub(crate) regs: &'a mut [u32],
+    pub(crate) refs: &'a mut [Option<Ref>],
+    pub(crate) operands: &'a [Operand],
+    /// The ref operands the caller moves into the call, when listed at
+    /// decode time (else `operands` are scanned for move bits).
+    pub(crate) moved: Option<&'a [Operand]>,
+    /// The caller's result registers (ref registers carry the ref bit).
+    pub(crate) results: &'a [u32],
+    /// The callee's declared result types, which the values must match.
+    pub(crate) result_types: &'a [crate::cconv::CconvType],
+}
+
+impl InPlace<'_> {
+    /// Releases the ref operands the caller moved into the call (the callee
+    /// only borrowed them), then writes `values` to the result registers.
+    /// The release comes first: a result may go to a register it frees.
+    fn finish(&mut self, values: impl IntoIterator<Item = Variant>) -> ferrite_base::Result<()> {
+        crate::bytecode::interp::release_moved_operands(
+            self.refs,
+            self.moved.unwrap_or(self.operands),
+        );
+        let mut n = 0;
+        for v in values {
+            let (Some(&reg), Some(ty)) = (self.results.get(n), self.result_types.get(n)) else {
+                ferrite_base::bail!(
+                    Internal,
+                    "returned more than the {} results its signature declares",
+                    self.result_types.len()
+                );
+            };
+            crate::bytecode::interp::write_typed(self.regs, self.refs, reg, ty, v)
+                .map_err(|e| e.annotate(format!("result {n}")))?;
+            n += 1;
+        }
+        if n != self.results.len() {
+            ferrite_base::bail!(
+                Internal,
+                "returned {n} results, its signature declares {}",
+                self.results.len()
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Per-call data of a native function, kept across yields.
@@ -108,6 +152,9 @@ pub struct NativeCall<'a> {
     pub wait_status: Option<ferrite_base::Result<()>>,
     /// A recycled vector for the results (see [`NativeCall::ready`]).
     pub(crate) results: Vec<Variant>,
+    /// Set when [`NativeCall::ready`] wrote the results into the caller's
+    /// registers ([`Args::Registers`]); the `Ready` vector is then empty.
+    pub(crate) written: bool,
 }
 
 impl NativeCall<'_> {
@@ -119,15 +166,23 @@ impl NativeCall<'_> {
             resumed: false,
             wait_status: None,
             results: Vec::new(),
+            written: false,
         }
     }
 
-    /// Finishes the call with `values` as its results, in a vector the
+    /// Finishes the call with `values` as its results: written straight into
+    /// the caller's registers for an in-place call, else in a vector the
     /// stack recycles (no allocation per call, unlike building a new one).
+    #[inline]
     pub fn ready(
         &mut self,
         values: impl IntoIterator<Item = Variant>,
     ) -> ferrite_base::Result<NativePoll> {
+        if let Args::Registers(frame) = &mut self.args {
+            frame.finish(values)?;
+            self.written = true;
+            return Ok(NativePoll::Ready(Vec::new()));
+        }
         let mut out = std::mem::take(&mut self.results);
         out.clear();
         out.extend(values);
@@ -143,7 +198,7 @@ impl NativeCall<'_> {
     pub fn arg_count(&self) -> usize {
         match &self.args {
             Args::Values(v) => v.len(),
-            Args::Registers { operands, .. } => operands.len(),
+            Args::Registers(frame) => frame.operands.len(),
         }
     }
 
@@ -296,6 +351,7 @@ impl Stack {
             resumed: false,
             wait_status: None,
             results: self.spare_values.pop().unwrap_or_default(),
+            written: false,
         }
     }
 

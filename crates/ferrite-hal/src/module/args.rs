@@ -44,13 +44,20 @@ pub fn cast<T: RefObject + Clone>(r: &Ref, what: &str) -> Result<T> {
 /// arrived.
 #[inline]
 pub fn cast_ref<'r, T: RefObject>(r: &'r Ref, what: &str) -> Result<&'r T> {
-    r.downcast::<T>().ok_or_else(|| {
-        status!(
-            InvalidArgument,
-            "{what}: expected a different ref type, received !{}",
-            r.type_name()
-        )
-    })
+    match r.downcast::<T>() {
+        Some(t) => Ok(t),
+        None => Err(wrong_type(r, what)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn wrong_type(r: &Ref, what: &str) -> ferrite_base::Status {
+    status!(
+        InvalidArgument,
+        "{what}: expected a different ref type, received !{}",
+        r.type_name()
+    )
 }
 
 /// Reads a non-null `!vm.buffer` as a UTF-8 string (keys, names, formats).

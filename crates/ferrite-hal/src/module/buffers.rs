@@ -10,14 +10,9 @@ use crate::element_type::{ElementType, EncodingType};
 use crate::memory::{BufferUsage, MemoryType};
 use ferrite_base::{bail, Result};
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
-use ferrite_vm::stack::NativePoll;
 use ferrite_vm::{Ref, Variant};
 use smallvec::SmallVec;
 use std::sync::Arc;
-
-fn ready(v: Vec<Variant>) -> Result<NativePoll> {
-    Ok(NativePoll::Ready(v))
-}
 
 fn params(memory_types: i32, usage: i32, affinity: i64) -> BufferParams {
     BufferParams {
@@ -79,7 +74,7 @@ pub(super) fn register(
     })?
     .function("buffer.assert", "0rrrIii_v", |c| {
         if buffer_assert_passes(&mut ArgReader::new(c))? {
-            return ready(vec![]);
+            return c.ready([]);
         }
         // Failing: read again, now rendering the message for the error.
         let mut a = ArgReader::new(c);
@@ -100,12 +95,12 @@ pub(super) fn register(
         }
         buffer.validate_memory_type(MemoryType::from_bits_retain(types as u32))?;
         buffer.validate_usage(BufferUsage::from_bits_retain(usage as u32))?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("buffer.allocation.preserve", "0r_v", |c| {
         let mut a = ArgReader::new(c);
         let _: Buffer = obj(&mut a, "buffer")?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("buffer.allocation.discard", "0r_i", |c| {
         let mut a = ArgReader::new(c);
@@ -164,7 +159,7 @@ pub(super) fn register(
             );
         }
         buffer.write(offset, &value.to_le_bytes()[..length as usize])?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("buffer_view.create", "0rIIiiCID_r", |c| {
         let mut a = ArgReader::new(c);
@@ -189,7 +184,7 @@ pub(super) fn register(
     })?
     .function("buffer_view.assert", "0rriiCID_v", |c| {
         if view_assert_passes(&mut ArgReader::new(c))? {
-            return ready(vec![]);
+            return c.ready([]);
         }
         // Failing: read again, now rendering the message for the error.
         let mut a = ArgReader::new(c);
@@ -198,7 +193,7 @@ pub(super) fn register(
         let (et, enc) = (a.i32()? as u32, a.i32()? as u32);
         let shape = span(&mut a, |a| Ok(a.i64()? as u64))?;
         assert_view(view, &message, ElementType(et), EncodingType(enc), &shape)?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("buffer_view.buffer", "0r_r", |c| {
         let mut a = ArgReader::new(c);
@@ -238,7 +233,7 @@ pub(super) fn register(
             if let Some(sink) = &shared.options.trace_sink {
                 sink(&key, &views)?;
             }
-            ready(vec![])
+            c.ready([])
         }
     })
 }

@@ -8,13 +8,8 @@ use crate::device::DeviceRef;
 use crate::executable::ExecutableRef;
 use ferrite_base::{bail, Result};
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
-use ferrite_vm::stack::NativePoll;
 use ferrite_vm::{Ref, Variant};
 use std::sync::Arc;
-
-fn ready(v: Vec<Variant>) -> Result<NativePoll> {
-    Ok(NativePoll::Ready(v))
-}
 
 /// A buffer operand that is either a direct buffer (non-null) or a binding
 /// table slot (null buffer).
@@ -71,24 +66,24 @@ pub(super) fn register(
     })?
     .function("command_buffer.finalize", "0r_v", |c| {
         cb(&mut ArgReader::new(c))?.finalize()?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.begin_debug_group", "0rr_v", |c| {
         let mut a = ArgReader::new(c);
         cb(&mut a)?;
         let _label = string(&mut a, "debug group label")?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.end_debug_group", "0r_v", |c| {
         cb(&mut ArgReader::new(c))?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.execution_barrier", "0riiI_v", |c| {
         let mut a = ArgReader::new(c);
         let cb = cb(&mut a)?;
         let (_src, _dst, _flags) = (a.i32()?, a.i32()?, a.i64()?);
         cb.execution_barrier()?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.advise_buffer", "0rrIIIi_v", |c| {
         // Host memory is coherent: advice has nothing to do.
@@ -96,7 +91,7 @@ pub(super) fn register(
         cb(&mut a)?;
         let _buffer: Option<Buffer> = opt_obj(&mut a, "buffer")?;
         let (_flags, _a0, _a1, _slot) = (a.i64()?, a.i64()?, a.i64()?, a.i32()?);
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.flush_buffer", "0rirII_v", |c| {
         // Host memory is coherent: nothing to flush.
@@ -105,7 +100,7 @@ pub(super) fn register(
         let _slot = a.i32()?;
         let _buffer: Option<Buffer> = opt_obj(&mut a, "buffer")?;
         let (_offset, _length) = (a.i64()?, a.i64()?);
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.invalidate_buffer", "0rirII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -113,7 +108,7 @@ pub(super) fn register(
         let _slot = a.i32()?;
         let _buffer: Option<Buffer> = opt_obj(&mut a, "buffer")?;
         let (_offset, _length) = (a.i64()?, a.i64()?);
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.fill_buffer", "0rrIIiIiI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -122,7 +117,7 @@ pub(super) fn register(
         let (offset, length, slot) = (a.i64()?, a.i64()?, a.i32()?);
         let (pattern, pattern_length, _flags) = (a.i64()?, a.i32()?, a.i64()?);
         cb.fill_buffer(buffer_ref(target, slot, offset, length), pattern as u64, pattern_length as u32)?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.update_buffer", "0rrIrIIiI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -135,7 +130,7 @@ pub(super) fn register(
         let mut data = vec![0u8; length as usize];
         src.read(source_offset, &mut data)?;
         cb.update_buffer(data, buffer_ref(target, slot, offset, length))?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.copy_buffer", "0riirIrIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -149,7 +144,7 @@ pub(super) fn register(
             buffer_ref(source, source_slot, source_offset, length),
             buffer_ref(target, target_slot, target_offset, length),
         )?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.collective", "0rriiiirrIIIII_v", |_c| {
         bail!(Unimplemented, "collective operations need a driver with channel support; none of Ferrite's drivers has one")
@@ -163,7 +158,7 @@ pub(super) fn register(
         let _flags = a.i64()?;
         let (constants, bindings) = dispatch_tail(&mut a)?;
         cb.dispatch(exe, function as u32, workgroups, None, constants, bindings)?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v", |c| {
         let mut a = ArgReader::new(c);
@@ -176,7 +171,7 @@ pub(super) fn register(
         let (constants, bindings) = dispatch_tail(&mut a)?;
         let indirect = buffer_ref(wg_buffer, slot, wg_offset, 12);
         cb.dispatch(exe, function as u32, [0; 3], Some(indirect), constants, bindings)?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("executable.create", "0rIrrr_r", |c| {
         let mut a = ArgReader::new(c);

@@ -14,10 +14,6 @@ use ferrite_vm::{Ref, Variant};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn ready(v: Vec<Variant>) -> Result<NativePoll> {
-    Ok(NativePoll::Ready(v))
-}
-
 fn fence_arc(a: &mut ArgReader<'_>) -> Result<Arc<Fence>> {
     let r = a.a_ref()?;
     r.downcast_arc::<Fence>().ok_or_else(|| {
@@ -86,14 +82,14 @@ pub(super) fn register(
     })?
     .function("fence.signal", "0r_v", |c| {
         fence_arc(&mut ArgReader::new(c))?.signal()?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("fence.fail", "0ri_v", |c| {
         let mut a = ArgReader::new(c);
         let fence = fence_arc(&mut a)?;
         let code = StatusCode::from_u32(a.i32()? as u32);
         fence.fail(Status::new(code, "fence failed by the program"));
-        ready(vec![])
+        c.ready([])
     })?
     .function("fence.await", "0iICrD_i", move |c| {
         if c.resumed {

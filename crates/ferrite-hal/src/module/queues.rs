@@ -12,13 +12,8 @@ use crate::memory::{BufferUsage, MemoryType};
 use ferrite_base::{bail, Result};
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
 use ferrite_vm::refs::RefObject;
-use ferrite_vm::stack::NativePoll;
 use ferrite_vm::{Ref, Variant};
 use std::sync::Arc;
-
-fn ready(v: Vec<Variant>) -> Result<NativePoll> {
-    Ok(NativePoll::Ready(v))
-}
 
 /// A file (`hal.file`): host memory (a `vm.buffer`) that queue reads and
 /// writes transfer from and to.
@@ -123,7 +118,7 @@ pub(super) fn register(
         let buffer: Buffer = obj(&mut a, "buffer")?;
         let _flags = a.i64()?;
         queue::dealloca(device, wait, signal, buffer)?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("device.queue.fill", "0rIrrrIIIiI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -144,7 +139,7 @@ pub(super) fn register(
         }
         let pattern = pattern.to_le_bytes()[..pattern_length as usize].to_vec();
         queue::fill(device, wait, signal, target, offset, length, pattern)?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("device.queue.update", "0rIrrrIrIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -156,7 +151,7 @@ pub(super) fn register(
         let mut data = vec![0u8; length as usize];
         as_vm_buffer(&source, "source buffer")?.read(source_offset, &mut data)?;
         queue::update(device, wait, signal, data, target, target_offset)?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("device.queue.copy", "0rIrrrIrIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -175,7 +170,7 @@ pub(super) fn register(
             target_offset,
             length,
         )?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("device.queue.read", "0rIrrrIrIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -200,7 +195,7 @@ pub(super) fn register(
         let mut data = vec![0u8; length as usize];
         as_vm_buffer(&file.memory, "file memory")?.read(file.offset + source_offset, &mut data)?;
         queue::update(device, wait, signal, data, target, target_offset)?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("device.queue.write", "0rIrrrIrIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -233,14 +228,14 @@ pub(super) fn register(
                 as_vm_buffer(&memory, "file memory")?.write(at, &data)
             }),
         )?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("device.queue.barrier", "0rIrrI_v", |c| {
         let mut a = ArgReader::new(c);
         let (device, wait, signal) = queue_head(&mut a)?;
         let _flags = a.i64()?;
         queue::barrier(device, wait, signal)?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("device.queue.execute", "0rIrrrI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -258,7 +253,7 @@ pub(super) fn register(
             None => None,
         };
         queue::execute(device, wait, signal, cb, Vec::new())?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("device.queue.execute.indirect", "0rIrrrICrIID_v", |c| {
         let mut a = ArgReader::new(c);
@@ -285,13 +280,13 @@ pub(super) fn register(
             );
         };
         queue::execute(device, wait, signal, Some(cb), bindings)?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("device.queue.flush", "0rI_v", |c| {
         let mut a = ArgReader::new(c);
         let _device: DeviceRef = obj(&mut a, "device")?;
         let _affinity = a.i64()?;
-        ready(vec![])
+        c.ready([])
     })?
     .function("ex.file.from_memory", "0rIirIIi_r", |c| {
         let mut a = ArgReader::new(c);

@@ -299,6 +299,34 @@ pub(crate) fn write_results(
     Ok(())
 }
 
+/// Writes one native result to the caller's register `reg` (ref registers
+/// carry the ref bit), checking it against the callee's declared type.
+#[inline]
+pub(crate) fn write_typed(
+    regs: &mut [u32],
+    refs: &mut [Option<Ref>],
+    reg: u32,
+    ty: &CconvType,
+    v: Variant,
+) -> Result<()> {
+    let reg = reg as u16;
+    let is_ref = reg & REF_BIT != 0;
+    match (ty, v, is_ref) {
+        (CconvType::I32, Variant::I32(x), false) => regs[reg as usize] = x as u32,
+        (CconvType::F32, Variant::F32(x), false) => regs[reg as usize] = x.to_bits(),
+        (CconvType::I64, Variant::I64(x), false) => set_i64(regs, reg, x),
+        (CconvType::F64, Variant::F64(x), false) => set_i64(regs, reg, x.to_bits() as i64),
+        (CconvType::Ref, Variant::Ref(r), true) => refs[ref_slot(reg)] = Some(r),
+        (CconvType::Ref, Variant::Null, true) => refs[ref_slot(reg)] = None,
+        (ty, v, _) => bail!(
+            Internal,
+            "value {v:?} does not match the declared {ty:?} result or the caller's {} register",
+            if is_ref { "ref" } else { "primitive" }
+        ),
+    }
+    Ok(())
+}
+
 /// Reads registers `list` as values of `types` (calls into other modules,
 /// returns to the host).
 fn read_values(
@@ -726,7 +754,7 @@ fn call_in_place(
     regs: &mut [u32],
     refs: &mut [Option<Ref>],
     pool: &[u32],
-    listed: Option<&[Operand]>,
+    listed: Option<(&[Operand], &[Operand])>,
     call: (u32, Option<usize>, usize, usize, usize),
     scratch: &mut NativeScratch<'_>,
 ) -> Result<InPlace> {
@@ -738,50 +766,51 @@ fn call_in_place(
     if !scratch.depth_ok {
         return Ok(InPlace::NotNative);
     }
-    let operands: &[Operand] = match listed {
-        Some(ops) => ops,
+    let (operands, moved): (&[Operand], _) = match listed {
+        Some((ops, moved)) => (ops, Some(moved)),
         None => {
             let list = pool_list(pool, args);
             let seg = segments.map(|seg| pool_list(pool, seg));
             build_operands(scratch.operands, list, seg, &target.cconv.args)?;
-            scratch.operands
+            (&scratch.operands[..], None)
         }
     };
-    let spare = std::mem::take(scratch.results);
     let mut call = NativeCall {
-        args: Args::Registers {
+        args: Args::Registers(crate::stack::InPlace {
             regs,
             refs,
             operands,
-        },
+            moved,
+            results: pool_list(pool, results),
+            result_types: &target.cconv.results,
+        }),
         saved: None,
         resumed: false,
         wait_status: None,
-        results: spare,
+        // Unused in place: `ready` writes to the registers.
+        results: Vec::new(),
+        written: false,
     };
     let outcome = body.step(&mut call);
-    let (saved, spare) = (call.saved, call.results);
-    let (outcome, spare) = match outcome {
-        Ok(NativePoll::Ready(mut out)) => {
-            release_moved_operands(refs, operands);
-            let written = write_results(regs, refs, pool_list(pool, results), &mut out);
-            // Keep whichever vector has room (`out` is normally `spare`,
-            // handed back by `NativeCall::ready`).
-            let mut keep = if out.capacity() >= spare.capacity() {
-                out
-            } else {
-                spare
-            };
-            keep.clear();
-            *scratch.results = keep;
-            written?;
+    let (saved, written) = (call.saved, call.written);
+    discard_empty(call.results);
+    let outcome = match outcome {
+        Ok(NativePoll::Ready(out)) if written => {
+            discard_empty(out);
             return Ok(InPlace::Done);
         }
-        Ok(NativePoll::Pending(w)) => (Ok(w), spare),
-        Err(e) => (Err(e), spare),
+        Ok(NativePoll::Ready(mut out)) => {
+            // A body that built its result vector itself.
+            release_moved_operands(refs, moved.unwrap_or(operands));
+            return write_results(regs, refs, pool_list(pool, results), &mut out)
+                .map(|()| InPlace::Done);
+        }
+        Ok(NativePoll::Pending(w)) => Ok(w),
+        Err(e) => Err(e),
     };
+    let spare = std::mem::take(scratch.results);
     // The parked call's record is built from the scratch list.
-    if let Some(listed) = listed {
+    if let Some((listed, _)) = listed {
         scratch.operands.clear();
         scratch.operands.extend_from_slice(listed);
     }
@@ -793,6 +822,18 @@ fn call_in_place(
         results,
         resume,
     })))
+}
+
+/// Drops a vector that is normally empty without an out-of-line drop call
+/// (the hot in-place call path hands back only unallocated vectors).
+#[inline(always)]
+fn discard_empty(v: Vec<Variant>) {
+    if v.capacity() == 0 {
+        // Nothing allocated, nothing to release.
+        std::mem::forget(v);
+    } else {
+        drop(v);
+    }
 }
 
 /// The record of an in-place native call that outlives its step (it
@@ -824,7 +865,8 @@ fn keep_call(
 
 /// Releases the ref operands a finished in-place native call received with
 /// the move bit (the callee only borrowed them).
-fn release_moved_operands(refs: &mut [Option<Ref>], operands: &[Operand]) {
+#[inline]
+pub(crate) fn release_moved_operands(refs: &mut [Option<Ref>], operands: &[Operand]) {
     for op in operands {
         if let Operand::Ref(reg) = *op {
             if reg & MOVE_BIT != 0 {

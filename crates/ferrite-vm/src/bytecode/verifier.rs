@@ -66,17 +66,23 @@ pub struct DecodedFunction {
     pub(crate) operands: Vec<crate::stack::Operand>,
 }
 
-/// The operands of an import call listed at decode time: `Insn::imm` holds
-/// `(start + 1) << 32 | len` into [`DecodedFunction::operands`], 0 if none.
+/// The operands of an import call listed at decode time, and after them the
+/// ref operands it moves (released once the callee returns): `Insn::imm`
+/// holds `(start + 1) << 32 | moved << 16 | len` into
+/// [`DecodedFunction::operands`], 0 if none.
+#[inline]
 pub(crate) fn call_operands<'a>(
     insn: &Insn,
     operands: &'a [crate::stack::Operand],
-) -> Option<&'a [crate::stack::Operand]> {
+) -> Option<(&'a [crate::stack::Operand], &'a [crate::stack::Operand])> {
     if insn.imm == 0 {
         return None;
     }
     let start = ((insn.imm >> 32) as usize).checked_sub(1)?;
-    operands.get(start..start + (insn.imm as u32) as usize)
+    let len = (insn.imm & 0xFFFF) as usize;
+    let moved = ((insn.imm >> 16) & 0xFFFF) as usize;
+    let all = operands.get(start..start + len + moved)?;
+    Some(all.split_at(len))
 }
 
 /// What the verifier needs to know about the rest of the module.
@@ -468,8 +474,19 @@ fn list_import_operands(
         segments.map(|s| pool_list(pool, s)),
         &c.args,
     )?;
-    insn.imm = ((operands.len() as u64 + 1) << 32) | listed.len() as u64;
+    let moved: Vec<crate::stack::Operand> = listed
+        .iter()
+        .filter(|op| matches!(op, crate::stack::Operand::Ref(r) if r & MOVE_BIT != 0))
+        .copied()
+        .collect();
+    if listed.len() > 0xFFFF || moved.len() > 0xFFFF {
+        // Too long to list; the call builds its operands when it runs.
+        return Ok(());
+    }
+    insn.imm =
+        ((operands.len() as u64 + 1) << 32) | (moved.len() as u64) << 16 | listed.len() as u64;
     operands.extend(listed);
+    operands.extend(moved);
     Ok(())
 }
 
