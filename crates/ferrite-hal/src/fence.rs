@@ -34,6 +34,16 @@ impl RefObject for Fence {
     }
 }
 
+impl Drop for Fence {
+    fn drop(&mut self) {
+        // A fence is usually the last holder of the semaphore it was created
+        // with (`hal.fence.create`): hand it back for reuse.
+        for (sem, _) in self.timepoints.get_mut().drain(..) {
+            Semaphore::recycle(sem);
+        }
+    }
+}
+
 impl fmt::Debug for Fence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let tps = self.timepoints.lock();

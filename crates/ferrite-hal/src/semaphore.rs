@@ -73,9 +73,33 @@ impl fmt::Debug for Semaphore {
     }
 }
 
+/// Most semaphores a thread keeps for reuse (see [`Semaphore::recycle`]).
+const SPARE_SEMAPHORES: usize = 16;
+
+thread_local! {
+    /// Semaphores whose last reference was given back on this thread, reset
+    /// to a fresh state: every queue operation of a compiled program creates
+    /// a fence with a new semaphore, and reuse saves an allocation and a
+    /// free on that path.
+    static SPARE: std::cell::RefCell<Vec<Arc<Semaphore>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Semaphore {
     /// A new semaphore with payload `initial_value`.
     pub fn new(initial_value: u64) -> Arc<Semaphore> {
+        let spare = SPARE
+            .try_with(|spare| spare.borrow_mut().pop())
+            .ok()
+            .flatten();
+        if let Some(mut sem) = spare {
+            // Spares are unique (checked when recycled, and nothing else
+            // can reach them since) and already reset.
+            if let Some(s) = Arc::get_mut(&mut sem) {
+                s.state.get_mut().value = initial_value;
+                return sem;
+            }
+        }
         Arc::new(Semaphore {
             state: Mutex::new(State {
                 value: initial_value,
@@ -85,6 +109,28 @@ impl Semaphore {
             }),
             cond: Condvar::new(),
         })
+    }
+
+    /// Takes back a semaphore the caller holds the only reference to, for a
+    /// later [`Semaphore::new`] on this thread; shared ones are just dropped.
+    pub fn recycle(mut sem: Arc<Semaphore>) {
+        let Some(s) = Arc::get_mut(&mut sem) else {
+            return;
+        };
+        let state = s.state.get_mut();
+        state.value = 0;
+        state.failure = None;
+        // Dropping these may run arbitrary code: do it before touching the
+        // thread's spare list.
+        state.notifiers.clear();
+        state.callbacks.clear();
+        let _ = SPARE.try_with(|spare| {
+            if let Ok(mut spare) = spare.try_borrow_mut() {
+                if spare.len() < SPARE_SEMAPHORES {
+                    spare.push(sem);
+                }
+            }
+        });
     }
 
     /// The current payload, or the failure status once failed.
