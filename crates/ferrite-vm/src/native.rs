@@ -29,14 +29,16 @@ struct Function {
 
 impl NativeStep for Function {
     fn step(&self, call: &mut NativeCall<'_>) -> Result<NativePoll> {
-        let r = (self.body)(call).annotate(|| format!("in native function '{}'", self.name))?;
-        if let NativePoll::Ready(results) = &r {
+        let r = (self.body)(call);
+        match &r {
             // Results written in place were checked as they were written.
-            if !call.written {
+            Ok(NativePoll::Ready(results)) if !call.written => {
                 check_results(&self.name, &self.cconv, results)?;
+                r
             }
+            Ok(_) => r,
+            Err(_) => r.annotate(|| format!("in native function '{}'", self.name)),
         }
-        Ok(r)
     }
 
     fn name(&self) -> &str {
