@@ -471,3 +471,18 @@ def test_compiled_legacy_program(lib, legacy_vmfb, driver):
         m.add(a, c=a)
     with pytest.raises(ValueError, match="expected a dict with 2 values"):
         m.unpair({"x": [1, 2]})
+
+
+# --- The packer on its own, under upstream's names ----------------------------
+
+
+@pytest.mark.parametrize("descs,args,kwargs,expected", [
+    (None, (1, [2.5, {"b": 1, "a": 2}]), {}, "<VmVariantList(2): [1, List[2.500000, List[2, 1]]]>"),
+    (["i32", ["named", "k", "f32"]], (1,), {"k": 2}, "<VmVariantList(2): [1, 2.000000]>"),
+    ([["stuple", "i64", ["ndarray", "f32", 0]]], ((7, 1.0),), {},
+     "<VmVariantList(1): [List[7, HalBufferView(:0x20000021)]]>"),
+])
+def test_argument_packer(lib, descs, args, kwargs, expected):
+    b = lib.rt._binding
+    packer = b.ArgumentPacker(b._invoke_statics, descs)
+    assert repr(packer.pack(b.InvokeContext(lib.device), args, kwargs)) == expected
