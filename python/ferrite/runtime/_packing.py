@@ -349,10 +349,6 @@ _GENERIC_PACKERS = {
 
 def _copy_to_device(device, host: np.ndarray, element_type) -> HalBufferView:
     """A buffer view on `device` holding a copy of the C-contiguous `host`."""
-    if host.dtype.isbuiltin != 1:
-        # ml_dtypes' types (bfloat16, float8) have no buffer-protocol format:
-        # copy their bytes as unsigned integers of the same width.
-        host = host.view(np.dtype(f"u{host.dtype.itemsize}"))
     return device.allocator.allocate_buffer_copy(
         memory_type=IMPLICIT_BUFFER_ARG_MEMORY_TYPE,
         allowed_usage=IMPLICIT_BUFFER_ARG_USAGE,
