@@ -143,6 +143,21 @@ def test_numpy_scalars_are_scalars(both):
     assert ours.scalars(1, 3) == (2, 9.0)
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn"])
+def test_ml_dtypes_arrays(both, name):
+    # Arrays whose dtype has no buffer-protocol format (ml_dtypes) go in by
+    # their bytes, typed by the dtype; strided ones are copied dense first.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.array([1.5, -2, 3, 0.25], getattr(ml_dtypes, "bfloat16"))
+    for m in both:
+        np.testing.assert_array_equal(m.echo_bf16(a).to_host(), a)
+        np.testing.assert_array_equal(m.echo_bf16(a[::2]).to_host(), a[::2])
+    if name != "bfloat16":
+        # (Upstream passes these through unchecked.)
+        other = np.zeros(2, getattr(ml_dtypes, name))
+        assert "input0 element type mismatch; expected bf16" in errors(lambda: both[0].echo_bf16(other))
+
+
 def test_results_are_device_arrays_and_chain(both):
     ours, _ = both
     r = ours.add(F32x4, F32x4)

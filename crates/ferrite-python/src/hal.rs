@@ -450,7 +450,7 @@ impl PyHalAllocator {
     ) -> PyResult<PyObject> {
         let _ = device;
         let p = params(memory_type, allowed_usage)?;
-        let host = HostBuffer::get(buffer)?;
+        let host = HostBuffer::get_reinterpreting(buffer)?.0;
         let bytes = host.contiguous_bytes()?;
         let hal_buffer = self
             .allocator

@@ -4,6 +4,7 @@
 use ferrite_hal::element_type::{ElementType, NumericalType};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
+use pyo3::intern;
 use pyo3::prelude::*;
 use std::ffi::c_void;
 use std::os::raw::c_int;
@@ -25,6 +26,38 @@ impl HostBuffer {
             return Err(PyErr::fetch(obj.py()));
         }
         Ok(HostBuffer { view })
+    }
+
+    /// Acquires a read-only view as `get` does, also of numpy arrays whose
+    /// dtype has no buffer-protocol format (ml_dtypes' bfloat16 and float8
+    /// types): those are exported through a view of the same bytes as
+    /// unsigned integers of their width, and their element type, named by
+    /// the dtype, comes back with the export (`None` for plain exports).
+    pub fn get_reinterpreting(
+        obj: &Bound<'_, PyAny>,
+    ) -> PyResult<(HostBuffer, Option<ElementType>)> {
+        let err = match HostBuffer::get(obj) {
+            Ok(host) => return Ok((host, None)),
+            Err(e) => e,
+        };
+        let py = obj.py();
+        let Some((element_type, itemsize)) =
+            obj.getattr(intern!(py, "dtype")).ok().and_then(|dtype| {
+                let name: String = dtype.getattr(intern!(py, "name")).ok()?.extract().ok()?;
+                let itemsize: usize = dtype
+                    .getattr(intern!(py, "itemsize"))
+                    .ok()?
+                    .extract()
+                    .ok()?;
+                Some((ElementType::from_numpy_dtype(&name)?, itemsize))
+            })
+        else {
+            return Err(err);
+        };
+        let Ok(bits) = obj.call_method1(intern!(py, "view"), (format!("u{itemsize}"),)) else {
+            return Err(err);
+        };
+        Ok((HostBuffer::get(&bits)?, Some(element_type)))
     }
 
     /// Acquires a writable view (BufferError from the exporter when the

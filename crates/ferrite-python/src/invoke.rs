@@ -346,17 +346,21 @@ impl PyFunctionInvoker {
                 obj.repr().map(|r| r.to_string()).unwrap_or_default()
             ))
         };
-        let mut host = match HostBuffer::get(obj) {
+        let (mut host, named_type) = match HostBuffer::get_reinterpreting(obj) {
             Ok(h) => h,
             Err(_) => {
                 let array = classes(py)?
                     .asarray
                     .call1(py, (obj,))
                     .map_err(|_| unconvertible())?;
-                HostBuffer::get(array.bind(py)).map_err(|_| unconvertible())?
+                HostBuffer::get_reinterpreting(array.bind(py)).map_err(|_| unconvertible())?
             }
         };
-        let format_type = host.element_type().map_err(|e| {
+        let format_type = match named_type {
+            Some(et) => Ok(Some(et)),
+            None => host.element_type(),
+        };
+        let format_type = format_type.map_err(|e| {
             let dtype = obj
                 .getattr(intern!(py, "dtype"))
                 .and_then(|d| d.repr())
@@ -384,7 +388,7 @@ impl PyFunctionInvoker {
         }
         if !host.is_c_contiguous() {
             let dense = classes(py)?.ascontiguousarray.call1(py, (obj,))?;
-            host = HostBuffer::get(dense.bind(py))?;
+            host = HostBuffer::get_reinterpreting(dense.bind(py))?.0;
         }
         let may_alias = decl.is_none_or(|d| !d.is_output);
         let buffer = self.buffer_for(host, may_alias)?;

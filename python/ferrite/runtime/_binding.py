@@ -253,3 +253,20 @@ def clear_hal_driver_cache():
 def disable_leak_checker():
     """Upstream turns off its allocation leak checker here. Ferrite frees by
     ownership and has no leak checker, so there is nothing to turn off."""
+
+
+# Upstream's argument packer is native; ours is Python (`_packing`), built on
+# this module, so it is imported on first use rather than here.
+_PACKING_NAMES = ("ArgumentPacker", "InvokeContext", "_InvokeStatics", "_invoke_statics")
+
+
+def __getattr__(name):
+    if name in _PACKING_NAMES:
+        from . import _packing
+
+        return getattr(_packing, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PACKING_NAMES))

@@ -47,3 +47,7 @@ func.func @add_into(%a: tensor<4xf32>, %out: tensor<4xf32> {iree.abi.output = 0 
   %0 = arith.addf %a, %a : tensor<4xf32>
   return %0 : tensor<4xf32>
 }
+
+func.func @echo_bf16(%a: tensor<?xbf16>) -> tensor<?xbf16> {
+  return %a : tensor<?xbf16>
+}
