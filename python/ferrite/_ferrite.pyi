@@ -383,11 +383,11 @@ class FileHandle:
     def fd(self) -> int: ...
     @staticmethod
     def wrap_memory(host_buffer: Any, readable: bool = True, writable: bool = False) -> FileHandle:
-        """Wraps a buffer-protocol object without copying (read-only)."""
+        """Wraps a buffer-protocol object without copying; with `writable=True` (the object must export writable memory) `scatter` stores into it."""
         ...
     @staticmethod
     def wrap_fd(fd: int, readable: bool = True, writable: bool = False) -> FileHandle:
-        """Maps an open file descriptor read-only (the caller keeps `fd`)."""
+        """Maps an open file descriptor (the caller keeps `fd`); with `writable=True` the map is shared and writable, so scatters reach the file."""
         ...
     def host_allocation(self) -> memoryview: ...
     @property

@@ -28,23 +28,27 @@ def compile_program(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("vmfb")
     cache = {}
 
-    def build(name):
-        if name not in cache:
-            out = out_dir / f"{name}.vmfb"
+    def build(name, *flags):
+        """`flags` are extra compiler flags, e.g. `--compile-from=vm` for a
+        program written as a `vm.module`."""
+        key = (name, flags)
+        if key not in cache:
+            out = out_dir / f"{name}{len(cache)}.vmfb"
             subprocess.run(
                 [
                     compiler,
                     "--iree-hal-target-device=local",
                     "--iree-hal-local-target-device-backends=llvm-cpu",
                     "--iree-llvmcpu-target-cpu=generic",
+                    *flags,
                     str(PROGRAMS / f"{name}.mlir"),
                     "-o",
                     str(out),
                 ],
                 check=True,
             )
-            cache[name] = out
-        return cache[name]
+            cache[key] = out
+        return cache[key]
 
     return build
 

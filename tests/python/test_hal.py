@@ -61,6 +61,17 @@ def test_buffers_and_views():
     assert bv.ref.deref(rt.HalBufferView) == bv
 
 
+def test_view_repr_pads_element_type_and_oversized_view_is_out_of_range():
+    dev = rt.get_device("local-sync")
+    buf = dev.allocator.allocate_buffer(
+        memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, allocation_size=16)
+    bv = rt.HalBufferView(buf, [2, 2], rt.HalElementType.SINT_8)
+    # Upstream prints the element type as eight hex digits.
+    assert repr(bv).startswith("<HalBufferView (2, 2), element_type=0x08000011, 16 bytes")
+    with pytest.raises(IndexError, match=r"^creating buffer view: OUT_OF_RANGE; buffer view byte length 32 exceeds backing buffer byte length 16"):
+        rt.HalBufferView(buf, [2, 2], rt.HalElementType.COMPLEX_64)
+
+
 def test_allocate_buffer_copy():
     dev = rt.get_device("local-sync")
     a = np.arange(6, dtype=np.int32).reshape(2, 3)

@@ -103,12 +103,12 @@ impl BufferView {
         let byte_length = element_type.dense_byte_count(count)?;
         if byte_length > buffer.byte_length() {
             bail!(
-                InvalidArgument,
-                "buffer view {}x{} needs {} bytes but the buffer has {} bytes",
-                format_shape(shape),
-                element_type,
+                OutOfRange,
+                "buffer view byte length {} exceeds backing buffer byte length {} (shape {}x{})",
                 byte_length,
-                buffer.byte_length()
+                buffer.byte_length(),
+                format_shape(shape),
+                element_type
             );
         }
         Ok(BufferView {

@@ -408,3 +408,66 @@ fn gather_and_scatter_move_bytes() {
         assert_eq!(&b[4..12], &f32_bytes(&[3.0, 4.0])[..]);
     });
 }
+
+#[test]
+fn scatter_into_a_writable_file_map_reaches_the_file() {
+    let dir = std::env::temp_dir().join(format!("ferrite-params-w-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("writable.irpa");
+    irpa::save_archive_file(&sample_index(), &path).unwrap();
+
+    // A read-only map refuses the scatter; a writable one takes it.
+    let handle = FileHandle::open_writable(&path).unwrap();
+    assert!(handle.is_writable());
+    assert!(!FileHandle::open(&path).unwrap().is_writable());
+    let mut index = ParameterIndex::new();
+    formats::parse_into(&mut index, &handle, None).unwrap();
+    let provider = ParameterProvider::new("", index);
+    let device = cpu();
+    let source = device
+        .allocator()
+        .allocate(
+            &BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT),
+            8,
+        )
+        .unwrap();
+    source.write(0, &f32_bytes(&[-7.0, 9.5])).unwrap();
+    let signal = Fence::new();
+    provider
+        .scatter(
+            &device,
+            &Fence::new(),
+            &signal,
+            &source,
+            &[Span {
+                key: "b".into(),
+                parameter_offset: 8,
+                buffer_offset: 0,
+                length: 8,
+            }],
+        )
+        .unwrap();
+    assert!(signal.wait(ferrite_base::Timeout::INFINITE).unwrap());
+    drop(provider);
+    drop(handle);
+
+    // The file on disk now holds the scattered values in parameter "b".
+    let reread = FileHandle::open(&path).unwrap();
+    let mut index = ParameterIndex::new();
+    formats::parse_into(&mut index, &reread, None).unwrap();
+    assert_eq!(
+        entry_bytes(&index, "b"),
+        f32_bytes(&[1.0, 2.0, -7.0, 9.5, 5.0])
+    );
+    // Out-of-range writes name the file and change nothing.
+    let e = reread.write(0, &[1]).unwrap_err();
+    assert_eq!(e.code(), StatusCode::PermissionDenied);
+    let w = FileHandle::open_writable(&path).unwrap();
+    let len = w.len();
+    let e = w.write(len - 2, &[0; 4]).unwrap_err();
+    assert_eq!(e.code(), StatusCode::OutOfRange);
+    assert!(e.to_string().contains("writable.irpa"), "{e}");
+    let missing = FileHandle::open_writable(dir.join("missing.irpa")).unwrap_err();
+    assert_eq!(missing.code(), StatusCode::NotFound);
+    std::fs::remove_dir_all(&dir).ok();
+}

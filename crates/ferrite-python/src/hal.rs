@@ -618,7 +618,7 @@ impl PyHalBuffer {
             et,
             EncodingType::DENSE_ROW_MAJOR,
         )
-        .py_context("Error creating buffer view")?;
+        .py_context("creating buffer view")?;
         Ok(PyHalBufferView {
             view: Arc::new(view),
         })
@@ -735,7 +735,7 @@ impl PyHalBufferView {
     fn __repr__(&self) -> String {
         let dims: Vec<String> = self.view.shape().iter().map(|d| d.to_string()).collect();
         format!(
-            "<HalBufferView ({}), element_type=0x{:x}, {}>",
+            "<HalBufferView ({}), element_type=0x{:08x}, {}>",
             dims.join(", "),
             // Upstream prints the element type with its outer bytes swapped.
             self.view.element_type().value().swap_bytes(),

@@ -8,7 +8,7 @@ use crate::vm::{PyVmInstance, PyVmModule};
 use ferrite_modules::io_parameters::formats::{self, irpa};
 use ferrite_modules::io_parameters::{
     create_io_parameters_module as create_module, Entry, FileHandle, ParameterIndex,
-    ParameterProvider, Storage,
+    ParameterProvider, Storage, WritableBytes,
 };
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyIndexError, PyValueError};
@@ -66,13 +66,67 @@ fn hold(obj: &Bound<'_, PyAny>) -> PyResult<(FileHandle, usize)> {
     Ok((FileHandle::from_shared(Arc::new(held), &name), ptr as usize))
 }
 
-fn no_writes(writable: bool, what: &str) -> PyResult<()> {
-    if writable {
-        return Err(PyValueError::new_err(format!(
-            "{what}(writable=True) is not supported: Ferrite's parameter files from Python are read-only; scatter targets are made in Rust (FileHandle::from_writable)"
-        )));
+/// The bytes of a writable Python buffer-protocol object (a `bytearray`,
+/// a writable numpy array, an `mmap`), lent to a file handle that
+/// `scatter` stores into.
+struct HeldWritable {
+    _view: HostBuffer,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: `ptr`/`len` describe the contiguous memory of the buffer export
+// held in `_view`, which keeps the exporter from freeing or resizing it
+// while this value lives. Access goes through the file handle's lock, so
+// Rust never aliases a write; Python code touching the same memory while a
+// parameter operation runs is the caller's race, as with upstream's
+// writable host allocations.
+unsafe impl Send for HeldWritable {}
+// SAFETY: see above.
+unsafe impl Sync for HeldWritable {}
+
+impl WritableBytes for HeldWritable {
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: valid for `len` bytes while `_view` lives (see above).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
-    Ok(())
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: valid and writable (the export was requested writable)
+        // for `len` bytes while `_view` lives; `&mut self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// A handle over `obj`'s memory: read-only, or writable (the object must
+/// export writable, C-contiguous memory) so that `scatter` stores into it.
+fn hold_memory(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<(FileHandle, usize)> {
+    if !writable {
+        return hold(obj);
+    }
+    let view = HostBuffer::get_writable(obj)?;
+    if !view.is_writable() {
+        return Err(PyValueError::new_err(
+            "writable=True needs an object that exports writable memory (e.g. a bytearray or a writable numpy array)",
+        ));
+    }
+    let bytes = view.contiguous_bytes()?;
+    let (ptr, len) = (bytes.as_ptr() as *mut u8, bytes.len());
+    let name = format!("memory at {ptr:#x?}");
+    let held = HeldWritable {
+        _view: view,
+        ptr,
+        len,
+    };
+    Ok((
+        FileHandle::from_writable_bytes(Box::new(held), &name),
+        ptr as usize,
+    ))
 }
 
 /// How a handle was made, for its repr and `is_host_allocation`.
@@ -113,8 +167,7 @@ impl PyFileHandle {
         writable: bool,
     ) -> PyResult<Self> {
         let _ = readable;
-        no_writes(writable, "FileHandle.wrap_memory")?;
-        let (handle, ptr) = hold(host_buffer)?;
+        let (handle, ptr) = hold_memory(host_buffer, writable)?;
         Ok(PyFileHandle {
             handle,
             kind: Kind::Host(ptr),
@@ -125,7 +178,6 @@ impl PyFileHandle {
     #[pyo3(signature = (fd, readable = true, writable = false))]
     fn wrap_fd(fd: i32, readable: bool, writable: bool) -> PyResult<Self> {
         let _ = readable;
-        no_writes(writable, "FileHandle.wrap_fd")?;
         if fd < 0 {
             return Err(PyValueError::new_err(format!(
                 "invalid file descriptor {fd}"
@@ -139,8 +191,13 @@ impl PyFileHandle {
             PyValueError::new_err(format!("cannot duplicate file descriptor {fd}: {e}"))
         })?;
         let file = std::fs::File::from(owned);
-        let handle =
-            FileHandle::map(&file, &format!("fd({fd})")).py_context("Mapping file descriptor")?;
+        let name = format!("fd({fd})");
+        let handle = if writable {
+            FileHandle::map_writable(&file, &name)
+        } else {
+            FileHandle::map(&file, &name)
+        }
+        .py_context("Mapping file descriptor")?;
         Ok(PyFileHandle {
             handle,
             kind: Kind::Fd(fd),
@@ -454,8 +511,7 @@ impl PyParameterIndex {
         metadata: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let _ = readable;
-        no_writes(writable, "ParameterIndex.add_buffer")?;
-        let (handle, _) = hold(buffer)?;
+        let (handle, _) = hold_memory(buffer, writable)?;
         let length = handle.len();
         self.index
             .lock()
@@ -480,7 +536,6 @@ impl PyParameterIndex {
         mode: Option<&str>,
     ) -> PyResult<()> {
         let _ = readable;
-        no_writes(writable, "ParameterIndex.load")?;
         let preload = match (mmap, mode) {
             (Some(_), Some(_)) => {
                 return Err(PyValueError::new_err(
@@ -496,7 +551,13 @@ impl PyParameterIndex {
                 )))
             }
         };
-        let handle = if preload {
+        let handle = if writable && preload {
+            return Err(PyValueError::new_err(
+                "writable=True needs a memory-mapped file (mode='mmap'): scatters into a preloaded copy would never reach the file",
+            ));
+        } else if writable {
+            FileHandle::open_writable(file_path)
+        } else if preload {
             FileHandle::preload(file_path)
         } else {
             FileHandle::open(file_path)

@@ -16,9 +16,39 @@ use parking_lot::RwLock;
 /// Read-only bytes whose address never changes while they live.
 pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
+/// Bytes a handle owns and `scatter` may store into: host memory, a shared
+/// writable map of a file, or memory lent by another language.
+pub trait WritableBytes: Send + Sync {
+    /// All the bytes.
+    fn bytes(&self) -> &[u8];
+    /// All the bytes, for writing.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl WritableBytes for Box<[u8]> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+/// A whole file mapped shared and writable: stores reach the file.
+struct MappedFileMut(Option<memmap2::MmapMut>);
+
+impl WritableBytes for MappedFileMut {
+    fn bytes(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.0.as_deref_mut().unwrap_or(&mut [])
+    }
+}
+
 enum Contents {
     ReadOnly(SharedBytes),
-    Writable(RwLock<Box<[u8]>>),
+    Writable(RwLock<Box<dyn WritableBytes>>),
 }
 
 /// A file (or host memory treated as one) that parameters are stored in.
@@ -77,6 +107,48 @@ impl FileHandle {
         })
     }
 
+    /// Opens the file at `path` for reading and writing and maps it shared:
+    /// parameters scattered into the handle are stored in the file.
+    pub fn open_writable(path: impl AsRef<Path>) -> Result<FileHandle> {
+        let path = path.as_ref();
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| {
+                status!(
+                    NotFound,
+                    "opening parameter file '{}' for writing: {e}",
+                    path.display()
+                )
+            })?;
+        FileHandle::map_writable(&file, &path.display().to_string())
+    }
+
+    /// Maps an open file shared and writable (it must be open for reading
+    /// and writing); `name` says what it is in messages.
+    pub fn map_writable(file: &File, name: &str) -> Result<FileHandle> {
+        let len = file
+            .metadata()
+            .map_err(|e| status!(Unavailable, "reading '{name}' metadata: {e}"))?
+            .len();
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: a shared map of a file this process opened for writing.
+            // As with read-only maps, we rely on no other process truncating
+            // the file while it is mapped; reads and writes through the map
+            // are serialized by the handle's lock.
+            let map = unsafe { memmap2::MmapMut::map_mut(file) }
+                .map_err(|e| status!(Unavailable, "mapping '{name}' for writing: {e}"))?;
+            Some(map)
+        };
+        Ok(FileHandle::from_writable_bytes(
+            Box::new(MappedFileMut(map)),
+            name,
+        ))
+    }
+
     /// Reads the whole file at `path` into memory (upstream's `preload`
     /// parameter mode): later accesses never touch the file.
     pub fn preload(path: impl AsRef<Path>) -> Result<FileHandle> {
@@ -99,8 +171,13 @@ impl FileHandle {
 
     /// Takes ownership of writable host memory (a target for `scatter`).
     pub fn from_writable(bytes: Vec<u8>, name: &str) -> FileHandle {
+        FileHandle::from_writable_bytes(Box::new(bytes.into_boxed_slice()), name)
+    }
+
+    /// Wraps writable bytes of any kind (a target for `scatter`).
+    pub fn from_writable_bytes(bytes: Box<dyn WritableBytes>, name: &str) -> FileHandle {
         FileHandle {
-            contents: Arc::new(Contents::Writable(RwLock::new(bytes.into_boxed_slice()))),
+            contents: Arc::new(Contents::Writable(RwLock::new(bytes))),
             name: name.into(),
         }
     }
@@ -138,7 +215,7 @@ impl FileHandle {
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         match &*self.contents {
             Contents::ReadOnly(b) => f((**b).as_ref()),
-            Contents::Writable(m) => f(&m.read()),
+            Contents::Writable(m) => f(m.read().bytes()),
         }
     }
 
@@ -160,8 +237,9 @@ impl FileHandle {
             ),
             Contents::Writable(m) => {
                 let mut m = m.write();
-                let r = checked_range(m.len(), offset, data.len() as u64, &self.name)?;
-                m[r].copy_from_slice(data);
+                let bytes = m.bytes_mut();
+                let r = checked_range(bytes.len(), offset, data.len() as u64, &self.name)?;
+                bytes[r].copy_from_slice(data);
                 Ok(())
             }
         }

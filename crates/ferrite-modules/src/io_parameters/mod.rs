@@ -15,7 +15,7 @@ pub mod index;
 pub mod module;
 pub mod provider;
 
-pub use file_handle::FileHandle;
+pub use file_handle::{FileHandle, WritableBytes};
 pub use index::{Entry, ParameterIndex, Storage};
 pub use module::create_io_parameters_module;
 pub use provider::{ParameterProvider, Span};
