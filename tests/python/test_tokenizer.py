@@ -292,6 +292,27 @@ def test_matches_upstream(make, upstream):
         assert ours.id_to_token(i) == theirs.id_to_token(i), i
 
 
+def test_bpe_applies_merges_by_rank_as_huggingface(upstream):
+    # "Ġimmutable" with these ranks: le, ut, Ġi, ab, able, utable merge first;
+    # "m ut" can then no longer apply (ut went into utable), and "m m"
+    # merges last: Ġi mm utable. HuggingFace's `tokenizers` gives exactly
+    # this; the pinned iree.runtime 3.13 gives Ġi m m utable.
+    text, vocab, _ = bpe_json()
+    doc = json.loads(text)
+    merges = ["l e", "u t", "Ġ i", "a b", "ab le", "ut able", "m ut", "m m"]
+    vocab = {k: v for k, v in vocab.items() if len(k) == 1}
+    for m in merges:
+        vocab.setdefault(m.replace(" ", ""), len(vocab))
+    doc["model"]["vocab"], doc["model"]["merges"], doc["added_tokens"] = vocab, merges, []
+    tok = rt.Tokenizer.from_huggingface_json(json.dumps(doc))
+    ids = tok.encode(" immutable")
+    assert [tok.id_to_token(i) for i in ids] == ["Ġi", "mm", "utable"]
+    assert tok.decode(ids) == " immutable"
+    if hasattr(upstream, "Tokenizer"):
+        theirs = upstream.Tokenizer.from_huggingface_json(json.dumps(doc))
+        assert [theirs.id_to_token(i) for i in theirs.encode(" immutable")] == ["Ġi", "m", "m", "utable"]
+
+
 def tiktoken_data():
     import base64
 
