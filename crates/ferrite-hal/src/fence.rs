@@ -22,6 +22,15 @@ use crate::semaphore::{Semaphore, Timepoint};
 /// no allocation.
 type Timepoints = SmallVec<[(Arc<Semaphore>, u64); 2]>;
 
+/// Most fences a thread's pool keeps (see [`Fence::pooled_new`]); programs
+/// hold only a few queue fences alive at once.
+const POOLED_FENCES: usize = 8;
+
+thread_local! {
+    static FENCE_POOL: std::cell::RefCell<Vec<Arc<Fence>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A set of (semaphore, value) timepoints, one per semaphore.
 #[derive(Default)]
 pub struct Fence {
@@ -84,6 +93,53 @@ impl Fence {
         Fence {
             timepoints: Mutex::new(smallvec::smallvec![(semaphore, value)]),
         }
+    }
+
+    /// A fence at value 1 of a new semaphore (what `hal.fence.create`
+    /// makes), as a shared object drawn from this thread's pool: fences of
+    /// the pool that nobody else holds any more are reset and handed out
+    /// again, so the queue operations of a running program allocate no
+    /// fences or semaphores.
+    pub fn pooled_new() -> Arc<Fence> {
+        let pooled = FENCE_POOL.try_with(|pool| {
+            let mut pool = pool.try_borrow_mut().ok()?;
+            for f in pool.iter_mut() {
+                // The count check first: `get_mut` costs an atomic exchange.
+                if Arc::strong_count(f) != 1 {
+                    continue;
+                }
+                if let Some(fence) = Arc::get_mut(f) {
+                    fence.reset_to_new_semaphore();
+                    return Some(f.clone());
+                }
+            }
+            let f = Arc::new(Fence::create_at(Semaphore::new(0), 1));
+            if pool.len() < POOLED_FENCES {
+                pool.push(f.clone());
+            }
+            Some(f)
+        });
+        pooled
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| Arc::new(Fence::create_at(Semaphore::new(0), 1)))
+    }
+
+    /// Makes an unshared fence equal to `create_at(new semaphore, 1)`,
+    /// keeping its semaphore when nobody else holds it.
+    fn reset_to_new_semaphore(&mut self) {
+        let tps = self.timepoints.get_mut();
+        if tps.len() == 1 {
+            if let Some(sem) = Arc::get_mut(&mut tps[0].0) {
+                sem.reset(0);
+                tps[0].1 = 1;
+                return;
+            }
+        }
+        for (sem, _) in tps.drain(..) {
+            Semaphore::recycle(sem);
+        }
+        tps.push((Semaphore::new(0), 1));
     }
 
     /// A fence with the timepoints of all `fences`, keeping the largest value

@@ -111,19 +111,25 @@ impl Semaphore {
         })
     }
 
+    /// Puts a semaphore nobody else can reach back to a fresh state with
+    /// payload `value` (callers hold it through `&mut`, so it is unshared).
+    pub(crate) fn reset(&mut self, value: u64) {
+        let state = self.state.get_mut();
+        state.value = value;
+        state.failure = None;
+        state.notifiers.clear();
+        state.callbacks.clear();
+    }
+
     /// Takes back a semaphore the caller holds the only reference to, for a
     /// later [`Semaphore::new`] on this thread; shared ones are just dropped.
     pub fn recycle(mut sem: Arc<Semaphore>) {
         let Some(s) = Arc::get_mut(&mut sem) else {
             return;
         };
-        let state = s.state.get_mut();
-        state.value = 0;
-        state.failure = None;
-        // Dropping these may run arbitrary code: do it before touching the
-        // thread's spare list.
-        state.notifiers.clear();
-        state.callbacks.clear();
+        // Dropping waiters and callbacks may run arbitrary code: done here,
+        // before touching the thread's spare list.
+        s.reset(0);
         let _ = SPARE.try_with(|spare| {
             if let Ok(mut spare) = spare.try_borrow_mut() {
                 if spare.len() < SPARE_SEMAPHORES {

@@ -46,8 +46,7 @@ pub(super) fn register(
         let mut a = ArgReader::new(c);
         let _device: &DeviceRef = obj_ref(&mut a, "device")?;
         let _flags = a.i64()?;
-        let fence = Fence::create_at(Semaphore::new(0), 1);
-        c.ready([Variant::Ref(Ref::new(fence))])
+        c.ready([Variant::Ref(Ref::from_arc(Fence::pooled_new()))])
     })?
     .function("fence.join", "0ICrD_r", |c| {
         let mut a = ArgReader::new(c);
