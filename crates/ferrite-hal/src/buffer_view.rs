@@ -704,9 +704,10 @@ mod tests {
             EncodingType::DENSE_ROW_MAJOR,
         )
         .unwrap_err();
+        assert_eq!(e.code(), ferrite_base::StatusCode::OutOfRange);
         assert!(
             e.message()
-                .contains("needs 24 bytes but the buffer has 16 bytes"),
+                .contains("buffer view byte length 24 exceeds backing buffer byte length 16"),
             "{e}"
         );
         let v = BufferView::new(
