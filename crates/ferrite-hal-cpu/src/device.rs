@@ -17,6 +17,7 @@ use ferrite_hal::memory::MemoryAccess;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::any::Any;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -108,15 +109,18 @@ impl CpuDevice {
             _ => {
                 // Run here, now: the caller holds every bound buffer for the
                 // whole call, so plain addresses do (no keep-alive handles).
-                let ptrs = bindings
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (b, o, l))| {
-                        b.binding_range(*o, *l, MemoryAccess::READ)
-                            .map_err(|e| e.annotate(format!("dispatch binding {i}")))
-                    })
-                    .collect::<Result<SmallVec<[_; 8]>>>()?;
-                return run_slice(cpu, function, workgroups, None, 0, 1, constants, &ptrs);
+                let mut ptrs: SmallVec<[*mut c_void; 8]> = SmallVec::new();
+                let mut lens: SmallVec<[usize; 8]> = SmallVec::new();
+                for (i, (b, o, l)) in bindings.iter().enumerate() {
+                    let (p, n) = b
+                        .binding_range(*o, *l, MemoryAccess::READ)
+                        .map_err(|e| e.annotate(format!("dispatch binding {i}")))?;
+                    ptrs.push(p.cast());
+                    lens.push(n);
+                }
+                return run_slice(
+                    cpu, function, workgroups, None, 0, 1, constants, &ptrs, &lens,
+                );
             }
         };
         let bindings: Arc<[BindingPtr]> = bindings
@@ -148,8 +152,9 @@ impl CpuDevice {
                 let Some(cpu) = exe.as_any().downcast_ref::<CpuExecutable>() else {
                     return;
                 };
-                let ptrs: SmallVec<[(*mut u8, usize); 8]> =
-                    bindings.iter().map(|b| (b.as_ptr(), b.len())).collect();
+                let ptrs: SmallVec<[*mut c_void; 8]> =
+                    bindings.iter().map(|b| b.as_ptr().cast()).collect();
+                let lens: SmallVec<[usize; 8]> = bindings.iter().map(|b| b.len()).collect();
                 let r = run_slice(
                     cpu,
                     function,
@@ -159,6 +164,7 @@ impl CpuDevice {
                     workers,
                     &constants,
                     &ptrs,
+                    &lens,
                 );
                 if let Err(e) = r {
                     f2.lock().get_or_insert(e);
@@ -182,7 +188,8 @@ fn run_slice(
     processor_id: u32,
     concurrency: usize,
     constants: &[u32],
-    ptrs: &[(*mut u8, usize)],
+    ptrs: &[*mut c_void],
+    lens: &[usize],
 ) -> Result<()> {
     let config = DispatchConfig {
         workgroups: range,
@@ -199,7 +206,10 @@ fn run_slice(
     // submissions off these ranges while it runs, and concurrent slices of
     // one dispatch touch the disjoint output regions the program assigns to
     // distinct workgroups.
-    unsafe { cpu.library().dispatch(function, &config, constants, ptrs) }
+    unsafe {
+        cpu.library()
+            .dispatch_split(function, &config, constants, ptrs, lens)
+    }
 }
 
 /// Matches `pattern` (with `*` wildcards) against `text`.
@@ -355,10 +365,10 @@ impl CpuDevice {
                         [w(0), w(1), w(2)]
                     }
                 };
-                let resolved = bindings
-                    .iter()
-                    .map(|r| r.resolve(table))
-                    .collect::<Result<SmallVec<[_; 8]>>>()?;
+                let mut resolved: SmallVec<[_; 8]> = SmallVec::new();
+                for r in bindings.iter() {
+                    resolved.push(r.resolve(table)?);
+                }
                 self.dispatch(&executable.0, *function, workgroups, constants, &resolved)
                     .map_err(|e| e.annotate(format!("dispatch of function {function}")))
             }

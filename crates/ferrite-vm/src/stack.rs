@@ -107,6 +107,7 @@ impl InPlace<'_> {
     /// Releases the ref operands the caller moved into the call (the callee
     /// only borrowed them), then writes `values` to the result registers.
     /// The release comes first: a result may go to a register it frees.
+    #[inline(always)]
     fn finish(&mut self, values: impl IntoIterator<Item = Variant>) -> ferrite_base::Result<()> {
         crate::bytecode::interp::release_moved_operands(
             self.refs,
@@ -173,7 +174,7 @@ impl NativeCall<'_> {
     /// Finishes the call with `values` as its results: written straight into
     /// the caller's registers for an in-place call, else in a vector the
     /// stack recycles (no allocation per call, unlike building a new one).
-    #[inline]
+    #[inline(always)]
     pub fn ready(
         &mut self,
         values: impl IntoIterator<Item = Variant>,

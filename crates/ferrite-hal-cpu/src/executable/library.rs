@@ -624,6 +624,41 @@ impl ExecutableLibrary {
         constants: &[u32],
         bindings: &[(*mut u8, usize)],
     ) -> Result<()> {
+        // Inline for the usual handful of bindings: no allocation per dispatch.
+        let binding_ptrs: SmallVec<[*mut c_void; 8]> =
+            bindings.iter().map(|b| b.0.cast()).collect();
+        let binding_lengths: SmallVec<[usize; 8]> = bindings.iter().map(|b| b.1).collect();
+        // SAFETY: the same bindings, split into the two arrays the ABI takes;
+        // the caller's guarantees carry over.
+        unsafe { self.dispatch_split(ordinal, config, constants, &binding_ptrs, &binding_lengths) }
+    }
+
+    /// [`ExecutableLibrary::dispatch`] with the bindings already split into
+    /// the base pointers and byte lengths the executable ABI takes (same
+    /// length; extra lengths are ignored).
+    ///
+    /// # Safety
+    /// As [`ExecutableLibrary::dispatch`], for each (pointer, length) pair.
+    // SAFETY: see `dispatch`.
+    pub unsafe fn dispatch_split(
+        &self,
+        ordinal: u32,
+        config: &DispatchConfig,
+        constants: &[u32],
+        binding_ptrs: &[*mut c_void],
+        binding_lengths: &[usize],
+    ) -> Result<()> {
+        if binding_lengths.len() < binding_ptrs.len() {
+            return Err(Status::new(
+                StatusCode::InvalidArgument,
+                format!(
+                    "{} binding pointers but {} lengths",
+                    binding_ptrs.len(),
+                    binding_lengths.len()
+                ),
+            ));
+        }
+        let bindings = binding_ptrs;
         let export = self.exports.get(ordinal as usize).ok_or_else(|| {
             Status::new(
                 StatusCode::InvalidArgument,
@@ -678,10 +713,6 @@ impl ExecutableLibrary {
         if range.is_empty() {
             return Ok(());
         }
-        // Inline for the usual handful of bindings: no allocation per dispatch.
-        let binding_ptrs: SmallVec<[*mut c_void; 8]> =
-            bindings.iter().map(|b| b.0.cast()).collect();
-        let binding_lengths: SmallVec<[usize; 8]> = bindings.iter().map(|b| b.1).collect();
         let state = abi::DispatchStateV0 {
             workgroup_size_x: size[0],
             workgroup_size_y: size[1],

@@ -301,7 +301,7 @@ pub(crate) fn write_results(
 
 /// Writes one native result to the caller's register `reg` (ref registers
 /// carry the ref bit), checking it against the callee's declared type.
-#[inline]
+#[inline(always)]
 pub(crate) fn write_typed(
     regs: &mut [u32],
     refs: &mut [Option<Ref>],
@@ -1155,6 +1155,39 @@ fn dispatch<const COVERAGE: bool>(
             return Err($e);
         }};
     }
+    // An import call: in place when the callee is native (then on to
+    // `resume`, or out with the parked call), else out to the invocation
+    // loop. `segments` is the variadic segment list (None for fixed arity).
+    macro_rules! import_call {
+        ($insn:expr, $segments:expr, $args:expr, $results:expr, $resume:expr) => {{
+            let insn: &Insn = $insn;
+            let import = insn.a & !IMPORT_BIT;
+            let (segments, args, results, resume) = ($segments, $args, $results, $resume);
+            let listed = call_operands(insn, &func.operands);
+            let call = (import, segments, args, results, resume);
+            match tri!(call_in_place(
+                state, regs, refs, pool, listed, call, scratch
+            )) {
+                InPlace::Done => {
+                    pc = resume;
+                    continue;
+                }
+                InPlace::Parked(parked) => {
+                    *pc_out = pc;
+                    return Ok(Flow::Exit(Action::Parked(parked)));
+                }
+                InPlace::NotNative => {}
+            }
+            *pc_out = pc;
+            return Ok(Flow::Exit(Action::CallImport {
+                import,
+                segments,
+                args,
+                results,
+                resume,
+            }));
+        }};
+    }
     macro_rules! tri {
         ($e:expr) => {
             match $e {
@@ -1702,30 +1735,7 @@ fn dispatch<const COVERAGE: bool>(
                     (pc, p + 1 + nargs)
                 };
                 if insn.a & IMPORT_BIT != 0 {
-                    let import = insn.a & !IMPORT_BIT;
-                    let call = (import, None, p, results, resume);
-                    let listed = call_operands(insn, &func.operands);
-                    match tri!(call_in_place(
-                        state, regs, refs, pool, listed, call, scratch
-                    )) {
-                        InPlace::Done => {
-                            pc = resume;
-                            continue;
-                        }
-                        InPlace::Parked(parked) => {
-                            *pc_out = pc;
-                            return Ok(Flow::Exit(Action::Parked(parked)));
-                        }
-                        InPlace::NotNative => {}
-                    }
-                    *pc_out = pc;
-                    return Ok(Flow::Exit(Action::CallImport {
-                        import,
-                        segments: None,
-                        args: p,
-                        results,
-                        resume,
-                    }));
+                    import_call!(insn, None, p, results, resume);
                 }
                 *pc_out = pc;
                 return Ok(Flow::Call {
@@ -1744,30 +1754,7 @@ fn dispatch<const COVERAGE: bool>(
                 } else {
                     (pc, after_args)
                 };
-                let import = insn.a & !IMPORT_BIT;
-                let call = (import, Some(p), args, results, resume);
-                let listed = call_operands(insn, &func.operands);
-                match tri!(call_in_place(
-                    state, regs, refs, pool, listed, call, scratch
-                )) {
-                    InPlace::Done => {
-                        pc = resume;
-                        continue;
-                    }
-                    InPlace::Parked(parked) => {
-                        *pc_out = pc;
-                        return Ok(Flow::Exit(Action::Parked(parked)));
-                    }
-                    InPlace::NotNative => {}
-                }
-                *pc_out = pc;
-                return Ok(Flow::Exit(Action::CallImport {
-                    import,
-                    segments: Some(p),
-                    args,
-                    results,
-                    resume,
-                }));
+                import_call!(insn, Some(p), args, results, resume);
             }
             Op::Return => {
                 *pc_out = pc;
