@@ -24,7 +24,7 @@ pub struct Context {
     entries: Vec<Entry>,
     /// Stacks of finished invocations, reused so a call does not allocate
     /// its frame and register arrays anew.
-    spare_stacks: parking_lot::Mutex<Vec<crate::stack::Stack>>,
+    spare_stacks: parking_lot::Mutex<Vec<Box<crate::stack::Stack>>>,
 }
 
 impl Context {
@@ -176,8 +176,11 @@ impl Context {
     /// Calls a function synchronously (yields are waited on and resumed).
     pub fn invoke(&self, function: &FunctionRef, args: Vec<Variant>) -> Result<Vec<Variant>> {
         let stack = self.spare_stacks.lock().pop();
-        let stack = stack
-            .unwrap_or_else(|| crate::stack::Stack::new(self.instance.options().max_stack_depth));
+        let stack = stack.unwrap_or_else(|| {
+            Box::new(crate::stack::Stack::new(
+                self.instance.options().max_stack_depth,
+            ))
+        });
         let mut invocation = Invocation::begin_on(function, args, stack)?;
         let result = invocation.run_to_end();
         let mut spare = self.spare_stacks.lock();

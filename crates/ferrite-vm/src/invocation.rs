@@ -26,7 +26,8 @@ pub enum Poll {
 
 /// A function call in progress, with its own stack.
 pub struct Invocation {
-    stack: Stack,
+    /// Boxed so that handing a kept stack in and out moves a pointer.
+    stack: Box<Stack>,
     function: FunctionRef,
     done: bool,
     /// Whether the frame that last yielded handles wait failures itself.
@@ -41,7 +42,7 @@ impl Invocation {
         args: Vec<Variant>,
         max_depth: usize,
     ) -> Result<Invocation> {
-        Invocation::begin_on(function, args, Stack::new(max_depth))
+        Invocation::begin_on(function, args, Box::new(Stack::new(max_depth)))
     }
 
     /// [`Invocation::begin`] on a stack kept from an earlier invocation
@@ -49,7 +50,7 @@ impl Invocation {
     pub fn begin_on(
         function: &FunctionRef,
         args: Vec<Variant>,
-        mut stack: Stack,
+        mut stack: Box<Stack>,
     ) -> Result<Invocation> {
         stack.unwind();
         check_args(function, &args)?;
@@ -125,7 +126,7 @@ impl Invocation {
     }
 
     /// Gives back the stack for another invocation (cleared first).
-    pub fn into_stack(mut self) -> Stack {
+    pub fn into_stack(mut self) -> Box<Stack> {
         self.stack.unwind();
         self.stack
     }

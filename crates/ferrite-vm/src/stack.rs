@@ -250,7 +250,10 @@ pub(crate) struct NativeFrame {
 
 pub(crate) enum Frame {
     Bytecode(BytecodeFrame),
-    Native(NativeFrame),
+    /// Boxed: native frames are rare (host calls into native modules, and
+    /// native calls that yielded), and a small `Frame` keeps the pushes and
+    /// pops of every bytecode call cheap.
+    Native(Box<NativeFrame>),
 }
 
 /// An invocation's stack of frames.
@@ -362,7 +365,8 @@ impl Stack {
         body: Arc<dyn NativeStep>,
         call: NativeCall<'static>,
     ) {
-        self.frames.push(Frame::Native(NativeFrame { body, call }));
+        self.frames
+            .push(Frame::Native(Box::new(NativeFrame { body, call })));
     }
 
     /// Keeps an emptied vector for the next call's arguments.

@@ -96,7 +96,7 @@ pub fn span<T>(
 
 /// [`span`] collected into any `C` (e.g. a small vector that spares the
 /// allocation on hot paths).
-pub fn span_into<T, C: FromIterator<T>>(
+pub fn span_into<T, C: Default + Extend<T>>(
     a: &mut ArgReader<'_>,
     mut f: impl FnMut(&mut ArgReader<'_>) -> Result<T>,
 ) -> Result<C> {
@@ -104,7 +104,13 @@ pub fn span_into<T, C: FromIterator<T>>(
     if n < 0 {
         bail!(InvalidArgument, "negative span length {n}");
     }
-    (0..n).map(|_| f(a)).collect()
+    // Element by element rather than `collect::<Result<_>>()`: no adapter
+    // state to carry, and the container is built in place.
+    let mut out = C::default();
+    for _ in 0..n {
+        out.extend(std::iter::once(f(a)?));
+    }
+    Ok(out)
 }
 
 /// Borrows a ref as a `!vm.buffer`.
