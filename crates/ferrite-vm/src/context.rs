@@ -24,6 +24,8 @@ pub struct Context {
     entries: Vec<Entry>,
     /// Stacks of finished invocations, reused so a call does not allocate
     /// its frame and register arrays anew.
+    // Boxed: a kept stack moves into and out of an invocation as a pointer.
+    #[allow(clippy::vec_box)]
     spare_stacks: parking_lot::Mutex<Vec<Box<crate::stack::Stack>>>,
 }
 
