@@ -192,6 +192,43 @@ impl Context {
         result
     }
 
+    /// [`Context::invoke`] for hot loops: the arguments are borrowed (refs
+    /// retained as the call takes them) and the results replace the contents
+    /// of `results`, whose allocation is reused, as upstream's invoke takes
+    /// an input list it keeps and an output list it refills. After a few
+    /// calls neither the arguments nor the results allocate.
+    pub fn invoke_into(
+        &self,
+        function: &FunctionRef,
+        args: &[Variant],
+        results: &mut Vec<Variant>,
+    ) -> Result<()> {
+        let stack = self.spare_stacks.lock().pop();
+        let mut stack = stack.unwrap_or_else(|| {
+            Box::new(crate::stack::Stack::new(
+                self.instance.options().max_stack_depth,
+            ))
+        });
+        let mut owned = stack.spare_values.pop().unwrap_or_default();
+        owned.extend(args.iter().cloned());
+        let mut invocation = Invocation::begin_on(function, owned, stack)?;
+        let outcome = invocation.run_to_end();
+        let mut stack = invocation.into_stack();
+        let result = match outcome {
+            Ok(values) => {
+                let old = std::mem::replace(results, values);
+                stack.recycle_values(old);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        let mut spare = self.spare_stacks.lock();
+        if spare.len() < 4 {
+            spare.push(stack);
+        }
+        result
+    }
+
     /// Begins an invocation the caller drives with [`Invocation::step`].
     pub fn begin(&self, function: &FunctionRef, args: Vec<Variant>) -> Result<Invocation> {
         Invocation::begin(function, args, self.instance.options().max_stack_depth)

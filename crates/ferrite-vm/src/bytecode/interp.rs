@@ -327,17 +327,6 @@ pub(crate) fn write_typed(
     Ok(())
 }
 
-/// Reads registers `list` as values of `types` (calls into other modules,
-/// returns to the host).
-fn read_values(
-    regs: &[u32],
-    refs: &mut [Option<Ref>],
-    list: &[u32],
-    types: &[CconvType],
-) -> Result<Vec<Variant>> {
-    read_values_into(regs, refs, list, types, Vec::with_capacity(list.len()))
-}
-
 /// [`read_values`] into a recycled vector.
 fn read_values_into(
     regs: &[u32],
@@ -422,7 +411,7 @@ fn copy_results(
 pub(crate) fn place_args(
     regs: &mut [u32],
     refs: &mut [Option<Ref>],
-    args: Vec<Variant>,
+    args: &mut Vec<Variant>,
     types: &[CconvType],
 ) -> Result<()> {
     if args.len() != types.len() {
@@ -434,7 +423,7 @@ pub(crate) fn place_args(
         );
     }
     let (mut ii, mut ri) = (0usize, 0usize);
-    for (i, (v, t)) in args.into_iter().zip(types).enumerate() {
+    for (i, (v, t)) in args.drain(..).zip(types).enumerate() {
         match (t, v) {
             (CconvType::I32, Variant::I32(x)) => {
                 regs[ii] = x as u32;
@@ -622,9 +611,11 @@ fn run_with(state: &Arc<BytecodeState>, stack: &mut Stack) -> Result<Step> {
     let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
     match action {
         Action::Return { list } => {
+            let out = stack.spare_values.pop().unwrap_or_default();
             let regs = &stack.i32_regs[ib..ib + ic];
             let refs = &mut stack.ref_regs[rb..rb + rc];
-            let vals = read_values(regs, refs, pool_list(&func.pool, list), &func.cconv.results)?;
+            let list = pool_list(&func.pool, list);
+            let vals = read_values_into(regs, refs, list, &func.cconv.results, out)?;
             pop_frame(stack, ib, rb);
             Ok(Step::Return(vals))
         }

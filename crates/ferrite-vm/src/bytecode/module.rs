@@ -327,7 +327,10 @@ impl ModuleState for BytecodeState {
         let (ib, rb) = interp::push_frame(stack, &module, Some(self), f)?;
         let regs = &mut stack.i32_regs[ib..ib + func.i32_count as usize];
         let refs = &mut stack.ref_regs[rb..rb + func.ref_count as usize];
-        if let Err(e) = interp::place_args(regs, refs, args, &func.cconv.args) {
+        let mut args = args;
+        let placed = interp::place_args(regs, refs, &mut args, &func.cconv.args);
+        stack.recycle_values(args);
+        if let Err(e) = placed {
             interp::pop_frame(stack, ib, rb);
             return Err(e);
         }
