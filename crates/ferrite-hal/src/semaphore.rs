@@ -16,6 +16,7 @@
 //! [`WaitSource`].
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferrite_base::wait::{wait_sources, Event, Notifier, WaitMode, WaitSource};
@@ -55,6 +56,12 @@ impl ExportedTimepoint {
 pub struct Semaphore {
     state: Mutex<State>,
     cond: Condvar,
+    /// The payload, published after each change under `state`'s lock, and
+    /// whether the semaphore failed: lets "is value V reached?" be answered
+    /// without the lock when it is (the common case on queue paths). Only a
+    /// positive answer is taken from here; anything else asks `state`.
+    published: AtomicU64,
+    failed: AtomicBool,
 }
 
 impl RefObject for Semaphore {
@@ -97,6 +104,7 @@ impl Semaphore {
             // can reach them since) and already reset.
             if let Some(s) = Arc::get_mut(&mut sem) {
                 s.state.get_mut().value = initial_value;
+                *s.published.get_mut() = initial_value;
                 return sem;
             }
         }
@@ -108,7 +116,16 @@ impl Semaphore {
                 callbacks: Vec::new(),
             }),
             cond: Condvar::new(),
+            published: AtomicU64::new(initial_value),
+            failed: AtomicBool::new(false),
         })
+    }
+
+    /// True when the payload has reached `value` and the semaphore has not
+    /// failed, read without locking; false means "ask under the lock".
+    #[inline]
+    pub(crate) fn reached_fast(&self, value: u64) -> bool {
+        !self.failed.load(Ordering::Acquire) && self.published.load(Ordering::Acquire) >= value
     }
 
     /// Puts a semaphore nobody else can reach back to a fresh state with
@@ -117,6 +134,8 @@ impl Semaphore {
         let state = self.state.get_mut();
         state.value = value;
         state.failure = None;
+        *self.published.get_mut() = value;
+        *self.failed.get_mut() = false;
         state.notifiers.clear();
         state.callbacks.clear();
     }
@@ -168,6 +187,7 @@ impl Semaphore {
                 bail!(InvalidArgument, "semaphore already signaled past {value}");
             }
             s.value = value;
+            self.published.store(value, Ordering::Release);
             if s.callbacks.is_empty() && s.notifiers.is_empty() {
                 // Nobody scheduled on this semaphore: only blocked waiters
                 // (if any) need waking.
@@ -216,6 +236,7 @@ impl Semaphore {
                 status
             };
             s.failure = Some(status.clone());
+            self.failed.store(true, Ordering::Release);
             let callbacks = std::mem::take(&mut s.callbacks);
             let notify: Vec<Arc<Notifier>> = s.notifiers.iter().map(|(_, n)| n.clone()).collect();
             (callbacks, notify, status)
@@ -237,6 +258,9 @@ impl Semaphore {
 
     /// [`Semaphore::wait`] with an absolute deadline.
     pub fn wait_until(&self, value: u64, deadline: Deadline) -> Result<()> {
+        if self.reached_fast(value) {
+            return Ok(());
+        }
         {
             // Most waits find the value already reached.
             let s = self.state.lock();
