@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use ferrite_base::{bail, Result};
 use parking_lot::Mutex;
@@ -371,8 +371,7 @@ impl Allocator for CachingAllocator {
             None => HeapBlock::new_zeroed(class, align)?,
         };
         self.stats.record_alloc(p.memory_type, size);
-        let shared: Arc<dyn Recycler> = self.shared.clone();
-        let recycler: Weak<dyn Recycler> = Arc::downgrade(&shared);
+        let recycler: Arc<dyn Recycler> = self.shared.clone();
         let tracker: Arc<dyn FreeTracker> = self.stats.clone();
         Ok(Buffer::from_allocation(Allocation::from_block(
             block,

@@ -31,7 +31,7 @@
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use ferrite_base::{bail, status, Result};
 use ferrite_vm::refs::RefObject;
@@ -302,7 +302,9 @@ pub(crate) struct Allocation {
     memory_type: MemoryType,
     usage: BufferUsage,
     access: MemoryAccess,
-    recycler: Option<Weak<dyn Recycler>>,
+    /// Where the block goes back to (held strongly: a pool lives as long
+    /// as any of its buffers, which keeps freeing free of a weak upgrade).
+    recycler: Option<Arc<dyn Recycler>>,
     tracker: Option<Arc<dyn FreeTracker>>,
 }
 
@@ -311,7 +313,7 @@ impl Drop for Allocation {
         if let Some(t) = &self.tracker {
             t.record_free(self.memory_type, self.len);
         }
-        if let Some(pool) = self.recycler.as_ref().and_then(Weak::upgrade) {
+        if let Some(pool) = &self.recycler {
             if let Storage::Heap(block) = std::mem::replace(&mut self.storage, Storage::Empty) {
                 pool.recycle(block);
             }
@@ -326,7 +328,7 @@ impl Allocation {
         memory_type: MemoryType,
         usage: BufferUsage,
         access: MemoryAccess,
-        recycler: Option<Weak<dyn Recycler>>,
+        recycler: Option<Arc<dyn Recycler>>,
         tracker: Option<Arc<dyn FreeTracker>>,
     ) -> Allocation {
         debug_assert!(len as usize <= block.len());

@@ -12,7 +12,7 @@ use crate::memory::BufferUsage;
 use ferrite_base::{bail, Result};
 use ferrite_vm::refs::RefObject;
 use parking_lot::Mutex;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Command buffer mode bits (upstream's values).
 pub mod mode {
@@ -152,8 +152,6 @@ pub enum Command {
 
 struct State {
     commands: Vec<Command>,
-    /// Set at finalize: submissions share it without copying.
-    finalized: Option<Arc<[Command]>>,
 }
 
 /// A command buffer (VM ref type `hal.command_buffer`).
@@ -163,6 +161,9 @@ pub struct CommandBuffer {
     queue_affinity: u64,
     binding_capacity: u32,
     state: Mutex<State>,
+    /// Set once at finalize (under `state`'s lock): submissions share the
+    /// commands without copying, and read them without locking.
+    finalized: OnceLock<Arc<[Command]>>,
 }
 
 impl RefObject for CommandBuffer {
@@ -178,8 +179,8 @@ impl std::fmt::Debug for CommandBuffer {
             f,
             "hal.command_buffer(mode={:#x}, {} commands{})",
             self.mode,
-            s.finalized.as_ref().map_or(s.commands.len(), |c| c.len()),
-            if s.finalized.is_some() {
+            self.finalized.get().map_or(s.commands.len(), |c| c.len()),
+            if self.finalized.get().is_some() {
                 ", finalized"
             } else {
                 ""
@@ -203,8 +204,8 @@ impl CommandBuffer {
             binding_capacity,
             state: Mutex::new(State {
                 commands: Vec::new(),
-                finalized: None,
             }),
+            finalized: OnceLock::new(),
         }
     }
 
@@ -257,7 +258,7 @@ impl CommandBuffer {
 
     fn push(&self, c: Command) -> Result<()> {
         let mut s = self.state.lock();
-        if s.finalized.is_some() {
+        if self.finalized.get().is_some() {
             bail!(
                 FailedPrecondition,
                 "command buffer is finalized; no more commands can be recorded"
@@ -342,18 +343,25 @@ impl CommandBuffer {
     /// Ends recording.
     pub fn finalize(&self) -> Result<()> {
         let mut s = self.state.lock();
-        if s.finalized.is_some() {
+        if self.finalized.get().is_some() {
             bail!(FailedPrecondition, "command buffer already finalized");
         }
         let commands = std::mem::take(&mut s.commands);
-        s.finalized = Some(commands.into());
+        // Set under the lock, so no command can be recorded after it.
+        let _ = self.finalized.set(commands.into());
         Ok(())
     }
 
-    /// The recorded commands (the buffer must be finalized).
+    /// The recorded commands, shared (the buffer must be finalized).
     pub fn commands(&self) -> Result<Arc<[Command]>> {
-        match &self.state.lock().finalized {
-            Some(c) => Ok(c.clone()),
+        self.finalized_commands().map(Arc::clone)
+    }
+
+    /// The recorded commands, borrowed without locking or reference
+    /// counting (the buffer must be finalized).
+    pub fn finalized_commands(&self) -> Result<&Arc<[Command]>> {
+        match self.finalized.get() {
+            Some(c) => Ok(c),
             None => bail!(
                 FailedPrecondition,
                 "command buffer must be finalized before submission"

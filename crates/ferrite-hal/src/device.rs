@@ -213,12 +213,13 @@ pub mod queue {
         let Some(cb) = command_buffer else {
             return barrier(device, wait, signal);
         };
-        let commands = cb.commands()?;
         if device.runs_inline() {
+            let commands = cb.finalized_commands()?;
             return run_inline(wait, signal, || {
-                device.execute_commands(&commands, &bindings)
+                device.execute_commands(commands, &bindings)
             });
         }
+        let commands = cb.commands()?;
         let d = device.clone();
         device.submit(
             wait,

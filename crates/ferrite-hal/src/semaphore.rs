@@ -216,6 +216,25 @@ impl Semaphore {
         Ok(())
     }
 
+    /// [`Semaphore::signal`] when nothing is scheduled on the semaphore
+    /// (no callbacks or subscribed waiters, whose code must not run under a
+    /// caller's lock): Some(outcome) when handled, None to call `signal`.
+    pub(crate) fn signal_quiet(&self, value: u64) -> Option<Result<()>> {
+        let mut s = self.state.lock();
+        if s.failure.is_some()
+            || value <= s.value
+            || !s.callbacks.is_empty()
+            || !s.notifiers.is_empty()
+        {
+            return None;
+        }
+        s.value = value;
+        self.published.store(value, Ordering::Release);
+        drop(s);
+        self.cond.notify_all();
+        Some(Ok(()))
+    }
+
     /// Fails the semaphore with `status` (the first failure wins). Every
     /// waiter, present and future, sees it; pending callbacks run with it.
     pub fn fail(&self, status: Status) {
