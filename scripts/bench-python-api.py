@@ -15,13 +15,12 @@ Usage: .venv/bin/python scripts/bench-python-api.py [--rounds N]
 """
 import argparse
 import collections
-import json
 import os
 import statistics
 import subprocess
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_common import ROOT, learn_bpe
 TEXT = (
     "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs! "
     "How vexingly quick daft zebras jump; 12345 numbers, don't stop, we'll see. "
@@ -32,62 +31,6 @@ func.func @call(%a: i32) -> i32 {
   return %0 : i32
 }
 """
-
-
-def byte_alphabet():
-    printable = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    out, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
-def learn_bpe(text, merges=400):
-    """A tiny BPE trainer: repeatedly merge the most frequent adjacent pair
-    within space-led words (as GPT-2's pre-tokenizer splits them)."""
-    alpha = byte_alphabet()
-    words = collections.Counter()
-    for i, w in enumerate(text.split(" ")):
-        w = (" " if i else "") + w
-        words[tuple(alpha[b] for b in w.encode())] += 1
-    vocab = {alpha[b]: b for b in range(256)}
-    rules = []
-    for _ in range(merges):
-        pairs = collections.Counter()
-        for w, n in words.items():
-            for a, b in zip(w, w[1:]):
-                pairs[(a, b)] += n
-        if not pairs:
-            break
-        (a, b), _ = pairs.most_common(1)[0]
-        rules.append(f"{a} {b}")
-        vocab.setdefault(a + b, len(vocab))
-        merged = collections.Counter()
-        for w, n in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
-                    out.append(a + b)
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged[tuple(out)] += n
-        words = merged
-    return json.dumps({
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                  "ignore_merges": False, "vocab": vocab, "merges": rules},
-    })
 
 
 def timed(fn, repeat):

@@ -20,7 +20,6 @@ Cases:
 Usage: .venv/bin/python scripts/bench-tokenizer.py [--rounds N] [--merges N]
 """
 import argparse
-import collections
 import glob
 import json
 import os
@@ -28,25 +27,11 @@ import statistics
 import sys
 import time
 
-from bench_common import ROOT
+from bench_common import ROOT, learn_bpe
 
 
 def log(msg):
     print(msg, flush=True)
-
-
-def byte_symbols():
-    """GPT-2's printable stand-in for each byte (the ByteLevel alphabet)."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD))
-                 + list(range(0xAE, 0x100)))
-    out, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
 
 
 def corpus():
@@ -59,57 +44,6 @@ def corpus():
         with open(p, encoding="utf-8", errors="replace") as f:
             text.append(f.read())
     return "\n".join(text)
-
-
-def train_bpe(text, merges):
-    """Learns `merges` byte-level BPE merges over whitespace-split words."""
-    sym = byte_symbols()
-    words = collections.Counter()
-    for i, w in enumerate(text.split(" ")):
-        word = w if i == 0 else " " + w
-        words["".join(sym[b] for b in word.encode("utf-8"))] += 1
-    seqs = {w: list(w) for w in words}
-    vocab = {sym[b]: b for b in range(256)}
-    learned = []
-    for _ in range(merges):
-        pairs = collections.Counter()
-        for w, n in words.items():
-            s = seqs[w]
-            for a, b in zip(s, s[1:]):
-                pairs[a, b] += n
-        if not pairs:
-            break
-        (a, b), _ = pairs.most_common(1)[0]
-        learned.append(f"{a} {b}")
-        vocab.setdefault(a + b, len(vocab))
-        for w in words:
-            s, out, i = seqs[w], [], 0
-            while i < len(s):
-                if i + 1 < len(s) and s[i] == a and s[i + 1] == b:
-                    out.append(a + b)
-                    i += 2
-                else:
-                    out.append(s[i])
-                    i += 1
-            seqs[w] = out
-    return vocab, learned
-
-
-def tokenizer_json(vocab, merges):
-    return json.dumps({
-        "version": "1.0",
-        "added_tokens": [{"id": len(vocab), "content": "<|endoftext|>", "single_word": False,
-                          "lstrip": False, "rstrip": False, "normalized": False, "special": True}],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                          "use_regex": True},
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                    "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "vocab": vocab, "merges": merges},
-    })
 
 
 def timed(fn):
@@ -132,9 +66,8 @@ def main():
     text = corpus()
     log(f"corpus: {len(text) / 1e6:.2f} MB of repository text; training {args.merges} BPE merges...")
     t = time.perf_counter()
-    vocab, merges = train_bpe(text[:100_000], args.merges)
-    log(f"  {len(vocab)} tokens in {time.perf_counter() - t:.1f} s")
-    spec = tokenizer_json(vocab, merges)
+    spec = learn_bpe(text[:100_000], args.merges)
+    log(f"  {len(json.loads(spec)['model']['vocab'])} tokens in {time.perf_counter() - t:.1f} s")
     toks = {"ferrite": ferrite_rt.Tokenizer.from_huggingface_json(spec),
             "upstream": upstream_rt.Tokenizer.from_huggingface_json(spec)}
 

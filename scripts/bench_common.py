@@ -1,4 +1,6 @@
 """Helpers the Python benchmark scripts share."""
+import collections
+import json
 import os
 import subprocess
 
@@ -18,3 +20,61 @@ def compile_for_host(src_text, name):
                     "--iree-hal-local-target-device-backends=llvm-cpu",
                     "--iree-llvmcpu-target-cpu=host", src, "-o", out], check=True)
     return out
+
+
+def byte_alphabet():
+    """GPT-2's printable stand-in for each byte (the ByteLevel alphabet)."""
+    printable = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def learn_bpe(text, merges=400):
+    """A tiny BPE trainer: repeatedly merge the most frequent adjacent pair
+    within space-led words (as GPT-2's pre-tokenizer splits them). Returns
+    the tokenizer.json text of a byte-level BPE with those merges."""
+    alpha = byte_alphabet()
+    words = collections.Counter()
+    for i, w in enumerate(text.split(" ")):
+        w = (" " if i else "") + w
+        words[tuple(alpha[b] for b in w.encode())] += 1
+    vocab = {alpha[b]: b for b in range(256)}
+    rules = []
+    for _ in range(merges):
+        pairs = collections.Counter()
+        for w, n in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[(a, b)] += n
+        if not pairs:
+            break
+        (a, b), _ = pairs.most_common(1)[0]
+        rules.append(f"{a} {b}")
+        vocab.setdefault(a + b, len(vocab))
+        merged = collections.Counter()
+        for w, n in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] += n
+        words = merged
+    return json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": False, "vocab": vocab, "merges": rules},
+    })

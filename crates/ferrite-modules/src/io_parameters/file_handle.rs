@@ -86,21 +86,13 @@ impl FileHandle {
 
     /// Maps an open file read-only; `name` says what it is in messages.
     pub fn map(file: &File, name: &str) -> Result<FileHandle> {
-        let len = file
-            .metadata()
-            .map_err(|e| status!(Unavailable, "reading '{name}' metadata: {e}"))?
-            .len();
-        let map = if len == 0 {
-            None
-        } else {
+        let map = map_nonempty(file, name, |file| {
             // SAFETY: the map is read-only and private to this process. Like
             // every runtime that maps weights, we rely on the file not being
             // truncated or rewritten by another process while it is mapped
             // (the same contract upstream's mmap-backed file handles have).
-            let map = unsafe { memmap2::Mmap::map(file) }
-                .map_err(|e| status!(Unavailable, "mapping '{name}': {e}"))?;
-            Some(map)
-        };
+            unsafe { memmap2::Mmap::map(file) }
+        })?;
         Ok(FileHandle {
             contents: Arc::new(Contents::ReadOnly(Arc::new(MappedFile(map)))),
             name: name.into(),
@@ -128,21 +120,13 @@ impl FileHandle {
     /// Maps an open file shared and writable (it must be open for reading
     /// and writing); `name` says what it is in messages.
     pub fn map_writable(file: &File, name: &str) -> Result<FileHandle> {
-        let len = file
-            .metadata()
-            .map_err(|e| status!(Unavailable, "reading '{name}' metadata: {e}"))?
-            .len();
-        let map = if len == 0 {
-            None
-        } else {
+        let map = map_nonempty(file, name, |file| {
             // SAFETY: a shared map of a file this process opened for writing.
             // As with read-only maps, we rely on no other process truncating
             // the file while it is mapped; reads and writes through the map
             // are serialized by the handle's lock.
-            let map = unsafe { memmap2::MmapMut::map_mut(file) }
-                .map_err(|e| status!(Unavailable, "mapping '{name}' for writing: {e}"))?;
-            Some(map)
-        };
+            unsafe { memmap2::MmapMut::map_mut(file) }
+        })?;
         Ok(FileHandle::from_writable_bytes(
             Box::new(MappedFileMut(map)),
             name,
@@ -244,6 +228,25 @@ impl FileHandle {
             }
         }
     }
+}
+
+/// Maps `file` with `map`, or nothing for an empty file (mapping zero bytes
+/// is an error on most systems); errors name the file.
+fn map_nonempty<M>(
+    file: &File,
+    name: &str,
+    map: impl FnOnce(&File) -> std::io::Result<M>,
+) -> Result<Option<M>> {
+    let len = file
+        .metadata()
+        .map_err(|e| status!(Unavailable, "reading '{name}' metadata: {e}"))?
+        .len();
+    if len == 0 {
+        return Ok(None);
+    }
+    map(file)
+        .map(Some)
+        .map_err(|e| status!(Unavailable, "mapping '{name}': {e}"))
 }
 
 fn checked_range(
