@@ -16,6 +16,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use tokenizers::models::ModelWrapper;
 
+use crate::byte_level::ByteLevelTable;
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTokenizer>()?;
     m.add_class::<PyTokenizerEncodeStream>()?;
@@ -39,6 +41,9 @@ struct Loaded {
     /// precedes it (see [`word_local`]): an encode stream may then drop the
     /// text of the tokens it handed out instead of re-encoding it.
     word_local: bool,
+    /// Each id's bytes for the common byte-level decoder (None for other
+    /// decoders); built on the first `decode`.
+    byte_level: OnceLock<Option<ByteLevelTable>>,
 }
 
 impl Loaded {
@@ -66,6 +71,7 @@ impl Loaded {
             unk,
             longest_added,
             word_local,
+            byte_level: OnceLock::new(),
         })
     }
 
@@ -106,6 +112,12 @@ impl Loaded {
     }
 
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> PyResult<String> {
+        let table = self
+            .byte_level
+            .get_or_init(|| ByteLevelTable::build(&self.tokenizer));
+        if let Some(table) = table {
+            return Ok(table.decode(ids, skip_special_tokens));
+        }
         self.tokenizer
             .decode(ids, skip_special_tokens)
             .map_err(|e| PyValueError::new_err(format!("Failed to decode tokens: {e}")))
