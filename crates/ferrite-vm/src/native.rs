@@ -30,6 +30,14 @@ struct Function {
 impl NativeStep for Function {
     fn step(&self, call: &mut NativeCall<'_>) -> Result<NativePoll> {
         let r = (self.body)(call);
+        self.finish(call, r)
+    }
+
+    fn direct(&self) -> Option<&NativeFn> {
+        Some(&*self.body)
+    }
+
+    fn finish(&self, call: &NativeCall<'_>, r: Result<NativePoll>) -> Result<NativePoll> {
         match &r {
             // Results written in place were checked as they were written.
             Ok(NativePoll::Ready(results)) if !call.written => {

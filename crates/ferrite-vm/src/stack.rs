@@ -217,6 +217,22 @@ impl NativeCall<'_> {
 pub trait NativeStep: Send + Sync {
     /// Runs (or resumes) the call.
     fn step(&self, call: &mut NativeCall<'_>) -> ferrite_base::Result<NativePoll>;
+    /// The closure a step calls, when a step is that call followed by
+    /// [`NativeStep::finish`] (functions of native modules): the interpreter
+    /// then calls it itself, one indirection fewer on every import call.
+    fn direct(&self) -> Option<&crate::native::NativeFn> {
+        None
+    }
+    /// What a step does with the outcome of a [`NativeStep::direct`] call
+    /// (checks results not written in place, names the function in errors).
+    fn finish(
+        &self,
+        call: &NativeCall<'_>,
+        outcome: ferrite_base::Result<NativePoll>,
+    ) -> ferrite_base::Result<NativePoll> {
+        let _ = call;
+        outcome
+    }
     /// `module.function`, for backtraces.
     fn name(&self) -> &str;
 }

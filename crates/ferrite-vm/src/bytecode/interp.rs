@@ -782,7 +782,14 @@ fn call_in_place(
         results: Vec::new(),
         written: false,
     };
-    let outcome = body.step(&mut call);
+    let outcome = match body.direct() {
+        Some(f) => match f(&mut call) {
+            // Results already in the registers: nothing left to check.
+            Ok(poll) if call.written => Ok(poll),
+            other => body.finish(&call, other),
+        },
+        None => body.step(&mut call),
+    };
     let (saved, written) = (call.saved, call.written);
     discard_empty(call.results);
     let outcome = match outcome {
