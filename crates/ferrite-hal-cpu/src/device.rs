@@ -8,8 +8,8 @@ use crate::executable::library::DispatchConfig;
 use crate::pool::WorkerPool;
 use ferrite_base::{bail, Result, Status};
 use ferrite_hal::allocator::{Allocator, CachingAllocator, HeapAllocator};
-use ferrite_hal::buffer::{BindingPtr, Buffer};
-use ferrite_hal::command_buffer::{Binding, Command};
+use ferrite_hal::buffer::BindingPtr;
+use ferrite_hal::command_buffer::{Binding, BufferRef, Command};
 use ferrite_hal::device::{run_inline, Device, Work};
 use ferrite_hal::executable::Executable;
 use ferrite_hal::fence::Fence;
@@ -91,7 +91,8 @@ impl CpuDevice {
         function: u32,
         workgroups: [u32; 3],
         constants: &[u32],
-        bindings: &[(&Buffer, u64, u64)],
+        bindings: &[BufferRef],
+        table: &[Binding],
     ) -> Result<()> {
         let Some(cpu) = exe.as_any().downcast_ref::<CpuExecutable>() else {
             bail!(
@@ -111,9 +112,10 @@ impl CpuDevice {
                 // whole call, so plain addresses do (no keep-alive handles).
                 let mut ptrs: SmallVec<[*mut c_void; 8]> = SmallVec::new();
                 let mut lens: SmallVec<[usize; 8]> = SmallVec::new();
-                for (i, (b, o, l)) in bindings.iter().enumerate() {
-                    let (p, n) = b
-                        .binding_range(*o, *l, MemoryAccess::READ)
+                for (i, r) in bindings.iter().enumerate() {
+                    let (p, n) = r
+                        .resolve(table)
+                        .and_then(|(b, o, l)| b.binding_range_resolved(o, l, MemoryAccess::READ))
                         .map_err(|e| e.annotate(format!("dispatch binding {i}")))?;
                     ptrs.push(p.cast());
                     lens.push(n);
@@ -126,8 +128,9 @@ impl CpuDevice {
         let bindings: Arc<[BindingPtr]> = bindings
             .iter()
             .enumerate()
-            .map(|(i, (b, o, l))| {
-                b.binding_ptr(*o, *l, MemoryAccess::READ)
+            .map(|(i, r)| {
+                r.resolve(table)
+                    .and_then(|(b, o, l)| b.binding_ptr(o, l, MemoryAccess::READ))
                     .map_err(|e| e.annotate(format!("dispatch binding {i}")))
             })
             .collect::<Result<Vec<_>>>()?
@@ -365,12 +368,15 @@ impl CpuDevice {
                         [w(0), w(1), w(2)]
                     }
                 };
-                let mut resolved: SmallVec<[_; 8]> = SmallVec::new();
-                for r in bindings.iter() {
-                    resolved.push(r.resolve(table)?);
-                }
-                self.dispatch(&executable.0, *function, workgroups, constants, &resolved)
-                    .map_err(|e| e.annotate(format!("dispatch of function {function}")))
+                self.dispatch(
+                    &executable.0,
+                    *function,
+                    workgroups,
+                    constants,
+                    bindings,
+                    table,
+                )
+                .map_err(|e| e.annotate(format!("dispatch of function {function}")))
             }
         }
     }

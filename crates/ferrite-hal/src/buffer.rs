@@ -800,15 +800,40 @@ impl Buffer {
         length: u64,
         access: MemoryAccess,
     ) -> Result<(*mut u8, usize)> {
+        let (off, len) = self.resolve_range(offset, length)?;
+        self.binding_range_resolved(off, len, access)
+    }
+
+    /// [`Buffer::binding_range`] of a range already resolved against this
+    /// buffer (by [`Buffer::resolve_range`], or a command's buffer reference
+    /// resolved against its binding table): no whole-buffer lengths, and
+    /// `offset + length` within the buffer, which is checked again.
+    pub fn binding_range_resolved(
+        &self,
+        offset: u64,
+        length: u64,
+        access: MemoryAccess,
+    ) -> Result<(*mut u8, usize)> {
         self.validate_access(access)?;
         if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
             bail!(PermissionDenied, "buffer wraps read-only host memory");
         }
-        let (off, len) = self.resolve_range(offset, length)?;
-        let abs = (self.offset + off) as usize;
+        if offset
+            .checked_add(length)
+            .is_none_or(|end| end > self.length)
+        {
+            // Not resolved against this buffer after all: the full check
+            // names the problem.
+            self.resolve_range(offset, length)?;
+            bail!(
+                Internal,
+                "range {offset}+{length} is not resolved against this buffer"
+            );
+        }
+        let abs = (self.offset + offset) as usize;
         // `wrapping_add` keeps this safe; the result is in bounds because the
         // range was checked against the allocation.
-        Ok((self.alloc.base_ptr().wrapping_add(abs), len as usize))
+        Ok((self.alloc.base_ptr().wrapping_add(abs), length as usize))
     }
 
     /// How `[a_off, a_off+a_len)` of `a` overlaps `[b_off, b_off+b_len)` of
