@@ -90,7 +90,7 @@ pub fn run(args: &E2eTestArgs, create: fn(E2eOptions) -> Result<Arc<NativeModule
 /// `target_features` attribute) that this host lacks, as a message.
 fn missing_feature(path: &str) -> Result<Option<String>> {
     let instance = Instance::default();
-    ferrite_hal::module::register_types(instance.types());
+    ferrite_hal_module::register_types(instance.types());
     let bytes =
         ModuleBytes::map_file(path).annotate(|| format!("loading bytecode module at '{path}'"))?;
     let module = BytecodeModule::load(&instance, bytes)

@@ -616,7 +616,7 @@ mod tests {
     fn calls_through_the_vm_record_failures() {
         use ferrite_vm::{Context, Instance, Variant};
         let instance = Instance::default();
-        ferrite_hal::module::register_types(instance.types());
+        ferrite_hal_module::register_types(instance.types());
         let (m, log) = create_check_module().unwrap();
         let mut ctx = Context::new(&instance);
         ctx.register(m).unwrap();

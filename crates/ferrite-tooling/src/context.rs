@@ -7,7 +7,7 @@ use crate::inputs::parse_scalar;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
 use ferrite_hal::device::DeviceRef;
-use ferrite_hal::module::HalModuleOptions;
+use ferrite_hal_module::HalModuleOptions;
 use ferrite_vm::cconv::CconvType;
 use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes, Ref, Variant};
 use std::sync::Arc;
@@ -37,7 +37,7 @@ pub fn load_context_with(
 ) -> Result<RunContext> {
     // Driver flags are checked even when the program needs no device.
     devices.driver_options()?;
-    ferrite_hal::module::register_types(instance.types());
+    ferrite_hal_module::register_types(instance.types());
     let mut loaded = Vec::new();
     for path in modules {
         let bytes = if path == "-" {
@@ -60,7 +60,7 @@ pub fn load_context_with(
     let mut hal_devices = Vec::new();
     if needs_hal {
         hal_devices = devices.create_devices(DEFAULT_DEVICE)?;
-        let hal = ferrite_hal::module::create_hal_module(
+        let hal = ferrite_hal_module::create_hal_module(
             hal_devices.clone(),
             HalModuleOptions::default(),
         )?;

@@ -55,7 +55,7 @@ type Discovered = (String, Vec<Test>, Vec<(String, String)>);
 /// or results are returned separately (skipped, with their cconv).
 fn discover(path: &str) -> Result<Discovered> {
     let instance = Instance::default();
-    ferrite_hal::module::register_types(instance.types());
+    ferrite_hal_module::register_types(instance.types());
     let bytes = if path == "-" {
         bail!(
             InvalidArgument,
