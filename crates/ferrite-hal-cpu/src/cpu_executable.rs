@@ -15,7 +15,10 @@ pub struct CpuExecutable {
 }
 
 impl CpuExecutable {
-    /// Loads `data` of `format` with the executable's `constants`.
+    /// Loads `data` of `format` with the executable's `constants`. The
+    /// executable's native code runs (initializers, query function): it is
+    /// trusted as part of the program, as upstream; its container is not
+    /// (see [`ExecutableLibrary::load`]).
     pub fn load(format: &str, data: &[u8], constants: &[u32]) -> Result<CpuExecutable> {
         if !FORMATS.contains(&format) {
             bail!(
@@ -24,14 +27,18 @@ impl CpuExecutable {
                 FORMATS.join(", ")
             );
         }
-        let library = ExecutableLibrary::load(
-            data,
-            &LoadOptions {
-                format: Some(format),
-                constants,
-                ..LoadOptions::default()
-            },
-        )?;
+        let options = LoadOptions {
+            format: Some(format),
+            constants,
+            ..LoadOptions::default()
+        };
+        // SAFETY: the runtime's trust boundary, as upstream's: the native
+        // code inside a program's executables is trusted (a module is a
+        // program; loading it means running its code), while every byte
+        // around that code is checked by the loader before anything runs.
+        // This is the one place the CPU driver takes that trust on a
+        // module's behalf; `ExecutableLibrary::load` states what it checks.
+        let library = unsafe { ExecutableLibrary::load(data, &options) }?;
         let exports = library
             .exports()
             .iter()

@@ -11,12 +11,21 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use support::{binding, fixture, static_workgroup_count, values};
 
+/// Loads a library compiled from this crate's test sources by the pinned
+/// compiler: trusted code, which `ExecutableLibrary::load` requires.
+fn load_lib(data: &[u8], options: &LoadOptions<'_>) -> ferrite_base::Result<ExecutableLibrary> {
+    // SAFETY: every executable these tests load is compiled from this
+    // crate's own MLIR sources by the pinned IREE compiler (or a container
+    // wrapping such an executable): trusted native code.
+    unsafe { ExecutableLibrary::load(data, options) }
+}
+
 fn load(fx: &support::Fixture) -> ExecutableLibrary {
     let options = LoadOptions {
         format: Some(&fx.format),
         ..Default::default()
     };
-    ExecutableLibrary::load(&fx.executable, &options).expect("load executable")
+    load_lib(&fx.executable, &options).expect("load executable")
 }
 
 #[test]
@@ -247,7 +256,7 @@ fn dispatch_argument_checks() {
         .unwrap();
     }
     assert!(!container::supports_format("embedded-elf-arm_64"));
-    let err = ExecutableLibrary::load(
+    let err = load_lib(
         &fx.executable,
         &LoadOptions {
             format: Some("embedded-elf-arm_64"),
@@ -256,7 +265,7 @@ fn dispatch_argument_checks() {
     )
     .unwrap_err();
     assert_eq!(err.code(), StatusCode::Unimplemented);
-    let err = ExecutableLibrary::load(
+    let err = load_lib(
         &fx.executable,
         &LoadOptions {
             constants: &[1],
@@ -280,7 +289,7 @@ fn processor_data_reaches_the_environment() {
     let custom = abi::ProcessorV0 {
         data: [0x8000, 0, 0, 0, 0, 0, 0, 0],
     };
-    let lib = ExecutableLibrary::load(
+    let lib = load_lib(
         &fx.executable,
         &LoadOptions {
             processor: Some(custom),
@@ -334,12 +343,12 @@ unsafe extern "C" fn host_scale(
 fn imports_through_the_thunk() {
     let fx = fixture("import");
     // Without the host function the required import fails to resolve.
-    let err = ExecutableLibrary::load(&fx.executable, &LoadOptions::default()).unwrap_err();
+    let err = load_lib(&fx.executable, &LoadOptions::default()).unwrap_err();
     assert_eq!(err.code(), StatusCode::NotFound, "{err}");
 
     let mut table = ImportTable::new();
     table.register("ferrite_host_scale", host_scale);
-    let lib = ExecutableLibrary::load(
+    let lib = load_lib(
         &fx.executable,
         &LoadOptions {
             imports: Some(&table),
@@ -384,7 +393,7 @@ fn imports_through_the_thunk() {
             (&MARKER as *const u8).cast(),
         )
     };
-    let lib = ExecutableLibrary::load(
+    let lib = load_lib(
         &fx.executable,
         &LoadOptions {
             imports: Some(&failing),
@@ -437,7 +446,7 @@ fn fatelf_container_selects_the_host_elf() {
         container::infer_format(&fat).unwrap(),
         "embedded-elf-x86_64"
     );
-    let lib = ExecutableLibrary::load(&fat, &LoadOptions::default()).expect("load FatELF");
+    let lib = load_lib(&fat, &LoadOptions::default()).expect("load FatELF");
     let mut a = vec![1.0f32; 4];
     let mut b = vec![2.0f32; 4];
     let mut out = vec![0.0f32; 4];

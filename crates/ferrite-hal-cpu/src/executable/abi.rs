@@ -327,6 +327,51 @@ pub struct LibraryV0 {
     pub sources: SourceFileTableV0,
 }
 
+/// Plain old data read out of a loaded image: types for which *every*
+/// `size_of::<Self>()`-byte pattern is a valid value (integers, raw pointers,
+/// and `#[repr(C)]` structs of those). Reading an image never produces a
+/// `bool`, a reference, an enum or a non-null function pointer, whose
+/// invalid bit patterns would be undefined behaviour.
+///
+/// # Safety
+/// Implement only for `Copy` types valid for any bit pattern of their size
+/// (padding included: padding bytes may hold anything).
+pub unsafe trait ImagePod: Copy {}
+
+macro_rules! image_pod {
+    ($($t:ty),* $(,)?) => {
+        // SAFETY: integers and raw pointers are valid for every bit pattern;
+        // each struct listed is `#[repr(C)]` with only integer, raw-pointer or
+        // ImagePod-struct fields (see their definitions above), so every bit
+        // pattern of it is valid too.
+        $(unsafe impl ImagePod for $t {})*
+    };
+}
+image_pod!(
+    u8,
+    u16,
+    u32,
+    u64,
+    usize,
+    i32,
+    LibraryHeader,
+    ImportTableV0,
+    DispatchAttrsV0,
+    DispatchParameterV0,
+    SourceLocationV0,
+    StageLocationTableV0,
+    ExportTableV0,
+    ConstantTableV0,
+    SourceFileV0,
+    SourceFileTableV0,
+    LibraryV0,
+);
+// SAFETY: a raw pointer is valid for every bit pattern (it is never
+// dereferenced by reading it).
+unsafe impl<T> ImagePod for *const T {}
+// SAFETY: as above.
+unsafe impl<T> ImagePod for *mut T {}
+
 // Layout pins (64-bit targets; the C structs on x86-64 SysV).
 const _: () = {
     assert!(size_of::<LibraryHeader>() == 24);

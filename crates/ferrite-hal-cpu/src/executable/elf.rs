@@ -80,6 +80,7 @@ const SHN_UNDEF: u16 = 0;
 const SHN_ABS: u16 = 0xfff1;
 const STB_GLOBAL: u8 = 1;
 const STB_WEAK: u8 = 2;
+const STT_FUNC: u8 = 2;
 
 /// Largest image (sum of the `PT_LOAD` address span) this loader maps.
 pub const MAX_IMAGE_SIZE: u64 = 1 << 30;
@@ -293,6 +294,25 @@ impl<'a> ElfFile<'a> {
         if !program_headers.iter().any(|p| p.p_type == PT_LOAD) {
             return Err(precondition("ELF has no PT_LOAD segment"));
         }
+        // Loadable segments come in ascending address order and never share
+        // bytes (the ELF specification's rule): overlapping segments would let
+        // one segment's file bytes overwrite another's, e.g. data over code.
+        let mut prev_end: Option<(usize, u64)> = None;
+        for (i, p) in program_headers.iter().enumerate() {
+            if p.p_type != PT_LOAD {
+                continue;
+            }
+            if let Some((j, end)) = prev_end {
+                if p.p_vaddr < end {
+                    return Err(precondition(format!(
+                        "segment {i} at {:#x} overlaps or precedes segment {j} (which ends at {end:#x}); PT_LOAD segments must be sorted and disjoint",
+                        p.p_vaddr
+                    )));
+                }
+            }
+            // Checked above: no overflow.
+            prev_end = Some((i, p.p_vaddr + p.p_memsz));
+        }
         Ok(ElfFile {
             data,
             header: ElfHeader {
@@ -402,7 +422,8 @@ pub struct LoadedElf {
     size: usize,
     /// Lowest (page-aligned) virtual address of the image.
     vaddr_min: u64,
-    /// Executable address ranges, as image offsets.
+    /// The executable segments' file bytes (the only code), as image
+    /// offsets.
     exec_ranges: Vec<(usize, usize)>,
     symtab: usize,
     sym_count: usize,
@@ -519,6 +540,23 @@ fn load(file: &ElfFile<'_>) -> Result<LoadedElf> {
             .ok_or_else(|| out_of_range("segment outside the image"))?;
         let src = &file.data[p.p_offset as usize..(p.p_offset + p.p_filesz) as usize];
         image.bytes[off..off + src.len()].copy_from_slice(src);
+    }
+
+    // Code: the file bytes of the executable segments, as image offsets.
+    // Nothing outside them is ever called (page padding and the zero-filled
+    // tail of a segment hold no code), and no relocation may write into them.
+    let code: Vec<(usize, usize)> = loads
+        .iter()
+        .filter(|p| p.p_flags & PF_X != 0 && p.p_filesz > 0)
+        .map(|p| {
+            let start = (p.p_vaddr - vaddr_min) as usize;
+            (start, start + p.p_filesz as usize)
+        })
+        .collect();
+    if code.is_empty() {
+        return Err(precondition(
+            "ELF has no executable segment with file bytes",
+        ));
     }
 
     // Dynamic table.
@@ -642,7 +680,7 @@ fn load(file: &ElfFile<'_>) -> Result<LoadedElf> {
             let r_offset = rd_u64(image.bytes, at).unwrap_or(0);
             let r_info = rd_u64(image.bytes, at + 8).unwrap_or(0);
             let r_addend = rd_u64(image.bytes, at + 16).unwrap_or(0);
-            apply_rela(&mut image, &symbols, r_offset, r_info, r_addend)
+            apply_rela(&mut image, &code, &symbols, r_offset, r_info, r_addend)
                 .map_err(|e| e.annotate(format!("{what} entry {i}")))?;
         }
     }
@@ -657,6 +695,14 @@ fn load(file: &ElfFile<'_>) -> Result<LoadedElf> {
         for i in 0..d.init_arraysz / 8 {
             let v = image.u64_at(arr + i * 8).unwrap_or(0);
             if v != 0 && v != u64::MAX {
+                let in_code = v.checked_sub(image.base).is_some_and(|off| {
+                    code.iter().any(|&(s, e)| off >= s as u64 && off < e as u64)
+                });
+                if !in_code {
+                    return Err(out_of_range(format!(
+                        "DT_INIT_ARRAY entry {i} ({v:#x}) does not point into an executable segment"
+                    )));
+                }
                 init_array.push(v);
             }
         }
@@ -683,7 +729,6 @@ fn load(file: &ElfFile<'_>) -> Result<LoadedElf> {
             "a writable and an executable segment share a page",
         ));
     }
-    let mut exec_ranges = Vec::new();
     let mut i = 0;
     while i < pages {
         let f = page_flags[i];
@@ -697,7 +742,6 @@ fn load(file: &ElfFile<'_>) -> Result<LoadedElf> {
         }
         if f & PF_X != 0 {
             prot |= libc::PROT_EXEC;
-            exec_ranges.push((i * page as usize, j * page as usize));
         }
         protect(
             image_base as usize + i * page as usize,
@@ -728,17 +772,28 @@ fn load(file: &ElfFile<'_>) -> Result<LoadedElf> {
         )?;
     }
 
+    let init = d.init.filter(|v| *v != 0);
+    if let Some(v) = init {
+        let in_code = v
+            .checked_sub(vaddr_min)
+            .is_some_and(|off| code.iter().any(|&(s, e)| off >= s as u64 && off < e as u64));
+        if !in_code {
+            return Err(out_of_range(format!(
+                "DT_INIT ({v:#x}) does not point into an executable segment"
+            )));
+        }
+    }
     Ok(LoadedElf {
         mapping,
         base: image_base as usize,
         size,
         vaddr_min,
-        exec_ranges,
+        exec_ranges: code,
         symtab: symtab_off,
         sym_count,
         strtab: strtab_off,
         strsz: strsz as usize,
-        init: d.init.filter(|v| *v != 0),
+        init,
         init_array,
     })
 }
@@ -824,6 +879,7 @@ fn gnu_hash_count(image: &Image<'_>, gh: u64) -> Option<usize> {
 
 fn apply_rela(
     image: &mut Image<'_>,
+    code: &[(usize, usize)],
     symbols: &[Symbol],
     r_offset: u64,
     r_info: u64,
@@ -862,6 +918,15 @@ fn apply_rela(
             "relocation target {r_offset:#x} (+{width}) lies outside the image"
         ))
     })?;
+    if code
+        .iter()
+        .any(|&(s, e)| off < e && off + width as usize > s)
+    {
+        return Err(Status::new(
+            StatusCode::PermissionDenied,
+            format!("relocation target {r_offset:#x} lies in an executable segment (text relocations are refused)"),
+        ));
+    }
     let p = image.addr(r_offset);
     let value: u64 = match kind {
         R_X86_64_RELATIVE => image.addr(addend),
@@ -918,7 +983,8 @@ impl LoadedElf {
                 .is_some_and(|e| e <= self.base + self.size)
     }
 
-    /// Whether `addr` lies in an executable page of the image.
+    /// Whether `addr` lies in the file bytes of an executable segment (page
+    /// padding and a segment's zero-filled tail do not count).
     pub fn is_executable(&self, addr: usize) -> bool {
         addr.checked_sub(self.base)
             .is_some_and(|off| self.exec_ranges.iter().any(|(s, e)| off >= *s && off < *e))
@@ -935,15 +1001,13 @@ impl LoadedElf {
     }
 
     /// Reads a `T` at runtime address `addr`, if `addr..addr+size_of::<T>()` lies
-    /// inside the image. `T` must be plain old data (valid for any bit pattern,
-    /// or a type whose invalid patterns the caller rules out).
-    pub fn read<T: Copy>(&self, addr: usize) -> Option<T> {
+    /// inside the image. `T` is plain old data ([`super::abi::ImagePod`]).
+    pub fn read<T: super::abi::ImagePod>(&self, addr: usize) -> Option<T> {
         if !self.contains(addr, std::mem::size_of::<T>()) {
             return None;
         }
-        // SAFETY: in bounds of the readable image (checked above); unaligned read.
-        // Callers instantiate T only with `#[repr(C)]` ABI structs of integers,
-        // raw pointers and `Option<fn>`s, for which every bit pattern is valid.
+        // SAFETY: in bounds of the readable image (checked above); unaligned
+        // read; `T: ImagePod` is valid for every bit pattern.
         Some(unsafe { std::ptr::read_unaligned(addr as *const T) })
     }
 
@@ -973,6 +1037,60 @@ impl LoadedElf {
             }
             self.address_of(value)
         })
+    }
+
+    /// Runtime address of the defined function symbol `name`, checked before
+    /// anything jumps there: the symbol is a function (`STT_FUNC`) and its
+    /// whole extent (at least one byte) lies inside one executable segment.
+    pub fn lookup_function(&self, name: &str) -> Result<usize> {
+        let not_found = || {
+            Status::new(
+                StatusCode::NotFound,
+                format!("symbol '{name}' not exported"),
+            )
+        };
+        let bytes = self.bytes();
+        let strings = bytes
+            .get(self.strtab..self.strtab + self.strsz)
+            .ok_or_else(not_found)?;
+        let index = (1..self.sym_count)
+            .rev()
+            .find(|&i| {
+                let at = self.symtab + i * SYM_SIZE;
+                let bind = bytes.get(at + 4).map_or(0, |b| b >> 4);
+                let shndx = rd_u16(bytes, at + 6).unwrap_or(SHN_UNDEF);
+                let st_name = rd_u32(bytes, at).unwrap_or(0) as usize;
+                (bind == STB_GLOBAL || bind == STB_WEAK)
+                    && shndx != SHN_UNDEF
+                    && st_name != 0
+                    && c_str_in(strings, st_name).is_some_and(|c| c.to_bytes() == name.as_bytes())
+            })
+            .ok_or_else(not_found)?;
+        let at = self.symtab + index * SYM_SIZE;
+        let kind = bytes.get(at + 4).map_or(0, |b| b & 0xf);
+        let value = rd_u64(bytes, at + 8).unwrap_or(0);
+        let size = rd_u64(bytes, at + 16).unwrap_or(0).max(1);
+        if kind != STT_FUNC {
+            return Err(precondition(format!(
+                "symbol '{name}' has type {kind}, not a function (STT_FUNC)"
+            )));
+        }
+        let start = value.checked_sub(self.vaddr_min);
+        let end = start.and_then(|s| s.checked_add(size));
+        let inside = start.zip(end).is_some_and(|(s, e)| {
+            self.exec_ranges
+                .iter()
+                .any(|&(a, b)| s >= a as u64 && e <= b as u64)
+        });
+        if !inside {
+            return Err(Status::new(
+                StatusCode::OutOfRange,
+                format!(
+                    "symbol '{name}' ({value:#x}, {size} bytes) does not lie inside an executable segment"
+                ),
+            ));
+        }
+        Ok(self.base + start.unwrap_or(0) as usize)
     }
 
     /// Runs `DT_INIT` and the `DT_INIT_ARRAY` functions, in order. Entries

@@ -278,10 +278,26 @@ fn failed(msg: impl Into<String>) -> Status {
 impl ExecutableLibrary {
     /// Loads a library from executable data: a bare ELF or a FatELF, or a
     /// system shared object when `options.format` is `system-elf-*`.
-    pub fn load(data: &[u8], options: &LoadOptions<'_>) -> Result<ExecutableLibrary> {
+    ///
+    /// Loading runs code from `data`: the ELF's initializers (or, for a
+    /// system shared object, the system loader's constructors) and the
+    /// library query function. Everything around that code is checked first
+    /// (container, headers, segments inside the file, relocations, and every
+    /// address called lies in the file bytes of an executable segment); the
+    /// machine code itself cannot be checked.
+    ///
+    /// # Safety
+    /// `data` must be trusted native code for this host: an executable
+    /// produced by the IREE compiler for the CPU library ABI (as upstream
+    /// trusts it). Its initializers, query function and, later, its dispatch
+    /// functions run with the process's full rights.
+    // SAFETY: the caller vouches for the code (contract above); the body
+    // checks every address before calling it.
+    pub unsafe fn load(data: &[u8], options: &LoadOptions<'_>) -> Result<ExecutableLibrary> {
         if let Some(format) = options.format {
             if dylib::supports_format(format) {
-                return Self::load_system_dylib(data, options);
+                // SAFETY: the caller vouches for the code (contract above).
+                return unsafe { Self::load_system_dylib(data, options) };
             }
             if !container::supports_format(format) {
                 return Err(Status::new(
@@ -301,7 +317,15 @@ impl ExecutableLibrary {
 
     /// Loads a `system-elf-*` executable: the data is a shared object
     /// (optionally followed by a debug footer) opened with the system loader.
-    pub fn load_system_dylib(data: &[u8], options: &LoadOptions<'_>) -> Result<ExecutableLibrary> {
+    ///
+    /// # Safety
+    /// As [`ExecutableLibrary::load`]: the system loader runs the object's
+    /// constructors, and loading calls its query function.
+    // SAFETY: the caller vouches for the code (contract above).
+    pub unsafe fn load_system_dylib(
+        data: &[u8],
+        options: &LoadOptions<'_>,
+    ) -> Result<ExecutableLibrary> {
         let load = || {
             let image = DylibImage::open(data)?;
             let query_addr = image.query_address();
@@ -317,22 +341,13 @@ impl ExecutableLibrary {
     }
 
     fn from_elf(elf: LoadedElf, options: &LoadOptions<'_>) -> Result<ExecutableLibrary> {
-        // SAFETY: the image is trusted code (as upstream); initializer addresses
-        // were checked to lie in its executable pages.
+        // Every address is checked before any code runs: the query function
+        // here, initializers when the image was loaded.
+        let query_addr = elf.lookup_function(abi::QUERY_SYMBOL)?;
+        // SAFETY: the image is trusted code (`ExecutableLibrary::load`'s
+        // contract); initializer addresses were checked at load to lie in the
+        // file bytes of its executable segments.
         unsafe { elf.run_initializers()? };
-
-        let query_addr = elf.lookup_symbol(abi::QUERY_SYMBOL).ok_or_else(|| {
-            Status::new(
-                StatusCode::NotFound,
-                format!("symbol '{}' not exported", abi::QUERY_SYMBOL),
-            )
-        })?;
-        if !elf.is_executable(query_addr) {
-            return Err(failed(format!(
-                "'{}' is not in executable pages",
-                abi::QUERY_SYMBOL
-            )));
-        }
         Self::from_image(LoadedImage::Elf(elf), query_addr, options)
     }
 
@@ -772,7 +787,12 @@ impl ExecutableLibrary {
 }
 
 /// Reads entry `index` of a table of `T` at runtime address `table`.
-fn read_entry<T: Copy>(elf: &impl ImageView, table: usize, index: usize, what: &str) -> Result<T> {
+fn read_entry<T: abi::ImagePod>(
+    elf: &impl ImageView,
+    table: usize,
+    index: usize,
+    what: &str,
+) -> Result<T> {
     if table == 0 {
         return Err(failed(format!("{what} is null")));
     }

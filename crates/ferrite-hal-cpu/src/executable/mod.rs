@@ -36,13 +36,19 @@ pub trait ImageView {
     /// Whether `addr` lies in executable pages of the image.
     fn is_executable(&self, addr: usize) -> bool;
 
-    /// Reads a `T` at `addr` if it lies inside the image. `T` must be plain
-    /// old data: every bit pattern valid (the library ABI structs of integers,
-    /// raw pointers and `Option<fn>`s).
-    fn read<T: Copy>(&self, addr: usize) -> Option<T> {
-        let bytes = self.slice_at(addr, std::mem::size_of::<T>())?;
-        // SAFETY: `bytes` holds `size_of::<T>()` readable bytes (checked above);
-        // unaligned read; callers only use `T`s valid for any bit pattern.
+    /// Reads a `T` at `addr` if all of it lies inside the image. `T` is
+    /// plain old data ([`abi::ImagePod`]): any bytes make a valid `T`.
+    /// Sound for any implementation of [`ImageView::slice_at`]: a slice of
+    /// the wrong length is refused, never read past.
+    fn read<T: abi::ImagePod>(&self, addr: usize) -> Option<T> {
+        let size = std::mem::size_of::<T>();
+        let bytes = self.slice_at(addr, size)?;
+        if bytes.len() != size {
+            return None;
+        }
+        // SAFETY: `bytes` holds exactly `size_of::<T>()` readable bytes
+        // (checked above, whatever `slice_at` returned); the read is
+        // unaligned; `T: ImagePod` is valid for every bit pattern.
         Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
     }
 }
