@@ -113,10 +113,11 @@ impl CpuDevice {
                 let mut ptrs: SmallVec<[*mut c_void; 8]> = SmallVec::new();
                 let mut lens: SmallVec<[usize; 8]> = SmallVec::new();
                 for (i, r) in bindings.iter().enumerate() {
+                    let access = cpu.binding_access(function, i);
                     let (p, n) = r
                         .resolve(table)
-                        .and_then(|(b, o, l)| b.binding_range_resolved(o, l, MemoryAccess::READ))
-                        .map_err(|e| e.annotate(format!("dispatch binding {i}")))?;
+                        .and_then(|(b, o, l)| b.binding_range_resolved(o, l, access))
+                        .map_err(|e| binding_error(e, cpu, function, i, access))?;
                     ptrs.push(p.cast());
                     lens.push(n);
                 }
@@ -129,9 +130,10 @@ impl CpuDevice {
             .iter()
             .enumerate()
             .map(|(i, r)| {
+                let access = cpu.binding_access(function, i);
                 r.resolve(table)
-                    .and_then(|(b, o, l)| b.binding_ptr(o, l, MemoryAccess::READ))
-                    .map_err(|e| e.annotate(format!("dispatch binding {i}")))
+                    .and_then(|(b, o, l)| b.binding_ptr(o, l, access))
+                    .map_err(|e| binding_error(e, cpu, function, i, access))
             })
             .collect::<Result<Vec<_>>>()?
             .into();
@@ -180,6 +182,28 @@ impl CpuDevice {
             None => Ok(()),
         }
     }
+}
+
+/// Names the binding and why it needs the access it was refused.
+fn binding_error(
+    e: Status,
+    cpu: &CpuExecutable,
+    function: u32,
+    binding: usize,
+    access: MemoryAccess,
+) -> Status {
+    let export = cpu
+        .library()
+        .export(function)
+        .map_or("?", |x| x.name.as_str());
+    let why = if access.contains(MemoryAccess::WRITE) {
+        " (the kernel may write it: CPU executables mark no binding read-only)"
+    } else {
+        ""
+    };
+    e.annotate(format!(
+        "dispatch binding {binding} of '{export}' needs {access} access{why}"
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -71,6 +71,7 @@ device_tests!(
     command_buffer_misuse_errors,
     dispatch_executable_binding_table,
     dispatch_executable_direct_bindings,
+    dispatch_refuses_read_only_memory_where_kernels_may_write,
     dispatch_matmul_through_vm,
     dispatch_conv2d_through_vm,
     failed_semaphore_propagates_two_levels,
@@ -440,6 +441,77 @@ fn command_buffer_misuse_errors(dev: Arc<dyn Device>) {
 
 fn f32_buffer(dev: &Arc<dyn Device>, v: &[f32]) -> Buffer {
     buffer_with(dev, &common::f32_bytes(v))
+}
+
+/// A kernel's bindings may all be written (the CPU library ABI marks none
+/// read-only), so read-only host memory is refused where a dispatch binds
+/// it: at import when the usage allows dispatch writes, and at dispatch time
+/// when it was imported for dispatch reads only. The memory is never written.
+fn dispatch_refuses_read_only_memory_where_kernels_may_write(dev: Arc<dyn Device>) {
+    let exe = common::executable("add");
+    let loaded = dev
+        .create_executable(&exe.format, &exe.data, &[])
+        .expect("create executable");
+    let function = 0;
+    let n = 1024;
+    let bytes = (n * 4) as u64;
+    let (a, b) = add_inputs(n, 1.0);
+    let (ba, bb) = (f32_buffer(&dev, &a), f32_buffer(&dev, &b));
+    let constant = Arc::new(vec![0x5au8; bytes as usize]);
+    let memory = || ferrite_hal::buffer::HostMemory::ReadOnly(constant.clone());
+
+    // Imported with the default usage (dispatch storage, written or read):
+    // refused at import, so callers can take their copy path.
+    let err = dev
+        .allocator()
+        .import_host(&device_params(), memory())
+        .unwrap_err();
+    assert_eq!(err.code(), StatusCode::PermissionDenied, "{err}");
+    assert!(err.message().contains("read-only host memory"), "{err}");
+
+    // Imported for dispatch reads only, then bound as the kernel's output.
+    let read_only = dev
+        .allocator()
+        .import_host(
+            &BufferParams::new(
+                MemoryType::DEVICE_LOCAL,
+                BufferUsage::DISPATCH_STORAGE_READ | BufferUsage::TRANSFER,
+            ),
+            memory(),
+        )
+        .expect("a read-only import for dispatch reads");
+    let cb = CommandBuffer::new(0, 3, u64::MAX, 3);
+    cb.dispatch(
+        ExecutableRef(loaded.clone()),
+        function,
+        exe.workgroups,
+        None,
+        vec![],
+        (0..3).map(|i| slot(i, 0, bytes)).collect(),
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    let (_s, done) = fresh_fence();
+    let table = vec![
+        binding(&ba, 0, bytes),
+        binding(&bb, 0, bytes),
+        binding(&read_only, 0, bytes),
+    ];
+    let submitted = queue::execute(&dev, &Fence::new(), &done, Some(&cb), table);
+    let err = match submitted {
+        Err(e) => e,
+        Ok(()) => done
+            .wait(long())
+            .expect_err("a dispatch writing read-only memory"),
+    };
+    assert_eq!(err.code(), StatusCode::PermissionDenied, "{err}");
+    let text = err.to_string();
+    assert!(text.contains("dispatch binding 2"), "{text}");
+    assert!(text.contains("may write"), "{text}");
+    assert!(
+        constant.iter().all(|&x| x == 0x5a),
+        "read-only memory was written"
+    );
 }
 
 fn add_inputs(n: usize, seed: f32) -> (Vec<f32>, Vec<f32>) {

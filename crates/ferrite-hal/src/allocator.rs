@@ -242,6 +242,7 @@ impl Allocator for HeapAllocator {
 
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
         let (_, p) = Self::resolve(params);
+        check_import(&p, &memory)?;
         Ok(Buffer::from_allocation(Allocation::import(
             memory,
             p.memory_type,
@@ -253,6 +254,23 @@ impl Allocator for HeapAllocator {
     fn statistics(&self) -> AllocatorStatistics {
         *self.stats.0.lock()
     }
+}
+
+/// Read-only host memory cannot back a buffer that dispatches may write
+/// (`DISPATCH_STORAGE_WRITE` usage): a kernel bound to it could write memory
+/// its owner (and safe Rust) treats as immutable. Refusing here, at import,
+/// lets callers with a copy path take it (parameter loading, upstream's
+/// "try import, else allocate and copy"); devices refuse such a buffer again
+/// when a binding that may be written is resolved.
+fn check_import(p: &BufferParams, memory: &HostMemory) -> Result<()> {
+    if memory.is_read_only() && p.usage.contains(BufferUsage::DISPATCH_STORAGE_WRITE) {
+        ferrite_base::bail!(
+            PermissionDenied,
+            "read-only host memory cannot be imported with usage {} (dispatches may write DISPATCH_STORAGE_WRITE buffers)",
+            p.usage
+        );
+    }
+    Ok(())
 }
 
 /// Rounds a request up to its size class: multiples of 64 bytes up to 4 KiB,
@@ -390,6 +408,7 @@ impl Allocator for CachingAllocator {
 
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
         let (_, p) = HeapAllocator::resolve(params);
+        check_import(&p, &memory)?;
         Ok(Buffer::from_allocation(Allocation::import(
             memory,
             p.memory_type,

@@ -196,6 +196,18 @@ pub enum HostMemory {
     Foreign(ForeignBytes),
 }
 
+impl HostMemory {
+    /// True when the memory may not be written (read-only bytes, or foreign
+    /// memory imported read-only).
+    pub fn is_read_only(&self) -> bool {
+        match self {
+            HostMemory::ReadOnly(_) => true,
+            HostMemory::Owned(_) => false,
+            HostMemory::Foreign(b) => !b.writable,
+        }
+    }
+}
+
 /// Foreign host memory and the owner whose drop releases it.
 pub struct ForeignBytes {
     ptr: NonNull<u8>,

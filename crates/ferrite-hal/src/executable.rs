@@ -4,6 +4,7 @@
 //! The HAL only needs to name and look up exports; running a dispatch is the
 //! device's business, so drivers downcast to their own executable type.
 
+use crate::memory::MemoryAccess;
 use ferrite_base::RefObject;
 use std::any::Any;
 use std::sync::Arc;
@@ -27,6 +28,19 @@ pub trait Executable: Send + Sync + 'static {
     fn exports(&self) -> &[ExportInfo];
     /// For drivers: downcast to the concrete type.
     fn as_any(&self) -> &dyn Any;
+
+    /// The access export `export`'s kernel may make to binding `binding`;
+    /// devices resolve the bound buffer range with it, so read-only storage
+    /// (a read-only import: parameters mapped from a file, host arrays
+    /// imported read-only) bound where a kernel may write is refused before
+    /// the kernel runs. A format that marks read-only bindings (CUDA's
+    /// `binding_flags`) answers `READ` for those; one that does not (the CPU
+    /// library ABI) cannot promise anything, so the default is read and
+    /// write for every binding.
+    fn binding_access(&self, export: u32, binding: usize) -> MemoryAccess {
+        let _ = (export, binding);
+        MemoryAccess::READ | MemoryAccess::WRITE
+    }
 
     /// The ordinal of the export named `name`.
     fn lookup_export(&self, name: &str) -> Option<u32> {
