@@ -8,7 +8,7 @@ use crate::executable::library::DispatchConfig;
 use crate::pool::WorkerPool;
 use ferrite_base::{bail, Result, Status};
 use ferrite_hal::allocator::{Allocator, CachingAllocator, HeapAllocator};
-use ferrite_hal::buffer::BindingPtr;
+use ferrite_hal::buffer::{BindingPtr, DeviceRange};
 use ferrite_hal::command_buffer::{Binding, BufferRef, Command};
 use ferrite_hal::device::{run_inline, Device, Work};
 use ferrite_hal::executable::Executable;
@@ -100,7 +100,15 @@ impl CpuDevice {
                 "dispatch of an executable that the CPU driver did not load"
             );
         };
-        let total = workgroups.iter().map(|&c| c as u64).product::<u64>();
+        let Some(total) = workgroups
+            .iter()
+            .try_fold(1u64, |n, &c| n.checked_mul(c as u64))
+        else {
+            bail!(
+                OutOfRange,
+                "dispatch workgroup count {workgroups:?} overflows a 64-bit workgroup index"
+            );
+        };
         if total == 0 {
             return Ok(());
         }
@@ -112,27 +120,39 @@ impl CpuDevice {
                 // whole call, so plain addresses do (no keep-alive handles).
                 let mut ptrs: SmallVec<[*mut c_void; 8]> = SmallVec::new();
                 let mut lens: SmallVec<[usize; 8]> = SmallVec::new();
+                // Held until the dispatch returns: device work in flight on
+                // each bound allocation (host access to them is refused).
+                let mut in_flight: SmallVec<[DeviceRange<'_>; 8]> = SmallVec::new();
                 for (i, r) in bindings.iter().enumerate() {
                     let access = cpu.binding_access(function, i);
-                    let (p, n) = r
+                    let range = r
                         .resolve(table)
                         .and_then(|(b, o, l)| b.binding_range_resolved(o, l, access))
                         .map_err(|e| binding_error(e, cpu, function, i, access))?;
-                    ptrs.push(p.cast());
-                    lens.push(n);
+                    ptrs.push(range.as_ptr().cast());
+                    lens.push(range.len());
+                    in_flight.push(range);
                 }
                 return run_slice(
                     cpu, function, workgroups, None, 0, 1, constants, &ptrs, &lens,
                 );
             }
         };
+        // Device work in flight on each bound allocation until this call
+        // returns (the pool has run every chunk by then; workers may drop
+        // their clones of the closure later, so the pointers it captures do
+        // not count, only these).
+        let mut in_flight: SmallVec<[DeviceRange<'_>; 8]> = SmallVec::new();
         let bindings: Arc<[BindingPtr]> = bindings
             .iter()
             .enumerate()
             .map(|(i, r)| {
                 let access = cpu.binding_access(function, i);
                 r.resolve(table)
-                    .and_then(|(b, o, l)| b.binding_ptr(o, l, access))
+                    .and_then(|(b, o, l)| {
+                        in_flight.push(b.binding_range_resolved(o, l, access)?);
+                        b.binding_ptr(o, l, access)
+                    })
                     .map_err(|e| binding_error(e, cpu, function, i, access))
             })
             .collect::<Result<Vec<_>>>()?
@@ -177,6 +197,7 @@ impl CpuDevice {
             }),
         );
         let failed = failure.lock().take();
+        drop(in_flight);
         match failed {
             Some(e) => Err(e),
             None => Ok(()),

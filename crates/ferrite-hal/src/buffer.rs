@@ -16,21 +16,34 @@
 //! Host access through this API ([`Buffer::read`], [`Buffer::write`],
 //! [`Buffer::fill`], [`Buffer::copy`], [`Buffer::map_read`],
 //! [`Buffer::map_write`]) goes through a reader/writer lock per allocation:
-//! readers share it, writers are exclusive, so safe Rust never sees a data
-//! race. A thread holding a mapping must not start a conflicting access to
-//! the same allocation (it would wait for itself).
+//! readers share it, writers are exclusive. A thread holding a mapping must
+//! not start a conflicting access to the same allocation (it would wait for
+//! itself).
 //!
-//! Devices get raw pointers instead: [`Buffer::binding_ptr`] returns a
-//! [`BindingPtr`] that keeps the allocation alive and does *not* take the
-//! lock. Its contract (the CPU driver is the only `unsafe` user): accesses
-//! through it must be ordered (by queue/semaphore ordering, as upstream) with
-//! every host access to overlapping bytes, concurrent writers through binding
-//! pointers must touch disjoint bytes, and a pointer without write access is
-//! never written through.
+//! Devices get raw pointers instead, which take no lock:
+//! [`Buffer::device_binding`] (a [`BindingPtr`] that keeps the allocation
+//! alive) and [`Buffer::binding_range_resolved`] (a [`DeviceRange`]
+//! borrowing the buffer). Both count as device work in flight on the
+//! allocation while they live: host access that would race with them (a
+//! read or mapping while device work may write, a write while any device
+//! work uses the allocation) is refused with `FAILED_PRECONDITION`, and a
+//! device use is refused while the host holds a conflicting mapping. So
+//! host access through this API never overlaps device work on the same
+//! allocation, however the program orders them; programs order them with
+//! fences, as upstream, and a missing wait is an error instead of a race.
+//!
+//! What remains the pointer users' contract (the CPU driver is the only
+//! `unsafe` user): concurrent device writers (workgroups of one dispatch,
+//! or dispatches not ordered against each other) touch disjoint bytes, as
+//! the compiled program assigns them, and a pointer without write access is
+//! never written through. [`Buffer::binding_ptr`] is the untracked form for
+//! handing memory to a foreign owner (DLPack, the buffer protocol) under
+//! that owner's contract.
 
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferrite_base::RefObject;
@@ -306,6 +319,8 @@ pub(crate) struct Allocation {
     storage: Storage,
     len: u64,
     lock: RwLock<()>,
+    /// Device work in flight on this allocation (see [`DeviceUse`]).
+    device: DeviceUsers,
     memory_type: MemoryType,
     usage: BufferUsage,
     access: MemoryAccess,
@@ -343,6 +358,7 @@ impl Allocation {
             storage: Storage::Heap(block),
             len,
             lock: RwLock::new(()),
+            device: DeviceUsers::default(),
             memory_type,
             usage,
             access,
@@ -389,6 +405,7 @@ impl Allocation {
             storage,
             len,
             lock: RwLock::new(()),
+            device: DeviceUsers::default(),
             memory_type,
             usage,
             access,
@@ -646,10 +663,41 @@ impl Buffer {
         Ok((self.offset + off, len))
     }
 
+    /// Foreign memory (imported from outside Rust, e.g. a numpy array) may be
+    /// written by its owner at any time, so it is never borrowed as a Rust
+    /// slice: it is read and written by copies ([`Buffer::read`],
+    /// [`Buffer::write`]) only.
+    fn refuse_foreign_mapping(&self) -> Result<()> {
+        if let Storage::Foreign(_) = &self.alloc.storage {
+            bail!(
+                FailedPrecondition,
+                "buffer wraps foreign host memory, which is not mapped as a Rust slice; use read/write (copies) instead"
+            );
+        }
+        Ok(())
+    }
+
     /// Copies `dst.len()` bytes starting at `offset` into `dst`.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         let (off, len) = self.check_host(MemoryAccess::READ, offset, dst.len() as u64)?;
         let g = LockHeld(self.alloc.lock.read());
+        self.alloc.device.host_may_read()?;
+        if let Storage::Foreign(_) = &self.alloc.storage {
+            if len > 0 {
+                // SAFETY: foreign storage is valid for `self.alloc.len` bytes
+                // and the range was checked; the copy goes through raw
+                // pointers, so no reference claims the bytes are unchanging
+                // while their owner (outside Rust) may write them.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.alloc.base_ptr().add(off as usize),
+                        dst.as_mut_ptr(),
+                        len as usize,
+                    )
+                };
+            }
+            return Ok(());
+        }
         dst.copy_from_slice(self.alloc.slice(&g, off, len));
         Ok(())
     }
@@ -674,7 +722,51 @@ impl Buffer {
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         let (off, len) = self.check_host(MemoryAccess::WRITE, offset, src.len() as u64)?;
         let g = self.alloc.lock.write();
+        self.alloc.device.host_may_write()?;
+        if let Storage::Foreign(_) = &self.alloc.storage {
+            if len > 0 {
+                // SAFETY: writable foreign storage (checked by `check_host`)
+                // valid for `self.alloc.len` bytes; range checked; a raw copy,
+                // no reference over memory its owner may also access.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        src.as_ptr(),
+                        self.alloc.base_ptr().add(off as usize),
+                        len as usize,
+                    )
+                };
+            }
+            return Ok(());
+        }
         self.alloc.slice_mut(&g, off, len).copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Copies `len` bytes at `src` into the buffer starting at `offset`,
+    /// through raw pointers: for sources that must not be borrowed as a
+    /// slice, e.g. memory a foreign owner (Python) may write.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes for the duration of the
+    /// call and must not overlap this buffer's memory.
+    // SAFETY: the caller vouches for `src` (contract above); the destination
+    // is checked as in `write`.
+    pub unsafe fn write_raw(&self, offset: u64, src: *const u8, len: usize) -> Result<()> {
+        let (off, len) = self.check_host(MemoryAccess::WRITE, offset, len as u64)?;
+        let _g = self.alloc.lock.write();
+        self.alloc.device.host_may_write()?;
+        if len > 0 {
+            // SAFETY: the destination range was checked against writable
+            // storage valid for `self.alloc.len` bytes and is exclusively
+            // locked; the source is the caller's (contract above).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src,
+                    self.alloc.base_ptr().add(off as usize),
+                    len as usize,
+                )
+            };
+        }
         Ok(())
     }
 
@@ -696,7 +788,13 @@ impl Buffer {
                 "attempting to fill a range with {p} byte values that is not aligned (offset={offset}, length={len})"
             );
         }
+        if let Storage::Foreign(_) = &self.alloc.storage {
+            // No `&mut` over foreign memory: fill a staging copy, then copy.
+            let staged = pattern.repeat(usize::try_from(len / p).unwrap_or(usize::MAX));
+            return self.write(off - self.offset, &staged);
+        }
         let g = self.alloc.lock.write();
+        self.alloc.device.host_may_write()?;
         for chunk in self
             .alloc
             .slice_mut(&g, off, len)
@@ -722,9 +820,23 @@ impl Buffer {
         if len == 0 {
             return Ok(());
         }
+        let foreign = |b: &Buffer| matches!(b.alloc.storage, Storage::Foreign(_));
+        if foreign(src) || foreign(dst) {
+            // No references over foreign memory: stage through a copy.
+            let mut staged = vec![
+                0u8;
+                usize::try_from(len).map_err(|_| status!(
+                    ResourceExhausted,
+                    "copy of {len} bytes does not fit host memory"
+                ))?
+            ];
+            src.read(s_off - src.offset, &mut staged)?;
+            return dst.write(d_off - dst.offset, &staged);
+        }
         if src.same_allocation(dst) {
             let a = &dst.alloc;
             let g = a.lock.write();
+            a.device.host_may_write()?;
             let lo = s_off.min(d_off);
             let hi = (s_off + len).max(d_off + len);
             let window = a.slice_mut(&g, lo, hi - lo);
@@ -745,6 +857,8 @@ impl Buffer {
             wg = dst.alloc.lock.write();
             rg = LockHeld(src.alloc.lock.read());
         }
+        src.alloc.device.host_may_read()?;
+        dst.alloc.device.host_may_write()?;
         dst.alloc
             .slice_mut(&wg, d_off, len)
             .copy_from_slice(src.alloc.slice(&rg, s_off, len));
@@ -756,7 +870,9 @@ impl Buffer {
     /// dropped.
     pub fn map_read(&self, offset: u64, length: u64) -> Result<MappedRead<'_>> {
         let (off, len) = self.check_host(MemoryAccess::READ, offset, length)?;
+        self.refuse_foreign_mapping()?;
         let guard = LockHeld(self.alloc.lock.read());
+        self.alloc.device.host_may_read()?;
         let data = self.alloc.slice(&guard, off, len);
         Ok(MappedRead {
             data,
@@ -769,7 +885,9 @@ impl Buffer {
     /// the mapping is dropped.
     pub fn map_write(&self, offset: u64, length: u64) -> Result<MappedWrite<'_>> {
         let (off, len) = self.check_host(MemoryAccess::WRITE, offset, length)?;
+        self.refuse_foreign_mapping()?;
         let guard = self.alloc.lock.write();
+        self.alloc.device.host_may_write()?;
         let data = self.alloc.slice_mut(&guard, off, len);
         Ok(MappedWrite {
             data,
@@ -786,12 +904,40 @@ impl Buffer {
         length: u64,
         access: MemoryAccess,
     ) -> Result<BindingPtr> {
-        let (ptr, len) = self.binding_range(offset, length, access)?;
+        let (off, len) = self.resolve_range(offset, length)?;
+        let (ptr, len) = self.checked_binding(off, len, access)?;
         Ok(BindingPtr {
             ptr,
             len,
             writable: self.alloc.is_writable()
                 && access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY),
+            tracked: false,
+            _keep: self.alloc.clone(),
+        })
+    }
+
+    /// [`Buffer::binding_ptr`] for device work in flight: while the returned
+    /// pointer lives the allocation counts it as a device user, and host
+    /// access that would race with it ([`Buffer::map_read`] and the other
+    /// host accessors) is refused rather than raced; it is refused in turn
+    /// while the host holds a conflicting mapping. Drivers resolve dispatch
+    /// bindings with this.
+    pub fn device_binding(
+        &self,
+        offset: u64,
+        length: u64,
+        access: MemoryAccess,
+    ) -> Result<BindingPtr> {
+        let (off, len) = self.resolve_range(offset, length)?;
+        let range = self.binding_range_resolved(off, len, access)?;
+        let (ptr, len, write) = (range.ptr, range.len, range.write);
+        // The use moves from the borrowed guard to the owning pointer.
+        std::mem::forget(range);
+        Ok(BindingPtr {
+            ptr,
+            len,
+            writable: write,
+            tracked: true,
             _keep: self.alloc.clone(),
         })
     }
@@ -806,7 +952,7 @@ impl Buffer {
         offset: u64,
         length: u64,
         access: MemoryAccess,
-    ) -> Result<(*mut u8, usize)> {
+    ) -> Result<DeviceRange<'_>> {
         let (off, len) = self.resolve_range(offset, length)?;
         self.binding_range_resolved(off, len, access)
     }
@@ -814,8 +960,27 @@ impl Buffer {
     /// [`Buffer::binding_range`] of a range already resolved against this
     /// buffer (by [`Buffer::resolve_range`], or a command's buffer reference
     /// resolved against its binding table): no whole-buffer lengths, and
-    /// `offset + length` within the buffer, which is checked again.
+    /// `offset + length` within the buffer, which is checked again. The
+    /// range counts as device work in flight until it is dropped (see
+    /// [`Buffer::device_binding`]).
     pub fn binding_range_resolved(
+        &self,
+        offset: u64,
+        length: u64,
+        access: MemoryAccess,
+    ) -> Result<DeviceRange<'_>> {
+        let (ptr, len) = self.checked_binding(offset, length, access)?;
+        let write = access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY);
+        self.alloc.device.begin(&self.alloc.lock, write)?;
+        Ok(DeviceRange {
+            ptr,
+            len,
+            write,
+            users: &self.alloc.device,
+        })
+    }
+
+    fn checked_binding(
         &self,
         offset: u64,
         length: u64,
@@ -932,7 +1097,122 @@ pub struct BindingPtr {
     ptr: *mut u8,
     len: usize,
     writable: bool,
+    /// Counted as a device user of the allocation ([`Buffer::device_binding`]).
+    tracked: bool,
     _keep: Arc<Allocation>,
+}
+
+impl Drop for BindingPtr {
+    fn drop(&mut self) {
+        if self.tracked {
+            self._keep.device.end(self.writable);
+        }
+    }
+}
+
+/// Device work in flight on one allocation: counts of device users that
+/// may write it and that only read it. Host accessors take the allocation's
+/// lock and then check these; a device use counts itself and then checks
+/// the lock. Both sides put a sequentially consistent fence between their
+/// own step and the check, so of a host access and a device use that start
+/// together at least one sees the other and is refused: they never overlap.
+#[derive(Default)]
+struct DeviceUsers {
+    writers: AtomicUsize,
+    readers: AtomicUsize,
+}
+
+impl DeviceUsers {
+    fn counter(&self, write: bool) -> &AtomicUsize {
+        if write {
+            &self.writers
+        } else {
+            &self.readers
+        }
+    }
+
+    /// Starts a device use, unless the host holds a conflicting lock (any
+    /// lock for a writer, the write lock for a reader).
+    fn begin(&self, lock: &RwLock<()>, write: bool) -> Result<()> {
+        self.counter(write).fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let conflict = if write {
+            lock.is_locked()
+        } else {
+            lock.is_locked_exclusive()
+        };
+        if conflict {
+            self.end(write);
+            bail!(
+                FailedPrecondition,
+                "buffer is mapped or accessed by the host while device work would {} it; host access must be ordered before the work (wait on its fences)",
+                if write { "write" } else { "read" }
+            );
+        }
+        Ok(())
+    }
+
+    fn end(&self, write: bool) {
+        self.counter(write).fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// With the shared lock held: refuses while device work may write.
+    fn host_may_read(&self) -> Result<()> {
+        fence(Ordering::SeqCst);
+        if self.writers.load(Ordering::SeqCst) != 0 {
+            bail!(
+                FailedPrecondition,
+                "buffer is in use by device work that may write it (a dispatch in flight); wait on the work's fence before host access"
+            );
+        }
+        Ok(())
+    }
+
+    /// With the exclusive lock held: refuses while any device work uses it.
+    fn host_may_write(&self) -> Result<()> {
+        self.host_may_read()?;
+        if self.readers.load(Ordering::SeqCst) != 0 {
+            bail!(
+                FailedPrecondition,
+                "buffer is in use by device work that reads it (a dispatch in flight); wait on the work's fence before host writes"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A checked device range of a buffer (from [`Buffer::binding_range`]),
+/// counted as device work in flight until dropped; it borrows the buffer, so
+/// the allocation outlives it. Dereferencing follows [`BindingPtr`]'s
+/// contract.
+pub struct DeviceRange<'a> {
+    ptr: *mut u8,
+    len: usize,
+    write: bool,
+    users: &'a DeviceUsers,
+}
+
+impl DeviceRange<'_> {
+    /// The first byte of the range.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length of the range in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty range.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DeviceRange<'_> {
+    fn drop(&mut self) {
+        self.users.end(self.write);
+    }
 }
 
 // SAFETY: the pointer targets memory owned by (or kept alive with) the held
@@ -1094,9 +1374,23 @@ mod tests {
     #[test]
     fn permissions() {
         let a = HeapAllocator::new();
-        let ro = a
+        // Read-only memory cannot back a buffer dispatches may write.
+        let e = a
             .import_host(
                 &BufferParams::default(),
+                HostMemory::ReadOnly(Arc::new(vec![1u8, 2, 3])),
+            )
+            .unwrap_err();
+        assert_eq!(e.code(), StatusCode::PermissionDenied, "{e}");
+        let read_params = BufferParams {
+            usage: BufferUsage::TRANSFER
+                | BufferUsage::MAPPING
+                | BufferUsage::DISPATCH_STORAGE_READ,
+            ..BufferParams::default()
+        };
+        let ro = a
+            .import_host(
+                &read_params,
                 HostMemory::ReadOnly(Arc::new(vec![1u8, 2, 3])),
             )
             .unwrap();
@@ -1127,6 +1421,93 @@ mod tests {
             e.message().contains("operation requires DISPATCH_STORAGE"),
             "{e}"
         );
+    }
+
+    /// Host access racing device work in flight on the same allocation is
+    /// refused, in both orders, and allowed again once the work is done.
+    #[test]
+    fn host_access_racing_device_work_is_refused() {
+        let b = alloc(64);
+        let rw = MemoryAccess::READ | MemoryAccess::WRITE;
+        // A dispatch that may write the buffer is in flight.
+        let writer = b.device_binding(0, 64, rw).unwrap();
+        let busy = |r: Result<()>| {
+            let e = r.unwrap_err();
+            assert_eq!(e.code(), StatusCode::FailedPrecondition, "{e}");
+            assert!(e.message().contains("device work"), "{e}");
+        };
+        busy(b.map_read(0, 8).map(drop));
+        busy(b.map_write(0, 8).map(drop));
+        busy(b.read(0, &mut [0u8; 4]));
+        busy(b.write(0, &[1]));
+        busy(b.fill(0, 8, &[1]));
+        busy(Buffer::copy(&b, 0, &b, 8, 8));
+        // Another view of the same allocation is the same memory.
+        busy(b.subspan(8, 8).unwrap().map_read(0, 8).map(drop));
+        drop(writer);
+        assert_eq!(b.map_read(0, 8).unwrap().len(), 8);
+
+        // A dispatch that only reads: host reads go on, host writes wait
+        // for it (refused), and mapped memory keeps the device out.
+        let reader = b.device_binding(0, 64, MemoryAccess::READ).unwrap();
+        assert_eq!(b.map_read(0, 8).unwrap().len(), 8);
+        busy(b.map_write(0, 8).map(drop));
+        drop(reader);
+        {
+            let _mapped = b.map_write(0, 8).unwrap();
+            let e = b.device_binding(0, 64, MemoryAccess::READ).unwrap_err();
+            assert_eq!(e.code(), StatusCode::FailedPrecondition, "{e}");
+            assert!(e.message().contains("mapped"), "{e}");
+        }
+        {
+            let _mapped = b.map_read(0, 8).unwrap();
+            assert!(b.device_binding(0, 64, rw).is_err());
+            // Reading device work may share the memory with host readers.
+            drop(b.binding_range(0, 64, MemoryAccess::READ).unwrap());
+        }
+        // The inline form counts while it lives, too.
+        let range = b.binding_range(0, 64, rw).unwrap();
+        busy(b.map_read(0, 8).map(drop));
+        drop(range);
+        b.write(0, &[7]).unwrap();
+    }
+
+    /// Threads mapping and writing while device uses come and go never see
+    /// both at once: every host access either succeeds alone or is refused.
+    #[test]
+    fn racing_device_use_and_host_mapping_never_overlap() {
+        let b = alloc(4096);
+        let rw = MemoryAccess::READ | MemoryAccess::WRITE;
+        let in_device = std::sync::atomic::AtomicBool::new(false);
+        let in_host = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    if let Ok(p) = b.device_binding(0, 4096, rw) {
+                        in_device.store(true, Ordering::SeqCst);
+                        assert!(
+                            !in_host.load(Ordering::SeqCst),
+                            "host mapped during device use"
+                        );
+                        in_device.store(false, Ordering::SeqCst);
+                        drop(p);
+                    }
+                }
+            });
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    if let Ok(m) = b.map_write(0, 16) {
+                        in_host.store(true, Ordering::SeqCst);
+                        assert!(
+                            !in_device.load(Ordering::SeqCst),
+                            "device used a mapped buffer"
+                        );
+                        in_host.store(false, Ordering::SeqCst);
+                        drop(m);
+                    }
+                }
+            });
+        });
     }
 
     #[test]

@@ -170,7 +170,7 @@ impl PyHalCommandBuffer {
         end: bool,
     ) -> PyResult<()> {
         let host = HostBuffer::get(pattern)?;
-        let bytes = host.contiguous_bytes()?;
+        let bytes = host.to_vec()?;
         let length = length.unwrap_or(u64::MAX);
         self.check_recording("command buffer fill")?;
         if !matches!(bytes.len(), 1 | 2 | 4 | 8) {
@@ -184,7 +184,7 @@ impl PyHalCommandBuffer {
             return Err(crate::status::to_py_err("command buffer fill", &s));
         }
         let mut word = [0u8; 8];
-        word[..bytes.len()].copy_from_slice(bytes);
+        word[..bytes.len()].copy_from_slice(&bytes);
         self.command_buffer
             .fill_buffer(
                 whole(target_buffer, target_offset, length),

@@ -412,14 +412,8 @@ pub fn import(
         )));
     }
     let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-    let count: u64 = dims.iter().product();
     let bits = et.bit_count() as u64;
-    if !(count * bits).is_multiple_of(8) {
-        return Err(PyValueError::new_err(
-            "dlpack tensor does not have a byte aligned size",
-        ));
-    }
-    let byte_size = count * bits / 8;
+    let byte_size = dense_byte_size(&dims, bits).map_err(PyValueError::new_err)?;
     let elem = (bits / 8) as i64;
     let dense = match &strides {
         None => true,
@@ -442,11 +436,16 @@ pub fn import(
     }
     let base = (t.data as *mut u8).wrapping_add(t.byte_offset as usize);
     let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
-    let buffer = if dense {
-        let writable = !imported.read_only();
+    let writable = !imported.read_only();
+    // A read-only tensor is copied: a device buffer over it could be bound
+    // where a kernel may write (every CPU binding), so the HAL refuses to
+    // import read-only memory for dispatch use.
+    let buffer = if dense && writable {
         // SAFETY: a dense tensor's bytes are `[base, base + byte_size)`,
         // valid until the producer's deleter runs, which `imported` (kept
-        // by the buffer as owner) calls only when the buffer is freed.
+        // by the buffer as owner) calls only when the buffer is freed. The
+        // producer may still write them: the HAL never borrows foreign
+        // memory as a slice (raw copies; mappings refused).
         let memory =
             unsafe { HostMemory::foreign(base, byte_size as usize, writable, Box::new(imported)) };
         allocator
@@ -454,16 +453,37 @@ pub fn import(
             .py_context("Could not import external device buffer")?
     } else {
         // Gather element by element into a dense copy.
-        let st = strides.unwrap_or_default();
+        let st = strides.unwrap_or_else(|| {
+            // Dense row-major strides, in elements.
+            let mut st = vec![1i64; ndim];
+            for i in (0..ndim.saturating_sub(1)).rev() {
+                st[i] = st[i + 1].saturating_mul(shape[i + 1]);
+            }
+            st
+        });
         let mut out = vec![0u8; byte_size as usize];
         let mut index = vec![0i64; ndim];
+        // A dense sub-byte tensor is copied whole; otherwise element by
+        // element (`elem` bytes each; checked byte aligned above).
+        let (count, elem) = if elem == 0 {
+            (1, byte_size as i64)
+        } else {
+            (byte_size / elem as u64, elem)
+        };
         for n in 0..count as usize {
             let off: i64 = index.iter().zip(&st).map(|(i, s)| i * s * elem).sum();
             // SAFETY: DLPack guarantees every in-shape index times its
-            // stride addresses an element of the tensor's memory.
-            let src =
-                unsafe { std::slice::from_raw_parts(base.offset(off as isize), elem as usize) };
-            out[n * elem as usize..(n + 1) * elem as usize].copy_from_slice(src);
+            // stride addresses an element of the tensor's memory (for the
+            // whole-copy case, the dense range itself). The copy goes
+            // through raw pointers: the producer may write its memory, so
+            // no slice over it is made.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    base.offset(off as isize),
+                    out.as_mut_ptr().add(n * elem as usize),
+                    elem as usize,
+                )
+            };
             for d in (0..ndim).rev() {
                 index[d] += 1;
                 if index[d] < shape[d] {
@@ -512,4 +532,41 @@ pub fn dlpack_of(
     }
     let versioned = max_version.is_some_and(|(major, _)| major >= 1);
     export_capsule(py, &view.view, DL_CPU, 0, versioned)
+}
+
+/// Bytes of a dense tensor of `dims` with `bits`-bit elements, every product
+/// checked: a foreign tensor's shape must not wrap to a small size that
+/// would then describe less (or more) memory than it has.
+fn dense_byte_size(dims: &[u64], bits: u64) -> Result<u64, String> {
+    let overflow = || format!("dlpack tensor shape {dims:?} of {bits}-bit elements overflows");
+    let count = dims
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d))
+        .ok_or_else(overflow)?;
+    let total_bits = count.checked_mul(bits).ok_or_else(overflow)?;
+    if !total_bits.is_multiple_of(8) {
+        return Err("dlpack tensor does not have a byte aligned size".to_string());
+    }
+    Ok(total_bits / 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dense_byte_size;
+
+    #[test]
+    fn shape_products_are_checked() {
+        assert_eq!(dense_byte_size(&[2, 3], 32), Ok(24));
+        assert_eq!(dense_byte_size(&[], 16), Ok(2));
+        assert_eq!(dense_byte_size(&[0, u64::MAX], 32), Ok(0));
+        // 2^32 * 2^32 wraps to 0 in u64 arithmetic.
+        let e = dense_byte_size(&[1 << 32, 1 << 32], 8).unwrap_err();
+        assert!(e.contains("overflows"), "{e}");
+        // The count fits, count * bits does not.
+        let e = dense_byte_size(&[1 << 61], 32).unwrap_err();
+        assert!(e.contains("overflows"), "{e}");
+        assert!(dense_byte_size(&[3], 4)
+            .unwrap_err()
+            .contains("byte aligned"));
+    }
 }

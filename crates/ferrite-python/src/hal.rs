@@ -456,12 +456,14 @@ impl PyHalAllocator {
     ) -> PyResult<PyHalBuffer> {
         let p = params(memory_type, allowed_usage)?;
         let host = HostBuffer::get_writable(buffer_obj)?;
-        let bytes = host.contiguous_bytes()?;
-        let (ptr, len) = (bytes.as_ptr() as *mut u8, bytes.len());
+        let (ptr, len) = host.raw_parts()?;
         // SAFETY: `host` holds a writable, C-contiguous export of `len` bytes
         // at `ptr`, which the exporter keeps valid (and unresized) until the
         // export is released, i.e. until `host`, the owner passed here, is
-        // dropped with the buffer's allocation.
+        // dropped with the buffer's allocation. Python may keep writing the
+        // object: the HAL never borrows foreign memory as a slice (copies
+        // through raw pointers; mappings refused), so that races only as
+        // mapped memory does in upstream, without breaking a Rust reference.
         let memory = unsafe {
             ferrite_hal::buffer::HostMemory::foreign(ptr, len, true, Box::new(host.into_shared()))
         };
@@ -489,13 +491,14 @@ impl PyHalAllocator {
         let _ = device;
         let p = params(memory_type, allowed_usage)?;
         let host = HostBuffer::get_reinterpreting(buffer)?.0;
-        let bytes = host.contiguous_bytes()?;
+        let (ptr, len) = host.raw_parts()?;
         let hal_buffer = self
             .allocator
-            .allocate(&p, bytes.len() as u64)
+            .allocate(&p, len as u64)
             .py_context("Failed to allocate device visible buffer")?;
-        hal_buffer
-            .write(0, bytes)
+        // SAFETY: `ptr` is valid for `len` bytes while `host` lives, is not
+        // the fresh buffer's memory, and the GIL is held during the copy.
+        unsafe { hal_buffer.write_raw(0, ptr, len) }
             .py_context("Error copying into device buffer")?;
         match element_type {
             None => Ok(Py::new(
@@ -530,17 +533,18 @@ impl PyHalAllocator {
     ) -> PyResult<PyHalBuffer> {
         let _ = device;
         let host = HostBuffer::get(initial_contents)?;
-        let bytes = host.contiguous_bytes()?;
+        let (ptr, len) = host.raw_parts()?;
         let p = BufferParams::new(
             MemoryType::OPTIMAL | MemoryType::DEVICE_LOCAL,
             BufferUsage::TRANSFER,
         );
         let buffer = self
             .allocator
-            .allocate(&p, bytes.len() as u64)
+            .allocate(&p, len as u64)
             .py_context("Failed to allocate device visible buffer")?;
-        buffer
-            .write(0, bytes)
+        // SAFETY: `ptr` is valid for `len` bytes while `host` lives, is not
+        // the fresh buffer's memory, and the GIL is held during the copy.
+        unsafe { buffer.write_raw(0, ptr, len) }
             .py_context("Failed to allocate device visible buffer")?;
         Ok(PyHalBuffer {
             buffer: Arc::new(buffer),
@@ -801,7 +805,13 @@ impl PyMappedMemory {
         let np = py.import("numpy")?;
         let dtype = np.call_method1("dtype", (numpy_dtype_descr,))?;
         let flat = np.call_method1("frombuffer", (slf, &dtype))?;
-        let count: usize = shape.iter().product();
+        let count = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|&n| n <= isize::MAX as usize)
+            .ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err(format!("shape {shape:?} overflows"))
+            })?;
         let flat = flat.call_method1(
             "__getitem__",
             (pyo3::types::PySlice::new(py, 0, count as isize, 1),),

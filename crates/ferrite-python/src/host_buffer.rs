@@ -147,19 +147,34 @@ impl HostBuffer {
         unsafe { ffi::PyBuffer_IsContiguous(&*self.view, b'C' as std::os::raw::c_char) != 0 }
     }
 
-    /// The bytes; ValueError when not C-contiguous.
-    pub fn contiguous_bytes(&self) -> PyResult<&[u8]> {
+    /// Address and length of the bytes; ValueError when not C-contiguous.
+    /// Never a slice: the exporter's owner (Python code, another thread)
+    /// may write the memory, so Rust reads it only by raw copies
+    /// ([`HostBuffer::to_vec`]) or hands the pointer on to a consumer whose
+    /// contract allows that (a HAL foreign import).
+    pub fn raw_parts(&self) -> PyResult<(*mut u8, usize)> {
         if !self.is_c_contiguous() {
             return Err(PyValueError::new_err("ndarray is not C-contiguous"));
         }
-        if self.view.len == 0 {
-            return Ok(&[]);
+        Ok((self.view.buf as *mut u8, self.view.len as usize))
+    }
+
+    /// A copy of the bytes; ValueError when not C-contiguous.
+    pub fn to_vec(&self) -> PyResult<Vec<u8>> {
+        let (ptr, len) = self.raw_parts()?;
+        let mut out = Vec::with_capacity(len);
+        if len > 0 {
+            // SAFETY: the view is C-contiguous, so `ptr` is valid for reads
+            // of `len` bytes until the view is released (on drop). The copy
+            // is made through raw pointers, so no `&[u8]` asserts the bytes
+            // are unchanging; the caller holds the GIL (a `HostBuffer` is
+            // only used under it), so no Python code writes them meanwhile.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), len);
+                out.set_len(len);
+            }
         }
-        // SAFETY: the view is C-contiguous, so `buf` points at `len` bytes
-        // that the exporter keeps alive until we release the view (on drop).
-        Ok(unsafe {
-            std::slice::from_raw_parts(self.view.buf as *const u8, self.view.len as usize)
-        })
+        Ok(out)
     }
 }
 

@@ -79,31 +79,6 @@ fn argument_params() -> BufferParams {
 
 /// A numpy array's memory, held (through its buffer-protocol export) for as
 /// long as a device buffer imported from it lives.
-struct ImportedArray {
-    host: HostBuffer,
-}
-
-// SAFETY: the export is only read through `as_ref` (a pointer and length
-// fixed at export) and released in `HostBuffer::drop`, which takes the GIL
-// first, so moving it to or sharing it with worker threads is sound. While
-// exported, numpy refuses to resize the array. Only writable exports are
-// imported (`buffer_for`), so even a program that writes an input in place
-// writes memory its owner allows writing; writes to it from Python during
-// a call race with the device as with any mapped memory, the host contract
-// upstream documents for imported buffers.
-unsafe impl Send for ImportedArray {}
-// SAFETY: see `Send`: shared use is read-only.
-unsafe impl Sync for ImportedArray {}
-
-impl AsRef<[u8]> for ImportedArray {
-    fn as_ref(&self) -> &[u8] {
-        match self.host.contiguous_bytes() {
-            Ok(b) => b,
-            // Checked contiguous before import; the export cannot change.
-            Err(_) => &[],
-        }
-    }
-}
 
 /// Calls `vm_function` in `vm_context`; numpy inputs go to `device`.
 #[pyclass(name = "FunctionInvoker", module = "ferrite._ferrite", frozen)]
@@ -403,11 +378,20 @@ impl PyFunctionInvoker {
     /// `may_alias` (not an `iree.abi.output` argument, which upstream copies
     /// and so never writes back); else a copy.
     fn buffer_for(&self, host: HostBuffer, may_alias: bool) -> PyResult<Buffer> {
-        let bytes = host.contiguous_bytes()?;
-        let aligned = (bytes.as_ptr() as usize).is_multiple_of(ALLOCATION_ALIGNMENT);
-        if may_alias && aligned && host.is_writable() && !bytes.is_empty() {
-            let len = bytes.len();
-            let memory = HostMemory::ReadOnly(Arc::new(ImportedArray { host }));
+        let (ptr, len) = host.raw_parts()?;
+        let aligned = (ptr as usize).is_multiple_of(ALLOCATION_ALIGNMENT);
+        if may_alias && aligned && host.is_writable() && len > 0 {
+            // SAFETY: `host` holds a writable, C-contiguous export of `len`
+            // bytes at `ptr`, kept valid (and unresized: numpy refuses to
+            // resize an exported array) until the export is released, i.e.
+            // until `host`, the owner passed here, is dropped with the
+            // buffer's allocation. The HAL never borrows foreign memory as a
+            // slice (host access copies through raw pointers; mapping is
+            // refused), so Python writing the array meanwhile cannot break a
+            // Rust reference; device work on it is ordered by the call's
+            // fences, as upstream's imported buffers are.
+            let memory =
+                unsafe { HostMemory::foreign(ptr, len, true, Box::new(host.into_shared())) };
             let buffer = self
                 .allocator
                 .import_host(&argument_params(), memory)
@@ -417,11 +401,12 @@ impl PyFunctionInvoker {
         }
         let buffer = self
             .allocator
-            .allocate(&argument_params(), bytes.len() as u64)
+            .allocate(&argument_params(), len as u64)
             .py_context("Failed to allocate device visible buffer")?;
-        buffer
-            .write(0, bytes)
-            .py_context("Error copying into device buffer")?;
+        // SAFETY: `ptr` is valid for reads of `len` bytes while `host` lives
+        // (C-contiguous export), it is not the fresh buffer's memory, and the
+        // GIL is held, so no Python code writes it during the copy.
+        unsafe { buffer.write_raw(0, ptr, len) }.py_context("Error copying into device buffer")?;
         Ok(buffer)
     }
 

@@ -37,8 +37,8 @@ struct HeldBuffer {
 
 // SAFETY: the exporter keeps `ptr..ptr+len` valid until the view is
 // released, which happens (with the GIL) only when `_view` drops; the
-// handle reads the bytes and never writes them, as upstream's host
-// allocation handles.
+// export is read-only (checked in `hold`), so nothing writes the bytes
+// while the handle borrows them, and the handle never writes them.
 unsafe impl Send for HeldBuffer {}
 // SAFETY: see above; shared access is read-only.
 unsafe impl Sync for HeldBuffer {}
@@ -55,8 +55,19 @@ impl AsRef<[u8]> for HeldBuffer {
 
 fn hold(obj: &Bound<'_, PyAny>) -> PyResult<(FileHandle, usize)> {
     let view = HostBuffer::get(obj)?;
-    let bytes = view.contiguous_bytes()?;
-    let (ptr, len) = (bytes.as_ptr(), bytes.len());
+    if view.is_writable() {
+        // Memory its owner may write (a bytearray, a writable array) is
+        // never lent as a `&[u8]`: the handle gets a copy.
+        let copy: Arc<Vec<u8>> = Arc::new(view.to_vec()?);
+        let address = copy.as_ptr() as usize;
+        let name = format!("memory at {address:#x?}");
+        return Ok((FileHandle::from_shared(copy, &name), address));
+    }
+    // A read-only export (bytes, a read-only memoryview or mmap): the
+    // exporter promises the memory does not change while exported, so the
+    // handle may borrow it for as long as it holds the export.
+    let (ptr, len) = view.raw_parts()?;
+    let ptr = ptr as *const u8;
     let name = format!("memory at {ptr:#x?}");
     let held = HeldBuffer {
         _view: view,
@@ -115,8 +126,7 @@ fn hold_memory(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<(FileHandle, 
             "writable=True needs an object that exports writable memory (e.g. a bytearray or a writable numpy array)",
         ));
     }
-    let bytes = view.contiguous_bytes()?;
-    let (ptr, len) = (bytes.as_ptr() as *mut u8, bytes.len());
+    let (ptr, len) = view.raw_parts()?;
     let name = format!("memory at {ptr:#x?}");
     let held = HeldWritable {
         _view: view,
@@ -473,7 +483,7 @@ impl PyParameterIndex {
         metadata: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let view = HostBuffer::get(pattern)?;
-        let bytes = view.contiguous_bytes()?.to_vec();
+        let bytes = view.to_vec()?;
         self.index
             .lock()
             .add_splat(key, &bytes, total_length, metadata_bytes(metadata)?)

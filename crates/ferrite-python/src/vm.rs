@@ -82,14 +82,14 @@ impl PyVmModule {
 
     fn copy_of(obj: &Bound<'_, PyAny>) -> PyResult<ModuleBytes> {
         let host = HostBuffer::get(obj)?;
-        Ok(ModuleBytes::from_vec(host.contiguous_bytes()?.to_vec()))
+        Ok(ModuleBytes::from_vec(host.to_vec()?))
     }
 
     /// The address of `obj`'s bytes when it does not meet
     /// [`MODULE_BUFFER_ALIGNMENT`], None when it does.
     fn misaligned_address(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
         let host = HostBuffer::get(obj)?;
-        let address = host.contiguous_bytes()?.as_ptr() as usize;
+        let address = host.raw_parts()?.0 as usize;
         Ok((!address.is_multiple_of(MODULE_BUFFER_ALIGNMENT)).then_some(address))
     }
 

@@ -61,8 +61,19 @@ fn invalid(message: String) -> Status {
 impl Tokenizer {
     /// Loads the text of a HuggingFace `tokenizer.json`.
     pub fn from_json(json: &str) -> Result<Tokenizer> {
-        let mut tokenizer = tokenizers::Tokenizer::from_bytes(json.as_bytes())
+        // Malformed JSON is refused here, with its position: the tokenizers
+        // crate re-parses nested sections (decoders, pre-tokenizers) from
+        // text and unwraps the result, so a bad escape inside one would
+        // panic there (found by the `tokenizer_json` fuzz target).
+        let doc: serde_json::Value = serde_json::from_str(json)
             .map_err(|e| invalid(format!("Failed to parse tokenizer JSON: {e}")))?;
+        // A panic inside the tokenizers crate on a well-formed document is
+        // that crate's bug; it must not unwind through (or abort) the
+        // caller, so it becomes an error naming the input as the cause.
+        let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json.as_bytes()))
+            .map_err(|_| invalid("Failed to parse tokenizer JSON: the tokenizer definition is malformed (the tokenizers crate panicked on it)".to_string()))?;
+        let mut tokenizer =
+            parsed.map_err(|e| invalid(format!("Failed to parse tokenizer JSON: {e}")))?;
         // Upstream's semantics: the file's padding and truncation sections
         // are not applied.
         tokenizer.with_padding(None);
@@ -75,7 +86,7 @@ impl Tokenizer {
             ModelWrapper::WordLevel(_) => "WordLevel",
             ModelWrapper::Unigram(_) => "Unigram",
         };
-        let doc: Option<serde_json::Value> = serde_json::from_str(json).ok();
+        let doc = Some(doc);
         let unk = doc.as_ref().and_then(|d| unk_id(d, &tokenizer));
         let word_local = doc.as_ref().is_some_and(word_local);
         let longest_added = tokenizer
@@ -314,4 +325,24 @@ fn word_local(doc: &serde_json::Value) -> bool {
         && (absent(normalizer) || normalizer.is_some_and(normalizer_ok))
         && pre.is_some_and(pre_tokenizer_ok)
         && added_ok
+}
+
+#[cfg(test)]
+mod malformed_json_tests {
+    use super::Tokenizer;
+
+    /// Found by the `tokenizer_json` fuzz target: a bad `\u` escape inside
+    /// the decoder section panicked inside the tokenizers crate.
+    #[test]
+    fn a_bad_escape_in_a_nested_section_is_an_error() {
+        let json = r#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": {"type": "Metaspace", "replacement": "\u258"1 , "prepend_scheme": "always", "split": true}, "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}"#;
+        let err = Tokenizer::from_json(json)
+            .err()
+            .expect("malformed JSON is refused");
+        assert!(
+            err.message().contains("Failed to parse tokenizer JSON"),
+            "{err}"
+        );
+        assert!(err.message().contains("line 1"), "{err}");
+    }
 }

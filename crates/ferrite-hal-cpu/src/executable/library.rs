@@ -718,7 +718,14 @@ impl ExecutableLibrary {
         };
         let sz16 = u16::try_from(size[2])
             .map_err(|_| invalid(format!("workgroup size z {} exceeds 65535", size[2])))?;
-        let total = cx as u64 * cy as u64 * cz as u64;
+        let total = (cx as u64)
+            .checked_mul(cy as u64)
+            .and_then(|n| n.checked_mul(cz as u64))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "workgroup count {cx}x{cy}x{cz} overflows a 64-bit workgroup index"
+                ))
+            })?;
         let range = config.workgroups.clone().unwrap_or(0..total);
         if range.start > range.end || range.end > total {
             return Err(invalid(format!(
