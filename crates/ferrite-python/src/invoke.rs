@@ -77,9 +77,6 @@ fn argument_params() -> BufferParams {
     BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT)
 }
 
-/// A numpy array's memory, held (through its buffer-protocol export) for as
-/// long as a device buffer imported from it lives.
-
 /// Calls `vm_function` in `vm_context`; numpy inputs go to `device`.
 #[pyclass(name = "FunctionInvoker", module = "ferrite._ferrite", frozen)]
 pub struct PyFunctionInvoker {
