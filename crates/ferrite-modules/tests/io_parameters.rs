@@ -276,7 +276,11 @@ fn cpu_loads_of_immutable_parameters_are_the_mapped_file() {
     let file_ptr = handle.with_bytes(|b| b.as_ptr() as usize) + offset as usize;
     let provider = ParameterProvider::new("model", index);
 
-    let immutable = BufferUsage::DEFAULT | BufferUsage::SHARING_IMMUTABLE;
+    // Read-only file memory backs buffers no dispatch may write.
+    let immutable = BufferUsage::TRANSFER
+        | BufferUsage::MAPPING
+        | BufferUsage::DISPATCH_STORAGE_READ
+        | BufferUsage::SHARING_IMMUTABLE;
     let b = load(&provider, immutable, &[span("b", 20)])
         .unwrap()
         .remove(0);
@@ -289,14 +293,19 @@ fn cpu_loads_of_immutable_parameters_are_the_mapped_file() {
     );
     drop(mapped);
 
-    // A buffer the program may write gets its own copy.
-    let b = load(&provider, BufferUsage::DEFAULT, &[span("b", 20)])
-        .unwrap()
-        .remove(0);
-    let mapped = b.map_read(0, 20).unwrap();
-    assert_eq!(&mapped[..], &f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0])[..]);
-    assert_ne!(mapped.as_ptr() as usize, file_ptr);
-    drop(mapped);
+    // A buffer the program may write gets its own copy; so does an
+    // "immutable" one that dispatches may still write (DISPATCH_STORAGE
+    // includes writes, and CPU kernels mark no binding read-only).
+    for usage in [
+        BufferUsage::DEFAULT,
+        BufferUsage::DEFAULT | BufferUsage::SHARING_IMMUTABLE,
+    ] {
+        let b = load(&provider, usage, &[span("b", 20)]).unwrap().remove(0);
+        let mapped = b.map_read(0, 20).unwrap();
+        assert_eq!(&mapped[..], &f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0])[..]);
+        assert_ne!(mapped.as_ptr() as usize, file_ptr, "{usage}");
+        drop(mapped);
+    }
 
     // Splats are filled; parts of a parameter load at an offset.
     let got = load(

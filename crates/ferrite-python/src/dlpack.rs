@@ -437,10 +437,18 @@ pub fn import(
     let base = (t.data as *mut u8).wrapping_add(t.byte_offset as usize);
     let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
     let writable = !imported.read_only();
-    // A read-only tensor is copied: a device buffer over it could be bound
-    // where a kernel may write (every CPU binding), so the HAL refuses to
-    // import read-only memory for dispatch use.
-    let buffer = if dense && writable {
+    // A read-only tensor is imported for reads only: without
+    // DISPATCH_STORAGE_WRITE usage, binding it where a kernel may write
+    // (any CPU binding) is refused rather than written.
+    let params = if writable {
+        params
+    } else {
+        BufferParams::new(
+            MemoryType::DEVICE_LOCAL,
+            BufferUsage::TRANSFER | BufferUsage::MAPPING | BufferUsage::DISPATCH_STORAGE_READ,
+        )
+    };
+    let buffer = if dense {
         // SAFETY: a dense tensor's bytes are `[base, base + byte_size)`,
         // valid until the producer's deleter runs, which `imported` (kept
         // by the buffer as owner) calls only when the buffer is freed. The
