@@ -155,11 +155,19 @@ def test_missing_scope_is_an_error(affine):
 
 
 def test_views_are_not_copies(tmp_path):
-    # add_buffer keeps the caller's memory.
+    # add_buffer keeps the caller's memory when it is read-only; memory its
+    # owner may still write is copied (the index must not change under us).
     w = W.copy()
+    w.flags.writeable = False
     index = rt.ParameterIndex()
     index.add_buffer("w", w)
     assert np.shares_memory(np.asarray(index[0].file_view), w)
+    w = W.copy()
+    index = rt.ParameterIndex()
+    index.add_buffer("w", w)
+    assert not np.shares_memory(np.asarray(index[0].file_view), w)
+    w[0] = 99.0
+    assert np.array_equal(np.asarray(index[0].file_view).view(np.float32), W)
     # load() maps the file: entries are views of the one mapping.
     path = tmp_path / "m.irpa"
     rt.save_archive_file({"w": W, "b": B}, path)
