@@ -79,6 +79,30 @@ vm.func @store_load() -> () {
 }
 "#;
 
+/// Module state with primitive and ref globals, module and function
+/// requirements (an f32 op) and a function of two blocks: the fields the
+/// loader limits and strictness tests patch.
+const STATE_VMASM: &str = r#"
+vm.module @fa_state version 0
+vm.type i32
+vm.type !vm.buffer
+vm.rodata[0] = 0102
+
+vm.export @main
+vm.func @main() -> () {
+^bb0:
+  %i0 = vm.const.i32 5
+  vm.global.store.i32 %i0, .rwdata[0]
+  %r0 = vm.const.ref.rodata 0
+  vm.global.store.ref %r0, .refs[0] : !vm.buffer
+  %i1 = vm.const.f32 1.5
+  %i2 = vm.add.f32 %i1, %i1
+  vm.br ^bb1()
+^bb1:
+  vm.return
+}
+"#;
+
 /// A tensor program: ZIP header, external rodata (the CPU executable), a
 /// debug database, `hal` imports with cconv and reflection attributes.
 const TENSOR_MLIR: &str = r#"
@@ -160,6 +184,9 @@ fn imports_module() -> Vec<u8> {
 }
 fn globals_module() -> Vec<u8> {
     module("fa_globals", GLOBALS_VMASM, false)
+}
+fn state_module() -> Vec<u8> {
+    module("fa_state", STATE_VMASM, false)
 }
 fn tensor_module() -> Vec<u8> {
     module("fa_tensor", TENSOR_MLIR, true)
@@ -270,6 +297,8 @@ fn deref(b: &[u8], p: usize) -> usize {
     p + rd_u32(b, p) as usize
 }
 
+const ROOT_REQUIREMENTS: usize = 2;
+const ROOT_MODULE_STATE: usize = 11;
 const ROOT_BYTECODE_VERSION: usize = 13;
 const ROOT_NAME: usize = 0;
 const ROOT_EXPORTS: usize = 7;
@@ -1237,4 +1266,144 @@ fn aliased_offsets_hit_the_budget() {
     ok[s + 5] = 0;
     let a = parse(&ok).expect("aliased but small");
     assert_eq!(a.types(), ["a", "a", "a"]);
+}
+
+// ---------------------------------------------------------------------------
+// Loader limits and strictness: counts from the file are bounded before
+// anything is allocated, and what upstream's loader rejects is rejected.
+// ---------------------------------------------------------------------------
+
+/// Loads `bytes` as a bytecode module and creates a context for it.
+fn load_and_instantiate(bytes: &[u8]) -> ferrite_base::Result<()> {
+    let instance = ferrite_vm::Instance::default();
+    let module =
+        ferrite_vm::BytecodeModule::load(&instance, ModuleBytes::from_vec(bytes.to_vec()))?;
+    let mut ctx = ferrite_vm::Context::new(&instance);
+    ctx.register(module)?;
+    Ok(())
+}
+
+/// File offset of field `id` of the `module_state` table.
+fn module_state_field(b: &[u8], id: usize) -> usize {
+    let root = root_table(b);
+    let ms = deref(
+        b,
+        field_pos(b, root, ROOT_MODULE_STATE).expect("module_state"),
+    );
+    field_pos(b, ms, id).expect("module_state field present")
+}
+
+#[test]
+fn state_module_loads_and_runs() {
+    load_and_instantiate(&state_module()).expect("the unpatched module loads");
+}
+
+#[test]
+fn huge_ref_global_count_is_resource_exhausted_not_an_abort() {
+    // Before the limit, 0x7fffffff aborted the process ("memory allocation
+    // of 51539607528 bytes failed") and 0x10000000 took gigabytes.
+    for count in [
+        0x7fff_ffff_u32,
+        0x1000_0000,
+        ferrite_vm::bytecode::module::MAX_REF_GLOBALS + 1,
+    ] {
+        let mut b = state_module();
+        let at = module_state_field(&b, 1);
+        patch_u32(&mut b, at, count);
+        let e = load_and_instantiate(&b).expect_err("a huge ref global count must be refused");
+        assert_eq!(e.code(), StatusCode::ResourceExhausted, "{e}");
+        assert!(e.message().contains("ref globals"), "{e}");
+        assert!(e.message().contains(&count.to_string()), "{e}");
+    }
+}
+
+#[test]
+fn huge_global_byte_count_is_resource_exhausted() {
+    for bytes in [
+        0x7fff_ffff_u32,
+        ferrite_vm::bytecode::module::MAX_GLOBAL_BYTES + 1,
+    ] {
+        let mut b = state_module();
+        let at = module_state_field(&b, 0);
+        patch_u32(&mut b, at, bytes);
+        let e = load_and_instantiate(&b).expect_err("a huge global byte count must be refused");
+        assert_eq!(e.code(), StatusCode::ResourceExhausted, "{e}");
+        assert!(e.message().contains("bytes of globals"), "{e}");
+    }
+}
+
+#[test]
+fn counts_at_the_limits_still_load() {
+    let mut b = state_module();
+    let (refs, bytes) = (module_state_field(&b, 1), module_state_field(&b, 0));
+    patch_u32(&mut b, refs, 1000);
+    patch_u32(&mut b, bytes, 4096);
+    load_and_instantiate(&b).expect("modest counts are fine");
+}
+
+#[test]
+fn unknown_module_requirement_bits_are_rejected() {
+    let good = state_module();
+    let at = field_pos(&good, root_table(&good), ROOT_REQUIREMENTS).expect("requirements");
+    // YIELD and UNWIND are provided (upstream has them too); bit 4 and up
+    // are not.
+    let mut b = good.clone();
+    patch_u32(&mut b, at, rd_u32(&good, at) | 0b1100);
+    parse(&b).expect("YIELD|UNWIND are available");
+    for bit in [4, 7, 31] {
+        let mut b = good.clone();
+        patch_u32(&mut b, at, rd_u32(&good, at) | 1 << bit);
+        let m = expect_err(
+            &b,
+            StatusCode::InvalidArgument,
+            &["requirements", "not available"],
+        );
+        assert!(m.contains(&format!("{:#x}", 1u32 << bit)), "{m}");
+    }
+}
+
+#[test]
+fn unknown_function_requirement_bits_are_rejected() {
+    let good = state_module();
+    let p = descriptor_pos(&good, 0);
+    let mut b = good.clone();
+    patch_u32(&mut b, p + 8, rd_u32(&good, p + 8) | 1 << 9);
+    expect_err(
+        &b,
+        StatusCode::InvalidArgument,
+        &["function_descriptors[0]", "requirements"],
+    );
+}
+
+#[test]
+fn extension_ops_need_the_functions_own_requirement() {
+    // The function uses add.f32: without EXT_F32 in its descriptor it is
+    // refused even though the module requires EXT_F32 (as upstream checks
+    // the function's requirements).
+    let good = state_module();
+    let p = descriptor_pos(&good, 0);
+    let mut b = good.clone();
+    patch_u32(&mut b, p + 8, rd_u32(&good, p + 8) & !1);
+    let e = load_and_instantiate(&b).expect_err("f32 op without the function requiring EXT_F32");
+    assert_eq!(e.code(), StatusCode::InvalidArgument, "{e}");
+    assert!(e.message().contains("EXT_F32"), "{e}");
+}
+
+#[test]
+fn block_count_must_match_the_blocks() {
+    let good = state_module();
+    let p = descriptor_pos(&good, 0);
+    let declared = rd_u16(&good, p + 14);
+    assert_eq!(declared, 2, "the fixture function has two blocks");
+    for wrong in [declared + 1, declared + 100, declared - 1] {
+        let mut b = good.clone();
+        b[p + 14..p + 16].copy_from_slice(&wrong.to_le_bytes());
+        let e = load_and_instantiate(&b).expect_err("a wrong block count must be refused");
+        assert_eq!(e.code(), StatusCode::InvalidArgument, "{e}");
+        assert!(
+            e.message()
+                .contains(&format!("declares {wrong} blocks, bytecode has {declared}")),
+            "{e}"
+        );
+    }
 }

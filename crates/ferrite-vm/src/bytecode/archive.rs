@@ -53,6 +53,41 @@ pub mod feature_bits {
     pub const YIELD: u32 = 1 << 2;
     /// Exception unwinding (`UNWIND`).
     pub const UNWIND: u32 = 1 << 3;
+    /// Every feature this runtime provides. A module or function requiring
+    /// any other bit is rejected, as upstream rejects it.
+    pub const AVAILABLE: u32 = EXT_F32 | EXT_F64 | YIELD | UNWIND;
+
+    /// `[EXT_F32|YIELD]`-style names of `bits` (unknown bits in hex).
+    pub fn format(bits: u32) -> String {
+        let names = [
+            (EXT_F32, "EXT_F32"),
+            (EXT_F64, "EXT_F64"),
+            (YIELD, "YIELD"),
+            (UNWIND, "UNWIND"),
+        ];
+        let mut parts: Vec<String> = names
+            .iter()
+            .filter(|(b, _)| bits & b != 0)
+            .map(|(_, n)| n.to_string())
+            .collect();
+        if bits & !AVAILABLE != 0 {
+            parts.push(format!("{:#x}", bits & !AVAILABLE));
+        }
+        format!("[{}]", parts.join("|"))
+    }
+
+    /// Fails when `required` names a feature this runtime does not have.
+    pub fn check(required: u32) -> Result<(), String> {
+        if required & !AVAILABLE == 0 {
+            return Ok(());
+        }
+        Err(format!(
+            "required features {} are not available in this runtime; have {} while {} are required",
+            format(required & !AVAILABLE),
+            format(AVAILABLE),
+            format(required)
+        ))
+    }
 }
 
 /// ZIP local file header signature (`PK\x03\x04`, little-endian).
@@ -609,6 +644,8 @@ impl<'a> Parser<'a> {
         };
         let version = self.r.u32_field(root, f::VERSION, "version", 0)?;
         let requirements = self.r.u32_field(root, f::REQUIREMENTS, "requirements", 0)?;
+        feature_bits::check(requirements)
+            .map_err(|e| self.r.error(format_args!("module requirements: {e}")))?;
 
         let attrs = self.r.with(".attrs", |r| attrs_field(r, root, f::ATTRS))?;
         let types = self.table_vec(root, f::TYPES, ".types", |r, t| {
@@ -884,6 +921,7 @@ fn function_descriptor(
     let offset = r.i32_at(p, "bytecode_offset")?;
     let length = r.i32_at(p + 4, "bytecode_length")?;
     let requirements = r.u32_at(p + 8, "requirements")?;
+    feature_bits::check(requirements).map_err(|e| r.error(format_args!("requirements: {e}")))?;
     // p + 12: reserved (i16)
     let block_count = r.i16_at(p + 14, "block_count")?;
     let i32_count = r.i16_at(p + 16, "i32_register_count")?;
