@@ -103,6 +103,20 @@ vm.func @main() -> () {
 }
 "#;
 
+/// An i64 add: its register operands are patched to odd ordinals.
+const I64_VMASM: &str = r#"
+vm.module @fa_i64 version 0
+vm.type i32
+
+vm.export @main
+vm.func @main() -> () {
+^bb0:
+  %i0:1 = vm.const.i64 5
+  %i2:3 = vm.add.i64 %i0:1, %i0:1
+  vm.return
+}
+"#;
+
 /// A tensor program: ZIP header, external rodata (the CPU executable), a
 /// debug database, `hal` imports with cconv and reflection attributes.
 const TENSOR_MLIR: &str = r#"
@@ -187,6 +201,9 @@ fn globals_module() -> Vec<u8> {
 }
 fn state_module() -> Vec<u8> {
     module("fa_state", STATE_VMASM, false)
+}
+fn i64_module() -> Vec<u8> {
+    module("fa_i64", I64_VMASM, false)
 }
 fn tensor_module() -> Vec<u8> {
     module("fa_tensor", TENSOR_MLIR, true)
@@ -1405,5 +1422,128 @@ fn block_count_must_match_the_blocks() {
                 .contains(&format!("declares {wrong} blocks, bytecode has {declared}")),
             "{e}"
         );
+    }
+}
+
+/// File offset of rodata segment `i`'s table and of its vtable.
+fn rodata_segment_table(b: &[u8], i: usize) -> (usize, usize) {
+    let v = deref(
+        b,
+        field_pos(b, root_table(b), ROOT_RODATA).expect("rodata_segments"),
+    );
+    let t = deref(b, v + 4 + 4 * i);
+    let vt = (t as i64 - rd_u32(b, t) as i32 as i64) as usize;
+    (t, vt)
+}
+
+#[test]
+fn vtable_entries_of_fields_not_decoded_must_lie_inside_their_table() {
+    // A RodataSegmentDef's vtable entry for `compression_type` (field 1, a
+    // union value Ferrite does not otherwise read) pointing past the table:
+    // upstream's FlatBuffer verifier rejects it ("table field out of range").
+    let good = imports_module();
+    let (_, vt) = rodata_segment_table(&good, 0);
+    assert!(rd_u16(&good, vt) >= 8, "the vtable lists field 1");
+    let object_len = rd_u16(&good, vt + 2);
+    let mut b = good.clone();
+    b[vt + 6..vt + 8].copy_from_slice(&(object_len + 8).to_le_bytes());
+    expect_err(
+        &b,
+        StatusCode::InvalidArgument,
+        &["vtable", "field 1", "out of range"],
+    );
+}
+
+#[test]
+fn union_value_without_a_type_is_rejected() {
+    // `compression_type` given a value (the embedded_data offset field) while
+    // its type stays NONE.
+    let good = imports_module();
+    let (_, vt) = rodata_segment_table(&good, 0);
+    let data_entry = rd_u16(&good, vt + 8);
+    assert_ne!(data_entry, 0, "segment 0 has embedded data");
+    let mut b = good.clone();
+    b[vt + 6..vt + 8].copy_from_slice(&data_entry.to_le_bytes());
+    expect_err(&b, StatusCode::InvalidArgument, &["compression_type"]);
+}
+
+#[test]
+fn misaligned_tables_are_rejected() {
+    // The module_state offset moved by 2: a table must start 4-byte aligned
+    // (upstream: "table header out of range or unaligned").
+    let good = state_module();
+    let at = field_pos(&good, root_table(&good), ROOT_MODULE_STATE).expect("module_state");
+    let mut b = good.clone();
+    patch_u32(&mut b, at, rd_u32(&good, at) + 2);
+    expect_err(&b, StatusCode::InvalidArgument, &["not 4-byte aligned"]);
+}
+
+#[test]
+fn odd_64_bit_registers_are_rejected() {
+    // add.i64 (opcode 0x2A) %i2:3 = %i0:1, %i0:1, encoded as three u16
+    // register ordinals; upstream requires 64-bit registers to be even.
+    let good = i64_module();
+    load_and_instantiate(&good).expect("the unpatched module loads");
+    let pat = [0x2A, 0, 0, 0, 0, 2, 0];
+    let at = good
+        .windows(pat.len())
+        .position(|w| w == pat)
+        .expect("add.i64 %i2:3 = %i0:1, %i0:1 in the bytecode");
+    for (operand, odd) in [(1, 1u16), (5, 1)] {
+        let mut b = good.clone();
+        b[at + operand..at + operand + 2].copy_from_slice(&odd.to_le_bytes());
+        let e = load_and_instantiate(&b).expect_err("odd i64 register");
+        assert_eq!(e.code(), StatusCode::InvalidArgument, "{e}");
+        assert!(e.message().contains("not 8-byte aligned"), "{e}");
+    }
+}
+
+#[test]
+fn location_with_type_none_but_a_value_is_rejected() {
+    // Upstream's verifier: "union element present with type NONE".
+    let good = tensor_module();
+    let root = root_table(&good);
+    let db = deref(&good, field_pos(&good, root, 15).expect("debug_database"));
+    let types = deref(&good, field_pos(&good, db, 0).expect("location_table_type"));
+    let n = rd_u32(&good, types) as usize;
+    let i = (0..n)
+        .find(|&i| good[types + 4 + i] != 0)
+        .expect("a location with a type");
+    let mut b = good.clone();
+    b[types + 4 + i] = 0;
+    expect_err(&b, StatusCode::InvalidArgument, &["type NONE"]);
+}
+
+#[test]
+fn offsets_must_point_past_themselves() {
+    // The `types` vector offset set to 0: its "vector" would be the offset
+    // itself (upstream: "vector header out of range or unaligned").
+    for (name, good) in all_modules() {
+        let at = field_pos(&good, root_table(&good), 4).expect("types");
+        for rel in [0u32, 1, 2, 3] {
+            let mut b = good.clone();
+            patch_u32(&mut b, at, rel);
+            assert!(parse(&b).is_err(), "{name}: types offset {rel} accepted");
+        }
+    }
+}
+
+#[test]
+fn location_with_a_type_but_no_value_is_rejected() {
+    // Upstream's verifier: "union element absent without type NONE", also
+    // for union types this runtime does not know.
+    let good = tensor_module();
+    let root = root_table(&good);
+    let db = deref(&good, field_pos(&good, root, 15).expect("debug_database"));
+    let types = deref(&good, field_pos(&good, db, 0).expect("location_table_type"));
+    let values = deref(&good, field_pos(&good, db, 1).expect("location_table"));
+    let i = (0..rd_u32(&good, types) as usize)
+        .find(|&i| good[types + 4 + i] != 0)
+        .expect("a location with a type");
+    for kind in [good[types + 4 + i], 128] {
+        let mut b = good.clone();
+        b[types + 4 + i] = kind;
+        patch_u32(&mut b, values + 4 + 4 * i, 0);
+        expect_err(&b, StatusCode::InvalidArgument, &["has no value"]);
     }
 }

@@ -727,6 +727,15 @@ impl<'a> Parser<'a> {
                     "unknown compression type {compression} (only uncompressed data is supported)"
                 )));
                 }
+                // The union's value: a table for UncompressedDataDef, and
+                // nothing without a type.
+                let has_value = r.has(t, 1, 4, "compression_type")?;
+                if compression == 0 && has_value {
+                    return Err(r.error("compression_type has a value but no type"));
+                }
+                if compression == 1 && r.table_field(t, 1, "compression_type")?.is_none() {
+                    return Err(r.error("compression_type UncompressedDataDef has no value"));
+                }
                 if let Some(v) = r.vector_field(t, 2, 1, "embedded_data")? {
                     return Ok(RodataSegment {
                         offset: fb_start + v.start,
@@ -989,9 +998,19 @@ fn debug_database(r: &mut Reader<'_>, t: &Table) -> Result<DebugDatabase> {
             let loc = r.with_index(i, |r| {
                 let kind = r.u8_at(r.elem(&types, i)?, "location type")?;
                 let slot = r.elem(&values, i)?;
-                // NONE entries carry a zero offset; anything else must point
+                // NONE entries carry a zero offset (upstream's verifier
+                // rejects a value without a type); anything else must point
                 // at a table.
-                if kind == 0 || kind > 4 {
+                if kind == 0 {
+                    if r.u32_at(slot, "location")? != 0 {
+                        return Err(r.error("location present with type NONE"));
+                    }
+                    return Ok(Location::Unknown);
+                }
+                if r.u32_at(slot, "location")? == 0 {
+                    return Err(r.error(format_args!("location of type {kind} has no value")));
+                }
+                if kind > 4 {
                     return Ok(Location::Unknown);
                 }
                 let lt = r.table_at(r.deref(slot, "location")?)?;

@@ -259,6 +259,13 @@ impl FnCtx<'_> {
                 } else {
                     1
                 };
+                // 64-bit values occupy an aligned slot pair, as upstream
+                // requires.
+                if width == 2 && reg & 1 != 0 {
+                    return Err(bad(format!(
+                        "{bank:?} register {reg} is not 8-byte aligned (64-bit registers are even)"
+                    )));
+                }
                 if reg as u32 + width > self.i32_count {
                     return Err(bad(format!(
                         "{bank:?} register {reg} out of range (function has {} i32 slots)",
