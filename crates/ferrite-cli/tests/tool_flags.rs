@@ -158,3 +158,75 @@ fn task_flags_are_checked_and_reach_the_device() {
     assert_eq!(o.code, Some(1));
     assert!(o.stderr.contains("'scatter'"), "{}", o.stderr);
 }
+
+#[test]
+fn module_mode_and_benchmark_reporting_flags() {
+    let module = format!("--module={}", common::fixture_path("arith_i32").display());
+    for mode in ["preload", "mmap"] {
+        let o = ferrite(&strings(&[
+            "run-module",
+            &module,
+            &format!("--module_mode={mode}"),
+            "--function=sum_i32",
+            "--input=40",
+            "--input=2",
+        ]));
+        assert_eq!(
+            o.stdout, "EXEC @sum_i32\nresult[0]: i32=42\n",
+            "{mode}: {}",
+            o.stderr
+        );
+    }
+    let o = ferrite(&strings(&[
+        "run-module",
+        &module,
+        "--module_mode=copy",
+        "--function=sum_i32",
+    ]));
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    let bench = |extra: &[&str]| {
+        let mut a = strings(&[
+            "benchmark-module",
+            &module,
+            "--function=sum_i32",
+            "--input=40",
+            "--input=2",
+            "--benchmark_min_time=3x",
+        ]);
+        a.extend(strings(extra));
+        let o = ferrite(&a);
+        assert_eq!(o.code, Some(0), "{extra:?}: {}", o.stderr);
+        o.stdout
+    };
+    assert_eq!(
+        bench(&["--benchmark_list_tests"]),
+        "BM_sum_i32/process_time/real_time\n"
+    );
+    let all = bench(&["--benchmark_repetitions=2", "--benchmark_format=json"]);
+    assert_eq!(
+        all.matches("\"run_type\": \"iteration\"").count(),
+        2,
+        "{all}"
+    );
+    assert_eq!(
+        all.matches("\"run_type\": \"aggregate\"").count(),
+        4,
+        "{all}"
+    );
+    for only in [
+        "--benchmark_report_aggregates_only",
+        "--benchmark_display_aggregates_only=true",
+    ] {
+        let agg = bench(&["--benchmark_repetitions=2", "--benchmark_format=json", only]);
+        assert_eq!(
+            agg.matches("\"run_type\": \"iteration\"").count(),
+            0,
+            "{only}: {agg}"
+        );
+        assert_eq!(
+            agg.matches("\"run_type\": \"aggregate\"").count(),
+            4,
+            "{only}: {agg}"
+        );
+    }
+}

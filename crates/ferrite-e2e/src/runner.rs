@@ -79,6 +79,7 @@ pub fn run(args: &E2eTestArgs, create: fn(E2eOptions) -> Result<Arc<NativeModule
     };
     run_tests(&TestRun {
         modules: &args.modules,
+        module_mode: ferrite_tooling::context::ModuleMode::default(),
         device: &args.device,
         filter: args.filter.as_deref(),
         expect_failure: false,

@@ -22,6 +22,9 @@ pub struct BenchmarkModuleArgs {
     /// A `.vmfb` file to load; repeat for several (the last is the main module).
     #[arg(long = "module", required_unless_present_any = crate::device_flags::LISTING)]
     pub modules: Vec<String>,
+    /// How module files are read: `mmap` (default) or `preload`.
+    #[arg(long = "module_mode", value_enum, default_value_t = crate::context::ModuleMode::Mmap)]
+    pub module_mode: crate::context::ModuleMode,
     /// Function to call; without it, every exported function that takes
     /// no arguments.
     #[arg(long)]
@@ -48,6 +51,21 @@ pub struct BenchmarkModuleArgs {
     /// Format of `--benchmark_out`: `json` (default) or `console`.
     #[arg(long = "benchmark_out_format", default_value = "json")]
     pub out_format: String,
+    /// Lists the benchmarks (one name a line) instead of running them.
+    #[arg(long = "benchmark_list_tests", num_args = 0..=1, default_missing_value = "true",
+          require_equals = true, default_value_t = false, action = clap::ArgAction::Set)]
+    pub list_tests: bool,
+    /// Reports only the aggregates of several repetitions (stdout and
+    /// `--benchmark_out`).
+    #[arg(long = "benchmark_report_aggregates_only", num_args = 0..=1,
+          default_missing_value = "true", require_equals = true, default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub report_aggregates_only: bool,
+    /// Shows only the aggregates on stdout (`--benchmark_out` keeps all rows).
+    #[arg(long = "benchmark_display_aggregates_only", num_args = 0..=1,
+          default_missing_value = "true", require_equals = true, default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub display_aggregates_only: bool,
     /// Parameter files (`--parameters`, `--parameter_mode`).
     #[command(flatten)]
     pub params: crate::parameters::ParameterArgs,
@@ -77,7 +95,13 @@ fn parse_min_time(s: &str) -> Result<MinTime> {
     Ok(MinTime::Seconds(v.parse().map_err(|_| bad())?))
 }
 
+/// The name google benchmark gives `function`'s benchmark.
+fn run_name(function: &str) -> String {
+    format!("BM_{function}/process_time/real_time")
+}
+
 /// One row of the report: a repetition or an aggregate over them.
+#[derive(Clone)]
 struct Row {
     name: String,
     run_name: String,
@@ -216,7 +240,7 @@ fn time_function(
             ((s / per.max(1e-9)).ceil() as u64).max(1)
         }
     };
-    let run_name = format!("BM_{function}/process_time/real_time");
+    let run_name = run_name(function);
     let repetitions = args.repetitions.max(1);
     let mut rows = Vec::new();
     for index in 0..repetitions {
@@ -291,12 +315,19 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
     let rc = load_context_with(
         &instance,
         &args.modules,
+        args.module_mode,
         &args.device,
         false,
         args.params.modules()?,
     )
     .annotate(|| "creating run context".to_string())?;
     let functions = functions_to_run(&rc.context, args)?;
+    if args.list_tests {
+        for f in &functions {
+            println!("{}", run_name(f));
+        }
+        return Ok(());
+    }
     let mut rows = Vec::new();
     for f in &functions {
         rows.extend(time_function(&rc.context, &rc.devices, f, args, &min_time)?);
@@ -305,16 +336,32 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
         // As google benchmark: a message, an empty report, success.
         eprintln!("Failed to match any benchmarks against regex: .");
     }
+    // With several repetitions, google benchmark can keep only the
+    // aggregate rows, in the file and on stdout or on stdout alone.
+    let aggregates: Vec<Row> = rows
+        .iter()
+        .filter(|r| r.aggregate.is_some())
+        .cloned()
+        .collect();
+    let pick = |only: bool| {
+        if only && !aggregates.is_empty() {
+            &aggregates
+        } else {
+            &rows
+        }
+    };
+    let shown = pick(args.report_aggregates_only || args.display_aggregates_only);
     if args.format == "json" {
-        println!("{}", json_report(&rows));
-    } else if !rows.is_empty() {
-        print!("{}", console_report(&rows));
+        println!("{}", json_report(shown));
+    } else if !shown.is_empty() {
+        print!("{}", console_report(shown));
     }
     if let Some(path) = &args.out {
-        let text = match (rows.is_empty(), args.out_format.as_str()) {
+        let kept = pick(args.report_aggregates_only);
+        let text = match (kept.is_empty(), args.out_format.as_str()) {
             (true, _) => String::new(),
-            (false, "json") => json_report(&rows) + "\n",
-            (false, _) => console_report(&rows),
+            (false, "json") => json_report(kept) + "\n",
+            (false, _) => console_report(kept),
         };
         std::fs::write(path, text).map_err(|e| {
             status!(
