@@ -8,7 +8,7 @@
 //!   `--dump_devices` and the `--task_*` flags, over the facade's
 //!   [driver registry](ferrite::driver).
 //! - [`inputs`]: `--input` parsing (scalars, `4xf32=1,2,3,4`, `@file.npy`).
-//! - [`outputs`], [`format`]: `--output` (`-`, `@file.npy`, `+file.bin`),
+//! - [`outputs`], [`format`](mod@format): `--output` (`-`, `@file.npy`, `+file.bin`),
 //!   `--expected_output` comparison, printing values as upstream does.
 //! - [`npy`]: the one `.npy` reader and writer (also for
 //!   [`ferrite::Tensor`]s).
