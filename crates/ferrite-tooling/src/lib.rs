@@ -13,6 +13,8 @@
 //! - [`npy`]: the one `.npy` reader and writer (also for
 //!   [`ferrite::Tensor`]s).
 //! - [`parameters`]: `--parameters` and `--parameter_mode`.
+//! - [`benchmark`]: the benchmark runner (timing, repetitions, aggregates,
+//!   google benchmark's reports).
 //! - [`context`]: loading `--module`s into a VM context with the `hal`
 //!   module over the selected devices.
 //! - [`tools`]: `run-module`, `benchmark-module` (with the benchmark
@@ -21,6 +23,7 @@
 //!   offer the same commands.
 #![deny(missing_docs)]
 
+pub mod benchmark;
 pub mod context;
 pub mod device_flags;
 pub mod flag_table;
