@@ -120,7 +120,7 @@ fn take_ref(refs: &mut [Option<Ref>], reg: u16) -> Option<Ref> {
     }
 }
 
-fn deref_buffer<'a>(refs: &'a [Option<Ref>], reg: u16, what: &str) -> Result<&'a VmBuffer> {
+pub(crate) fn deref_buffer<'a>(refs: &'a [Option<Ref>], reg: u16, what: &str) -> Result<&'a VmBuffer> {
     match &refs[ref_slot(reg)] {
         None => bail!(InvalidArgument, "{what} is null"),
         Some(r) => r.downcast::<VmBuffer>().ok_or_else(|| {
@@ -174,7 +174,7 @@ fn skip_remap(pool: &[u32], at: usize) -> usize {
     at + 1 + 2 * pool[at] as usize
 }
 
-fn div_zero(op: Op) -> Status {
+pub(crate) fn div_zero(op: Op) -> Status {
     status!(
         InvalidArgument,
         "{}: integer division by zero",
@@ -182,14 +182,14 @@ fn div_zero(op: Op) -> Status {
     )
 }
 
-fn check_fail(code: i32, message: &str) -> Result<()> {
+pub(crate) fn check_fail(code: i32, message: &str) -> Result<()> {
     if code == 0 {
         return Ok(());
     }
     Err(Status::new(StatusCode::from_u32(code as u32), message))
 }
 
-fn global_slot(state: &BytecodeState, byte_offset: u32, width: u32) -> Result<usize> {
+pub(crate) fn global_slot(state: &BytecodeState, byte_offset: u32, width: u32) -> Result<usize> {
     if !byte_offset.is_multiple_of(4)
         || byte_offset as u64 + width as u64 > state.globals.len() as u64 * 4
     {
@@ -231,7 +231,7 @@ fn check_cast(r: &Option<Ref>, ty: TypeDef) -> Result<()> {
 }
 
 /// The rounding C's `roundeven` performs.
-fn round_even_f32(x: f32) -> f32 {
+pub(crate) fn round_even_f32(x: f32) -> f32 {
     let r = x.round();
     if (x - x.trunc()).abs() == 0.5 {
         2.0 * (x / 2.0).round_ties_even_compat()
@@ -1068,6 +1068,24 @@ fn exec<const COVERAGE: bool>(
 ) -> Result<Action> {
     let module: &BytecodeModule = &state.module;
     loop {
+        #[cfg(feature = "jit")]
+        if !COVERAGE && cur.pc == 0 {
+            if let Some(entry) = module.jit.as_ref().and_then(|j| j.entry(cur.function)) {
+                let ic = module.functions[cur.function].i32_count as usize;
+                match super::jit::run(entry, state, stack, cur.function, cur.i32_base, ic) {
+                    Ok(list) => {
+                        if !leave_call(module, stack, cur, list) {
+                            return Ok(Action::Return { list });
+                        }
+                        continue;
+                    }
+                    Err(failure) => {
+                        cur.pc = failure.innermost_pc + 1;
+                        return Err(failure.status);
+                    }
+                }
+            }
+        }
         let func = &module.functions[cur.function];
         let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
         let (ib, rb) = (cur.i32_base, cur.ref_base);

@@ -5,12 +5,15 @@
 //!   and operand encodings.
 //! - [`verifier`]: verifying and decoding each function once at load.
 //! - [`interp`]: the dispatch loop.
+//! - [`jit`] (feature `jit`): the compiling tier (Cranelift).
 //! - [`module`]: bytecode modules and their per-context state.
 
 pub mod archive;
 mod cmath;
 pub mod disasm;
 pub(crate) mod interp;
+#[cfg(feature = "jit")]
+pub mod jit;
 pub mod isa;
 pub mod isa_types;
 pub mod module;

@@ -34,6 +34,9 @@ pub struct BytecodeModule {
     pub(crate) types: Vec<TypeDef>,
     pub(crate) strings: Vec<Box<str>>,
     pub(crate) rodata: Vec<Ref>,
+    /// Natively compiled functions (None when the tier is off).
+    #[cfg(feature = "jit")]
+    pub(crate) jit: Option<super::jit::JitCode>,
 }
 
 impl BytecodeModule {
@@ -170,7 +173,14 @@ impl BytecodeModule {
                 optional: d.optional,
             })
             .collect();
+        #[cfg(feature = "jit")]
+        let jit = instance
+            .options()
+            .jit
+            .then(|| super::jit::compile(&functions));
         Ok(Arc::new(BytecodeModule {
+            #[cfg(feature = "jit")]
+            jit,
             archive,
             dependencies,
             imports,
@@ -197,6 +207,13 @@ impl BytecodeModule {
     /// Names of internal functions (export or debug names).
     pub fn function_names(&self) -> &[String] {
         &self.function_names
+    }
+
+    /// What the compiling tier did with each function (None when it was
+    /// off for this module, or not built in).
+    #[cfg(feature = "jit")]
+    pub fn jit(&self) -> Option<&super::jit::JitCode> {
+        self.jit.as_ref()
     }
 
     /// Source location of an instruction, from the debug database.
