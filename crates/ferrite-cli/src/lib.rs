@@ -32,6 +32,11 @@ use std::ffi::OsString;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Compile VM bytecode functions to native code at load (the compiling
+    /// tier); `--vm_jit=false` runs everything in the interpreter. Same as
+    /// the environment variable `FERRITE_VM_JIT`.
+    #[arg(long = "vm_jit", global = true, value_name = "BOOL")]
+    vm_jit: Option<bool>,
 }
 
 // The subcommands are named after the upstream tools they stand in for.
@@ -69,6 +74,11 @@ where
             return e.exit_code();
         }
     };
+    if let Some(on) = cli.vm_jit {
+        // Instances read the switch when created (`InstanceOptions`); the
+        // commands create theirs after this, on this thread.
+        std::env::set_var("FERRITE_VM_JIT", if on { "1" } else { "0" });
+    }
     let result = match &cli.command {
         Command::RunModule(a) => run_module::run(a),
         Command::DumpModule(a) => dump_module::run(a),

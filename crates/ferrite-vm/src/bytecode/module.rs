@@ -216,6 +216,24 @@ impl BytecodeModule {
         self.jit.as_ref()
     }
 
+    /// A text report of which functions run compiled (the `jit` dump of
+    /// `ferrite dump-module --output=jit`): per function its tier and
+    /// native code size or the reason it stays interpreted, then the
+    /// compile time per KB of bytecode compiled.
+    pub fn tier_report(&self) -> String {
+        #[cfg(feature = "jit")]
+        {
+            match &self.jit {
+                Some(j) => j.report(&self.function_names, &self.functions),
+                None => "compiling tier: off (FERRITE_VM_JIT=0 or --vm_jit=false)\n".into(),
+            }
+        }
+        #[cfg(not(feature = "jit"))]
+        {
+            "compiling tier: not built in (ferrite-vm without the `jit` feature)\n".into()
+        }
+    }
+
     /// Source location of an instruction, from the debug database.
     pub fn location(&self, function: u32, insn: u32) -> Option<String> {
         let off = *self

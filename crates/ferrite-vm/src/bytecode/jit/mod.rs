@@ -126,6 +126,45 @@ impl JitCode {
         self.entries.get(f).copied().flatten()
     }
 
+    /// The per-function table `dump-module --output=jit` prints.
+    pub(crate) fn report(&self, names: &[String], functions: &[DecodedFunction]) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "compiling tier: {} of {} functions compiled",
+            self.compiled_count(),
+            self.tiers.len()
+        );
+        for (i, t) in self.tiers.iter().enumerate() {
+            let name = names.get(i).map_or("?", |s| s.as_str());
+            let bytes = functions
+                .get(i)
+                .and_then(|f| f.offsets.last())
+                .copied()
+                .unwrap_or(0);
+            match t {
+                FunctionTier::Compiled { code_bytes } => {
+                    let _ = writeln!(
+                        out,
+                        "  [{i:3}] {name}: compiled ({bytes} bytes of bytecode -> {code_bytes} bytes of native code)"
+                    );
+                }
+                FunctionTier::Interpreted(why) => {
+                    let _ = writeln!(out, "  [{i:3}] {name}: interpreted ({why})");
+                }
+            }
+        }
+        let ms = self.compile_ns as f64 / 1e6;
+        let kb = self.bytecode_bytes as f64 / 1024.0;
+        let _ = write!(out, "compile time: {ms:.3} ms for {kb:.2} KB of bytecode");
+        if self.bytecode_bytes > 0 {
+            let _ = write!(out, " ({:.2} ms/KB)", ms / kb);
+        }
+        out.push('\n');
+        out
+    }
+
     fn interpreted(functions: &[DecodedFunction], why: &str) -> JitCode {
         JitCode {
             module: None,

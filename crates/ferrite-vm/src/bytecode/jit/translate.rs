@@ -498,8 +498,18 @@ impl<'a, 'b> Translator<'a, 'b> {
             }
             self.write_typed(slot as u16, &t, params[2 + k])?;
         }
+        let mut starts: Vec<usize> = vec![0];
         for (i, insn) in f.insns.iter().enumerate() {
-            if insn.op == Op::Block || i == 0 {
+            if insn.op == Op::Block {
+                starts.push(i);
+            }
+            starts.extend(branch_targets(&f.pool, insn)?);
+        }
+        for i in starts {
+            if i >= f.insns.len() {
+                return Err(format!("branch target {i} out of range"));
+            }
+            if !self.blocks.contains_key(&i) {
                 let blk = self.b.create_block();
                 self.blocks.insert(i, blk);
             }
@@ -1518,4 +1528,45 @@ impl IntoBool for Value {
 fn skip_remap(pool: &[u32], at: usize) -> Result<usize, Unsupported> {
     let n = *pool.get(at).ok_or("remap list out of range")? as usize;
     Ok(at + 1 + 2 * n)
+}
+
+/// The instruction indices `insn` may branch to.
+fn branch_targets(pool: &[u32], insn: &Insn) -> Result<Vec<usize>, Unsupported> {
+    let at = |i: usize| -> Result<usize, Unsupported> {
+        pool.get(i)
+            .map(|&t| t as usize)
+            .ok_or_else(|| "branch out of range".to_string())
+    };
+    Ok(match insn.op {
+        Op::DirectBranch | Op::PrimitiveRemapBranch => vec![insn.a as usize],
+        Op::DirectCondBranch
+        | Op::FusedCmpEQI32CondBranch
+        | Op::FusedCmpNEI32CondBranch
+        | Op::FusedCmpLTI32SCondBranch
+        | Op::FusedCmpLTI32UCondBranch
+        | Op::FusedCmpNZI32CondBranch
+        | Op::FusedCmpEQI64CondBranch
+        | Op::FusedCmpNEI64CondBranch
+        | Op::FusedCmpLTI64SCondBranch
+        | Op::FusedCmpLTI64UCondBranch
+        | Op::FusedCmpNZI64CondBranch => vec![insn.a as usize, insn.imm as usize],
+        Op::Branch | Op::Break | Op::CondBreak | Op::Yield => vec![at(insn.pool as usize)?],
+        Op::CondBranch => {
+            let p = insn.pool as usize;
+            vec![at(p)?, at(skip_remap(pool, p + 1)?)?]
+        }
+        Op::BranchTable => {
+            let p = insn.pool as usize;
+            let mut out = vec![at(p)?];
+            let end = skip_remap(pool, p + 1)?;
+            let size = at(end)?;
+            let mut a = end + 1;
+            for _ in 0..size {
+                out.push(at(a)?);
+                a = skip_remap(pool, a + 1)?;
+            }
+            out
+        }
+        _ => Vec::new(),
+    })
 }
