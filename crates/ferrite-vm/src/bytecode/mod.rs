@@ -12,9 +12,9 @@ pub mod archive;
 mod cmath;
 pub mod disasm;
 pub(crate) mod interp;
-#[cfg(feature = "jit")]
-pub mod jit;
 pub mod isa;
 pub mod isa_types;
+#[cfg(feature = "jit")]
+pub mod jit;
 pub mod module;
 pub mod verifier;

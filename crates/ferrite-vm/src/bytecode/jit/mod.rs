@@ -208,7 +208,12 @@ fn own_obstacle(f: &DecodedFunction) -> Option<String> {
     let need = translate::arg_slots(&f.cconv.args)
         .last()
         .map_or(0, |(s, t)| s + t.i32_slots());
-    let refs = f.cconv.args.iter().filter(|t| matches!(t, CconvType::Ref)).count();
+    let refs = f
+        .cconv
+        .args
+        .iter()
+        .filter(|t| matches!(t, CconvType::Ref))
+        .count();
     if need > f.i32_count as usize || refs > f.ref_count as usize {
         return Some("arguments do not fit the register file".into());
     }
@@ -289,7 +294,8 @@ fn compile_inner(functions: &[DecodedFunction]) -> Result<JitCode, String> {
     set(&mut flag_builder, "use_colocated_libcalls", "false")?;
     set(&mut flag_builder, "is_pic", "false")?;
     set(&mut flag_builder, "opt_level", "speed")?;
-    let isa_builder = cranelift_native::builder().map_err(|e| format!("host not supported: {e}"))?;
+    let isa_builder =
+        cranelift_native::builder().map_err(|e| format!("host not supported: {e}"))?;
     let isa = isa_builder
         .finish(settings::Flags::new(flag_builder))
         .map_err(|e| format!("cranelift ISA: {e}"))?;
@@ -350,15 +356,12 @@ fn compile_inner(functions: &[DecodedFunction]) -> Result<JitCode, String> {
             }
             let b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
             let mut t = translate::Translator::new(b, f, i as u32, functions, callees, call_conv);
-            t.translate()
-                .map_err(|e| format!("function {i}: {e}"))?;
+            t.translate().map_err(|e| format!("function {i}: {e}"))?;
             t.b.finalize(jit.target_config());
         }
         jit.define_function(id, &mut ctx)
             .map_err(|e| format!("function {i}: {e:?}"))?;
-        let code_bytes = ctx
-            .compiled_code()
-            .map_or(0, |c| c.code_buffer().len());
+        let code_bytes = ctx.compiled_code().map_or(0, |c| c.code_buffer().len());
         jit.clear_context(&mut ctx);
         tiers.push(FunctionTier::Compiled { code_bytes });
         bytecode_bytes += f.offsets.last().copied().unwrap_or(0) as usize;

@@ -135,7 +135,12 @@ impl Ctx {
             .functions
             .get(f as usize)
             .and_then(|func| func.insns.get(pc as usize))
-            .ok_or_else(|| status!(Internal, "compiled code named instruction {pc} of function {f}"))
+            .ok_or_else(|| {
+                status!(
+                    Internal,
+                    "compiled code named instruction {pc} of function {f}"
+                )
+            })
     }
 }
 
@@ -271,7 +276,7 @@ pub(crate) extern "C" fn ref_op(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64) -> 
         // tables can be read while ref slots are written.
         let module = unsafe { &(*state).module };
         let pool = &module.functions[f as usize].pool;
-        let r = insn.r;
+        let r = insn.r.map(|x| x.raw());
         match insn.op {
             Op::AssignRef => {
                 let v = ctx.take_ref(base, r[0])?;
@@ -326,7 +331,7 @@ pub(crate) extern "C" fn ref_cmp(ctx: *mut Ctx, fnpc: i64, base: i64) -> i32 {
     guard(ctx, fnpc, |ctx| {
         use super::super::isa::Op;
         let insn = *ctx.insn(fnpc)?;
-        let r = insn.r;
+        let r = insn.r.map(|x| x.raw());
         let slot = |reg: u16| base + (reg & REF_MASK) as i64;
         let v = match insn.op {
             Op::CmpNZRef => {
@@ -363,7 +368,7 @@ fn release(ctx: &mut Ctx, base: i64, regs: &[u16]) -> Result<()> {
 
 fn buffer_at<'a>(ctx: &'a mut Ctx, base: i64, reg: u16, what: &str) -> Result<&'a VmBuffer> {
     let slot = ctx.ref_slot(base + (reg & REF_MASK) as i64)?;
-    interp::deref_buffer(std::slice::from_ref(slot), 0, what)
+    interp::deref_buffer(std::slice::from_ref(slot), 0u16, what)
 }
 
 /// `vm.buffer.load.*`: loads at element offset `off` of the buffer in the
@@ -372,7 +377,7 @@ pub(crate) extern "C" fn buffer_load(ctx: *mut Ctx, fnpc: i64, base: i64, off: i
     guard(ctx, fnpc, |ctx| {
         use super::super::isa::Op;
         let insn = *ctx.insn(fnpc)?;
-        let b = buffer_at(ctx, base, insn.r[0], "source_buffer")?;
+        let b = buffer_at(ctx, base, insn.r[0].raw(), "source_buffer")?;
         let off = off as u64;
         let v: u64 = match insn.op {
             Op::BufferLoadI8U => b.load_i8u(off)? as u32 as u64,
@@ -401,7 +406,7 @@ pub(crate) extern "C" fn buffer_store(
     guard(ctx, fnpc, |ctx| {
         use super::super::isa::Op;
         let insn = *ctx.insn(fnpc)?;
-        let b = buffer_at(ctx, base, insn.r[0], "target_buffer")?;
+        let b = buffer_at(ctx, base, insn.r[0].raw(), "target_buffer")?;
         let off = off as u64;
         match insn.op {
             Op::BufferStoreI8 => b.store_i8(off, v as i32),
@@ -419,7 +424,7 @@ pub(crate) extern "C" fn buffer_store(
 pub(crate) extern "C" fn buffer_length(ctx: *mut Ctx, fnpc: i64, base: i64) -> i32 {
     guard(ctx, fnpc, |ctx| {
         let insn = *ctx.insn(fnpc)?;
-        let n = buffer_at(ctx, base, insn.r[0], "buffer")?.len();
+        let n = buffer_at(ctx, base, insn.r[0].raw(), "buffer")?.len();
         ctx.scratch = n;
         Ok(())
     })
@@ -460,7 +465,7 @@ pub(crate) mod math {
         tanh_f32: f32 => f32 = |x| x.tanh();
         erf_f32: f32 => f32 = |x| cmath::erff(x);
         round_f32: f32 => f32 = |x| x.round();
-        round_even_f32: f32 => f32 = |x| super::super::super::interp::round_even_f32(x);
+        round_even_f32: f32 => f32 = |x| x.round_ties_even();
         atan_f64: f64 => f64 = |x| x.atan();
         cos_f64: f64 => f64 = |x| x.cos();
         sin_f64: f64 => f64 = |x| x.sin();

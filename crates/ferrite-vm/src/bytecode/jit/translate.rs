@@ -18,10 +18,10 @@
 //! returns the pool index of the executed `vm.return`'s register list and
 //! leaves the primitive results in `Ctx::ret`.
 
-use super::runtime::{self, fnpc, OFF_DEPTH, OFF_GLOBALS, OFF_GLOBAL_WORDS, OFF_MAX_DEPTH};
-use super::runtime::{OFF_RET, OFF_SCRATCH, OFF_STACK_LIMIT};
 use super::super::isa::Op;
 use super::super::verifier::{pool_list, DecodedFunction, Insn, IMPORT_BIT, REF_BIT};
+use super::runtime::{self, fnpc, OFF_DEPTH, OFF_GLOBALS, OFF_GLOBAL_WORDS, OFF_MAX_DEPTH};
+use super::runtime::{OFF_RET, OFF_SCRATCH, OFF_STACK_LIMIT};
 use crate::cconv::CconvType;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
@@ -110,7 +110,10 @@ pub(crate) fn arg_slots(args: &[CconvType]) -> Vec<(usize, CconvType)> {
 }
 
 /// The body signature of `f`.
-pub(crate) fn body_signature(f: &DecodedFunction, call_conv: cranelift_codegen::isa::CallConv) -> Option<Signature> {
+pub(crate) fn body_signature(
+    f: &DecodedFunction,
+    call_conv: cranelift_codegen::isa::CallConv,
+) -> Option<Signature> {
     let mut sig = Signature::new(call_conv);
     sig.params.push(AbiParam::new(types::I64)); // ctx
     sig.params.push(AbiParam::new(types::I64)); // ref_base
@@ -330,7 +333,8 @@ impl<'a, 'b> Translator<'a, 'b> {
         let sig = *self.sigs.entry(h.addr).or_insert_with(|| {
             let mut s = Signature::new(self.call_conv);
             s.params.extend(h.params.iter().map(|&t| AbiParam::new(t)));
-            s.returns.extend(h.returns.iter().map(|&t| AbiParam::new(t)));
+            s.returns
+                .extend(h.returns.iter().map(|&t| AbiParam::new(t)));
             self.b.import_signature(s)
         });
         let addr = self.b.ins().iconst(I64, h.addr as i64);
@@ -427,7 +431,11 @@ impl<'a, 'b> Translator<'a, 'b> {
             let here = self.here_v();
             let s = self
                 .call_helper(
-                    helper!(runtime::ref_op as extern "C" fn(_, _, _, _) -> _, [I64, I64, I64, I64], [I32]),
+                    helper!(
+                        runtime::ref_op as extern "C" fn(_, _, _, _) -> _,
+                        [I64, I64, I64, I64],
+                        [I32]
+                    ),
                     &[ctx, here, base, at_v],
                 )
                 .ok_or("no status")?;
@@ -543,7 +551,7 @@ impl<'a, 'b> Translator<'a, 'b> {
 
     /// Emits one instruction; false when it ended the block.
     fn insn(&mut self, insn: &Insn) -> Result<bool, Unsupported> {
-        let r = insn.r;
+        let r = insn.r.map(|x| x.raw());
         macro_rules! bin32 {
             ($m:ident) => {{
                 let (a, b) = (self.r32(r[0])?, self.r32(r[1])?);
@@ -615,7 +623,10 @@ impl<'a, 'b> Translator<'a, 'b> {
             ($f:path) => {{
                 let (a, b) = (self.rf32(r[0])?, self.rf32(r[1])?);
                 let v = self
-                    .call_helper(helper!($f as extern "C" fn(_, _) -> _, [F32, F32], [F32]), &[a, b])
+                    .call_helper(
+                        helper!($f as extern "C" fn(_, _) -> _, [F32, F32], [F32]),
+                        &[a, b],
+                    )
                     .ok_or("no result")?;
                 self.wf32(r[2], v)?;
             }};
@@ -624,7 +635,10 @@ impl<'a, 'b> Translator<'a, 'b> {
             ($f:path) => {{
                 let (a, b) = (self.rf64(r[0])?, self.rf64(r[1])?);
                 let v = self
-                    .call_helper(helper!($f as extern "C" fn(_, _) -> _, [F64, F64], [F64]), &[a, b])
+                    .call_helper(
+                        helper!($f as extern "C" fn(_, _) -> _, [F64, F64], [F64]),
+                        &[a, b],
+                    )
                     .ok_or("no result")?;
                 self.wf64(r[2], v)?;
             }};
@@ -733,7 +747,10 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let off = self.b.ins().iconst(I32, insn.a as i64);
                 let p = self.global_addr(off, if wide { 8 } else { 4 });
                 if wide {
-                    let v = self.b.ins().load(I64, MemFlagsData::new().with_notrap(), p, 0);
+                    let v = self
+                        .b
+                        .ins()
+                        .load(I64, MemFlagsData::new().with_notrap(), p, 0);
                     self.w64(r[0], v)?;
                 } else {
                     let v = self.b.ins().load(I32, flags(), p, 0);
@@ -746,7 +763,9 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let p = self.global_addr(off, if wide { 8 } else { 4 });
                 if wide {
                     let v = self.r64(r[0])?;
-                    self.b.ins().store(MemFlagsData::new().with_notrap(), v, p, 0);
+                    self.b
+                        .ins()
+                        .store(MemFlagsData::new().with_notrap(), v, p, 0);
                 } else {
                     let v = self.r32(r[0])?;
                     self.b.ins().store(flags(), v, p, 0);
@@ -756,11 +775,17 @@ impl<'a, 'b> Translator<'a, 'b> {
             | Op::GlobalLoadIndirectF32
             | Op::GlobalLoadIndirectI64
             | Op::GlobalLoadIndirectF64 => {
-                let wide = matches!(insn.op, Op::GlobalLoadIndirectI64 | Op::GlobalLoadIndirectF64);
+                let wide = matches!(
+                    insn.op,
+                    Op::GlobalLoadIndirectI64 | Op::GlobalLoadIndirectF64
+                );
                 let off = self.r32(r[0])?;
                 let p = self.global_addr(off, if wide { 8 } else { 4 });
                 if wide {
-                    let v = self.b.ins().load(I64, MemFlagsData::new().with_notrap(), p, 0);
+                    let v = self
+                        .b
+                        .ins()
+                        .load(I64, MemFlagsData::new().with_notrap(), p, 0);
                     self.w64(r[1], v)?;
                 } else {
                     let v = self.b.ins().load(I32, flags(), p, 0);
@@ -771,13 +796,17 @@ impl<'a, 'b> Translator<'a, 'b> {
             | Op::GlobalStoreIndirectF32
             | Op::GlobalStoreIndirectI64
             | Op::GlobalStoreIndirectF64 => {
-                let wide =
-                    matches!(insn.op, Op::GlobalStoreIndirectI64 | Op::GlobalStoreIndirectF64);
+                let wide = matches!(
+                    insn.op,
+                    Op::GlobalStoreIndirectI64 | Op::GlobalStoreIndirectF64
+                );
                 let off = self.r32(r[0])?;
                 let p = self.global_addr(off, if wide { 8 } else { 4 });
                 if wide {
                     let v = self.r64(r[1])?;
-                    self.b.ins().store(MemFlagsData::new().with_notrap(), v, p, 0);
+                    self.b
+                        .ins()
+                        .store(MemFlagsData::new().with_notrap(), v, p, 0);
                 } else {
                     let v = self.r32(r[1])?;
                     self.b.ins().store(flags(), v, p, 0);
@@ -818,7 +847,11 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let zero = self.b.ins().iconst(I64, 0);
                 let s = self
                     .call_helper(
-                        helper!(runtime::ref_op as extern "C" fn(_, _, _, _) -> _, [I64, I64, I64, I64], [I32]),
+                        helper!(
+                            runtime::ref_op as extern "C" fn(_, _, _, _) -> _,
+                            [I64, I64, I64, I64],
+                            [I32]
+                        ),
                         &[ctx, here, base, zero],
                     )
                     .ok_or("no status")?;
@@ -829,7 +862,11 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let here = self.here_v();
                 let s = self
                     .call_helper(
-                        helper!(runtime::ref_cmp as extern "C" fn(_, _, _) -> _, [I64, I64, I64], [I32]),
+                        helper!(
+                            runtime::ref_cmp as extern "C" fn(_, _, _) -> _,
+                            [I64, I64, I64],
+                            [I32]
+                        ),
                         &[ctx, here, base],
                     )
                     .ok_or("no status")?;
@@ -858,7 +895,11 @@ impl<'a, 'b> Translator<'a, 'b> {
                     .iter()
                     .map(|&x| x as u16)
                     .collect();
-                let mut v = if wide { self.r64(r[1])? } else { self.r32(r[1])? };
+                let mut v = if wide {
+                    self.r64(r[1])?
+                } else {
+                    self.r32(r[1])?
+                };
                 for (i, &reg) in vals.iter().enumerate().rev() {
                     let c = self.b.ins().icmp_imm_s(IntCC::Equal, idx, i as i64);
                     let x = if wide { self.r64(reg)? } else { self.r32(reg)? };
@@ -1113,7 +1154,11 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let ord = self.b.ins().iconst(I64, (insn.a & !IMPORT_BIT) as i64);
                 let v = self
                     .call_helper(
-                        helper!(runtime::import_resolved as extern "C" fn(_, _) -> _, [I64, I64], [I32]),
+                        helper!(
+                            runtime::import_resolved as extern "C" fn(_, _) -> _,
+                            [I64, I64],
+                            [I32]
+                        ),
                         &[ctx, ord],
                     )
                     .ok_or("no result")?;
@@ -1133,7 +1178,11 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let here = self.here_v();
                 let s = self
                     .call_helper(
-                        helper!(runtime::buffer_load as extern "C" fn(_, _, _, _) -> _, [I64, I64, I64, I64], [I32]),
+                        helper!(
+                            runtime::buffer_load as extern "C" fn(_, _, _, _) -> _,
+                            [I64, I64, I64, I64],
+                            [I32]
+                        ),
                         &[ctx, here, base, off],
                     )
                     .ok_or("no status")?;
@@ -1167,7 +1216,11 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let here = self.here_v();
                 let s = self
                     .call_helper(
-                        helper!(runtime::buffer_store as extern "C" fn(_, _, _, _, _) -> _, [I64, I64, I64, I64, I64], [I32]),
+                        helper!(
+                            runtime::buffer_store as extern "C" fn(_, _, _, _, _) -> _,
+                            [I64, I64, I64, I64, I64],
+                            [I32]
+                        ),
                         &[ctx, here, base, off, v],
                     )
                     .ok_or("no status")?;
@@ -1178,7 +1231,11 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let here = self.here_v();
                 let s = self
                     .call_helper(
-                        helper!(runtime::buffer_length as extern "C" fn(_, _, _) -> _, [I64, I64, I64], [I32]),
+                        helper!(
+                            runtime::buffer_length as extern "C" fn(_, _, _) -> _,
+                            [I64, I64, I64],
+                            [I32]
+                        ),
                         &[ctx, here, base],
                     )
                     .ok_or("no status")?;
@@ -1431,11 +1488,12 @@ impl<'a, 'b> Translator<'a, 'b> {
         if args.len() != arg_types.len() || results.len() != result_types.len() {
             return Err("call operands do not match the callee".into());
         }
-        if arg_types
-            .iter()
-            .chain(&result_types)
-            .any(|t| !matches!(t, CconvType::I32 | CconvType::I64 | CconvType::F32 | CconvType::F64))
-        {
+        if arg_types.iter().chain(&result_types).any(|t| {
+            !matches!(
+                t,
+                CconvType::I32 | CconvType::I64 | CconvType::F32 | CconvType::F64
+            )
+        }) {
             return Err("calls passing refs are not compiled".into());
         }
         let mut vals = Vec::with_capacity(args.len() + 2);
@@ -1449,7 +1507,10 @@ impl<'a, 'b> Translator<'a, 'b> {
         // Depth: as the interpreter, fail before the callee's frame exists.
         let depth = self.b.ins().load(I64, flags(), ctx, OFF_DEPTH);
         let max = self.b.ins().load(I64, flags(), ctx, OFF_MAX_DEPTH);
-        let over = self.b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, depth, max);
+        let over = self
+            .b
+            .ins()
+            .icmp(IntCC::UnsignedGreaterThanOrEqual, depth, max);
         let zero = self.b.ins().iconst(I64, 0);
         self.trap_if(over, zero);
         let sp = self.b.ins().get_stack_pointer(I64);
@@ -1463,7 +1524,11 @@ impl<'a, 'b> Translator<'a, 'b> {
             let n = self.b.ins().iconst(I64, ref_count as i64);
             let base = self
                 .call_helper(
-                    helper!(runtime::refs_enter as extern "C" fn(_, _) -> _, [I64, I64], [I64]),
+                    helper!(
+                        runtime::refs_enter as extern "C" fn(_, _) -> _,
+                        [I64, I64],
+                        [I64]
+                    ),
                     &[ctx, n],
                 )
                 .ok_or("no result")?;
