@@ -36,12 +36,13 @@ pub(crate) fn push_frame(
     let (ib, rb) = (stack.i32_top, stack.ref_top);
     stack.i32_top += f.i32_count as usize;
     stack.ref_top += f.ref_count as usize;
-    // The arenas only grow: a frame's registers may hold stale primitive
-    // values from an earlier frame (never uninitialised memory), and ref
+    // The arenas only grow; a frame's primitive registers start at zero
+    // (as upstream's frames, and as compiled code assumes), and ref
     // registers are cleared when their frame pops.
     if stack.i32_regs.len() < stack.i32_top {
         stack.i32_regs.resize(stack.i32_top, 0);
     }
+    stack.i32_regs[ib..stack.i32_top].fill(0);
     if stack.ref_regs.len() < stack.ref_top {
         stack.ref_regs.resize(stack.ref_top, None);
     }
@@ -147,6 +148,8 @@ pub(super) fn enter_call(
     if stack.i32_regs.len() < stack.i32_top {
         stack.i32_regs.resize(stack.i32_top, 0);
     }
+    // Registers start at zero, as in `push_frame`.
+    stack.i32_regs[cib..stack.i32_top].fill(0);
     if stack.ref_regs.len() < stack.ref_top {
         stack.ref_regs.resize(stack.ref_top, None);
     }
