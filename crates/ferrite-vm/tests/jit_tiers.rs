@@ -74,7 +74,11 @@ fn both_tiers_agree_on_every_fixture_function() {
         }
     }
     println!("{compared} functions compared; {compiled} functions compiled");
-    assert!(problems.is_empty(), "tiers differ:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "tiers differ:\n{}",
+        problems.join("\n")
+    );
     assert!(compared > 50, "only {compared} functions compared");
     assert!(compiled > 20, "only {compiled} functions compiled");
 }
