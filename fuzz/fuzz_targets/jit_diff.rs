@@ -18,7 +18,14 @@ use ferrite_vm::cconv::{Cconv, CconvType};
 use ferrite_vm::instance::InstanceOptions;
 use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes, Variant};
 use libfuzzer_sys::fuzz_target;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// Calls compared so far (reported every 1000, so a run's log says how
+/// much of its input reached both tiers).
+static COMPARED: AtomicUsize = AtomicUsize::new(0);
+/// Compared calls whose function had run compiled.
+static COMPILED_CALLS: AtomicUsize = AtomicUsize::new(0);
 
 fn load(data: &[u8], jit: bool) -> Option<(Instance, Arc<BytecodeModule>)> {
     let instance = Instance::new(InstanceOptions {
@@ -197,6 +204,22 @@ fuzz_target!(|data: &[u8]| {
             let rj = cj.invoke(&fj, args.clone());
             let ri = ci.invoke(&fi, args.clone());
             let (sj, si) = (show(&rj), show(&ri));
+            let n = COMPARED.fetch_add(1, Ordering::Relaxed) + 1;
+            let compiled = mj.jit().is_some_and(|j| {
+                matches!(
+                    internal(&e.name).and_then(|i| j.tiers.get(i)),
+                    Some(ferrite_vm::bytecode::jit::FunctionTier::Compiled { .. })
+                )
+            });
+            if compiled {
+                COMPILED_CALLS.fetch_add(1, Ordering::Relaxed);
+            }
+            if n % 1000 == 0 {
+                eprintln!(
+                    "jit_diff: {n} calls compared, {} of them entering compiled code",
+                    COMPILED_CALLS.load(Ordering::Relaxed)
+                );
+            }
             assert_eq!(
                 sj, si,
                 "tiers differ on {}({args:?}):\ncompiled:    {sj}\ninterpreted: {si}",
