@@ -71,7 +71,7 @@ pub fn create_device(name: &str, task_workers: usize) -> Result<DeviceRef> {
     let driver = name.split("://").next().unwrap_or(name);
     match driver {
         "local-sync" => Ok(DeviceRef(CpuDevice::local_sync())),
-        "local-task" => Ok(DeviceRef(CpuDevice::local_task(task_workers))),
+        "local-task" => Ok(DeviceRef(CpuDevice::local_task(task_workers)?)),
         other => bail!(
             NotFound,
             "device '{other}' is not available; available devices: {}",

@@ -26,7 +26,7 @@ fn main() {
         .nth(1)
         .map(|a| a.parse().expect("worker count"))
         .unwrap_or(16);
-    let device = ferrite_hal_cpu::CpuDevice::local_task(workers);
+    let device = ferrite_hal_cpu::CpuDevice::local_task(workers).expect("local-task device");
     // Some work first, so the workers have woken, run and gone idle.
     let semaphore = Semaphore::new(0);
     for i in 1..=100u64 {

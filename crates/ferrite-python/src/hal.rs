@@ -107,10 +107,13 @@ impl PyHalDriver {
         check_allocators(allocators)?;
         let device = match self.name.as_str() {
             "local-sync" => DeviceRef(CpuDevice::local_sync()),
-            _ => DeviceRef(CpuDevice::local_task_with_stack_size(
-                crate::flags::local_task_worker_count(),
-                crate::flags::local_task_worker_stack_size(),
-            )),
+            _ => DeviceRef(
+                CpuDevice::local_task_with_stack_size(
+                    crate::flags::local_task_worker_count(),
+                    crate::flags::local_task_worker_stack_size(),
+                )
+                .map_err(|e| crate::status::to_py_err("creating local-task device", &e))?,
+            ),
         };
         Ok(PyHalDevice { device })
     }

@@ -118,7 +118,7 @@ impl Device {
                         ),
                     }
                 }
-                DeviceRef(CpuDevice::local_task(workers))
+                DeviceRef(CpuDevice::local_task(workers)?)
             }
             other => bail!(
                 NotFound,
