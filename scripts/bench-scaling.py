@@ -19,6 +19,14 @@ runtimes run the same kernels on any AVX-512 host):
   matmul    1024x1024x1024 f32 matmul
   conv      a conv-net layer: 3x3 conv 128->128 channels on 56x56, bias, relu
   chain100  100 small dependent dispatches (benches/hal/chain100.mlir)
+  encoder-nolend  the encoder on Ferrite's local-task with lending to waiters
+            off (`local-task://?lend_to_waiters=false`): only workers compute
+
+After each program, one more Ferrite run at the largest worker count with
+FERRITE_LOCAL_TASK_STATS=1 reports the share of workgroups run on worker
+threads vs other threads (the waiting caller), and at the end the idle_cpu
+example measures the CPU time of an idle process holding a local-task device
+for 5 s.
 
 Subcommands (the first two need the repo's .venv; `run` needs only numpy,
 so it can run on a machine without the toolchain):
@@ -383,6 +391,22 @@ def check_same_outputs(d, tools, prog, common):
     log(f"{prog}: outputs bit-identical ({f.shape}, {f.dtype})")
 
 
+# Extra Ferrite configurations timed like a program: name -> (program,
+# Ferrite --device). Upstream runs its plain local-task for them.
+VARIANTS = {"encoder-nolend": ("encoder", "local-task://?lend_to_waiters=false")}
+
+
+def worker_share(d, tools, common, n):
+    """One short Ferrite benchmark with FERRITE_LOCAL_TASK_STATS set: the
+    device's scheduler statistics line (workgroups on workers vs others)."""
+    env = dict(os.environ, FERRITE_LOCAL_TASK_STATS="1")
+    p = subprocess.run([*tools["ferrite"]["bench"], *common, "--device=local-task",
+                        f"--task_topology_group_count={n}", "--benchmark_min_time=0.2s"],
+                       capture_output=True, text=True, env=env)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("local-task stats:")]
+    return lines[-1] if lines else f"(no stats; rc {p.returncode}: {p.stderr.strip()[-300:]})"
+
+
 def run_sweep(d, workers, rounds, min_time, only, out_dir):
     inputs, extra = make_data(d)
     tools = {
@@ -393,25 +417,30 @@ def run_sweep(d, workers, rounds, min_time, only, out_dir):
     }
     results = {"host": os.uname().nodename, "cpus": os.cpu_count(), "workers": workers,
                "rounds": rounds, "min_time": min_time, "programs": {}}
-    progs = [p for p in PROGRAMS if not only or p in only]
+    progs = [p for p in [*PROGRAMS, *VARIANTS] if not only or p in only]
     total = len(progs) * len(workers)
     step = 0
     t0 = time.time()
+    results["worker_share"] = {}
     for prog in progs:
-        fn, _ = PROGRAMS[prog]
-        vmfb = os.path.join(d, prog + ".vmfb")
-        common = [f"--module={vmfb}", f"--function={fn}", *[f"--input={i}" for i in inputs[prog]],
-                  *extra.get(prog, [])]
-        check_same_outputs(d, tools, prog, [*common, "--device=local-task", "--task_topology_group_count=2"])
+        base, ferrite_device = VARIANTS.get(prog, (prog, "local-task"))
+        fn, _ = PROGRAMS[base]
+        vmfb = os.path.join(d, base + ".vmfb")
+        common = [f"--module={vmfb}", f"--function={fn}", *[f"--input={i}" for i in inputs[base]],
+                  *extra.get(base, [])]
+        if prog == base:
+            check_same_outputs(d, tools, prog, [*common, "--device=local-task",
+                                                "--task_topology_group_count=2"])
         rows = {}
         for n in workers:
             step += 1
-            dev = ["--device=local-task", f"--task_topology_group_count={n}"]
+            devs = {"ferrite": [f"--device={ferrite_device}", f"--task_topology_group_count={n}"],
+                    "upstream": ["--device=local-task", f"--task_topology_group_count={n}"]}
             per = {"ferrite": [], "upstream": []}
             cpu = {"ferrite": [], "upstream": []}
             for r in range(rounds):
                 for label in ("ferrite", "upstream") if r % 2 == 0 else ("upstream", "ferrite"):
-                    cmd = [*tools[label]["bench"], *common, *dev, f"--benchmark_min_time={min_time}s",
+                    cmd = [*tools[label]["bench"], *common, *devs[label], f"--benchmark_min_time={min_time}s",
                            "--benchmark_format=json"]
                     out, cpu_s = cpu_seconds_of(cmd)
                     t, iters = parse_json_report(out)
@@ -428,6 +457,10 @@ def run_sweep(d, workers, rounds, min_time, only, out_dir):
                 f"upstream {fmt(u)}, ratio {f / u:.2f} (cpu/call {fmt(rows[n]['ferrite_cpu_ns'])} vs "
                 f"{fmt(rows[n]['upstream_cpu_ns'])})")
         results["programs"][prog] = rows
+        if prog == base:
+            n = max(workers)
+            results["worker_share"][prog] = worker_share(d, tools, common, n)
+            log(f"{prog} workers={n}: {results['worker_share'][prog]}")
     idle = os.path.join(d, "idle_cpu")
     if os.path.exists(idle):
         p = subprocess.run([idle, str(max(workers))], capture_output=True, text=True)
@@ -476,7 +509,7 @@ def plot(json_path, png):
         return
     with open(json_path) as f:
         results = json.load(f)
-    progs = list(results["programs"])
+    progs = [p for p in results["programs"] if p not in VARIANTS]
     fig, axes = plt.subplots(1, len(progs), figsize=(4.2 * len(progs), 4))
     if len(progs) == 1:
         axes = [axes]

@@ -9,9 +9,13 @@
 //!
 //! Helping: by default a thread blocked waiting for a `local-task` device's
 //! work runs its queued submissions itself (see [`crate::pool`], "Lending
-//! to waiters"); [`PoolOptions::lend_to_waiters`] turns it off, and
+//! to waiters"); [`PoolOptions::lend_to_waiters`] (URI parameter
+//! `local-task://?lend_to_waiters=false`) turns it off, and
 //! [`CpuDevice::scheduler_stats`] reports how many workgroups ran on the
-//! workers and how many on other threads.
+//! workers and how many on other threads. With the environment variable
+//! `FERRITE_LOCAL_TASK_STATS` set, each `local-task` pool prints those
+//! statistics to stderr when it is dropped or the process exits (a
+//! diagnostic for tools and benchmarks).
 
 use crate::cpu_executable::{CpuExecutable, FORMATS};
 use crate::executable::library::DispatchConfig;

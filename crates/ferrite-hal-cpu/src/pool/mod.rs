@@ -145,7 +145,15 @@ pub(crate) struct Shared {
     sleepers: AtomicU32,
     shutdown: AtomicBool,
     stats: Counters,
+    /// Each worker's CPU-time clock (Linux), read by [`WorkerPool::stats`].
+    cpu_clocks: Mutex<Vec<CpuClock>>,
 }
+
+/// A thread's CPU-time clock id (valid while the thread lives).
+#[cfg(target_os = "linux")]
+type CpuClock = libc::clockid_t;
+#[cfg(not(target_os = "linux"))]
+type CpuClock = ();
 
 // The wake-up protocol: a producer makes work visible, then bumps `epoch`
 // and reads `sleepers`; a worker about to sleep reads `epoch`, increments
@@ -336,6 +344,7 @@ impl WorkerPool {
             sleepers: AtomicU32::new(0),
             shutdown: AtomicBool::new(false),
             stats: Counters::default(),
+            cpu_clocks: Mutex::new(Vec::with_capacity(count)),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -367,7 +376,13 @@ impl WorkerPool {
                     )
                 })?;
             }
+            if let Some(clock) = cpu_clock(&handle) {
+                shared.cpu_clocks.lock().push(clock);
+            }
             pool.threads.push(handle);
+        }
+        if std::env::var_os(STATS_VAR).is_some() {
+            report_at_exit(&shared);
         }
         if options.lend_to_waiters && options.stack_size.is_none() {
             let weak: Weak<dyn Helper> = Arc::downgrade(&shared) as Weak<dyn Helper>;
@@ -408,20 +423,80 @@ impl WorkerPool {
 
     /// Counters of what the pool has done so far.
     pub fn stats(&self) -> PoolStats {
-        let c = &self.shared.stats;
+        self.shared.stats()
+    }
+}
+
+impl Shared {
+    /// Counters so far; only while the workers live (their CPU clocks).
+    fn stats(&self) -> PoolStats {
+        let c = &self.stats;
         PoolStats {
             workgroups_on_workers: c.on_workers.load(Ordering::Relaxed),
             workgroups_on_callers: c.on_callers.load(Ordering::Relaxed),
             regions: c.regions.load(Ordering::Relaxed),
             sleeps: c.sleeps.load(Ordering::Relaxed),
             idle_spin: Duration::from_nanos(c.idle_spin_ns.load(Ordering::Relaxed)),
-            worker_cpu_time: self.threads.iter().map(thread_cpu_time).sum(),
+            worker_cpu_time: self.cpu_clocks.lock().iter().map(cpu_time_of).sum(),
         }
     }
+
+    /// The statistics line `FERRITE_LOCAL_TASK_STATS` prints.
+    fn report(&self) {
+        let s = self.stats();
+        let total = (s.workgroups_on_workers + s.workgroups_on_callers).max(1) as f64;
+        eprintln!(
+            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} worker sleeps; {:.3} ms idle polling; {:.3} ms worker CPU",
+            self.workers,
+            s.workgroups_on_workers,
+            100.0 * s.workgroups_on_workers as f64 / total,
+            s.workgroups_on_callers,
+            100.0 * s.workgroups_on_callers as f64 / total,
+            s.regions,
+            s.sleeps,
+            s.idle_spin.as_secs_f64() * 1e3,
+            s.worker_cpu_time.as_secs_f64() * 1e3,
+        );
+    }
+}
+
+/// With this environment variable set, pools print their statistics when
+/// dropped or at process exit, whichever comes first.
+const STATS_VAR: &str = "FERRITE_LOCAL_TASK_STATS";
+
+/// Pools to report at exit (dropped ones are removed).
+static REPORT_AT_EXIT: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+fn report_at_exit(shared: &Arc<Shared>) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    REPORT_AT_EXIT.lock().push(Arc::downgrade(shared));
+    #[cfg(unix)]
+    HOOK.call_once(|| {
+        extern "C" fn report_all() {
+            for pool in REPORT_AT_EXIT.lock().iter().filter_map(Weak::upgrade) {
+                pool.report();
+            }
+        }
+        // SAFETY: `report_all` is an `extern "C" fn()` that lives for the
+        // whole program; atexit only stores it. It takes only locks no
+        // exiting thread holds across a call to `exit`.
+        unsafe {
+            libc::atexit(report_all);
+        }
+    });
 }
 
 impl Drop for WorkerPool {
     fn drop(&mut self) {
+        if std::env::var_os(STATS_VAR).is_some() {
+            let mut pending = REPORT_AT_EXIT.lock();
+            let before = pending.len();
+            pending.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.shared)));
+            if pending.len() < before {
+                drop(pending);
+                self.shared.report();
+            }
+        }
         self.shared.shutdown.store(true, Ordering::SeqCst);
         self.shared.epoch.fetch_add(1, Ordering::SeqCst);
         park::wake(&self.shared.epoch, u32::MAX);
@@ -467,20 +542,31 @@ fn pin(_handle: &JoinHandle<()>, _cpu: usize) -> std::io::Result<()> {
     ))
 }
 
-/// CPU time used so far by the thread of `handle`.
+/// The CPU-time clock of the thread of `handle`.
 #[cfg(target_os = "linux")]
-fn thread_cpu_time(handle: &JoinHandle<()>) -> Duration {
+fn cpu_clock(handle: &JoinHandle<()>) -> Option<CpuClock> {
     use std::os::unix::thread::JoinHandleExt;
-    // SAFETY: the thread is alive (joined only by the pool's drop, which
-    // cannot run while `&self` is borrowed); `clock` and `ts` are valid
-    // out-pointers.
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: the thread is alive (just started, joined only by the pool's
+    // drop); `clock` is a valid out-pointer.
+    let rc = unsafe { libc::pthread_getcpuclockid(handle.as_pthread_t(), &mut clock) };
+    (rc == 0).then_some(clock)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn cpu_clock(_handle: &JoinHandle<()>) -> Option<CpuClock> {
+    None
+}
+
+/// CPU time used so far on `clock` (its thread must still run: the pool
+/// reads its workers' clocks only before joining them).
+#[cfg(target_os = "linux")]
+fn cpu_time_of(clock: &CpuClock) -> Duration {
+    // SAFETY: `ts` is a valid out-pointer; a stale clock id only makes the
+    // call fail, which is handled.
     unsafe {
-        let mut clock: libc::clockid_t = 0;
-        if libc::pthread_getcpuclockid(handle.as_pthread_t(), &mut clock) != 0 {
-            return Duration::ZERO;
-        }
         let mut ts: libc::timespec = std::mem::zeroed();
-        if libc::clock_gettime(clock, &mut ts) != 0 {
+        if libc::clock_gettime(*clock, &mut ts) != 0 {
             return Duration::ZERO;
         }
         Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
@@ -488,7 +574,7 @@ fn thread_cpu_time(handle: &JoinHandle<()>) -> Duration {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn thread_cpu_time(_handle: &JoinHandle<()>) -> Duration {
+fn cpu_time_of(_clock: &CpuClock) -> Duration {
     Duration::ZERO
 }
 
