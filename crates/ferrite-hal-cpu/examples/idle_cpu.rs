@@ -40,10 +40,13 @@ fn main() {
     let (cpu0, t0) = (cpu_time(), Instant::now());
     std::thread::sleep(hold);
     let (cpu, wall) = (cpu_time() - cpu0, t0.elapsed());
+    let stats = device.scheduler_stats().expect("local-task has statistics");
     println!(
-        "idle local-task device, {} workers: {:.3} ms CPU in {:.2} s wall",
+        "idle local-task device, {} workers: {:.3} ms CPU in {:.2} s wall (before idling: {} worker sleeps, {:.3} ms idle polling in all)",
         device.worker_count(),
         cpu.as_secs_f64() * 1e3,
-        wall.as_secs_f64()
+        wall.as_secs_f64(),
+        stats.sleeps,
+        stats.idle_spin.as_secs_f64() * 1e3,
     );
 }

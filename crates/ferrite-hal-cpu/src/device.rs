@@ -39,7 +39,7 @@ use std::sync::{Arc, OnceLock};
 /// Tiles a dispatch is cut into per thread that may run it: enough that a
 /// thread finishing early finds more to take (balance), few enough that
 /// claiming stays cheap next to running a tile.
-pub const TILES_PER_THREAD: u64 = 4;
+pub const TILES_PER_THREAD: u64 = 8;
 
 /// Most bytes of freed queue-allocated blocks a device keeps for reuse:
 /// enough for the transients and results of typical per-call programs,

@@ -104,6 +104,11 @@ pub struct PoolStats {
     pub regions: u64,
     /// Times a worker went to sleep after polling in vain.
     pub sleeps: u64,
+    /// Times a worker joined a running command buffer.
+    pub joins: u64,
+    /// Times a command buffer's leader slept waiting for other threads to
+    /// finish a stage.
+    pub leader_sleeps: u64,
     /// Total time workers spent polling for work while idle.
     pub idle_spin: Duration,
     /// CPU time the worker threads have used (Linux; zero elsewhere).
@@ -116,6 +121,8 @@ struct Counters {
     on_callers: AtomicU64,
     regions: AtomicU64,
     sleeps: AtomicU64,
+    joins: AtomicU64,
+    leader_sleeps: AtomicU64,
     idle_spin_ns: AtomicU64,
 }
 
@@ -219,6 +226,7 @@ impl Shared {
             r.enter();
             r.clone()
         };
+        self.stats.joins.fetch_add(1, Ordering::Relaxed);
         region.work_in(index, &self.stats.on_workers);
         region.leave();
         true
@@ -242,36 +250,44 @@ impl Shared {
 
     fn worker_main(&self, index: u32) {
         WORKER.with(|w| w.set(Some((self.id, index))));
+        // When this worker last found nothing to do (None: it just worked).
+        let mut idle_since: Option<Instant> = None;
         loop {
             if let Some(job) = self.pop() {
                 job();
+                idle_since = None;
                 continue;
             }
             if self.try_join(index) {
+                idle_since = None;
                 continue;
             }
             if self.shutdown.load(Ordering::SeqCst) {
                 return;
             }
-            // Poll for a bounded time: anything new bumps the epoch.
+            // Poll for new work (anything new bumps the epoch) for at most
+            // `idle_spin` in all: bumps for work other threads take do not
+            // extend the window, so an idle worker sleeps on time even
+            // while the rest of the pool is busy.
+            let since = *idle_since.get_or_insert_with(Instant::now);
             let seen = self.epoch.load(Ordering::SeqCst);
-            let start = Instant::now();
-            let mut moved = false;
-            while start.elapsed() < self.idle_spin {
+            let mut polled = false;
+            while since.elapsed() < self.idle_spin {
+                polled = true;
                 if self.epoch.load(Ordering::Relaxed) != seen {
-                    moved = true;
                     break;
                 }
                 for _ in 0..32 {
                     std::hint::spin_loop();
                 }
             }
-            self.stats
-                .idle_spin_ns
-                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            if moved {
+            if polled && since.elapsed() < self.idle_spin {
                 continue;
             }
+            self.stats
+                .idle_spin_ns
+                .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            idle_since = None;
             let seen = self.epoch.load(Ordering::SeqCst);
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             let idle = self.queued.load(Ordering::SeqCst) == 0
@@ -436,6 +452,8 @@ impl Shared {
             workgroups_on_callers: c.on_callers.load(Ordering::Relaxed),
             regions: c.regions.load(Ordering::Relaxed),
             sleeps: c.sleeps.load(Ordering::Relaxed),
+            joins: c.joins.load(Ordering::Relaxed),
+            leader_sleeps: c.leader_sleeps.load(Ordering::Relaxed),
             idle_spin: Duration::from_nanos(c.idle_spin_ns.load(Ordering::Relaxed)),
             worker_cpu_time: self.cpu_clocks.lock().iter().map(cpu_time_of).sum(),
         }
@@ -446,13 +464,15 @@ impl Shared {
         let s = self.stats();
         let total = (s.workgroups_on_workers + s.workgroups_on_callers).max(1) as f64;
         eprintln!(
-            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} worker sleeps; {:.3} ms idle polling; {:.3} ms worker CPU",
+            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} joins; {} leader sleeps; {} worker sleeps; {:.3} ms idle polling; {:.3} ms worker CPU",
             self.workers,
             s.workgroups_on_workers,
             100.0 * s.workgroups_on_workers as f64 / total,
             s.workgroups_on_callers,
             100.0 * s.workgroups_on_callers as f64 / total,
             s.regions,
+            s.joins,
+            s.leader_sleeps,
             s.sleeps,
             s.idle_spin.as_secs_f64() * 1e3,
             s.worker_cpu_time.as_secs_f64() * 1e3,

@@ -35,11 +35,31 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a participant with no tile to claim polls for the next stage
-/// before it leaves (a worker) or sleeps (the leader). Stages of a compiled
-/// program follow each other every few tens of microseconds; a worker that
-/// slept must be woken, which costs more than this poll on a core that has
-/// nothing else to run.
-pub(crate) const STAGE_SPIN: Duration = Duration::from_micros(100);
+/// before it leaves (a worker) or sleeps (the leader). Within a command
+/// buffer the next stage usually comes within the last tile's run time
+/// (tens to hundreds of microseconds); a worker that slept must be woken,
+/// which costs far more on a virtual machine (the vCPU was halted), so
+/// participants stay for up to this long. Spinning happens only while a
+/// command buffer runs, on at most as many threads as the pool has workers.
+pub(crate) const STAGE_SPIN: Duration = Duration::from_millis(1);
+
+/// Polls between two yields of the CPU while spinning: the spinner gives
+/// its core away now and then, in case a thread it waits for (or any
+/// other) is ready to run on it.
+const POLLS_PER_YIELD: u32 = 64;
+
+/// One poll of a spin loop: a short pause, and every [`POLLS_PER_YIELD`]th
+/// time a yield.
+fn pause(polls: &mut u32) {
+    *polls += 1;
+    if polls.is_multiple_of(POLLS_PER_YIELD) {
+        std::thread::yield_now();
+    } else {
+        for _ in 0..32 {
+            std::hint::spin_loop();
+        }
+    }
+}
 
 const TILE_BITS: u32 = 40;
 const TILE_MASK: u64 = (1 << TILE_BITS) - 1;
@@ -225,6 +245,7 @@ impl Region {
     /// [`STAGE_SPIN`]. The caller leaves afterwards ([`Region::leave`]).
     pub(crate) fn work_in(&self, processor_id: u32, ran: &AtomicU64) {
         let mut idle_since: Option<Instant> = None;
+        let mut polls = 0;
         loop {
             let (stage, next) = unpack(self.claim.load(Ordering::Acquire));
             if stage >= self.stage_count() {
@@ -240,9 +261,7 @@ impl Region {
                 Some(t) if t.elapsed() >= STAGE_SPIN => return,
                 Some(_) => {}
             }
-            for _ in 0..32 {
-                std::hint::spin_loop();
-            }
+            pause(&mut polls);
         }
     }
 
@@ -255,6 +274,7 @@ impl Region {
     /// region finishes.
     fn lead(&self, processor_id: u32, ran: &AtomicU64) {
         let mut idle_since: Option<Instant> = None;
+        let mut polls = 0;
         loop {
             let word = self.claim.load(Ordering::Acquire);
             let (stage, next) = unpack(word);
@@ -268,9 +288,7 @@ impl Region {
             }
             let since = *idle_since.get_or_insert_with(Instant::now);
             if since.elapsed() < STAGE_SPIN {
-                for _ in 0..32 {
-                    std::hint::spin_loop();
-                }
+                pause(&mut polls);
                 continue;
             }
             // Sleep until the stage changes: announce, re-check, sleep on
@@ -278,6 +296,10 @@ impl Region {
             let epoch = self.leader_epoch.load(Ordering::SeqCst);
             self.leader_sleeping.store(true, Ordering::SeqCst);
             if unpack(self.claim.load(Ordering::SeqCst)).0 == stage {
+                self.pool
+                    .stats
+                    .leader_sleeps
+                    .fetch_add(1, Ordering::Relaxed);
                 park::wait(&self.leader_epoch, epoch);
             }
             self.leader_sleeping.store(false, Ordering::SeqCst);
