@@ -504,6 +504,7 @@ def plot(json_path, png):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         log("SKIPPED: plot needs matplotlib (pip install matplotlib)")
         return
@@ -523,6 +524,8 @@ def plot(json_path, png):
         ax.set_yscale("log")
         ax.set_xticks(ns)
         ax.set_xticklabels([str(n) for n in ns])
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(prog)
         ax.set_xlabel("workers (--task_topology_group_count)")
         ax.set_ylabel("ms per call")

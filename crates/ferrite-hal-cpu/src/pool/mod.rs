@@ -141,7 +141,8 @@ pub(crate) struct Shared {
     jobs: Mutex<VecDeque<Job>>,
     /// Jobs queued and not yet taken (read without the lock).
     queued: AtomicUsize,
-    /// Waiters polling the queue right now (lending their thread).
+    /// Threads polling the queue right now: lending waiters and idle
+    /// workers in their polling window (not those running work).
     pollers: AtomicUsize,
     regions: Mutex<Vec<Arc<Region>>>,
     /// Published regions (read without the lock).
@@ -179,9 +180,17 @@ impl Shared {
 
     fn push(&self, job: Job) {
         self.jobs.lock().push_back(job);
-        self.queued.fetch_add(1, Ordering::SeqCst);
-        // A polling waiter will take it; otherwise wake a worker.
-        let want = u32::from(self.pollers.load(Ordering::SeqCst) == 0);
+        let queued = self.queued.fetch_add(1, Ordering::SeqCst) + 1;
+        // Threads about to look at the queue take jobs without a wake-up:
+        // pollers (idle workers in their polling window, lending waiters)
+        // and the pushing thread itself when it is one of this pool's
+        // workers (a job pushes the jobs that waited for it as it ends, and
+        // its worker takes the next one when it returns). Waking a worker
+        // for a job one of them takes would only cost the waker a system
+        // call and the woken worker a polling window.
+        let pusher = usize::from(self.current_worker().is_some());
+        let takers = self.pollers.load(Ordering::SeqCst) + pusher;
+        let want = queued.saturating_sub(takers).min(u32::MAX as usize) as u32;
         self.notify(want);
     }
 
@@ -269,9 +278,14 @@ impl Shared {
             // `idle_spin` in all: bumps for work other threads take do not
             // extend the window, so an idle worker sleeps on time even
             // while the rest of the pool is busy.
+            // While it polls it counts as a poller: new jobs wake nobody
+            // (see `push`); it leaves the count before looking at the
+            // queue again, so a job pushed meanwhile is seen (SeqCst on
+            // both sides, as with lending waiters).
             let since = *idle_since.get_or_insert_with(Instant::now);
             let seen = self.epoch.load(Ordering::SeqCst);
             let mut polled = false;
+            self.pollers.fetch_add(1, Ordering::SeqCst);
             while since.elapsed() < self.idle_spin {
                 polled = true;
                 if self.epoch.load(Ordering::Relaxed) != seen {
@@ -281,6 +295,7 @@ impl Shared {
                     std::hint::spin_loop();
                 }
             }
+            self.pollers.fetch_sub(1, Ordering::SeqCst);
             if polled && since.elapsed() < self.idle_spin {
                 continue;
             }
@@ -634,6 +649,36 @@ mod tests {
             waiter.join().unwrap();
             assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(round));
         }
+    }
+
+    /// A chain of jobs each pushing the next from a worker (as a
+    /// submission's end releases the one waiting for it): every job runs,
+    /// and the chain wakes (almost) no sleeping worker, since the pushing
+    /// worker takes the next job itself.
+    #[test]
+    fn jobs_pushed_by_a_worker_run_without_waking_others() {
+        fn link(shared: Arc<Shared>, left: u32, done: std::sync::mpsc::Sender<()>) {
+            if left == 0 {
+                done.send(()).unwrap();
+                return;
+            }
+            // Longer than the idle window: the other workers are asleep
+            // by the time this job pushes the next.
+            std::thread::sleep(Duration::from_micros(200));
+            let next = shared.clone();
+            shared.push(Box::new(move || link(next, left - 1, done)));
+        }
+        let pool = WorkerPool::new(4).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let sleeps_before = pool.stats().sleeps;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = pool.shared.clone();
+        pool.spawn(Box::new(move || link(shared, 300, tx)));
+        rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        let sleeps = pool.stats().sleeps - sleeps_before;
+        // Were each push to wake a sleeping worker, that worker would poll
+        // in vain and sleep again: about one sleep per job.
+        assert!(sleeps < 30, "{sleeps} sleeps for 300 chained jobs");
     }
 
     /// Stages of `tiles[s]` tiles that record which stage each tile saw
