@@ -524,6 +524,7 @@ def plot(json_path, png):
         ax.set_yscale("log")
         ax.set_xticks(ns)
         ax.set_xticklabels([str(n) for n in ns])
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(prog)

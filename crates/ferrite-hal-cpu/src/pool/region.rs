@@ -316,6 +316,15 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
     if stages == 0 {
         return Ok(());
     }
+    if stages >= 1 << (64 - TILE_BITS) {
+        return Err(Status::new(
+            ferrite_base::StatusCode::ResourceExhausted,
+            format!(
+                "{stages} stages (barrier-separated groups of commands) in one command buffer; at most {} are supported",
+                (1u64 << (64 - TILE_BITS)) - 1
+            ),
+        ));
+    }
     // SAFETY: only the lifetime is erased (same fat-pointer layout). The
     // region dereferences it only while unfinished (`Region::work`), and
     // this function returns only after the region finished, so `work`
