@@ -20,6 +20,7 @@ Before timing, each case's results are checked equal (run-module output).
 Usage: scripts/bench-hal.py [--rounds N] [--min-time SECONDS] [--only NAME...]
 """
 import argparse
+import bench_common
 import os
 import re
 import statistics
@@ -50,6 +51,10 @@ CASES = [
     ("matmul/local-task-2", "matmul", "matmul", ["1024x1024xf32=0.5", "1024x1024xf32=2"],
      ["--device=local-task", "--task_topology_group_count=2"], "10x"),
 ]
+
+# The ratio each case aims for (issue targets).
+TARGETS = {"add/local-sync": 0.5, "add/local-task": 0.5, "chain100/local-sync": 0.7,
+           "chain100/local-task": 0.7, "matmul/local-task-2": 1.02}
 
 UNITS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
 
@@ -173,6 +178,9 @@ def main():
                 f"peak RSS ferrite {rss['ferrite'] / 1024:.1f} MiB, upstream {rss['upstream'] / 1024:.1f} MiB")
         log(line)
         summary.append(line)
+        bench_common.record("HAL and CPU devices (vs iree-benchmark-module)", name, f / 1e3, u / 1e3, "us/call",
+                            TARGETS.get(name),
+                            f"peak RSS {rss['ferrite'] / 1024:.1f} / {rss['upstream'] / 1024:.1f} MiB")
     log("\nsummary (ratio = ferrite / upstream, lower is better):")
     for s in summary:
         log("  " + s)

@@ -12,6 +12,7 @@ the time should not grow with the parameter size.
 Usage: .venv/bin/python scripts/bench-parameters.py [--mib 256] [--rounds 7]
 """
 import argparse
+import bench_common
 import os
 import statistics
 import subprocess
@@ -76,6 +77,8 @@ def main():
                 times[name].append(t)
     f, u = statistics.median(times["ferrite"]), statistics.median(times["upstream"])
     print(f"parameter {args.mib} MiB, {args.rounds} rounds (median s): ferrite {f:.4f}  upstream {u:.4f}  ratio {f / u:.2f}")
+    bench_common.record("Parameters (vs iree.runtime)", f"load a {args.mib} MiB .irpa and read it back",
+                        f * 1e3, u * 1e3, "ms")
 
 
 if __name__ == "__main__":

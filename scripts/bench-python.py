@@ -11,6 +11,7 @@ better).
 Usage: .venv/bin/python scripts/bench-python.py [--rounds N] [--calls N]
 """
 import argparse
+import bench_common
 import os
 import statistics
 import subprocess
@@ -87,6 +88,8 @@ def main():
             fb, ub = min(times["ferrite"]), min(times["upstream"])
             print(f"{driver} {path}: ferrite {f:.2f} us/call, upstream {u:.2f} us/call, ratio: {f / u:.2f} "
                   f"(best rounds: {fb:.2f} vs {ub:.2f} us, ratio {fb / ub:.2f})")
+            bench_common.record("Python call overhead (vs iree.runtime)", f"4xf32 add, {path}, {driver}",
+                                f, u, "us/call", 0.5)
 
 if __name__ == "__main__":
     main()

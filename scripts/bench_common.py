@@ -78,3 +78,18 @@ def learn_bpe(text, merges=400):
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
                   "ignore_merges": False, "vocab": vocab, "merges": rules},
     })
+
+
+def record(area, case, ferrite, upstream, unit, target=None, note=""):
+    """Adds one figure to the results file named by $FERRITE_BENCH_JSON (set
+    by scripts/bench.py, which turns the collected figures into the README's
+    table); does nothing when the variable is unset. `ferrite` and
+    `upstream` are numbers in `unit` (lower is better); `target` is the
+    ratio the project aims for, if any."""
+    path = os.environ.get("FERRITE_BENCH_JSON")
+    if not path:
+        return
+    row = {"area": area, "case": case, "ferrite": ferrite, "upstream": upstream, "unit": unit,
+           "ratio": ferrite / upstream if upstream else None, "target": target, "note": note}
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")

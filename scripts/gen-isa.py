@@ -5,12 +5,18 @@ The ISA (opcode sets, opcode numbers, operand encodings) is data; the decoder,
 verifier and disassembler are driven by the tables generated here, so adding an
 opcode is a change to the data plus its semantics in the interpreter.
 
-Usage: scripts/gen-isa.py [path/to/isa.json] > crates/ferrite-vm/src/bytecode/isa.rs
+Usage: scripts/gen-isa.py path/to/isa.json | rustfmt --edition 2021 --emit stdout \
+           > crates/ferrite-vm/src/bytecode/isa.rs
+(isa.json is upstream's runtime/src/iree/vm/bytecode/isa/isa.json; a copy is in
+the project's shared/ folder. scripts/test.sh checks that the committed file
+is what this prints.)
 """
 import json
 import sys
 
-path = sys.argv[1] if len(sys.argv) > 1 else "../shared/isa.json"
+if len(sys.argv) != 2:
+    sys.exit("usage: gen-isa.py path/to/isa.json (upstream's VM ISA description)")
+path = sys.argv[1]
 isa = json.load(open(path))
 classes = isa["operation_classes"]
 encodings = isa["encodings"]

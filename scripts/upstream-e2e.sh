@@ -6,8 +6,8 @@
 #   scripts/upstream-e2e.sh --list [suite...]  (print what would run, run nothing)
 #
 # The test sources are read from a mirror of iree-org/iree at run time
-# (nothing of them is kept in this repository): IREE_MIRROR, default
-# /work/.mirror/iree-org+iree/repo. For each suite the llvm-cpu variants of
+# (nothing of them is kept in this repository): IREE_MIRROR
+# (required). For each suite the llvm-cpu variants of
 # `iree_check_single_backend_test_suite` in its CMakeLists.txt give the
 # sources and extra compiler flags (list_suite below);
 # generated sources (math) are produced by running the suite's generator.
@@ -41,7 +41,7 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-IREE_MIRROR=${IREE_MIRROR:-/work/.mirror/iree-org+iree/repo}
+IREE_MIRROR=${IREE_MIRROR:?set IREE_MIRROR to a clone or bare git mirror of iree-org/iree}
 IREE_COMPILE=${IREE_COMPILE:-$ROOT/.venv/bin/iree-compile}
 FERRITE=${FERRITE:-$ROOT/target/release/ferrite}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}

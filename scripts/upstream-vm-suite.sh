@@ -19,7 +19,7 @@
 #
 # Environment:
 #   IREE_MIRROR  bare git mirror of iree-org/iree
-#                (default /work/.mirror/iree-org+iree/repo)
+#                (required; no default)
 #   RUNNER       runner under test (default: target/release/ferrite run-module)
 #   REFERENCE    upstream runner giving reference errors
 #                (default: .venv/bin/iree-run-module)
@@ -32,7 +32,7 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-MIRROR="${IREE_MIRROR:-/work/.mirror/iree-org+iree/repo}"
+MIRROR="${IREE_MIRROR:?set IREE_MIRROR to a clone or bare git mirror of iree-org/iree}"
 RUNNER="${RUNNER:-target/release/ferrite run-module}"
 REFERENCE="${REFERENCE:-.venv/bin/iree-run-module}"
 AS_MODULE="${AS_MODULE:-.venv/bin/iree-as-module}"

@@ -81,7 +81,7 @@ def bpe_json(template=False):
     return json.dumps(doc), vocab, n
 
 
-def wordpiece_json():
+def wordpiece_json(padding=False):
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "un", "##aff", "##able", ",", "!", "the"]
     doc = {
         "version": "1.0",
@@ -100,6 +100,20 @@ def wordpiece_json():
         "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
                   "max_input_chars_per_word": 100, "vocab": {t: i for i, t in enumerate(vocab)}},
     }
+    if padding:
+        # As sentence-transformers saves them: fixed-length padding and
+        # truncation, with a BERT template.
+        doc["padding"] = {"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": None,
+                          "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"}
+        doc["truncation"] = {"max_length": 4, "strategy": "LongestFirst", "stride": 0}
+        doc["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
+                               "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}},
+        }
     return json.dumps(doc)
 
 
@@ -156,6 +170,22 @@ def test_wordpiece():
     assert tok.special_ids == {
         "bos": None, "eos": None, "unk": 1, "pad": None, "sep": None, "cls": None, "mask": None,
     }
+
+
+def test_padding_and_truncation_sections_are_ignored(upstream):
+    # Upstream's semantics: encode returns the text's own tokens however the
+    # file was saved, so an attention mask built from len(ids) is right.
+    text = wordpiece_json(padding=True)
+    tok = rt.Tokenizer.from_huggingface_json(text)
+    sentence = "Hello, unaffable world! the world"
+    assert tok.encode(sentence) == [5, 10, 7, 8, 9, 6, 11, 12, 6]
+    assert tok.encode(sentence, add_special_tokens=True) == [2, 5, 10, 7, 8, 9, 6, 11, 12, 6, 3]
+    s = tok.encode_stream(add_special_tokens=True)
+    assert s.feed(sentence) + s.finalize() == [2, 5, 10, 7, 8, 9, 6, 11, 12, 6, 3]
+    if hasattr(upstream, "Tokenizer"):
+        theirs = upstream.Tokenizer.from_huggingface_json(text)
+        for add in (False, True):
+            assert theirs.encode(sentence, add_special_tokens=add) == tok.encode(sentence, add_special_tokens=add)
 
 
 TEXTS = [

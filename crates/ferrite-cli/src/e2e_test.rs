@@ -21,7 +21,7 @@ use ferrite_modules::e2e::E2eOptions;
 use ferrite_vm::native::NativeModule;
 use ferrite_vm::{BytecodeModule, Instance, Module, ModuleBytes};
 
-use crate::check_module::{run_tests, ExtraModules, TestRun};
+use ferrite_tooling::tools::check_module::{run_tests, ExtraModules, TestRun};
 
 /// Options of the `e2e-*-test` commands (upstream's runner flags).
 #[derive(clap::Args, Debug)]
@@ -30,12 +30,9 @@ pub struct E2eTestArgs {
     /// calls module whose functions are the tests).
     #[arg(long = "module", required = true)]
     pub modules: Vec<String>,
-    /// HAL device to run on: `local-sync` or `local-task` (default).
-    #[arg(long = "device")]
-    pub devices: Vec<String>,
-    /// Worker threads of `local-task` (0 = one per core).
-    #[arg(long = "task_topology_group_count", default_value_t = 0)]
-    pub task_workers: usize,
+    /// Devices and driver flags (`--device`, `--task_*`, `--list_devices`).
+    #[command(flatten)]
+    pub device: ferrite_tooling::device_flags::DeviceArgs,
     /// Runs only tests whose name contains this text.
     #[arg(long)]
     pub filter: Option<String>,
@@ -82,8 +79,7 @@ pub fn run(args: &E2eTestArgs, create: fn(E2eOptions) -> Result<Arc<NativeModule
     };
     run_tests(&TestRun {
         modules: &args.modules,
-        devices: &args.devices,
-        task_workers: args.task_workers,
+        device: &args.device,
         filter: args.filter.as_deref(),
         expect_failure: false,
         extra: &extra,

@@ -1,24 +1,19 @@
 //! `ferrite`: command-line tools for IREE programs, taking upstream's flags.
 //!
-//! The tools are a library too ([`main_with_args`]), so that the Python
-//! package can ship them as its `ferrite` console command without a
-//! separate executable.
+//! A thin layer: the tools themselves (`run-module`, `benchmark-module`,
+//! `dump-module`, `check-module`) live in `ferrite-tooling`, which the
+//! Python package's `ferrite` console command runs too; this crate adds the
+//! e2e test runners and the executable.
 //!
 //! - `ferrite run-module --module=m.vmfb --function=f --input=42`
 //! - `ferrite dump-module [--output=metadata|disassembly] m.vmfb`
 //! - `ferrite check-module --module=tests.vmfb [--device=local-sync]`
 //! - `ferrite e2e-matmul-test --module=matmul.vmfb --module=calls.vmfb`
+//!
+//! Every command reads `--flagfile=PATH` (flags from a file, in place) and
+//! keeps the last value of a flag given twice, as upstream's tools.
 
-mod benchmark_module;
-mod check_module;
-mod dump_module;
 mod e2e_test;
-mod format;
-mod inputs;
-mod npy;
-mod outputs;
-mod parameters;
-mod run_module;
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -38,14 +33,8 @@ struct Cli {
 #[allow(clippy::enum_variant_names)]
 #[derive(Subcommand)]
 enum Command {
-    /// Loads modules and runs one function (like `iree-run-module`).
-    RunModule(run_module::RunModuleArgs),
-    /// Prints a module's metadata and disassembly (like `iree-dump-module`).
-    DumpModule(dump_module::DumpModuleArgs),
-    /// Times calls of one function (like `iree-benchmark-module`).
-    BenchmarkModule(benchmark_module::BenchmarkModuleArgs),
-    /// Runs each test function of a self-checking program (like `iree-check-module`).
-    CheckModule(check_module::CheckModuleArgs),
+    #[command(flatten)]
+    Tool(ferrite_tooling::Tool),
     /// Runs generated matmul e2e tests with the `matmul_test` module (like `iree-e2e-matmul-test`).
     E2eMatmulTest(e2e_test::E2eTestArgs),
     /// Runs generated conv2d e2e tests with the `conv2d_test` module (like `iree-e2e-conv2d-test`).
@@ -62,18 +51,8 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return e.exit_code();
-        }
-    };
-    let result = match &cli.command {
-        Command::RunModule(a) => run_module::run(a),
-        Command::DumpModule(a) => dump_module::run(a),
-        Command::BenchmarkModule(a) => benchmark_module::run(a),
-        Command::CheckModule(a) => check_module::run(a),
+    ferrite_tooling::run_main::<Cli>(args, |cli| match &cli.command {
+        Command::Tool(t) => t.run(),
         Command::E2eMatmulTest(a) => {
             e2e_test::run(a, ferrite_modules::e2e::matmul::create_matmul_test_module)
         }
@@ -84,12 +63,5 @@ where
             a,
             ferrite_modules::e2e::attention::create_attention_test_module,
         ),
-    };
-    match result {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("{e}");
-            1
-        }
-    }
+    })
 }

@@ -162,9 +162,9 @@ fn section<'a>(text: &'a str, title: &str) -> &'a str {
 fn matches_upstream() {
     let upstream = venv_tool_path("iree-dump-module");
     if !upstream.exists() {
-        eprintln!(
-            "skipping upstream comparison: {} not installed",
-            upstream.display()
+        ferrite_testkit::skip_or_fail(
+            "matches_upstream",
+            &format!("{} not installed", upstream.display()),
         );
         return;
     }

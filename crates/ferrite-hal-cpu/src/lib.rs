@@ -13,6 +13,7 @@
 pub mod cpu_executable;
 pub mod cpu_features;
 pub mod device;
+pub mod driver;
 pub mod executable;
 pub mod pool;
 
@@ -21,3 +22,4 @@ pub use executable::library::{
 };
 
 pub use device::CpuDevice;
+pub use driver::{LocalSyncDriver, LocalTaskDriver};

@@ -17,6 +17,8 @@
 //! - [`command_buffer`], [`executable`], [`device`]: recorded commands,
 //!   loaded executables, and the device trait with queue operations built
 //!   on one submission primitive.
+//! - [`driver`]: the driver trait (device URIs, enumeration, creation) and
+//!   the driver flags (`--task_*`) drivers receive.
 //! - [`module`]: the `hal` VM module.
 #![deny(missing_docs)]
 
@@ -25,6 +27,7 @@ pub mod buffer;
 pub mod buffer_view;
 pub mod command_buffer;
 pub mod device;
+pub mod driver;
 pub mod element_type;
 pub mod executable;
 pub mod fence;

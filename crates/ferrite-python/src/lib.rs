@@ -9,7 +9,6 @@
 
 use pyo3::prelude::*;
 
-mod byte_level;
 mod command_buffer;
 mod debug_sink;
 mod declaration;
@@ -25,7 +24,6 @@ mod loop_bridge;
 mod pymodule;
 mod semaphore;
 mod status;
-mod tiktoken;
 mod tokenizer;
 mod tools;
 mod vm;

@@ -23,7 +23,9 @@ pub mod process;
 
 pub use bytes::f32_bytes;
 pub use compile::{compile_file, compile_source, GENERIC_CPU};
-pub use paths::{venv_dir, venv_tool, venv_tool_path, workspace_root};
+pub use paths::{
+    skip_or_fail, upstream_required, venv_dir, venv_tool, venv_tool_path, workspace_root,
+};
 pub use process::{run_command, run_program, Output};
 
 /// `$CARGO_TARGET_TMPDIR/<sub>` of the calling test crate, created if

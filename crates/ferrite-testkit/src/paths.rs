@@ -44,3 +44,22 @@ pub fn created_dir(dir: PathBuf) -> PathBuf {
         .unwrap_or_else(|e| panic!("cannot create directory {}: {e}", dir.display()));
     dir
 }
+
+/// Whether missing upstream prerequisites (the pinned tools, the upstream
+/// source mirror) must fail tests instead of skipping them: true when
+/// `FERRITE_REQUIRE_UPSTREAM=1`, which CI sets wherever it installs them.
+pub fn upstream_required() -> bool {
+    std::env::var("FERRITE_REQUIRE_UPSTREAM").is_ok_and(|v| v == "1")
+}
+
+/// Reports that `test` cannot run because `reason`: prints
+/// `SKIPPED <test>: <reason>` to the test output, or fails the test when
+/// [`upstream_required`]. Callers return right after it.
+pub fn skip_or_fail(test: &str, reason: &str) {
+    assert!(
+        !upstream_required(),
+        "{test}: {reason} (FERRITE_REQUIRE_UPSTREAM=1 forbids skipping)"
+    );
+    eprintln!("SKIPPED {test}: {reason}");
+    println!("SKIPPED {test}: {reason}");
+}

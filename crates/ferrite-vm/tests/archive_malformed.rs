@@ -1165,9 +1165,9 @@ fn cross_check(name: &str, bytes: &[u8]) {
 #[test]
 fn cross_check_with_iree_dump_module() {
     if !venv_tool_path("iree-dump-module").exists() {
-        eprintln!(
-            "SKIPPED cross_check_with_iree_dump_module: {} not found",
-            venv_tool_path("iree-dump-module").display()
+        ferrite_testkit::skip_or_fail(
+            "cross_check_with_iree_dump_module",
+            &format!("{} not found", venv_tool_path("iree-dump-module").display()),
         );
         return;
     }

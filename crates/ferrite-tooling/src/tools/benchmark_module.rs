@@ -8,7 +8,7 @@
 //! `iree-benchmark-module` on the same module, function, inputs and device
 //! and ends with `ratio: X` (Ferrite time / upstream time, lower is better).
 
-use crate::run_module::{load_context_with, parse_inputs};
+use crate::context::{load_context_with, parse_inputs};
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, status, Result};
 use ferrite_vm::Instance;
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args, Debug)]
 pub struct BenchmarkModuleArgs {
     /// A `.vmfb` file to load; repeat for several (the last is the main module).
-    #[arg(long = "module", required = true)]
+    #[arg(long = "module", required_unless_present_any = crate::device_flags::LISTING)]
     pub modules: Vec<String>,
     /// Function to call; without it, every exported function that takes
     /// no arguments.
@@ -29,12 +29,9 @@ pub struct BenchmarkModuleArgs {
     /// Function inputs (as `run-module --input`).
     #[arg(long = "input", allow_hyphen_values = true)]
     pub inputs: Vec<String>,
-    /// HAL device(s): `local-sync` or `local-task`.
-    #[arg(long = "device")]
-    pub devices: Vec<String>,
-    /// Worker threads of `local-task` (0 = one per core).
-    #[arg(long = "task_topology_group_count", default_value_t = 0)]
-    pub task_workers: usize,
+    /// Devices and driver flags (`--device`, `--task_*`, `--list_devices`).
+    #[command(flatten)]
+    pub device: crate::device_flags::DeviceArgs,
     /// Timed repetitions; each runs enough calls to last the minimum time.
     #[arg(long = "benchmark_repetitions", default_value_t = 1)]
     pub repetitions: usize,
@@ -275,6 +272,9 @@ fn time_function(
 /// Runs the command; prints the report (and upstream's figures and the
 /// ratio with `--compare-upstream`).
 pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
+    if args.device.wants_listing() {
+        return args.device.print_listing();
+    }
     let min_time = parse_min_time(&args.min_time)?;
     for (flag, value) in [
         ("--benchmark_format", &args.format),
@@ -291,8 +291,7 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
     let rc = load_context_with(
         &instance,
         &args.modules,
-        &args.devices,
-        args.task_workers,
+        &args.device,
         false,
         args.params.modules()?,
     )
@@ -462,14 +461,16 @@ fn run_upstream(args: &BenchmarkModuleArgs) -> Result<f64> {
     for i in &args.inputs {
         cmd.arg(format!("--input={i}"));
     }
-    for d in &args.devices {
+    for d in &args.device.devices {
         cmd.arg(format!("--device={d}"));
     }
     for p in &args.params.parameters {
         cmd.arg(format!("--parameters={p}"));
     }
     cmd.arg(format!("--parameter_mode={}", args.params.parameter_mode));
-    cmd.arg(format!("--task_topology_group_count={}", args.task_workers));
+    for (name, value) in args.device.task.given() {
+        cmd.arg(format!("--{name}={value}"));
+    }
     cmd.arg(format!(
         "--benchmark_repetitions={}",
         args.repetitions.max(1)

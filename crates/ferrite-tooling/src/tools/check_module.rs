@@ -17,21 +17,19 @@ use ferrite_modules::check::{create_check_module, CheckLog};
 use ferrite_vm::cconv::Cconv;
 use ferrite_vm::{BytecodeModule, Instance, Module, ModuleBytes};
 
-use crate::run_module::load_context_with;
+use crate::context::load_context_with;
+use crate::device_flags::DeviceArgs;
 
 /// Options of `check-module`.
 #[derive(clap::Args, Debug)]
 pub struct CheckModuleArgs {
     /// A `.vmfb` file to load; repeat for several (the last is the module
     /// whose functions are the tests).
-    #[arg(long = "module", required = true)]
+    #[arg(long = "module", required_unless_present_any = crate::device_flags::LISTING)]
     pub modules: Vec<String>,
-    /// HAL device to run on: `local-sync` or `local-task` (default).
-    #[arg(long = "device")]
-    pub devices: Vec<String>,
-    /// Worker threads of `local-task` (0 = one per core).
-    #[arg(long = "task_topology_group_count", default_value_t = 0)]
-    pub task_workers: usize,
+    /// Devices and driver flags (`--device`, `--task_*`, `--list_devices`).
+    #[command(flatten)]
+    pub device: crate::device_flags::DeviceArgs,
     /// Parameter files (`--parameters`, `--parameter_mode`).
     #[command(flatten)]
     pub params: crate::parameters::ParameterArgs,
@@ -88,17 +86,15 @@ fn discover(path: &str) -> Result<Discovered> {
 
 /// The native modules one test's context gets besides `hal` (registered
 /// before the program modules), and the log their failed expectations go to.
-pub(crate) type ExtraModules = (Vec<Arc<dyn Module>>, CheckLog);
+pub type ExtraModules = (Vec<Arc<dyn Module>>, CheckLog);
 
 /// What a test run needs: the program modules and devices, which tests to
 /// run, and how to make the native modules of each test's context.
-pub(crate) struct TestRun<'a> {
+pub struct TestRun<'a> {
     /// `.vmfb` paths; the last one's exports are the tests.
     pub modules: &'a [String],
-    /// `--device` values.
-    pub devices: &'a [String],
-    /// `local-task` workers (0 = one per core).
-    pub task_workers: usize,
+    /// `--device` and driver flags.
+    pub device: &'a DeviceArgs,
     /// Runs only tests whose name contains this text.
     pub filter: Option<&'a str>,
     /// Succeeds only when some test fails.
@@ -115,15 +111,8 @@ fn run_test(run: &TestRun<'_>, module_name: &str, test: &Test) -> Vec<String> {
         Err(e) => return vec![e.to_string()],
     };
     let outcome = (|| -> Result<()> {
-        let ctx = load_context_with(
-            &instance,
-            run.modules,
-            run.devices,
-            run.task_workers,
-            false,
-            extra,
-        )
-        .annotate(|| "creating the test context".to_string())?;
+        let ctx = load_context_with(&instance, run.modules, run.device, false, extra)
+            .annotate(|| "creating the test context".to_string())?;
         let name = format!("{module_name}.{}", test.name);
         let f = ctx.context.lookup_function(&name)?;
         ctx.context
@@ -151,6 +140,9 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 /// Runs the command: exits 1 when a test failed (or, with
 /// `--expect_failure`, when none did).
 pub fn run(args: &CheckModuleArgs) -> Result<()> {
+    if args.device.wants_listing() {
+        return args.device.print_listing();
+    }
     let extra = || -> Result<ExtraModules> {
         let (check, log) = create_check_module()?;
         let mut extra = vec![check as Arc<dyn Module>];
@@ -159,8 +151,7 @@ pub fn run(args: &CheckModuleArgs) -> Result<()> {
     };
     run_tests(&TestRun {
         modules: &args.modules,
-        devices: &args.devices,
-        task_workers: args.task_workers,
+        device: &args.device,
         filter: args.filter.as_deref(),
         expect_failure: args.expect_failure,
         extra: &extra,
@@ -170,7 +161,7 @@ pub fn run(args: &CheckModuleArgs) -> Result<()> {
 /// Runs each test of `run`, printing `[ RUN ]`/`[ OK ]`/`[ FAILED ]` lines
 /// and `N passed, M failed`: exits 1 when a test failed (or, with
 /// `expect_failure`, when none did).
-pub(crate) fn run_tests(run: &TestRun<'_>) -> Result<()> {
+pub fn run_tests(run: &TestRun<'_>) -> Result<()> {
     let args = run;
     let main = args.modules.last().map(String::as_str).unwrap_or("-");
     let (module_name, tests, skipped) = discover(main)?;

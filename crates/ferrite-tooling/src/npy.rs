@@ -3,10 +3,17 @@
 //! kinds `b i u f c V`, C order only; written files use version 1 (2 when
 //! the header needs it) with the header padded to 64 bytes, byte for byte as
 //! upstream writes them.
+//!
+//! The one `.npy` codec of the workspace: the tools' `--input=@x.npy` and
+//! `--output=@x.npy` use [`read_header`] and [`write_array`], Rust programs
+//! read and write [`Tensor`]s with [`read_tensor`] and [`write_tensor`].
 
+use ferrite::Tensor;
+use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, status, Result};
 use ferrite_hal::{ElementType, NumericalType};
 use std::io::{Read, Write};
+use std::path::Path;
 
 const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
@@ -264,6 +271,65 @@ pub fn write_array(
     Ok(())
 }
 
+/// Parses the bytes of one `.npy` array into a tensor (trailing bytes
+/// after the array's data are ignored, as when reading the first array of
+/// a file holding several).
+pub fn tensor_from_bytes(bytes: &[u8]) -> Result<Tensor> {
+    let mut r = bytes;
+    let header = read_header(&mut r, "npy bytes")?;
+    let count = header
+        .shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| status!(InvalidArgument, "npy shape {:?} overflows", header.shape))?;
+    let need = header.element_type.dense_byte_count(count)?;
+    let data = usize::try_from(need)
+        .ok()
+        .and_then(|n| r.get(..n))
+        .ok_or_else(|| {
+            status!(
+                InvalidArgument,
+                "npy data holds {} bytes but shape {:?} of {} needs {need}",
+                r.len(),
+                header.shape,
+                header.element_type
+            )
+        })?;
+    Tensor::new(&header.shape, header.element_type, data.to_vec())
+}
+
+/// Reads a `.npy` file (its first array) as a tensor.
+pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| {
+        status!(
+            NotFound,
+            "unable to open file `{}` for reading: {e}",
+            path.display()
+        )
+    })?;
+    tensor_from_bytes(&bytes).annotate(|| format!("parsing '{}'", path.display()))
+}
+
+/// The tensor as the bytes of a `.npy` file.
+pub fn tensor_to_bytes(tensor: &Tensor) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(128 + tensor.data().len());
+    write_array(
+        &mut out,
+        tensor.shape(),
+        tensor.element_type(),
+        tensor.data(),
+    )?;
+    Ok(out)
+}
+
+/// Writes the tensor to a `.npy` file.
+pub fn write_tensor(path: impl AsRef<Path>, tensor: &Tensor) -> Result<()> {
+    let path = path.as_ref();
+    std::fs::write(path, tensor_to_bytes(tensor)?)
+        .map_err(|e| status!(PermissionDenied, "writing '{}': {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,6 +348,23 @@ mod tests {
         let h = read_header(&mut &out[..], "t.npy").unwrap();
         assert_eq!(h.shape, vec![2, 3]);
         assert_eq!(h.element_type, ElementType::FLOAT_32);
+    }
+
+    #[test]
+    fn tensors_round_trip() {
+        let t = Tensor::from_f32(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let bytes = tensor_to_bytes(&t).unwrap();
+        assert_eq!(bytes.len() % 64, 24);
+        assert_eq!(tensor_from_bytes(&bytes).unwrap(), t);
+        let t = Tensor::from_i32(&[3], &[-1, 0, 7]).unwrap();
+        assert_eq!(tensor_from_bytes(&tensor_to_bytes(&t).unwrap()).unwrap(), t);
+        let t = Tensor::from_slice::<f64>(&[], &[2.5]).unwrap();
+        assert_eq!(tensor_from_bytes(&tensor_to_bytes(&t).unwrap()).unwrap(), t);
+        let mut b = tensor_to_bytes(&Tensor::from_f32(&[4], &[1.0; 4]).unwrap()).unwrap();
+        b.truncate(b.len() - 1);
+        let e = tensor_from_bytes(&b).unwrap_err();
+        assert!(e.to_string().contains("needs 16"), "{e}");
+        assert!(tensor_from_bytes(b"hello").is_err());
     }
 
     #[test]
