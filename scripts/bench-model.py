@@ -18,7 +18,12 @@ the Python APIs (`VmModule.mmap` of the inlined module and one call).
 Outputs are checked identical (run-module) before timing.
 
 Usage: scripts/bench-model.py [--rounds N] [--min-time S] [--skip-python]
-       [--inline PATH] [--params PATH]   (use given files, e.g. random weights)
+       scripts/bench-model.py --params-only --params M.vmfb --weights W.safetensors
+           (latency and RSS of the parameterized module only, e.g. with
+           random weights from `--random-weights OUT`, where the 90 MB
+           inlined module cannot be had)
+Environment: FERRITE (the ferrite binary), UPSTREAM_BIN (folder with the
+pinned iree-run-module / iree-benchmark-module), VENV.
 """
 import argparse
 import importlib.util
@@ -40,10 +45,6 @@ _spec.loader.exec_module(hal)
 hal.BUILD = BUILD  # run_rss writes its scratch file there
 
 INPUTS = ["--input=1x128xi64=1", "--input=1x128xi64=1"]
-SPEED_CASES = [
-    ("local-sync", ["--device=local-sync"]),
-    ("local-task, 2 workers", ["--device=local-task", "--task_topology_group_count=2"]),
-]
 
 PY_SNIPPET = r"""
 import sys, numpy as np
@@ -88,12 +89,35 @@ def main():
     ap.add_argument("--weights", help="its parameter file, scope `model`")
     ap.add_argument("--skip-python", action="store_true")
     ap.add_argument("--skip-build", action="store_true", help="use target/release/ferrite as it is")
+    ap.add_argument("--params-only", action="store_true", help="bench the parameterized module only")
+    ap.add_argument("--workers", type=int, nargs="*", default=[2],
+                    help="local-task worker counts to time (default: 2)")
+    ap.add_argument("--random-weights", metavar="OUT",
+                    help="write MiniLM-shaped random weights as a .safetensors file and exit")
     args = ap.parse_args()
+    if args.random_weights:
+        sys.path.insert(0, os.path.join(ROOT, "examples", "minilm"))
+        import model
+
+        model.write_random_safetensors(args.random_weights)
+        log(f"wrote {args.random_weights}")
+        return
     os.makedirs(BUILD, exist_ok=True)
     if not args.skip_build:
         log("building ferrite (release)...")
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferrite-cli"], cwd=ROOT, check=True)
-    inline, params, weights = ensure_modules(args)
+    if args.params_only:
+        if not (args.params and args.weights):
+            sys.exit("--params-only needs --params and --weights")
+        inline, params, weights = None, args.params, args.weights
+        args.skip_python = True
+    else:
+        inline, params, weights = ensure_modules(args)
+    speed_module = [f"--module={inline}"] if inline else [f"--module={params}", f"--parameters=model={weights}"]
+    speed_cases = [("local-sync", ["--device=local-sync"])] + [
+        (f"local-task, {w} workers", ["--device=local-task", f"--task_topology_group_count={w}"])
+        for w in args.workers
+    ]
     up_run = os.path.join(BIN, "iree-run-module")
     up_bench = os.path.join(BIN, "iree-benchmark-module")
 
@@ -102,10 +126,10 @@ def main():
     rss_cases = [
         ("inlined constants, local-sync", [f"--module={inline}", "--device=local-sync"]),
         ("inlined constants, local-task", [f"--module={inline}", "--device=local-task"]),
-        ("parameters (.safetensors), local-sync",
-         [f"--module={params}", f"--parameters=model={weights}", "--device=local-sync"]),
-    ]
-    if weights.endswith(".safetensors") and os.path.exists(os.path.join(BIN, "iree-convert-parameters")):
+    ] if inline else []
+    rss_cases.append(("parameters (.safetensors), local-sync",
+                      [f"--module={params}", f"--parameters=model={weights}", "--device=local-sync"]))
+    if inline and weights.endswith(".safetensors") and os.path.exists(os.path.join(BIN, "iree-convert-parameters")):
         irpa = os.path.join(BUILD, "minilm.irpa")
         if not os.path.exists(irpa) or os.path.getmtime(irpa) < os.path.getmtime(weights):
             subprocess.run([os.path.join(BIN, "iree-convert-parameters"), f"--parameters=model={weights}",
@@ -130,8 +154,8 @@ def main():
         log(f"  RSS python: ferrite {f_kb / 1024:.1f} MiB, upstream {u_kb / 1024:.1f} MiB")
 
     # Latency, interleaved rounds.
-    for name, dev in SPEED_CASES:
-        common = [f"--module={inline}", "--function=embed", *INPUTS, *dev,
+    for name, dev in speed_cases:
+        common = [*speed_module, "--function=embed", *INPUTS, *dev,
                   f"--benchmark_min_time={args.min_time}s"]
         per = {"ferrite": [], "upstream": []}
         for r in range(args.rounds):
@@ -145,7 +169,7 @@ def main():
             log(f"  {name} round {r + 1}/{args.rounds}: ferrite {hal.fmt(per['ferrite'][-1])}, "
                 f"upstream {hal.fmt(per['upstream'][-1])}")
         f, u = statistics.median(per["ferrite"]), statistics.median(per["upstream"])
-        rows.append(("latency", name, f / 1e6, u / 1e6))
+        rows.append(("latency", name + ("" if inline else " (parameters)"), f / 1e6, u / 1e6))
 
     log("\n| measure | case | Ferrite | upstream | ratio |")
     log("|---|---|---|---|---|")

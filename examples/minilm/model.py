@@ -47,6 +47,57 @@ def read_safetensors(path):
     return out
 
 
+def weight_shapes():
+    """Name -> shape of every tensor the program reads."""
+    shapes = {
+        "embeddings.word_embeddings.weight": (30522, HIDDEN),
+        "embeddings.position_embeddings.weight": (512, HIDDEN),
+        "embeddings.token_type_embeddings.weight": (2, HIDDEN),
+    }
+    dense = {
+        "attention.self.query": (HIDDEN, HIDDEN),
+        "attention.self.key": (HIDDEN, HIDDEN),
+        "attention.self.value": (HIDDEN, HIDDEN),
+        "attention.output.dense": (HIDDEN, HIDDEN),
+        "intermediate.dense": (INTERMEDIATE, HIDDEN),
+        "output.dense": (HIDDEN, INTERMEDIATE),
+    }
+    for name in weight_names():
+        if name in shapes:
+            continue
+        stem, kind = name.rsplit(".", 1)
+        part = stem.split(".", 3)[-1] if stem.startswith("encoder.") else stem
+        if kind == "weight" and part in dense:
+            shapes[name] = dense[part]
+        elif part in dense:
+            shapes[name] = (dense[part][0],)
+        else:  # LayerNorm weight/bias
+            shapes[name] = (HIDDEN,)
+    return shapes
+
+
+def write_random_safetensors(path, seed=0):
+    """MiniLM-shaped random f32 weights (same names and shapes as the real
+    file) as a .safetensors file whose tensors start 64-byte aligned; for
+    benchmarks where the real weights cannot be had."""
+    rng = np.random.default_rng(seed)
+    header, offset, arrays = {}, 0, []
+    for name, shape in weight_shapes().items():
+        a = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        if name.endswith("LayerNorm.weight"):
+            a += 1.0
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + a.nbytes]}
+        arrays.append(a)
+        offset += a.nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-(8 + len(text)) % 64)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for a in arrays:
+            f.write(a.tobytes())
+
+
 def weight_names():
     """The safetensors tensors the program reads (in a fixed order)."""
     names = [

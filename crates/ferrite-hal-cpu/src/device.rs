@@ -182,6 +182,169 @@ impl CpuDevice {
     }
 }
 
+/// The workgroup grid of a dispatch: as recorded, or read from its
+/// indirect buffer (three little-endian u32) at execution.
+fn workgroup_count(
+    recorded: [u32; 3],
+    indirect: Option<&BufferRef>,
+    table: &[Binding],
+) -> Result<[u32; 3]> {
+    let Some(r) = indirect else {
+        return Ok(recorded);
+    };
+    let (b, o, _) = r.resolve(table)?;
+    let mut raw = [0u8; 12];
+    b.read(o, &mut raw)?;
+    let w =
+        |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
+    Ok([w(0), w(1), w(2)])
+}
+
+/// One dispatch of a concurrent run, resolved for the workers: its chunks
+/// are `first_chunk..first_chunk + chunks` of the run's chunk space.
+struct Part {
+    executable: Arc<dyn Executable>,
+    function: u32,
+    workgroups: [u32; 3],
+    /// Workgroups per chunk; a sequential export is one chunk of all.
+    per: u64,
+    total: u64,
+    sequential: bool,
+    first_chunk: u64,
+    constants: Vec<u32>,
+    bindings: Vec<BindingPtr>,
+    /// Index of the command in the command buffer, for error messages.
+    command: usize,
+}
+
+impl CpuDevice {
+    /// Runs independent dispatches (`commands`, all `Command::Dispatch`, the
+    /// first at index `first` of the command buffer) as one parallel pass
+    /// over all their workgroups: each dispatch is cut into chunks as
+    /// [`CpuDevice::dispatch`] would cut it, and the workers take chunks of
+    /// any of them.
+    fn dispatch_concurrently(
+        &self,
+        pool: &Arc<WorkerPool>,
+        commands: &[Command],
+        table: &[Binding],
+        first: usize,
+    ) -> Result<()> {
+        let workers = pool.worker_count();
+        let mut parts = Vec::with_capacity(commands.len());
+        let mut chunks = 0u64;
+        for (k, c) in commands.iter().enumerate() {
+            let Command::Dispatch {
+                executable,
+                function,
+                workgroups,
+                indirect,
+                constants,
+                bindings,
+            } = c
+            else {
+                continue;
+            };
+            let command = first + k;
+            let at = |e: Status| {
+                e.annotate(format!("dispatch of function {function}"))
+                    .annotate(format!("executing command {command}"))
+            };
+            let workgroups = workgroup_count(*workgroups, indirect.as_ref(), table).map_err(at)?;
+            let Some(cpu) = executable.0.as_any().downcast_ref::<CpuExecutable>() else {
+                return Err(at(Status::new(
+                    ferrite_base::StatusCode::InvalidArgument,
+                    "dispatch of an executable that the CPU driver did not load",
+                )));
+            };
+            let total = workgroups.iter().map(|&c| c as u64).product::<u64>();
+            if total == 0 {
+                continue;
+            }
+            let sequential = cpu
+                .library()
+                .export(*function)
+                .is_some_and(|e| e.sequential);
+            let per = if sequential {
+                total
+            } else if total < workers as u64 * TILES_PER_RESERVATION {
+                1
+            } else {
+                TILES_PER_RESERVATION
+            };
+            let bindings = bindings
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    r.resolve(table)
+                        .and_then(|(b, o, l)| b.binding_ptr(o, l, MemoryAccess::READ))
+                        .map_err(|e| e.annotate(format!("dispatch binding {i}")))
+                })
+                .collect::<Result<Vec<_>>>()
+                .map_err(at)?;
+            parts.push(Part {
+                executable: executable.0.clone(),
+                function: *function,
+                workgroups,
+                per,
+                total,
+                sequential,
+                first_chunk: chunks,
+                constants: constants.clone(),
+                bindings,
+                command,
+            });
+            chunks += total.div_ceil(per);
+        }
+        let parts = Arc::new(parts);
+        let failure: Arc<Mutex<Option<Status>>> = Arc::new(Mutex::new(None));
+        let (p2, f2) = (parts.clone(), failure.clone());
+        pool.parallel_for(
+            chunks,
+            workers,
+            Arc::new(move |chunk| {
+                let i = p2.partition_point(|p| p.first_chunk <= chunk) - 1;
+                let p = &p2[i];
+                let Some(cpu) = p.executable.as_any().downcast_ref::<CpuExecutable>() else {
+                    return;
+                };
+                let local = chunk - p.first_chunk;
+                let start = local * p.per;
+                let (range, concurrency) = if p.sequential {
+                    (None, 1)
+                } else {
+                    (Some(start..(start + p.per).min(p.total)), workers)
+                };
+                let ptrs: SmallVec<[*mut c_void; 8]> =
+                    p.bindings.iter().map(|b| b.as_ptr().cast()).collect();
+                let lens: SmallVec<[usize; 8]> = p.bindings.iter().map(|b| b.len()).collect();
+                let r = run_slice(
+                    cpu,
+                    p.function,
+                    p.workgroups,
+                    range,
+                    (chunk % workers as u64) as u32,
+                    concurrency,
+                    &p.constants,
+                    &ptrs,
+                    &lens,
+                );
+                if let Err(e) = r {
+                    let e = e
+                        .annotate(format!("dispatch of function {}", p.function))
+                        .annotate(format!("executing command {}", p.command));
+                    f2.lock().get_or_insert(e);
+                }
+            }),
+        );
+        let failed = failure.lock().take();
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_slice(
     cpu: &CpuExecutable,
@@ -310,9 +473,28 @@ impl Device for CpuDevice {
     }
 
     fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()> {
-        for (i, c) in commands.iter().enumerate() {
-            self.execute_one(c, bindings)
+        let pool = match &self.mode {
+            Mode::Task(p) => Some(p),
+            Mode::Sync => None,
+        };
+        let mut i = 0;
+        while i < commands.len() {
+            // Dispatches with no barrier between them are independent (the
+            // compiler orders dependent ones with a barrier): on local-task
+            // a run of them shares one parallel pass over all their
+            // workgroups, instead of one fork-join each.
+            let run = commands[i..]
+                .iter()
+                .take_while(|c| matches!(c, Command::Dispatch { .. }))
+                .count();
+            if let (Some(pool), 2..) = (pool, run) {
+                self.dispatch_concurrently(pool, &commands[i..i + run], bindings, i)?;
+                i += run;
+                continue;
+            }
+            self.execute_one(&commands[i], bindings)
                 .map_err(|e| e.annotate(format!("executing command {i}")))?;
+            i += 1;
         }
         Ok(())
     }
@@ -351,23 +533,7 @@ impl CpuDevice {
                 constants,
                 bindings,
             } => {
-                let workgroups = match indirect {
-                    None => *workgroups,
-                    Some(r) => {
-                        let (b, o, _) = r.resolve(table)?;
-                        let mut raw = [0u8; 12];
-                        b.read(o, &mut raw)?;
-                        let w = |i: usize| {
-                            u32::from_le_bytes([
-                                raw[4 * i],
-                                raw[4 * i + 1],
-                                raw[4 * i + 2],
-                                raw[4 * i + 3],
-                            ])
-                        };
-                        [w(0), w(1), w(2)]
-                    }
-                };
+                let workgroups = workgroup_count(*workgroups, indirect.as_ref(), table)?;
                 self.dispatch(
                     &executable.0,
                     *function,
