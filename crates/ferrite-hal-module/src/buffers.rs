@@ -2,15 +2,14 @@
 
 use super::args::{as_vm_buffer, cast, cast_ref, obj, obj_ref, span, span_into, string, vm_buffer};
 use super::Shared;
-use crate::allocator::BufferParams;
-use crate::buffer::{Buffer, HostMemory};
-use crate::buffer_view::BufferView;
-use crate::device::{AllocatorRef, DeviceRef};
-use crate::element_type::{ElementType, EncodingType};
-use crate::memory::{BufferUsage, MemoryType};
 use ferrite_base::{bail, Result};
-use ferrite_vm::buffer::SharedBytes;
-use ferrite_vm::buffer::VmBuffer;
+use ferrite_hal::allocator::BufferParams;
+use ferrite_hal::buffer::{Buffer, HostMemory};
+use ferrite_hal::buffer_view::BufferView;
+use ferrite_hal::device::{AllocatorRef, DeviceRef};
+use ferrite_hal::element_type::{ElementType, EncodingType};
+use ferrite_hal::memory::{BufferUsage, MemoryType};
+use ferrite_vm::buffer::{SharedBytes, VmBuffer};
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
 use ferrite_vm::{Ref, Variant};
 use smallvec::SmallVec;
@@ -224,8 +223,12 @@ pub(super) fn register(
             })?;
             BufferView::new(sub, &shape, et, enc)?
         } else {
-            // The whole buffer: the view shares the caller's ref to it.
-            BufferView::over_ref(source.clone(), &shape, et, enc)?
+            // The whole buffer: the view shares the caller's object, so
+            // `buffer_view.buffer` returns a ref equal to `source`.
+            let Some(shared) = source.downcast_arc::<Buffer>() else {
+                bail!(InvalidArgument, "source buffer: expected !hal.buffer, received !{}", source.type_name());
+            };
+            BufferView::over_shared(shared, &shape, et, enc)?
         };
         c.ready([Variant::Ref(Ref::new(view))])
     })?
@@ -245,7 +248,7 @@ pub(super) fn register(
     .function("buffer_view.buffer", "0r_r", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        c.ready([Variant::Ref(view.buffer_ref())])
+        c.ready([Variant::Ref(Ref::from_arc(view.shared_buffer()))])
     })?
     .function("buffer_view.element_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);
@@ -375,8 +378,8 @@ fn assert_view(
             "{message} shape rank mismatch; expected {} but have {}; expected shape `{}`, actual shape `{}`",
             shape.len(),
             view.rank(),
-            crate::buffer_view::format_shape(shape),
-            crate::buffer_view::format_shape(view.shape())
+            ferrite_hal::buffer_view::format_shape(shape),
+            ferrite_hal::buffer_view::format_shape(view.shape())
         );
     }
     for (i, (want, have)) in shape.iter().zip(view.shape()).enumerate() {
@@ -384,8 +387,8 @@ fn assert_view(
             bail!(
                 InvalidArgument,
                 "{message} shape dimension {i} mismatch; expected {want} but have {have}; expected shape `{}`, actual shape `{}`",
-                crate::buffer_view::format_shape(shape),
-                crate::buffer_view::format_shape(view.shape())
+                ferrite_hal::buffer_view::format_shape(shape),
+                ferrite_hal::buffer_view::format_shape(view.shape())
             );
         }
     }
