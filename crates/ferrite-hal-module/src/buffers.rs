@@ -455,7 +455,10 @@ mod tests {
     #[test]
     fn rodata_is_imported_in_place_only_when_aligned_and_read_only() {
         let mut data = Aligned([0; 256]);
-        data.0.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        data.0
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = i as u8);
         let shared: SharedBytes = Arc::new(data);
         let base = (*shared).as_ref().as_ptr();
         // A view starting 64 bytes in: offsets 0 and 64 within it are
@@ -463,9 +466,15 @@ mod tests {
         let view = VmBuffer::from_shared(shared.clone(), 64..256).unwrap();
         let r = SharedRange::of(&view, 64, 32).expect("aligned range imports in place");
         assert_eq!(r.as_ref().as_ptr(), base.wrapping_add(128));
-        assert_eq!(r.as_ref(), &(128..160).map(|i| i as u8).collect::<Vec<_>>()[..]);
+        assert_eq!(
+            r.as_ref(),
+            &(128..160).map(|i| i as u8).collect::<Vec<_>>()[..]
+        );
         assert!(SharedRange::of(&view, 0, 192).is_some());
-        assert!(SharedRange::of(&view, 8, 32).is_none(), "misaligned: copied");
+        assert!(
+            SharedRange::of(&view, 8, 32).is_none(),
+            "misaligned: copied"
+        );
         assert!(SharedRange::of(&view, 64, 129).is_none(), "past the view");
         // Owned (mutable) buffers are always copied.
         let owned = VmBuffer::from_vec(vec![0; 256], true);
