@@ -88,6 +88,7 @@ def main():
     ap.add_argument("--params", help="parameterized module (default: the committed one)")
     ap.add_argument("--weights", help="its parameter file, scope `model`")
     ap.add_argument("--skip-python", action="store_true")
+    ap.add_argument("--rss-only", action="store_true", help="skip the latency rounds")
     ap.add_argument("--skip-build", action="store_true", help="use target/release/ferrite as it is")
     ap.add_argument("--params-only", action="store_true", help="bench the parameterized module only")
     ap.add_argument("--workers", type=int, nargs="*", default=[2],
@@ -154,7 +155,7 @@ def main():
         log(f"  RSS python: ferrite {f_kb / 1024:.1f} MiB, upstream {u_kb / 1024:.1f} MiB")
 
     # Latency, interleaved rounds.
-    for name, dev in speed_cases:
+    for name, dev in [] if args.rss_only else speed_cases:
         common = [*speed_module, "--function=embed", *INPUTS, *dev,
                   f"--benchmark_min_time={args.min_time}s"]
         per = {"ferrite": [], "upstream": []}
