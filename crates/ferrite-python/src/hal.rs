@@ -15,9 +15,9 @@ use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::device::{queue, DeviceRef};
 use ferrite_hal::element_type::{ElementType, EncodingType};
 use ferrite_hal::memory::{BufferUsage, MemoryAccess, MemoryType};
-use ferrite_hal::module::HalModuleOptions;
 use ferrite_hal::semaphore::Semaphore;
 use ferrite_hal_cpu::CpuDevice;
+use ferrite_hal_module::HalModuleOptions;
 use ferrite_vm::Ref;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -852,16 +852,16 @@ fn create_hal_module(
             ))
         }
     };
-    ferrite_hal::module::register_types(instance.instance.types());
+    ferrite_hal_module::register_types(instance.instance.types());
     let options = HalModuleOptions {
         trace_sink: Some(
             debug_sink
                 .map(PyHalModuleDebugSink::trace_sink)
-                .unwrap_or_else(ferrite_hal::module::stderr_trace_sink),
+                .unwrap_or_else(ferrite_hal_module::stderr_trace_sink),
         ),
         ..HalModuleOptions::default()
     };
-    let module = ferrite_hal::module::create_hal_module(list, options)
+    let module = ferrite_hal_module::create_hal_module(list, options)
         .py_context("Error creating hal module")?;
     Ok(PyVmModule::new(module))
 }

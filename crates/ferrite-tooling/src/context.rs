@@ -7,7 +7,7 @@ use crate::inputs::parse_scalar;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
 use ferrite_hal::device::DeviceRef;
-use ferrite_hal::module::HalModuleOptions;
+use ferrite_hal_module::HalModuleOptions;
 use ferrite_vm::cconv::CconvType;
 use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes, Ref, Variant};
 use std::sync::Arc;
@@ -15,6 +15,17 @@ use std::sync::Arc;
 /// The device the tools use when a program needs one and no `--device`
 /// names it (as upstream).
 pub const DEFAULT_DEVICE: &str = "local-task";
+
+/// How `--module` files are read (`--module_mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModuleMode {
+    /// Read the whole file into memory at startup.
+    Preload,
+    /// Map the file: pages are read as they are touched and rodata is used
+    /// in place (Ferrite's default; upstream's is `preload`).
+    #[default]
+    Mmap,
+}
 
 /// A context with the modules named on the command line, in order, plus the
 /// `hal` module (over `devices`) when a program needs it.
@@ -31,18 +42,24 @@ pub struct RunContext {
 pub fn load_context_with(
     instance: &Instance,
     modules: &[String],
+    mode: ModuleMode,
     devices: &DeviceArgs,
     yieldable: bool,
     extra: Vec<Arc<dyn Module>>,
 ) -> Result<RunContext> {
     // Driver flags are checked even when the program needs no device.
     devices.driver_options()?;
-    ferrite_hal::module::register_types(instance.types());
+    ferrite_hal_module::register_types(instance.types());
     let mut loaded = Vec::new();
     for path in modules {
         let bytes = if path == "-" {
             let mut v = Vec::new();
             std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)?;
+            ModuleBytes::from_vec(v)
+        } else if mode == ModuleMode::Preload {
+            let v = std::fs::read(path)
+                .map_err(ferrite_base::Status::from)
+                .annotate(|| format!("loading bytecode module at '{path}'"))?;
             ModuleBytes::from_vec(v)
         } else {
             ModuleBytes::map_file(path)
@@ -60,7 +77,7 @@ pub fn load_context_with(
     let mut hal_devices = Vec::new();
     if needs_hal {
         hal_devices = devices.create_devices(DEFAULT_DEVICE)?;
-        let hal = ferrite_hal::module::create_hal_module(
+        let hal = ferrite_hal_module::create_hal_module(
             hal_devices.clone(),
             HalModuleOptions::default(),
         )?;

@@ -230,18 +230,14 @@ pub(crate) extern "C" fn unwind(ctx: *mut Ctx, fnpc: i64) {
     ctx.trace.push(unpack(fnpc));
 }
 
-/// Opens a ref register window of `n` slots for a compiled callee; returns
-/// its base (negative on failure).
-pub(crate) extern "C" fn refs_enter(ctx: *mut Ctx, n: i64) -> i64 {
+/// Opens a ref register window of `n` slots for a compiled callee called at
+/// `fnpc`; returns its base, or -1 when the register arena is exhausted
+/// (the same `RESOURCE_EXHAUSTED` the interpreter's call raises).
+pub(crate) extern "C" fn refs_enter(ctx: *mut Ctx, fnpc: i64, n: i64) -> i64 {
     let mut base = -1i64;
-    guard(ctx, -1, |ctx| {
-        let stack = ctx.stack();
-        let b = stack.ref_top;
-        stack.ref_top += usize::try_from(n).map_err(|_| status!(Internal, "bad ref count"))?;
-        if stack.ref_regs.len() < stack.ref_top {
-            let top = stack.ref_top;
-            stack.ref_regs.resize(top, None);
-        }
+    guard(ctx, fnpc, |ctx| {
+        let n = usize::try_from(n).map_err(|_| status!(Internal, "bad ref count"))?;
+        let (_, b) = ctx.stack().push_registers(0, n)?;
         base = b as i64;
         Ok(())
     });

@@ -1522,14 +1522,15 @@ impl<'a, 'b> Translator<'a, 'b> {
         self.b.ins().store(flags(), d1, ctx, OFF_DEPTH);
         let base = if ref_count > 0 {
             let n = self.b.ins().iconst(I64, ref_count as i64);
+            let here = self.here_v();
             let base = self
                 .call_helper(
                     helper!(
-                        runtime::refs_enter as extern "C" fn(_, _) -> _,
-                        [I64, I64],
+                        runtime::refs_enter as extern "C" fn(_, _, _) -> _,
+                        [I64, I64, I64],
                         [I64]
                     ),
-                    &[ctx, n],
+                    &[ctx, here, n],
                 )
                 .ok_or("no result")?;
             let neg = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, base, 0);

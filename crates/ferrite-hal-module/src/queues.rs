@@ -3,13 +3,13 @@
 
 use super::args::{as_vm_buffer, obj, obj_ref, opt_obj, opt_obj_ref, span_into, string, vm_buffer};
 use super::Shared;
-use crate::allocator::BufferParams;
-use crate::buffer::Buffer;
-use crate::command_buffer::{Binding, BindingTable, CommandBuffer};
-use crate::device::{queue, DeviceRef};
-use crate::fence::Fence;
-use crate::memory::{BufferUsage, MemoryType};
 use ferrite_base::{bail, Result};
+use ferrite_hal::allocator::BufferParams;
+use ferrite_hal::buffer::Buffer;
+use ferrite_hal::command_buffer::{Binding, BindingTable, CommandBuffer};
+use ferrite_hal::device::{queue, DeviceRef};
+use ferrite_hal::fence::Fence;
+use ferrite_hal::memory::{BufferUsage, MemoryType};
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
 use ferrite_vm::refs::RefObject;
 use ferrite_vm::{Ref, Variant};
@@ -49,7 +49,11 @@ const FILE_WRITE: u32 = 1 << 1;
 /// mean "no wait" and "nothing to signal" (the shared empty fence).
 fn queue_head<'a>(
     a: &mut ArgReader<'a>,
-) -> Result<(&'a Arc<dyn crate::device::Device>, &'a Fence, &'a Fence)> {
+) -> Result<(
+    &'a Arc<dyn ferrite_hal::device::Device>,
+    &'a Fence,
+    &'a Fence,
+)> {
     let device: &DeviceRef = obj_ref(a, "device")?;
     let _affinity = a.i64()?;
     let wait: Option<&Fence> = opt_obj_ref(a, "wait fence")?;

@@ -3,11 +3,11 @@
 
 use super::args::{obj_ref, span};
 use super::Shared;
-use crate::device::DeviceRef;
-use crate::fence::Fence;
-use crate::semaphore::Semaphore;
 use ferrite_base::wait::{WaitMode, WaitSource};
 use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
+use ferrite_hal::device::DeviceRef;
+use ferrite_hal::fence::Fence;
+use ferrite_hal::semaphore::Semaphore;
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
 use ferrite_vm::stack::{NativeCall, NativePoll, Wait};
 use ferrite_vm::{Ref, Variant};

@@ -2,11 +2,11 @@
 
 use super::args::{as_vm_buffer, obj, opt_obj, span, string, vm_buffer};
 use super::Shared;
-use crate::buffer::Buffer;
-use crate::command_buffer::{BufferRef, CommandBuffer};
-use crate::device::DeviceRef;
-use crate::executable::ExecutableRef;
 use ferrite_base::{bail, Result};
+use ferrite_hal::buffer::Buffer;
+use ferrite_hal::command_buffer::{BufferRef, CommandBuffer};
+use ferrite_hal::device::DeviceRef;
+use ferrite_hal::executable::ExecutableRef;
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
 use ferrite_vm::{Ref, Variant};
 use std::sync::Arc;

@@ -1,12 +1,20 @@
-//! The `hal` VM module: the 60 functions compiled programs import
-//! (`hal.buffer_view.create`, `hal.command_buffer.dispatch`,
-//! `hal.fence.await`, ...), with upstream's names, module version (0.7) and
-//! calling conventions.
+//! The `hal` VM module and the VM <-> HAL glue (as upstream's
+//! `modules/hal`): the one crate that knows both the VM and the HAL, so
+//! that the HAL core and the drivers know nothing of the VM.
+//!
+//! - [`register_types`]: the HAL's ref types (`hal.buffer`, `hal.fence`,
+//!   ...) in a VM type registry.
+//! - [`create_hal_module`]: the 60 functions compiled programs import
+//!   (`hal.buffer_view.create`, `hal.command_buffer.dispatch`,
+//!   `hal.fence.await`, ...), with upstream's names, module version (0.7)
+//!   and calling conventions.
 //!
 //! Functions are grouped by the object they act on: [`buffers`] (allocator,
 //! buffer, buffer view), [`commands`] (command buffers, executables),
 //! [`queues`] (devices and their queues, files), [`fences`]. Collective
 //! channels answer `UNIMPLEMENTED` until a driver supports them.
+
+#![deny(missing_docs)]
 
 pub mod args;
 mod buffers;
@@ -18,9 +26,9 @@ mod queues;
 /// check arguments before a call (the Python function invoker).
 pub use buffers::element_types_compatible;
 
-use crate::buffer_view::BufferView;
-use crate::device::DeviceRef;
 use ferrite_base::Result;
+use ferrite_hal::buffer_view::BufferView;
+use ferrite_hal::device::DeviceRef;
 use ferrite_vm::native::{NativeModule, NativeModuleBuilder};
 use ferrite_vm::Ref;
 use std::sync::Arc;
@@ -74,7 +82,7 @@ impl Shared {
     fn new(devices: Vec<DeviceRef>, options: HalModuleOptions) -> Shared {
         let allocator_refs = devices
             .iter()
-            .map(|d| Ref::new(crate::device::AllocatorRef(d.0.allocator())))
+            .map(|d| Ref::new(ferrite_hal::device::AllocatorRef(d.0.allocator())))
             .collect();
         Shared {
             devices,
@@ -92,7 +100,7 @@ impl Shared {
             .position(|d| Arc::ptr_eq(&d.0, &device.0))
         {
             Some(i) => self.allocator_refs[i].clone(),
-            None => Ref::new(crate::device::AllocatorRef(device.0.allocator())),
+            None => Ref::new(ferrite_hal::device::AllocatorRef(device.0.allocator())),
         }
     }
 }
@@ -113,11 +121,14 @@ pub fn create_hal_module(
 
 /// Registers every ref type the `hal` module passes to programs.
 pub fn register_types(registry: &ferrite_vm::types::TypeRegistry) {
-    crate::register_types(registry);
+    registry.register_type::<ferrite_hal::Buffer>("hal.buffer");
+    registry.register_type::<BufferView>("hal.buffer_view");
+    registry.register_type::<ferrite_hal::Fence>("hal.fence");
+    registry.register_type::<ferrite_hal::Semaphore>("hal.semaphore");
     registry.register_type::<DeviceRef>("hal.device");
-    registry.register_type::<crate::device::AllocatorRef>("hal.allocator");
-    registry.register_type::<crate::command_buffer::CommandBuffer>("hal.command_buffer");
-    registry.register_type::<crate::executable::ExecutableRef>("hal.executable");
+    registry.register_type::<ferrite_hal::device::AllocatorRef>("hal.allocator");
+    registry.register_type::<ferrite_hal::command_buffer::CommandBuffer>("hal.command_buffer");
+    registry.register_type::<ferrite_hal::executable::ExecutableRef>("hal.executable");
     registry.register_type::<queues::File>("hal.file");
     registry.register_type::<queues::Channel>("hal.channel");
 }
@@ -126,6 +137,52 @@ pub fn register_types(registry: &ferrite_vm::types::TypeRegistry) {
 mod tests {
     use super::*;
     use ferrite_vm::Module;
+
+    #[test]
+    fn registers_the_hal_ref_types() {
+        let r = ferrite_vm::types::TypeRegistry::default();
+        register_types(&r);
+        for n in [
+            "hal.buffer",
+            "hal.buffer_view",
+            "hal.fence",
+            "hal.semaphore",
+            "hal.device",
+            "hal.allocator",
+            "hal.command_buffer",
+            "hal.executable",
+            "hal.file",
+            "hal.channel",
+        ] {
+            assert!(r.lookup(n).is_some(), "{n}");
+        }
+        let f = Ref::new(ferrite_hal::Fence::new());
+        assert!(r.lookup("hal.fence").unwrap().matches(&f));
+        assert!(!r.lookup("hal.buffer").unwrap().matches(&f));
+        let s = Ref::from_arc(ferrite_hal::Semaphore::new(0));
+        assert_eq!(s.type_name(), "hal.semaphore");
+    }
+
+    #[test]
+    fn a_view_over_a_whole_buffer_hands_back_the_same_object() {
+        use ferrite_hal::allocator::{Allocator, BufferParams};
+        use ferrite_hal::{BufferUsage, ElementType, EncodingType, MemoryType};
+        let allocator = ferrite_hal::HeapAllocator::new();
+        let params = BufferParams::new(MemoryType::HOST_LOCAL, BufferUsage::DEFAULT);
+        let buffer = allocator.allocate(&params, 16).unwrap();
+        let shared = Arc::new(buffer);
+        let view = BufferView::over_shared(
+            shared.clone(),
+            &[4],
+            ElementType::FLOAT_32,
+            EncodingType::DENSE_ROW_MAJOR,
+        )
+        .unwrap();
+        assert!(Arc::ptr_eq(&view.shared_buffer(), &shared));
+        let r = Ref::from_arc(view.shared_buffer());
+        assert!(r.ptr_eq(&Ref::from_arc(shared)));
+        assert!(r.into_arc::<ferrite_hal::Fence>().is_none());
+    }
 
     #[test]
     fn exports_match_upstream_names_and_signatures() {

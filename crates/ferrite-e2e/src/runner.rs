@@ -13,11 +13,11 @@
 
 use std::sync::Arc;
 
+use crate::E2eOptions;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
 use ferrite_hal_cpu::cpu_features::{host_cpu_data, lookup_feature};
 use ferrite_modules::check::CheckLog;
-use ferrite_modules::e2e::E2eOptions;
 use ferrite_vm::native::NativeModule;
 use ferrite_vm::{BytecodeModule, Instance, Module, ModuleBytes};
 
@@ -79,6 +79,7 @@ pub fn run(args: &E2eTestArgs, create: fn(E2eOptions) -> Result<Arc<NativeModule
     };
     run_tests(&TestRun {
         modules: &args.modules,
+        module_mode: ferrite_tooling::context::ModuleMode::default(),
         device: &args.device,
         filter: args.filter.as_deref(),
         expect_failure: false,
@@ -90,7 +91,7 @@ pub fn run(args: &E2eTestArgs, create: fn(E2eOptions) -> Result<Arc<NativeModule
 /// `target_features` attribute) that this host lacks, as a message.
 fn missing_feature(path: &str) -> Result<Option<String>> {
     let instance = Instance::default();
-    ferrite_hal::module::register_types(instance.types());
+    ferrite_hal_module::register_types(instance.types());
     let bytes =
         ModuleBytes::map_file(path).annotate(|| format!("loading bytecode module at '{path}'"))?;
     let module = BytecodeModule::load(&instance, bytes)
