@@ -2,8 +2,8 @@
 //!
 //! A thin layer: the tools themselves (`run-module`, `benchmark-module`,
 //! `dump-module`, `check-module`) live in `ferrite-tooling`, which the
-//! Python package's `ferrite` console command runs too; this crate adds the
-//! e2e test runners and the executable.
+//! Python package's `ferrite` console command runs too, and the e2e test
+//! runners in `ferrite-e2e`; this crate puts them under one executable.
 //!
 //! - `ferrite run-module --module=m.vmfb --function=f --input=42`
 //! - `ferrite dump-module [--output=metadata|disassembly] m.vmfb`
@@ -12,8 +12,6 @@
 //!
 //! Every command reads `--flagfile=PATH` (flags from a file, in place) and
 //! keeps the last value of a flag given twice, as upstream's tools.
-
-mod e2e_test;
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -36,11 +34,11 @@ enum Command {
     #[command(flatten)]
     Tool(ferrite_tooling::Tool),
     /// Runs generated matmul e2e tests with the `matmul_test` module (like `iree-e2e-matmul-test`).
-    E2eMatmulTest(e2e_test::E2eTestArgs),
+    E2eMatmulTest(ferrite_e2e::runner::E2eTestArgs),
     /// Runs generated conv2d e2e tests with the `conv2d_test` module (like `iree-e2e-conv2d-test`).
-    E2eConv2dTest(e2e_test::E2eTestArgs),
+    E2eConv2dTest(ferrite_e2e::runner::E2eTestArgs),
     /// Runs generated attention e2e tests with the `attention_test` module (like `iree-e2e-attention-test`).
-    E2eAttentionTest(e2e_test::E2eTestArgs),
+    E2eAttentionTest(ferrite_e2e::runner::E2eTestArgs),
 }
 
 /// Runs the command line `args` (program name first) and returns the exit
@@ -54,14 +52,13 @@ where
     ferrite_tooling::run_main::<Cli>(args, |cli| match &cli.command {
         Command::Tool(t) => t.run(),
         Command::E2eMatmulTest(a) => {
-            e2e_test::run(a, ferrite_modules::e2e::matmul::create_matmul_test_module)
+            ferrite_e2e::runner::run(a, ferrite_e2e::matmul::create_matmul_test_module)
         }
         Command::E2eConv2dTest(a) => {
-            e2e_test::run(a, ferrite_modules::e2e::conv2d::create_conv2d_test_module)
+            ferrite_e2e::runner::run(a, ferrite_e2e::conv2d::create_conv2d_test_module)
         }
-        Command::E2eAttentionTest(a) => e2e_test::run(
-            a,
-            ferrite_modules::e2e::attention::create_attention_test_module,
-        ),
+        Command::E2eAttentionTest(a) => {
+            ferrite_e2e::runner::run(a, ferrite_e2e::attention::create_attention_test_module)
+        }
     })
 }

@@ -16,6 +16,17 @@ use std::sync::Arc;
 /// names it (as upstream).
 pub const DEFAULT_DEVICE: &str = "local-task";
 
+/// How `--module` files are read (`--module_mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModuleMode {
+    /// Read the whole file into memory at startup.
+    Preload,
+    /// Map the file: pages are read as they are touched and rodata is used
+    /// in place (Ferrite's default; upstream's is `preload`).
+    #[default]
+    Mmap,
+}
+
 /// A context with the modules named on the command line, in order, plus the
 /// `hal` module (over `devices`) when a program needs it.
 pub struct RunContext {
@@ -31,6 +42,7 @@ pub struct RunContext {
 pub fn load_context_with(
     instance: &Instance,
     modules: &[String],
+    mode: ModuleMode,
     devices: &DeviceArgs,
     yieldable: bool,
     extra: Vec<Arc<dyn Module>>,
@@ -43,6 +55,11 @@ pub fn load_context_with(
         let bytes = if path == "-" {
             let mut v = Vec::new();
             std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)?;
+            ModuleBytes::from_vec(v)
+        } else if mode == ModuleMode::Preload {
+            let v = std::fs::read(path)
+                .map_err(ferrite_base::Status::from)
+                .annotate(|| format!("loading bytecode module at '{path}'"))?;
             ModuleBytes::from_vec(v)
         } else {
             ModuleBytes::map_file(path)

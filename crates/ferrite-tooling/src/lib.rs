@@ -2,15 +2,19 @@
 //! `iree/tooling`, and the tools themselves as library commands.
 //!
 //! - [`flagfile`]: `--flagfile=PATH` (flags read from a file, in place).
+//! - [`flag_table`]: every flag of upstream's tools and what Ferrite does
+//!   with it (`docs/flags.md`); ignored flags warn, rejected ones fail.
 //! - [`device_flags`]: `--device`, `--list_drivers`, `--list_devices`,
 //!   `--dump_devices` and the `--task_*` flags, over the facade's
 //!   [driver registry](ferrite::driver).
 //! - [`inputs`]: `--input` parsing (scalars, `4xf32=1,2,3,4`, `@file.npy`).
-//! - [`outputs`], [`format`]: `--output` (`-`, `@file.npy`, `+file.bin`),
+//! - [`outputs`], [`format`](mod@format): `--output` (`-`, `@file.npy`, `+file.bin`),
 //!   `--expected_output` comparison, printing values as upstream does.
 //! - [`npy`]: the one `.npy` reader and writer (also for
 //!   [`ferrite::Tensor`]s).
 //! - [`parameters`]: `--parameters` and `--parameter_mode`.
+//! - [`benchmark`]: the benchmark runner (timing, repetitions, aggregates,
+//!   google benchmark's reports).
 //! - [`context`]: loading `--module`s into a VM context with the `hal`
 //!   module over the selected devices.
 //! - [`tools`]: `run-module`, `benchmark-module` (with the benchmark
@@ -19,8 +23,10 @@
 //!   offer the same commands.
 #![deny(missing_docs)]
 
+pub mod benchmark;
 pub mod context;
 pub mod device_flags;
+pub mod flag_table;
 pub mod flagfile;
 pub mod format;
 pub mod inputs;
@@ -84,8 +90,9 @@ where
 
 /// Parses `args` (program name first) as `C` the way upstream's tools
 /// parse flags, and runs `run` on the result: `--flagfile=PATH` is
-/// expanded in place, and a flag given twice keeps its last value (list
-/// flags accumulate). Returns the exit status: 0 on success, 1 when the
+/// expanded in place, upstream flags Ferrite ignores or rejects are
+/// handled as [`flag_table`] says, and a flag given twice keeps its last
+/// value (list flags accumulate). Returns the exit status: 0 on success, 1 when the
 /// command fails (its error printed to stderr), 2 for usage errors;
 /// `--help` and `--version` print and return 0.
 pub fn run_main<C: Parser>(
@@ -93,7 +100,7 @@ pub fn run_main<C: Parser>(
     run: impl FnOnce(C) -> Result<()>,
 ) -> i32 {
     let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
-    let args = match flagfile::expand_flagfiles(args) {
+    let args = match flagfile::expand_flagfiles(args).and_then(flag_table::screen) {
         Ok(a) => a,
         Err(e) => {
             // Upstream's tools exit with a failure status on flag errors.
@@ -101,6 +108,7 @@ pub fn run_main<C: Parser>(
             return 1;
         }
     };
+    let args = take_vm_jit_flag(args);
     let parsed = command::<C>()
         .try_get_matches_from(args)
         .and_then(|m| C::from_arg_matches(&m));
@@ -118,6 +126,31 @@ pub fn run_main<C: Parser>(
             1
         }
     }
+}
+
+/// Removes `--vm_jit[=BOOL]` (any position, last one wins) and applies it
+/// as `FERRITE_VM_JIT`, which VM instances read when created: the switch of
+/// the compiling tier, taken by every tool.
+fn take_vm_jit_flag(args: Vec<OsString>) -> Vec<OsString> {
+    let mut on = None;
+    let rest = args
+        .into_iter()
+        .filter(|a| {
+            let Some(s) = a.to_str() else { return true };
+            let v = match s.strip_prefix("--vm_jit") {
+                Some("") => "true",
+                Some(v) if v.starts_with('=') => &v[1..],
+                _ => return true,
+            };
+            on = Some(!matches!(v, "false" | "0" | "off" | "no"));
+            false
+        })
+        .collect();
+    if let Some(on) = on {
+        // Single-threaded here: the tools have not started any thread yet.
+        std::env::set_var("FERRITE_VM_JIT", if on { "1" } else { "0" });
+    }
+    rest
 }
 
 /// `C`'s command with upstream's override rule on it and its subcommands.

@@ -8,13 +8,13 @@
 //! `iree-benchmark-module` on the same module, function, inputs and device
 //! and ends with `ratio: X` (Ferrite time / upstream time, lower is better).
 
+use crate::benchmark::{console_report, fmt_time, json_report, MinTime, Row};
 use crate::context::{load_context_with, parse_inputs};
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, status, Result};
 use ferrite_vm::Instance;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 /// Options of `benchmark-module` (upstream's flag names).
 #[derive(clap::Args, Debug)]
@@ -22,6 +22,9 @@ pub struct BenchmarkModuleArgs {
     /// A `.vmfb` file to load; repeat for several (the last is the main module).
     #[arg(long = "module", required_unless_present_any = crate::device_flags::LISTING)]
     pub modules: Vec<String>,
+    /// How module files are read: `mmap` (default) or `preload`.
+    #[arg(long = "module_mode", value_enum, default_value_t = crate::context::ModuleMode::Mmap)]
+    pub module_mode: crate::context::ModuleMode,
     /// Function to call; without it, every exported function that takes
     /// no arguments.
     #[arg(long)]
@@ -48,6 +51,21 @@ pub struct BenchmarkModuleArgs {
     /// Format of `--benchmark_out`: `json` (default) or `console`.
     #[arg(long = "benchmark_out_format", default_value = "json")]
     pub out_format: String,
+    /// Lists the benchmarks (one name a line) instead of running them.
+    #[arg(long = "benchmark_list_tests", num_args = 0..=1, default_missing_value = "true",
+          require_equals = true, default_value_t = false, action = clap::ArgAction::Set)]
+    pub list_tests: bool,
+    /// Reports only the aggregates of several repetitions (stdout and
+    /// `--benchmark_out`).
+    #[arg(long = "benchmark_report_aggregates_only", num_args = 0..=1,
+          default_missing_value = "true", require_equals = true, default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub report_aggregates_only: bool,
+    /// Shows only the aggregates on stdout (`--benchmark_out` keeps all rows).
+    #[arg(long = "benchmark_display_aggregates_only", num_args = 0..=1,
+          default_missing_value = "true", require_equals = true, default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub display_aggregates_only: bool,
     /// Parameter files (`--parameters`, `--parameter_mode`).
     #[command(flatten)]
     pub params: crate::parameters::ParameterArgs,
@@ -58,82 +76,9 @@ pub struct BenchmarkModuleArgs {
     pub compare_upstream: bool,
 }
 
-enum MinTime {
-    Seconds(f64),
-    Iterations(u64),
-}
-
-fn parse_min_time(s: &str) -> Result<MinTime> {
-    let bad = || {
-        status!(
-            InvalidArgument,
-            "--benchmark_min_time '{s}': expected `<float>s` or `<integer>x`"
-        )
-    };
-    if let Some(n) = s.strip_suffix('x') {
-        return Ok(MinTime::Iterations(n.parse().map_err(|_| bad())?));
-    }
-    let v = s.strip_suffix('s').unwrap_or(s);
-    Ok(MinTime::Seconds(v.parse().map_err(|_| bad())?))
-}
-
-/// One row of the report: a repetition or an aggregate over them.
-struct Row {
-    name: String,
-    run_name: String,
-    /// `None` for a repetition, else `mean`, `median`, `stddev` or `cv`.
-    aggregate: Option<&'static str>,
-    repetitions: usize,
-    repetition_index: usize,
-    iterations: u64,
-    /// Per-call wall and process-CPU time in nanoseconds (for `cv`, a ratio).
-    real: f64,
-    cpu: f64,
-    items_per_second: f64,
-}
-
-fn fmt_time(ns: f64) -> String {
-    if ns >= 1e6 {
-        format!("{:.3} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.3} us", ns / 1e3)
-    } else {
-        format!("{:.1} ns", ns)
-    }
-}
-
-/// Mean, median and sample standard deviation.
-fn stats(v: &[f64]) -> (f64, f64, f64) {
-    let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    let median = if s.len() % 2 == 1 {
-        s[s.len() / 2]
-    } else {
-        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
-    };
-    let var = if v.len() > 1 {
-        v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0)
-    } else {
-        0.0
-    };
-    (mean, median, var.sqrt())
-}
-
-/// CPU time consumed by this process (all threads), in nanoseconds.
-fn process_cpu_ns() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec owned by this frame, and
-    // CLOCK_PROCESS_CPUTIME_ID is a clock every Linux kernel provides.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0.0;
-    }
-    ts.tv_sec as f64 * 1e9 + ts.tv_nsec as f64
+/// The name google benchmark gives `function`'s benchmark.
+fn run_name(function: &str) -> String {
+    format!("BM_{function}/process_time/real_time")
 }
 
 /// The functions to time: `--function`, else every export of the main
@@ -159,15 +104,13 @@ fn functions_to_run(ctx: &ferrite_vm::Context, args: &BenchmarkModuleArgs) -> Re
     Ok(names)
 }
 
-/// Times `function`: a warm-up call, then `repetitions` timed runs of the
-/// same number of calls; returns the repetition rows and, for several
-/// repetitions, the aggregates.
+/// Times `function` with its `--input`s (see [`crate::benchmark::measure`]).
 fn time_function(
     ctx: &ferrite_vm::Context,
     rc_devices: &[ferrite_hal::device::DeviceRef],
     function: &str,
     args: &BenchmarkModuleArgs,
-    min_time: &MinTime,
+    min_time: MinTime,
 ) -> Result<Vec<Row>> {
     let f = ctx
         .lookup_function(function)
@@ -188,85 +131,13 @@ fn time_function(
     // Inputs stay in one list and results are written into one reused
     // vector, as upstream's benchmark reuses its input and output lists.
     let mut outputs = Vec::new();
-    let mut call = || -> Result<()> {
+    let call = || -> Result<()> {
         ctx.invoke_into(&f, &inputs, &mut outputs)
             .annotate(|| format!("invoking function '{function}'"))?;
         outputs.clear();
         Ok(())
     };
-    // Warm-up: first-call costs (executable loading, pools) stay out.
-    let warm = Instant::now();
-    call()?;
-    let first = warm.elapsed();
-    let iterations = match *min_time {
-        MinTime::Iterations(n) => n.max(1),
-        MinTime::Seconds(s) => {
-            // Calibrate on a short run, then size repetitions to `s`.
-            let mut n = 1u64;
-            let mut took = first;
-            while took < Duration::from_millis(20) && n < 1 << 30 {
-                n *= 4;
-                let t = Instant::now();
-                for _ in 0..n {
-                    call()?;
-                }
-                took = t.elapsed();
-            }
-            let per = took.as_secs_f64() / n as f64;
-            ((s / per.max(1e-9)).ceil() as u64).max(1)
-        }
-    };
-    let run_name = format!("BM_{function}/process_time/real_time");
-    let repetitions = args.repetitions.max(1);
-    let mut rows = Vec::new();
-    for index in 0..repetitions {
-        let cpu0 = process_cpu_ns();
-        let t = Instant::now();
-        for _ in 0..iterations {
-            call()?;
-        }
-        let wall = t.elapsed().as_secs_f64();
-        let cpu = process_cpu_ns() - cpu0;
-        rows.push(Row {
-            name: run_name.clone(),
-            run_name: run_name.clone(),
-            aggregate: None,
-            repetitions,
-            repetition_index: index,
-            iterations,
-            real: wall * 1e9 / iterations as f64,
-            cpu: cpu / iterations as f64,
-            items_per_second: iterations as f64 / wall.max(1e-12),
-        });
-    }
-    if repetitions > 1 {
-        let real: Vec<f64> = rows.iter().map(|r| r.real).collect();
-        let cpu: Vec<f64> = rows.iter().map(|r| r.cpu).collect();
-        let ips: Vec<f64> = rows.iter().map(|r| r.items_per_second).collect();
-        let (rm, rmed, rsd) = stats(&real);
-        let (cm, cmed, csd) = stats(&cpu);
-        let (im, imed, isd) = stats(&ips);
-        let ratio = |sd: f64, mean: f64| if mean > 0.0 { sd / mean } else { 0.0 };
-        for (agg, real, cpu, items) in [
-            ("mean", rm, cm, im),
-            ("median", rmed, cmed, imed),
-            ("stddev", rsd, csd, isd),
-            ("cv", ratio(rsd, rm), ratio(csd, cm), ratio(isd, im)),
-        ] {
-            rows.push(Row {
-                name: format!("{run_name}_{agg}"),
-                run_name: run_name.clone(),
-                aggregate: Some(agg),
-                repetitions,
-                repetition_index: 0,
-                iterations: repetitions as u64,
-                real,
-                cpu,
-                items_per_second: items,
-            });
-        }
-    }
-    Ok(rows)
+    crate::benchmark::measure(&run_name(function), args.repetitions, min_time, call)
 }
 
 /// Runs the command; prints the report (and upstream's figures and the
@@ -275,7 +146,7 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
     if args.device.wants_listing() {
         return args.device.print_listing();
     }
-    let min_time = parse_min_time(&args.min_time)?;
+    let min_time = MinTime::parse(&args.min_time)?;
     for (flag, value) in [
         ("--benchmark_format", &args.format),
         ("--benchmark_out_format", &args.out_format),
@@ -291,30 +162,53 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
     let rc = load_context_with(
         &instance,
         &args.modules,
+        args.module_mode,
         &args.device,
         false,
         args.params.modules()?,
     )
     .annotate(|| "creating run context".to_string())?;
     let functions = functions_to_run(&rc.context, args)?;
+    if args.list_tests {
+        for f in &functions {
+            println!("{}", run_name(f));
+        }
+        return Ok(());
+    }
     let mut rows = Vec::new();
     for f in &functions {
-        rows.extend(time_function(&rc.context, &rc.devices, f, args, &min_time)?);
+        rows.extend(time_function(&rc.context, &rc.devices, f, args, min_time)?);
     }
     if functions.is_empty() {
         // As google benchmark: a message, an empty report, success.
         eprintln!("Failed to match any benchmarks against regex: .");
     }
+    // With several repetitions, google benchmark can keep only the
+    // aggregate rows, in the file and on stdout or on stdout alone.
+    let aggregates: Vec<Row> = rows
+        .iter()
+        .filter(|r| r.aggregate.is_some())
+        .cloned()
+        .collect();
+    let pick = |only: bool| {
+        if only && !aggregates.is_empty() {
+            &aggregates
+        } else {
+            &rows
+        }
+    };
+    let shown = pick(args.report_aggregates_only || args.display_aggregates_only);
     if args.format == "json" {
-        println!("{}", json_report(&rows));
-    } else if !rows.is_empty() {
-        print!("{}", console_report(&rows));
+        println!("{}", json_report(shown));
+    } else if !shown.is_empty() {
+        print!("{}", console_report(shown));
     }
     if let Some(path) = &args.out {
-        let text = match (rows.is_empty(), args.out_format.as_str()) {
+        let kept = pick(args.report_aggregates_only);
+        let text = match (kept.is_empty(), args.out_format.as_str()) {
             (true, _) => String::new(),
-            (false, "json") => json_report(&rows) + "\n",
-            (false, _) => console_report(&rows),
+            (false, "json") => json_report(kept) + "\n",
+            (false, _) => console_report(kept),
         };
         std::fs::write(path, text).map_err(|e| {
             status!(
@@ -344,82 +238,6 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
         println!("ratio: {:.3}", ours / up);
     }
     Ok(())
-}
-
-/// Google benchmark's console table (times per call; `cv` in percent).
-fn console_report(rows: &[Row]) -> String {
-    let w = rows.iter().map(|r| r.name.len()).max().unwrap_or(9) + 4;
-    let rule = "-".repeat(w + 62);
-    let mut out = format!(
-        "{rule}\n{:<w$}{:>15}{:>15}{:>13} UserCounters...\n{rule}\n",
-        "Benchmark", "Time", "CPU", "Iterations"
-    );
-    for r in rows {
-        let (time, cpu, items) = if r.aggregate == Some("cv") {
-            (
-                format!("{:.2} %", r.real * 100.0),
-                format!("{:.2} %", r.cpu * 100.0),
-                format!("{:.2}%", r.items_per_second * 100.0),
-            )
-        } else {
-            (
-                fmt_time(r.real),
-                fmt_time(r.cpu),
-                format!("{:.6}k/s", r.items_per_second / 1e3),
-            )
-        };
-        out.push_str(&format!(
-            "{:<w$}{time:>15}{cpu:>15}{:>13} items_per_second={items}\n",
-            r.name, r.iterations
-        ));
-    }
-    out
-}
-
-/// Google benchmark's JSON report (schema version 1; times in ms).
-fn json_report(rows: &[Row]) -> String {
-    let benchmarks: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|r| {
-            let mut o = serde_json::Map::new();
-            o.insert("name".into(), r.name.clone().into());
-            o.insert("family_index".into(), 0.into());
-            o.insert("per_family_instance_index".into(), 0.into());
-            o.insert("run_name".into(), r.run_name.clone().into());
-            let run_type = if r.aggregate.is_some() {
-                "aggregate"
-            } else {
-                "iteration"
-            };
-            o.insert("run_type".into(), run_type.into());
-            o.insert("repetitions".into(), r.repetitions.into());
-            if let Some(agg) = r.aggregate {
-                o.insert("threads".into(), 1.into());
-                o.insert("aggregate_name".into(), agg.into());
-                let unit = if agg == "cv" { "percentage" } else { "time" };
-                o.insert("aggregate_unit".into(), unit.into());
-            } else {
-                o.insert("repetition_index".into(), r.repetition_index.into());
-                o.insert("threads".into(), 1.into());
-            }
-            o.insert("iterations".into(), r.iterations.into());
-            // A `cv` row holds ratios, which google benchmark leaves unscaled.
-            let scale = if r.aggregate == Some("cv") { 1.0 } else { 1e-6 };
-            o.insert("real_time".into(), (r.real * scale).into());
-            o.insert("cpu_time".into(), (r.cpu * scale).into());
-            o.insert("time_unit".into(), "ms".into());
-            o.insert("items_per_second".into(), r.items_per_second.into());
-            serde_json::Value::Object(o)
-        })
-        .collect();
-    let context = serde_json::json!({
-        "executable": std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
-        "num_cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
-        "library_build_type": if cfg!(debug_assertions) { "debug" } else { "release" },
-        "json_schema_version": 1,
-    });
-    let report = serde_json::json!({ "context": context, "benchmarks": benchmarks });
-    serde_json::to_string_pretty(&report).unwrap_or_default()
 }
 
 fn upstream_tool() -> Result<PathBuf> {

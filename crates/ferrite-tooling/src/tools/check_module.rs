@@ -27,6 +27,9 @@ pub struct CheckModuleArgs {
     /// whose functions are the tests).
     #[arg(long = "module", required_unless_present_any = crate::device_flags::LISTING)]
     pub modules: Vec<String>,
+    /// How module files are read: `mmap` (default) or `preload`.
+    #[arg(long = "module_mode", value_enum, default_value_t = crate::context::ModuleMode::Mmap)]
+    pub module_mode: crate::context::ModuleMode,
     /// Devices and driver flags (`--device`, `--task_*`, `--list_devices`).
     #[command(flatten)]
     pub device: crate::device_flags::DeviceArgs,
@@ -93,6 +96,8 @@ pub type ExtraModules = (Vec<Arc<dyn Module>>, CheckLog);
 pub struct TestRun<'a> {
     /// `.vmfb` paths; the last one's exports are the tests.
     pub modules: &'a [String],
+    /// How module files are read.
+    pub module_mode: crate::context::ModuleMode,
     /// `--device` and driver flags.
     pub device: &'a DeviceArgs,
     /// Runs only tests whose name contains this text.
@@ -111,8 +116,15 @@ fn run_test(run: &TestRun<'_>, module_name: &str, test: &Test) -> Vec<String> {
         Err(e) => return vec![e.to_string()],
     };
     let outcome = (|| -> Result<()> {
-        let ctx = load_context_with(&instance, run.modules, run.device, false, extra)
-            .annotate(|| "creating the test context".to_string())?;
+        let ctx = load_context_with(
+            &instance,
+            run.modules,
+            run.module_mode,
+            run.device,
+            false,
+            extra,
+        )
+        .annotate(|| "creating the test context".to_string())?;
         let name = format!("{module_name}.{}", test.name);
         let f = ctx.context.lookup_function(&name)?;
         ctx.context
@@ -151,6 +163,7 @@ pub fn run(args: &CheckModuleArgs) -> Result<()> {
     };
     run_tests(&TestRun {
         modules: &args.modules,
+        module_mode: args.module_mode,
         device: &args.device,
         filter: args.filter.as_deref(),
         expect_failure: args.expect_failure,

@@ -13,6 +13,9 @@ pub struct RunModuleArgs {
     /// A `.vmfb` file to load; repeat for several (the last is the main module).
     #[arg(long = "module", required_unless_present_any = LISTING)]
     pub modules: Vec<String>,
+    /// How module files are read: `mmap` (default) or `preload`.
+    #[arg(long = "module_mode", value_enum, default_value_t = crate::context::ModuleMode::Mmap)]
+    pub module_mode: crate::context::ModuleMode,
     /// Function to call (`name` or `module.name`).
     #[arg(long, required_unless_present_any = LISTING)]
     pub function: Option<String>,
@@ -66,6 +69,7 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
     let run = load_context_with(
         &instance,
         &args.modules,
+        args.module_mode,
         &args.device,
         args.yieldable_test_module,
         args.params.modules()?,

@@ -1,6 +1,7 @@
-//! Native test modules for upstream's generated e2e suites (matmul,
-//! conv2d, attention): they give programs pseudo-random inputs and check
-//! results against a reference computation done on the host.
+//! Ferrite's e2e test tooling: the native test modules of upstream's
+//! generated e2e suites (matmul, conv2d, attention), which give programs
+//! pseudo-random inputs and check results against a reference computation
+//! done on the host, and the [`runner`] behind `ferrite e2e-*-test`.
 //!
 //! The generated "calls" programs import a module (`matmul_test`,
 //! `conv2d_test`, `attention_test`) whose functions make input buffer views from a seed and
@@ -11,9 +12,12 @@
 //! runners' `--require_exact_results`, `--acceptable_fp_delta`,
 //! `--max_elements_to_check` flags).
 
+#![deny(missing_docs)]
+
 pub mod attention;
 pub mod conv2d;
 pub mod matmul;
+pub mod runner;
 
 use ferrite_base::cfmt::format_g;
 use ferrite_base::{bail, status, Result};
@@ -237,8 +241,8 @@ pub fn generate_random_view(
 /// The bytes of `view`, read back from `device` when the host cannot map
 /// its buffer.
 pub fn read_view(device: Option<&DeviceRef>, view: &BufferView) -> Result<Vec<u8>> {
-    let host = crate::check::host_view(device, view)?;
-    crate::check::contents(&host)
+    let host = ferrite_modules::check::host_view(device, view)?;
+    ferrite_modules::check::contents(&host)
 }
 
 /// One element read from a result buffer, kept in its storage type so that

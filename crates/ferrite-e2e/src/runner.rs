@@ -13,11 +13,11 @@
 
 use std::sync::Arc;
 
+use crate::E2eOptions;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
 use ferrite_hal_cpu::cpu_features::{host_cpu_data, lookup_feature};
 use ferrite_modules::check::CheckLog;
-use ferrite_modules::e2e::E2eOptions;
 use ferrite_vm::native::NativeModule;
 use ferrite_vm::{BytecodeModule, Instance, Module, ModuleBytes};
 
@@ -79,6 +79,7 @@ pub fn run(args: &E2eTestArgs, create: fn(E2eOptions) -> Result<Arc<NativeModule
     };
     run_tests(&TestRun {
         modules: &args.modules,
+        module_mode: ferrite_tooling::context::ModuleMode::default(),
         device: &args.device,
         filter: args.filter.as_deref(),
         expect_failure: false,
