@@ -1209,6 +1209,14 @@ impl DeviceRange<'_> {
     }
 }
 
+// SAFETY: a DeviceRange only carries an address (never dereferenced
+// through it) and a shared reference to the allocation's atomic counters,
+// which are Sync; moving or sharing it across threads is as safe as the
+// Buffer it borrows.
+unsafe impl Send for DeviceRange<'_> {}
+// SAFETY: as above; `&DeviceRange` offers only the address and length.
+unsafe impl Sync for DeviceRange<'_> {}
+
 impl Drop for DeviceRange<'_> {
     fn drop(&mut self) {
         self.users.end(self.write);

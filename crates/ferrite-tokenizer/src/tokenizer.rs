@@ -67,6 +67,7 @@ impl Tokenizer {
         // panic there (found by the `tokenizer_json` fuzz target).
         let doc: serde_json::Value = serde_json::from_str(json)
             .map_err(|e| invalid(format!("Failed to parse tokenizer JSON: {e}")))?;
+        check_templates(&doc)?;
         // A panic inside the tokenizers crate on a well-formed document is
         // that crate's bug; it must not unwind through (or abort) the
         // caller, so it becomes an error naming the input as the cause.
@@ -269,6 +270,46 @@ fn unk_id(doc: &serde_json::Value, tokenizer: &tokenizers::Tokenizer) -> Option<
 /// whose patterns look neither behind nor at the start of the text, a
 /// ByteLevel step that adds no prefix space, and added tokens that strip
 /// no neighbouring whitespace.
+/// Every special token a `TemplateProcessing` post-processor places must be
+/// one its `special_tokens` defines: the tokenizers crate looks them up with
+/// `expect` when encoding, so an undefined one would panic at the first
+/// `encode` (found by the `tokenizer_json` fuzz target).
+fn check_templates(doc: &serde_json::Value) -> Result<()> {
+    fn check(p: &serde_json::Value) -> Result<()> {
+        match p.get("type").and_then(|t| t.as_str()) {
+            Some("TemplateProcessing") => {
+                let defined = p.get("special_tokens").and_then(|t| t.as_object());
+                for template in ["single", "pair"] {
+                    let pieces = p.get(template).and_then(|t| t.as_array());
+                    for piece in pieces.into_iter().flatten() {
+                        let Some(id) = piece
+                            .get("SpecialToken")
+                            .and_then(|t| t.get("id"))
+                            .and_then(|i| i.as_str())
+                        else {
+                            continue;
+                        };
+                        if !defined.is_some_and(|d| d.contains_key(id)) {
+                            return Err(invalid(format!(
+                                "Failed to parse tokenizer JSON: the post_processor's '{template}' template places special token '{id}', which its special_tokens does not define"
+                            )));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Some("Sequence") => p
+                .get("processors")
+                .and_then(|v| v.as_array())
+                .into_iter()
+                .flatten()
+                .try_for_each(check),
+            _ => Ok(()),
+        }
+    }
+    doc.get("post_processor").map_or(Ok(()), check)
+}
+
 fn word_local(doc: &serde_json::Value) -> bool {
     let absent = |v: Option<&serde_json::Value>| v.is_none_or(|v| v.is_null());
     fn kind(v: &serde_json::Value) -> &str {
@@ -344,5 +385,24 @@ mod malformed_json_tests {
             "{err}"
         );
         assert!(err.message().contains("line 1"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod template_tests {
+    use super::Tokenizer;
+
+    /// Found by the `tokenizer_json` fuzz target: a template placing a
+    /// special token its `special_tokens` map lacks made the tokenizers
+    /// crate panic on the first encode.
+    #[test]
+    fn a_template_naming_an_undefined_special_token_is_an_error() {
+        let json = r#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "[SEP]", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [0], "tokens": ["[CLS]"]}, "[SYP]": {"id": "[SEP]", "ids": [1], "tokens": ["[SEP]"]}}}, "decoder": null, "model": {"type": "WordLevel", "vocab": {"[CLS]": 0, "[SEP]": 1, "[UNK]": 2, "hello": 3}, "unk_token": "[UNK]"}}"#;
+        let err = Tokenizer::from_json(json).err().expect("refused at load");
+        assert!(err.message().contains("'[SEP]'"), "{err}");
+        // With the entry named right it loads and encodes.
+        let fixed = json.replace("\"[SYP]\"", "\"[SEP]\"");
+        let tok = Tokenizer::from_json(&fixed).unwrap();
+        assert_eq!(tok.encode("hello", true, false).unwrap(), vec![0, 3, 1]);
     }
 }
