@@ -333,6 +333,30 @@ pub struct LibraryV0 {
 /// `bool`, a reference, an enum or a non-null function pointer, whose
 /// invalid bit patterns would be undefined behaviour.
 ///
+/// Reading a type with invalid bit patterns does not compile (reading a
+/// `u32` the same way does):
+///
+/// ```
+/// use ferrite_hal_cpu::executable::ImageView;
+/// fn f(image: &impl ImageView) -> Option<u32> {
+///     image.read::<u32>(0x1000)
+/// }
+/// ```
+///
+/// ```compile_fail
+/// use ferrite_hal_cpu::executable::ImageView;
+/// fn f(image: &impl ImageView) -> Option<bool> {
+///     image.read::<bool>(0x1000)
+/// }
+/// ```
+///
+/// ```compile_fail
+/// use ferrite_hal_cpu::executable::ImageView;
+/// fn f(image: &impl ImageView) -> Option<&'static u8> {
+///     image.read::<&'static u8>(0x1000)
+/// }
+/// ```
+///
 /// # Safety
 /// Implement only for `Copy` types valid for any bit pattern of their size
 /// (padding included: padding bytes may hold anything).

@@ -67,3 +67,34 @@ impl ImageView for elf::LoadedElf {
         elf::LoadedElf::is_executable(self, addr)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ImageView;
+    use std::ffi::CStr;
+
+    /// An image whose `slice_at` returns fewer bytes than asked for.
+    struct Short(Vec<u8>);
+
+    impl ImageView for Short {
+        fn slice_at(&self, _addr: usize, _len: usize) -> Option<&[u8]> {
+            Some(&self.0)
+        }
+        fn c_str_at(&self, _addr: usize) -> Option<&CStr> {
+            None
+        }
+        fn is_executable(&self, _addr: usize) -> bool {
+            false
+        }
+    }
+
+    /// Whatever an implementation returns, `read` never reads past it.
+    #[test]
+    fn read_refuses_a_short_slice() {
+        let image = Short(vec![1, 2, 3]);
+        assert_eq!(image.read::<u64>(0), None);
+        assert_eq!(image.read::<u16>(0), None, "a longer slice is refused too");
+        let exact = Short(vec![1, 0, 0, 0]);
+        assert_eq!(exact.read::<u32>(0), Some(1));
+    }
+}
