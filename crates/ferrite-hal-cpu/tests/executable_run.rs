@@ -246,6 +246,19 @@ fn dispatch_argument_checks() {
             .dispatch(0, &DispatchConfig::new([1, 1, 70000]), &[], &[])
             .unwrap_err();
         assert_eq!(err.code(), StatusCode::InvalidArgument);
+        // A grid whose workgroup count overflows 64 bits is refused, not
+        // wrapped (or a panic in a debug build).
+        let mut c = vec![0.0f32; 4];
+        let err = lib
+            .dispatch(
+                0,
+                &DispatchConfig::new([u32::MAX, u32::MAX, 65535]),
+                &[],
+                &[binding(&mut a), binding(&mut b), binding(&mut c)],
+            )
+            .unwrap_err();
+        assert_eq!(err.code(), StatusCode::InvalidArgument, "{err}");
+        assert!(err.message().contains("overflows"), "{err}");
         // An empty grid runs nothing.
         lib.dispatch(
             0,
