@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | device-local, not host-visible | device memory from the device's stream-ordered pool (`cuMemAllocAsync`; queue `alloca` allocates on the queue's stream, the allocator on a transfer stream it then synchronizes) |
 //! | host-visible (any) | pinned, mapped host memory (`cuMemHostAlloc` with `DEVICEMAP`): the host maps it directly, kernels read it over the bus |
-//! | import of writable host memory | `cuMemHostRegister` (mapped); read-only memory (module constants) is copied into device memory |
+//! | import of host memory | read-only or at most 1 MiB: copied into device memory; larger writable memory: `cuMemHostRegister` (mapped) |
 //!
 //! Device memory is freed stream-ordered (`cuMemFreeAsync` on the queue
 //! stream) when its last buffer is dropped, so work enqueued before the
@@ -115,6 +115,9 @@ impl DeviceMemory for CudaMemory {
         self
     }
 }
+
+/// Imports of at most this many bytes are copies.
+const COPY_IMPORT_MAX_BYTES: usize = 1 << 20;
 
 /// The CUDA allocator of one device.
 pub struct CudaAllocator {
@@ -279,22 +282,13 @@ impl Allocator for CudaAllocator {
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
         self.shared.make_current()?;
         let p = params.canonicalize();
-        let (bytes_ptr, len, writable) = match &memory {
-            HostMemory::ReadOnly(o) => {
-                let b = (**o).as_ref();
-                (b.as_ptr() as *mut u8, b.len(), false)
-            }
-            HostMemory::Owned(v) => (v.as_ptr() as *mut u8, v.len(), true),
-            HostMemory::Foreign(_) => {
-                bail!(
-                    Unimplemented,
-                    "importing foreign host memory into a CUDA device is not supported; allocate a buffer and copy"
-                )
-            }
-        };
+        let bytes = memory.bytes();
+        let (bytes_ptr, len) = (bytes.as_ptr() as *mut u8, bytes.len());
+        // Read-only and small memory is copied into device memory (kernels
+        // read it at full speed, and registering costs more than copying a
+        // small input); large writable memory is registered and mapped.
+        let writable = memory.is_writable() && len > COPY_IMPORT_MAX_BYTES;
         if !writable || len == 0 {
-            // Read-only bytes (module constants): one copy into device
-            // memory, which kernels read at full speed.
             let b = self.allocate(
                 &BufferParams::new(MemoryType::DEVICE_LOCAL, p.usage),
                 len as u64,

@@ -248,6 +248,27 @@ impl HostMemory {
             _owner: owner,
         })
     }
+
+    /// The bytes, whatever the kind (for drivers that copy or register
+    /// imported memory).
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            HostMemory::ReadOnly(o) => (**o).as_ref(),
+            HostMemory::Owned(v) => v,
+            // SAFETY: `foreign`'s contract: `ptr` is valid for reads of
+            // `len` bytes while the owner (held in `b`) lives.
+            HostMemory::Foreign(b) => unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), b.len) },
+        }
+    }
+
+    /// True when the memory may be written through an import.
+    pub fn is_writable(&self) -> bool {
+        match self {
+            HostMemory::ReadOnly(_) => false,
+            HostMemory::Owned(_) => true,
+            HostMemory::Foreign(b) => b.writable,
+        }
+    }
 }
 
 impl fmt::Debug for HostMemory {
