@@ -4,15 +4,54 @@ use super::args::{as_vm_buffer, cast, cast_ref, obj, obj_ref, span, span_into, s
 use super::Shared;
 use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
-use ferrite_hal::buffer::Buffer;
+use ferrite_hal::buffer::{Buffer, HostMemory};
 use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::device::{AllocatorRef, DeviceRef};
 use ferrite_hal::element_type::{ElementType, EncodingType};
 use ferrite_hal::memory::{BufferUsage, MemoryType};
+use ferrite_vm::buffer::{SharedBytes, VmBuffer};
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
 use ferrite_vm::{Ref, Variant};
 use smallvec::SmallVec;
 use std::sync::Arc;
+
+/// Alignment imported host bytes must have to be used in place: CPU kernels
+/// assume 64-byte aligned bindings (aligned vector loads fault otherwise).
+pub const IMPORT_ALIGNMENT: usize = 64;
+
+/// A range of a read-only `vm.buffer`'s shared bytes, imported in place.
+struct SharedRange {
+    bytes: SharedBytes,
+    start: usize,
+    end: usize,
+}
+
+impl SharedRange {
+    /// The bytes `offset..offset + length` of `src` when `src` is a
+    /// read-only view and they start on an [`IMPORT_ALIGNMENT`] boundary;
+    /// `None` otherwise. The range was checked against `src.len()`.
+    fn of(src: &VmBuffer, offset: u64, length: u64) -> Option<SharedRange> {
+        let (bytes, range) = src.shared_view()?;
+        let start = range.start.checked_add(usize::try_from(offset).ok()?)?;
+        let end = start.checked_add(usize::try_from(length).ok()?)?;
+        let all = (**bytes).as_ref();
+        if end > range.end || end > all.len() {
+            return None;
+        }
+        let aligned = (all.as_ptr() as usize).wrapping_add(start) % IMPORT_ALIGNMENT == 0;
+        aligned.then(|| SharedRange {
+            bytes: bytes.clone(),
+            start,
+            end,
+        })
+    }
+}
+
+impl AsRef<[u8]> for SharedRange {
+    fn as_ref(&self) -> &[u8] {
+        &(*self.bytes).as_ref()[self.start..self.end]
+    }
+}
 
 fn params(memory_types: i32, usage: i32, affinity: i64) -> BufferParams {
     BufferParams {
@@ -49,15 +88,22 @@ pub(super) fn register(
         let Some(_) = end else {
             bail!(OutOfRange, "import range {offset}+{length} exceeds the source's {} bytes", src.len());
         };
-        // Host memory is shared with the VM buffer's bytes by copy: vm
-        // buffers do not expose their owner for zero-copy imports. The copy
-        // goes into an allocator block (64-byte aligned), not a Vec<u8>:
-        // kernels rely on the constant's declared alignment (aligned AVX-512
-        // loads fault on a Vec's 16-byte alignment).
-        let mut bytes = vec![0u8; length as usize];
-        src.read(offset, &mut bytes)?;
-        let imported = alloc.0.allocate(&params(types, usage, affinity), length);
-        match imported.and_then(|b| b.write(0, &bytes).map(|()| b)) {
+        let p = params(types, usage, affinity);
+        // Read-only shared bytes (module rodata, memory-mapped or static) are
+        // imported in place when kernels may bind them as they are: the
+        // buffer keeps the bytes alive and stays read-only whatever was asked.
+        if let Some(view) = SharedRange::of(src, offset, length) {
+            if let Ok(b) = alloc.0.import_host(&p, HostMemory::ReadOnly(Arc::new(view))) {
+                return c.ready([Variant::Ref(Ref::new(b))]);
+            }
+        }
+        // Otherwise one copy, straight from the source's bytes into an
+        // allocator block (64-byte aligned, as kernels expect).
+        let imported = alloc.0.allocate(&p, length).and_then(|b| {
+            src.with_bytes(|bytes| b.write(0, &bytes[offset as usize..(offset + length) as usize]))?;
+            Ok(b)
+        });
+        match imported {
             Ok(b) => c.ready([Variant::Ref(Ref::new(b))]),
             Err(_) if is_try => c.ready([Variant::Null]),
             Err(e) => Err(e),
@@ -394,5 +440,44 @@ mod tests {
             ElementType::OPAQUE_32,
             ElementType::FLOAT_32
         ));
+    }
+
+    /// 256 bytes on a 64-byte boundary.
+    #[repr(C, align(64))]
+    struct Aligned([u8; 256]);
+
+    impl AsRef<[u8]> for Aligned {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn rodata_is_imported_in_place_only_when_aligned_and_read_only() {
+        let mut data = Aligned([0; 256]);
+        data.0
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = i as u8);
+        let shared: SharedBytes = Arc::new(data);
+        let base = (*shared).as_ref().as_ptr();
+        // A view starting 64 bytes in: offsets 0 and 64 within it are
+        // aligned, 8 is not.
+        let view = VmBuffer::from_shared(shared.clone(), 64..256).unwrap();
+        let r = SharedRange::of(&view, 64, 32).expect("aligned range imports in place");
+        assert_eq!(r.as_ref().as_ptr(), base.wrapping_add(128));
+        assert_eq!(
+            r.as_ref(),
+            &(128..160).map(|i| i as u8).collect::<Vec<_>>()[..]
+        );
+        assert!(SharedRange::of(&view, 0, 192).is_some());
+        assert!(
+            SharedRange::of(&view, 8, 32).is_none(),
+            "misaligned: copied"
+        );
+        assert!(SharedRange::of(&view, 64, 129).is_none(), "past the view");
+        // Owned (mutable) buffers are always copied.
+        let owned = VmBuffer::from_vec(vec![0; 256], true);
+        assert!(SharedRange::of(&owned, 0, 64).is_none());
     }
 }

@@ -7,6 +7,7 @@
 //! bits, and calls must match the callee's calling convention. The
 //! interpreter relies on those facts; nothing in a `.vmfb` can make it panic.
 
+use super::archive::FunctionDescriptor;
 use super::isa::{Op, CORE_TABLE, EXT_F32_TABLE, EXT_F64_TABLE};
 use super::isa_types::{Bank, Field, BLOCK_MARKER, PREFIX_EXT_F32, PREFIX_EXT_F64};
 use crate::cconv::{Cconv, CconvType};
@@ -149,8 +150,6 @@ pub(crate) fn call_operands<'a>(
 
 /// What the verifier needs to know about the rest of the module.
 pub struct ModuleEnv<'a> {
-    /// Module feature bits.
-    pub features: u32,
     /// Type table size.
     pub type_count: u32,
     /// Calling conventions of the imports (None when unspecified).
@@ -260,6 +259,13 @@ impl FnCtx<'_> {
                 } else {
                     1
                 };
+                // 64-bit values occupy an aligned slot pair, as upstream
+                // requires.
+                if width == 2 && reg & 1 != 0 {
+                    return Err(bad(format!(
+                        "{bank:?} register {reg} is not 8-byte aligned (64-bit registers are even)"
+                    )));
+                }
                 if reg as u32 + width > self.i32_count {
                     return Err(bad(format!(
                         "{bank:?} register {reg} out of range (function has {} i32 slots)",
@@ -279,15 +285,20 @@ impl FnCtx<'_> {
     }
 }
 
-/// Verifies and decodes one function's bytecode.
+/// Verifies and decodes one function's bytecode, laid out as `desc` says:
+/// its register counts, its block count (which must be exact, as upstream
+/// requires) and its feature requirements (which extension opcodes need).
 pub fn decode_function(
     name: &str,
     code: &[u8],
-    i32_count: u32,
-    ref_count: u32,
+    desc: &FunctionDescriptor,
     cconv: &Cconv,
     env: &mut ModuleEnv<'_>,
 ) -> Result<DecodedFunction> {
+    let (i32_count, ref_count) = (
+        u32::from(desc.i32_register_count),
+        u32::from(desc.ref_register_count),
+    );
     // Register files are allocated rounded up to a power of two (at least
     // one register per bank), as upstream sizes them.
     let i32_count = i32_count.max(1).next_power_of_two();
@@ -332,10 +343,10 @@ pub fn decode_function(
                 } else {
                     (&EXT_F64_TABLE, FEATURE_EXT_F64, "EXT_F64")
                 };
-                if env.features & bit == 0 {
+                if desc.requirements & bit == 0 {
                     bail!(
                         InvalidArgument,
-                        "function '{name}': {set} opcode at bytecode offset {start} but the module does not require {set}"
+                        "function '{name}': {set} opcode at bytecode offset {start} but the function does not require {set}"
                     );
                 }
                 let e = rd.u8("extension opcode")?;
@@ -453,6 +464,14 @@ pub fn decode_function(
         list_import_operands(&mut insn, &pool, env, &mut operands)?;
         insns.push(insn);
         offsets.push(start as u32);
+    }
+    if block_at.len() != usize::from(desc.block_count) {
+        bail!(
+            InvalidArgument,
+            "function '{name}': descriptor declares {} blocks, bytecode has {}",
+            desc.block_count,
+            block_at.len()
+        );
     }
     for (slot, at) in fixups {
         let target = pool[slot];

@@ -33,18 +33,9 @@ pub(crate) fn push_frame(
 ) -> Result<(usize, usize)> {
     stack.check_depth()?;
     let f = &module.functions[function as usize];
-    let (ib, rb) = (stack.i32_top, stack.ref_top);
-    stack.i32_top += f.i32_count as usize;
-    stack.ref_top += f.ref_count as usize;
-    // The arenas only grow: a frame's registers may hold stale primitive
-    // values from an earlier frame (never uninitialised memory), and ref
-    // registers are cleared when their frame pops.
-    if stack.i32_regs.len() < stack.i32_top {
-        stack.i32_regs.resize(stack.i32_top, 0);
-    }
-    if stack.ref_regs.len() < stack.ref_top {
-        stack.ref_regs.resize(stack.ref_top, None);
-    }
+    let (ib, rb) = stack.push_registers(f.i32_count as usize, f.ref_count as usize)?;
+    // The arenas only grow; `push_registers` zeroes the frame's primitive
+    // registers, and ref registers are cleared when their frame pops.
     let external = state.is_some();
     stack.frames.push(Frame::Bytecode(BytecodeFrame {
         state,
@@ -141,15 +132,8 @@ pub(super) fn enter_call(
     let (ib, rb) = (cur.i32_base, cur.ref_base);
     let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
     let callee_fn = &module.functions[callee];
-    let (cib, crb) = (stack.i32_top, stack.ref_top);
-    stack.i32_top += callee_fn.i32_count as usize;
-    stack.ref_top += callee_fn.ref_count as usize;
-    if stack.i32_regs.len() < stack.i32_top {
-        stack.i32_regs.resize(stack.i32_top, 0);
-    }
-    if stack.ref_regs.len() < stack.ref_top {
-        stack.ref_regs.resize(stack.ref_top, None);
-    }
+    let (cib, crb) =
+        stack.push_registers(callee_fn.i32_count as usize, callee_fn.ref_count as usize)?;
     let (caller_regs, callee_regs) = stack.i32_regs.split_at_mut(cib);
     let (caller_refs, callee_refs) = stack.ref_regs.split_at_mut(crb);
     copy_args(
