@@ -30,18 +30,20 @@ bad() {
   echo "FAIL: $*"
 }
 
-echo "== Rust GPU tests"
+echo "== Rust GPU tests (each alone, 60 s limit)"
 for t in "$GPU_TESTS"/*; do
-  out=$(FERRITE_REQUIRE_GPU=1 "$t" --test-threads=1 --nocapture 2>&1)
-  echo "$out" >>"$LOG"
-  echo "$out" | grep -E "^(ping-pong|chain|fault reported)|panicked|FAILED|failed" | head -20
-  if echo "$out" | grep -q "SKIPPED"; then bad "$(basename "$t"): a GPU test skipped"; fi
-  p=$(echo "$out" | grep -o "[0-9]* passed" | tail -1 | cut -d' ' -f1)
-  f=$(echo "$out" | grep -o "[0-9]* failed" | tail -1 | cut -d' ' -f1)
-  pass=$((pass + ${p:-0}))
-  fail=$((fail + ${f:-0}))
-  [ -z "$p" ] && bad "$(basename "$t") did not run: $(echo "$out" | tail -3)"
-  echo "$(basename "$t"): ${p:-0} passed, ${f:-0} failed"
+  for name in $("$t" --list 2>/dev/null | grep ": test$" | sed 's/: test$//'); do
+    out=$(FERRITE_REQUIRE_GPU=1 timeout 60 "$t" --exact "$name" --test-threads=1 --nocapture 2>&1)
+    rc=$?
+    echo "$out" >>"$LOG"
+    echo "$out" | grep -E "^(ping-pong|chain|fault reported)" || true
+    if [ $rc -eq 0 ] && echo "$out" | grep -q "1 passed" && ! echo "$out" | grep -q "SKIPPED"; then
+      ok
+      echo "ok   $(basename "$t")::$name"
+    else
+      bad "$(basename "$t")::$name (rc $rc): $(echo "$out" | grep -E "panicked|SKIPPED|Error|error" | head -3)"
+    fi
+  done
 done
 
 echo "== CPU/GPU differential"

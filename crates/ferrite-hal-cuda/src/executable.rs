@@ -1,5 +1,5 @@
-//! Executables of format `cuda-nvptx-fb`: a 16-byte header (`CDA1`,
-//! version 0, content size) and an `iree.hal.cuda.ExecutableDef`
+//! Executables of format `cuda-nvptx-fb`: a 64-byte header (`CDA1`,
+//! version 0, content size, reserved) and an `iree.hal.cuda.ExecutableDef`
 //! flatbuffer holding PTX modules and exports (kernel name, block dims,
 //! dynamic shared memory, push-constant count, binding flags). Each PTX
 //! module is JIT-compiled with `cuModuleLoadDataEx`; a JIT failure is an
@@ -68,9 +68,12 @@ struct ExportDef<'a> {
     binding_count: u32,
 }
 
-/// Strips and checks the 16-byte file header; returns the flatbuffer.
+/// Bytes of the file header before the flatbuffer.
+const HEADER_LEN: usize = 64;
+
+/// Strips and checks the file header; returns the flatbuffer.
 fn flatbuffer_of(data: &[u8]) -> Result<&[u8]> {
-    if data.len() < 16 {
+    if data.len() < HEADER_LEN {
         bail!(
             InvalidArgument,
             "executable flatbuffer data is not present or less than header size ({} bytes)",
@@ -94,14 +97,14 @@ fn flatbuffer_of(data: &[u8]) -> Result<&[u8]> {
     let mut size = [0u8; 8];
     size.copy_from_slice(&data[8..16]);
     let size = u64::from_le_bytes(size);
-    if size == 0 || size > (data.len() - 16) as u64 {
+    if size == 0 || size > (data.len() - HEADER_LEN) as u64 {
         bail!(
             OutOfRange,
             "executable flatbuffer size prefix out of bounds (size is {size} but only {} bytes available)",
-            data.len() - 16
+            data.len() - HEADER_LEN
         );
     }
-    Ok(&data[16..16 + size as usize])
+    Ok(&data[HEADER_LEN..HEADER_LEN + size as usize])
 }
 
 /// Parses the executable: (PTX images, exports).
@@ -292,7 +295,9 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("less than header"));
-        let mut d = b"XXXX\0\0\0\0\x04\0\0\0\0\0\0\0abcd".to_vec();
+        let mut d = b"XXXX\0\0\0\0\x04\0\0\0\0\0\0\0".to_vec();
+        d.resize(HEADER_LEN, 0);
+        d.extend_from_slice(b"abcd");
         assert!(flatbuffer_of(&d).unwrap_err().to_string().contains("CDA1"));
         d[0..4].copy_from_slice(b"CDA1");
         assert_eq!(flatbuffer_of(&d).unwrap(), b"abcd");

@@ -105,7 +105,7 @@ fn queue_transfers_and_alloca() {
 #[test]
 fn cpu_gpu_semaphore_ping_pong() {
     let Some(gpu) = gpu() else { return };
-    let cpu: Arc<dyn Device> = ferrite_hal_cpu::device::CpuDevice::local_task(2);
+    let cpu: Arc<dyn Device> = ferrite_hal_cpu::device::CpuDevice::local_task(2).unwrap();
     let rounds = 20u64;
     let x = gpu.allocator().allocate(&host_params(), 4).unwrap();
     let y = gpu
@@ -162,7 +162,7 @@ fn cpu_gpu_semaphore_ping_pong() {
 #[test]
 fn failures_cross_devices_both_ways() {
     let Some(gpu) = gpu() else { return };
-    let cpu: Arc<dyn Device> = ferrite_hal_cpu::device::CpuDevice::local_task(2);
+    let cpu: Arc<dyn Device> = ferrite_hal_cpu::device::CpuDevice::local_task(2).unwrap();
     let x = gpu.allocator().allocate(&host_params(), 4).unwrap();
     let (a, b, c) = (Semaphore::new(0), Semaphore::new(0), Semaphore::new(0));
     // host -> GPU -> CPU

@@ -17,7 +17,7 @@ use std::sync::Arc;
 #[test]
 fn faulting_kernel_fails_every_waiter() {
     let Some(gpu) = gpu() else { return };
-    let cpu: Arc<dyn Device> = ferrite_hal_cpu::device::CpuDevice::local_task(1);
+    let cpu: Arc<dyn Device> = ferrite_hal_cpu::device::CpuDevice::local_task(1).unwrap();
     let exe = gpu
         .create_executable("cuda-nvptx-fb", &cda1(FAULT_PTX, "k", 1, 0), &[])
         .unwrap();

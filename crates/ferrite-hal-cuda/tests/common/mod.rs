@@ -113,6 +113,7 @@ pub fn cda1(ptx: &str, kernel: &str, bindings: u32, constants: u32) -> Vec<u8> {
     out.extend_from_slice(b"CDA1");
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+    out.resize(64, 0);
     out.extend_from_slice(&b);
     out
 }
