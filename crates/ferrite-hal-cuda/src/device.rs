@@ -12,13 +12,19 @@
 //! which releases the GPU with no host thread involved); then the work
 //! (kernel launches, copies, fills); then a `cuStreamWriteValue64` of each
 //! signal value into the signalled semaphore's word (so another device's
-//! stream waiting on it proceeds on the GPU); then a stream callback that
-//! hands the completion to this device's completion thread, which signals
-//! the semaphores on the host (waking host waiters and CPU-device work) or
-//! fails them: with the CUDA error text when the stream faulted (the
-//! callback receives the error), or with a wait semaphore's failure when a
-//! wait failed (a failed semaphore's word is set to its failure value so
-//! the GPU never blocks on it). No host thread polls.
+//! stream waiting on it proceeds on the GPU); then an event
+//! (`CU_EVENT_BLOCKING_SYNC`, recorded without stalling the stream, unlike
+//! a host callback) handed to this device's completion thread, which
+//! sleeps in `cuEventSynchronize` (no spinning) and then signals the
+//! semaphores on the host (waking host waiters and CPU-device work) or
+//! fails them: with the CUDA error text when the stream faulted (the event
+//! wait returns the error), or with a wait semaphore's failure when a wait
+//! failed (a failed semaphore's word is set to its failure value so the GPU
+//! never blocks on it).
+//!
+//! Work enqueued behind a wait that only the host can release occupies the
+//! stream's queue: CUDA blocks the enqueueing thread once about a thousand
+//! operations are pending, as for any stream.
 //!
 //! A chain of dependent submissions on this device is therefore enqueued
 //! back to back without any host round trip: only the completion of each
@@ -56,6 +62,8 @@ pub struct Shared {
     pub(crate) transfer_stream: CUstream,
     pub(crate) words: WordPool,
     transfer_lock: Mutex<()>,
+    /// Recorded-and-reached events for reuse.
+    events: Mutex<Vec<ffi::CUevent>>,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is
@@ -126,16 +134,19 @@ impl Drop for Shared {
                 (self.api.cuStreamSynchronize)(self.stream);
                 (self.api.cuStreamDestroy_v2)(self.stream);
                 (self.api.cuStreamDestroy_v2)(self.transfer_stream);
+                for e in self.events.get_mut().drain(..) {
+                    (self.api.cuEventDestroy_v2)(e);
+                }
                 (self.api.cuDevicePrimaryCtxRelease_v2)(self.device);
             }
         }
     }
 }
 
-/// What the completion thread does when the stream reaches a callback.
+/// What the completion thread does when the stream reaches an event.
 struct Completion {
-    /// The callback's CUDA status.
-    status: ffi::CUresult,
+    /// Recorded after the work; returned to the pool once reached.
+    event: ffi::CUevent,
     signal: Fence,
     waits: Fence,
     /// Resources the enqueued work uses, released after it.
@@ -152,23 +163,18 @@ pub(crate) struct Keep {
     bytes: Vec<Vec<u8>>,
 }
 
-struct CallbackData {
-    completion: Completion,
-    tx: mpsc::Sender<Completion>,
-}
+// SAFETY: the event handle is used by the completion thread only, in the
+// device's context; everything else in a completion is Send.
+unsafe impl Send for Completion {}
 
-unsafe extern "C" fn stream_callback(_stream: CUstream, status: ffi::CUresult, data: *mut c_void) {
-    // SAFETY: `data` is the Box<CallbackData> leaked when the callback was
-    // added; CUDA calls each callback exactly once.
-    let mut data = unsafe { Box::from_raw(data as *mut CallbackData) };
-    data.completion.status = status;
-    // No CUDA calls are allowed here: hand over to the completion thread.
-    let _ = data.tx.send(data.completion);
-}
-
-fn complete(c: Completion) {
+/// Waits for the completion's event (sleeping), then signals or fails.
+fn complete(shared: &Shared, c: Completion) {
+    // SAFETY: the event was created in this context and recorded on the
+    // queue stream; it is reused only after this wait.
+    let status = unsafe { (shared.api.cuEventSynchronize)(c.event) };
+    shared.events.lock().push(c.event);
     let Completion {
-        status,
+        event: _,
         signal,
         waits,
         keep,
@@ -276,13 +282,27 @@ impl CudaDevice {
             transfer_stream: transfer,
             words: WordPool::new(),
             transfer_lock: Mutex::new(()),
+            events: Mutex::new(Vec::new()),
         });
         let (tx, rx) = mpsc::channel::<Completion>();
+        let weak = Arc::downgrade(&shared);
         std::thread::Builder::new()
             .name(format!("ferrite-cuda{ordinal}-completion"))
             .spawn(move || {
                 for c in rx {
-                    complete(c);
+                    // Pending completions keep their semaphores, which keep
+                    // `Shared` alive through their timelines only when
+                    // attached; hold it for the wait.
+                    let Some(shared) = weak.upgrade() else {
+                        c.signal
+                            .fail(status!(Cancelled, "CUDA device was destroyed"));
+                        continue;
+                    };
+                    if shared.make_current().is_err() {
+                        c.signal.fail(status!(Internal, "CUDA context lost"));
+                        continue;
+                    }
+                    complete(&shared, c);
                 }
             })
             .map_err(|e| {
@@ -405,35 +425,47 @@ impl CudaDevice {
             Ok(())
         })();
         if let Err(e) = outcome {
-            drop(tx);
             signal.fail(e);
             return Ok(());
         }
-        let data = Box::new(CallbackData {
-            completion: Completion {
-                status: 0,
-                signal: signal.clone(),
-                waits: wait.clone(),
-                keep,
-                work,
-            },
-            tx: tx.clone(),
-        });
-        let raw = Box::into_raw(data) as *mut c_void;
-        // SAFETY: `raw` is handed to `stream_callback`, which frees it; on
-        // failure to enqueue it is reclaimed here.
-        let r = unsafe {
-            (self.shared.api.cuStreamAddCallback)(self.shared.stream, stream_callback, raw, 0)
+        let event = match self.event() {
+            Ok(e) => e,
+            Err(e) => {
+                signal.fail(e);
+                return Ok(());
+            }
         };
-        drop(tx);
+        // SAFETY: an event of this context, recorded on its queue stream.
+        let r = unsafe { (self.shared.api.cuEventRecord)(event, self.shared.stream) };
         if r != ffi::CUDA_SUCCESS {
-            // SAFETY: not enqueued, so still owned here.
-            let data = unsafe { Box::from_raw(raw as *mut CallbackData) };
-            data.completion
-                .signal
-                .fail(ffi::to_status(r, "enqueueing a completion callback"));
+            self.shared.events.lock().push(event);
+            signal.fail(ffi::to_status(r, "recording a completion event"));
+            return Ok(());
         }
+        let _ = tx.send(Completion {
+            event,
+            signal: signal.clone(),
+            waits: wait.clone(),
+            keep,
+            work,
+        });
         Ok(())
+    }
+
+    /// A completion event from the pool (or a new one).
+    fn event(&self) -> Result<ffi::CUevent> {
+        if let Some(e) = self.shared.events.lock().pop() {
+            return Ok(e);
+        }
+        let mut e: ffi::CUevent = std::ptr::null_mut();
+        ffi::check(
+            // SAFETY: valid out-pointer; the context is current.
+            unsafe {
+                (self.shared.api.cuEventCreate)(&mut e, ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING)
+            },
+            "creating a completion event",
+        )?;
+        Ok(e)
     }
 
     fn resolve<'a>(

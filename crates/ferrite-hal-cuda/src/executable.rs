@@ -62,6 +62,7 @@ impl Drop for CudaExecutable {
 struct ExportDef<'a> {
     module: u32,
     name: &'a [u8],
+    export_name: &'a [u8],
     block_dims: [u32; 3],
     shared_memory: u32,
     constant_count: u32,
@@ -151,9 +152,19 @@ fn parse(data: &[u8]) -> Result<(Vec<&[u8]>, Vec<ExportDef<'_>>)> {
         let shared_memory = fb.u32_field(&e, 3, "block_shared_memory_size", 0)?;
         let constant_count = fb.u32_field(&e, 4, "constant_count", 0)?;
         let (_, binding_count) = fb.vec_field(&e, 5, 8, "binding_flags")?;
+        // The export's name as the program looks it up (kernel names are
+        // sanitized: `.` becomes `_`) is debug_info.name when present.
+        let export_name = match fb.field(&e, 6, "debug_info")? {
+            Some(_) => {
+                let d = fb.table_field(&e, 6, "debug_info")?;
+                fb.str_field(&d, 0, "debug_info.name")?.unwrap_or(name)
+            }
+            None => name,
+        };
         exports.push(ExportDef {
             module,
             name,
+            export_name,
             block_dims: dims,
             shared_memory,
             constant_count,
@@ -255,7 +266,7 @@ impl CudaExecutable {
                 binding_count: e.binding_count,
             });
             exe.exports.push(ExportInfo {
-                name: name.to_string_lossy().into_owned(),
+                name: String::from_utf8_lossy(e.export_name).into_owned(),
                 workgroup_size: e.block_dims,
                 constant_count: e.constant_count,
                 binding_count: e.binding_count,

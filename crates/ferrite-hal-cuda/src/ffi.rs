@@ -27,6 +27,8 @@ pub type CUmodule = *mut c_void;
 pub type CUfunction = *mut c_void;
 /// `CUmemoryPool`.
 pub type CUmemoryPool = *mut c_void;
+/// `CUevent`.
+pub type CUevent = *mut c_void;
 /// `CUgraph`.
 pub type CUgraph = *mut c_void;
 /// `CUgraphExec`.
@@ -34,6 +36,9 @@ pub type CUgraphExec = *mut c_void;
 /// `CUstreamCallback`.
 pub type CUstreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void);
 
+/// `CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING`: a host waiting on
+/// the event sleeps instead of spinning; no timestamps.
+pub const CU_EVENT_BLOCKING_SYNC_NO_TIMING: c_uint = 0x1 | 0x2;
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CUresult = 0;
 /// `CU_STREAM_NON_BLOCKING`.
@@ -122,6 +127,10 @@ cuda_api! {
     cuStreamDestroy_v2: fn(CUstream);
     cuStreamSynchronize: fn(CUstream);
     cuStreamAddCallback: fn(CUstream, CUstreamCallback, *mut c_void, c_uint);
+    cuEventCreate: fn(*mut CUevent, c_uint);
+    cuEventRecord: fn(CUevent, CUstream);
+    cuEventSynchronize: fn(CUevent);
+    cuEventDestroy_v2: fn(CUevent);
     cuStreamWaitValue64_v2: fn(CUstream, CUdeviceptr, u64, c_uint);
     cuStreamWriteValue64_v2: fn(CUstream, CUdeviceptr, u64, c_uint);
     cuStreamBeginCapture_v2: fn(CUstream, c_int);

@@ -95,6 +95,15 @@ impl<'a> Fb<'a> {
         }
     }
 
+    /// A table field (which must be present).
+    pub fn table_field(&self, t: &Table, id: usize, what: &str) -> Result<Table> {
+        let Some(p) = self.field(t, id, what)? else {
+            bail!(InvalidArgument, "executable flatbuffer: {what} is missing");
+        };
+        let pos = self.deref(p, what)?;
+        self.table_at(pos, what)
+    }
+
     /// A u32 field (default when absent).
     pub fn u32_field(&self, t: &Table, id: usize, what: &str, default: u32) -> Result<u32> {
         match self.field(t, id, what)? {

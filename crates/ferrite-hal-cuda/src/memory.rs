@@ -141,7 +141,10 @@ impl CudaAllocator {
         } else {
             MemoryType::DEVICE_LOCAL
         };
-        let usage = p.usage | BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE;
+        let mut usage = p.usage | BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE;
+        if ty.contains(MemoryType::HOST_VISIBLE) {
+            usage |= BufferUsage::MAPPING;
+        }
         (ty, usage, p.access)
     }
 
@@ -447,8 +450,11 @@ unsafe impl Send for CudaTimeline {}
 // SAFETY: see above.
 unsafe impl Sync for CudaTimeline {}
 
-/// The value written on failure: releases every device waiter.
-pub const FAILURE_VALUE: u64 = u64::MAX;
+/// The value written on failure: releases every device waiter. The GPU's
+/// GEQ compares `(int64_t)(*addr - value) >= 0`, so the value must be at
+/// most 2^63 ahead of every awaited value: 2^62 is above any payload a
+/// program reaches and releases them all (u64::MAX would not).
+pub const FAILURE_VALUE: u64 = 1 << 62;
 
 impl CudaTimeline {
     /// A new word from `shared`'s pool, at 0.
