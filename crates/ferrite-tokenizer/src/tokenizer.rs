@@ -139,7 +139,16 @@ impl Tokenizer {
         no_special_token_matching: bool,
     ) -> Result<Vec<u32>> {
         if let Some(fast) = &self.fast {
-            if let Some(ids) = fast.encode(text, add_special_tokens, no_special_token_matching) {
+            let reference = |piece: &str| {
+                self.encode_reference(piece, false, no_special_token_matching)
+                    .ok()
+            };
+            if let Some(ids) = fast.encode(
+                text,
+                add_special_tokens,
+                no_special_token_matching,
+                &reference,
+            ) {
                 return Ok(ids);
             }
         }
