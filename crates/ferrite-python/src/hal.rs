@@ -844,7 +844,7 @@ pub fn sync_object_of(py: Python<'_>, r: &Ref) -> PyResult<Option<PyObject>> {
         return Ok(Some(Py::new(py, PyHalSemaphore { semaphore })?.into_any()));
     }
     if let Some(fence) = r.downcast_arc::<ferrite_hal::fence::Fence>() {
-        return Ok(Some(Py::new(py, PyHalFence { fence })?.into_any()));
+        return Ok(Some(Py::new(py, PyHalFence::wrap(fence))?.into_any()));
     }
     if let Some(cb) = r.downcast_arc::<ferrite_hal::command_buffer::CommandBuffer>() {
         return Ok(Some(Py::new(py, PyHalCommandBuffer::wrap(cb))?.into_any()));

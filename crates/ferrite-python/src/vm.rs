@@ -293,20 +293,27 @@ pub fn int_of<T: for<'a> FromPyObject<'a>>(obj: &Bound<'_, PyAny>) -> PyResult<T
 /// An exported function of a module.
 #[pyclass(name = "VmFunction", module = "ferrite._ferrite", frozen)]
 pub struct PyVmFunction {
-    pub module: Arc<dyn Module>,
+    /// The module's name and the export, copied: as upstream's, a function
+    /// does not keep its module alive (a context that has the module calls
+    /// it, resolving it by name), so the module is released, and a
+    /// `PyModuleInterface` reports `destroyed`, when its contexts and
+    /// `VmModule` go.
+    pub module_name: String,
+    export: ferrite_vm::module::ExportInfo,
     pub ordinal: u32,
 }
 
 impl PyVmFunction {
     fn new(module: &Arc<dyn Module>, ordinal: u32) -> Self {
         PyVmFunction {
-            module: module.clone(),
+            module_name: module.name().to_string(),
+            export: module.exports()[ordinal as usize].clone(),
             ordinal,
         }
     }
 
     pub(crate) fn export(&self) -> &ferrite_vm::module::ExportInfo {
-        &self.module.exports()[self.ordinal as usize]
+        &self.export
     }
 }
 
@@ -319,7 +326,7 @@ impl PyVmFunction {
 
     #[getter]
     fn module_name(&self) -> String {
-        self.module.name().to_string()
+        self.module_name.clone()
     }
 
     #[getter]
@@ -406,7 +413,7 @@ impl PyVmContext {
         inputs: &PyVmVariantList,
         outputs: &PyVmVariantList,
     ) -> PyResult<()> {
-        let name = format!("{}.{}", function.module.name(), function.export().name);
+        let name = format!("{}.{}", function.module_name, function.export().name);
         let args = (0..inputs.list.size())
             .map(|i| inputs.list.get_variant(i))
             .collect::<ferrite_base::Result<Vec<_>>>()

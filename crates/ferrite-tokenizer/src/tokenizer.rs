@@ -61,8 +61,18 @@ fn invalid(message: String) -> Status {
 impl Tokenizer {
     /// Loads the text of a HuggingFace `tokenizer.json`.
     pub fn from_json(json: &str) -> Result<Tokenizer> {
-        let mut tokenizer = tokenizers::Tokenizer::from_bytes(json.as_bytes())
-            .map_err(|e| invalid(format!("Failed to parse tokenizer JSON: {e}")))?;
+        let mut tokenizer = tokenizers::Tokenizer::from_bytes(json.as_bytes()).map_err(|e| {
+            let message = format!("Failed to parse tokenizer JSON: {e}");
+            // Valid JSON naming a component this build does not know is
+            // UNIMPLEMENTED, as upstream reports unsupported components.
+            if e.to_string().contains("unknown variant")
+                && serde_json::from_str::<serde_json::Value>(json).is_ok()
+            {
+                Status::new(StatusCode::Unimplemented, message)
+            } else {
+                invalid(message)
+            }
+        })?;
         // Upstream's semantics: the file's padding and truncation sections
         // are not applied.
         tokenizer.with_padding(None);

@@ -81,8 +81,10 @@ fn with_added(mut doc: Value, plain: bool, normalized: bool) -> Value {
     let mut added = doc["added_tokens"].as_array().cloned().unwrap_or_default();
     let mut next = n;
     let mut add = |content: &str, special: bool| {
-        added.push(json!({"id": next, "content": content, "single_word": false, "lstrip": false,
-                          "rstrip": false, "normalized": normalized, "special": special}));
+        added.push(
+            json!({"id": next, "content": content, "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": normalized, "special": special}),
+        );
         next += 1;
     };
     add("<|endoftext|>", true);
@@ -119,11 +121,54 @@ fn strings(count: usize) -> Vec<String> {
         .map(str::to_string)
         .collect();
     let odd = [
-        " ", "  ", "\t", "\n", "\n\n", "\r\n", " \t ", "\u{0B}", "\u{0}", "\u{7F}", "\u{1F}",
-        "'s", "'ll", "'", "é", "É", "ß", "日本語", "中文", "😀", "e\u{0301}", "\u{00A0}",
-        "\u{3000}", "\u{2028}", "½", "²", "Ⅻ", "\u{200B}", "\u{FFFD}", "«»", "—", "Ωmega",
-        "<|endoftext|>", "<|end|>", "<|end", "hello world", "[CLS]", "[SEP]", "[MASK]", "[UNK",
-        "12345", "3.14", "don't", "WE'LL", "...", "==>", "#[derive]", "##ing",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\n\n",
+        "\r\n",
+        " \t ",
+        "\u{0B}",
+        "\u{0}",
+        "\u{7F}",
+        "\u{1F}",
+        "'s",
+        "'ll",
+        "'",
+        "é",
+        "É",
+        "ß",
+        "日本語",
+        "中文",
+        "😀",
+        "e\u{0301}",
+        "\u{00A0}",
+        "\u{3000}",
+        "\u{2028}",
+        "½",
+        "²",
+        "Ⅻ",
+        "\u{200B}",
+        "\u{FFFD}",
+        "«»",
+        "—",
+        "Ωmega",
+        "<|endoftext|>",
+        "<|end|>",
+        "<|end",
+        "hello world",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        "[UNK",
+        "12345",
+        "3.14",
+        "don't",
+        "WE'LL",
+        "...",
+        "==>",
+        "#[derive]",
+        "##ing",
     ];
     let mut rng = Rng(0x9E37_79B9);
     (0..count)
@@ -152,7 +197,10 @@ fn check(name: &str, doc: &Value, expect_fast: bool) {
             for literal in [false, true] {
                 let fast = tok.encode(text, add, literal).unwrap();
                 let reference = tok.encode_reference(text, add, literal).unwrap();
-                assert_eq!(fast, reference, "{name}: {text:?} add={add} literal={literal}");
+                assert_eq!(
+                    fast, reference,
+                    "{name}: {text:?} add={add} literal={literal}"
+                );
             }
         }
     }
@@ -163,7 +211,11 @@ fn byte_level_bpe_matches_the_crate() {
     let doc = trained_bpe();
     check("bpe", &doc, true);
     check("bpe+added", &with_added(doc.clone(), true, false), true);
-    check("bpe+normalized added", &with_added(doc.clone(), false, true), true);
+    check(
+        "bpe+normalized added",
+        &with_added(doc.clone(), false, true),
+        true,
+    );
     let mut template = with_added(doc.clone(), false, false);
     template["post_processor"] = json!({"type": "ByteLevel", "add_prefix_space": false,
                                         "trim_offsets": true, "use_regex": true});
@@ -180,15 +232,29 @@ fn byte_level_bpe_matches_the_crate() {
 fn wordpiece_matches_the_crate() {
     check("wordpiece", &trained_wordpiece(true), true);
     check("wordpiece cased", &trained_wordpiece(false), true);
-    check("wordpiece+added", &with_added(trained_wordpiece(true), true, false), true);
+    check(
+        "wordpiece+added",
+        &with_added(trained_wordpiece(true), true, false),
+        true,
+    );
     // Normalized added tokens under a normalizer: left to the crate.
-    check("wordpiece+normalized added", &with_added(trained_wordpiece(true), false, true), false);
+    check(
+        "wordpiece+normalized added",
+        &with_added(trained_wordpiece(true), false, true),
+        false,
+    );
 }
 
 #[test]
 fn long_words_and_empty_text() {
     let tok = Tokenizer::from_json(&trained_bpe().to_string()).unwrap();
-    for text in ["", " ", &"=".repeat(5000), &"ab".repeat(3000), &" ".repeat(1000)] {
+    for text in [
+        "",
+        " ",
+        &"=".repeat(5000),
+        &"ab".repeat(3000),
+        &" ".repeat(1000),
+    ] {
         assert_eq!(
             tok.encode(text, false, false).unwrap(),
             tok.encode_reference(text, false, false).unwrap()

@@ -87,7 +87,11 @@ impl AddedSplitter {
             if t.lstrip || t.rstrip || t.single_word || t.content.is_empty() {
                 return None;
             }
-            let entry = (t.content.as_str(), tokenizer.token_to_id(&t.content)?, t.special);
+            let entry = (
+                t.content.as_str(),
+                tokenizer.token_to_id(&t.content)?,
+                t.special,
+            );
             if t.normalized {
                 if tokenizer.get_normalizer().is_some() {
                     return None;

@@ -45,7 +45,8 @@ fn post_ids(post: Option<&serde_json::Value>) -> Option<(Vec<u32>, Vec<u32>)> {
     let Some(post) = post.filter(|p| !p.is_null()) else {
         return Some((Vec::new(), Vec::new()));
     };
-    let pair_id = |v: &serde_json::Value| -> Option<u32> { u32::try_from(v.get(1)?.as_u64()?).ok() };
+    let pair_id =
+        |v: &serde_json::Value| -> Option<u32> { u32::try_from(v.get(1)?.as_u64()?).ok() };
     match post.get("type")?.as_str()? {
         "ByteLevel" => Some((Vec::new(), Vec::new())),
         "BertProcessing" | "RobertaProcessing" => Some((
@@ -65,7 +66,11 @@ fn post_ids(post: Option<&serde_json::Value>) -> Option<(Vec<u32>, Vec<u32>)> {
                 } else {
                     let name = piece.get("SpecialToken")?.get("id")?.as_str()?;
                     let ids = specials.get(name)?.get("ids")?.as_array()?;
-                    let side = if seen_sequence { &mut suffix } else { &mut prefix };
+                    let side = if seen_sequence {
+                        &mut suffix
+                    } else {
+                        &mut prefix
+                    };
                     for id in ids {
                         side.push(u32::try_from(id.as_u64()?).ok()?);
                     }
@@ -80,17 +85,27 @@ fn post_ids(post: Option<&serde_json::Value>) -> Option<(Vec<u32>, Vec<u32>)> {
 impl FastEncoder {
     /// The fast encoder for `doc` (the parsed `tokenizer.json` that
     /// `tokenizer` was loaded from), if its configuration is supported.
-    pub fn build(doc: &serde_json::Value, tokenizer: &tokenizers::Tokenizer) -> Option<FastEncoder> {
+    pub fn build(
+        doc: &serde_json::Value,
+        tokenizer: &tokenizers::Tokenizer,
+    ) -> Option<FastEncoder> {
         use tokenizers::Model;
         let vocab = tokenizer.get_model().get_vocab();
-        let kind = |k: &str| doc.get(k).and_then(|v| v.get("type")).and_then(|t| t.as_str());
+        let kind = |k: &str| {
+            doc.get(k)
+                .and_then(|v| v.get("type"))
+                .and_then(|t| t.as_str())
+        };
         let pipeline = if kind("model") == Some("BPE") {
             let normalizer_absent = doc.get("normalizer").is_none_or(|n| n.is_null());
             let pre = doc.get("pre_tokenizer")?;
             if !normalizer_absent
                 || kind("pre_tokenizer") != Some("ByteLevel")
-                || pre.get("add_prefix_space")?.as_bool()? 
-                || !pre.get("use_regex").and_then(|v| v.as_bool()).unwrap_or(true)
+                || pre.get("add_prefix_space")?.as_bool()?
+                || !pre
+                    .get("use_regex")
+                    .and_then(|v| v.as_bool())
+                    .unwrap_or(true)
             {
                 return None;
             }
