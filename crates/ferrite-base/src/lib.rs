@@ -5,10 +5,12 @@
 #![deny(missing_docs)]
 
 pub mod cfmt;
+pub mod object;
 pub mod status;
 pub mod time;
 pub mod wait;
 
+pub use object::RefObject;
 pub use status::{Result, Status, StatusCode};
 pub use time::{Deadline, Timeout};
 pub use wait::{Notifier, WaitMode, WaitSource};

@@ -1,24 +1,17 @@
 //! `ferrite`: command-line tools for IREE programs, taking upstream's flags.
 //!
-//! The tools are a library too ([`main_with_args`]), so that the Python
-//! package can ship them as its `ferrite` console command without a
-//! separate executable.
+//! A thin layer: the tools themselves (`run-module`, `benchmark-module`,
+//! `dump-module`, `check-module`) live in `ferrite-tooling`, which the
+//! Python package's `ferrite` console command runs too, and the e2e test
+//! runners in `ferrite-e2e`; this crate puts them under one executable.
 //!
 //! - `ferrite run-module --module=m.vmfb --function=f --input=42`
 //! - `ferrite dump-module [--output=metadata|disassembly] m.vmfb`
 //! - `ferrite check-module --module=tests.vmfb [--device=local-sync]`
 //! - `ferrite e2e-matmul-test --module=matmul.vmfb --module=calls.vmfb`
-
-mod benchmark_module;
-mod check_module;
-mod dump_module;
-mod e2e_test;
-mod format;
-mod inputs;
-mod npy;
-mod outputs;
-mod parameters;
-mod run_module;
+//!
+//! Every command reads `--flagfile=PATH` (flags from a file, in place) and
+//! keeps the last value of a flag given twice, as upstream's tools.
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -38,20 +31,14 @@ struct Cli {
 #[allow(clippy::enum_variant_names)]
 #[derive(Subcommand)]
 enum Command {
-    /// Loads modules and runs one function (like `iree-run-module`).
-    RunModule(run_module::RunModuleArgs),
-    /// Prints a module's metadata and disassembly (like `iree-dump-module`).
-    DumpModule(dump_module::DumpModuleArgs),
-    /// Times calls of one function (like `iree-benchmark-module`).
-    BenchmarkModule(benchmark_module::BenchmarkModuleArgs),
-    /// Runs each test function of a self-checking program (like `iree-check-module`).
-    CheckModule(check_module::CheckModuleArgs),
+    #[command(flatten)]
+    Tool(ferrite_tooling::Tool),
     /// Runs generated matmul e2e tests with the `matmul_test` module (like `iree-e2e-matmul-test`).
-    E2eMatmulTest(e2e_test::E2eTestArgs),
+    E2eMatmulTest(ferrite_e2e::runner::E2eTestArgs),
     /// Runs generated conv2d e2e tests with the `conv2d_test` module (like `iree-e2e-conv2d-test`).
-    E2eConv2dTest(e2e_test::E2eTestArgs),
+    E2eConv2dTest(ferrite_e2e::runner::E2eTestArgs),
     /// Runs generated attention e2e tests with the `attention_test` module (like `iree-e2e-attention-test`).
-    E2eAttentionTest(e2e_test::E2eTestArgs),
+    E2eAttentionTest(ferrite_e2e::runner::E2eTestArgs),
 }
 
 /// Runs the command line `args` (program name first) and returns the exit
@@ -62,34 +49,16 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return e.exit_code();
-        }
-    };
-    let result = match &cli.command {
-        Command::RunModule(a) => run_module::run(a),
-        Command::DumpModule(a) => dump_module::run(a),
-        Command::BenchmarkModule(a) => benchmark_module::run(a),
-        Command::CheckModule(a) => check_module::run(a),
+    ferrite_tooling::run_main::<Cli>(args, |cli| match &cli.command {
+        Command::Tool(t) => t.run(),
         Command::E2eMatmulTest(a) => {
-            e2e_test::run(a, ferrite_modules::e2e::matmul::create_matmul_test_module)
+            ferrite_e2e::runner::run(a, ferrite_e2e::matmul::create_matmul_test_module)
         }
         Command::E2eConv2dTest(a) => {
-            e2e_test::run(a, ferrite_modules::e2e::conv2d::create_conv2d_test_module)
+            ferrite_e2e::runner::run(a, ferrite_e2e::conv2d::create_conv2d_test_module)
         }
-        Command::E2eAttentionTest(a) => e2e_test::run(
-            a,
-            ferrite_modules::e2e::attention::create_attention_test_module,
-        ),
-    };
-    match result {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("{e}");
-            1
+        Command::E2eAttentionTest(a) => {
+            ferrite_e2e::runner::run(a, ferrite_e2e::attention::create_attention_test_module)
         }
-    }
+    })
 }

@@ -1,4 +1,4 @@
-//! Ferrite's CPU HAL driver.
+//! Ferrite's CPU HAL drivers (they depend on the HAL alone, not the VM).
 //!
 //! - [`executable`]: loading IREE's CPU executables (`embedded-elf-x86_64`:
 //!   the container, our own ELF loader, the executable library ABI) and running
@@ -7,12 +7,16 @@
 //! - [`cpu_features`]: the host's CPU feature bits (processor data, and the
 //!   `hal.cpu` device queries).
 //! - [`device`]: the `local-sync` and `local-task` devices.
+//! - [`driver`]: their drivers ([`LocalSyncDriver`], [`LocalTaskDriver`]),
+//!   which the facade's driver registry lists; `local-task` reads the
+//!   `--task_*` flags from `ferrite_hal::driver::TaskOptions`.
 //! - [`pool`]: the worker pool of `local-task`.
 #![deny(missing_docs)]
 
 pub mod cpu_executable;
 pub mod cpu_features;
 pub mod device;
+pub mod driver;
 pub mod executable;
 pub mod pool;
 
@@ -21,3 +25,4 @@ pub use executable::library::{
 };
 
 pub use device::CpuDevice;
+pub use driver::{LocalSyncDriver, LocalTaskDriver};

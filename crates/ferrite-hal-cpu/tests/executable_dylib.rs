@@ -11,8 +11,8 @@ use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::device::{Device, DeviceRef};
 use ferrite_hal::element_type::{ElementType, EncodingType};
 use ferrite_hal::memory::{BufferUsage, MemoryType};
-use ferrite_hal::module::HalModuleOptions;
 use ferrite_hal_cpu::CpuDevice;
+use ferrite_hal_module::HalModuleOptions;
 use ferrite_testkit::{compile_source, GENERIC_CPU};
 use ferrite_vm::bytecode::archive::Archive;
 use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes, Ref, Variant};
@@ -110,8 +110,8 @@ fn module_names_the_system_elf_format() {
 fn add_runs_through_the_vm_on_local_sync() {
     let dev: Arc<dyn Device> = CpuDevice::local_sync();
     let instance = Instance::default();
-    ferrite_hal::module::register_types(instance.types());
-    let hal = ferrite_hal::module::create_hal_module(
+    ferrite_hal_module::register_types(instance.types());
+    let hal = ferrite_hal_module::create_hal_module(
         vec![DeviceRef(dev.clone())],
         HalModuleOptions::default(),
     )

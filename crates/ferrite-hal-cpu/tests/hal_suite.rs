@@ -27,9 +27,9 @@ use ferrite_hal::element_type::{ElementType, EncodingType};
 use ferrite_hal::executable::ExecutableRef;
 use ferrite_hal::fence::Fence;
 use ferrite_hal::memory::{BufferUsage, MemoryType};
-use ferrite_hal::module::HalModuleOptions;
 use ferrite_hal::semaphore::Semaphore;
 use ferrite_hal_cpu::CpuDevice;
+use ferrite_hal_module::HalModuleOptions;
 use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes, Poll, Ref, Variant};
 use std::sync::Arc;
 use std::thread;
@@ -47,7 +47,7 @@ fn local_sync() -> Arc<dyn Device> {
 }
 
 fn local_task() -> Arc<dyn Device> {
-    CpuDevice::local_task(2)
+    CpuDevice::local_task(2).expect("local-task device")
 }
 
 /// Instantiates each listed test function for both devices.
@@ -576,8 +576,8 @@ fn vm_context(
     options: HalModuleOptions,
 ) -> (Instance, Context) {
     let instance = Instance::default();
-    ferrite_hal::module::register_types(instance.types());
-    let hal = ferrite_hal::module::create_hal_module(vec![DeviceRef(dev.clone())], options)
+    ferrite_hal_module::register_types(instance.types());
+    let hal = ferrite_hal_module::create_hal_module(vec![DeviceRef(dev.clone())], options)
         .expect("create hal module");
     let path = common::compile(program, vm_dialect);
     let module = BytecodeModule::load(&instance, ModuleBytes::read_file(&path).unwrap())

@@ -33,8 +33,8 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use ferrite_base::RefObject;
 use ferrite_base::{bail, status, Result};
-use ferrite_vm::refs::RefObject;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::memory::{BufferUsage, MemoryAccess, MemoryType};
@@ -234,11 +234,6 @@ impl HostMemory {
             writable,
             _owner: owner,
         })
-    }
-
-    /// Read-only import of a VM module's bytes (rodata, constants).
-    pub fn from_module_bytes(bytes: ferrite_vm::ModuleBytes) -> HostMemory {
-        HostMemory::ReadOnly(Arc::new(bytes))
     }
 }
 

@@ -11,8 +11,8 @@
 use std::fmt;
 
 use ferrite_base::status::ResultExt;
+use ferrite_base::RefObject;
 use ferrite_base::{bail, status, Result};
-use ferrite_vm::refs::RefObject;
 
 use crate::allocator::{Allocator, BufferParams};
 use crate::buffer::{Buffer, WHOLE_BUFFER};
@@ -31,9 +31,10 @@ pub const MAX_PARSED_RANK: usize = 128;
 #[derive(Clone)]
 pub struct BufferView {
     buffer: Buffer,
-    /// `buffer` as a VM ref, made on first request (`hal.buffer_view.buffer`)
-    /// or handed in at creation, so that later requests only share it.
-    buffer_ref: std::sync::OnceLock<ferrite_vm::Ref>,
+    /// `buffer` as a shared object, made on first request (the VM's
+    /// `hal.buffer_view.buffer`) or handed in at creation, so that every
+    /// request returns the same object (refs compare by identity).
+    shared_buffer: std::sync::OnceLock<std::sync::Arc<Buffer>>,
     /// Dimensions; views of rank 4 or less need no allocation.
     shape: smallvec::SmallVec<[u64; 4]>,
     element_type: ElementType,
@@ -113,7 +114,7 @@ impl BufferView {
         }
         Ok(BufferView {
             buffer,
-            buffer_ref: std::sync::OnceLock::new(),
+            shared_buffer: std::sync::OnceLock::new(),
             shape: shape.into(),
             element_type,
             encoding_type,
@@ -126,31 +127,24 @@ impl BufferView {
         &self.buffer
     }
 
-    /// The viewed buffer as a VM ref (one shared ref per view).
-    pub fn buffer_ref(&self) -> ferrite_vm::Ref {
-        self.buffer_ref
-            .get_or_init(|| ferrite_vm::Ref::new(self.buffer.clone()))
+    /// The viewed buffer as one shared object per view (what the `hal`
+    /// VM module hands out as the view's `!hal.buffer` ref).
+    pub fn shared_buffer(&self) -> std::sync::Arc<Buffer> {
+        self.shared_buffer
+            .get_or_init(|| std::sync::Arc::new(self.buffer.clone()))
             .clone()
     }
 
-    /// A view like [`BufferView::new`] of the buffer behind `buffer_ref`
-    /// (a `hal.buffer` ref), which [`BufferView::buffer_ref`] then returns.
-    /// `INVALID_ARGUMENT` when the ref is not a buffer.
-    pub fn over_ref(
-        buffer_ref: ferrite_vm::Ref,
+    /// A view like [`BufferView::new`] of the shared `buffer`, which
+    /// [`BufferView::shared_buffer`] then returns.
+    pub fn over_shared(
+        buffer: std::sync::Arc<Buffer>,
         shape: &[u64],
         element_type: ElementType,
         encoding_type: EncodingType,
     ) -> Result<BufferView> {
-        let Some(buffer) = buffer_ref.downcast::<Buffer>() else {
-            bail!(
-                InvalidArgument,
-                "buffer view source: expected !hal.buffer, received !{}",
-                buffer_ref.type_name()
-            );
-        };
-        let view = BufferView::new(buffer.clone(), shape, element_type, encoding_type)?;
-        let _ = view.buffer_ref.set(buffer_ref);
+        let view = BufferView::new((*buffer).clone(), shape, element_type, encoding_type)?;
+        let _ = view.shared_buffer.set(buffer);
         Ok(view)
     }
 

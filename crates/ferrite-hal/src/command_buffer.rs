@@ -9,8 +9,8 @@
 use crate::buffer::Buffer;
 use crate::executable::ExecutableRef;
 use crate::memory::BufferUsage;
+use ferrite_base::RefObject;
 use ferrite_base::{bail, Result};
-use ferrite_vm::refs::RefObject;
 use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
 

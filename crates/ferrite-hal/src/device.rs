@@ -13,8 +13,8 @@ use crate::allocator::Allocator;
 use crate::command_buffer::{Binding, BindingTable, Command};
 use crate::executable::Executable;
 use crate::fence::Fence;
+use ferrite_base::RefObject;
 use ferrite_base::Result;
-use ferrite_vm::refs::RefObject;
 use std::any::Any;
 use std::sync::Arc;
 

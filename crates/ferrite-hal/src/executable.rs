@@ -4,7 +4,7 @@
 //! The HAL only needs to name and look up exports; running a dispatch is the
 //! device's business, so drivers downcast to their own executable type.
 
-use ferrite_vm::refs::RefObject;
+use ferrite_base::RefObject;
 use std::any::Any;
 use std::sync::Arc;
 

@@ -10,8 +10,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use ferrite_base::wait::{wait_sources, Notifier, WaitMode, WaitSource};
+use ferrite_base::RefObject;
 use ferrite_base::{Result, Status, StatusCode, Timeout};
-use ferrite_vm::refs::RefObject;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 

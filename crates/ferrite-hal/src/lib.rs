@@ -17,7 +17,12 @@
 //! - [`command_buffer`], [`executable`], [`device`]: recorded commands,
 //!   loaded executables, and the device trait with queue operations built
 //!   on one submission primitive.
-//! - [`module`]: the `hal` VM module.
+//! - [`driver`]: the driver trait (device URIs, enumeration, creation) and
+//!   the driver flags (`--task_*`) drivers receive.
+//!
+//! The HAL does not depend on the VM: its objects are
+//! [`ferrite_base::RefObject`]s, and the `hal` VM module with the ref-type
+//! registration lives in `ferrite-hal-module`.
 #![deny(missing_docs)]
 
 pub mod allocator;
@@ -25,11 +30,11 @@ pub mod buffer;
 pub mod buffer_view;
 pub mod command_buffer;
 pub mod device;
+pub mod driver;
 pub mod element_type;
 pub mod executable;
 pub mod fence;
 pub mod memory;
-pub mod module;
 pub mod numerics;
 pub mod semaphore;
 
@@ -42,40 +47,3 @@ pub use element_type::{ElementType, EncodingType, NumericalType};
 pub use fence::Fence;
 pub use memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
 pub use semaphore::{wait_multi, Semaphore, Timepoint};
-
-/// Registers the HAL ref types this crate defines with a VM type registry:
-/// `hal.buffer`, `hal.buffer_view`, `hal.fence` and `hal.semaphore`.
-///
-/// `hal.device`, `hal.allocator`, `hal.command_buffer`, `hal.executable`,
-/// `hal.channel` and `hal.file` are registered by the crates that define
-/// those objects (the `hal` VM module and the drivers).
-pub fn register_types(registry: &ferrite_vm::types::TypeRegistry) {
-    registry.register_type::<Buffer>("hal.buffer");
-    registry.register_type::<BufferView>("hal.buffer_view");
-    registry.register_type::<Fence>("hal.fence");
-    registry.register_type::<Semaphore>("hal.semaphore");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn registers_types() {
-        let r = ferrite_vm::types::TypeRegistry::default();
-        register_types(&r);
-        for n in [
-            "hal.buffer",
-            "hal.buffer_view",
-            "hal.fence",
-            "hal.semaphore",
-        ] {
-            assert!(r.lookup(n).is_some(), "{n}");
-        }
-        let f = ferrite_vm::Ref::new(Fence::new());
-        assert!(r.lookup("hal.fence").unwrap().matches(&f));
-        assert!(!r.lookup("hal.buffer").unwrap().matches(&f));
-        let s = ferrite_vm::Ref::from_arc(Semaphore::new(0));
-        assert_eq!(s.type_name(), "hal.semaphore");
-    }
-}

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferrite_base::wait::{wait_sources, Event, Notifier, WaitMode, WaitSource};
+use ferrite_base::RefObject;
 use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
-use ferrite_vm::refs::RefObject;
 use parking_lot::{Condvar, Mutex};
 
 /// A callback run when a semaphore reaches a value (`Ok`) or fails (`Err`).

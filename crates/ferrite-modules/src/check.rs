@@ -185,7 +185,7 @@ fn downcast<T: RefObject + Clone>(r: &Ref, what: &str) -> Result<T> {
 
 /// The view itself when the host can map its buffer, else a copy into a
 /// host-local buffer made on `device`'s queue.
-pub(crate) fn host_view(device: Option<&DeviceRef>, view: &BufferView) -> Result<BufferView> {
+pub fn host_view(device: Option<&DeviceRef>, view: &BufferView) -> Result<BufferView> {
     let buffer = view.buffer();
     if buffer.memory_type().contains(MemoryType::HOST_VISIBLE)
         && buffer.allowed_usage().contains(BufferUsage::MAPPING_SCOPED)
@@ -234,7 +234,7 @@ pub(crate) fn host_view(device: Option<&DeviceRef>, view: &BufferView) -> Result
 }
 
 /// The view's bytes (its byte length from the start of its buffer).
-pub(crate) fn contents(view: &BufferView) -> Result<Vec<u8>> {
+pub fn contents(view: &BufferView) -> Result<Vec<u8>> {
     let map = view.buffer().map_read(0, view.byte_length())?;
     Ok(map.to_vec())
 }
@@ -616,7 +616,7 @@ mod tests {
     fn calls_through_the_vm_record_failures() {
         use ferrite_vm::{Context, Instance, Variant};
         let instance = Instance::default();
-        ferrite_hal::module::register_types(instance.types());
+        ferrite_hal_module::register_types(instance.types());
         let (m, log) = create_check_module().unwrap();
         let mut ctx = Context::new(&instance);
         ctx.register(m).unwrap();

@@ -4,7 +4,7 @@
 use crate::hal::PyHalBufferView;
 use ferrite_base::{Status, StatusCode};
 use ferrite_hal::buffer_view::BufferView;
-use ferrite_hal::module::TraceSink;
+use ferrite_hal_module::TraceSink;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};

@@ -113,10 +113,6 @@ const FLAGS: &[FlagDef] = &[
     def("vulkan_dedicated_compute_queue", Kind::Bool, "(accepted; no Vulkan driver in this build)"),
 ];
 
-/// Default upper bound on local-task workers, as upstream's
-/// `--task_topology_max_group_count`.
-const DEFAULT_MAX_GROUP_COUNT: i64 = 64;
-
 /// Parsed values, keyed by flag name (absent: the flag's default).
 static VALUES: RwLock<Option<HashMap<&'static str, Value>>> = RwLock::new(None);
 
@@ -264,39 +260,25 @@ pub fn parse_flags(py: Python<'_>, flags: Vec<String>) -> PyResult<()> {
     Ok(())
 }
 
-fn int_flag(name: &str) -> Option<i64> {
-    match VALUES.read().as_ref()?.get(name)? {
-        Value::Int(i) => Some(*i),
-        _ => None,
+/// The driver flags for a device created now: the task flags set so far
+/// (the `local-task` driver of the registry reads them), checked.
+pub fn driver_options() -> Result<ferrite_hal::driver::DriverOptions> {
+    let mut options = ferrite_hal::driver::DriverOptions::default();
+    let values = VALUES.read();
+    let Some(values) = values.as_ref() else {
+        return Ok(options);
+    };
+    for name in ferrite_hal::driver::TASK_FLAGS {
+        let text = match values.get(name) {
+            None => continue,
+            Some(Value::Bool(b)) => b.to_string(),
+            // Negative counts mean "unset" here, as upstream clamps them.
+            Some(Value::Int(i)) => (*i).max(0).to_string(),
+            Some(Value::Text(t)) => t.clone(),
+        };
+        options.task.set(name, &text)?;
     }
-}
-
-/// Worker threads for a local-task device created now: the explicit
-/// `--task_topology_group_count`, else one per core capped by
-/// `--task_topology_max_group_count`.
-pub fn local_task_worker_count() -> usize {
-    match int_flag("task_topology_group_count") {
-        Some(n) if n > 0 => n as usize,
-        _ => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let cap = int_flag("task_topology_max_group_count")
-                .filter(|&n| n > 0)
-                .unwrap_or(DEFAULT_MAX_GROUP_COUNT);
-            cores.min(cap as usize)
-        }
-    }
-}
-
-/// Stack size of local-task workers created now, from
-/// `--task_worker_stack_size` (None when unset or 0: the platform default).
-/// Sizes below 64 KiB are raised to that: smaller stacks cannot run the
-/// worker loop.
-pub fn local_task_worker_stack_size() -> Option<usize> {
-    const MIN_STACK: usize = 64 * 1024;
-    match int_flag("task_worker_stack_size") {
-        Some(n) if n > 0 => Some((n as usize).max(MIN_STACK)),
-        _ => None,
-    }
+    Ok(options)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

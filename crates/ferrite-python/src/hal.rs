@@ -8,15 +8,16 @@ use crate::host_buffer::{fill_byte_view, HostBuffer};
 use crate::semaphore::PyHalSemaphore;
 use crate::status::PyContext;
 use crate::vm::{int_of, PyVmInstance, PyVmModule, PyVmRef};
+use ferrite::driver::{self, DeviceInfo, DeviceSpec, Driver};
 use ferrite_hal::allocator::{Allocator, BufferParams};
 use ferrite_hal::buffer::{BindingPtr, Buffer, WHOLE_BUFFER};
 use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::device::{queue, DeviceRef};
 use ferrite_hal::element_type::{ElementType, EncodingType};
 use ferrite_hal::memory::{BufferUsage, MemoryAccess, MemoryType};
-use ferrite_hal::module::HalModuleOptions;
 use ferrite_hal::semaphore::Semaphore;
 use ferrite_hal_cpu::CpuDevice;
+use ferrite_hal_module::HalModuleOptions;
 use ferrite_vm::Ref;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -43,9 +44,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The drivers this build offers, in upstream's (sorted) order.
-const DRIVERS: &[&str] = &["local-sync", "local-task"];
-
 /// Allocator wrappers upstream's drivers accept by name (`caching` pools,
 /// `debug` checks). The CPU devices allocate from the heap and need neither,
 /// so these names are accepted and change nothing; others are errors.
@@ -67,36 +65,60 @@ fn check_allocators(allocators: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     Ok(())
 }
 
-/// A HAL driver: a factory of devices.
+/// A HAL driver of the registry (`ferrite::driver`): a factory of devices.
 #[pyclass(name = "HalDriver", module = "ferrite._ferrite", frozen)]
 pub struct PyHalDriver {
-    name: String,
+    driver: &'static dyn Driver,
+}
+
+impl PyHalDriver {
+    /// Creates the device `spec` names with the flags set so far.
+    fn create_from_spec(
+        &self,
+        spec: &DeviceSpec,
+        allocators: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyHalDevice> {
+        check_allocators(allocators)?;
+        let options = crate::flags::driver_options().py_context("Error configuring the device")?;
+        let device = self
+            .driver
+            .create(spec, &options)
+            .map_err(|e| e.annotate(format!("creating device '{}'", spec.uri)))
+            .py_context("Error creating device")?;
+        Ok(PyHalDevice { device })
+    }
+
+    fn devices(&self) -> PyResult<Vec<DeviceInfo>> {
+        let options = crate::flags::driver_options().py_context("Error configuring the device")?;
+        self.driver
+            .enumerate(&options)
+            .py_context("Error enumerating devices")
+    }
 }
 
 #[pymethods]
 impl PyHalDriver {
     #[staticmethod]
     fn query() -> Vec<&'static str> {
-        DRIVERS.to_vec()
+        driver::available_drivers()
     }
 
     /// Creates the driver named by `device_uri` (`local-task`, `local-task://`).
     #[staticmethod]
     fn create(device_uri: &str) -> PyResult<Self> {
         let name = device_uri.split("://").next().unwrap_or(device_uri);
-        if !DRIVERS.contains(&name) {
-            return Err(PyValueError::new_err(format!(
+        let name = name.split('?').next().unwrap_or(name);
+        match driver::DRIVERS.iter().find(|d| d.name() == name) {
+            Some(d) => Ok(PyHalDriver { driver: *d }),
+            None => Err(PyValueError::new_err(format!(
                 "Error creating driver: NOT_FOUND; no driver '{name}' registered"
-            )));
+            ))),
         }
-        Ok(PyHalDriver {
-            name: name.to_string(),
-        })
     }
 
     #[getter]
     fn name(&self) -> &str {
-        &self.name
+        self.driver.name()
     }
 
     #[pyo3(signature = (allocators = None))]
@@ -104,19 +126,12 @@ impl PyHalDriver {
         &self,
         allocators: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyHalDevice> {
-        check_allocators(allocators)?;
-        let device = match self.name.as_str() {
-            "local-sync" => DeviceRef(CpuDevice::local_sync()),
-            _ => DeviceRef(CpuDevice::local_task_with_stack_size(
-                crate::flags::local_task_worker_count(),
-                crate::flags::local_task_worker_stack_size(),
-            )),
-        };
-        Ok(PyHalDevice { device })
+        let spec = DeviceSpec::parse(self.driver.name()).py_context("Error creating device")?;
+        self.create_from_spec(&spec, allocators)
     }
 
     /// Creates device `device_id` (or the `device_id` of an info dict from
-    /// `query_available_devices`); the CPU drivers have one, id 0.
+    /// `query_available_devices`).
     #[pyo3(signature = (device_id, params = None, allocators = None))]
     fn create_device(
         &self,
@@ -137,12 +152,25 @@ impl PyHalDriver {
                 device_id.get_type().qualname()?
             )));
         };
-        if id != 0 {
+        let devices = self.devices()?;
+        let Some(info) = devices.iter().find(|d| d.device_id as i64 == id) else {
+            let available = devices
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{{'device_id': {}, 'path': '{}', 'name': '{}'}}",
+                        d.device_id, d.path, d.name
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
             return Err(PyValueError::new_err(format!(
-                "Device id {id} not found. Available devices: [{{'device_id': 0, 'path': '', 'name': 'default'}}]"
+                "Device id {id} not found. Available devices: [{available}]"
             )));
-        }
-        self.create_default_device(allocators)
+        };
+        let uri = format!("{}://{}", self.driver.name(), info.path);
+        let spec = DeviceSpec::parse(&uri).py_context("Error creating device")?;
+        self.create_from_spec(&spec, allocators)
     }
 
     #[pyo3(signature = (device_uri, allocators = None))]
@@ -152,44 +180,54 @@ impl PyHalDriver {
         allocators: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyHalDevice> {
         let d = PyHalDriver::create(device_uri)?;
-        // `driver://path?params`: the CPU drivers have one device, no paths.
-        if let Some((_, path)) = device_uri.split_once("://") {
-            if !path.is_empty() {
-                return Err(PyValueError::new_err(format!(
-                    "Error creating device: NOT_FOUND; device paths not yet implemented; \
-                     creating device '{device_uri}'"
-                )));
-            }
-        }
-        d.create_default_device(allocators)
+        let spec = DeviceSpec::parse(device_uri).py_context("Error creating device")?;
+        d.create_from_spec(&spec, allocators)
     }
 
     /// A text description of device `device_id` (see
     /// `query_available_devices`): driver, device, executable formats and,
     /// for `local-task`, the worker count.
     fn dump_device_info(&self, device_id: i64) -> PyResult<String> {
-        if device_id != 0 {
+        let devices = self.devices()?;
+        let Some(info) = devices.iter().find(|d| d.device_id as i64 == device_id) else {
             return Err(PyValueError::new_err(format!(
                 "Querying device info: NOT_FOUND; driver '{}' has no device with id {device_id} \
-                 (available: 0)",
-                self.name
+                 (available: {})",
+                self.driver.name(),
+                devices
+                    .iter()
+                    .map(|d| d.device_id.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
-        }
-        let device = self.create_default_device(None)?;
-        let mut out = format!("- driver: {}\n- device 0: default\n", self.name);
+        };
+        let uri = format!("{}://{}", self.driver.name(), info.path);
+        let spec = DeviceSpec::parse(&uri).py_context("Error creating device")?;
+        let device = self.create_from_spec(&spec, None)?;
+        let mut out = format!(
+            "- driver: {}\n- device {}: {}\n",
+            self.driver.name(),
+            info.device_id,
+            info.name
+        );
         if let Some(cpu) = device.device.0.as_any().downcast_ref::<CpuDevice>() {
             out.push_str(&format!("- workers: {}\n", cpu.worker_count()));
+            out.push_str("- executable formats: embedded-elf-x86_64, system-elf-x86_64\n");
         }
-        out.push_str("- executable formats: embedded-elf-x86_64, system-elf-x86_64\n");
         Ok(out)
     }
 
     fn query_available_devices(&self, py: Python<'_>) -> PyResult<Vec<PyObject>> {
-        let d = pyo3::types::PyDict::new(py);
-        d.set_item("device_id", 0)?;
-        d.set_item("path", "")?;
-        d.set_item("name", "default")?;
-        Ok(vec![d.into_any().unbind()])
+        self.devices()?
+            .into_iter()
+            .map(|info| {
+                let d = pyo3::types::PyDict::new(py);
+                d.set_item("device_id", info.device_id)?;
+                d.set_item("path", info.path)?;
+                d.set_item("name", info.name)?;
+                Ok(d.into_any().unbind())
+            })
+            .collect()
     }
 }
 
@@ -814,16 +852,16 @@ fn create_hal_module(
             ))
         }
     };
-    ferrite_hal::module::register_types(instance.instance.types());
+    ferrite_hal_module::register_types(instance.instance.types());
     let options = HalModuleOptions {
         trace_sink: Some(
             debug_sink
                 .map(PyHalModuleDebugSink::trace_sink)
-                .unwrap_or_else(ferrite_hal::module::stderr_trace_sink),
+                .unwrap_or_else(ferrite_hal_module::stderr_trace_sink),
         ),
         ..HalModuleOptions::default()
     };
-    let module = ferrite_hal::module::create_hal_module(list, options)
+    let module = ferrite_hal_module::create_hal_module(list, options)
         .py_context("Error creating hal module")?;
     Ok(PyVmModule::new(module))
 }

@@ -20,7 +20,7 @@ use ferrite_hal::buffer::{Buffer, HostMemory, ALLOCATION_ALIGNMENT};
 use ferrite_hal::buffer_view::{format_shape, BufferView};
 use ferrite_hal::element_type::{ElementType, EncodingType};
 use ferrite_hal::memory::{BufferUsage, MemoryType};
-use ferrite_hal::module::element_types_compatible;
+use ferrite_hal_module::element_types_compatible;
 use ferrite_vm::list::VmList;
 use ferrite_vm::module::FunctionRef;
 use ferrite_vm::types::TypeDef;

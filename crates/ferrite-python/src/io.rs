@@ -645,7 +645,7 @@ fn create_io_parameters_module(
     instance: &PyVmInstance,
     providers: &Bound<'_, PyTuple>,
 ) -> PyResult<PyVmModule> {
-    ferrite_hal::module::register_types(instance.instance.types());
+    ferrite_hal_module::register_types(instance.instance.types());
     let list = providers
         .iter()
         .map(|p| {

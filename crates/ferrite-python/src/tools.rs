@@ -1,6 +1,7 @@
-//! The `ferrite` command-line tools, run inside the Python process: the
-//! package's `ferrite` console command (and so `benchmark_module`) needs no
-//! separately installed executable.
+//! The `ferrite` tools (`run-module`, `benchmark-module`, `dump-module`,
+//! `check-module`, from `ferrite-tooling`), run inside the Python process:
+//! the package's `ferrite` console command (and so `benchmark_module`)
+//! needs no separately installed executable.
 
 use pyo3::prelude::*;
 
@@ -8,7 +9,7 @@ use pyo3::prelude::*;
 /// The GIL is released while the command runs.
 #[pyfunction]
 fn cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
-    py.allow_threads(|| ferrite_cli::main_with_args(argv))
+    py.allow_threads(|| ferrite_tooling::main_with_args(argv))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

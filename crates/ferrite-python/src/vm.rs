@@ -40,7 +40,7 @@ impl PyVmInstance {
     #[new]
     fn new() -> Self {
         let instance = Instance::default();
-        ferrite_hal::module::register_types(instance.types());
+        ferrite_hal_module::register_types(instance.types());
         PyVmInstance { instance }
     }
 }

@@ -242,6 +242,17 @@ impl VmBuffer {
         })
     }
 
+    /// The shared bytes and the range of them this buffer views, when it is
+    /// a read-only view (module rodata): lets a consumer keep the bytes alive
+    /// and use them in place (e.g. a HAL import without a copy). `None` for
+    /// owned (mutable) buffers.
+    pub fn shared_view(&self) -> Option<(&SharedBytes, Range<usize>)> {
+        match &self.storage {
+            Storage::Shared { bytes, range } => Some((bytes, range.clone())),
+            Storage::Owned(_) => None,
+        }
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> u64 {
         match &self.storage {

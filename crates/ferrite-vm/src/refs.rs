@@ -10,11 +10,10 @@ use std::any::{Any, TypeId};
 use std::fmt;
 use std::sync::Arc;
 
-/// An object that can live in a VM ref register.
-pub trait RefObject: Any + Send + Sync {
-    /// The registered type name without the leading `!` (`vm.buffer`).
-    fn type_name(&self) -> &'static str;
-}
+/// An object that can live in a VM ref register (defined in
+/// `ferrite-base` so that other layers' types can be refs without
+/// depending on the VM).
+pub use ferrite_base::object::RefObject;
 
 /// A strong reference to a VM object.
 #[derive(Clone)]
@@ -56,6 +55,13 @@ impl Ref {
     /// Clones out an `Arc<T>` when the object is a `T`.
     pub fn downcast_arc<T: RefObject>(&self) -> Option<Arc<T>> {
         let arc: Arc<dyn Any + Send + Sync> = self.0.clone();
+        arc.downcast::<T>().ok()
+    }
+
+    /// Turns the ref into an `Arc<T>` when the object is a `T` (the
+    /// reference moves over: no count changes); `None` otherwise.
+    pub fn into_arc<T: RefObject>(self) -> Option<Arc<T>> {
+        let arc: Arc<dyn Any + Send + Sync> = self.0;
         arc.downcast::<T>().ok()
     }
 

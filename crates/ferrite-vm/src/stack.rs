@@ -17,6 +17,14 @@ use std::sync::Arc;
 /// `RESOURCE_EXHAUSTED`.
 pub const DEFAULT_MAX_DEPTH: usize = 1024;
 
+/// The most bytes of registers (i32 slots and ref slots together) one
+/// stack's frames may hold. A module picks its functions' register counts
+/// (up to 32K i32 and 16K ref registers each), so deep recursion through
+/// large frames is bounded here as well as by the frame count; past the
+/// limit a call fails with `RESOURCE_EXHAUSTED`, as upstream's stack does
+/// past its (smaller) size limit.
+pub const MAX_REGISTER_BYTES: usize = 256 << 20;
+
 /// What a suspended invocation waits for before it can resume.
 #[derive(Clone)]
 pub struct Wait {
@@ -338,6 +346,64 @@ impl Stack {
             .collect();
         cov.iter_mut().for_each(|c| *c = false);
         ops
+    }
+
+    /// Reserves the register arenas for a frame of `i32_count` i32 slots
+    /// and `ref_count` ref slots on top of the live ones, and returns the
+    /// frame's bases (the tops before it). Fails with `RESOURCE_EXHAUSTED`
+    /// past [`MAX_REGISTER_BYTES`] or when memory cannot be had, leaving
+    /// the stack as it was.
+    #[inline]
+    pub(crate) fn push_registers(
+        &mut self,
+        i32_count: usize,
+        ref_count: usize,
+    ) -> ferrite_base::Result<(usize, usize)> {
+        let (ib, rb) = (self.i32_top, self.ref_top);
+        let (it, rt) = (ib + i32_count, rb + ref_count);
+        if self.i32_regs.len() < it || self.ref_regs.len() < rt {
+            self.grow_registers(it, rt)?;
+        }
+        // A frame's primitive registers start at zero, as upstream's frames
+        // do (and as compiled code assumes); ref registers are already
+        // clear, released when their frame popped.
+        self.i32_regs[ib..it].fill(0);
+        self.i32_top = it;
+        self.ref_top = rt;
+        Ok((ib, rb))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow_registers(&mut self, i32_top: usize, ref_top: usize) -> ferrite_base::Result<()> {
+        let bytes = i32_top
+            .saturating_mul(std::mem::size_of::<u32>())
+            .saturating_add(ref_top.saturating_mul(std::mem::size_of::<Option<Ref>>()));
+        if bytes > MAX_REGISTER_BYTES {
+            ferrite_base::bail!(
+                ResourceExhausted,
+                "stack overflow: {bytes} bytes of registers would exceed the limit of {MAX_REGISTER_BYTES}"
+            );
+        }
+        let exhausted = |_| {
+            ferrite_base::status!(
+                ResourceExhausted,
+                "cannot allocate {bytes} bytes of registers"
+            )
+        };
+        if self.i32_regs.len() < i32_top {
+            self.i32_regs
+                .try_reserve(i32_top - self.i32_regs.len())
+                .map_err(exhausted)?;
+            self.i32_regs.resize(i32_top, 0);
+        }
+        if self.ref_regs.len() < ref_top {
+            self.ref_regs
+                .try_reserve(ref_top - self.ref_regs.len())
+                .map_err(exhausted)?;
+            self.ref_regs.resize(ref_top, None);
+        }
+        Ok(())
     }
 
     pub(crate) fn check_depth(&self) -> ferrite_base::Result<()> {

@@ -79,6 +79,44 @@ vm.func @store_load() -> () {
 }
 "#;
 
+/// Module state with primitive and ref globals, module and function
+/// requirements (an f32 op) and a function of two blocks: the fields the
+/// loader limits and strictness tests patch.
+const STATE_VMASM: &str = r#"
+vm.module @fa_state version 0
+vm.type i32
+vm.type !vm.buffer
+vm.rodata[0] = 0102
+
+vm.export @main
+vm.func @main() -> () {
+^bb0:
+  %i0 = vm.const.i32 5
+  vm.global.store.i32 %i0, .rwdata[0]
+  %r0 = vm.const.ref.rodata 0
+  vm.global.store.ref %r0, .refs[0] : !vm.buffer
+  %i1 = vm.const.f32 1.5
+  %i2 = vm.add.f32 %i1, %i1
+  vm.br ^bb1()
+^bb1:
+  vm.return
+}
+"#;
+
+/// An i64 add: its register operands are patched to odd ordinals.
+const I64_VMASM: &str = r#"
+vm.module @fa_i64 version 0
+vm.type i32
+
+vm.export @main
+vm.func @main() -> () {
+^bb0:
+  %i0:1 = vm.const.i64 5
+  %i2:3 = vm.add.i64 %i0:1, %i0:1
+  vm.return
+}
+"#;
+
 /// A tensor program: ZIP header, external rodata (the CPU executable), a
 /// debug database, `hal` imports with cconv and reflection attributes.
 const TENSOR_MLIR: &str = r#"
@@ -160,6 +198,12 @@ fn imports_module() -> Vec<u8> {
 }
 fn globals_module() -> Vec<u8> {
     module("fa_globals", GLOBALS_VMASM, false)
+}
+fn state_module() -> Vec<u8> {
+    module("fa_state", STATE_VMASM, false)
+}
+fn i64_module() -> Vec<u8> {
+    module("fa_i64", I64_VMASM, false)
 }
 fn tensor_module() -> Vec<u8> {
     module("fa_tensor", TENSOR_MLIR, true)
@@ -270,6 +314,8 @@ fn deref(b: &[u8], p: usize) -> usize {
     p + rd_u32(b, p) as usize
 }
 
+const ROOT_REQUIREMENTS: usize = 2;
+const ROOT_MODULE_STATE: usize = 11;
 const ROOT_BYTECODE_VERSION: usize = 13;
 const ROOT_NAME: usize = 0;
 const ROOT_EXPORTS: usize = 7;
@@ -1237,4 +1283,267 @@ fn aliased_offsets_hit_the_budget() {
     ok[s + 5] = 0;
     let a = parse(&ok).expect("aliased but small");
     assert_eq!(a.types(), ["a", "a", "a"]);
+}
+
+// ---------------------------------------------------------------------------
+// Loader limits and strictness: counts from the file are bounded before
+// anything is allocated, and what upstream's loader rejects is rejected.
+// ---------------------------------------------------------------------------
+
+/// Loads `bytes` as a bytecode module and creates a context for it.
+fn load_and_instantiate(bytes: &[u8]) -> ferrite_base::Result<()> {
+    let instance = ferrite_vm::Instance::default();
+    let module =
+        ferrite_vm::BytecodeModule::load(&instance, ModuleBytes::from_vec(bytes.to_vec()))?;
+    let mut ctx = ferrite_vm::Context::new(&instance);
+    ctx.register(module)?;
+    Ok(())
+}
+
+/// File offset of field `id` of the `module_state` table.
+fn module_state_field(b: &[u8], id: usize) -> usize {
+    let root = root_table(b);
+    let ms = deref(
+        b,
+        field_pos(b, root, ROOT_MODULE_STATE).expect("module_state"),
+    );
+    field_pos(b, ms, id).expect("module_state field present")
+}
+
+#[test]
+fn state_module_loads_and_runs() {
+    load_and_instantiate(&state_module()).expect("the unpatched module loads");
+}
+
+#[test]
+fn huge_ref_global_count_is_resource_exhausted_not_an_abort() {
+    // Before the limit, 0x7fffffff aborted the process ("memory allocation
+    // of 51539607528 bytes failed") and 0x10000000 took gigabytes.
+    for count in [
+        0x7fff_ffff_u32,
+        0x1000_0000,
+        ferrite_vm::bytecode::module::MAX_REF_GLOBALS + 1,
+    ] {
+        let mut b = state_module();
+        let at = module_state_field(&b, 1);
+        patch_u32(&mut b, at, count);
+        let e = load_and_instantiate(&b).expect_err("a huge ref global count must be refused");
+        assert_eq!(e.code(), StatusCode::ResourceExhausted, "{e}");
+        assert!(e.message().contains("ref globals"), "{e}");
+        assert!(e.message().contains(&count.to_string()), "{e}");
+    }
+}
+
+#[test]
+fn huge_global_byte_count_is_resource_exhausted() {
+    for bytes in [
+        0x7fff_ffff_u32,
+        ferrite_vm::bytecode::module::MAX_GLOBAL_BYTES + 1,
+    ] {
+        let mut b = state_module();
+        let at = module_state_field(&b, 0);
+        patch_u32(&mut b, at, bytes);
+        let e = load_and_instantiate(&b).expect_err("a huge global byte count must be refused");
+        assert_eq!(e.code(), StatusCode::ResourceExhausted, "{e}");
+        assert!(e.message().contains("bytes of globals"), "{e}");
+    }
+}
+
+#[test]
+fn counts_at_the_limits_still_load() {
+    let mut b = state_module();
+    let (refs, bytes) = (module_state_field(&b, 1), module_state_field(&b, 0));
+    patch_u32(&mut b, refs, 1000);
+    patch_u32(&mut b, bytes, 4096);
+    load_and_instantiate(&b).expect("modest counts are fine");
+}
+
+#[test]
+fn unknown_module_requirement_bits_are_rejected() {
+    let good = state_module();
+    let at = field_pos(&good, root_table(&good), ROOT_REQUIREMENTS).expect("requirements");
+    // YIELD and UNWIND are provided (upstream has them too); bit 4 and up
+    // are not.
+    let mut b = good.clone();
+    patch_u32(&mut b, at, rd_u32(&good, at) | 0b1100);
+    parse(&b).expect("YIELD|UNWIND are available");
+    for bit in [4, 7, 31] {
+        let mut b = good.clone();
+        patch_u32(&mut b, at, rd_u32(&good, at) | 1 << bit);
+        let m = expect_err(
+            &b,
+            StatusCode::InvalidArgument,
+            &["requirements", "not available"],
+        );
+        assert!(m.contains(&format!("{:#x}", 1u32 << bit)), "{m}");
+    }
+}
+
+#[test]
+fn unknown_function_requirement_bits_are_rejected() {
+    let good = state_module();
+    let p = descriptor_pos(&good, 0);
+    let mut b = good.clone();
+    patch_u32(&mut b, p + 8, rd_u32(&good, p + 8) | 1 << 9);
+    expect_err(
+        &b,
+        StatusCode::InvalidArgument,
+        &["function_descriptors[0]", "requirements"],
+    );
+}
+
+#[test]
+fn extension_ops_need_the_functions_own_requirement() {
+    // The function uses add.f32: without EXT_F32 in its descriptor it is
+    // refused even though the module requires EXT_F32 (as upstream checks
+    // the function's requirements).
+    let good = state_module();
+    let p = descriptor_pos(&good, 0);
+    let mut b = good.clone();
+    patch_u32(&mut b, p + 8, rd_u32(&good, p + 8) & !1);
+    let e = load_and_instantiate(&b).expect_err("f32 op without the function requiring EXT_F32");
+    assert_eq!(e.code(), StatusCode::InvalidArgument, "{e}");
+    assert!(e.message().contains("EXT_F32"), "{e}");
+}
+
+#[test]
+fn block_count_must_match_the_blocks() {
+    let good = state_module();
+    let p = descriptor_pos(&good, 0);
+    let declared = rd_u16(&good, p + 14);
+    assert_eq!(declared, 2, "the fixture function has two blocks");
+    for wrong in [declared + 1, declared + 100, declared - 1] {
+        let mut b = good.clone();
+        b[p + 14..p + 16].copy_from_slice(&wrong.to_le_bytes());
+        let e = load_and_instantiate(&b).expect_err("a wrong block count must be refused");
+        assert_eq!(e.code(), StatusCode::InvalidArgument, "{e}");
+        assert!(
+            e.message()
+                .contains(&format!("declares {wrong} blocks, bytecode has {declared}")),
+            "{e}"
+        );
+    }
+}
+
+/// File offset of rodata segment `i`'s table and of its vtable.
+fn rodata_segment_table(b: &[u8], i: usize) -> (usize, usize) {
+    let v = deref(
+        b,
+        field_pos(b, root_table(b), ROOT_RODATA).expect("rodata_segments"),
+    );
+    let t = deref(b, v + 4 + 4 * i);
+    let vt = (t as i64 - rd_u32(b, t) as i32 as i64) as usize;
+    (t, vt)
+}
+
+#[test]
+fn vtable_entries_of_fields_not_decoded_must_lie_inside_their_table() {
+    // A RodataSegmentDef's vtable entry for `compression_type` (field 1, a
+    // union value Ferrite does not otherwise read) pointing past the table:
+    // upstream's FlatBuffer verifier rejects it ("table field out of range").
+    let good = imports_module();
+    let (_, vt) = rodata_segment_table(&good, 0);
+    assert!(rd_u16(&good, vt) >= 8, "the vtable lists field 1");
+    let object_len = rd_u16(&good, vt + 2);
+    let mut b = good.clone();
+    b[vt + 6..vt + 8].copy_from_slice(&(object_len + 8).to_le_bytes());
+    expect_err(
+        &b,
+        StatusCode::InvalidArgument,
+        &["vtable", "field 1", "out of range"],
+    );
+}
+
+#[test]
+fn union_value_without_a_type_is_rejected() {
+    // `compression_type` given a value (the embedded_data offset field) while
+    // its type stays NONE.
+    let good = imports_module();
+    let (_, vt) = rodata_segment_table(&good, 0);
+    let data_entry = rd_u16(&good, vt + 8);
+    assert_ne!(data_entry, 0, "segment 0 has embedded data");
+    let mut b = good.clone();
+    b[vt + 6..vt + 8].copy_from_slice(&data_entry.to_le_bytes());
+    expect_err(&b, StatusCode::InvalidArgument, &["compression_type"]);
+}
+
+#[test]
+fn misaligned_tables_are_rejected() {
+    // The module_state offset moved by 2: a table must start 4-byte aligned
+    // (upstream: "table header out of range or unaligned").
+    let good = state_module();
+    let at = field_pos(&good, root_table(&good), ROOT_MODULE_STATE).expect("module_state");
+    let mut b = good.clone();
+    patch_u32(&mut b, at, rd_u32(&good, at) + 2);
+    expect_err(&b, StatusCode::InvalidArgument, &["not 4-byte aligned"]);
+}
+
+#[test]
+fn odd_64_bit_registers_are_rejected() {
+    // add.i64 (opcode 0x2A) %i2:3 = %i0:1, %i0:1, encoded as three u16
+    // register ordinals; upstream requires 64-bit registers to be even.
+    let good = i64_module();
+    load_and_instantiate(&good).expect("the unpatched module loads");
+    let pat = [0x2A, 0, 0, 0, 0, 2, 0];
+    let at = good
+        .windows(pat.len())
+        .position(|w| w == pat)
+        .expect("add.i64 %i2:3 = %i0:1, %i0:1 in the bytecode");
+    for (operand, odd) in [(1, 1u16), (5, 1)] {
+        let mut b = good.clone();
+        b[at + operand..at + operand + 2].copy_from_slice(&odd.to_le_bytes());
+        let e = load_and_instantiate(&b).expect_err("odd i64 register");
+        assert_eq!(e.code(), StatusCode::InvalidArgument, "{e}");
+        assert!(e.message().contains("not 8-byte aligned"), "{e}");
+    }
+}
+
+#[test]
+fn location_with_type_none_but_a_value_is_rejected() {
+    // Upstream's verifier: "union element present with type NONE".
+    let good = tensor_module();
+    let root = root_table(&good);
+    let db = deref(&good, field_pos(&good, root, 15).expect("debug_database"));
+    let types = deref(&good, field_pos(&good, db, 0).expect("location_table_type"));
+    let n = rd_u32(&good, types) as usize;
+    let i = (0..n)
+        .find(|&i| good[types + 4 + i] != 0)
+        .expect("a location with a type");
+    let mut b = good.clone();
+    b[types + 4 + i] = 0;
+    expect_err(&b, StatusCode::InvalidArgument, &["type NONE"]);
+}
+
+#[test]
+fn offsets_must_point_past_themselves() {
+    // The `types` vector offset set to 0: its "vector" would be the offset
+    // itself (upstream: "vector header out of range or unaligned").
+    for (name, good) in all_modules() {
+        let at = field_pos(&good, root_table(&good), 4).expect("types");
+        for rel in [0u32, 1, 2, 3] {
+            let mut b = good.clone();
+            patch_u32(&mut b, at, rel);
+            assert!(parse(&b).is_err(), "{name}: types offset {rel} accepted");
+        }
+    }
+}
+
+#[test]
+fn location_with_a_type_but_no_value_is_rejected() {
+    // Upstream's verifier: "union element absent without type NONE", also
+    // for union types this runtime does not know.
+    let good = tensor_module();
+    let root = root_table(&good);
+    let db = deref(&good, field_pos(&good, root, 15).expect("debug_database"));
+    let types = deref(&good, field_pos(&good, db, 0).expect("location_table_type"));
+    let values = deref(&good, field_pos(&good, db, 1).expect("location_table"));
+    let i = (0..rd_u32(&good, types) as usize)
+        .find(|&i| good[types + 4 + i] != 0)
+        .expect("a location with a type");
+    for kind in [good[types + 4 + i], 128] {
+        let mut b = good.clone();
+        b[types + 4 + i] = kind;
+        patch_u32(&mut b, values + 4 + 4 * i, 0);
+        expect_err(&b, StatusCode::InvalidArgument, &["has no value"]);
+    }
 }

@@ -79,8 +79,9 @@ fn render(pixels: &[f32]) -> String {
 }
 
 fn run(args: &Args) -> ferrite::Result<bool> {
-    let images = Tensor::read_npy(args.dir.join("test_images.npy"))?;
-    let labels = Tensor::read_npy(args.dir.join("test_labels.npy"))?.to_i32_vec()?;
+    let images = ferrite_tooling::npy::read_tensor(args.dir.join("test_images.npy"))?;
+    let labels =
+        ferrite_tooling::npy::read_tensor(args.dir.join("test_labels.npy"))?.to_i32_vec()?;
     let metrics = std::fs::read_to_string(args.dir.join("metrics.txt"))?;
     let n = images.shape()[0] as usize;
     let pixels = images.to_f32_vec()?;

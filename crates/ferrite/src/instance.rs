@@ -17,7 +17,7 @@ impl Instance {
     /// Wraps an existing VM instance, registering the HAL types in it
     /// (registering twice is harmless).
     pub fn from_vm(vm: ferrite_vm::Instance) -> Instance {
-        ferrite_hal::module::register_types(vm.types());
+        ferrite_hal_module::register_types(vm.types());
         Instance { vm }
     }
 

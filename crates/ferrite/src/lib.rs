@@ -19,8 +19,9 @@
 //!
 //! - [`Instance`]: the root object (a VM instance with the HAL's ref types
 //!   registered); one per process is usual, several never interfere.
-//! - [`device`]: the device registry: `local-sync`, `local-task`,
-//!   `local-task://?workers=N`.
+//! - [`driver`]: the driver registry (every driver of this build, in one
+//!   list) and device URIs: `local-sync`, `local-task`,
+//!   `local-task://?workers=N`; [`Device`] creates devices through it.
 //! - [`Session`]: devices plus loaded modules (the `hal` module first, then
 //!   program modules in load order) in one VM context.
 //! - [`Function`]: an exported function; [`Function::call`] takes and
@@ -29,8 +30,8 @@
 #![deny(missing_docs)]
 
 pub mod device;
+pub mod driver;
 mod instance;
-mod npy;
 mod session;
 mod value;
 

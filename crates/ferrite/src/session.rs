@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
-use ferrite_hal::module::HalModuleOptions;
+use ferrite_hal_module::HalModuleOptions;
 use ferrite_modules::io_parameters::{
     create_io_parameters_module, formats, FileHandle, ParameterIndex, ParameterProvider,
 };
@@ -64,7 +64,7 @@ impl Session {
     ) -> Result<Session> {
         let mut context = Context::new(instance.vm());
         if !devices.is_empty() {
-            let hal = ferrite_hal::module::create_hal_module(
+            let hal = ferrite_hal_module::create_hal_module(
                 devices.iter().map(|d| d.hal().clone()).collect(),
                 options,
             )?;

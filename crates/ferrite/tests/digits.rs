@@ -14,7 +14,7 @@ fn dir() -> PathBuf {
 }
 
 fn images() -> Tensor {
-    Tensor::read_npy(dir().join("test_images.npy")).unwrap()
+    ferrite_tooling::npy::read_tensor(dir().join("test_images.npy")).unwrap()
 }
 
 fn session(device: &str) -> Session {
@@ -43,11 +43,11 @@ fn metric(key: &str) -> String {
 #[test]
 fn predictions_match_the_training_reference() {
     let x = images();
-    let labels = Tensor::read_npy(dir().join("test_labels.npy"))
+    let labels = ferrite_tooling::npy::read_tensor(dir().join("test_labels.npy"))
         .unwrap()
         .to_i32_vec()
         .unwrap();
-    let reference = Tensor::read_npy(dir().join("test_predictions.npy"))
+    let reference = ferrite_tooling::npy::read_tensor(dir().join("test_predictions.npy"))
         .unwrap()
         .to_i32_vec()
         .unwrap();
@@ -95,7 +95,7 @@ fn upstream(function: &str, out: &Path) -> Tensor {
         "iree-run-module failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    Tensor::read_npy(out).unwrap()
+    ferrite_tooling::npy::read_tensor(out).unwrap()
 }
 
 #[test]

@@ -56,6 +56,9 @@ enum Contents {
 #[derive(Clone)]
 pub struct FileHandle {
     contents: Arc<Contents>,
+    /// The file behind a read-only map: copies read it rather than the map
+    /// (see [`FileHandle::copy_out`]).
+    file: Option<Arc<File>>,
     name: Arc<str>,
 }
 
@@ -93,8 +96,12 @@ impl FileHandle {
             // (the same contract upstream's mmap-backed file handles have).
             unsafe { memmap2::Mmap::map(file) }
         })?;
+        // A second descriptor of the same open file (for `copy_out`); when
+        // the system has none to spare, copies read through the map.
+        let file = file.try_clone().ok().map(Arc::new);
         Ok(FileHandle {
             contents: Arc::new(Contents::ReadOnly(Arc::new(MappedFile(map)))),
+            file,
             name: name.into(),
         })
     }
@@ -149,6 +156,7 @@ impl FileHandle {
     pub fn from_shared(bytes: SharedBytes, name: &str) -> FileHandle {
         FileHandle {
             contents: Arc::new(Contents::ReadOnly(bytes)),
+            file: None,
             name: name.into(),
         }
     }
@@ -162,6 +170,7 @@ impl FileHandle {
     pub fn from_writable_bytes(bytes: Box<dyn WritableBytes>, name: &str) -> FileHandle {
         FileHandle {
             contents: Arc::new(Contents::Writable(RwLock::new(bytes))),
+            file: None,
             name: name.into(),
         }
     }
@@ -209,6 +218,28 @@ impl FileHandle {
             let r = checked_range(b.len(), offset, length, &self.name)?;
             Ok(f(&b[r]))
         })
+    }
+
+    /// Copies `dst.len()` bytes at `offset` into `dst`, after checking the
+    /// range. A handle that maps a file reads them from the file (`pread`)
+    /// rather than through the map, so copying a file's parameters into
+    /// device buffers does not also make the file resident in this process:
+    /// peak memory is the copies, not the copies plus the map.
+    pub fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let length = dst.len() as u64;
+        self.with_range(offset, length, |_| ())?;
+        match &self.file {
+            Some(file) => {
+                std::os::unix::fs::FileExt::read_exact_at(&**file, dst, offset).map_err(|e| {
+                    status!(
+                        Unavailable,
+                        "reading {length} bytes at offset {offset} of '{}': {e}",
+                        self.name
+                    )
+                })
+            }
+            None => self.with_range(offset, length, |b| dst.copy_from_slice(b)),
+        }
     }
 
     /// Copies `data` into the handle at `offset`.
@@ -261,5 +292,30 @@ fn checked_range(
             OutOfRange,
             "range {offset}+{length} is outside file '{name}' of {size} bytes"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_into_reads_the_file_for_mapped_handles_and_the_bytes_otherwise() {
+        let dir = std::env::temp_dir().join(format!("ferrite-fh-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("p.bin");
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let mapped = FileHandle::open(&path).unwrap();
+        assert!(mapped.file.is_some());
+        let memory = FileHandle::from_shared(Arc::new(data.clone()), "memory");
+        for h in [&mapped, &memory] {
+            let mut out = vec![0u8; 4099];
+            h.read_into(13, &mut out).unwrap();
+            assert_eq!(out, data[13..13 + 4099]);
+            let err = h.read_into(9_000, &mut out).unwrap_err();
+            assert!(err.to_string().contains("outside file"), "{err}");
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

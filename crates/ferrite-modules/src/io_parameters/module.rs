@@ -19,8 +19,8 @@ use ferrite_base::{bail, status, Result};
 use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::Buffer;
 use ferrite_hal::device::DeviceRef;
-use ferrite_hal::module::args::{as_vm_buffer, obj, opt_obj};
 use ferrite_hal::{BufferUsage, Fence, MemoryType};
+use ferrite_hal_module::args::{as_vm_buffer, obj, opt_obj};
 use ferrite_vm::list::VmList;
 use ferrite_vm::native::{ArgReader, NativeModule, NativeModuleBuilder};
 use ferrite_vm::refs::{Ref, RefType};
@@ -49,7 +49,7 @@ pub fn create_io_parameters_module(providers: Vec<ParameterProvider>) -> Result<
     let providers = Arc::new(providers);
     let (p1, p2, p3) = (providers.clone(), providers.clone(), providers);
     let b = NativeModuleBuilder::new("io_parameters", IO_PARAMETERS_MODULE_VERSION)
-        .dependency("hal", ferrite_hal::module::HAL_MODULE_VERSION, false)
+        .dependency("hal", ferrite_hal_module::HAL_MODULE_VERSION, false)
         .function("gather", IO_PARAMETERS_EXPORTS[0].1, move |c| {
             let mut a = ArgReader::new(c);
             let (device, wait, signal) = queue_head(&mut a)?;

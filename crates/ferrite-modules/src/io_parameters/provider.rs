@@ -109,7 +109,7 @@ impl Transfer {
                         entry.key
                     );
                 };
-                handle.with_range(base + from, length, |b| target.write(offset, b))?
+                handle.read_into(base + from, &mut target.map_write(offset, length)?)
             }
             Transfer::Write {
                 source,

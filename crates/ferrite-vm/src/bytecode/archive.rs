@@ -53,6 +53,41 @@ pub mod feature_bits {
     pub const YIELD: u32 = 1 << 2;
     /// Exception unwinding (`UNWIND`).
     pub const UNWIND: u32 = 1 << 3;
+    /// Every feature this runtime provides. A module or function requiring
+    /// any other bit is rejected, as upstream rejects it.
+    pub const AVAILABLE: u32 = EXT_F32 | EXT_F64 | YIELD | UNWIND;
+
+    /// `[EXT_F32|YIELD]`-style names of `bits` (unknown bits in hex).
+    pub fn format(bits: u32) -> String {
+        let names = [
+            (EXT_F32, "EXT_F32"),
+            (EXT_F64, "EXT_F64"),
+            (YIELD, "YIELD"),
+            (UNWIND, "UNWIND"),
+        ];
+        let mut parts: Vec<String> = names
+            .iter()
+            .filter(|(b, _)| bits & b != 0)
+            .map(|(_, n)| n.to_string())
+            .collect();
+        if bits & !AVAILABLE != 0 {
+            parts.push(format!("{:#x}", bits & !AVAILABLE));
+        }
+        format!("[{}]", parts.join("|"))
+    }
+
+    /// Fails when `required` names a feature this runtime does not have.
+    pub fn check(required: u32) -> Result<(), String> {
+        if required & !AVAILABLE == 0 {
+            return Ok(());
+        }
+        Err(format!(
+            "required features {} are not available in this runtime; have {} while {} are required",
+            format(required & !AVAILABLE),
+            format(AVAILABLE),
+            format(required)
+        ))
+    }
 }
 
 /// ZIP local file header signature (`PK\x03\x04`, little-endian).
@@ -609,6 +644,8 @@ impl<'a> Parser<'a> {
         };
         let version = self.r.u32_field(root, f::VERSION, "version", 0)?;
         let requirements = self.r.u32_field(root, f::REQUIREMENTS, "requirements", 0)?;
+        feature_bits::check(requirements)
+            .map_err(|e| self.r.error(format_args!("module requirements: {e}")))?;
 
         let attrs = self.r.with(".attrs", |r| attrs_field(r, root, f::ATTRS))?;
         let types = self.table_vec(root, f::TYPES, ".types", |r, t| {
@@ -689,6 +726,15 @@ impl<'a> Parser<'a> {
                     return Err(r.error(format_args!(
                     "unknown compression type {compression} (only uncompressed data is supported)"
                 )));
+                }
+                // The union's value: a table for UncompressedDataDef, and
+                // nothing without a type.
+                let has_value = r.has(t, 1, 4, "compression_type")?;
+                if compression == 0 && has_value {
+                    return Err(r.error("compression_type has a value but no type"));
+                }
+                if compression == 1 && r.table_field(t, 1, "compression_type")?.is_none() {
+                    return Err(r.error("compression_type UncompressedDataDef has no value"));
                 }
                 if let Some(v) = r.vector_field(t, 2, 1, "embedded_data")? {
                     return Ok(RodataSegment {
@@ -884,6 +930,7 @@ fn function_descriptor(
     let offset = r.i32_at(p, "bytecode_offset")?;
     let length = r.i32_at(p + 4, "bytecode_length")?;
     let requirements = r.u32_at(p + 8, "requirements")?;
+    feature_bits::check(requirements).map_err(|e| r.error(format_args!("requirements: {e}")))?;
     // p + 12: reserved (i16)
     let block_count = r.i16_at(p + 14, "block_count")?;
     let i32_count = r.i16_at(p + 16, "i32_register_count")?;
@@ -951,9 +998,19 @@ fn debug_database(r: &mut Reader<'_>, t: &Table) -> Result<DebugDatabase> {
             let loc = r.with_index(i, |r| {
                 let kind = r.u8_at(r.elem(&types, i)?, "location type")?;
                 let slot = r.elem(&values, i)?;
-                // NONE entries carry a zero offset; anything else must point
+                // NONE entries carry a zero offset (upstream's verifier
+                // rejects a value without a type); anything else must point
                 // at a table.
-                if kind == 0 || kind > 4 {
+                if kind == 0 {
+                    if r.u32_at(slot, "location")? != 0 {
+                        return Err(r.error("location present with type NONE"));
+                    }
+                    return Ok(Location::Unknown);
+                }
+                if r.u32_at(slot, "location")? == 0 {
+                    return Err(r.error(format_args!("location of type {kind} has no value")));
+                }
+                if kind > 4 {
                     return Ok(Location::Unknown);
                 }
                 let lt = r.table_at(r.deref(slot, "location")?)?;

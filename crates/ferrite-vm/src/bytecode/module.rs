@@ -21,6 +21,17 @@ use parking_lot::Mutex;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, OnceLock};
 
+/// The most bytes of primitive globals (`global_bytes_capacity`) a module
+/// may declare. The count comes from the file and is allocated per context,
+/// so it is bounded before anything is allocated; compiled programs use a
+/// few hundred bytes (tensors live in ref globals).
+pub const MAX_GLOBAL_BYTES: u32 = 64 << 20;
+
+/// The most ref globals (`global_ref_count`) a module may declare: 16 MiB
+/// of per-context slots, far above what compiled programs use (one per
+/// parameter or cached buffer).
+pub const MAX_REF_GLOBALS: u32 = 1 << 20;
+
 /// A loaded, verified bytecode module. Immutable and shareable across
 /// contexts and threads.
 pub struct BytecodeModule {
@@ -34,6 +45,9 @@ pub struct BytecodeModule {
     pub(crate) types: Vec<TypeDef>,
     pub(crate) strings: Vec<Box<str>>,
     pub(crate) rodata: Vec<Ref>,
+    /// Natively compiled functions (None when the tier is off).
+    #[cfg(feature = "jit")]
+    pub(crate) jit: Option<super::jit::JitCode>,
 }
 
 impl BytecodeModule {
@@ -130,9 +144,9 @@ impl BytecodeModule {
             export_functions.push(e.internal_ordinal);
         }
         let ms = archive.module_state();
+        check_module_state(ms.global_bytes_capacity, ms.global_ref_count)?;
         let mut strings = Vec::new();
         let mut env = ModuleEnv {
-            features: archive.requirements(),
             type_count: types.len() as u32,
             import_cconvs: &import_cconvs,
             function_cconvs: &function_cconvs,
@@ -144,15 +158,8 @@ impl BytecodeModule {
         let mut functions = Vec::with_capacity(descs.len());
         for (i, d) in descs.iter().enumerate() {
             let code = archive.function_bytecode(i);
-            let f = decode_function(
-                &function_names[i],
-                code,
-                d.i32_register_count as u32,
-                d.ref_register_count as u32,
-                &function_cconvs[i],
-                &mut env,
-            )
-            .annotate(|| format!("verifying function {i} '{}'", function_names[i]))?;
+            let f = decode_function(&function_names[i], code, d, &function_cconvs[i], &mut env)
+                .annotate(|| format!("verifying function {i} '{}'", function_names[i]))?;
             functions.push(f);
         }
         let shared: crate::buffer::SharedBytes = Arc::new(archive.bytes().clone());
@@ -170,7 +177,14 @@ impl BytecodeModule {
                 optional: d.optional,
             })
             .collect();
+        #[cfg(feature = "jit")]
+        let jit = instance
+            .options()
+            .jit
+            .then(|| super::jit::compile(&functions));
         Ok(Arc::new(BytecodeModule {
+            #[cfg(feature = "jit")]
+            jit,
             archive,
             dependencies,
             imports,
@@ -197,6 +211,31 @@ impl BytecodeModule {
     /// Names of internal functions (export or debug names).
     pub fn function_names(&self) -> &[String] {
         &self.function_names
+    }
+
+    /// What the compiling tier did with each function (None when it was
+    /// off for this module, or not built in).
+    #[cfg(feature = "jit")]
+    pub fn jit(&self) -> Option<&super::jit::JitCode> {
+        self.jit.as_ref()
+    }
+
+    /// A text report of which functions run compiled (the `jit` dump of
+    /// `ferrite dump-module --output=jit`): per function its tier and
+    /// native code size or the reason it stays interpreted, then the
+    /// compile time per KB of bytecode compiled.
+    pub fn tier_report(&self) -> String {
+        #[cfg(feature = "jit")]
+        {
+            match &self.jit {
+                Some(j) => j.report(&self.function_names, &self.functions),
+                None => "compiling tier: off (FERRITE_VM_JIT=0 or --vm_jit=false)\n".into(),
+            }
+        }
+        #[cfg(not(feature = "jit"))]
+        {
+            "compiling tier: not built in (ferrite-vm without the `jit` feature)\n".into()
+        }
     }
 
     /// Source location of an instruction, from the debug database.
@@ -240,15 +279,46 @@ impl Module for BytecodeModule {
     }
     fn create_state(self: Arc<Self>, _instance: &Instance) -> Result<Arc<dyn ModuleState>> {
         let ms = self.archive.module_state();
+        check_module_state(ms.global_bytes_capacity, ms.global_ref_count)?;
         let words = (ms.global_bytes_capacity as usize).div_ceil(4);
-        let imports = (0..self.imports.len()).map(|_| OnceLock::new()).collect();
         Ok(Arc::new(BytecodeState {
-            globals: (0..words).map(|_| AtomicU32::new(0)).collect(),
-            ref_globals: (0..ms.global_ref_count).map(|_| Mutex::new(None)).collect(),
-            imports,
+            globals: try_filled(words, "global words", || AtomicU32::new(0))?,
+            ref_globals: try_filled(ms.global_ref_count as usize, "ref globals", || {
+                Mutex::new(None)
+            })?,
+            imports: try_filled(self.imports.len(), "import slots", OnceLock::new)?,
             module: self,
         }))
     }
+}
+
+/// Checks the module state sizes a file declares against
+/// [`MAX_GLOBAL_BYTES`] and [`MAX_REF_GLOBALS`] (`RESOURCE_EXHAUSTED`, as
+/// upstream answers a state it cannot allocate).
+fn check_module_state(global_bytes: u32, ref_globals: u32) -> Result<()> {
+    if global_bytes > MAX_GLOBAL_BYTES {
+        bail!(
+            ResourceExhausted,
+            "module state declares {global_bytes} bytes of globals; the limit is {MAX_GLOBAL_BYTES}"
+        );
+    }
+    if ref_globals > MAX_REF_GLOBALS {
+        bail!(
+            ResourceExhausted,
+            "module state declares {ref_globals} ref globals; the limit is {MAX_REF_GLOBALS}"
+        );
+    }
+    Ok(())
+}
+
+/// `n` values from `make`, failing with `RESOURCE_EXHAUSTED` instead of
+/// aborting when the memory cannot be had.
+fn try_filled<T>(n: usize, what: &str, make: impl FnMut() -> T) -> Result<Box<[T]>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| status!(ResourceExhausted, "cannot allocate {n} {what}"))?;
+    v.extend(std::iter::repeat_with(make).take(n));
+    Ok(v.into_boxed_slice())
 }
 
 /// Per-context state of a bytecode module.

@@ -7,6 +7,7 @@
 //! bits, and calls must match the callee's calling convention. The
 //! interpreter relies on those facts; nothing in a `.vmfb` can make it panic.
 
+use super::archive::FunctionDescriptor;
 use super::isa::{Op, CORE_TABLE, EXT_F32_TABLE, EXT_F64_TABLE};
 use super::isa_types::{Bank, Field, BLOCK_MARKER, PREFIX_EXT_F32, PREFIX_EXT_F64};
 use crate::cconv::{Cconv, CconvType};
@@ -26,17 +27,56 @@ pub const MOVE_BIT: u16 = 0x4000;
 /// Mask of a ref register's ordinal.
 pub const REF_MASK: u16 = 0x3FFF;
 
+/// A register operand that the verifier checked against its function.
+///
+/// Only this module makes one (the field is private and so is the
+/// constructor), and only after its register check (`FnCtx::check_reg`)
+/// accepted it for the bank the instruction's ISA field declares. So a
+/// `Reg` found in a [`DecodedFunction`] carries these facts, which the
+/// interpreter's unchecked register accesses rely on (see `interp`'s
+/// module docs):
+///
+/// - a primitive operand (no [`REF_BIT`]) of a 32-bit bank is below the
+///   function's [`DecodedFunction::i32_count`], and one of a 64-bit bank
+///   is even and at least two slots below it (`raw + 1 < i32_count`);
+/// - a ref operand carries [`REF_BIT`] and its ordinal ([`REF_MASK`]) is
+///   below [`DecodedFunction::ref_count`].
+///
+/// The raw encoding (with the ref and move bits) is kept, so the value is
+/// also what the bytecode says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct Reg(u16);
+
+impl Reg {
+    /// Marks `raw` as checked. Private: call only once `check_reg` (or an
+    /// equivalent check of the same function) accepted `raw`.
+    #[inline(always)]
+    fn verified(raw: u16) -> Reg {
+        Reg(raw)
+    }
+
+    /// The operand as encoded in the bytecode (ref registers with their
+    /// type and move bits).
+    #[inline(always)]
+    pub fn raw(self) -> u16 {
+        self.0
+    }
+}
+
 /// One decoded instruction.
 ///
 /// Registers are stored as encoded: i32-bank ordinals as is, ref ordinals
-/// with their type and move bits. Variable-length operands (register lists,
-/// branch targets, remap lists) live in the function's pool at `pool`.
+/// with their type and move bits, each as a [`Reg`] the verifier checked.
+/// Variable-length operands (register lists, branch targets, remap lists)
+/// live in the function's pool at `pool`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Insn {
     /// The operation.
     pub op: Op,
-    /// Register operands in encoding order.
-    pub r: [u16; 6],
+    /// Register operands in encoding order (unused trailing slots are
+    /// register 0, which every function has).
+    pub r: [Reg; 6],
     /// Index of this instruction's variable-length operands in the pool.
     pub pool: u32,
     /// Global offset/ordinal, function ordinal, rodata ordinal or string index.
@@ -60,10 +100,34 @@ pub struct DecodedFunction {
     pub ref_count: u32,
     /// The function's calling convention.
     pub cconv: Cconv,
+    /// Register lists the interpreter reads without bounds checks, as
+    /// verified registers: the value registers of `switch` ops and the
+    /// (source, destination) pairs of primitive-only branch remaps. An
+    /// instruction that has one holds `start << 32 | len` in `Insn::imm`
+    /// (see [`DecodedFunction::reg_list`]).
+    pub reg_lists: Vec<Reg>,
     /// Operand lists of import calls whose callee signature the module
     /// declares, listed once here so that native callees can read them in
     /// place without building them per call (see `Insn::imm` of such calls).
     pub(crate) operands: Vec<crate::stack::Operand>,
+}
+
+impl DecodedFunction {
+    /// The verified register list an instruction's `imm` names (see
+    /// [`DecodedFunction::reg_lists`]).
+    #[inline(always)]
+    pub fn reg_list(&self, imm: u64) -> &[Reg] {
+        let (start, len) = ((imm >> 32) as usize, (imm & 0xFFFF_FFFF) as usize);
+        self.reg_lists.get(start..start + len).unwrap_or(&[])
+    }
+}
+
+/// Records `regs` (already verified) as a register list of `f`'s
+/// instructions and returns its `imm` encoding.
+fn push_reg_list(reg_lists: &mut Vec<Reg>, regs: impl IntoIterator<Item = u32>) -> u64 {
+    let start = reg_lists.len();
+    reg_lists.extend(regs.into_iter().map(|r| Reg::verified(r as u16)));
+    ((start as u64) << 32) | (reg_lists.len() - start) as u64
 }
 
 /// The operands of an import call listed at decode time, and after them the
@@ -87,8 +151,6 @@ pub(crate) fn call_operands<'a>(
 
 /// What the verifier needs to know about the rest of the module.
 pub struct ModuleEnv<'a> {
-    /// Module feature bits.
-    pub features: u32,
     /// Type table size.
     pub type_count: u32,
     /// Calling conventions of the imports (None when unspecified).
@@ -198,6 +260,13 @@ impl FnCtx<'_> {
                 } else {
                     1
                 };
+                // 64-bit values occupy an aligned slot pair, as upstream
+                // requires.
+                if width == 2 && reg & 1 != 0 {
+                    return Err(bad(format!(
+                        "{bank:?} register {reg} is not 8-byte aligned (64-bit registers are even)"
+                    )));
+                }
                 if reg as u32 + width > self.i32_count {
                     return Err(bad(format!(
                         "{bank:?} register {reg} out of range (function has {} i32 slots)",
@@ -217,15 +286,20 @@ impl FnCtx<'_> {
     }
 }
 
-/// Verifies and decodes one function's bytecode.
+/// Verifies and decodes one function's bytecode, laid out as `desc` says:
+/// its register counts, its block count (which must be exact, as upstream
+/// requires) and its feature requirements (which extension opcodes need).
 pub fn decode_function(
     name: &str,
     code: &[u8],
-    i32_count: u32,
-    ref_count: u32,
+    desc: &FunctionDescriptor,
     cconv: &Cconv,
     env: &mut ModuleEnv<'_>,
 ) -> Result<DecodedFunction> {
+    let (i32_count, ref_count) = (
+        u32::from(desc.i32_register_count),
+        u32::from(desc.ref_register_count),
+    );
     // Register files are allocated rounded up to a power of two (at least
     // one register per bank), as upstream sizes them.
     let i32_count = i32_count.max(1).next_power_of_two();
@@ -270,10 +344,10 @@ pub fn decode_function(
                 } else {
                     (&EXT_F64_TABLE, FEATURE_EXT_F64, "EXT_F64")
                 };
-                if env.features & bit == 0 {
+                if desc.requirements & bit == 0 {
                     bail!(
                         InvalidArgument,
-                        "function '{name}': {set} opcode at bytecode offset {start} but the module does not require {set}"
+                        "function '{name}': {set} opcode at bytecode offset {start} but the function does not require {set}"
                     );
                 }
                 let e = rd.u8("extension opcode")?;
@@ -293,7 +367,7 @@ pub fn decode_function(
         }
         let mut insn = Insn {
             op,
-            r: [0; 6],
+            r: [Reg::verified(0); 6],
             pool: pool.len() as u32,
             a: 0,
             imm: 0,
@@ -308,7 +382,7 @@ pub fn decode_function(
                 } => {
                     let reg = rd.u16("register")?;
                     fx.check_reg(reg, bank, allow_move, start)?;
-                    insn.r[nreg] = reg;
+                    insn.r[nreg] = Reg::verified(reg);
                     nreg += 1;
                 }
                 Field::Attr(bank) => {
@@ -392,6 +466,14 @@ pub fn decode_function(
         insns.push(insn);
         offsets.push(start as u32);
     }
+    if block_at.len() != usize::from(desc.block_count) {
+        bail!(
+            InvalidArgument,
+            "function '{name}': descriptor declares {} blocks, bytecode has {}",
+            desc.block_count,
+            block_at.len()
+        );
+    }
     for (slot, at) in fixups {
         let target = pool[slot];
         match block_at.binary_search_by_key(&target, |&(off, _)| off) {
@@ -424,13 +506,15 @@ pub fn decode_function(
             other.map(|o| o.mnemonic())
         ),
     }
-    fuse(&mut insns, &mut offsets, &pool);
+    let mut reg_lists = Vec::new();
+    fuse(&mut insns, &mut offsets, &pool, &mut reg_lists);
+    list_switch_values(&mut insns, &pool, &mut reg_lists);
     // A sentinel after the last instruction: falling through the end of the
     // function lands on it (and fails) instead of outside the instruction
     // array, so every pc the interpreter can reach indexes a valid slot.
     insns.push(Insn {
         op: Op::EndOfFunction,
-        r: [0; 6],
+        r: [Reg::verified(0); 6],
         pool: 0,
         a: 0,
         imm: 0,
@@ -443,8 +527,23 @@ pub fn decode_function(
         i32_count,
         ref_count,
         cconv: cconv.clone(),
+        reg_lists,
         operands,
     })
+}
+
+/// Lists the value registers of primitive `switch` ops (checked when their
+/// operand list was read) in `reg_lists`.
+fn list_switch_values(insns: &mut [Insn], pool: &[u32], reg_lists: &mut Vec<Reg>) {
+    for insn in insns {
+        if matches!(
+            insn.op,
+            Op::SwitchI32 | Op::SwitchI64 | Op::SwitchF32 | Op::SwitchF64
+        ) {
+            let values = pool_list(pool, insn.pool as usize);
+            insn.imm = push_reg_list(reg_lists, values.iter().copied());
+        }
+    }
 }
 
 /// For an import call with a declared callee signature, lists its operands
@@ -719,7 +818,7 @@ fn check_signature_storage(fx: &FnCtx<'_>, cconv: &Cconv) -> Result<()> {
 /// block arguments jump directly, and a compare that feeds the following
 /// conditional branch becomes one compare-and-branch. The replaced
 /// instructions keep their slots, so every instruction index stays valid.
-fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32]) {
+fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32], reg_lists: &mut Vec<Reg>) {
     for i in 0..insns.len() {
         let insn = insns[i];
         let p = insn.pool as usize;
@@ -728,15 +827,15 @@ fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32]) {
                 insns[i].op = Op::DirectBranch;
                 insns[i].a = pool[p];
             }
-            Op::Branch
-                if pool_list(pool, p + 1)
-                    .iter()
-                    .all(|&r| r as u16 & REF_BIT == 0) =>
-            {
-                // Block arguments that are all primitive registers: the
-                // interpreter copies slot pairs without per-entry type tests.
+            // Block arguments that are all primitive registers (every
+            // source and destination, not only the first half of the
+            // list): the interpreter copies slot pairs without per-entry
+            // type tests, from a verified register list (each entry was
+            // checked by `read_remap_list` when the branch was decoded).
+            Op::Branch if remap_pairs(pool, p + 1).all(|r| r as u16 & REF_BIT == 0) => {
                 insns[i].op = Op::PrimitiveRemapBranch;
                 insns[i].a = pool[p];
+                insns[i].imm = push_reg_list(reg_lists, remap_pairs(pool, p + 1));
             }
             Op::CondBranch => {
                 let t = pool[p];
@@ -758,7 +857,7 @@ fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32]) {
                 // earlier; it is sunk next to the branch when the
                 // instructions in between are plain register arithmetic that
                 // neither reads nor writes its operands or result.
-                let cond = insn.r[0];
+                let cond = insn.r[0].raw();
                 let mut j = i;
                 let mut found = None;
                 while j > 0 && i - j < 4 {
@@ -802,8 +901,19 @@ fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32]) {
     }
 }
 
+/// The registers of the remap list at pool index `at` (`n`, then `n`
+/// source/destination pairs), sources and destinations alternating.
+fn remap_pairs(pool: &[u32], at: usize) -> impl Iterator<Item = u32> + '_ {
+    let n = pool.get(at).copied().unwrap_or(0) as usize;
+    pool.get(at + 1..at + 1 + 2 * n)
+        .unwrap_or(&[])
+        .iter()
+        .copied()
+}
+
 /// The fused compare-and-branch op for a compare, and its result register.
-fn fused_compare(op: Op, r: &[u16; 6]) -> Option<(Op, u16)> {
+fn fused_compare(op: Op, r: &[Reg; 6]) -> Option<(Op, u16)> {
+    let r = r.map(Reg::raw);
     Some(match op {
         Op::CmpEQI32 => (Op::FusedCmpEQI32CondBranch, r[2]),
         Op::CmpNEI32 => (Op::FusedCmpNEI32CondBranch, r[2]),
@@ -852,7 +962,7 @@ fn register_slots(insn: &Insn) -> (Vec<u16>, Vec<u16>) {
     let mut n = 0;
     for f in insn.op.fields() {
         if let Field::Reg { bank, write, .. } = *f {
-            let reg = insn.r[n];
+            let reg = insn.r[n].raw();
             n += 1;
             let width = if matches!(bank, Bank::I64 | Bank::F64) {
                 2

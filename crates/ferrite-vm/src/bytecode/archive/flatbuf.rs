@@ -3,7 +3,14 @@
 //! Every read checks its range with checked arithmetic and returns an
 //! `INVALID_ARGUMENT` status naming the schema path being decoded and the file
 //! offset involved. Nothing here can panic or read out of bounds; scalars are
-//! read with `from_le_bytes`, so alignment of the input does not matter.
+//! read with `from_le_bytes`, so alignment does not matter for safety.
+//!
+//! It is at least as strict as upstream's FlatBuffer verifier (flatcc) about
+//! the structure it walks: tables, vectors and strings start 4-byte aligned
+//! and vtables 2-byte aligned (as file offsets),
+//! every field sits inside its table at its natural alignment, and every
+//! vtable entry (including entries for fields this reader does not decode)
+//! points inside its table.
 
 use ferrite_base::{Result, Status, StatusCode};
 
@@ -170,13 +177,16 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.bytes(off, what)?))
     }
 
-    /// Follows the `uoffset_t` stored at `off`.
+    /// Follows the `uoffset_t` stored at `off`. Offsets point forward past
+    /// themselves (a smaller one would make the target overlap the offset,
+    /// which upstream's verifier rejects as out of range).
     pub fn deref(&self, off: usize, what: &str) -> Result<usize> {
         let rel = self.u32_at(off, what)? as usize;
         match off.checked_add(rel) {
-            Some(t) if t < self.buf.len() => Ok(t),
+            Some(t) if t < self.buf.len() && rel >= WORD => Ok(t),
             _ => Err(self.error(format_args!(
-                "{what}: offset at {:#x} points to {:#x}, outside the flatbuffer ({} bytes)",
+                "{what}: offset at {:#x} points to {:#x}, not past itself inside the \
+                 flatbuffer ({} bytes)",
                 self.file_offset(off),
                 self.file_offset(off).saturating_add(rel),
                 self.buf.len()
@@ -184,8 +194,23 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// Fails unless `pos` is at a file offset that is a multiple of `align`
+    /// (a power of two). Alignment is taken in the file, which is where the
+    /// compiler aligns (the size prefix is 64-byte aligned), and where
+    /// upstream checks it (the module is loaded at an aligned address).
+    fn aligned(&self, pos: usize, align: usize, what: &str) -> Result<()> {
+        if self.file_offset(pos) & (align - 1) == 0 {
+            return Ok(());
+        }
+        Err(self.error(format_args!(
+            "{what} at offset {:#x} is not {align}-byte aligned",
+            self.file_offset(pos)
+        )))
+    }
+
     /// Decodes the table header at `pos`.
     pub fn table_at(&self, pos: usize) -> Result<Table> {
+        self.aligned(pos, WORD, "table")?;
         let soff = self.i32_at(pos, "table")?;
         let vtable = (pos as i64)
             .checked_sub(i64::from(soff))
@@ -197,6 +222,7 @@ impl<'a> Reader<'a> {
                     self.file_offset(pos)
                 ))
             })?;
+        self.aligned(vtable, 2, "vtable")?;
         let vtable_len = self.u16_at(vtable, "vtable")? as usize;
         let object_len = self.u16_at(vtable.saturating_add(2), "vtable")? as usize;
         if vtable_len < 4 || vtable_len & 1 != 0 {
@@ -213,6 +239,20 @@ impl<'a> Reader<'a> {
         }
         self.need(vtable, vtable_len, "vtable")?;
         self.need(pos, object_len, "table")?;
+        // Every field the vtable lists lies inside the table, after its
+        // vtable offset: also those of fields this reader never decodes.
+        for entry in (4..vtable_len).step_by(2) {
+            let off = self.u16_at(vtable + entry, "vtable entry")? as usize;
+            if off != 0 && (off < WORD || off >= object_len) {
+                return Err(self.error(format_args!(
+                    "vtable at offset {:#x}: field {} at table offset {off} is out of range \
+                     (table at {:#x} has {object_len} bytes)",
+                    self.file_offset(vtable),
+                    (entry - 4) / 2,
+                    self.file_offset(pos)
+                )));
+            }
+        }
         Ok(Table {
             pos,
             vtable,
@@ -239,7 +279,14 @@ impl<'a> Reader<'a> {
                 self.file_offset(t.pos)
             )));
         }
-        // t.pos + object_len was checked in table_at.
+        // t.pos + object_len was checked in table_at. Scalars and offsets
+        // sit at their natural alignment (structs at 4).
+        let align = if size.is_power_of_two() {
+            size.min(8)
+        } else {
+            WORD
+        };
+        self.aligned(t.pos + off, align, name)?;
         Ok(Some(t.pos + off))
     }
 
@@ -290,6 +337,7 @@ impl<'a> Reader<'a> {
 
     /// The string at `pos` (length prefix, UTF-8 bytes, NUL terminator).
     pub fn string_at(&self, pos: usize, what: &str) -> Result<&'a str> {
+        self.aligned(pos, WORD, what)?;
         let len = self.u32_at(pos, what)? as usize;
         let start = pos.saturating_add(WORD);
         let with_nul = len.saturating_add(1);
@@ -340,6 +388,9 @@ impl<'a> Reader<'a> {
 
     /// The vector at `pos` whose elements are `elem` bytes each.
     pub fn vector_at(&self, pos: usize, elem: usize, what: &str) -> Result<Vector> {
+        // Elements of the vectors this schema has are at most 4-aligned,
+        // which a 4-aligned header gives them.
+        self.aligned(pos, WORD, what)?;
         let len = self.u32_at(pos, what)? as usize;
         let start = pos.saturating_add(WORD);
         let bytes = len.saturating_mul(elem);

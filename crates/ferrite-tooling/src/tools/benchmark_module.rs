@@ -1,0 +1,348 @@
+//! `ferrite benchmark-module`: times calls of functions like upstream's
+//! `iree-benchmark-module` (same flags), printing a google-benchmark-style
+//! table of per-call wall and CPU time, and with `--benchmark_out=FILE
+//! --benchmark_out_format=json` (or `--benchmark_format=json` on stdout)
+//! google benchmark's JSON report, which `ferrite.runtime.benchmark_module`
+//! reads. Without `--function` every exported function that takes no
+//! arguments is timed. `--compare-upstream` also runs the pinned
+//! `iree-benchmark-module` on the same module, function, inputs and device
+//! and ends with `ratio: X` (Ferrite time / upstream time, lower is better).
+
+use crate::benchmark::{console_report, fmt_time, json_report, MinTime, Row};
+use crate::context::{load_context_with, parse_inputs};
+use ferrite_base::status::ResultExt;
+use ferrite_base::{bail, status, Result};
+use ferrite_vm::Instance;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Options of `benchmark-module` (upstream's flag names).
+#[derive(clap::Args, Debug)]
+pub struct BenchmarkModuleArgs {
+    /// A `.vmfb` file to load; repeat for several (the last is the main module).
+    #[arg(long = "module", required_unless_present_any = crate::device_flags::LISTING)]
+    pub modules: Vec<String>,
+    /// How module files are read: `mmap` (default) or `preload`.
+    #[arg(long = "module_mode", value_enum, default_value_t = crate::context::ModuleMode::Mmap)]
+    pub module_mode: crate::context::ModuleMode,
+    /// Function to call; without it, every exported function that takes
+    /// no arguments.
+    #[arg(long)]
+    pub function: Option<String>,
+    /// Function inputs (as `run-module --input`).
+    #[arg(long = "input", allow_hyphen_values = true)]
+    pub inputs: Vec<String>,
+    /// Devices and driver flags (`--device`, `--task_*`, `--list_devices`).
+    #[command(flatten)]
+    pub device: crate::device_flags::DeviceArgs,
+    /// Timed repetitions; each runs enough calls to last the minimum time.
+    #[arg(long = "benchmark_repetitions", default_value_t = 1)]
+    pub repetitions: usize,
+    /// Minimum time per repetition, `0.5s`, or a fixed call count `100x`
+    /// (google benchmark's syntax).
+    #[arg(long = "benchmark_min_time", default_value = "0.5s")]
+    pub min_time: String,
+    /// Format of the report on stdout: `console` (a table) or `json`.
+    #[arg(long = "benchmark_format", default_value = "console")]
+    pub format: String,
+    /// Also write the report to this file.
+    #[arg(long = "benchmark_out")]
+    pub out: Option<PathBuf>,
+    /// Format of `--benchmark_out`: `json` (default) or `console`.
+    #[arg(long = "benchmark_out_format", default_value = "json")]
+    pub out_format: String,
+    /// Lists the benchmarks (one name a line) instead of running them.
+    #[arg(long = "benchmark_list_tests", num_args = 0..=1, default_missing_value = "true",
+          require_equals = true, default_value_t = false, action = clap::ArgAction::Set)]
+    pub list_tests: bool,
+    /// Reports only the aggregates of several repetitions (stdout and
+    /// `--benchmark_out`).
+    #[arg(long = "benchmark_report_aggregates_only", num_args = 0..=1,
+          default_missing_value = "true", require_equals = true, default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub report_aggregates_only: bool,
+    /// Shows only the aggregates on stdout (`--benchmark_out` keeps all rows).
+    #[arg(long = "benchmark_display_aggregates_only", num_args = 0..=1,
+          default_missing_value = "true", require_equals = true, default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub display_aggregates_only: bool,
+    /// Parameter files (`--parameters`, `--parameter_mode`).
+    #[command(flatten)]
+    pub params: crate::parameters::ParameterArgs,
+    /// Also run the pinned `iree-benchmark-module` (found as
+    /// `$IREE_BENCHMARK_MODULE`, else `.venv/bin/` above the working
+    /// directory or this executable) and print `ratio: X`.
+    #[arg(long = "compare-upstream")]
+    pub compare_upstream: bool,
+}
+
+/// The name google benchmark gives `function`'s benchmark.
+fn run_name(function: &str) -> String {
+    format!("BM_{function}/process_time/real_time")
+}
+
+/// The functions to time: `--function`, else every export of the main
+/// (last) module that takes no arguments, as upstream.
+fn functions_to_run(ctx: &ferrite_vm::Context, args: &BenchmarkModuleArgs) -> Result<Vec<String>> {
+    if let Some(f) = &args.function {
+        return Ok(vec![f.clone()]);
+    }
+    let Some(main) = ctx.modules().last() else {
+        return Ok(Vec::new());
+    };
+    let mut names = Vec::new();
+    for e in main.exports() {
+        if e.name.starts_with("__") {
+            continue;
+        }
+        let full = format!("{}.{}", main.name(), e.name);
+        let f = ctx.lookup_function(&full)?;
+        if f.cconv.args.is_empty() {
+            names.push(e.name.clone());
+        }
+    }
+    Ok(names)
+}
+
+/// Times `function` with its `--input`s (see [`crate::benchmark::measure`]).
+fn time_function(
+    ctx: &ferrite_vm::Context,
+    rc_devices: &[ferrite_hal::device::DeviceRef],
+    function: &str,
+    args: &BenchmarkModuleArgs,
+    min_time: MinTime,
+) -> Result<Vec<Row>> {
+    let f = ctx
+        .lookup_function(function)
+        .annotate(|| format!("looking up function '{function}'"))?;
+    let inputs = if args.function.is_some() {
+        parse_inputs(&args.inputs, &f.cconv.args, rc_devices)?
+    } else {
+        Vec::new()
+    };
+    if inputs.len() != f.cconv.args.len() {
+        bail!(
+            InvalidArgument,
+            "input list and function mismatch; expected {} arguments but passed {}",
+            f.cconv.args.len(),
+            inputs.len()
+        );
+    }
+    // Inputs stay in one list and results are written into one reused
+    // vector, as upstream's benchmark reuses its input and output lists.
+    let mut outputs = Vec::new();
+    let call = || -> Result<()> {
+        ctx.invoke_into(&f, &inputs, &mut outputs)
+            .annotate(|| format!("invoking function '{function}'"))?;
+        outputs.clear();
+        Ok(())
+    };
+    crate::benchmark::measure(&run_name(function), args.repetitions, min_time, call)
+}
+
+/// Runs the command; prints the report (and upstream's figures and the
+/// ratio with `--compare-upstream`).
+pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
+    if args.device.wants_listing() {
+        return args.device.print_listing();
+    }
+    let min_time = MinTime::parse(&args.min_time)?;
+    for (flag, value) in [
+        ("--benchmark_format", &args.format),
+        ("--benchmark_out_format", &args.out_format),
+    ] {
+        if value != "console" && value != "json" {
+            bail!(
+                InvalidArgument,
+                "{flag}={value}: expected `console` or `json`"
+            );
+        }
+    }
+    let instance = Instance::default();
+    let rc = load_context_with(
+        &instance,
+        &args.modules,
+        args.module_mode,
+        &args.device,
+        false,
+        args.params.modules()?,
+    )
+    .annotate(|| "creating run context".to_string())?;
+    let functions = functions_to_run(&rc.context, args)?;
+    if args.list_tests {
+        for f in &functions {
+            println!("{}", run_name(f));
+        }
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for f in &functions {
+        rows.extend(time_function(&rc.context, &rc.devices, f, args, min_time)?);
+    }
+    if functions.is_empty() {
+        // As google benchmark: a message, an empty report, success.
+        eprintln!("Failed to match any benchmarks against regex: .");
+    }
+    // With several repetitions, google benchmark can keep only the
+    // aggregate rows, in the file and on stdout or on stdout alone.
+    let aggregates: Vec<Row> = rows
+        .iter()
+        .filter(|r| r.aggregate.is_some())
+        .cloned()
+        .collect();
+    let pick = |only: bool| {
+        if only && !aggregates.is_empty() {
+            &aggregates
+        } else {
+            &rows
+        }
+    };
+    let shown = pick(args.report_aggregates_only || args.display_aggregates_only);
+    if args.format == "json" {
+        println!("{}", json_report(shown));
+    } else if !shown.is_empty() {
+        print!("{}", console_report(shown));
+    }
+    if let Some(path) = &args.out {
+        let kept = pick(args.report_aggregates_only);
+        let text = match (kept.is_empty(), args.out_format.as_str()) {
+            (true, _) => String::new(),
+            (false, "json") => json_report(kept) + "\n",
+            (false, _) => console_report(kept),
+        };
+        std::fs::write(path, text).map_err(|e| {
+            status!(
+                PermissionDenied,
+                "writing --benchmark_out={}: {e}",
+                path.display()
+            )
+        })?;
+    }
+    if args.compare_upstream {
+        let Some(ours) = rows
+            .iter()
+            .filter(|r| r.aggregate.is_none())
+            .map(|r| r.real)
+            .reduce(|a, b| a + b)
+        else {
+            bail!(InvalidArgument, "--compare-upstream: nothing was timed");
+        };
+        let ours = ours / args.repetitions.max(1) as f64;
+        let up = run_upstream(args)?;
+        println!(
+            "upstream iree-benchmark-module: {} per call (mean of {} repetition(s))",
+            fmt_time(up),
+            args.repetitions.max(1)
+        );
+        println!("ferrite benchmark-module: {} per call", fmt_time(ours));
+        println!("ratio: {:.3}", ours / up);
+    }
+    Ok(())
+}
+
+fn upstream_tool() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("IREE_BENCHMARK_MODULE") {
+        return Ok(PathBuf::from(p));
+    }
+    let mut starts = Vec::new();
+    if let Ok(d) = std::env::current_dir() {
+        starts.push(d);
+    }
+    if let Ok(e) = std::env::current_exe() {
+        starts.push(e);
+    }
+    for s in starts {
+        for dir in s.ancestors() {
+            let p = dir.join(".venv/bin/iree-benchmark-module");
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    bail!(
+        NotFound,
+        "iree-benchmark-module not found: set IREE_BENCHMARK_MODULE or run from the repository (.venv/bin)"
+    )
+}
+
+/// Runs upstream's tool with the same flags; returns its mean per-call
+/// real time in nanoseconds (from its JSON report).
+fn run_upstream(args: &BenchmarkModuleArgs) -> Result<f64> {
+    let tool = upstream_tool()?;
+    let mut cmd = Command::new(&tool);
+    for m in &args.modules {
+        cmd.arg(format!("--module={m}"));
+    }
+    if let Some(f) = &args.function {
+        cmd.arg(format!("--function={f}"));
+    }
+    for i in &args.inputs {
+        cmd.arg(format!("--input={i}"));
+    }
+    for d in &args.device.devices {
+        cmd.arg(format!("--device={d}"));
+    }
+    for p in &args.params.parameters {
+        cmd.arg(format!("--parameters={p}"));
+    }
+    cmd.arg(format!("--parameter_mode={}", args.params.parameter_mode));
+    for (name, value) in args.device.task.given() {
+        cmd.arg(format!("--{name}={value}"));
+    }
+    cmd.arg(format!(
+        "--benchmark_repetitions={}",
+        args.repetitions.max(1)
+    ));
+    cmd.arg(format!("--benchmark_min_time={}", args.min_time));
+    cmd.arg("--benchmark_format=json");
+    let out = cmd
+        .output()
+        .map_err(|e| status!(Unknown, "running {}: {e}", tool.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            Unknown,
+            "{} failed ({}): {}{}",
+            tool.display(),
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    parse_upstream_json(&text)
+}
+
+/// Mean `real_time` (ns) of the `iteration` runs in google benchmark's JSON.
+pub fn parse_upstream_json(text: &str) -> Result<f64> {
+    let mut times = Vec::new();
+    for obj in text.split('{').skip(1) {
+        let field = |key: &str| -> Option<&str> {
+            let i = obj.find(&format!("\"{key}\":"))?;
+            let rest = obj[i + key.len() + 3..].trim_start();
+            let end = rest.find([',', '\n', '}']).unwrap_or(rest.len());
+            Some(rest[..end].trim().trim_matches('"'))
+        };
+        if field("run_type") != Some("iteration") {
+            continue;
+        }
+        let (Some(t), Some(unit)) = (field("real_time"), field("time_unit")) else {
+            continue;
+        };
+        let Ok(t) = t.parse::<f64>() else { continue };
+        let scale = match unit {
+            "ns" => 1.0,
+            "us" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            _ => continue,
+        };
+        times.push(t * scale);
+    }
+    if times.is_empty() {
+        bail!(
+            Unknown,
+            "no benchmark iterations in iree-benchmark-module's output:\n{text}"
+        );
+    }
+    Ok(times.iter().sum::<f64>() / times.len() as f64)
+}

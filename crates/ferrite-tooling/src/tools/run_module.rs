@@ -1,0 +1,119 @@
+//! `ferrite run-module`: load modules, call one function, print results the
+//! way upstream's `iree-run-module` does.
+
+use crate::context::{load_context_with, parse_inputs};
+use crate::device_flags::LISTING;
+use ferrite_base::status::ResultExt;
+use ferrite_base::{bail, Result};
+use ferrite_vm::Instance;
+
+/// Options of `run-module` (upstream's flag names).
+#[derive(clap::Args, Debug)]
+pub struct RunModuleArgs {
+    /// A `.vmfb` file to load; repeat for several (the last is the main module).
+    #[arg(long = "module", required_unless_present_any = LISTING)]
+    pub modules: Vec<String>,
+    /// How module files are read: `mmap` (default) or `preload`.
+    #[arg(long = "module_mode", value_enum, default_value_t = crate::context::ModuleMode::Mmap)]
+    pub module_mode: crate::context::ModuleMode,
+    /// Function to call (`name` or `module.name`).
+    #[arg(long, required_unless_present_any = LISTING)]
+    pub function: Option<String>,
+    /// Function inputs in upstream's syntax: scalars (`42`, `1.5`), tensors
+    /// (`2x2xi32=1 2 3 4`, `2x2xi32=@raw.bin`), numpy files (`@a.npy` from
+    /// the start, `+a.npy` continuing in the same file, `*a.npy` all arrays
+    /// left), `(null)`.
+    #[arg(long = "input", allow_hyphen_values = true)]
+    pub inputs: Vec<String>,
+    /// Where each result goes, one flag per result: `-` stdout, empty to
+    /// drop it, `@f.npy`/`+f.npy` numpy create/append, `@f.bin`/`+f.bin` raw.
+    #[arg(long = "output", allow_hyphen_values = true)]
+    pub outputs: Vec<String>,
+    /// An expected result (same syntax as `--input`, `(ignored)` to skip);
+    /// results are compared instead of printed and a mismatch exits 1.
+    #[arg(long = "expected_output", allow_hyphen_values = true)]
+    pub expected_outputs: Vec<String>,
+    /// Tolerances and equality mode for `--expected_output`.
+    #[command(flatten)]
+    pub compare: crate::outputs::CompareArgs,
+    /// Devices and driver flags (`--device`, `--task_*`, `--list_devices`).
+    #[command(flatten)]
+    pub device: crate::device_flags::DeviceArgs,
+    /// Maximum elements of a tensor printed before eliding.
+    #[arg(
+        long = "print_max_element_count",
+        alias = "output_max_element_count",
+        default_value_t = 1024
+    )]
+    pub print_max_element_count: usize,
+    /// Registers the `yieldable_test` native module (for upstream's async VM tests).
+    #[arg(long = "yieldable-test-module")]
+    pub yieldable_test_module: bool,
+    /// Parameter files (`--parameters`, `--parameter_mode`).
+    #[command(flatten)]
+    pub params: crate::parameters::ParameterArgs,
+    /// Number of times to run the function (for timing; results printed once).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u64,
+}
+
+/// Runs the command. When an expected output does not match, the process
+/// exits with status 1 after the `[FAILED]` report, printing nothing more
+/// (as upstream).
+pub fn run(args: &RunModuleArgs) -> Result<()> {
+    if args.device.wants_listing() {
+        return args.device.print_listing();
+    }
+    let function = args.function.as_deref().unwrap_or_default();
+    let instance = Instance::default();
+    let run = load_context_with(
+        &instance,
+        &args.modules,
+        args.module_mode,
+        &args.device,
+        args.yieldable_test_module,
+        args.params.modules()?,
+    )
+    .annotate(|| "creating run context".to_string())?;
+    let ctx = &run.context;
+    let f = ctx
+        .lookup_function(function)
+        .annotate(|| format!("looking up function '{}'", function))?;
+    let inputs = parse_inputs(&args.inputs, &f.cconv.args, &run.devices)?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "EXEC @{}", function);
+        let _ = out.flush();
+    }
+    // Upstream prints the EXEC line before checking the argument count.
+    if inputs.len() != f.cconv.args.len() {
+        bail!(
+            InvalidArgument,
+            "input list and function mismatch; expected {} arguments but passed {}; invoking function '{}'",
+            f.cconv.args.len(),
+            inputs.len(),
+            function
+        );
+    }
+    let mut results = Vec::new();
+    for _ in 0..args.repeat.max(1) {
+        results = ctx
+            .invoke(&f, inputs.clone())
+            .annotate(|| format!("invoking function '{}'", function))?;
+    }
+    let matched = crate::outputs::process_results(
+        &results,
+        &f.cconv.results,
+        &args.outputs,
+        &args.expected_outputs,
+        &args.compare,
+        args.print_max_element_count,
+    )
+    .annotate(|| "processing function outputs".to_string())?;
+    if !matched {
+        drop(results);
+        std::process::exit(1);
+    }
+    Ok(())
+}

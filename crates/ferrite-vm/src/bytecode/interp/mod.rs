@@ -1,0 +1,227 @@
+//! The bytecode interpreter.
+//!
+//! Runs decoded, verified instructions ([`super::verifier`]) of the frames
+//! at the top of a [`Stack`]. Calls between functions of one module stay in
+//! this loop, and so do calls to native imports that finish in one step
+//! (they read their arguments from the caller's registers); other import
+//! calls, returns to the host and yields hand a [`Step`] back to the
+//! invocation loop, which owns cross-module control flow.
+//!
+//! - [`dispatch`]: the dispatch loop, one `match` over the instructions;
+//!   numeric ops come from the tables in [`ops_int`] and [`ops_float`]
+//!   (one row per op pair, expanded for both widths; shapes in
+//!   [`numeric`]).
+//! - [`registers`]: a frame's register window and its unchecked accessors.
+//! - [`frames`]: frames, and calls and returns inside a module.
+//! - [`native_bridge`]: native imports called in place.
+//! - [`values`]: arguments and results as values, for the host and other
+//!   modules.
+//! - [`control`], [`ops_global`], [`ops_ref`]: branches and `vm.fail`,
+//!   globals, and ref checks.
+//!
+//! # The unsafe contract: only verified bytecode is interpreted
+//!
+//! The interpreter reads instructions and primitive registers without
+//! bounds checks. That is sound because of facts the verifier establishes
+//! and the types carry, not because of comments at each access:
+//!
+//! 1. Instructions come only from a [`DecodedFunction`], which only the
+//!    verifier makes and nothing changes after load. Every pc the loop can
+//!    reach indexes one: execution starts at 0, branch and resume targets
+//!    were checked against the instruction count, and the `EndOfFunction`
+//!    sentinel after the last instruction fails instead of falling through.
+//! 2. Register operands are [`Reg`]s, which only the verifier makes, after
+//!    checking them against the function's register counts for the bank the
+//!    ISA declares (see [`Reg`] for the exact facts). The unchecked
+//!    accessors of [`Registers`] take only `Reg`s, and are `unsafe fn`s
+//!    whose preconditions are those facts.
+//! 3. The window an access goes through is the function's own:
+//!    [`Registers::of`] cuts it to exactly the `i32_count` of the function
+//!    whose instructions [`dispatch`] then reads.
+//! 4. The one obligation on this module's code rather than on its input:
+//!    each arm reads an operand with the bank the ISA gives that operand
+//!    (a 64-bit read of an i32 operand could step one slot past the
+//!    window). The numeric tables get it from their shapes ([`numeric`]);
+//!    debug builds assert it on every access, and the opcode-coverage test
+//!    runs every op in a debug build.
+//!
+//! Ref registers, call operand lists and pool data are read with bounds
+//! checks; nothing a `.vmfb` contains can make them panic, as the verifier
+//! checked them too, but no `unsafe` depends on it.
+//!
+//! [`DecodedFunction`]: super::verifier::DecodedFunction
+//! [`Reg`]: super::verifier::Reg
+//! [`Registers`]: registers::Registers
+//! [`Registers::of`]: registers::Registers::of
+
+mod control;
+mod dispatch;
+mod frames;
+mod native_bridge;
+mod numeric;
+mod ops_float;
+mod ops_global;
+mod ops_int;
+mod ops_ref;
+mod registers;
+mod values;
+
+use super::module::BytecodeState;
+use super::verifier::pool_list;
+use crate::module::FunctionRef;
+use crate::stack::{Frame, Stack, Wait};
+use crate::value::Variant;
+use dispatch::exec;
+use ferrite_base::{bail, Result};
+use frames::Cursor;
+use native_bridge::{keep_call, Parked};
+use std::sync::Arc;
+use values::{read_values_into, read_variadic};
+
+pub(crate) use frames::{deliver_results, frame_state, pop_frame, push_frame};
+pub(crate) use native_bridge::{build_operands, release_moved_operands};
+pub(crate) use values::{place_args, write_typed};
+/// The interpreter's failure statuses, which the compiling tier raises too
+/// (same status, same message in both tiers).
+#[cfg(feature = "jit")]
+pub(crate) use {
+    control::check_fail, ops_global::global_slot, ops_int::div_zero, ops_ref::deref_buffer,
+};
+
+/// What the interpreter asks of the invocation loop.
+pub(crate) enum Step {
+    /// The externally-entered frame returned these results.
+    Return(Vec<Variant>),
+    /// Call another module's function; results go to the top frame.
+    Call(FunctionRef, Vec<Variant>),
+    /// Suspend until the wait is satisfied, then run the top frame again.
+    Yield(Wait),
+}
+
+/// Control transfers the dispatch loop hands back to [`run`].
+enum Action {
+    CallImport {
+        import: u32,
+        segments: Option<usize>,
+        args: usize,
+        results: usize,
+        resume: usize,
+    },
+    Return {
+        list: usize,
+    },
+    Yield,
+    /// A native import called in place yielded or failed: it needs a frame.
+    Parked(Box<Parked>),
+}
+
+/// Runs the top frame (which must be bytecode) until it leaves the module.
+pub(crate) fn run(stack: &mut Stack) -> Result<Step> {
+    let top_index = stack.frames.len().wrapping_sub(1);
+    // The module state lives in the nearest externally-entered frame. It is
+    // moved out for the duration of the run (and put back below) so that the
+    // interpreter can hold it while mutating the stack without refcounting.
+    let Some(owner) = (0..=top_index)
+        .rev()
+        .find(|&i| matches!(&stack.frames[i], Frame::Bytecode(b) if b.state.is_some()))
+    else {
+        bail!(Internal, "bytecode frame without a module state");
+    };
+    let Frame::Bytecode(holder) = &mut stack.frames[owner] else {
+        bail!(Internal, "bytecode frame without a module state");
+    };
+    let Some(state) = holder.state.take() else {
+        bail!(Internal, "bytecode frame without a module state");
+    };
+    let step = run_with(&state, stack);
+    if let Some(Frame::Bytecode(holder)) = stack.frames.get_mut(owner) {
+        holder.state = Some(state);
+    }
+    step
+}
+
+fn run_with(state: &Arc<BytecodeState>, stack: &mut Stack) -> Result<Step> {
+    let Some(Frame::Bytecode(top)) = stack.frames.last() else {
+        bail!(Internal, "interpreter entered on a non-bytecode frame");
+    };
+    let mut cur = Cursor {
+        function: top.function as usize,
+        pc: top.pc as usize,
+        i32_base: top.i32_base as usize,
+        ref_base: top.ref_base as usize,
+    };
+    let module = &*state.module;
+    let result = if stack.coverage.is_some() {
+        exec::<true>(state, stack, &mut cur)
+    } else {
+        exec::<false>(state, stack, &mut cur)
+    };
+    let Some(Frame::Bytecode(frame)) = stack.frames.last_mut() else {
+        bail!(Internal, "bytecode frame vanished");
+    };
+    // Keep the frame record in sync for backtraces and resumption.
+    frame.pc = cur.pc as u32;
+    frame.current = cur.pc.saturating_sub(1) as u32;
+    let action = result?;
+    let func = &module.functions[cur.function];
+    let (ib, rb) = (cur.i32_base, cur.ref_base);
+    let (ic, rc) = (func.i32_count as usize, func.ref_count as usize);
+    match action {
+        Action::Return { list } => {
+            let out = stack.spare_values.pop().unwrap_or_default();
+            let regs = &stack.i32_regs[ib..ib + ic];
+            let refs = &mut stack.ref_regs[rb..rb + rc];
+            let list = pool_list(&func.pool, list);
+            let vals = read_values_into(regs, refs, list, &func.cconv.results, out)?;
+            pop_frame(stack, ib, rb);
+            Ok(Step::Return(vals))
+        }
+        Action::CallImport {
+            import,
+            segments,
+            args,
+            results,
+            resume,
+        } => {
+            frame.pc = resume as u32;
+            frame.pending_results = results as u32;
+            let target = state.import_ref(import)?;
+            let list = pool_list(&func.pool, args);
+            let seg = segments.map(|seg| pool_list(&func.pool, seg));
+            let spare = stack.spare_values.pop().unwrap_or_default();
+            let regs = &stack.i32_regs[ib..ib + ic];
+            let refs = &mut stack.ref_regs[rb..rb + rc];
+            let vals = match seg {
+                None => read_values_into(regs, refs, list, &target.cconv.args, spare)?,
+                Some(seg) => read_variadic(regs, refs, list, &target.cconv.args, seg, spare)?,
+            };
+            Ok(Step::Call(target.clone(), vals))
+        }
+        Action::Parked(parked) => {
+            let Parked {
+                body,
+                outcome,
+                saved,
+                spare,
+                results,
+                resume,
+            } = *parked;
+            frame.pc = resume as u32;
+            frame.pending_results = results as u32;
+            let operands = std::mem::take(&mut stack.operands);
+            let mut call = keep_call(stack, ib, ic, rb, rc, operands, saved, spare);
+            match outcome {
+                Ok(w) => {
+                    call.resumed = true;
+                    stack.push_native_call(body, call);
+                    Ok(Step::Yield(w))
+                }
+                Err(e) => {
+                    stack.push_native_call(body, call);
+                    Err(e)
+                }
+            }
+        }
+        Action::Yield => Ok(Step::Yield(Wait::yield_now())),
+    }
+}

@@ -1,0 +1,264 @@
+//! Calls to native (Rust) imports made in place: the callee reads its
+//! arguments straight from the caller's registers and writes its results
+//! back, with no frame unless it yields or fails.
+
+use super::super::module::BytecodeState;
+use super::super::verifier::{pool_list, MOVE_BIT};
+use super::registers::{get_i64, ref_slot, take_ref};
+use super::values::write_results;
+use crate::cconv::CconvType;
+use crate::refs::Ref;
+use crate::stack::{Args, NativeCall, NativePoll, NativeStep, Operand, Stack, Wait};
+use crate::value::Variant;
+use ferrite_base::{bail, status, Result};
+use std::sync::Arc;
+
+/// An in-place native call that outlives its step.
+pub(super) struct Parked {
+    pub(super) body: Arc<dyn NativeStep>,
+    /// The wait it yielded on, or its failure.
+    pub(super) outcome: Result<Wait>,
+    pub(super) saved: Option<Box<dyn std::any::Any + Send>>,
+    pub(super) spare: Vec<Variant>,
+    pub(super) results: usize,
+    pub(super) resume: usize,
+}
+
+/// What the dispatch loop needs to call native imports in place.
+pub(super) struct NativeScratch<'a> {
+    pub(super) operands: &'a mut Vec<Operand>,
+    pub(super) results: &'a mut Vec<Variant>,
+    /// False when one more frame would exceed the stack's depth limit.
+    pub(super) depth_ok: bool,
+}
+
+/// How an attempt to call an import in place ended.
+pub(super) enum InPlace {
+    /// Finished; its results are in the registers.
+    Done,
+    /// Not a native function: take the general path.
+    NotNative,
+    /// Yielded or failed.
+    Parked(Box<Parked>),
+}
+
+/// Lists a native call's operands (per `args`, with each variadic span's
+/// count from `segments`) without reading any register.
+pub(crate) fn build_operands(
+    out: &mut Vec<Operand>,
+    list: &[u32],
+    segments: Option<&[u32]>,
+    args: &[CconvType],
+) -> Result<()> {
+    out.clear();
+    let operand = |reg: u32, t: &CconvType| -> Result<Operand> {
+        let reg = reg as u16;
+        Ok(match t {
+            CconvType::I32 => Operand::I32(reg),
+            CconvType::I64 => Operand::I64(reg),
+            CconvType::F32 => Operand::F32(reg),
+            CconvType::F64 => Operand::F64(reg),
+            CconvType::Ref => Operand::Ref(reg),
+            CconvType::Span(_) => bail!(InvalidArgument, "nested variadic spans are not supported"),
+        })
+    };
+    let Some(segments) = segments else {
+        if list.len() != args.len() {
+            bail!(
+                Internal,
+                "register list has {} entries, signature {}",
+                list.len(),
+                args.len()
+            );
+        }
+        for (&reg, t) in list.iter().zip(args) {
+            out.push(operand(reg, t)?);
+        }
+        return Ok(());
+    };
+    let mut at = 0usize;
+    for (i, a) in args.iter().enumerate() {
+        let (items, n): (&[CconvType], usize) = match a {
+            CconvType::Span(items) => {
+                let n = *segments.get(i).ok_or_else(|| {
+                    status!(
+                        InvalidArgument,
+                        "variadic call has {} segment sizes, signature needs {}",
+                        segments.len(),
+                        args.len()
+                    )
+                })? as usize;
+                out.push(Operand::Count(n as i32));
+                (items, n * items.len())
+            }
+            t => (std::slice::from_ref(t), 1),
+        };
+        let Some(span) = list.get(at..at + n) else {
+            bail!(
+                InvalidArgument,
+                "variadic call has fewer registers than its segments need"
+            );
+        };
+        for (&reg, t) in span.iter().zip(items.iter().cycle()) {
+            out.push(operand(reg, t)?);
+        }
+        at += n;
+    }
+    Ok(())
+}
+
+/// Calls import `call.0` in place when it is a native function: its body
+/// reads the arguments straight from `regs`/`refs` (see [`Args::Registers`])
+/// and its results are written back before the dispatch loop goes on, with
+/// no frame, no argument values and no trip through the invocation loop.
+/// `call` is (import, segment list, argument list, result list, resume pc).
+#[inline(never)]
+pub(super) fn call_in_place(
+    state: &BytecodeState,
+    regs: &mut [u32],
+    refs: &mut [Option<Ref>],
+    pool: &[u32],
+    listed: Option<(&[Operand], &[Operand])>,
+    call: (u32, Option<usize>, usize, usize, usize),
+    scratch: &mut NativeScratch<'_>,
+) -> Result<InPlace> {
+    let (import, segments, args, results, resume) = call;
+    let target = state.import_ref(import)?;
+    let Some(body) = &target.native else {
+        return Ok(InPlace::NotNative);
+    };
+    if !scratch.depth_ok {
+        return Ok(InPlace::NotNative);
+    }
+    let (operands, moved): (&[Operand], _) = match listed {
+        Some((ops, moved)) => (ops, Some(moved)),
+        None => {
+            let list = pool_list(pool, args);
+            let seg = segments.map(|seg| pool_list(pool, seg));
+            build_operands(scratch.operands, list, seg, &target.cconv.args)?;
+            (&scratch.operands[..], None)
+        }
+    };
+    let mut call = NativeCall {
+        args: Args::Registers(crate::stack::InPlace {
+            regs,
+            refs,
+            operands,
+            moved,
+            results: pool_list(pool, results),
+            result_types: &target.cconv.results,
+        }),
+        saved: None,
+        resumed: false,
+        wait_status: None,
+        // Unused in place: `ready` writes to the registers.
+        results: Vec::new(),
+        written: false,
+    };
+    let outcome = match body.direct() {
+        Some(f) => match f(&mut call) {
+            // Results already in the registers: nothing left to check.
+            Ok(poll) if call.written => Ok(poll),
+            other => body.finish(&call, other),
+        },
+        None => body.step(&mut call),
+    };
+    let (saved, written) = (call.saved, call.written);
+    discard_empty(call.results);
+    let outcome = match outcome {
+        Ok(NativePoll::Ready(out)) if written => {
+            discard_empty(out);
+            return Ok(InPlace::Done);
+        }
+        Ok(NativePoll::Ready(mut out)) => {
+            // A body that built its result vector itself.
+            release_moved_operands(refs, moved.unwrap_or(operands));
+            return write_results(regs, refs, pool_list(pool, results), &mut out)
+                .map(|()| InPlace::Done);
+        }
+        Ok(NativePoll::Pending(w)) => Ok(w),
+        Err(e) => Err(e),
+    };
+    let spare = std::mem::take(scratch.results);
+    // The parked call's record is built from the scratch list.
+    if let Some((listed, _)) = listed {
+        scratch.operands.clear();
+        scratch.operands.extend_from_slice(listed);
+    }
+    Ok(InPlace::Parked(Box::new(Parked {
+        body: body.clone(),
+        outcome,
+        saved,
+        spare,
+        results,
+        resume,
+    })))
+}
+
+/// Drops a vector that is normally empty without an out-of-line drop call
+/// (the hot in-place call path hands back only unallocated vectors).
+#[inline(always)]
+fn discard_empty(v: Vec<Variant>) {
+    if v.capacity() == 0 {
+        // Nothing allocated, nothing to release.
+        std::mem::forget(v);
+    } else {
+        drop(v);
+    }
+}
+
+/// The record of an in-place native call that outlives its step (it
+/// yielded, or failed and needs a frame for the backtrace): it takes its
+/// arguments as values, moved or retained per their move bits, as a call
+/// through the trampoline would have.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn keep_call(
+    stack: &mut Stack,
+    ib: usize,
+    ic: usize,
+    rb: usize,
+    rc: usize,
+    operands: Vec<Operand>,
+    saved: Option<Box<dyn std::any::Any + Send>>,
+    results: Vec<Variant>,
+) -> NativeCall<'static> {
+    let vals = take_operands(
+        &stack.i32_regs[ib..ib + ic],
+        &mut stack.ref_regs[rb..rb + rc],
+        &operands,
+    );
+    stack.operands = operands;
+    let mut call = stack.native_call(vals);
+    call.saved = saved;
+    call.results = results;
+    call
+}
+
+/// Releases the ref operands a finished in-place native call received with
+/// the move bit (the callee only borrowed them).
+#[inline]
+pub(crate) fn release_moved_operands(refs: &mut [Option<Ref>], operands: &[Operand]) {
+    for op in operands {
+        if let Operand::Ref(reg) = *op {
+            if reg & MOVE_BIT != 0 {
+                refs[ref_slot(reg)] = None;
+            }
+        }
+    }
+}
+
+/// The operands as owned values, refs moved or retained per their move
+/// bits: what a call that outlives its step keeps.
+fn take_operands(regs: &[u32], refs: &mut [Option<Ref>], operands: &[Operand]) -> Vec<Variant> {
+    operands
+        .iter()
+        .map(|op| match *op {
+            Operand::I32(r) => Variant::I32(regs[r as usize] as i32),
+            Operand::F32(r) => Variant::F32(f32::from_bits(regs[r as usize])),
+            Operand::I64(r) => Variant::I64(get_i64(regs, r)),
+            Operand::F64(r) => Variant::F64(f64::from_bits(get_i64(regs, r) as u64)),
+            Operand::Ref(r) => Variant::from_ref(take_ref(refs, r)),
+            Operand::Count(n) => Variant::I32(n),
+        })
+        .collect()
+}
