@@ -29,3 +29,44 @@ where
         Err(e) => Err(e),
     }
 }
+
+/// A list index from a Python int: upstream converts to `size_t`, so a
+/// negative index is out of range (`IndexError`), not an overflow.
+pub fn list_index(obj: &Bound<'_, PyAny>, size: u32) -> PyResult<usize> {
+    let index: i128 = obj.extract()?;
+    usize::try_from(index).map_err(|_| {
+        pyo3::exceptions::PyIndexError::new_err(format!(
+            "Could not access list element: OUT_OF_RANGE; list index {index} out of range \
+             (size {size})"
+        ))
+    })
+}
+
+/// `Ok` when `path` opens for reading as a file; else the `OSError`
+/// subclass Python's `open` raises for it (`FileNotFoundError`,
+/// `IsADirectoryError`, `PermissionError`, ...), with errno and filename.
+pub fn check_readable_file(py: Python<'_>, path: &std::path::Path) -> PyResult<()> {
+    let opened = std::fs::File::open(path).and_then(|f| {
+        if f.metadata()?.is_dir() {
+            Err(std::io::Error::from_raw_os_error(21)) // EISDIR
+        } else {
+            Ok(())
+        }
+    });
+    let Err(e) = opened else {
+        return Ok(());
+    };
+    let Some(errno) = e.raw_os_error() else {
+        return Err(pyo3::exceptions::PyOSError::new_err(e.to_string()));
+    };
+    let strerror: String = py
+        .import("os")?
+        .call_method1("strerror", (errno,))?
+        .extract()?;
+    // OSError(errno, strerror, filename) picks the subclass for errno.
+    let err = py
+        .import("builtins")?
+        .getattr("OSError")?
+        .call1((errno, strerror, path))?;
+    Err(PyErr::from_value(err))
+}

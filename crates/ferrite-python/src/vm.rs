@@ -215,10 +215,14 @@ impl PyVmModule {
     #[staticmethod]
     #[pyo3(signature = (instance, filepath, destroy_callback = None))]
     fn mmap(
+        py: Python<'_>,
         instance: &PyVmInstance,
         filepath: std::path::PathBuf,
         destroy_callback: Option<PyObject>,
     ) -> PyResult<Self> {
+        // A file that cannot be opened raises the `OSError` subclass
+        // Python's own `open` raises (`FileNotFoundError`, ...), as upstream.
+        crate::args::check_readable_file(py, &filepath)?;
         let bytes = ModuleBytes::map_file(&filepath)
             .py_context(&format!("Error mapping file '{}'", filepath.display()))?;
         Self::load(instance, bytes, destroy_callback)
@@ -547,7 +551,8 @@ impl PyVmVariantList {
 #[pymethods]
 impl PyVmVariantList {
     #[new]
-    fn new(capacity: u32) -> PyResult<Self> {
+    fn new(capacity: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let capacity: u32 = crate::args::uint(capacity, "VmVariantList capacity")?;
         let list = VmList::new(TypeDef::Any, capacity).py_context("Could not create list")?;
         Ok(PyVmVariantList {
             list: Arc::new(list),
@@ -611,7 +616,8 @@ impl PyVmVariantList {
         self.push(Variant::Ref(r))
     }
 
-    fn get_variant(&self, py: Python<'_>, index: usize) -> PyResult<PyObject> {
+    fn get_variant(&self, py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        let index = crate::args::list_index(index, self.list.size())?;
         Ok(match self.variant(index)? {
             Variant::Null => py.None(),
             Variant::I32(v) => v.into_pyobject(py)?.into_any().unbind(),

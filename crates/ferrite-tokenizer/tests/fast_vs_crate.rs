@@ -177,7 +177,10 @@ fn strings(count: usize) -> Vec<String> {
             let mut s = String::new();
             for _ in 0..len {
                 match rng.next() % 4 {
-                    0 => s.push_str(*rng.pick(&odd[..])),
+                    0 => {
+                        let piece: &&str = rng.pick(&odd[..]);
+                        s.push_str(piece)
+                    }
                     1 => s.push(' '),
                     _ => s.push_str(rng.pick(&words[..]).as_str()),
                 }

@@ -36,6 +36,9 @@ const CACHE_ENTRIES: usize = 200_000;
 /// O(n log n) where the loop here is O(n²).
 pub const LONG_WORD_BYTES: usize = 256;
 
+/// Merged words: a word's bytes to its ids.
+type WordCache = FxHashMap<Box<[u8]>, Box<[u32]>>;
+
 /// The model: byte ids, merges by pair, whole-word lookups.
 pub struct ByteLevelBpe {
     byte_ids: [u32; 256],
@@ -43,7 +46,7 @@ pub struct ByteLevelBpe {
     merges: FxHashMap<(u32, u32), (u32, u32)>,
     /// Tokens by their bytes, for `ignore_merges`.
     whole: Option<FxHashMap<Box<[u8]>, u32>>,
-    cache: RwLock<FxHashMap<Box<[u8]>, Box<[u32]>>>,
+    cache: RwLock<WordCache>,
 }
 
 impl ByteLevelBpe {

@@ -22,7 +22,7 @@ use wordpiece::BertWordPiece;
 
 /// The model-specific part.
 enum Pipeline {
-    Gpt2(ByteLevelBpe),
+    Gpt2(Box<ByteLevelBpe>),
     Bert(BertWordPiece),
 }
 
@@ -109,7 +109,7 @@ impl FastEncoder {
             {
                 return None;
             }
-            Pipeline::Gpt2(ByteLevelBpe::build(doc.get("model")?, &vocab)?)
+            Pipeline::Gpt2(Box::new(ByteLevelBpe::build(doc.get("model")?, &vocab)?))
         } else if kind("model") == Some("WordPiece") {
             Pipeline::Bert(BertWordPiece::build(doc, &vocab)?)
         } else {
