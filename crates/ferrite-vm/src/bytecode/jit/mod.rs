@@ -3,13 +3,14 @@
 //!
 //! # What compiles
 //! A function compiles when every instruction in it is one the tier covers
-//! ([`translate::supported`]: scalar i32/i64/f32/f64 arithmetic, compares,
-//! conversions and math, constants, select/switch on primitives, all
-//! branches, internal calls, `vm.return`/`vm.fail`, primitive globals,
-//! buffer loads/stores/length and the ref-only bookkeeping ops through
-//! helpers) and every internal function it calls compiles too and passes no
-//! refs. Import calls, yields, lists, ref globals, buffer allocation/copy/
-//! fill and ref casts keep a function in the interpreter.
+//! ([`translate::supported`]) and every internal function it calls compiles
+//! too and passes no refs. Inline: scalar i32/i64/f32/f64 arithmetic,
+//! compares, conversions, constants, select/switch on primitives, all
+//! branches, internal calls, `vm.return`/`vm.fail` and primitive globals.
+//! Through helpers ([`runtime`]): libm math, buffer loads/stores/length, ref
+//! globals, lists, `select`/`switch`/`cast` on refs and the ref bookkeeping
+//! ops. Import calls, yields and buffer allocation/clone/copy/compare/fill/
+//! hash keep a function in the interpreter.
 //!
 //! # How the tiers meet
 //! The interpreter pushes frames as before; when it is about to run a
