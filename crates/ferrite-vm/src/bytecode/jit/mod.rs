@@ -35,6 +35,16 @@
 //! the divide, and call depth and the native stack before every call, so no
 //! instruction can fault: there is no signal handler.
 //!
+//! Two facts the checks rest on: global words are `AtomicU32`s, which
+//! compiled code reads and writes with plain aligned 32/64-bit accesses (on
+//! the hosts Cranelift targets these are the instructions relaxed atomics
+//! compile to; an i64 global is one 8-byte access where the interpreter
+//! makes two 4-byte ones, a difference only racing threads could see); and
+//! a chain of compiled calls may use at most 1 MiB of native stack below the
+//! point the interpreter entered it (the thread running an invocation needs
+//! that much headroom; deeper chains fail with `RESOURCE_EXHAUSTED` before
+//! reaching it), besides the frame limit both tiers share.
+//!
 //! # Switch
 //! [`crate::instance::InstanceOptions::jit`] (default: on unless the
 //! environment variable `FERRITE_VM_JIT` is `0`/`false`/`off`); the CLI's
