@@ -17,6 +17,7 @@
 use crate::status::{Result, Status, StatusCode};
 use crate::time::Deadline;
 use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -68,6 +69,13 @@ pub fn spin_until(deadline: Deadline, mut ready: impl FnMut() -> bool) -> bool {
 /// A source of ready work that a blocked waiter may run on its own thread
 /// instead of idling (register with [`register_helper`]).
 ///
+/// Devices own this choice: a device whose queue lends its work registers
+/// itself (the `local-task` device does unless told not to) and stays
+/// registered while its [`HelperRegistration`] lives. The registry is
+/// process-wide because a waiter cannot tell which device will signal what
+/// it waits for: every blocked waiter (without a deadline) polls every
+/// registered helper.
+///
 /// A waiter announces itself with [`Helper::start_polling`] before its first
 /// [`Helper::help_one`] and leaves with [`Helper::stop_polling`]: while some
 /// thread polls, the source may skip waking its own threads for new work,
@@ -83,25 +91,50 @@ pub trait Helper: Send + Sync {
     fn stop_polling(&self);
 }
 
-/// Registered helpers; entries whose owner is gone are pruned on register.
-static HELPERS: RwLock<Vec<Weak<dyn Helper>>> = RwLock::new(Vec::new());
+/// Registered helpers, each with the id of its registration.
+static HELPERS: RwLock<Vec<(u64, Weak<dyn Helper>)>> = RwLock::new(Vec::new());
+/// Number of entries in `HELPERS`: waits skip the lock when it is zero.
+static HELPER_COUNT: AtomicUsize = AtomicUsize::new(0);
+static NEXT_REGISTRATION: AtomicU64 = AtomicU64::new(1);
 
-/// Lets blocked waiters run `helper`'s ready work until its last strong
-/// reference is dropped.
-pub fn register_helper(helper: Weak<dyn Helper>) {
+/// Keeps a helper registered; dropping it unregisters the helper.
+#[derive(Debug)]
+pub struct HelperRegistration {
+    id: u64,
+}
+
+impl Drop for HelperRegistration {
+    fn drop(&mut self) {
+        let mut helpers = HELPERS.write().unwrap_or_else(|e| e.into_inner());
+        helpers.retain(|(id, _)| *id != self.id);
+        HELPER_COUNT.store(helpers.len(), Ordering::Release);
+    }
+}
+
+/// Lets blocked waiters run `helper`'s ready work until the returned
+/// registration is dropped (or the helper itself is gone).
+pub fn register_helper(helper: Weak<dyn Helper>) -> HelperRegistration {
+    let id = NEXT_REGISTRATION.fetch_add(1, Ordering::Relaxed);
     let mut helpers = HELPERS.write().unwrap_or_else(|e| e.into_inner());
-    helpers.retain(|h| h.strong_count() > 0);
-    helpers.push(helper);
+    helpers.retain(|(_, h)| h.strong_count() > 0);
+    helpers.push((id, helper));
+    HELPER_COUNT.store(helpers.len(), Ordering::Release);
+    HelperRegistration { id }
+}
+
+/// Number of helpers registered now (for diagnostics and tests).
+pub fn helper_count() -> usize {
+    HELPER_COUNT.load(Ordering::Acquire)
 }
 
 /// The live helpers, each told that this thread starts polling it.
 fn start_helping() -> Vec<Arc<dyn Helper>> {
+    if HELPER_COUNT.load(Ordering::Acquire) == 0 {
+        return Vec::new();
+    }
     let helpers: Vec<Arc<dyn Helper>> = {
         let registered = HELPERS.read().unwrap_or_else(|e| e.into_inner());
-        if registered.is_empty() {
-            return Vec::new();
-        }
-        registered.iter().filter_map(Weak::upgrade).collect()
+        registered.iter().filter_map(|(_, h)| h.upgrade()).collect()
     };
     for h in &helpers {
         h.start_polling();
@@ -353,16 +386,27 @@ mod tests {
         let event = Event::new();
         let jobs = Arc::new(Jobs(Mutex::new(vec![event.clone()])));
         let weak: Weak<dyn Helper> = Arc::downgrade(&jobs) as Weak<dyn Helper>;
-        register_helper(weak);
-        // Nothing else sets the event: only the waiter running the job can,
-        // well before the deadline.
+        let registration = register_helper(weak);
+        // Nothing else sets the event: only the waiter running the job can
+        // (waits without a deadline lend their thread).
         let srcs: Vec<Arc<dyn WaitSource>> = vec![event.clone()];
-        wait_sources(
-            &srcs,
-            WaitMode::All,
-            Deadline::after(Duration::from_secs(10)),
-        )
-        .unwrap();
+        wait_sources(&srcs, WaitMode::All, Deadline::InfiniteFuture).unwrap();
         assert!(jobs.0.lock().is_empty());
+        drop(registration);
+        // Unregistered: a waiter no longer runs its work.
+        let late = Event::new();
+        jobs.0.lock().push(late.clone());
+        let other = Event::new();
+        let setter = std::thread::spawn({
+            let other = other.clone();
+            move || {
+                std::thread::sleep(Duration::from_millis(30));
+                other.set();
+            }
+        });
+        let srcs: Vec<Arc<dyn WaitSource>> = vec![other.clone()];
+        wait_sources(&srcs, WaitMode::All, Deadline::InfiniteFuture).unwrap();
+        setter.join().unwrap();
+        assert_eq!(jobs.0.lock().len(), 1, "an unregistered helper's work ran");
     }
 }

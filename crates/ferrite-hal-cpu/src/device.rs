@@ -1,14 +1,28 @@
 //! The CPU devices: `local-sync` runs every queue operation inline on the
 //! caller's thread; `local-task` runs submissions on a worker pool as their
-//! wait fences are reached and splits each dispatch's workgroups across the
-//! workers.
+//! wait fences are reached, and runs each command buffer as a region of the
+//! pool (see [`crate::pool`]): its commands are split at the execution
+//! barriers into stages, the commands of one stage run concurrently, and
+//! each dispatch's workgroup grid is cut into tiles sized for the pool
+//! (about [`TILES_PER_THREAD`] per thread that may run them), which the
+//! pool's threads claim one at a time.
+//!
+//! Helping: by default a thread blocked waiting for a `local-task` device's
+//! work runs its queued submissions itself (see [`crate::pool`], "Lending
+//! to waiters"); [`PoolOptions::lend_to_waiters`] (URI parameter
+//! `local-task://?lend_to_waiters=false`) turns it off, and
+//! [`CpuDevice::scheduler_stats`] reports how many workgroups ran on the
+//! workers and how many on other threads. With the environment variable
+//! `FERRITE_LOCAL_TASK_STATS` set, each `local-task` pool prints those
+//! statistics to stderr when it is dropped or the process exits (a
+//! diagnostic for tools and benchmarks).
 
 use crate::cpu_executable::{CpuExecutable, FORMATS};
 use crate::executable::library::DispatchConfig;
-use crate::pool::WorkerPool;
+use crate::pool::region::RegionWork;
+use crate::pool::{PoolOptions, PoolStats, WorkerPool};
 use ferrite_base::{bail, Result, Status};
 use ferrite_hal::allocator::{Allocator, CachingAllocator, HeapAllocator};
-use ferrite_hal::buffer::BindingPtr;
 use ferrite_hal::command_buffer::{Binding, BufferRef, Command};
 use ferrite_hal::device::{run_inline, Device, Work};
 use ferrite_hal::executable::Executable;
@@ -18,11 +32,14 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::any::Any;
 use std::ffi::c_void;
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-/// Workgroups a participant takes per reservation of a large dispatch.
-const TILES_PER_RESERVATION: u64 = 8;
+/// Tiles a dispatch is cut into per thread that may run it: enough that a
+/// thread finishing early finds more to take (balance), few enough that
+/// claiming stays cheap next to running a tile.
+pub const TILES_PER_THREAD: u64 = 8;
 
 /// Most bytes of freed queue-allocated blocks a device keeps for reuse:
 /// enough for the transients and results of typical per-call programs,
@@ -55,26 +72,58 @@ impl CpuDevice {
         })
     }
 
-    /// `local-task` with `workers` threads (0 = one per available core).
-    pub fn local_task(workers: usize) -> Arc<CpuDevice> {
-        CpuDevice::local_task_with_stack_size(workers, None)
+    /// `local-task` with `workers` threads (0 = one per available core)
+    /// and the default options. Fails when the system refuses a thread.
+    pub fn local_task(workers: usize) -> Result<Arc<CpuDevice>> {
+        CpuDevice::local_task_with(PoolOptions::new(workers))
     }
 
     /// `local-task` with `workers` threads (0 = one per available core) of
     /// `stack_size` bytes each (None: the platform default), as upstream's
     /// `--task_worker_stack_size`.
-    pub fn local_task_with_stack_size(workers: usize, stack_size: Option<usize>) -> Arc<CpuDevice> {
-        let n = if workers == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            workers
-        };
-        Arc::new(CpuDevice {
+    pub fn local_task_with_stack_size(
+        workers: usize,
+        stack_size: Option<usize>,
+    ) -> Result<Arc<CpuDevice>> {
+        CpuDevice::local_task_with(PoolOptions {
+            stack_size,
+            ..PoolOptions::new(workers)
+        })
+    }
+
+    /// `local-task` with a pool made from `options` (`workers` 0 = one per
+    /// available core; counts above [`crate::pool::MAX_WORKERS`] are
+    /// clamped to it, as upstream clamps its group count).
+    pub fn local_task_with(mut options: PoolOptions) -> Result<Arc<CpuDevice>> {
+        if options.workers == 0 {
+            options.workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        }
+        let pool = WorkerPool::with_options(&options)?;
+        Ok(Arc::new(CpuDevice {
             id: "local-task",
             allocator: Arc::new(HeapAllocator::new()),
             queue_pool: Arc::new(CachingAllocator::new(QUEUE_POOL_BYTES)),
-            mode: Mode::Task(Arc::new(WorkerPool::with_stack_size(n, stack_size))),
-        })
+            mode: Mode::Task(Arc::new(pool)),
+        }))
+    }
+
+    /// What the `local-task` scheduler has done so far (None for
+    /// `local-sync`): workgroups run on workers and on other threads,
+    /// sleeps, idle polling time, worker CPU time.
+    pub fn scheduler_stats(&self) -> Option<PoolStats> {
+        match &self.mode {
+            Mode::Sync => None,
+            Mode::Task(p) => Some(p.stats()),
+        }
+    }
+
+    /// Whether threads blocked waiting run this device's queued work
+    /// (`local-task` with lending on; see the module docs).
+    pub fn lends_to_waiters(&self) -> bool {
+        match &self.mode {
+            Mode::Sync => false,
+            Mode::Task(p) => p.lends_to_waiters(),
+        }
     }
 
     /// Worker threads (1 for `local-sync`).
@@ -85,7 +134,9 @@ impl CpuDevice {
         }
     }
 
-    fn dispatch(
+    /// Runs a dispatch here and now (`local-sync`): the caller holds every
+    /// bound buffer for the whole call, so plain addresses do.
+    fn dispatch_inline(
         &self,
         exe: &Arc<dyn Executable>,
         function: u32,
@@ -94,255 +145,253 @@ impl CpuDevice {
         bindings: &[BufferRef],
         table: &[Binding],
     ) -> Result<()> {
-        let Some(cpu) = exe.as_any().downcast_ref::<CpuExecutable>() else {
-            bail!(
-                InvalidArgument,
-                "dispatch of an executable that the CPU driver did not load"
-            );
-        };
-        let total = workgroups.iter().map(|&c| c as u64).product::<u64>();
-        if total == 0 {
+        let cpu = cpu_executable(exe)?;
+        if workgroups.contains(&0) {
             return Ok(());
         }
-        let sequential = cpu.library().export(function).is_some_and(|e| e.sequential);
-        let pool = match &self.mode {
-            Mode::Task(p) if !sequential && total > 1 => p.clone(),
-            _ => {
-                // Run here, now: the caller holds every bound buffer for the
-                // whole call, so plain addresses do (no keep-alive handles).
-                let mut ptrs: SmallVec<[*mut c_void; 8]> = SmallVec::new();
-                let mut lens: SmallVec<[usize; 8]> = SmallVec::new();
-                for (i, r) in bindings.iter().enumerate() {
-                    let (p, n) = r
-                        .resolve(table)
-                        .and_then(|(b, o, l)| b.binding_range_resolved(o, l, MemoryAccess::READ))
-                        .map_err(|e| e.annotate(format!("dispatch binding {i}")))?;
-                    ptrs.push(p.cast());
-                    lens.push(n);
-                }
-                return run_slice(
-                    cpu, function, workgroups, None, 0, 1, constants, &ptrs, &lens,
-                );
-            }
-        };
-        let bindings: Arc<[BindingPtr]> = bindings
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                r.resolve(table)
-                    .and_then(|(b, o, l)| b.binding_ptr(o, l, MemoryAccess::READ))
-                    .map_err(|e| e.annotate(format!("dispatch binding {i}")))
-            })
-            .collect::<Result<Vec<_>>>()?
-            .into();
-        let workers = pool.worker_count();
-        let per = if total < workers as u64 * TILES_PER_RESERVATION {
-            1
-        } else {
-            TILES_PER_RESERVATION
-        };
-        let chunks = total.div_ceil(per);
-        let exe = exe.clone();
-        let constants: Arc<[u32]> = constants.into();
-        let failure: Arc<Mutex<Option<Status>>> = Arc::new(Mutex::new(None));
-        let f2 = failure.clone();
-        pool.parallel_for(
-            chunks,
-            workers,
-            Arc::new(move |chunk| {
-                let start = chunk * per;
-                let end = (start + per).min(total);
-                let Some(cpu) = exe.as_any().downcast_ref::<CpuExecutable>() else {
-                    return;
-                };
-                let ptrs: SmallVec<[*mut c_void; 8]> =
-                    bindings.iter().map(|b| b.as_ptr().cast()).collect();
-                let lens: SmallVec<[usize; 8]> = bindings.iter().map(|b| b.len()).collect();
-                let r = run_slice(
-                    cpu,
-                    function,
-                    workgroups,
-                    Some(start..end),
-                    (chunk % workers as u64) as u32,
-                    workers,
-                    &constants,
-                    &ptrs,
-                    &lens,
-                );
-                if let Err(e) = r {
-                    f2.lock().get_or_insert(e);
-                }
-            }),
-        );
-        let failed = failure.lock().take();
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        let addrs = BindingAddrs::resolve(bindings, table)?;
+        run_slice(
+            cpu,
+            function,
+            workgroups,
+            None,
+            0,
+            1,
+            constants,
+            &addrs.ptrs,
+            &addrs.lens,
+        )
     }
 }
 
-/// The workgroup grid of a dispatch: as recorded, or read from its
-/// indirect buffer (three little-endian u32) at execution.
-fn workgroup_count(
-    recorded: [u32; 3],
-    indirect: Option<&BufferRef>,
-    table: &[Binding],
-) -> Result<[u32; 3]> {
-    let Some(r) = indirect else {
-        return Ok(recorded);
-    };
+fn cpu_executable(exe: &Arc<dyn Executable>) -> Result<&CpuExecutable> {
+    match exe.as_any().downcast_ref::<CpuExecutable>() {
+        Some(cpu) => Ok(cpu),
+        None => bail!(
+            InvalidArgument,
+            "dispatch of an executable that the CPU driver did not load"
+        ),
+    }
+}
+
+/// Host addresses and lengths of a dispatch's bindings.
+struct BindingAddrs {
+    ptrs: SmallVec<[*mut c_void; 8]>,
+    lens: SmallVec<[usize; 8]>,
+}
+
+// SAFETY: the addresses point into buffers that the binding table (or the
+// command's direct references) of the command buffer being executed keeps
+// alive until the execution returns, which is after every tile using them
+// finished; the pointers themselves carry no thread affinity. Concurrent
+// use is the kernels' disjoint writes (see `run_slice`).
+unsafe impl Send for BindingAddrs {}
+// SAFETY: as for Send; nothing is mutated through a shared BindingAddrs.
+unsafe impl Sync for BindingAddrs {}
+
+impl BindingAddrs {
+    fn resolve(bindings: &[BufferRef], table: &[Binding]) -> Result<BindingAddrs> {
+        let mut addrs = BindingAddrs {
+            ptrs: SmallVec::new(),
+            lens: SmallVec::new(),
+        };
+        for (i, r) in bindings.iter().enumerate() {
+            let (p, n) = r
+                .resolve(table)
+                .and_then(|(b, o, l)| b.binding_range_resolved(o, l, MemoryAccess::READ))
+                .map_err(|e| e.annotate(format!("dispatch binding {i}")))?;
+            addrs.ptrs.push(p.cast());
+            addrs.lens.push(n);
+        }
+        Ok(addrs)
+    }
+}
+
+/// A command buffer's execution as pool work: stages between barriers.
+struct CommandsWork<'a> {
+    device: &'a CpuDevice,
+    commands: &'a [Command],
+    table: &'a [Binding],
+    /// Command index ranges of the stages (barriers and empty stages left out).
+    stages: Vec<Range<usize>>,
+    /// Each stage's items, prepared when it begins.
+    prepared: Vec<OnceLock<SmallVec<[Item<'a>; 2]>>>,
+    /// Threads that may run tiles at once (tile sizing).
+    threads: u64,
+    /// `max_concurrency` passed to kernels (processor ids are below it).
+    concurrency: usize,
+}
+
+/// One command of a stage and its tiles `first_tile..first_tile + tiles`.
+struct Item<'a> {
+    command: usize,
+    first_tile: u64,
+    tiles: u64,
+    dispatch: Option<PreparedDispatch<'a>>,
+}
+
+struct PreparedDispatch<'a> {
+    cpu: &'a CpuExecutable,
+    function: u32,
+    workgroups: [u32; 3],
+    total: u64,
+    /// Workgroups per tile.
+    per_tile: u64,
+    constants: &'a [u32],
+    addrs: BindingAddrs,
+}
+
+impl<'a> CommandsWork<'a> {
+    fn new(
+        device: &'a CpuDevice,
+        commands: &'a [Command],
+        table: &'a [Binding],
+        threads: usize,
+    ) -> CommandsWork<'a> {
+        let mut stages = Vec::new();
+        let mut start = 0;
+        for (i, c) in commands.iter().enumerate() {
+            if matches!(c, Command::Barrier) {
+                if i > start {
+                    stages.push(start..i);
+                }
+                start = i + 1;
+            }
+        }
+        if commands.len() > start {
+            stages.push(start..commands.len());
+        }
+        let prepared = stages.iter().map(|_| OnceLock::new()).collect();
+        CommandsWork {
+            device,
+            commands,
+            table,
+            stages,
+            prepared,
+            threads: threads.max(1) as u64,
+            concurrency: threads + 1,
+        }
+    }
+
+    fn prepare(&self, index: usize, first_tile: u64) -> Result<Option<Item<'a>>> {
+        let Command::Dispatch {
+            executable,
+            function,
+            workgroups,
+            indirect,
+            constants,
+            bindings,
+        } = &self.commands[index]
+        else {
+            return Ok(Some(Item {
+                command: index,
+                first_tile,
+                tiles: 1,
+                dispatch: None,
+            }));
+        };
+        let annotate = |e: Status| e.annotate(format!("dispatch of function {function}"));
+        let workgroups = match indirect {
+            None => *workgroups,
+            Some(r) => read_workgroups(r, self.table).map_err(annotate)?,
+        };
+        let cpu = cpu_executable(&executable.0).map_err(annotate)?;
+        let total = workgroups.iter().map(|&c| c as u64).product::<u64>();
+        if total == 0 {
+            return Ok(None);
+        }
+        let addrs = BindingAddrs::resolve(bindings, self.table).map_err(annotate)?;
+        let sequential = cpu
+            .library()
+            .export(*function)
+            .is_some_and(|e| e.sequential);
+        let per_tile = if sequential || self.threads == 1 {
+            total
+        } else {
+            total.div_ceil(self.threads * TILES_PER_THREAD)
+        };
+        Ok(Some(Item {
+            command: index,
+            first_tile,
+            tiles: total.div_ceil(per_tile),
+            dispatch: Some(PreparedDispatch {
+                cpu,
+                function: *function,
+                workgroups,
+                total,
+                per_tile,
+                constants,
+                addrs,
+            }),
+        }))
+    }
+}
+
+impl RegionWork for CommandsWork<'_> {
+    fn stage_count(&self) -> usize {
+        self.stages.len()
+    }
+
+    fn begin_stage(&self, stage: usize) -> Result<u64> {
+        let mut items = SmallVec::new();
+        let mut tiles = 0;
+        for index in self.stages[stage].clone() {
+            let item = self
+                .prepare(index, tiles)
+                .map_err(|e| e.annotate(format!("executing command {index}")))?;
+            if let Some(item) = item {
+                tiles += item.tiles;
+                items.push(item);
+            }
+        }
+        if self.prepared[stage].set(items).is_err() {
+            bail!(Internal, "stage {stage} of a command buffer began twice");
+        }
+        Ok(tiles)
+    }
+
+    fn run_tile(&self, stage: usize, tile: u64, processor_id: u32) -> Result<u64> {
+        let item = self.prepared[stage].get().and_then(|items| {
+            items
+                .iter()
+                .find(|i| (i.first_tile..i.first_tile + i.tiles).contains(&tile))
+        });
+        let Some(item) = item else {
+            bail!(Internal, "tile {tile} of stage {stage} was never prepared");
+        };
+        let annotate = |e: Status| e.annotate(format!("executing command {}", item.command));
+        let Some(d) = &item.dispatch else {
+            self.device
+                .execute_one(&self.commands[item.command], self.table)
+                .map_err(annotate)?;
+            return Ok(0);
+        };
+        let start = (tile - item.first_tile) * d.per_tile;
+        let end = (start + d.per_tile).min(d.total);
+        run_slice(
+            d.cpu,
+            d.function,
+            d.workgroups,
+            Some(start..end),
+            processor_id,
+            self.concurrency,
+            d.constants,
+            &d.addrs.ptrs,
+            &d.addrs.lens,
+        )
+        .map_err(|e| annotate(e.annotate(format!("dispatch of function {}", d.function))))?;
+        Ok(end - start)
+    }
+}
+
+/// Reads an indirect dispatch's workgroup counts (three little-endian u32).
+fn read_workgroups(r: &BufferRef, table: &[Binding]) -> Result<[u32; 3]> {
     let (b, o, _) = r.resolve(table)?;
     let mut raw = [0u8; 12];
     b.read(o, &mut raw)?;
     let w =
         |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
     Ok([w(0), w(1), w(2)])
-}
-
-/// One dispatch of a concurrent run, resolved for the workers: its chunks
-/// are `first_chunk..first_chunk + chunks` of the run's chunk space.
-struct Part {
-    executable: Arc<dyn Executable>,
-    function: u32,
-    workgroups: [u32; 3],
-    /// Workgroups per chunk; a sequential export is one chunk of all.
-    per: u64,
-    total: u64,
-    sequential: bool,
-    first_chunk: u64,
-    constants: Vec<u32>,
-    bindings: Vec<BindingPtr>,
-    /// Index of the command in the command buffer, for error messages.
-    command: usize,
-}
-
-impl CpuDevice {
-    /// Runs independent dispatches (`commands`, all `Command::Dispatch`, the
-    /// first at index `first` of the command buffer) as one parallel pass
-    /// over all their workgroups: each dispatch is cut into chunks as
-    /// [`CpuDevice::dispatch`] would cut it, and the workers take chunks of
-    /// any of them.
-    fn dispatch_concurrently(
-        &self,
-        pool: &Arc<WorkerPool>,
-        commands: &[Command],
-        table: &[Binding],
-        first: usize,
-    ) -> Result<()> {
-        let workers = pool.worker_count();
-        let mut parts = Vec::with_capacity(commands.len());
-        let mut chunks = 0u64;
-        for (k, c) in commands.iter().enumerate() {
-            let Command::Dispatch {
-                executable,
-                function,
-                workgroups,
-                indirect,
-                constants,
-                bindings,
-            } = c
-            else {
-                continue;
-            };
-            let command = first + k;
-            let at = |e: Status| {
-                e.annotate(format!("dispatch of function {function}"))
-                    .annotate(format!("executing command {command}"))
-            };
-            let workgroups = workgroup_count(*workgroups, indirect.as_ref(), table).map_err(at)?;
-            let Some(cpu) = executable.0.as_any().downcast_ref::<CpuExecutable>() else {
-                return Err(at(Status::new(
-                    ferrite_base::StatusCode::InvalidArgument,
-                    "dispatch of an executable that the CPU driver did not load",
-                )));
-            };
-            let total = workgroups.iter().map(|&c| c as u64).product::<u64>();
-            if total == 0 {
-                continue;
-            }
-            let sequential = cpu
-                .library()
-                .export(*function)
-                .is_some_and(|e| e.sequential);
-            let per = if sequential {
-                total
-            } else if total < workers as u64 * TILES_PER_RESERVATION {
-                1
-            } else {
-                TILES_PER_RESERVATION
-            };
-            let bindings = bindings
-                .iter()
-                .enumerate()
-                .map(|(i, r)| {
-                    r.resolve(table)
-                        .and_then(|(b, o, l)| b.binding_ptr(o, l, MemoryAccess::READ))
-                        .map_err(|e| e.annotate(format!("dispatch binding {i}")))
-                })
-                .collect::<Result<Vec<_>>>()
-                .map_err(at)?;
-            parts.push(Part {
-                executable: executable.0.clone(),
-                function: *function,
-                workgroups,
-                per,
-                total,
-                sequential,
-                first_chunk: chunks,
-                constants: constants.clone(),
-                bindings,
-                command,
-            });
-            chunks += total.div_ceil(per);
-        }
-        let parts = Arc::new(parts);
-        let failure: Arc<Mutex<Option<Status>>> = Arc::new(Mutex::new(None));
-        let (p2, f2) = (parts.clone(), failure.clone());
-        pool.parallel_for(
-            chunks,
-            workers,
-            Arc::new(move |chunk| {
-                let i = p2.partition_point(|p| p.first_chunk <= chunk) - 1;
-                let p = &p2[i];
-                let Some(cpu) = p.executable.as_any().downcast_ref::<CpuExecutable>() else {
-                    return;
-                };
-                let local = chunk - p.first_chunk;
-                let start = local * p.per;
-                let (range, concurrency) = if p.sequential {
-                    (None, 1)
-                } else {
-                    (Some(start..(start + p.per).min(p.total)), workers)
-                };
-                let ptrs: SmallVec<[*mut c_void; 8]> =
-                    p.bindings.iter().map(|b| b.as_ptr().cast()).collect();
-                let lens: SmallVec<[usize; 8]> = p.bindings.iter().map(|b| b.len()).collect();
-                let r = run_slice(
-                    cpu,
-                    p.function,
-                    p.workgroups,
-                    range,
-                    (chunk % workers as u64) as u32,
-                    concurrency,
-                    &p.constants,
-                    &ptrs,
-                    &lens,
-                );
-                if let Err(e) = r {
-                    let e = e
-                        .annotate(format!("dispatch of function {}", p.function))
-                        .annotate(format!("executing command {}", p.command));
-                    f2.lock().get_or_insert(e);
-                }
-            }),
-        );
-        let failed = failure.lock().take();
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -473,28 +522,13 @@ impl Device for CpuDevice {
     }
 
     fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()> {
-        let pool = match &self.mode {
-            Mode::Task(p) => Some(p),
-            Mode::Sync => None,
-        };
-        let mut i = 0;
-        while i < commands.len() {
-            // Dispatches with no barrier between them are independent (the
-            // compiler orders dependent ones with a barrier): on local-task
-            // a run of them shares one parallel pass over all their
-            // workgroups, instead of one fork-join each.
-            let run = commands[i..]
-                .iter()
-                .take_while(|c| matches!(c, Command::Dispatch { .. }))
-                .count();
-            if let (Some(pool), 2..) = (pool, run) {
-                self.dispatch_concurrently(pool, &commands[i..i + run], bindings, i)?;
-                i += run;
-                continue;
-            }
-            self.execute_one(&commands[i], bindings)
+        if let Mode::Task(pool) = &self.mode {
+            let work = CommandsWork::new(self, commands, bindings, pool.worker_count());
+            return pool.run_region(&work);
+        }
+        for (i, c) in commands.iter().enumerate() {
+            self.execute_one(c, bindings)
                 .map_err(|e| e.annotate(format!("executing command {i}")))?;
-            i += 1;
         }
         Ok(())
     }
@@ -533,8 +567,11 @@ impl CpuDevice {
                 constants,
                 bindings,
             } => {
-                let workgroups = workgroup_count(*workgroups, indirect.as_ref(), table)?;
-                self.dispatch(
+                let workgroups = match indirect {
+                    None => *workgroups,
+                    Some(r) => read_workgroups(r, table)?,
+                };
+                self.dispatch_inline(
                     &executable.0,
                     *function,
                     workgroups,

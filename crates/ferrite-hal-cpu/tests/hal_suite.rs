@@ -47,7 +47,7 @@ fn local_sync() -> Arc<dyn Device> {
 }
 
 fn local_task() -> Arc<dyn Device> {
-    CpuDevice::local_task(2)
+    CpuDevice::local_task(2).expect("local-task device")
 }
 
 /// Instantiates each listed test function for both devices.

@@ -7,6 +7,7 @@
 //! - `interp`: the interpreter (frames, calls, the native bridge and the
 //!   dispatch loop), which relies on the verifier's facts as its unsafe
 //!   contract: only verified bytecode is interpreted.
+//! - [`jit`] (feature `jit`): the compiling tier (Cranelift).
 //! - [`module`]: bytecode modules and their per-context state.
 
 pub mod archive;
@@ -15,5 +16,7 @@ pub mod disasm;
 pub(crate) mod interp;
 pub mod isa;
 pub mod isa_types;
+#[cfg(feature = "jit")]
+pub mod jit;
 pub mod module;
 pub mod verifier;

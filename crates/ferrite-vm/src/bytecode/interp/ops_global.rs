@@ -6,7 +6,7 @@ use crate::refs::Ref;
 use ferrite_base::{bail, status, Result};
 use std::sync::atomic::Ordering::Relaxed;
 
-pub(super) fn global_slot(state: &BytecodeState, byte_offset: u32, width: u32) -> Result<usize> {
+pub(crate) fn global_slot(state: &BytecodeState, byte_offset: u32, width: u32) -> Result<usize> {
     if !byte_offset.is_multiple_of(4)
         || byte_offset as u64 + width as u64 > state.globals.len() as u64 * 4
     {

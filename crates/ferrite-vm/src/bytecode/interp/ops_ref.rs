@@ -9,7 +9,7 @@ use crate::refs::Ref;
 use crate::types::TypeDef;
 use ferrite_base::{bail, status, Result};
 
-pub(super) fn deref_buffer<'a>(
+pub(crate) fn deref_buffer<'a>(
     refs: &'a [Option<Ref>],
     reg: impl RawReg,
     what: &str,
