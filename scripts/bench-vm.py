@@ -20,7 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
 BUILD = os.path.join(ROOT, "build", "bench")
-PROGRAMS = [("lcg", "lcg"), ("calls", "calls"), ("lcg_i64", "lcg")]
+PROGRAMS = [("lcg", "lcg"), ("calls", "calls"), ("lcg_i64", "lcg"), ("float_loop", "float_loop")]
 
 
 def run(cmd):
@@ -36,17 +36,27 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iterations", type=int, default=50_000_000)
+    ap.add_argument("--ferrite", help="ferrite binary (default: build target/release/ferrite)")
+    ap.add_argument("--upstream", default=os.path.join(VENV, "iree-run-module"),
+                    help="upstream iree-run-module")
+    ap.add_argument("--modules", help="directory of prebuilt <program>.vmfb (skips compiling)")
+    ap.add_argument("--ferrite-flag", action="append", default=[],
+                    help="extra flag for ferrite run-module, e.g. --vm_jit=false")
     args = ap.parse_args()
     os.makedirs(BUILD, exist_ok=True)
-    print("building ferrite (release)...", flush=True)
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferrite-cli"], cwd=ROOT, check=True)
-    ferrite = os.path.join(ROOT, "target", "release", "ferrite")
-    upstream = os.path.join(VENV, "iree-run-module")
+    ferrite = args.ferrite
+    if ferrite is None:
+        print("building ferrite (release)...", flush=True)
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferrite-cli"], cwd=ROOT, check=True)
+        ferrite = os.path.join(ROOT, "target", "release", "ferrite")
+    upstream = args.upstream
     small = max(1, args.iterations // 100)
     for name, fn in PROGRAMS:
-        vmfb = os.path.join(BUILD, name + ".vmfb")
+        vmfb = os.path.join(args.modules or BUILD, name + ".vmfb")
         src = os.path.join(ROOT, "benches", "vm", name)
-        if os.path.exists(src + ".vmasm"):
+        if args.modules:
+            pass
+        elif os.path.exists(src + ".vmasm"):
             subprocess.run([os.path.join(VENV, "iree-as-module"), f"--output={vmfb}", src + ".vmasm"], check=True)
         else:
             subprocess.run([os.path.join(VENV, "iree-compile"), "--iree-hal-target-device=local",
@@ -55,7 +65,8 @@ def main():
         per = {"ferrite": [], "upstream": []}
         outs = {}
         for r in range(args.rounds):
-            for label, exe in (("ferrite", [ferrite, "run-module"]), ("upstream", [upstream])):
+            for label, exe in (("ferrite", [ferrite, "run-module"] + args.ferrite_flag),
+                               ("upstream", [upstream])):
                 base = exe + [f"--module={vmfb}", f"--function={fn}"]
                 t_small, _ = run(base + [f"--input={small}"])
                 t_big, out = run(base + [f"--input={args.iterations}"])
@@ -67,6 +78,11 @@ def main():
             sys.exit(f"{name}: outputs differ:\nferrite:\n{outs['ferrite']}\nupstream:\n{outs['upstream']}")
         f, u = statistics.median(per["ferrite"]), statistics.median(per["upstream"])
         print(f"{name}: ferrite {f:.2f} ns/iter, upstream {u:.2f} ns/iter, ratio: {f / u:.2f}")
+        # What the compiling tier did, and its load-time cost.
+        tiers = subprocess.run([ferrite, "dump-module", "--output=jit", vmfb] + args.ferrite_flag,
+                               capture_output=True, text=True).stdout.strip().splitlines()
+        if tiers:
+            print(f"  {name} {tiers[0]}; {tiers[-1]}", flush=True)
 
 
 if __name__ == "__main__":

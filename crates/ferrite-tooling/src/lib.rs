@@ -108,6 +108,7 @@ pub fn run_main<C: Parser>(
             return 1;
         }
     };
+    let args = take_vm_jit_flag(args);
     let parsed = command::<C>()
         .try_get_matches_from(args)
         .and_then(|m| C::from_arg_matches(&m));
@@ -125,6 +126,31 @@ pub fn run_main<C: Parser>(
             1
         }
     }
+}
+
+/// Removes `--vm_jit[=BOOL]` (any position, last one wins) and applies it
+/// as `FERRITE_VM_JIT`, which VM instances read when created: the switch of
+/// the compiling tier, taken by every tool.
+fn take_vm_jit_flag(args: Vec<OsString>) -> Vec<OsString> {
+    let mut on = None;
+    let rest = args
+        .into_iter()
+        .filter(|a| {
+            let Some(s) = a.to_str() else { return true };
+            let v = match s.strip_prefix("--vm_jit") {
+                Some("") => "true",
+                Some(v) if v.starts_with('=') => &v[1..],
+                _ => return true,
+            };
+            on = Some(!matches!(v, "false" | "0" | "off" | "no"));
+            false
+        })
+        .collect();
+    if let Some(on) = on {
+        // Single-threaded here: the tools have not started any thread yet.
+        std::env::set_var("FERRITE_VM_JIT", if on { "1" } else { "0" });
+    }
+    rest
 }
 
 /// `C`'s command with upstream's override rule on it and its subcommands.

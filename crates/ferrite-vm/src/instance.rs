@@ -12,13 +12,29 @@ use std::sync::Arc;
 pub struct InstanceOptions {
     /// Maximum frames per invocation stack.
     pub max_stack_depth: usize,
+    /// Compile verified bytecode functions to native code at load (the
+    /// `jit` feature; ignored without it). Default: on, unless the
+    /// environment variable `FERRITE_VM_JIT` is `0`, `false` or `off`.
+    pub jit: bool,
 }
 
 impl Default for InstanceOptions {
     fn default() -> Self {
         InstanceOptions {
             max_stack_depth: crate::stack::DEFAULT_MAX_DEPTH,
+            jit: jit_default(),
         }
+    }
+}
+
+/// Whether the compiling tier is on by default (see [`InstanceOptions::jit`]).
+pub fn jit_default() -> bool {
+    match std::env::var("FERRITE_VM_JIT") {
+        Ok(v) => !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "false" | "off" | "no"
+        ),
+        Err(_) => cfg!(feature = "jit"),
     }
 }
 

@@ -364,6 +364,10 @@ impl Stack {
         if self.i32_regs.len() < it || self.ref_regs.len() < rt {
             self.grow_registers(it, rt)?;
         }
+        // A frame's primitive registers start at zero, as upstream's frames
+        // do (and as compiled code assumes); ref registers are already
+        // clear, released when their frame popped.
+        self.i32_regs[ib..it].fill(0);
         self.i32_top = it;
         self.ref_top = rt;
         Ok((ib, rb))

@@ -45,6 +45,7 @@ fn unbounded_recursion_is_resource_exhausted() {
     // The limit is the instance's.
     let small = Instance::new(InstanceOptions {
         max_stack_depth: 16,
+        ..InstanceOptions::default()
     });
     let ctx = context(&small, "traps");
     let err = call_err(&ctx, "fail_deep_recursion", vec![]);

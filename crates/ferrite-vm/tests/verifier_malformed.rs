@@ -20,10 +20,23 @@ impl Rng {
     }
 }
 
+/// An instance that loads fixtures with the compiling tier off: these tests
+/// are about the verifier, and compiling each of the thousands of mutants
+/// would only add time (compiler failures cannot fail a load anyway; the
+/// tier's own fuzz target covers it).
+fn verifier_instance() -> ferrite_vm::Instance {
+    let i = ferrite_vm::Instance::new(ferrite_vm::instance::InstanceOptions {
+        jit: false,
+        ..Default::default()
+    });
+    i.types().register_type::<common::FakeFence>("hal.fence");
+    i
+}
+
 /// Loads `bytes`; returns whether it loaded. Panics become test failures
 /// naming the mutation.
 fn load(bytes: Vec<u8>, what: &str) -> bool {
-    let instance = common::fixture_instance();
+    let instance = verifier_instance();
     match catch_unwind(AssertUnwindSafe(|| {
         BytecodeModule::load(&instance, ModuleBytes::from_vec(bytes))
     })) {
@@ -40,7 +53,7 @@ fn bytecode_mutations_never_panic() {
     let mut modules = 0usize;
     for (name, path) in common::fixtures() {
         let bytes = std::fs::read(&path).expect("read fixture");
-        let instance = common::fixture_instance();
+        let instance = verifier_instance();
         let Ok(module) = BytecodeModule::load(&instance, ModuleBytes::from_vec(bytes.clone()))
         else {
             continue;
@@ -109,7 +122,7 @@ fn rejection_messages_name_function_and_offset() {
         .find(|(n, _)| n == "arith_i32")
         .expect("arith_i32 fixture");
     let bytes = std::fs::read(&path).expect("read fixture");
-    let instance = common::fixture_instance();
+    let instance = verifier_instance();
     let module =
         BytecodeModule::load(&instance, ModuleBytes::from_vec(bytes.clone())).expect("valid");
     let code = module.archive().bytecode();

@@ -33,7 +33,8 @@ use std::io::Write as _;
 /// Options of `dump-module` (upstream's flag names).
 #[derive(clap::Args, Debug)]
 pub struct DumpModuleArgs {
-    /// What to print: all, metadata, disassembly, flatbuffer-binary.
+    /// What to print: all, metadata, disassembly, flatbuffer-binary, or
+    /// jit (which functions the compiling tier compiled, and why not).
     #[arg(long, default_value = "all")]
     pub output: String,
     /// Only disassemble this function (exact name or internal ordinal).
@@ -349,6 +350,11 @@ pub fn run(args: &DumpModuleArgs) -> Result<()> {
         }
         "metadata" => out.push_str(&metadata(&archive)?),
         "disassembly" => disasm(&mut out)?,
+        "jit" => {
+            let module = load_for_disassembly(bytes.clone(), &archive)
+                .annotate(|| format!("loading bytecode module at '{path}'"))?;
+            out.push_str(&module.tier_report());
+        }
         "flatbuffer-binary" => {
             let fb = &archive.bytes()[archive.flatbuffer_range()];
             std::io::stdout().write_all(fb)?;

@@ -45,6 +45,9 @@ pub struct BytecodeModule {
     pub(crate) types: Vec<TypeDef>,
     pub(crate) strings: Vec<Box<str>>,
     pub(crate) rodata: Vec<Ref>,
+    /// Natively compiled functions (None when the tier is off).
+    #[cfg(feature = "jit")]
+    pub(crate) jit: Option<super::jit::JitCode>,
 }
 
 impl BytecodeModule {
@@ -174,7 +177,14 @@ impl BytecodeModule {
                 optional: d.optional,
             })
             .collect();
+        #[cfg(feature = "jit")]
+        let jit = instance
+            .options()
+            .jit
+            .then(|| super::jit::compile(&functions));
         Ok(Arc::new(BytecodeModule {
+            #[cfg(feature = "jit")]
+            jit,
             archive,
             dependencies,
             imports,
@@ -201,6 +211,31 @@ impl BytecodeModule {
     /// Names of internal functions (export or debug names).
     pub fn function_names(&self) -> &[String] {
         &self.function_names
+    }
+
+    /// What the compiling tier did with each function (None when it was
+    /// off for this module, or not built in).
+    #[cfg(feature = "jit")]
+    pub fn jit(&self) -> Option<&super::jit::JitCode> {
+        self.jit.as_ref()
+    }
+
+    /// A text report of which functions run compiled (the `jit` dump of
+    /// `ferrite dump-module --output=jit`): per function its tier and
+    /// native code size or the reason it stays interpreted, then the
+    /// compile time per KB of bytecode compiled.
+    pub fn tier_report(&self) -> String {
+        #[cfg(feature = "jit")]
+        {
+            match &self.jit {
+                Some(j) => j.report(&self.function_names, &self.functions),
+                None => "compiling tier: off (FERRITE_VM_JIT=0 or --vm_jit=false)\n".into(),
+            }
+        }
+        #[cfg(not(feature = "jit"))]
+        {
+            "compiling tier: not built in (ferrite-vm without the `jit` feature)\n".into()
+        }
     }
 
     /// Source location of an instruction, from the debug database.

@@ -35,7 +35,7 @@ pub(super) fn skip_remap(pool: &[u32], at: usize) -> usize {
     at + 1 + 2 * pool[at] as usize
 }
 
-pub(super) fn check_fail(code: i32, message: &str) -> Result<()> {
+pub(crate) fn check_fail(code: i32, message: &str) -> Result<()> {
     if code == 0 {
         return Ok(());
     }

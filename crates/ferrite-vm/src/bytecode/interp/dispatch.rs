@@ -36,6 +36,26 @@ pub(super) fn exec<const COVERAGE: bool>(
 ) -> Result<Action> {
     let module: &BytecodeModule = &state.module;
     loop {
+        // A function the compiling tier compiled runs natively from its
+        // first instruction and comes back at its `vm.return`.
+        #[cfg(feature = "jit")]
+        if !COVERAGE && cur.pc == 0 {
+            if let Some(entry) = module.jit.as_ref().and_then(|j| j.entry(cur.function)) {
+                let ic = module.functions[cur.function].i32_count as usize;
+                match super::super::jit::run(entry, state, stack, cur.function, cur.i32_base, ic) {
+                    Ok(list) => {
+                        if !leave_call(module, stack, cur, list) {
+                            return Ok(Action::Return { list });
+                        }
+                        continue;
+                    }
+                    Err(failure) => {
+                        cur.pc = failure.innermost_pc + 1;
+                        return Err(failure.status);
+                    }
+                }
+            }
+        }
         let func = &module.functions[cur.function];
         let rc = func.ref_count as usize;
         let (ib, rb) = (cur.i32_base, cur.ref_base);

@@ -34,9 +34,8 @@ pub(crate) fn push_frame(
     stack.check_depth()?;
     let f = &module.functions[function as usize];
     let (ib, rb) = stack.push_registers(f.i32_count as usize, f.ref_count as usize)?;
-    // The arenas only grow: a frame's registers may hold stale primitive
-    // values from an earlier frame (never uninitialised memory), and ref
-    // registers are cleared when their frame pops.
+    // The arenas only grow; `push_registers` zeroes the frame's primitive
+    // registers, and ref registers are cleared when their frame pops.
     let external = state.is_some();
     stack.frames.push(Frame::Bytecode(BytecodeFrame {
         state,

@@ -81,6 +81,15 @@ use values::{read_values_into, read_variadic};
 pub(crate) use frames::{deliver_results, frame_state, pop_frame, push_frame};
 pub(crate) use native_bridge::{build_operands, release_moved_operands};
 pub(crate) use values::{place_args, write_typed};
+/// The interpreter's failure statuses, which the compiling tier raises too
+/// (same status, same message in both tiers).
+#[cfg(feature = "jit")]
+pub(crate) use {
+    control::check_fail,
+    ops_global::{global_slot, ref_global},
+    ops_int::div_zero,
+    ops_ref::{check_cast, deref_buffer, deref_list, type_at},
+};
 
 /// What the interpreter asks of the invocation loop.
 pub(crate) enum Step {

@@ -6,7 +6,7 @@ use crate::refs::Ref;
 use ferrite_base::{bail, status, Result};
 use std::sync::atomic::Ordering::Relaxed;
 
-pub(super) fn global_slot(state: &BytecodeState, byte_offset: u32, width: u32) -> Result<usize> {
+pub(crate) fn global_slot(state: &BytecodeState, byte_offset: u32, width: u32) -> Result<usize> {
     if !byte_offset.is_multiple_of(4)
         || byte_offset as u64 + width as u64 > state.globals.len() as u64 * 4
     {
@@ -19,7 +19,7 @@ pub(super) fn global_slot(state: &BytecodeState, byte_offset: u32, width: u32) -
     Ok((byte_offset / 4) as usize)
 }
 
-pub(super) fn ref_global(
+pub(crate) fn ref_global(
     state: &BytecodeState,
     ordinal: u32,
 ) -> Result<&parking_lot::Mutex<Option<Ref>>> {

@@ -57,7 +57,7 @@ macro_rules! int_pairs {
 pub(super) use int_pairs;
 
 /// The error of an integer division or remainder by zero.
-pub(super) fn div_zero(op: super::super::isa::Op) -> ferrite_base::Status {
+pub(crate) fn div_zero(op: super::super::isa::Op) -> ferrite_base::Status {
     ferrite_base::status!(
         InvalidArgument,
         "{}: integer division by zero",
