@@ -30,14 +30,15 @@ pub const REF_MASK: u16 = 0x3FFF;
 /// A register operand that the verifier checked against its function.
 ///
 /// Only this module makes one (the field is private and so is the
-/// constructor), and only after [`FnCtx::check_reg`] accepted it for the
-/// bank the instruction's ISA field declares. So a `Reg` found in a
-/// [`DecodedFunction`] carries these facts, which the interpreter's
-/// unchecked register accesses rely on (see `interp`'s module docs):
+/// constructor), and only after its register check (`FnCtx::check_reg`)
+/// accepted it for the bank the instruction's ISA field declares. So a
+/// `Reg` found in a [`DecodedFunction`] carries these facts, which the
+/// interpreter's unchecked register accesses rely on (see `interp`'s
+/// module docs):
 ///
 /// - a primitive operand (no [`REF_BIT`]) of a 32-bit bank is below the
 ///   function's [`DecodedFunction::i32_count`], and one of a 64-bit bank
-///   is at least two slots below it (`raw + 1 < i32_count`);
+///   is even and at least two slots below it (`raw + 1 < i32_count`);
 /// - a ref operand carries [`REF_BIT`] and its ordinal ([`REF_MASK`]) is
 ///   below [`DecodedFunction::ref_count`].
 ///
