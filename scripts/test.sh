@@ -46,6 +46,8 @@ step "upstream VM test programs under ferrite"
 cargo build -q -p ferrite-cli
 if [[ -n "${IREE_MIRROR:-}" ]]; then
   RUNNER="target/debug/ferrite run-module" scripts/upstream-vm-suite.sh
+  # The same programs with the compiling tier off: both tiers must pass.
+  RUNNER="target/debug/ferrite run-module --vm_jit=false" scripts/upstream-vm-suite.sh
 elif [[ "${FERRITE_REQUIRE_UPSTREAM:-}" == 1 && "${FERRITE_ALLOW_MISSING_MIRROR:-}" != 1 ]]; then
   echo "IREE_MIRROR is not set, and FERRITE_REQUIRE_UPSTREAM=1 forbids skipping the upstream VM suite"
   exit 1

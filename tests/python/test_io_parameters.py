@@ -174,7 +174,7 @@ def test_views_are_not_copies(tmp_path):
     index = rt.ParameterIndex()
     index.load(str(path))
     handle, offset = index[0].file_storage
-    whole = np.asarray(handle.host_allocation())
+    whole = np.asarray(handle.host_allocation)
     view = np.asarray(index[0].file_view)
     assert not view.flags.writeable
     assert np.shares_memory(whole, view)
@@ -182,7 +182,7 @@ def test_views_are_not_copies(tmp_path):
     # Preloading reads the file into memory instead.
     pre = rt.ParameterIndex()
     pre.load(str(path), mmap=False)
-    assert not np.shares_memory(np.asarray(pre[0].file_storage[0].host_allocation()), whole)
+    assert not np.shares_memory(np.asarray(pre[0].file_storage[0].host_allocation), whole)
 
 
 def test_errors_match_upstream(tmp_path, upstream):

@@ -42,7 +42,7 @@ fn main() {
     let (cpu, wall) = (cpu_time() - cpu0, t0.elapsed());
     let stats = device.scheduler_stats().expect("local-task has statistics");
     println!(
-        "idle local-task device, {} workers: {:.3} ms CPU in {:.2} s wall (before idling: {} worker sleeps, {:.3} ms idle polling in all)",
+        "idle local-task device, {} workers: {:.3} ms CPU in {:.2} s wall (so far: {} worker sleeps, {:.3} ms idle polling)",
         device.worker_count(),
         cpu.as_secs_f64() * 1e3,
         wall.as_secs_f64(),

@@ -34,7 +34,7 @@ use smallvec::SmallVec;
 use std::any::Any;
 use std::ffi::c_void;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Tiles a dispatch is cut into per thread that may run it: enough that a
@@ -60,6 +60,9 @@ pub struct CpuDevice {
     /// Pool for queue `alloca` (see [`Device::queue_allocator`]).
     queue_pool: Arc<CachingAllocator>,
     mode: Mode,
+    /// Abort the process when queue work fails (upstream's
+    /// `--task_abort_on_failure`), instead of failing the signal fence.
+    abort_on_failure: AtomicBool,
 }
 
 impl CpuDevice {
@@ -70,6 +73,7 @@ impl CpuDevice {
             allocator: Arc::new(HeapAllocator::new()),
             queue_pool: Arc::new(CachingAllocator::new(QUEUE_POOL_BYTES)),
             mode: Mode::Sync,
+            abort_on_failure: AtomicBool::new(false),
         })
     }
 
@@ -105,7 +109,17 @@ impl CpuDevice {
             allocator: Arc::new(HeapAllocator::new()),
             queue_pool: Arc::new(CachingAllocator::new(QUEUE_POOL_BYTES)),
             mode: Mode::Task(Arc::new(pool)),
+            abort_on_failure: AtomicBool::new(false),
         }))
+    }
+
+    /// Makes a failure of queue work on `local-task` abort the process
+    /// (after printing its status to stderr), as upstream's
+    /// `--task_abort_on_failure`; off by default (the failure fails the
+    /// submission's signal fence). A debugging aid: the process stops
+    /// where the first failure happened.
+    pub fn set_abort_on_failure(&self, abort: bool) {
+        self.abort_on_failure.store(abort, Ordering::Relaxed);
     }
 
     /// What the `local-task` scheduler has done so far (None for
@@ -540,10 +554,15 @@ impl Device for CpuDevice {
         };
         let failed = signal.clone();
         let signal = signal.clone();
+        let abort = self.abort_on_failure.load(Ordering::Relaxed);
         let job: Box<dyn FnOnce() + Send> = Box::new(move || match work() {
             // Signalling cannot fail for fresh values; a failure here means a
             // program bug already reported through the timeline.
             Ok(()) => drop(signal.signal()),
+            Err(e) if abort => {
+                eprintln!("local-task: queue work failed (--task_abort_on_failure): {e}");
+                std::process::abort();
+            }
             Err(e) => signal.fail(e),
         });
         let timepoints = wait.timepoints();

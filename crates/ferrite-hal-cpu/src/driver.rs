@@ -67,8 +67,10 @@ impl Driver for LocalSyncDriver {
 ///   before sleeping; 0 (default) keeps [`DEFAULT_IDLE_SPIN`].
 /// - `--task_worker_stack_size`: the workers' stack size (at least 64 KiB;
 ///   upstream's default leaves it to the platform).
-/// - `--task_worker_local_memory` (non-zero), `--task_abort_on_failure`,
-///   `--task_topology_snapshot`: rejected (not supported).
+/// - `--task_abort_on_failure`: a failure of queue work aborts the
+///   process (see [`CpuDevice::set_abort_on_failure`]).
+/// - `--task_worker_local_memory` (non-zero), `--task_topology_snapshot`:
+///   rejected (not supported).
 /// - `--dump_task_topologies` is the tools' concern, not the driver's.
 pub struct LocalTaskDriver;
 
@@ -143,13 +145,6 @@ impl LocalTaskDriver {
                 "task_worker_local_memory",
                 &options.worker_local_memory.to_string(),
                 "each dispatch gets the local memory its executable declares",
-            )?;
-        }
-        if options.abort_on_failure {
-            reject(
-                "task_abort_on_failure",
-                "true",
-                "failures are reported through the device's fences",
             )?;
         }
         check_nodes(&options.topology_nodes)?;
@@ -282,7 +277,9 @@ impl Driver for LocalTaskDriver {
         spec.require_default_path()?;
         spec.check_params(&["workers", "lend_to_waiters"])?;
         let pool = LocalTaskDriver::pool_options(spec, &options.task)?;
-        Ok(DeviceRef(CpuDevice::local_task_with(pool)?))
+        let device = CpuDevice::local_task_with(pool)?;
+        device.set_abort_on_failure(options.task.abort_on_failure);
+        Ok(DeviceRef(device))
     }
 }
 
@@ -348,7 +345,6 @@ mod tests {
             ("task_topology_distribution", "compact"),
             ("task_topology_favor", "latency"),
             ("task_worker_local_memory", "65536"),
-            ("task_abort_on_failure", "true"),
         ] {
             let e = pool("local-task", &[(flag, value)]).unwrap_err();
             assert!(e.to_string().contains(&format!("--{flag}=")), "{e}");

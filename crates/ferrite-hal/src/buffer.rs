@@ -39,6 +39,19 @@
 //! never written through. [`Buffer::binding_ptr`] is the untracked form for
 //! handing memory to a foreign owner (DLPack, the buffer protocol) under
 //! that owner's contract.
+//!
+//! # Device memory
+//!
+//! A driver whose memory the host cannot address (a GPU's device-local
+//! memory) wraps it as [`DeviceMemory`] ([`Buffer::from_device_memory`]).
+//! Such buffers have no binding pointer; host access through this API goes
+//! through the driver's synchronous transfers ([`DeviceMemory::read`],
+//! [`DeviceMemory::write`]), so tools and bindings that read results with
+//! [`Buffer::map_read`] work unchanged on every device (upstream's
+//! `iree_hal_device_transfer_d2h`). Callers order such accesses with device
+//! work by waiting on the work's fence first, as for host memory. Device
+//! memory that also has a host mapping ([`DeviceMemory::host_ptr`], e.g.
+//! pinned host memory) is accessed through the mapping like host memory.
 
 use std::alloc::Layout;
 use std::fmt;
@@ -260,6 +273,27 @@ impl HostMemory {
             _owner: owner,
         })
     }
+
+    /// The bytes, whatever the kind (for drivers that copy or register
+    /// imported memory).
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            HostMemory::ReadOnly(o) => (**o).as_ref(),
+            HostMemory::Owned(v) => v,
+            // SAFETY: `foreign`'s contract: `ptr` is valid for reads of
+            // `len` bytes while the owner (held in `b`) lives.
+            HostMemory::Foreign(b) => unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), b.len) },
+        }
+    }
+
+    /// True when the memory may be written through an import.
+    pub fn is_writable(&self) -> bool {
+        match self {
+            HostMemory::ReadOnly(_) => false,
+            HostMemory::Owned(_) => true,
+            HostMemory::Foreign(b) => b.writable,
+        }
+    }
 }
 
 impl fmt::Debug for HostMemory {
@@ -296,8 +330,34 @@ impl Drop for BoxedBytes {
     }
 }
 
+/// Memory a driver owns (e.g. GPU memory), wrapped in a [`Buffer`] by
+/// [`Buffer::from_device_memory`]; dropped (freed) with the allocation.
+pub trait DeviceMemory: Send + Sync + 'static {
+    /// Bytes in the allocation.
+    fn len(&self) -> u64;
+    /// True when the allocation has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// A host mapping of all `len()` bytes, when the host can address the
+    /// memory directly (pinned host memory); None for device-only memory.
+    /// When Some, the pointer must stay valid for reads and writes of
+    /// `len()` bytes while `self` lives.
+    fn host_ptr(&self) -> Option<NonNull<u8>>;
+    /// Copies `dst.len()` bytes at `offset` to the host (synchronously);
+    /// the range is checked by the caller.
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()>;
+    /// Copies `src` to `offset` (synchronously); the range is checked by
+    /// the caller.
+    fn write(&self, offset: u64, src: &[u8]) -> Result<()>;
+    /// For drivers: downcast to the concrete type (device addresses).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 pub(crate) enum Storage {
     Heap(HeapBlock),
+    /// Driver-owned memory (see [`DeviceMemory`]).
+    Device(Box<dyn DeviceMemory>),
     Boxed(BoxedBytes),
     ReadOnly(Arc<dyn AsRef<[u8]> + Send + Sync>),
     Foreign(ForeignBytes),
@@ -416,9 +476,17 @@ impl Allocation {
 
     fn is_writable(&self) -> bool {
         match &self.storage {
-            Storage::Heap(_) | Storage::Boxed(_) => true,
+            Storage::Heap(_) | Storage::Boxed(_) | Storage::Device(_) => true,
             Storage::Foreign(b) => b.writable,
             Storage::ReadOnly(_) | Storage::Empty => false,
+        }
+    }
+
+    /// Driver memory the host cannot address (accessed by transfers).
+    fn device_only(&self) -> Option<&dyn DeviceMemory> {
+        match &self.storage {
+            Storage::Device(d) if d.host_ptr().is_none() => Some(&**d),
+            _ => None,
         }
     }
 
@@ -429,6 +497,9 @@ impl Allocation {
             Storage::Boxed(b) => b.ptr.as_ptr(),
             Storage::ReadOnly(o) => (**o).as_ref().as_ptr() as *mut u8,
             Storage::Foreign(b) => b.ptr.as_ptr(),
+            // Only reached for memory with a host mapping: every host
+            // access checks `device_only` first and goes through transfers.
+            Storage::Device(d) => d.host_ptr().unwrap_or(NonNull::dangling()).as_ptr(),
             Storage::Empty => NonNull::dangling().as_ptr(),
         }
     }
@@ -518,6 +589,38 @@ impl Buffer {
             alloc: Arc::new(alloc),
             offset: 0,
             length,
+        }
+    }
+
+    /// Wraps driver-owned memory (see [`DeviceMemory`]) as a buffer of
+    /// `memory.len()` bytes with the given type, usage and access.
+    pub fn from_device_memory(
+        memory: Box<dyn DeviceMemory>,
+        memory_type: MemoryType,
+        usage: BufferUsage,
+        access: MemoryAccess,
+    ) -> Buffer {
+        let len = memory.len();
+        Buffer::from_allocation(Allocation {
+            storage: Storage::Device(memory),
+            len,
+            lock: RwLock::new(()),
+            device: DeviceUsers::default(),
+            memory_type,
+            usage,
+            access,
+            recycler: None,
+            tracker: None,
+        })
+    }
+
+    /// The driver memory behind this buffer, if a driver made it with
+    /// [`Buffer::from_device_memory`] (drivers downcast it to find device
+    /// addresses; add [`Buffer::byte_offset`]).
+    pub fn device_memory(&self) -> Option<&dyn DeviceMemory> {
+        match &self.alloc.storage {
+            Storage::Device(d) => Some(&**d),
+            _ => None,
         }
     }
 
@@ -653,8 +756,11 @@ impl Buffer {
     /// Checks a host mapping of `[offset, offset+length)` with `access` and
     /// returns the absolute allocation range.
     fn check_host(&self, access: MemoryAccess, offset: u64, length: u64) -> Result<(u64, u64)> {
-        self.validate_memory_type(MemoryType::HOST_VISIBLE)?;
-        self.validate_usage(BufferUsage::MAPPING_SCOPED)?;
+        if self.alloc.device_only().is_none() {
+            // Device-only memory is reached through transfers instead.
+            self.validate_memory_type(MemoryType::HOST_VISIBLE)?;
+            self.validate_usage(BufferUsage::MAPPING_SCOPED)?;
+        }
         self.validate_access(access)?;
         if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
             bail!(PermissionDenied, "buffer wraps read-only host memory");
@@ -680,6 +786,9 @@ impl Buffer {
     /// Copies `dst.len()` bytes starting at `offset` into `dst`.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         let (off, len) = self.check_host(MemoryAccess::READ, offset, dst.len() as u64)?;
+        if let Some(d) = self.alloc.device_only() {
+            return d.read(off, dst);
+        }
         let g = LockHeld(self.alloc.lock.read());
         self.alloc.device.host_may_read()?;
         if let Storage::Foreign(_) = &self.alloc.storage {
@@ -721,6 +830,9 @@ impl Buffer {
     /// Copies `src` into the buffer starting at `offset`.
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         let (off, len) = self.check_host(MemoryAccess::WRITE, offset, src.len() as u64)?;
+        if let Some(d) = self.alloc.device_only() {
+            return d.write(off, src);
+        }
         let g = self.alloc.lock.write();
         self.alloc.device.host_may_write()?;
         if let Storage::Foreign(_) = &self.alloc.storage {
@@ -793,6 +905,10 @@ impl Buffer {
             let staged = pattern.repeat(usize::try_from(len / p).unwrap_or(usize::MAX));
             return self.write(off - self.offset, &staged);
         }
+        if let Some(d) = self.alloc.device_only() {
+            let bytes: Vec<u8> = pattern.iter().copied().cycle().take(len as usize).collect();
+            return d.write(off, &bytes);
+        }
         let g = self.alloc.lock.write();
         self.alloc.device.host_may_write()?;
         for chunk in self
@@ -833,6 +949,13 @@ impl Buffer {
             src.read(s_off - src.offset, &mut staged)?;
             return dst.write(d_off - dst.offset, &staged);
         }
+        if src.alloc.device_only().is_some() || dst.alloc.device_only().is_some() {
+            // Staged through the host: drivers copy device memory on their
+            // queues; this is the host path's fallback.
+            let mut staged = vec![0u8; len as usize];
+            src.read(src_offset, &mut staged)?;
+            return dst.write(dst_offset, &staged);
+        }
         if src.same_allocation(dst) {
             let a = &dst.alloc;
             let g = a.lock.write();
@@ -872,10 +995,20 @@ impl Buffer {
         let (off, len) = self.check_host(MemoryAccess::READ, offset, length)?;
         self.refuse_foreign_mapping()?;
         let guard = LockHeld(self.alloc.lock.read());
+        if let Some(d) = self.alloc.device_only() {
+            let mut staged = vec![0u8; len as usize];
+            d.read(off, &mut staged)?;
+            return Ok(MappedRead {
+                data: &[],
+                staged: Some(staged),
+                _guard: guard,
+            });
+        }
         self.alloc.device.host_may_read()?;
         let data = self.alloc.slice(&guard, off, len);
         Ok(MappedRead {
             data,
+            staged: None,
             _guard: guard,
         })
     }
@@ -887,10 +1020,22 @@ impl Buffer {
         let (off, len) = self.check_host(MemoryAccess::WRITE, offset, length)?;
         self.refuse_foreign_mapping()?;
         let guard = self.alloc.lock.write();
+        if let Some(d) = self.alloc.device_only() {
+            // Staged: read now (the caller may write part of it), written
+            // back when the mapping is dropped.
+            let mut staged = vec![0u8; len as usize];
+            d.read(off, &mut staged)?;
+            return Ok(MappedWrite {
+                data: &mut [],
+                staged: Some((staged, off, &self.alloc)),
+                _guard: guard,
+            });
+        }
         self.alloc.device.host_may_write()?;
         let data = self.alloc.slice_mut(&guard, off, len);
         Ok(MappedWrite {
             data,
+            staged: None,
             _guard: guard,
         })
     }
@@ -990,6 +1135,13 @@ impl Buffer {
         if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
             bail!(PermissionDenied, "buffer wraps read-only host memory");
         }
+        if self.alloc.device_only().is_some() {
+            bail!(
+                PermissionDenied,
+                "buffer is device-only memory of another device ({} bytes) and has no host address for a CPU dispatch",
+                self.alloc.len
+            );
+        }
         if offset
             .checked_add(length)
             .is_none_or(|end| end > self.length)
@@ -1055,13 +1207,18 @@ fn fmt_len(length: u64) -> String {
 /// allocation's shared lock until dropped.
 pub struct MappedRead<'a> {
     data: &'a [u8],
+    /// The bytes copied from device-only memory (then `data` is empty).
+    staged: Option<Vec<u8>>,
     _guard: LockHeld<'a>,
 }
 
 impl std::ops::Deref for MappedRead<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        self.data
+        match &self.staged {
+            Some(v) => v,
+            None => self.data,
+        }
     }
 }
 
@@ -1069,19 +1226,42 @@ impl std::ops::Deref for MappedRead<'_> {
 /// allocation's exclusive lock until dropped.
 pub struct MappedWrite<'a> {
     data: &'a mut [u8],
+    /// Bytes staged for device-only memory, with their allocation offset;
+    /// written back on drop.
+    staged: Option<(Vec<u8>, u64, &'a Allocation)>,
     _guard: RwLockWriteGuard<'a, ()>,
 }
 
 impl std::ops::Deref for MappedWrite<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        self.data
+        match &self.staged {
+            Some((v, _, _)) => v,
+            None => self.data,
+        }
     }
 }
 
 impl std::ops::DerefMut for MappedWrite<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
-        self.data
+        match &mut self.staged {
+            Some((v, _, _)) => v,
+            None => self.data,
+        }
+    }
+}
+
+impl Drop for MappedWrite<'_> {
+    fn drop(&mut self) {
+        if let Some((v, off, alloc)) = self.staged.take() {
+            if let Some(d) = alloc.device_only() {
+                if let Err(e) = d.write(off, &v) {
+                    // Drop cannot return it; a failed transfer means the
+                    // device is lost, which its queues report too.
+                    eprintln!("ferrite: writing a mapped range back to device memory failed: {e}");
+                }
+            }
+        }
     }
 }
 

@@ -1,15 +1,31 @@
-//! Devices: what a driver implements, and the queue operations every device
-//! gets from one mechanism.
+//! Devices: what a driver implements, and the queue operations.
 //!
 //! A driver provides allocation, executable loading, command execution and a
-//! single queue primitive, [`Device::submit`]: run some work once a wait
-//! fence is reached, then signal a signal fence. Every queue operation
-//! (alloca, dealloca, fill, update, copy, read, write, execute, barrier) is
-//! built on it in [`queue`], so ordering and failure propagation are the
-//! same for all of them: a failed wait fails the signal fence instead of
-//! running the work, and failed work fails the signal fence with its status.
+//! queue primitive, [`Device::submit`]: run some host work once a wait fence
+//! is reached, then signal a signal fence.
+//!
+//! # Queue operations
+//!
+//! Every queue operation (alloca, dealloca, fill, update, copy, execute,
+//! barrier, flush; the hal module's read and write are built on update and
+//! submit) is a [`Device`] method (`queue_*`) that a driver may implement
+//! itself. The default of each is the host path in [`queue::host`], built
+//! on [`Device::submit`]: CPU devices use it unchanged. A device that runs
+//! apart from the host (CUDA) implements them on its own streams instead and
+//! orders them by semaphores the device waits on and signals itself (see
+//! [`crate::semaphore`]'s device timelines). Callers use the functions in
+//! [`queue`], which check arguments and dispatch to the device.
+//!
+//! The contract is the same for every implementation: the operation runs
+//! after every timepoint of `wait` is reached; then every timepoint of
+//! `signal` is reached; a failed wait fails `signal` (with the wait's
+//! status) instead of running the operation, and a failed operation fails
+//! `signal` with its status. Errors returned by the call itself are
+//! argument errors found before anything was enqueued.
 
-use crate::allocator::Allocator;
+use crate::allocator::{Allocator, BufferParams};
+use crate::buffer::Buffer;
+use crate::command_buffer::CommandBuffer;
 use crate::command_buffer::{Binding, BindingTable, Command};
 use crate::executable::Executable;
 use crate::fence::Fence;
@@ -51,6 +67,98 @@ pub trait Device: Send + Sync + 'static {
     fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()>;
     /// For drivers and tests: downcast to the concrete type.
     fn as_any(&self) -> &dyn Any;
+
+    /// Queue-ordered allocation (see the module docs); `this` is `self`.
+    fn queue_alloca(
+        &self,
+        this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        params: &BufferParams,
+        size: u64,
+    ) -> Result<Buffer> {
+        queue::host::alloca(this, wait, signal, params, size)
+    }
+    /// Queue-ordered release of `buffer`.
+    fn queue_dealloca(
+        &self,
+        this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        buffer: Buffer,
+    ) -> Result<()> {
+        queue::host::dealloca(this, wait, signal, buffer)
+    }
+    /// Queue-ordered fill; the range is checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_fill(
+        &self,
+        this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        target: Buffer,
+        offset: u64,
+        length: u64,
+        pattern: Vec<u8>,
+    ) -> Result<()> {
+        queue::host::fill(this, wait, signal, target, offset, length, pattern)
+    }
+    /// Queue-ordered write of host bytes; the range is checked by the caller.
+    fn queue_update(
+        &self,
+        this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        data: Vec<u8>,
+        target: Buffer,
+        offset: u64,
+    ) -> Result<()> {
+        queue::host::update(this, wait, signal, data, target, offset)
+    }
+    /// Queue-ordered copy; the ranges are checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_copy(
+        &self,
+        this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        source: Buffer,
+        source_offset: u64,
+        target: Buffer,
+        target_offset: u64,
+        length: u64,
+    ) -> Result<()> {
+        queue::host::copy(
+            this,
+            wait,
+            signal,
+            source,
+            source_offset,
+            target,
+            target_offset,
+            length,
+        )
+    }
+    /// Queue-ordered barrier: `signal` is reached after `wait`.
+    fn queue_barrier(&self, this: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
+        queue::host::barrier(this, wait, signal)
+    }
+    /// Queue-ordered execution of a finalized command buffer.
+    fn queue_execute(
+        &self,
+        this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        command_buffer: &CommandBuffer,
+        bindings: BindingTable,
+    ) -> Result<()> {
+        queue::host::execute(this, wait, signal, command_buffer, bindings)
+    }
+    /// Starts work enqueued so far (a no-op where enqueued work starts by
+    /// itself, as on the host path and on CUDA streams).
+    fn queue_flush(&self) -> Result<()> {
+        Ok(())
+    }
     /// True when [`Device::submit`] always runs work inline, as
     /// [`run_inline`] does: queue operations then call it themselves and
     /// skip boxing their work.
@@ -101,16 +209,11 @@ impl RefObject for AllocatorRef {
     }
 }
 
-/// Queue operations, built on [`Device::submit`].
+/// Queue operations: argument checks, then the device's `queue_*` method.
 pub mod queue {
     use super::*;
-    use crate::allocator::BufferParams;
-    use crate::buffer::Buffer;
-    use crate::command_buffer::CommandBuffer;
 
-    /// Allocates a buffer whose contents are usable once `signal` is reached.
-    /// Host memory is available at once; the returned buffer is usable by
-    /// work ordered after `signal`.
+    /// Allocates a buffer usable by work ordered after `signal`.
     pub fn alloca(
         device: &Arc<dyn Device>,
         wait: &Fence,
@@ -118,13 +221,7 @@ pub mod queue {
         params: &BufferParams,
         size: u64,
     ) -> Result<Buffer> {
-        let buffer = device.queue_allocator().allocate(params, size)?;
-        if device.runs_inline() {
-            run_inline(wait, signal, || Ok(()))?;
-        } else {
-            device.submit(wait, signal, Box::new(|| Ok(())))?;
-        }
-        Ok(buffer)
+        device.queue_alloca(device, wait, signal, params, size)
     }
 
     /// Releases `buffer` once `wait` is reached.
@@ -134,14 +231,7 @@ pub mod queue {
         signal: &Fence,
         buffer: Buffer,
     ) -> Result<()> {
-        device.submit(
-            wait,
-            signal,
-            Box::new(move || {
-                drop(buffer);
-                Ok(())
-            }),
-        )
+        device.queue_dealloca(device, wait, signal, buffer)
     }
 
     /// Fills `target[offset..offset+length]` with `pattern`.
@@ -155,11 +245,7 @@ pub mod queue {
         pattern: Vec<u8>,
     ) -> Result<()> {
         target.resolve_range(offset, length)?;
-        device.submit(
-            wait,
-            signal,
-            Box::new(move || target.fill(offset, length, &pattern)),
-        )
+        device.queue_fill(device, wait, signal, target, offset, length, pattern)
     }
 
     /// Writes `data` at `offset` of `target`.
@@ -172,7 +258,7 @@ pub mod queue {
         offset: u64,
     ) -> Result<()> {
         target.resolve_range(offset, data.len() as u64)?;
-        device.submit(wait, signal, Box::new(move || target.write(offset, &data)))
+        device.queue_update(device, wait, signal, data, target, offset)
     }
 
     /// Copies `length` bytes between buffers.
@@ -189,19 +275,25 @@ pub mod queue {
     ) -> Result<()> {
         source.resolve_range(source_offset, length)?;
         target.resolve_range(target_offset, length)?;
-        device.submit(
+        device.queue_copy(
+            device,
             wait,
             signal,
-            Box::new(move || Buffer::copy(&source, source_offset, &target, target_offset, length)),
+            source,
+            source_offset,
+            target,
+            target_offset,
+            length,
         )
     }
 
     /// Orders nothing but the fences: `signal` is reached after `wait`.
     pub fn barrier(device: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
-        device.submit(wait, signal, Box::new(|| Ok(())))
+        device.queue_barrier(device, wait, signal)
     }
 
-    /// Executes a finalized command buffer with an optional binding table.
+    /// Executes a finalized command buffer with an optional binding table
+    /// (no command buffer: a barrier).
     pub fn execute(
         device: &Arc<dyn Device>,
         wait: &Fence,
@@ -209,22 +301,133 @@ pub mod queue {
         command_buffer: Option<&CommandBuffer>,
         bindings: impl Into<BindingTable>,
     ) -> Result<()> {
-        let bindings: BindingTable = bindings.into();
-        let Some(cb) = command_buffer else {
-            return barrier(device, wait, signal);
-        };
-        if device.runs_inline() {
-            let commands = cb.finalized_commands()?;
-            return run_inline(wait, signal, || {
-                device.execute_commands(commands, &bindings)
-            });
+        match command_buffer {
+            Some(cb) => device.queue_execute(device, wait, signal, cb, bindings.into()),
+            None => device.queue_barrier(device, wait, signal),
         }
-        let commands = cb.commands()?;
-        let d = device.clone();
-        device.submit(
-            wait,
-            signal,
-            Box::new(move || d.execute_commands(&commands, &bindings)),
-        )
+    }
+
+    /// The host path: every queue operation as host work through
+    /// [`Device::submit`] (the default of the `queue_*` methods).
+    pub mod host {
+        use super::*;
+
+        /// Allocates a buffer whose contents are usable once `signal` is reached.
+        /// Host memory is available at once; the returned buffer is usable by
+        /// work ordered after `signal`.
+        pub fn alloca(
+            device: &Arc<dyn Device>,
+            wait: &Fence,
+            signal: &Fence,
+            params: &BufferParams,
+            size: u64,
+        ) -> Result<Buffer> {
+            let buffer = device.queue_allocator().allocate(params, size)?;
+            if device.runs_inline() {
+                run_inline(wait, signal, || Ok(()))?;
+            } else {
+                device.submit(wait, signal, Box::new(|| Ok(())))?;
+            }
+            Ok(buffer)
+        }
+
+        /// Releases `buffer` once `wait` is reached.
+        pub fn dealloca(
+            device: &Arc<dyn Device>,
+            wait: &Fence,
+            signal: &Fence,
+            buffer: Buffer,
+        ) -> Result<()> {
+            device.submit(
+                wait,
+                signal,
+                Box::new(move || {
+                    drop(buffer);
+                    Ok(())
+                }),
+            )
+        }
+
+        /// Fills `target[offset..offset+length]` with `pattern`.
+        pub fn fill(
+            device: &Arc<dyn Device>,
+            wait: &Fence,
+            signal: &Fence,
+            target: Buffer,
+            offset: u64,
+            length: u64,
+            pattern: Vec<u8>,
+        ) -> Result<()> {
+            target.resolve_range(offset, length)?;
+            device.submit(
+                wait,
+                signal,
+                Box::new(move || target.fill(offset, length, &pattern)),
+            )
+        }
+
+        /// Writes `data` at `offset` of `target`.
+        pub fn update(
+            device: &Arc<dyn Device>,
+            wait: &Fence,
+            signal: &Fence,
+            data: Vec<u8>,
+            target: Buffer,
+            offset: u64,
+        ) -> Result<()> {
+            target.resolve_range(offset, data.len() as u64)?;
+            device.submit(wait, signal, Box::new(move || target.write(offset, &data)))
+        }
+
+        /// Copies `length` bytes between buffers.
+        #[allow(clippy::too_many_arguments)]
+        pub fn copy(
+            device: &Arc<dyn Device>,
+            wait: &Fence,
+            signal: &Fence,
+            source: Buffer,
+            source_offset: u64,
+            target: Buffer,
+            target_offset: u64,
+            length: u64,
+        ) -> Result<()> {
+            source.resolve_range(source_offset, length)?;
+            target.resolve_range(target_offset, length)?;
+            device.submit(
+                wait,
+                signal,
+                Box::new(move || {
+                    Buffer::copy(&source, source_offset, &target, target_offset, length)
+                }),
+            )
+        }
+
+        /// Orders nothing but the fences: `signal` is reached after `wait`.
+        pub fn barrier(device: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
+            device.submit(wait, signal, Box::new(|| Ok(())))
+        }
+
+        /// Executes a finalized command buffer with an optional binding table.
+        pub fn execute(
+            device: &Arc<dyn Device>,
+            wait: &Fence,
+            signal: &Fence,
+            cb: &CommandBuffer,
+            bindings: BindingTable,
+        ) -> Result<()> {
+            if device.runs_inline() {
+                let commands = cb.finalized_commands()?;
+                return run_inline(wait, signal, || {
+                    device.execute_commands(commands, &bindings)
+                });
+            }
+            let commands = cb.commands()?;
+            let d = device.clone();
+            device.submit(
+                wait,
+                signal,
+                Box::new(move || d.execute_commands(&commands, &bindings)),
+            )
+        }
     }
 }

@@ -41,7 +41,7 @@ pub mod semaphore;
 pub use allocator::{
     Allocator, AllocatorStatistics, BufferParams, CachingAllocator, HeapAllocator,
 };
-pub use buffer::{BindingPtr, Buffer, HostMemory, WHOLE_BUFFER};
+pub use buffer::{BindingPtr, Buffer, DeviceMemory, HostMemory, WHOLE_BUFFER};
 pub use buffer_view::BufferView;
 pub use element_type::{ElementType, EncodingType, NumericalType};
 pub use fence::Fence;

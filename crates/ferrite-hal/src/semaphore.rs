@@ -14,6 +14,23 @@
 //!
 //! For generic multi-waits, a [`Timepoint`] (semaphore, value) implements
 //! [`WaitSource`].
+//!
+//! # Device timelines
+//!
+//! A device that waits and signals without the host (a GPU) attaches a
+//! [`DeviceTimeline`] to the semaphore ([`Semaphore::device_timeline`]): a
+//! copy of the payload in memory the device reads (for CUDA, a 64-bit word
+//! in pinned, mapped host memory that the GPU waits on with
+//! `cuStreamWaitValue64` and writes with `cuStreamWriteValue64`). The host
+//! state here stays the one source of truth for host waiters and failures:
+//! every host signal and failure is forwarded to the attached timeline
+//! (so GPU waits on a semaphore a CPU device signals are released without a
+//! host thread in between), and the device reports its own signals and
+//! faults back through [`Semaphore::signal`] and [`Semaphore::fail`] from a
+//! completion thread, which wakes host waiters (no polling). A failure
+//! releases device waiters (the timeline is set to its failure value) and
+//! the device's queue fails the semaphores its own work signals, so
+//! failures cross between CPU and GPU devices both ways.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +40,19 @@ use ferrite_base::wait::{wait_sources, Event, Notifier, WaitMode, WaitSource};
 use ferrite_base::RefObject;
 use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
 use parking_lot::{Condvar, Mutex};
+
+/// A device's copy of a semaphore's payload (see the module docs).
+pub trait DeviceTimeline: Send + Sync + 'static {
+    /// The host payload advanced to `value` (called on the signalling
+    /// thread with the semaphore's lock held: record the value, nothing
+    /// more).
+    fn advanced(&self, value: u64);
+    /// The semaphore failed: release device waiters (they then observe the
+    /// failure through the host state).
+    fn failed(&self);
+    /// For drivers: downcast to the concrete type.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
 
 /// A callback run when a semaphore reaches a value (`Ok`) or fails (`Err`).
 pub type TimepointCallback = Box<dyn FnOnce(Result<()>) + Send>;
@@ -62,6 +92,8 @@ pub struct Semaphore {
     /// positive answer is taken from here; anything else asks `state`.
     published: AtomicU64,
     failed: AtomicBool,
+    /// A device's copy of the payload, once a device attached one.
+    timeline: std::sync::OnceLock<Arc<dyn DeviceTimeline>>,
 }
 
 impl RefObject for Semaphore {
@@ -118,6 +150,7 @@ impl Semaphore {
             cond: Condvar::new(),
             published: AtomicU64::new(initial_value),
             failed: AtomicBool::new(false),
+            timeline: std::sync::OnceLock::new(),
         })
     }
 
@@ -138,6 +171,33 @@ impl Semaphore {
         *self.failed.get_mut() = false;
         state.notifiers.clear();
         state.callbacks.clear();
+        self.timeline = std::sync::OnceLock::new();
+    }
+
+    /// The device timeline attached to this semaphore, attaching the one
+    /// `make` builds when there is none yet (the first device to ask owns
+    /// it; others see it and decide whether they can use it). After
+    /// attaching, the current payload (or failure) is forwarded to it, so
+    /// no signal between the device's read and the attach is lost.
+    pub fn device_timeline(
+        &self,
+        make: impl FnOnce() -> Result<Arc<dyn DeviceTimeline>>,
+    ) -> Result<Arc<dyn DeviceTimeline>> {
+        if let Some(t) = self.timeline.get() {
+            return Ok(t.clone());
+        }
+        let made = make()?;
+        let t = self.timeline.get_or_init(|| made).clone();
+        match self.query() {
+            Ok(v) => t.advanced(v),
+            Err(_) => t.failed(),
+        }
+        Ok(t)
+    }
+
+    /// The attached device timeline, if any.
+    pub fn attached_timeline(&self) -> Option<&Arc<dyn DeviceTimeline>> {
+        self.timeline.get()
     }
 
     /// Takes back a semaphore the caller holds the only reference to, for a
@@ -188,6 +248,9 @@ impl Semaphore {
             }
             s.value = value;
             self.published.store(value, Ordering::Release);
+            if let Some(t) = self.timeline.get() {
+                t.advanced(value);
+            }
             if s.callbacks.is_empty() && s.notifiers.is_empty() {
                 // Nobody scheduled on this semaphore: only blocked waiters
                 // (if any) need waking.
@@ -230,6 +293,9 @@ impl Semaphore {
         }
         s.value = value;
         self.published.store(value, Ordering::Release);
+        if let Some(t) = self.timeline.get() {
+            t.advanced(value);
+        }
         drop(s);
         self.cond.notify_all();
         Some(Ok(()))
@@ -260,6 +326,9 @@ impl Semaphore {
             let notify: Vec<Arc<Notifier>> = s.notifiers.iter().map(|(_, n)| n.clone()).collect();
             (callbacks, notify, status)
         };
+        if let Some(t) = self.timeline.get() {
+            t.failed();
+        }
         self.cond.notify_all();
         for n in notify {
             n.notify();

@@ -7,7 +7,7 @@ use crate::vm::PyVmRef;
 use ferrite_base::StatusCode;
 use ferrite_hal::fence::Fence;
 use ferrite_vm::Ref;
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use std::sync::Arc;
@@ -16,6 +16,51 @@ use std::sync::Arc;
 #[pyclass(name = "HalFence", module = "ferrite._ferrite", frozen, weakref)]
 pub struct PyHalFence {
     pub fence: Arc<Fence>,
+    /// Distinct semaphores this fence may hold: upstream's fences have a
+    /// fixed capacity and refuse more (RESOURCE_EXHAUSTED); Ferrite's
+    /// core fences grow, and the Python class enforces the same limit.
+    capacity: usize,
+}
+
+/// Largest capacity upstream's fence storage takes.
+const MAX_CAPACITY: u64 = 65534;
+
+impl PyHalFence {
+    /// A fence made elsewhere (e.g. returned by a program): no limit.
+    pub fn wrap(fence: Arc<Fence>) -> PyHalFence {
+        PyHalFence {
+            fence,
+            capacity: usize::MAX,
+        }
+    }
+
+    /// Semaphores of `incoming` that this fence does not hold yet.
+    fn new_semaphores(&self, incoming: &[(Arc<ferrite_hal::Semaphore>, u64)]) -> usize {
+        let held = self.fence.timepoints();
+        let mut fresh: Vec<&Arc<ferrite_hal::Semaphore>> = Vec::new();
+        for (s, _) in incoming {
+            if !held.iter().any(|(h, _)| Arc::ptr_eq(h, s))
+                && !fresh.iter().any(|f| Arc::ptr_eq(f, s))
+            {
+                fresh.push(s);
+            }
+        }
+        fresh.len()
+    }
+
+    fn check_room(
+        &self,
+        what: &str,
+        incoming: &[(Arc<ferrite_hal::Semaphore>, u64)],
+    ) -> PyResult<()> {
+        if self.fence.timepoint_count() + self.new_semaphores(incoming) > self.capacity {
+            return Err(PyRuntimeError::new_err(format!(
+                "{what}: RESOURCE_EXHAUSTED; fence unique semaphore capacity {} reached",
+                self.capacity
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Upstream's `HalSemaphoreList` argument: a `HalFence`, or a sequence of
@@ -62,27 +107,42 @@ pub fn fence_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Arc<Fence>> {
 
 #[pymethods]
 impl PyHalFence {
-    /// An empty fence; `capacity` is a hint, as upstream (fences grow).
+    /// An empty fence for at most `capacity` distinct semaphores (at most
+    /// 65534, as upstream's storage).
     #[new]
-    fn new(capacity: usize) -> Self {
-        let _ = capacity;
-        PyHalFence {
-            fence: Arc::new(Fence::new()),
+    fn new(capacity: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let capacity: u64 = crate::args::uint(capacity, "HalFence capacity")?;
+        if capacity > MAX_CAPACITY {
+            return Err(PyRuntimeError::new_err(format!(
+                "creating fence: RESOURCE_EXHAUSTED; capacity {capacity} is too large for \
+                 fence storage (at most {MAX_CAPACITY})"
+            )));
         }
+        Ok(PyHalFence {
+            fence: Arc::new(Fence::new()),
+            capacity: capacity as usize,
+        })
     }
 
     #[staticmethod]
     fn create_at(sem: &PyHalSemaphore, value: u64) -> Self {
         PyHalFence {
             fence: Arc::new(Fence::create_at(sem.semaphore.clone(), value)),
+            capacity: 1,
         }
     }
 
+    /// The union of `fences` (per semaphore the largest value), sized to
+    /// what it holds. `join([])` is an empty fence, already reached
+    /// (upstream returns a null object there that fails on first use).
     #[staticmethod]
     fn join(fences: Vec<PyRef<'_, PyHalFence>>) -> Self {
         let refs: Vec<&Fence> = fences.iter().map(|f| &*f.fence).collect();
+        let fence = Fence::join(&refs);
+        let capacity = fence.timepoint_count();
         PyHalFence {
-            fence: Arc::new(Fence::join(&refs)),
+            fence: Arc::new(fence),
+            capacity,
         }
     }
 
@@ -91,12 +151,16 @@ impl PyHalFence {
         self.fence.timepoint_count()
     }
 
-    fn insert(&self, sem: &PyHalSemaphore, value: u64) {
+    fn insert(&self, sem: &PyHalSemaphore, value: u64) -> PyResult<()> {
+        self.check_room("inserting into fence", &[(sem.semaphore.clone(), value)])?;
         self.fence.insert(sem.semaphore.clone(), value);
+        Ok(())
     }
 
-    fn extend(&self, from_fence: &PyHalFence) {
+    fn extend(&self, from_fence: &PyHalFence) -> PyResult<()> {
+        self.check_room("extending fence", &from_fence.fence.timepoints())?;
         self.fence.extend(&from_fence.fence);
+        Ok(())
     }
 
     fn fail(&self, message: &str) {

@@ -11,7 +11,6 @@
 
 use ferrite_base::{bail, status, Result};
 use parking_lot::RwLock;
-use pyo3::exceptions::PySystemExit;
 use pyo3::prelude::*;
 use std::collections::HashMap;
 
@@ -255,8 +254,8 @@ pub fn parse_flags(py: Python<'_>, flags: Vec<String>) -> PyResult<()> {
         py.import("sys")?
             .getattr("stdout")?
             .call_method1("write", (text,))?;
-        // Upstream exits the process after printing its help.
-        return Err(PySystemExit::new_err(0));
+        // As upstream 3.13's binding: print and go on (the command-line
+        // tools exit after `--help`; the interpreter must not).
     }
     Ok(())
 }

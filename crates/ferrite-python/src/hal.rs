@@ -256,10 +256,11 @@ impl PyHalDevice {
         }
     }
 
-    fn create_semaphore(&self, initial_value: u64) -> PyHalSemaphore {
-        PyHalSemaphore {
+    fn create_semaphore(&self, initial_value: &Bound<'_, PyAny>) -> PyResult<PyHalSemaphore> {
+        let initial_value: u64 = crate::args::uint(initial_value, "initial_value")?;
+        Ok(PyHalSemaphore {
             semaphore: Semaphore::new(initial_value),
-        }
+        })
     }
 
     /// A device-local buffer usable once `signal_semaphores` is reached.
@@ -432,8 +433,9 @@ impl PyHalAllocator {
         &self,
         memory_type: &Bound<'_, PyAny>,
         allowed_usage: &Bound<'_, PyAny>,
-        allocation_size: u64,
+        allocation_size: &Bound<'_, PyAny>,
     ) -> PyResult<PyHalBuffer> {
+        let allocation_size: u64 = crate::args::uint(allocation_size, "allocation_size")?;
         let p = params(memory_type, allowed_usage)?;
         let buffer = self
             .allocator
@@ -892,7 +894,7 @@ pub fn sync_object_of(py: Python<'_>, r: &Ref) -> PyResult<Option<PyObject>> {
         return Ok(Some(Py::new(py, PyHalSemaphore { semaphore })?.into_any()));
     }
     if let Some(fence) = r.downcast_arc::<ferrite_hal::fence::Fence>() {
-        return Ok(Some(Py::new(py, PyHalFence { fence })?.into_any()));
+        return Ok(Some(Py::new(py, PyHalFence::wrap(fence))?.into_any()));
     }
     if let Some(cb) = r.downcast_arc::<ferrite_hal::command_buffer::CommandBuffer>() {
         return Ok(Some(Py::new(py, PyHalCommandBuffer::wrap(cb))?.into_any()));

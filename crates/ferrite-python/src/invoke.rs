@@ -197,7 +197,7 @@ impl PyFunctionInvoker {
             return Ok(t);
         }
         let f = self.function.get();
-        let name = format!("{}.{}", f.module.name(), f.export().name);
+        let name = format!("{}.{}", f.module_name, f.export().name);
         let t = self
             .context
             .get()

@@ -214,6 +214,8 @@ impl PyFileHandle {
         })
     }
 
+    /// A memoryview of a host allocation's bytes (a property, as upstream).
+    #[getter]
     fn host_allocation(slf: Bound<'_, Self>) -> PyResult<PyObject> {
         if !slf.get().is_host_allocation() {
             return Err(PyValueError::new_err("FileHandle is not a host allocation"));
@@ -341,7 +343,7 @@ impl PyParameterIndexEntry {
     fn file_storage(&self) -> PyResult<(PyFileHandle, u64)> {
         match &self.entry.storage {
             Storage::File { handle, offset } => Ok((PyFileHandle::of(handle.clone()), *offset)),
-            Storage::Splat { .. } => Err(PyValueError::new_err("Parameter is not a file")),
+            Storage::Splat { .. } => Err(PyValueError::new_err("Entry is not file storage based")),
         }
     }
 
@@ -359,7 +361,7 @@ impl PyParameterIndexEntry {
                 )?;
                 host_memoryview(&view)
             }
-            Storage::Splat { .. } => Err(PyValueError::new_err("Parameter is not a file")),
+            Storage::Splat { .. } => Err(PyValueError::new_err("Entry is not file storage based")),
         }
     }
 
@@ -367,7 +369,7 @@ impl PyParameterIndexEntry {
     fn splat_pattern<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         match &self.entry.storage {
             Storage::Splat { pattern } => Ok(PyBytes::new(py, pattern)),
-            Storage::File { .. } => Err(PyValueError::new_err("Parameter is not a splat")),
+            Storage::File { .. } => Err(PyValueError::new_err("Entry is not splat")),
         }
     }
 

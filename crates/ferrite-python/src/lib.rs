@@ -9,6 +9,7 @@
 
 use pyo3::prelude::*;
 
+mod args;
 mod command_buffer;
 mod debug_sink;
 mod declaration;

@@ -159,8 +159,11 @@ struct PyNativeModule {
     functions: Vec<Arc<PyExport>>,
 }
 
-/// The Python error's type and text, as a VM failure.
+/// The Python error's type and text, as a VM failure. The exception
+/// itself is kept (see [`crate::status::stash_python_cause`]) and becomes
+/// the `__cause__` of the `RuntimeError` the caller sees.
 fn python_failure(py: Python<'_>, what: &str, e: &PyErr) -> Status {
+    crate::status::stash_python_cause(e.clone_ref(py));
     let kind = e
         .get_type(py)
         .qualname()

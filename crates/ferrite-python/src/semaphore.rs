@@ -59,7 +59,8 @@ impl PyHalSemaphore {
         self.semaphore.query().py_context("querying semaphore")
     }
 
-    fn signal(&self, new_value: u64) -> PyResult<()> {
+    fn signal(&self, new_value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let new_value: u64 = crate::args::uint(new_value, "new_value")?;
         self.semaphore
             .signal(new_value)
             .py_context("signaling semaphore")
@@ -75,10 +76,11 @@ impl PyHalSemaphore {
     fn wait(
         &self,
         py: Python<'_>,
-        payload: u64,
+        payload: &Bound<'_, PyAny>,
         timeout: Option<i64>,
         deadline: Option<i64>,
     ) -> PyResult<bool> {
+        let payload: u64 = crate::args::uint(payload, "payload")?;
         let t = timeout_of(py, timeout, deadline)?;
         let sem = self.semaphore.clone();
         match py.allow_threads(move || sem.wait(payload, t)) {

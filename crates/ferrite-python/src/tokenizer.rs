@@ -22,18 +22,64 @@ fn to_py(status: Status) -> PyErr {
         StatusCode::InvalidArgument | StatusCode::NotFound => {
             PyValueError::new_err(status.message().to_string())
         }
+        StatusCode::Unimplemented => {
+            pyo3::exceptions::PyNotImplementedError::new_err(status.message().to_string())
+        }
         _ => PyRuntimeError::new_err(status.message().to_string()),
     }
 }
 
-/// Token ids from Python ints, rejecting negatives and values past u32.
-fn token_ids(ids: Vec<i64>) -> PyResult<Vec<u32>> {
-    ids.into_iter()
-        .map(|id| {
-            u32::try_from(id)
-                .map_err(|_| PyValueError::new_err(format!("token id {id} is out of range")))
-        })
-        .collect()
+/// Upstream's token ids are C `int32_t`: a value outside that range is a
+/// `TypeError` (the argument does not convert), as there.
+fn id_out_of_range(id: &dyn std::fmt::Display) -> PyErr {
+    PyTypeError::new_err(format!(
+        "token id {id} does not fit in a 32-bit signed integer"
+    ))
+}
+
+/// One token id from a Python int: None for a negative id (no token has
+/// it; `decode` skips it, as upstream does), `TypeError` past `int32`.
+fn token_id(id: i64) -> PyResult<Option<u32>> {
+    match i32::try_from(id) {
+        Ok(v) if v >= 0 => Ok(Some(v as u32)),
+        Ok(_) => Ok(None),
+        Err(_) => Err(id_out_of_range(&id)),
+    }
+}
+
+/// Token ids from a sequence of Python ints (see [`token_id`]).
+fn token_ids(ids: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if ids.is_instance_of::<pyo3::types::PyString>() {
+        return Err(PyTypeError::new_err(
+            "token_ids must be a sequence of ints, not str",
+        ));
+    }
+    let ids: Vec<i64> = ids.extract().map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(ids.py()) {
+            id_out_of_range(&"(an int past 64 bits)")
+        } else {
+            e
+        }
+    })?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(id) = token_id(id)? {
+            out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+/// One id argument: as [`token_id`], any int accepted before the range check.
+fn one_id(id: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
+    let id: i64 = id.extract().map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(id.py()) {
+            id_out_of_range(&"(an int past 64 bits)")
+        } else {
+            e
+        }
+    })?;
+    token_id(id)
 }
 
 /// A text path from `str`, `bytes` or an `os.PathLike`.
@@ -134,7 +180,7 @@ impl PyTokenizer {
     fn decode(
         &self,
         py: Python<'_>,
-        token_ids: Vec<i64>,
+        token_ids: &Bound<'_, PyAny>,
         skip_special_tokens: bool,
     ) -> PyResult<String> {
         let ids = self::token_ids(token_ids)?;
@@ -178,9 +224,8 @@ impl PyTokenizer {
         self.tokenizer.model_type()
     }
 
-    fn id_to_token(&self, token_id: i64) -> Option<String> {
-        let id = u32::try_from(token_id).ok()?;
-        self.tokenizer.id_to_token(id)
+    fn id_to_token(&self, token_id: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+        Ok(one_id(token_id)?.and_then(|id| self.tokenizer.id_to_token(id)))
     }
 
     fn token_to_id(&self, token: &str) -> Option<u32> {
@@ -250,7 +295,7 @@ pub struct PyTokenizerDecodeStream {
 
 #[pymethods]
 impl PyTokenizerDecodeStream {
-    fn feed(&self, py: Python<'_>, token_ids: Vec<i64>) -> PyResult<String> {
+    fn feed(&self, py: Python<'_>, token_ids: &Bound<'_, PyAny>) -> PyResult<String> {
         let ids = self::token_ids(token_ids)?;
         let mut g = self.state.lock();
         let state = g
@@ -260,8 +305,8 @@ impl PyTokenizerDecodeStream {
     }
 
     /// Feeds one id (the per-token path of generation loops).
-    fn feed_one(&self, token_id: i64) -> PyResult<String> {
-        let ids = self::token_ids(vec![token_id])?;
+    fn feed_one(&self, token_id: &Bound<'_, PyAny>) -> PyResult<String> {
+        let ids: Vec<u32> = one_id(token_id)?.into_iter().collect();
         let mut g = self.state.lock();
         let state = g
             .as_mut()

@@ -215,10 +215,14 @@ impl PyVmModule {
     #[staticmethod]
     #[pyo3(signature = (instance, filepath, destroy_callback = None))]
     fn mmap(
+        py: Python<'_>,
         instance: &PyVmInstance,
         filepath: std::path::PathBuf,
         destroy_callback: Option<PyObject>,
     ) -> PyResult<Self> {
+        // A file that cannot be opened raises the `OSError` subclass
+        // Python's own `open` raises (`FileNotFoundError`, ...), as upstream.
+        crate::args::check_readable_file(py, &filepath)?;
         let bytes = ModuleBytes::map_file(&filepath)
             .py_context(&format!("Error mapping file '{}'", filepath.display()))?;
         Self::load(instance, bytes, destroy_callback)
@@ -293,20 +297,27 @@ pub fn int_of<T: for<'a> FromPyObject<'a>>(obj: &Bound<'_, PyAny>) -> PyResult<T
 /// An exported function of a module.
 #[pyclass(name = "VmFunction", module = "ferrite._ferrite", frozen)]
 pub struct PyVmFunction {
-    pub module: Arc<dyn Module>,
+    /// The module's name and the export, copied: as upstream's, a function
+    /// does not keep its module alive (a context that has the module calls
+    /// it, resolving it by name), so the module is released, and a
+    /// `PyModuleInterface` reports `destroyed`, when its contexts and
+    /// `VmModule` go.
+    pub module_name: String,
+    export: ferrite_vm::module::ExportInfo,
     pub ordinal: u32,
 }
 
 impl PyVmFunction {
     fn new(module: &Arc<dyn Module>, ordinal: u32) -> Self {
         PyVmFunction {
-            module: module.clone(),
+            module_name: module.name().to_string(),
+            export: module.exports()[ordinal as usize].clone(),
             ordinal,
         }
     }
 
     pub(crate) fn export(&self) -> &ferrite_vm::module::ExportInfo {
-        &self.module.exports()[self.ordinal as usize]
+        &self.export
     }
 }
 
@@ -319,7 +330,7 @@ impl PyVmFunction {
 
     #[getter]
     fn module_name(&self) -> String {
-        self.module.name().to_string()
+        self.module_name.clone()
     }
 
     #[getter]
@@ -406,7 +417,7 @@ impl PyVmContext {
         inputs: &PyVmVariantList,
         outputs: &PyVmVariantList,
     ) -> PyResult<()> {
-        let name = format!("{}.{}", function.module.name(), function.export().name);
+        let name = format!("{}.{}", function.module_name, function.export().name);
         let args = (0..inputs.list.size())
             .map(|i| inputs.list.get_variant(i))
             .collect::<ferrite_base::Result<Vec<_>>>()
@@ -540,7 +551,8 @@ impl PyVmVariantList {
 #[pymethods]
 impl PyVmVariantList {
     #[new]
-    fn new(capacity: u32) -> PyResult<Self> {
+    fn new(capacity: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let capacity: u32 = crate::args::uint(capacity, "VmVariantList capacity")?;
         let list = VmList::new(TypeDef::Any, capacity).py_context("Could not create list")?;
         Ok(PyVmVariantList {
             list: Arc::new(list),
@@ -604,7 +616,8 @@ impl PyVmVariantList {
         self.push(Variant::Ref(r))
     }
 
-    fn get_variant(&self, py: Python<'_>, index: usize) -> PyResult<PyObject> {
+    fn get_variant(&self, py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        let index = crate::args::list_index(index, self.list.size())?;
         Ok(match self.variant(index)? {
             Variant::Null => py.None(),
             Variant::I32(v) => v.into_pyobject(py)?.into_any().unbind(),

@@ -73,8 +73,16 @@ impl Tokenizer {
         // caller, so it becomes an error naming the input as the cause.
         let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json.as_bytes()))
             .map_err(|_| invalid("Failed to parse tokenizer JSON: the tokenizer definition is malformed (the tokenizers crate panicked on it)".to_string()))?;
-        let mut tokenizer =
-            parsed.map_err(|e| invalid(format!("Failed to parse tokenizer JSON: {e}")))?;
+        let mut tokenizer = parsed.map_err(|e| {
+            let message = format!("Failed to parse tokenizer JSON: {e}");
+            // Valid JSON naming a component this build does not know is
+            // UNIMPLEMENTED, as upstream reports unsupported components.
+            if unknown_component(json) {
+                Status::new(StatusCode::Unimplemented, message)
+            } else {
+                invalid(message)
+            }
+        })?;
         // Upstream's semantics: the file's padding and truncation sections
         // are not applied.
         tokenizer.with_padding(None);
@@ -151,7 +159,16 @@ impl Tokenizer {
         no_special_token_matching: bool,
     ) -> Result<Vec<u32>> {
         if let Some(fast) = &self.fast {
-            if let Some(ids) = fast.encode(text, add_special_tokens, no_special_token_matching) {
+            let reference = |piece: &str| {
+                self.encode_reference(piece, false, no_special_token_matching)
+                    .ok()
+            };
+            if let Some(ids) = fast.encode(
+                text,
+                add_special_tokens,
+                no_special_token_matching,
+                &reference,
+            ) {
                 return Ok(ids);
             }
         }
@@ -405,4 +422,62 @@ mod template_tests {
         let tok = Tokenizer::from_json(&fixed).unwrap();
         assert_eq!(tok.encode("hello", true, false).unwrap(), vec![0, 3, 1]);
     }
+}
+
+/// True when `json` is valid JSON whose model, normalizer, pre-tokenizer,
+/// post-processor or decoder names a `type` this build does not know (the
+/// crate then fails to parse it; upstream says UNIMPLEMENTED).
+fn unknown_component(json: &str) -> bool {
+    let Ok(doc) = serde_json::from_str::<serde_json::Value>(json) else {
+        return false;
+    };
+    const KNOWN: &[&str] = &[
+        "BPE",
+        "WordPiece",
+        "WordLevel",
+        "Unigram",
+        "BertNormalizer",
+        "Strip",
+        "StripAccents",
+        "NFC",
+        "NFD",
+        "NFKC",
+        "NFKD",
+        "Sequence",
+        "Lowercase",
+        "Nmt",
+        "Precompiled",
+        "Replace",
+        "Prepend",
+        "ByteLevel",
+        "Whitespace",
+        "WhitespaceSplit",
+        "BertPreTokenizer",
+        "Metaspace",
+        "CharDelimiterSplit",
+        "Punctuation",
+        "Split",
+        "Digits",
+        "UnicodeScripts",
+        "FixedLength",
+        "RobertaProcessing",
+        "BertProcessing",
+        "TemplateProcessing",
+        "WordPiece",
+        "BPEDecoder",
+        "CTC",
+        "Fuse",
+        "ByteFallback",
+    ];
+    [
+        "model",
+        "normalizer",
+        "pre_tokenizer",
+        "post_processor",
+        "decoder",
+    ]
+    .iter()
+    .filter_map(|k| doc.get(*k))
+    .filter_map(|v| v.get("type").and_then(|t| t.as_str()))
+    .any(|t| !KNOWN.contains(&t))
 }

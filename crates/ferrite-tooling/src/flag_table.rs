@@ -119,7 +119,7 @@ pub static FLAGS: &[FlagInfo] = &[
     flag("task_topology_favor", "RB", Implemented, "--task_topology_favor=latency", "Preset for distribution and performance level.", "Presets are rejected when the device is created (see the two flags above)."),
     flag("task_worker_spin_us", "RB", Implemented, "--task_worker_spin_us=0", "Microseconds workers spin for work.", "N > 0 sets how long an idle worker polls before sleeping; 0 keeps Ferrite's bounded default (50 us)."),
     flag("task_worker_local_memory", "RB", Implemented, "--task_worker_local_memory=0", "Per-worker local memory for dispatches.", "Non-zero values are rejected when the device is created (each dispatch gets the local memory its executable declares)."),
-    flag("task_abort_on_failure", "RB", Implemented, "--task_abort_on_failure=false", "Aborts on the first task failure.", "`true` is rejected when the device is created (failures go through the fences)."),
+    flag("task_abort_on_failure", "RB", Implemented, "--task_abort_on_failure=false", "Aborts on the first task failure.", "A failure of local-task queue work aborts the process after printing its status."),
     flag("dump_task_topologies", "RB", Ignored, "--dump_task_topologies", "Prints the task topology.", "No topology printer yet."),
     flag("executable_plugin", "RB", Rejected, "--executable_plugin=p.so", "Loads an executable plugin resolving imports.", "Executable plugins are not supported."),
     flag("trace_execution", "RB", Rejected, "--trace_execution=true", "Traces VM execution to stderr.", "The interpreter has no tracing."),

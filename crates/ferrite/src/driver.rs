@@ -33,6 +33,7 @@ pub use ferrite_hal::driver::{DeviceInfo, DeviceSpec, Driver, DriverOptions, Tas
 /// The drivers this build offers, in name order. Add a driver here (see
 /// the [module docs](self)).
 pub static DRIVERS: &[&dyn Driver] = &[
+    &ferrite_hal_cuda::CudaDriver,
     &ferrite_hal_cpu::LocalSyncDriver,
     &ferrite_hal_cpu::LocalTaskDriver,
 ];

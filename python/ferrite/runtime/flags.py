@@ -20,7 +20,8 @@ __all__ = ["parse_flags", "FUNCTION_INPUT_VALIDATION"]
 FUNCTION_INPUT_VALIDATION = True
 
 
-def _parse_environment_flags():
+def _load_default_flags_from_env():
+    """Parses `IREE_PY_RUNTIME_FLAGS` (run at import; callable again)."""
     text = _os.getenv("IREE_PY_RUNTIME_FLAGS")
     if not text:
         return
@@ -32,4 +33,4 @@ def _parse_environment_flags():
         ) from e
 
 
-_parse_environment_flags()
+_load_default_flags_from_env()

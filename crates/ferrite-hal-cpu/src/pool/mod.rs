@@ -16,7 +16,7 @@
 //! ## Sleeping and waking
 //! An idle worker polls for new work for a bounded time
 //! ([`PoolOptions::idle_spin`]) and then sleeps on the pool's futex word
-//! ([`park`]). Whatever creates work (a job, a region, a region's next
+//! (a futex, module `park`). Whatever creates work (a job, a region, a region's next
 //! stage) bumps the word and wakes only as many sleepers as the work can
 //! use, with one system call; woken workers take no lock on the way out.
 //! An idle pool therefore burns no CPU, and a stage with one tile wakes

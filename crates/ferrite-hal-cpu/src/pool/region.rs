@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 /// which costs far more on a virtual machine (the vCPU was halted), so
 /// participants stay for up to this long. Spinning happens only while a
 /// command buffer runs, on at most as many threads as the pool has workers.
-pub(crate) const STAGE_SPIN: Duration = Duration::from_millis(1);
+pub const STAGE_SPIN: Duration = Duration::from_millis(1);
 
 /// Polls between two yields of the CPU while spinning: the spinner gives
 /// its core away now and then, in case a thread it waits for (or any

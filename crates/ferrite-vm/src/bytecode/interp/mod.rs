@@ -85,7 +85,10 @@ pub(crate) use values::{place_args, write_typed};
 /// (same status, same message in both tiers).
 #[cfg(feature = "jit")]
 pub(crate) use {
-    control::check_fail, ops_global::global_slot, ops_int::div_zero, ops_ref::deref_buffer,
+    control::check_fail,
+    ops_global::{global_slot, ref_global},
+    ops_int::div_zero,
+    ops_ref::{check_cast, deref_buffer, deref_list, type_at},
 };
 
 /// What the interpreter asks of the invocation loop.

@@ -19,7 +19,7 @@ pub(crate) fn global_slot(state: &BytecodeState, byte_offset: u32, width: u32) -
     Ok((byte_offset / 4) as usize)
 }
 
-pub(super) fn ref_global(
+pub(crate) fn ref_global(
     state: &BytecodeState,
     ordinal: u32,
 ) -> Result<&parking_lot::Mutex<Option<Ref>>> {

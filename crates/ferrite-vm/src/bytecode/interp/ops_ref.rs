@@ -26,7 +26,7 @@ pub(crate) fn deref_buffer<'a>(
     }
 }
 
-pub(super) fn deref_list(refs: &[Option<Ref>], reg: impl RawReg) -> Result<&VmList> {
+pub(crate) fn deref_list(refs: &[Option<Ref>], reg: impl RawReg) -> Result<&VmList> {
     match &refs[ref_slot(reg)] {
         None => bail!(InvalidArgument, "list is null"),
         Some(r) => r.downcast::<VmList>().ok_or_else(|| {
@@ -39,11 +39,11 @@ pub(super) fn deref_list(refs: &[Option<Ref>], reg: impl RawReg) -> Result<&VmLi
     }
 }
 
-pub(super) fn type_at(state: &BytecodeState, imm: u64) -> TypeDef {
+pub(crate) fn type_at(state: &BytecodeState, imm: u64) -> TypeDef {
     state.module.types[imm as usize]
 }
 
-pub(super) fn check_cast(r: &Option<Ref>, ty: TypeDef) -> Result<()> {
+pub(crate) fn check_cast(r: &Option<Ref>, ty: TypeDef) -> Result<()> {
     if let Some(r) = r {
         if !ty.accepts_ref(r) {
             bail!(

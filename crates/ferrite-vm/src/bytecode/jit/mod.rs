@@ -3,13 +3,14 @@
 //!
 //! # What compiles
 //! A function compiles when every instruction in it is one the tier covers
-//! ([`translate::supported`]: scalar i32/i64/f32/f64 arithmetic, compares,
-//! conversions and math, constants, select/switch on primitives, all
-//! branches, internal calls, `vm.return`/`vm.fail`, primitive globals,
-//! buffer loads/stores/length and the ref-only bookkeeping ops through
-//! helpers) and every internal function it calls compiles too and passes no
-//! refs. Import calls, yields, lists, ref globals, buffer allocation/copy/
-//! fill and ref casts keep a function in the interpreter.
+//! ([`translate::supported`]) and every internal function it calls compiles
+//! too and passes no refs. Inline: scalar i32/i64/f32/f64 arithmetic,
+//! compares, conversions, constants, select/switch on primitives, all
+//! branches, internal calls, `vm.return`/`vm.fail` and primitive globals.
+//! Through helpers ([`runtime`]): libm math, buffer loads/stores/length, ref
+//! globals, lists, `select`/`switch`/`cast` on refs and the ref bookkeeping
+//! ops. Import calls, yields and buffer allocation/clone/copy/compare/fill/
+//! hash keep a function in the interpreter.
 //!
 //! # How the tiers meet
 //! The interpreter pushes frames as before; when it is about to run a
@@ -33,6 +34,16 @@
 //! their indices again. Division by zero and `MIN / -1` are tested before
 //! the divide, and call depth and the native stack before every call, so no
 //! instruction can fault: there is no signal handler.
+//!
+//! Two facts the checks rest on: global words are `AtomicU32`s, which
+//! compiled code reads and writes with plain aligned 32/64-bit accesses (on
+//! the hosts Cranelift targets these are the instructions relaxed atomics
+//! compile to; an i64 global is one 8-byte access where the interpreter
+//! makes two 4-byte ones, a difference only racing threads could see); and
+//! a chain of compiled calls may use at most 1 MiB of native stack below the
+//! point the interpreter entered it (the thread running an invocation needs
+//! that much headroom; deeper chains fail with `RESOURCE_EXHAUSTED` before
+//! reaching it), besides the frame limit both tiers share.
 //!
 //! # Switch
 //! [`crate::instance::InstanceOptions::jit`] (default: on unless the

@@ -322,6 +322,126 @@ pub(crate) extern "C" fn ref_op(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64) -> 
     })
 }
 
+/// The ref ops with primitive operands: ref globals, lists, `select.ref`,
+/// `switch.ref` and `cast.any.ref`, run on the frame's ref window at `base`
+/// as the interpreter runs them. `a` is the instruction's primitive input
+/// (global ordinal, capacity, index, condition), `b` the value bits a list
+/// store writes; a primitive result goes to `scratch`.
+pub(crate) extern "C" fn ref_insn(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64, b: i64) -> i32 {
+    guard(ctx, fnpc, |ctx| {
+        use super::super::isa::Op;
+        use crate::list::VmList;
+        let insn = *ctx.insn(fnpc)?;
+        let (f, _) = unpack(fnpc);
+        let state_ptr = ctx.state;
+        // SAFETY: as in `Ctx::state`; a separate borrow so the module state
+        // can be read while ref slots are written.
+        let state = unsafe { &*state_ptr };
+        let r = insn.r.map(|x| x.raw());
+        let slot = |reg: u16| base + (reg & REF_MASK) as i64;
+        let list = |ctx: &mut Ctx, reg: u16| -> Result<Ref> {
+            let s = ctx.ref_slot(slot(reg))?;
+            interp::deref_list(std::slice::from_ref(s), 0u16)?;
+            s.clone()
+                .ok_or_else(|| status!(Internal, "list register emptied"))
+        };
+        let ty = || interp::type_at(state, insn.imm);
+        match insn.op {
+            Op::GlobalLoadRef | Op::GlobalLoadIndirectRef => {
+                let (ord, dst) = if insn.op == Op::GlobalLoadRef {
+                    (insn.a, r[0])
+                } else {
+                    (a as u32, r[1])
+                };
+                let g = interp::ref_global(state, ord)?.lock().clone();
+                interp::check_cast(&g, ty())?;
+                *ctx.ref_slot(slot(dst))? = g;
+            }
+            Op::GlobalStoreRef | Op::GlobalStoreIndirectRef => {
+                let (ord, src) = if insn.op == Op::GlobalStoreRef {
+                    (insn.a, r[0])
+                } else {
+                    (a as u32, r[1])
+                };
+                let v = ctx.take_ref(base, src)?;
+                interp::check_cast(&v, ty())?;
+                *interp::ref_global(state, ord)?.lock() = v;
+            }
+            Op::ListAlloc => {
+                let l = VmList::new(ty(), a as u32)?;
+                *ctx.ref_slot(slot(r[1]))? = Some(Ref::new(l));
+            }
+            Op::ListReserve => as_list(&list(ctx, r[0])?)?.reserve(a as u32)?,
+            Op::ListResize => as_list(&list(ctx, r[0])?)?.resize(a as u32)?,
+            Op::ListSize => ctx.scratch = as_list(&list(ctx, r[0])?)?.size() as u64,
+            Op::ListGetI32 => {
+                ctx.scratch = as_list(&list(ctx, r[0])?)?.get_i32(a as u32)? as u32 as u64
+            }
+            Op::ListGetI64 => ctx.scratch = as_list(&list(ctx, r[0])?)?.get_i64(a as u32)? as u64,
+            Op::ListGetF32 => {
+                ctx.scratch = as_list(&list(ctx, r[0])?)?.get_f32(a as u32)?.to_bits() as u64
+            }
+            Op::ListGetF64 => {
+                ctx.scratch = as_list(&list(ctx, r[0])?)?.get_f64(a as u32)?.to_bits()
+            }
+            Op::ListSetI32 => as_list(&list(ctx, r[0])?)?.set_i32(a as u32, b as i32)?,
+            Op::ListSetI64 => as_list(&list(ctx, r[0])?)?.set_i64(a as u32, b)?,
+            Op::ListSetF32 => {
+                as_list(&list(ctx, r[0])?)?.set_f32(a as u32, f32::from_bits(b as u32))?
+            }
+            Op::ListSetF64 => {
+                as_list(&list(ctx, r[0])?)?.set_f64(a as u32, f64::from_bits(b as u64))?
+            }
+            Op::ListGetRef => {
+                let v = as_list(&list(ctx, r[0])?)?.get_ref(a as u32)?;
+                let t = ty();
+                // A value of another type reads as null, as in the
+                // interpreter (upstream's retain-or-null).
+                *ctx.ref_slot(slot(r[2]))? = v.filter(|x| t.accepts_ref(x));
+            }
+            Op::ListSetRef => {
+                // The value is taken first, as the interpreter does (it may
+                // be the list register itself, moved).
+                let v = ctx.take_ref(base, r[2])?;
+                as_list(&list(ctx, r[0])?)?.set_ref(a as u32, v)?;
+            }
+            Op::SelectRef => {
+                let (t, f) = (r[1], r[2]);
+                let chosen = if a as u32 != 0 { t } else { f };
+                let v = ctx.take_ref(base, chosen)?;
+                let other = if chosen == t { f } else { t };
+                if other & MOVE_BIT != 0 && other & REF_MASK != chosen & REF_MASK {
+                    *ctx.ref_slot(slot(other))? = None;
+                }
+                *ctx.ref_slot(slot(r[3]))? = v;
+            }
+            Op::SwitchRef => {
+                let pool = &state.module.functions[f as usize].pool;
+                let vals = pool_list(pool, insn.pool as usize);
+                let src = match usize::try_from(a as i32).ok().and_then(|i| vals.get(i)) {
+                    Some(&reg) => reg as u16,
+                    None => r[1],
+                };
+                let v = ctx.ref_slot(slot(src))?.clone();
+                interp::check_cast(&v, ty())?;
+                *ctx.ref_slot(slot(r[2]))? = v;
+            }
+            Op::CastAnyRef => {
+                let v = ctx.take_ref(base, r[0])?;
+                interp::check_cast(&v, ty())?;
+                *ctx.ref_slot(slot(r[1]))? = v;
+            }
+            op => ferrite_base::bail!(Internal, "{} is not a ref op", op.mnemonic()),
+        }
+        Ok(())
+    })
+}
+
+fn as_list(r: &Ref) -> Result<&crate::list::VmList> {
+    r.downcast::<crate::list::VmList>()
+        .ok_or_else(|| status!(Internal, "list operand changed type"))
+}
+
 /// `vm.cmp.{eq,ne,nz}.ref`: the i32 result goes to `scratch`.
 pub(crate) extern "C" fn ref_cmp(ctx: *mut Ctx, fnpc: i64, base: i64) -> i32 {
     guard(ctx, fnpc, |ctx| {

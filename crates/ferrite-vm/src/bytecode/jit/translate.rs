@@ -38,27 +38,7 @@ pub(crate) fn supported(op: Op) -> bool {
     use Op::*;
     !matches!(
         op,
-        GlobalLoadRef
-            | GlobalStoreRef
-            | GlobalLoadIndirectRef
-            | GlobalStoreIndirectRef
-            | ListAlloc
-            | ListReserve
-            | ListSize
-            | ListResize
-            | ListGetI32
-            | ListSetI32
-            | ListGetI64
-            | ListSetI64
-            | ListGetF32
-            | ListSetF32
-            | ListGetF64
-            | ListSetF64
-            | ListGetRef
-            | ListSetRef
-            | SelectRef
-            | SwitchRef
-            | CallVariadic
+        CallVariadic
             | CallYieldable
             | CallVariadicYieldable
             | Yield
@@ -73,7 +53,6 @@ pub(crate) fn supported(op: Op) -> bool {
             | BufferFillF32
             | BufferFillF64
             | BufferHash
-            | CastAnyRef
     )
 }
 
@@ -874,6 +853,82 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let v = self.scratch(I32);
                 let out = if insn.op == Op::CmpNZRef { r[1] } else { r[2] };
                 self.w32(out, v)?;
+            }
+            // ---- ref globals, lists, ref select/switch/cast: one helper
+            Op::GlobalLoadRef
+            | Op::GlobalStoreRef
+            | Op::GlobalLoadIndirectRef
+            | Op::GlobalStoreIndirectRef
+            | Op::ListAlloc
+            | Op::ListReserve
+            | Op::ListSize
+            | Op::ListResize
+            | Op::ListGetI32
+            | Op::ListSetI32
+            | Op::ListGetI64
+            | Op::ListSetI64
+            | Op::ListGetF32
+            | Op::ListSetF32
+            | Op::ListGetF64
+            | Op::ListSetF64
+            | Op::ListGetRef
+            | Op::ListSetRef
+            | Op::SelectRef
+            | Op::SwitchRef
+            | Op::CastAnyRef => {
+                let zero = self.b.ins().iconst(I64, 0);
+                // The primitive input, in the operand the interpreter reads.
+                let a = match insn.op {
+                    Op::GlobalLoadIndirectRef | Op::GlobalStoreIndirectRef | Op::ListAlloc => {
+                        let x = self.r32(r[0])?;
+                        self.b.ins().uextend(I64, x)
+                    }
+                    Op::SelectRef | Op::SwitchRef => {
+                        let x = self.r32(r[0])?;
+                        self.b.ins().sextend(I64, x)
+                    }
+                    Op::GlobalLoadRef | Op::GlobalStoreRef | Op::ListSize | Op::CastAnyRef => zero,
+                    _ => {
+                        let x = self.r32(r[1])?;
+                        self.b.ins().uextend(I64, x)
+                    }
+                };
+                let b = match insn.op {
+                    Op::ListSetI32 | Op::ListSetF32 => {
+                        let x = self.r32(r[2])?;
+                        self.b.ins().uextend(I64, x)
+                    }
+                    Op::ListSetI64 | Op::ListSetF64 => self.r64(r[2])?,
+                    _ => zero,
+                };
+                let (ctx, base) = (self.ctx, self.ref_base);
+                let here = self.here_v();
+                let s = self
+                    .call_helper(
+                        helper!(
+                            runtime::ref_insn as extern "C" fn(_, _, _, _, _) -> _,
+                            [I64, I64, I64, I64, I64],
+                            [I32]
+                        ),
+                        &[ctx, here, base, a, b],
+                    )
+                    .ok_or("no status")?;
+                self.check_status(s);
+                match insn.op {
+                    Op::ListSize => {
+                        let v = self.scratch(I32);
+                        self.w32(r[1], v)?;
+                    }
+                    Op::ListGetI32 | Op::ListGetF32 => {
+                        let v = self.scratch(I32);
+                        self.w32(r[2], v)?;
+                    }
+                    Op::ListGetI64 | Op::ListGetF64 => {
+                        let v = self.scratch(I64);
+                        self.w64(r[2], v)?;
+                    }
+                    _ => {}
+                }
             }
             // ---- select / switch
             Op::SelectI32 | Op::SelectF32 => {

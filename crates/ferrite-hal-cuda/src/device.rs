@@ -1,0 +1,852 @@
+//! The CUDA device: one primary context, one queue stream on which every
+//! queue operation is enqueued in submission order, a transfer stream for
+//! synchronous host transfers and allocations, and a completion thread.
+//!
+//! # Queue operations and semaphores
+//!
+//! A queue operation is enqueued as: for each wait timepoint not already
+//! satisfied, either nothing (the semaphore is signalled by earlier work
+//! on this same stream, so stream order covers it) or a
+//! `cuStreamWaitValue64` (GEQ) on the semaphore's pinned payload word
+//! (host- or CPU-signalled semaphores: their host signals write the word,
+//! which releases the GPU with no host thread involved); then the work
+//! (kernel launches, copies, fills); then a `cuStreamWriteValue64` of each
+//! signal value into the signalled semaphore's word (so another device's
+//! stream waiting on it proceeds on the GPU); then an event
+//! (`CU_EVENT_BLOCKING_SYNC`, recorded without stalling the stream, unlike
+//! a host callback) handed to this device's completion thread, which
+//! sleeps in `cuEventSynchronize` (no spinning) and then signals the
+//! semaphores on the host (waking host waiters and CPU-device work) or
+//! fails them: with the CUDA error text when the stream faulted (the event
+//! wait returns the error), or with a wait semaphore's failure when a wait
+//! failed (a failed semaphore's word is set to its failure value so the GPU
+//! never blocks on it).
+//!
+//! Work enqueued behind a wait that only the host can release occupies the
+//! stream's queue: CUDA blocks the enqueueing thread once about a thousand
+//! operations are pending, as for any stream.
+//!
+//! A chain of dependent submissions on this device is therefore enqueued
+//! back to back without any host round trip: only the completion of each
+//! is reported to the host.
+
+use crate::executable::CudaExecutable;
+use crate::ffi::{self, Api, CUcontext, CUdevice, CUdeviceptr, CUstream};
+use crate::memory::{CudaAllocator, CudaMemory, CudaTimeline, WordPool};
+use ferrite_base::{bail, status, Result, Status};
+use ferrite_hal::allocator::{Allocator, BufferParams};
+use ferrite_hal::buffer::Buffer;
+use ferrite_hal::command_buffer::{Binding, BindingTable, BufferRef, Command, CommandBuffer};
+use ferrite_hal::device::{Device, Work};
+use ferrite_hal::executable::Executable;
+use ferrite_hal::fence::Fence;
+use ferrite_hal::semaphore::DeviceTimeline;
+use parking_lot::Mutex;
+use std::any::Any;
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+/// Device state shared by the device, its memory, executables and
+/// timelines (they keep the context and streams alive).
+pub struct Shared {
+    /// The driver API.
+    pub api: &'static Api,
+    pub(crate) ctx: CUcontext,
+    pub(crate) device: CUdevice,
+    /// The queue stream.
+    pub(crate) stream: CUstream,
+    /// Synchronous transfers and allocations (never waits on semaphores).
+    pub(crate) transfer_stream: CUstream,
+    pub(crate) words: WordPool,
+    transfer_lock: Mutex<()>,
+    /// Recorded-and-reached events for reuse.
+    events: Mutex<Vec<ffi::CUevent>>,
+}
+
+// SAFETY: CUDA handles are usable from any thread once the context is
+// current (`make_current`); the transfer stream is used under a lock and
+// the queue stream under the device's submission lock.
+unsafe impl Send for Shared {}
+// SAFETY: see above.
+unsafe impl Sync for Shared {}
+
+thread_local! {
+    static CURRENT: Cell<CUcontext> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+impl Shared {
+    /// Makes the device's context current on this thread (cached).
+    pub fn make_current(&self) -> Result<()> {
+        if CURRENT.with(|c| c.get()) == self.ctx {
+            return Ok(());
+        }
+        ffi::check(
+            // SAFETY: `ctx` is the retained primary context.
+            unsafe { (self.api.cuCtxSetCurrent)(self.ctx) },
+            "cuCtxSetCurrent",
+        )?;
+        CURRENT.with(|c| c.set(self.ctx));
+        Ok(())
+    }
+
+    /// Copies `len` bytes between unified addresses (device or host) on
+    /// the transfer stream and waits for it.
+    pub(crate) fn copy_sync(&self, dst: CUdeviceptr, src: CUdeviceptr, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.make_current()?;
+        let _g = self.transfer_lock.lock();
+        ffi::check(
+            // SAFETY: the caller passes ranges valid for `len` bytes (a checked
+            // buffer range and a host slice); the copy completes before return.
+            unsafe { (self.api.cuMemcpyAsync)(dst, src, len, self.transfer_stream) },
+            "copying between host and device",
+        )?;
+        // SAFETY: a stream of this context.
+        ffi::check(
+            unsafe { (self.api.cuStreamSynchronize)(self.transfer_stream) },
+            "waiting for a transfer",
+        )
+    }
+
+    /// Waits for the transfer stream.
+    pub(crate) fn sync_transfer(&self) -> Result<()> {
+        let _g = self.transfer_lock.lock();
+        // SAFETY: a stream of this context.
+        ffi::check(
+            unsafe { (self.api.cuStreamSynchronize)(self.transfer_stream) },
+            "waiting for the transfer stream",
+        )
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.make_current().is_ok() {
+            // SAFETY: the streams were created by this device and nothing
+            // references them any more (everything using them holds an Arc
+            // of `Shared`).
+            unsafe {
+                (self.api.cuStreamSynchronize)(self.stream);
+                (self.api.cuStreamDestroy_v2)(self.stream);
+                (self.api.cuStreamDestroy_v2)(self.transfer_stream);
+                for e in self.events.get_mut().drain(..) {
+                    (self.api.cuEventDestroy_v2)(e);
+                }
+                (self.api.cuDevicePrimaryCtxRelease_v2)(self.device);
+            }
+        }
+    }
+}
+
+/// What the completion thread does when the stream reaches an event.
+struct Completion {
+    /// Recorded after the work; returned to the pool once reached.
+    event: ffi::CUevent,
+    signal: Fence,
+    waits: Fence,
+    /// Resources the enqueued work uses, released after it.
+    keep: Keep,
+    /// Host work to run after the stream work (for `submit`).
+    work: Option<Work>,
+}
+
+/// Resources kept alive until the work using them completes.
+#[derive(Default)]
+pub(crate) struct Keep {
+    buffers: Vec<Buffer>,
+    executables: Vec<Arc<dyn Executable>>,
+    bytes: Vec<Vec<u8>>,
+}
+
+// SAFETY: the event handle is used by the completion thread only, in the
+// device's context; everything else in a completion is Send.
+unsafe impl Send for Completion {}
+
+/// Waits for the completion's event (sleeping), then signals or fails.
+fn complete(shared: &Shared, c: Completion) {
+    // SAFETY: the event was created in this context and recorded on the
+    // queue stream; it is reused only after this wait.
+    let status = unsafe { (shared.api.cuEventSynchronize)(c.event) };
+    shared.events.lock().push(c.event);
+    let Completion {
+        event: _,
+        signal,
+        waits,
+        keep,
+        work,
+    } = c;
+    let outcome: Result<()> = if status != ffi::CUDA_SUCCESS {
+        Err(Status::new(
+            ferrite_base::StatusCode::Internal,
+            format!("CUDA device failed: {}", ffi::error_name(status)),
+        ))
+    } else if let Some(e) = waits.timepoints().iter().find_map(|(s, _)| s.failure()) {
+        Err(e)
+    } else if let Some(work) = work {
+        work()
+    } else {
+        Ok(())
+    };
+    drop(keep);
+    match outcome {
+        Ok(()) => {
+            let _ = signal.signal();
+        }
+        Err(e) => signal.fail(e),
+    }
+}
+
+/// A CUDA device (`cuda`, `cuda://N`, `cuda://GPU-<uuid>`).
+pub struct CudaDevice {
+    id: String,
+    shared: Arc<Shared>,
+    allocator: Arc<CudaAllocator>,
+    /// Serializes enqueueing so stream order is submission order.
+    submit_lock: Mutex<mpsc::Sender<Completion>>,
+    cc: (i32, i32),
+    sm_count: i32,
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal` (its primary context and two streams) and
+    /// starts its completion thread.
+    pub fn open(ordinal: i32) -> Result<Arc<CudaDevice>> {
+        let api = ffi::api()?;
+        let mut dev: CUdevice = 0;
+        ffi::check(
+            // SAFETY: valid out-pointer.
+            unsafe { (api.cuDeviceGet)(&mut dev, ordinal) },
+            &format!("opening CUDA device {ordinal}"),
+        )?;
+        let attr = |a| -> Result<i32> {
+            let mut v = 0;
+            ffi::check(
+                // SAFETY: valid out-pointer and device.
+                unsafe { (api.cuDeviceGetAttribute)(&mut v, a, dev) },
+                "cuDeviceGetAttribute",
+            )?;
+            Ok(v)
+        };
+        let cc = (
+            attr(ffi::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(ffi::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let sm_count = attr(ffi::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        ffi::check(
+            // SAFETY: valid out-pointer and device.
+            unsafe { (api.cuDevicePrimaryCtxRetain)(&mut ctx, dev) },
+            "retaining the primary context",
+        )?;
+        // SAFETY: retained just above.
+        ffi::check(unsafe { (api.cuCtxSetCurrent)(ctx) }, "cuCtxSetCurrent")?;
+        CURRENT.with(|c| c.set(ctx));
+        let mut stream: CUstream = std::ptr::null_mut();
+        let mut transfer: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointers in the current context.
+        unsafe {
+            ffi::check(
+                (api.cuStreamCreate)(&mut stream, ffi::CU_STREAM_NON_BLOCKING),
+                "creating the queue stream",
+            )?;
+            ffi::check(
+                (api.cuStreamCreate)(&mut transfer, ffi::CU_STREAM_NON_BLOCKING),
+                "creating the transfer stream",
+            )?;
+        }
+        // Keep freed pool memory cached (transients are reallocated on
+        // every call of a program).
+        let mut pool: ffi::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the threshold is passed by pointer to
+        // a u64 as the attribute requires.
+        unsafe {
+            if (api.cuDeviceGetDefaultMemPool)(&mut pool, dev) == ffi::CUDA_SUCCESS {
+                let mut threshold: u64 = u64::MAX;
+                (api.cuMemPoolSetAttribute)(
+                    pool,
+                    ffi::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    &mut threshold as *mut u64 as *mut c_void,
+                );
+            }
+        }
+        let shared = Arc::new(Shared {
+            api,
+            ctx,
+            device: dev,
+            stream,
+            transfer_stream: transfer,
+            words: WordPool::new(),
+            transfer_lock: Mutex::new(()),
+            events: Mutex::new(Vec::new()),
+        });
+        let (tx, rx) = mpsc::channel::<Completion>();
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name(format!("ferrite-cuda{ordinal}-completion"))
+            .spawn(move || {
+                for c in rx {
+                    // Pending completions keep their semaphores, which keep
+                    // `Shared` alive through their timelines only when
+                    // attached; hold it for the wait.
+                    let Some(shared) = weak.upgrade() else {
+                        c.signal
+                            .fail(status!(Cancelled, "CUDA device was destroyed"));
+                        continue;
+                    };
+                    if shared.make_current().is_err() {
+                        c.signal.fail(status!(Internal, "CUDA context lost"));
+                        continue;
+                    }
+                    complete(&shared, c);
+                }
+            })
+            .map_err(|e| {
+                status!(
+                    ResourceExhausted,
+                    "starting the CUDA completion thread: {e}"
+                )
+            })?;
+        Ok(Arc::new(CudaDevice {
+            id: "cuda".to_string(),
+            allocator: Arc::new(CudaAllocator::new(shared.clone())),
+            shared,
+            submit_lock: Mutex::new(tx),
+            cc,
+            sm_count,
+        }))
+    }
+
+    /// The device state (for tests and sibling modules).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The device address of `[offset, offset+len)` of `buffer`, which must
+    /// be memory of this device.
+    fn device_ptr(&self, buffer: &Buffer, offset: u64) -> Result<CUdeviceptr> {
+        match buffer
+            .device_memory()
+            .and_then(|m| m.as_any().downcast_ref::<CudaMemory>())
+        {
+            Some(m) if m.belongs_to(&self.shared) => Ok(m.device_ptr() + buffer.byte_offset() + offset),
+            Some(_) => bail!(InvalidArgument, "buffer belongs to another CUDA device"),
+            None => bail!(
+                InvalidArgument,
+                "buffer of {} bytes is host memory of another device; a CUDA queue operation needs memory from the CUDA device's allocator",
+                buffer.byte_length()
+            ),
+        }
+    }
+
+    /// The timeline of `sem`, attached to this device when it has none.
+    fn timeline(&self, sem: &ferrite_hal::Semaphore) -> Result<Arc<dyn DeviceTimeline>> {
+        let shared = self.shared.clone();
+        sem.device_timeline(move || {
+            Ok(Arc::new(CudaTimeline::new(&shared)?) as Arc<dyn DeviceTimeline>)
+        })
+    }
+
+    /// Enqueues one queue operation (see the module docs): waits, `body`,
+    /// signal writes, completion callback. `body` failing fails `signal`.
+    fn enqueue(
+        &self,
+        wait: &Fence,
+        signal: &Fence,
+        mut keep: Keep,
+        work: Option<Work>,
+        body: impl FnOnce(&Self, &mut Keep) -> Result<()>,
+    ) -> Result<()> {
+        let tx = self.submit_lock.lock();
+        let outcome = (|| -> Result<()> {
+            self.shared.make_current()?;
+            let api = self.shared.api;
+            let stream = self.shared.stream;
+            for (sem, value) in wait.timepoints() {
+                match sem.query() {
+                    Ok(v) if v >= value => continue,
+                    Ok(_) => {}
+                    Err(e) => return Err(e),
+                }
+                let t = self.timeline(&sem)?;
+                let Some(ct) = t.as_any().downcast_ref::<CudaTimeline>() else {
+                    bail!(
+                        Unimplemented,
+                        "semaphore's device timeline belongs to a non-CUDA device"
+                    );
+                };
+                if Arc::ptr_eq(&ct.shared, &self.shared)
+                    && ct.stream_signaled.load(Ordering::Acquire) >= value
+                {
+                    // Signalled by earlier work on this stream.
+                    continue;
+                }
+                ffi::check(
+                    // SAFETY: `dptr` is the device address of a pinned word
+                    // that lives while `sem` (kept in `waits`) lives.
+                    unsafe {
+                        (api.cuStreamWaitValue64_v2)(
+                            stream,
+                            ct.dptr,
+                            value,
+                            ffi::CU_STREAM_WAIT_VALUE_GEQ,
+                        )
+                    },
+                    "enqueueing a semaphore wait",
+                )?;
+            }
+            body(self, &mut keep)?;
+            for (sem, value) in signal.timepoints() {
+                let t = self.timeline(&sem)?;
+                let Some(ct) = t.as_any().downcast_ref::<CudaTimeline>() else {
+                    continue;
+                };
+                if !Arc::ptr_eq(&ct.shared, &self.shared) {
+                    continue;
+                }
+                ct.stream_signaled.fetch_max(value, Ordering::AcqRel);
+                ffi::check(
+                    // SAFETY: as above, for the signalled semaphore's word.
+                    unsafe {
+                        (api.cuStreamWriteValue64_v2)(
+                            stream,
+                            ct.dptr,
+                            value,
+                            ffi::CU_STREAM_WRITE_VALUE_DEFAULT,
+                        )
+                    },
+                    "enqueueing a semaphore signal",
+                )?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = outcome {
+            signal.fail(e);
+            return Ok(());
+        }
+        let event = match self.event() {
+            Ok(e) => e,
+            Err(e) => {
+                signal.fail(e);
+                return Ok(());
+            }
+        };
+        // SAFETY: an event of this context, recorded on its queue stream.
+        let r = unsafe { (self.shared.api.cuEventRecord)(event, self.shared.stream) };
+        if r != ffi::CUDA_SUCCESS {
+            self.shared.events.lock().push(event);
+            signal.fail(ffi::to_status(r, "recording a completion event"));
+            return Ok(());
+        }
+        let _ = tx.send(Completion {
+            event,
+            signal: signal.clone(),
+            waits: wait.clone(),
+            keep,
+            work,
+        });
+        Ok(())
+    }
+
+    /// A completion event from the pool (or a new one).
+    fn event(&self) -> Result<ffi::CUevent> {
+        if let Some(e) = self.shared.events.lock().pop() {
+            return Ok(e);
+        }
+        let mut e: ffi::CUevent = std::ptr::null_mut();
+        ffi::check(
+            // SAFETY: valid out-pointer; the context is current.
+            unsafe {
+                (self.shared.api.cuEventCreate)(&mut e, ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING)
+            },
+            "creating a completion event",
+        )?;
+        Ok(e)
+    }
+
+    fn resolve<'a>(
+        &self,
+        r: &'a BufferRef,
+        table: &'a [Binding],
+    ) -> Result<(&'a Buffer, CUdeviceptr, u64)> {
+        let (b, off, len) = r.resolve(table)?;
+        Ok((b, self.device_ptr(b, off)?, len))
+    }
+
+    /// Enqueues recorded commands on the queue stream.
+    fn enqueue_commands(
+        &self,
+        commands: &[Command],
+        table: &[Binding],
+        keep: &mut Keep,
+    ) -> Result<()> {
+        let api = self.shared.api;
+        let stream = self.shared.stream;
+        for b in table {
+            keep.buffers.push(b.buffer.clone());
+        }
+        let mut params: Vec<*mut c_void> = Vec::new();
+        let mut words: Vec<u64> = Vec::new();
+        for cmd in commands {
+            match cmd {
+                Command::Barrier => {}
+                Command::Fill { target, pattern } => {
+                    let (b, p, len) = self.resolve(target, table)?;
+                    keep.buffers.push(b.clone());
+                    self.fill(p, len, pattern)?;
+                }
+                Command::Update { data, target } => {
+                    let (b, p, len) = self.resolve(target, table)?;
+                    keep.buffers.push(b.clone());
+                    let n = (len as usize).min(data.len());
+                    ffi::check(
+                        // SAFETY: `data` holds at least `n` bytes (kept alive in
+                        // the command buffer, itself kept by the caller); the
+                        // target range was checked.
+                        unsafe {
+                            (api.cuMemcpyHtoDAsync_v2)(p, data.as_ptr() as *const c_void, n, stream)
+                        },
+                        "enqueueing a buffer update",
+                    )?;
+                }
+                Command::Copy { source, target } => {
+                    let (s, sp, len) = self.resolve(source, table)?;
+                    let (t, tp, _) = self.resolve(target, table)?;
+                    keep.buffers.push(s.clone());
+                    keep.buffers.push(t.clone());
+                    ffi::check(
+                        // SAFETY: both ranges were checked against their buffers.
+                        unsafe { (api.cuMemcpyAsync)(tp, sp, len as usize, stream) },
+                        "enqueueing a buffer copy",
+                    )?;
+                }
+                Command::Dispatch {
+                    executable,
+                    function,
+                    workgroups,
+                    indirect,
+                    constants,
+                    bindings,
+                } => {
+                    let Some(exe) = executable.0.as_any().downcast_ref::<CudaExecutable>() else {
+                        bail!(
+                            InvalidArgument,
+                            "executable was not loaded by a CUDA device"
+                        );
+                    };
+                    keep.executables.push(executable.0.clone());
+                    let kernel = exe.kernel(*function)?;
+                    if indirect.is_some() {
+                        bail!(
+                            Unimplemented,
+                            "indirect dispatch parameters are not supported in CUDA streams"
+                        );
+                    }
+                    if bindings.len() < kernel.binding_count as usize {
+                        bail!(
+                            InvalidArgument,
+                            "dispatch of export {function} has {} bindings but the kernel takes {}",
+                            bindings.len(),
+                            kernel.binding_count
+                        );
+                    }
+                    if constants.len() < kernel.constant_count as usize {
+                        bail!(
+                            InvalidArgument,
+                            "dispatch of export {function} has {} constants but the kernel takes {}",
+                            constants.len(),
+                            kernel.constant_count
+                        );
+                    }
+                    if workgroups.contains(&0) {
+                        continue;
+                    }
+                    words.clear();
+                    for r in bindings.iter().take(kernel.binding_count as usize) {
+                        let (b, p, _) = self.resolve(r, table)?;
+                        if let BufferRef::Direct { .. } = r {
+                            keep.buffers.push(b.clone());
+                        }
+                        words.push(p);
+                    }
+                    let consts: Vec<u32> = constants[..kernel.constant_count as usize].to_vec();
+                    params.clear();
+                    for w in words.iter_mut() {
+                        params.push(w as *mut u64 as *mut c_void);
+                    }
+                    let mut consts = consts;
+                    for c in consts.iter_mut() {
+                        params.push(c as *mut u32 as *mut c_void);
+                    }
+                    let [bx, by, bz] = kernel.block_dims;
+                    ffi::check(
+                        // SAFETY: the parameter array points at one u64 per
+                        // binding then one u32 per push constant, the layout the
+                        // compiler gives the kernel; the driver copies them
+                        // before returning; the buffers and executable are kept
+                        // alive until the stream passes this launch.
+                        unsafe {
+                            (api.cuLaunchKernel)(
+                                kernel.function,
+                                workgroups[0],
+                                workgroups[1],
+                                workgroups[2],
+                                bx,
+                                by,
+                                bz,
+                                kernel.shared_memory,
+                                stream,
+                                params.as_mut_ptr(),
+                                std::ptr::null_mut(),
+                            )
+                        },
+                        "launching a kernel",
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fill(&self, p: CUdeviceptr, len: u64, pattern: &[u8]) -> Result<()> {
+        let api = self.shared.api;
+        let stream = self.shared.stream;
+        let n = pattern.len();
+        if !len.is_multiple_of(n as u64) {
+            bail!(
+                InvalidArgument,
+                "fill length {len} is not a multiple of the {n}-byte pattern"
+            );
+        }
+        let count = (len / n as u64) as usize;
+        // SAFETY: the target range `[p, p+len)` was checked by the caller.
+        let r = unsafe {
+            match n {
+                1 => (api.cuMemsetD8Async)(p, pattern[0], count, stream),
+                2 => (api.cuMemsetD16Async)(
+                    p,
+                    u16::from_le_bytes([pattern[0], pattern[1]]),
+                    count,
+                    stream,
+                ),
+                4 => (api.cuMemsetD32Async)(
+                    p,
+                    u32::from_le_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]),
+                    count,
+                    stream,
+                ),
+                _ => bail!(
+                    Unimplemented,
+                    "CUDA fills take 1, 2 or 4-byte patterns (got {n})"
+                ),
+            }
+        };
+        ffi::check(r, "enqueueing a buffer fill")
+    }
+}
+
+/// The `hal.device.id` glob match (`*` and `?`).
+fn glob(pattern: &str, text: &str) -> bool {
+    fn go(p: &[u8], t: &[u8]) -> bool {
+        match (p.first(), t.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => go(&p[1..], t) || (!t.is_empty() && go(p, &t[1..])),
+            (Some(b'?'), Some(_)) => go(&p[1..], &t[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &t[1..]),
+            _ => false,
+        }
+    }
+    go(pattern.as_bytes(), text.as_bytes())
+}
+
+impl Device for CudaDevice {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn allocator(&self) -> Arc<dyn Allocator> {
+        self.allocator.clone()
+    }
+    fn query_i64(&self, category: &str, key: &str) -> Result<Option<i64>> {
+        Ok(match category {
+            "hal.device.id" => Some(glob(key, &self.id) as i64),
+            "hal.executable.format" => Some((key == crate::executable::FORMAT) as i64),
+            "cuda.device" if key == "compute_capability_major" => Some(self.cc.0 as i64),
+            "cuda.device" if key == "compute_capability_minor" => Some(self.cc.1 as i64),
+            "hal.device" | "hal.dispatch" if key == "concurrency" => Some(self.sm_count as i64),
+            _ => None,
+        })
+    }
+    fn create_executable(
+        &self,
+        format: &str,
+        data: &[u8],
+        _constants: &[u32],
+    ) -> Result<Arc<dyn Executable>> {
+        if format != crate::executable::FORMAT {
+            bail!(
+                Unimplemented,
+                "executable format '{format}' is not supported by the CUDA device (it loads '{}')",
+                crate::executable::FORMAT
+            );
+        }
+        Ok(Arc::new(CudaExecutable::load(&self.shared, data)?))
+    }
+    fn submit(&self, wait: &Fence, signal: &Fence, work: Work) -> Result<()> {
+        // Host work ordered on the stream: it runs on the completion thread
+        // once the stream (and so every wait) gets there.
+        self.enqueue(wait, signal, Keep::default(), Some(work), |_, _| Ok(()))
+    }
+    fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()> {
+        let done = Fence::new();
+        let sem = ferrite_hal::Semaphore::new(0);
+        done.insert(sem, 1);
+        self.enqueue(Fence::empty(), &done, Keep::default(), None, |d, keep| {
+            d.enqueue_commands(commands, bindings, keep)
+        })?;
+        done.wait(ferrite_base::Timeout::INFINITE).map(|_| ())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn queue_alloca(
+        &self,
+        _this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        params: &BufferParams,
+        size: u64,
+    ) -> Result<Buffer> {
+        let mut out = None;
+        self.enqueue(wait, signal, Keep::default(), None, |d, _| {
+            if params
+                .canonicalize()
+                .memory_type
+                .contains(ferrite_hal::MemoryType::HOST_VISIBLE)
+            {
+                out = Some(d.allocator.allocate(params, size)?);
+            } else {
+                out = Some(CudaAllocator::device_buffer(
+                    &d.shared,
+                    params,
+                    size,
+                    d.shared.stream,
+                )?);
+            }
+            Ok(())
+        })?;
+        match out {
+            Some(b) => Ok(b),
+            None => {
+                // The operation failed (the signal fence carries why); the
+                // caller still needs a buffer handle to release.
+                let s = signal.timepoints().iter().find_map(|(s, _)| s.failure());
+                Err(s.unwrap_or_else(|| status!(Internal, "queue alloca failed")))
+            }
+        }
+    }
+    fn queue_dealloca(
+        &self,
+        _this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        buffer: Buffer,
+    ) -> Result<()> {
+        let keep = Keep {
+            buffers: vec![buffer],
+            ..Keep::default()
+        };
+        self.enqueue(wait, signal, keep, None, |_, _| Ok(()))
+    }
+    fn queue_fill(
+        &self,
+        _this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        target: Buffer,
+        offset: u64,
+        length: u64,
+        pattern: Vec<u8>,
+    ) -> Result<()> {
+        let (off, len) = target.resolve_range(offset, length)?;
+        self.enqueue(wait, signal, Keep::default(), None, |d, keep| {
+            let p = d.device_ptr(&target, off)?;
+            keep.buffers.push(target.clone());
+            d.fill(p, len, &pattern)
+        })
+    }
+    fn queue_update(
+        &self,
+        _this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        data: Vec<u8>,
+        target: Buffer,
+        offset: u64,
+    ) -> Result<()> {
+        self.enqueue(wait, signal, Keep::default(), None, |d, keep| {
+            let p = d.device_ptr(&target, offset)?;
+            ffi::check(
+                // SAFETY: the range was checked by the caller; `data` is kept
+                // alive until the copy completed.
+                unsafe {
+                    (d.shared.api.cuMemcpyHtoDAsync_v2)(
+                        p,
+                        data.as_ptr() as *const c_void,
+                        data.len(),
+                        d.shared.stream,
+                    )
+                },
+                "enqueueing a buffer update",
+            )?;
+            keep.buffers.push(target.clone());
+            keep.bytes.push(data);
+            Ok(())
+        })
+    }
+    fn queue_copy(
+        &self,
+        _this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        source: Buffer,
+        source_offset: u64,
+        target: Buffer,
+        target_offset: u64,
+        length: u64,
+    ) -> Result<()> {
+        let (_, len) = source.resolve_range(source_offset, length)?;
+        self.enqueue(wait, signal, Keep::default(), None, |d, keep| {
+            let s = d.device_ptr(&source, source_offset)?;
+            let t = d.device_ptr(&target, target_offset)?;
+            ffi::check(
+                // SAFETY: both ranges were checked by the caller.
+                unsafe { (d.shared.api.cuMemcpyAsync)(t, s, len as usize, d.shared.stream) },
+                "enqueueing a buffer copy",
+            )?;
+            keep.buffers.push(source.clone());
+            keep.buffers.push(target.clone());
+            Ok(())
+        })
+    }
+    fn queue_barrier(&self, _this: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
+        self.enqueue(wait, signal, Keep::default(), None, |_, _| Ok(()))
+    }
+    fn queue_execute(
+        &self,
+        _this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        cb: &CommandBuffer,
+        bindings: BindingTable,
+    ) -> Result<()> {
+        let commands = cb.commands()?;
+        self.enqueue(wait, signal, Keep::default(), None, |d, keep| {
+            d.enqueue_commands(&commands, &bindings, keep)
+        })
+    }
+}

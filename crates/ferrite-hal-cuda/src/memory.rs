@@ -1,0 +1,496 @@
+//! CUDA memory: the allocator, the buffer storage kinds and the pinned
+//! words that carry semaphore payloads to the GPU.
+//!
+//! | request | memory |
+//! | --- | --- |
+//! | device-local, not host-visible | device memory from the device's stream-ordered pool (`cuMemAllocAsync`; queue `alloca` allocates on the queue's stream, the allocator on a transfer stream it then synchronizes) |
+//! | host-visible (any) | pinned, mapped host memory (`cuMemHostAlloc` with `DEVICEMAP`): the host maps it directly, kernels read it over the bus |
+//! | import of host memory | read-only or at most 1 MiB: copied into device memory; larger writable memory: `cuMemHostRegister` (mapped) |
+//!
+//! Device memory is freed stream-ordered (`cuMemFreeAsync` on the queue
+//! stream) when its last buffer is dropped, so work enqueued before the
+//! drop still sees it.
+
+use crate::device::Shared;
+use crate::ffi::{self, CUdeviceptr};
+use ferrite_base::{bail, status, Result};
+use ferrite_hal::allocator::{Allocator, AllocatorStatistics, BufferParams};
+use ferrite_hal::buffer::{Buffer, DeviceMemory, HostMemory};
+use ferrite_hal::memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
+use ferrite_hal::semaphore::DeviceTimeline;
+use parking_lot::Mutex;
+use std::any::Any;
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// How a [`CudaMemory`] was obtained (and how it is released).
+enum Kind {
+    /// Pool memory (`cuMemAllocAsync`), freed with `cuMemFreeAsync`.
+    Device,
+    /// Pinned host memory (`cuMemHostAlloc`), freed with `cuMemFreeHost`.
+    Pinned(NonNull<u8>),
+    /// Registered host memory; unregistered, then the owner is dropped.
+    Registered(NonNull<u8>, #[allow(dead_code)] HostMemory),
+}
+
+/// A CUDA allocation behind a [`Buffer`].
+pub struct CudaMemory {
+    shared: Arc<Shared>,
+    dptr: CUdeviceptr,
+    len: u64,
+    kind: Kind,
+}
+
+// SAFETY: the device pointer and pinned host pointers are process-wide
+// addresses owned by this value; access to the bytes follows the HAL
+// buffer contract (queue ordering).
+unsafe impl Send for CudaMemory {}
+// SAFETY: see above.
+unsafe impl Sync for CudaMemory {}
+
+impl CudaMemory {
+    /// The device address of byte 0 (0 for an empty allocation).
+    pub fn device_ptr(&self) -> CUdeviceptr {
+        self.dptr
+    }
+
+    /// True when `shared` is the device this memory belongs to.
+    pub fn belongs_to(&self, shared: &Arc<Shared>) -> bool {
+        Arc::ptr_eq(&self.shared, shared)
+    }
+}
+
+impl Drop for CudaMemory {
+    fn drop(&mut self) {
+        let api = self.shared.api;
+        if self.shared.make_current().is_err() {
+            return;
+        }
+        match &self.kind {
+            Kind::Device => {
+                if self.dptr != 0 {
+                    // SAFETY: `dptr` came from cuMemAllocAsync and is freed
+                    // once, ordered after all work enqueued on the queue
+                    // stream so far (which is all work that can use it).
+                    unsafe { (api.cuMemFreeAsync)(self.dptr, self.shared.stream) };
+                }
+            }
+            // SAFETY: the pointer came from cuMemHostAlloc; freed once.
+            Kind::Pinned(p) => unsafe {
+                (api.cuMemFreeHost)(p.as_ptr() as *mut c_void);
+            },
+            // SAFETY: registered by cuMemHostRegister; unregistered once,
+            // before the owner (a field) is dropped.
+            Kind::Registered(p, _) => unsafe {
+                (api.cuMemHostUnregister)(p.as_ptr() as *mut c_void);
+            },
+        }
+    }
+}
+
+impl DeviceMemory for CudaMemory {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn host_ptr(&self) -> Option<NonNull<u8>> {
+        match &self.kind {
+            Kind::Device => None,
+            Kind::Pinned(p) | Kind::Registered(p, _) => Some(*p),
+        }
+    }
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.shared.copy_sync(
+            dst.as_mut_ptr() as CUdeviceptr,
+            self.dptr + offset,
+            dst.len(),
+        )
+    }
+    fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        self.shared
+            .copy_sync(self.dptr + offset, src.as_ptr() as CUdeviceptr, src.len())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Imports of at most this many bytes are copies.
+const COPY_IMPORT_MAX_BYTES: usize = 1 << 20;
+
+/// The CUDA allocator of one device.
+pub struct CudaAllocator {
+    shared: Arc<Shared>,
+    stats: Mutex<AllocatorStatistics>,
+}
+
+impl CudaAllocator {
+    /// The allocator of the device `shared`.
+    pub fn new(shared: Arc<Shared>) -> CudaAllocator {
+        CudaAllocator {
+            shared,
+            stats: Mutex::new(AllocatorStatistics::default()),
+        }
+    }
+
+    fn resolve(params: &BufferParams) -> (MemoryType, BufferUsage, MemoryAccess) {
+        let p = params.canonicalize();
+        let ty = if p.memory_type.contains(MemoryType::HOST_VISIBLE) {
+            MemoryType::HOST_LOCAL | MemoryType::DEVICE_VISIBLE
+        } else {
+            MemoryType::DEVICE_LOCAL
+        };
+        let mut usage = p.usage | BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE;
+        if ty.contains(MemoryType::HOST_VISIBLE) {
+            usage |= BufferUsage::MAPPING;
+        }
+        (ty, usage, p.access)
+    }
+
+    /// Device-local memory of `size` bytes allocated in stream order on
+    /// `stream` (the queue stream for alloca).
+    pub(crate) fn device_buffer(
+        shared: &Arc<Shared>,
+        params: &BufferParams,
+        size: u64,
+        stream: ffi::CUstream,
+    ) -> Result<Buffer> {
+        let (_, usage, access) = Self::resolve(params);
+        let mut dptr: CUdeviceptr = 0;
+        if size > 0 {
+            ffi::check(
+                // SAFETY: `dptr` is a valid out-pointer; the stream belongs to
+                // the current context.
+                unsafe { (shared.api.cuMemAllocAsync)(&mut dptr, size as usize, stream) },
+                &format!("allocating {size} bytes of device memory"),
+            )?;
+        }
+        Ok(Buffer::from_device_memory(
+            Box::new(CudaMemory {
+                shared: shared.clone(),
+                dptr,
+                len: size,
+                kind: Kind::Device,
+            }),
+            MemoryType::DEVICE_LOCAL,
+            usage,
+            access,
+        ))
+    }
+
+    fn pinned_buffer(&self, params: &BufferParams, size: u64) -> Result<Buffer> {
+        let (ty, usage, access) = Self::resolve(params);
+        let api = self.shared.api;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        ffi::check(
+            // SAFETY: valid out-pointer; a size of at least 1 byte.
+            unsafe {
+                (api.cuMemHostAlloc)(
+                    &mut host,
+                    size.max(1) as usize,
+                    ffi::CU_MEMHOSTALLOC_PORTABLE_DEVICEMAP,
+                )
+            },
+            &format!("allocating {size} bytes of pinned host memory"),
+        )?;
+        let Some(p) = NonNull::new(host as *mut u8) else {
+            bail!(
+                ResourceExhausted,
+                "cuMemHostAlloc returned null for {size} bytes"
+            );
+        };
+        // Zeroed as the HAL's allocate promises.
+        // SAFETY: the allocation is valid for `size` bytes and unshared.
+        unsafe { std::ptr::write_bytes(p.as_ptr(), 0, size as usize) };
+        let mut dptr: CUdeviceptr = 0;
+        // SAFETY: `host` is a pinned, mapped allocation.
+        let r = unsafe { (api.cuMemHostGetDevicePointer_v2)(&mut dptr, host, 0) };
+        let mem = CudaMemory {
+            shared: self.shared.clone(),
+            dptr,
+            len: size,
+            kind: Kind::Pinned(p),
+        };
+        ffi::check(r, "mapping pinned host memory for the device")?;
+        Ok(Buffer::from_device_memory(Box::new(mem), ty, usage, access))
+    }
+}
+
+impl Allocator for CudaAllocator {
+    fn query_compatibility(
+        &self,
+        params: &BufferParams,
+        _size: u64,
+    ) -> (BufferCompatibility, BufferParams) {
+        let p = params.canonicalize();
+        let (ty, usage, access) = Self::resolve(&p);
+        let mut compat = BufferCompatibility::ALLOCATABLE
+            | BufferCompatibility::IMPORTABLE
+            | BufferCompatibility::QUEUE_TRANSFER
+            | BufferCompatibility::QUEUE_DISPATCH;
+        if ty.contains(MemoryType::HOST_VISIBLE) {
+            compat |= BufferCompatibility::EXPORTABLE;
+        }
+        let resolved = BufferParams {
+            memory_type: ty,
+            usage,
+            access,
+            ..p
+        };
+        (compat, resolved)
+    }
+
+    fn allocate(&self, params: &BufferParams, size: u64) -> Result<Buffer> {
+        self.shared.make_current()?;
+        let (ty, _, _) = Self::resolve(params);
+        let b = if ty.contains(MemoryType::HOST_VISIBLE) {
+            self.pinned_buffer(params, size)?
+        } else {
+            // On the transfer stream, synchronized: usable from any stream
+            // and by the host at once (never waits on the queue stream,
+            // which may be blocked on a semaphore the caller signals later).
+            let b = Self::device_buffer(&self.shared, params, size, self.shared.transfer_stream)?;
+            if size > 0 {
+                let dptr = b
+                    .device_memory()
+                    .and_then(|m| m.as_any().downcast_ref::<CudaMemory>())
+                    .map_or(0, |m| m.dptr);
+                ffi::check(
+                    // SAFETY: zeroing the fresh allocation on the stream it was
+                    // allocated on.
+                    unsafe {
+                        (self.shared.api.cuMemsetD8Async)(
+                            dptr,
+                            0,
+                            size as usize,
+                            self.shared.transfer_stream,
+                        )
+                    },
+                    "zeroing a new allocation",
+                )?;
+            }
+            self.shared.sync_transfer()?;
+            b
+        };
+        let mut s = self.stats.lock();
+        if ty.contains(MemoryType::HOST_VISIBLE) {
+            s.host_bytes_allocated += size;
+        } else {
+            s.device_bytes_allocated += size;
+        }
+        Ok(b)
+    }
+
+    fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
+        self.shared.make_current()?;
+        let p = params.canonicalize();
+        let bytes = memory.bytes();
+        let (bytes_ptr, len) = (bytes.as_ptr() as *mut u8, bytes.len());
+        // Read-only and small memory is copied into device memory (kernels
+        // read it at full speed, and registering costs more than copying a
+        // small input); large writable memory is registered and mapped.
+        let writable = memory.is_writable() && len > COPY_IMPORT_MAX_BYTES;
+        if !writable || len == 0 {
+            let b = self.allocate(
+                &BufferParams::new(MemoryType::DEVICE_LOCAL, p.usage),
+                len as u64,
+            )?;
+            if len > 0 {
+                // SAFETY: the owner keeps `len` bytes at `bytes_ptr` alive
+                // for this call.
+                let src = unsafe { std::slice::from_raw_parts(bytes_ptr, len) };
+                b.device_memory()
+                    .ok_or_else(|| status!(Internal, "device allocation without device memory"))?
+                    .write(0, src)?;
+            }
+            return Ok(b);
+        }
+        let api = self.shared.api;
+        ffi::check(
+            // SAFETY: `bytes_ptr` is valid for `len` bytes while `memory` lives,
+            // and `memory` is kept in the buffer until after unregistering.
+            unsafe {
+                (api.cuMemHostRegister_v2)(
+                    bytes_ptr as *mut c_void,
+                    len,
+                    ffi::CU_MEMHOSTREGISTER_PORTABLE_DEVICEMAP,
+                )
+            },
+            &format!("registering {len} bytes of host memory"),
+        )?;
+        let mut dptr: CUdeviceptr = 0;
+        // SAFETY: registered just above with DEVICEMAP.
+        let r =
+            unsafe { (api.cuMemHostGetDevicePointer_v2)(&mut dptr, bytes_ptr as *mut c_void, 0) };
+        let Some(p_host) = NonNull::new(bytes_ptr) else {
+            bail!(Internal, "host memory with a null pointer");
+        };
+        let mem = CudaMemory {
+            shared: self.shared.clone(),
+            dptr,
+            len: len as u64,
+            kind: Kind::Registered(p_host, memory),
+        };
+        ffi::check(r, "mapping registered host memory for the device")?;
+        Ok(Buffer::from_device_memory(
+            Box::new(mem),
+            MemoryType::HOST_LOCAL | MemoryType::DEVICE_VISIBLE,
+            p.usage | BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE | BufferUsage::MAPPING,
+            p.access,
+        ))
+    }
+
+    fn statistics(&self) -> AllocatorStatistics {
+        *self.stats.lock()
+    }
+}
+
+/// Pinned, mapped 64-bit words for semaphore payloads, carved from
+/// 4 KiB pinned pages (pinning per semaphore would cost a driver call per
+/// fence).
+pub struct WordPool {
+    /// The pages, and the free (page, word) slots.
+    #[allow(clippy::type_complexity)]
+    pages: Mutex<(Vec<Page>, Vec<(usize, usize)>)>,
+}
+
+struct Page {
+    host: NonNull<AtomicU64>,
+    dptr: CUdeviceptr,
+}
+
+// SAFETY: the pages are pinned host memory accessed only through atomics.
+unsafe impl Send for WordPool {}
+// SAFETY: see above.
+unsafe impl Sync for WordPool {}
+
+const WORDS_PER_PAGE: usize = 512;
+
+impl WordPool {
+    /// An empty pool.
+    pub fn new() -> WordPool {
+        WordPool {
+            pages: Mutex::new((Vec::new(), Vec::new())),
+        }
+    }
+
+    fn take(&self, shared: &Shared) -> Result<(usize, usize, NonNull<AtomicU64>, CUdeviceptr)> {
+        let mut g = self.pages.lock();
+        if g.1.is_empty() {
+            let api = shared.api;
+            let mut host: *mut c_void = std::ptr::null_mut();
+            ffi::check(
+                // SAFETY: valid out-pointer; one page.
+                unsafe {
+                    (api.cuMemHostAlloc)(
+                        &mut host,
+                        WORDS_PER_PAGE * 8,
+                        ffi::CU_MEMHOSTALLOC_PORTABLE_DEVICEMAP,
+                    )
+                },
+                "allocating pinned semaphore payloads",
+            )?;
+            let Some(h) = NonNull::new(host as *mut AtomicU64) else {
+                bail!(ResourceExhausted, "cuMemHostAlloc returned null");
+            };
+            // SAFETY: fresh page of WORDS_PER_PAGE u64 words.
+            unsafe { std::ptr::write_bytes(host as *mut u8, 0, WORDS_PER_PAGE * 8) };
+            let mut dptr = 0;
+            ffi::check(
+                // SAFETY: mapped allocation made just above.
+                unsafe { (api.cuMemHostGetDevicePointer_v2)(&mut dptr, host, 0) },
+                "mapping semaphore payloads",
+            )?;
+            let page = g.0.len();
+            g.0.push(Page { host: h, dptr });
+            for w in (0..WORDS_PER_PAGE).rev() {
+                g.1.push((page, w));
+            }
+        }
+        let Some((page, word)) = g.1.pop() else {
+            bail!(Internal, "semaphore payload pool is empty after growing");
+        };
+        let p = &g.0[page];
+        // SAFETY: `word` < WORDS_PER_PAGE, within the page.
+        let host = unsafe { NonNull::new_unchecked(p.host.as_ptr().add(word)) };
+        Ok((page, word, host, p.dptr + 8 * word as u64))
+    }
+
+    fn give_back(&self, page: usize, word: usize) {
+        self.pages.lock().1.push((page, word));
+    }
+}
+
+impl Default for WordPool {
+    fn default() -> Self {
+        WordPool::new()
+    }
+}
+
+/// A semaphore's payload as the GPU sees it (see
+/// [`ferrite_hal::semaphore`]'s device timelines): a pinned word the queue
+/// stream waits on (`cuStreamWaitValue64` GEQ) and writes
+/// (`cuStreamWriteValue64`), plus the highest value this device's queue
+/// stream will write, which lets waits that stream order already satisfies
+/// be skipped.
+pub struct CudaTimeline {
+    pub(crate) shared: Arc<Shared>,
+    host: NonNull<AtomicU64>,
+    /// The word's device address.
+    pub(crate) dptr: CUdeviceptr,
+    /// Highest value enqueued for signalling on the owner's queue stream.
+    pub(crate) stream_signaled: AtomicU64,
+    slot: (usize, usize),
+}
+
+// SAFETY: `host` points at a pinned word owned by the pool for this
+// timeline's lifetime, accessed only atomically.
+unsafe impl Send for CudaTimeline {}
+// SAFETY: see above.
+unsafe impl Sync for CudaTimeline {}
+
+/// The value written on failure: releases every device waiter. The GPU's
+/// GEQ compares `(int64_t)(*addr - value) >= 0`, so the value must be at
+/// most 2^63 ahead of every awaited value: 2^62 is above any payload a
+/// program reaches and releases them all (u64::MAX would not).
+pub const FAILURE_VALUE: u64 = 1 << 62;
+
+impl CudaTimeline {
+    /// A new word from `shared`'s pool, at 0.
+    pub fn new(shared: &Arc<Shared>) -> Result<CudaTimeline> {
+        let (page, word, host, dptr) = shared.words.take(shared)?;
+        // SAFETY: the word is valid and owned by this timeline.
+        unsafe { host.as_ref() }.store(0, Ordering::Release);
+        Ok(CudaTimeline {
+            shared: shared.clone(),
+            host,
+            dptr,
+            stream_signaled: AtomicU64::new(0),
+            slot: (page, word),
+        })
+    }
+
+    fn word(&self) -> &AtomicU64 {
+        // SAFETY: valid while the pool lives, which `shared` keeps alive.
+        unsafe { self.host.as_ref() }
+    }
+}
+
+impl Drop for CudaTimeline {
+    fn drop(&mut self) {
+        self.shared.words.give_back(self.slot.0, self.slot.1);
+    }
+}
+
+impl DeviceTimeline for CudaTimeline {
+    fn advanced(&self, value: u64) {
+        self.word().fetch_max(value, Ordering::AcqRel);
+    }
+    fn failed(&self) {
+        self.word().store(FAILURE_VALUE, Ordering::Release);
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# GPU figures: ferrite vs upstream's cuda driver on the same modules, GPU
+# and flags, interleaved over ROUNDS rounds (benches/hal/add.mlir,
+# chain100.mlir, benches/cuda/matmul2048.mlir compiled for cuda sm_80).
+# Prints per case the median per-call time of each runtime, the ratio
+# ferrite/upstream and each one's peak RSS.
+# Usage: FERRITE=... UPSTREAM_BIN=... MODULES=dir scripts/bench-gpu.sh
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+FERRITE=${FERRITE:-$ROOT/target/release/ferrite}
+UPSTREAM_BIN=${UPSTREAM_BIN:?set UPSTREAM_BIN to the directory of upstream iree-benchmark-module}
+MODULES=${MODULES:?set MODULES to the directory of bench_*.vmfb}
+ROUNDS=${ROUNDS:-3}
+MIN_TIME=${MIN_TIME:-0.5}
+cases=(
+  "add add --input=4xf32=1,2,3,4 --input=4xf32=10"
+  "chain100 chain --input=16xf32=1"
+  "matmul2048 matmul --input=2048x2048xf32=0.5 --input=2048x2048xf32=2"
+)
+time_of() { # prints "<ns per call> <rss KB>"
+  local out
+  out=$(/usr/bin/time -f "RSS %M" "$@" --benchmark_min_time="$MIN_TIME" 2>&1)
+  local t unit
+  read -r t unit < <(echo "$out" | grep -E "^BM_" | head -1 | awk '{print $2, $3}')
+  local rss
+  rss=$(echo "$out" | grep -o "RSS [0-9]*" | tail -1 | cut -d' ' -f2)
+  python3 -c "import sys; t,u=float(sys.argv[1]),sys.argv[2]; print(int(t*{'ns':1,'us':1e3,'ms':1e6,'s':1e9}[u]), sys.argv[3])" "${t:-0}" "${unit:-ns}" "${rss:-0}"
+}
+printf "%-12s %12s %12s %7s %10s %10s\n" case ferrite upstream ratio rss_fe_KB rss_up_KB
+for c in "${cases[@]}"; do
+  set -- $c
+  name=$1 fn=$2
+  shift 2
+  fe=()
+  up=()
+  rfe=0
+  rup=0
+  for _ in $(seq "$ROUNDS"); do
+    read -r t r < <(time_of "$FERRITE" benchmark-module --device=cuda --module="$MODULES/bench_$name.vmfb" --function="$fn" "$@")
+    fe+=("$t")
+    [ "$r" -gt "$rfe" ] && rfe=$r
+    read -r t r < <(time_of "$UPSTREAM_BIN/iree-benchmark-module" --device=cuda --module="$MODULES/bench_$name.vmfb" --function="$fn" "$@")
+    up+=("$t")
+    [ "$r" -gt "$rup" ] && rup=$r
+  done
+  python3 - "$name" "${fe[*]}" "${up[*]}" "$rfe" "$rup" <<'PY'
+import statistics, sys
+name, fe, up, rfe, rup = sys.argv[1:]
+fe = statistics.median(map(int, fe.split())); up = statistics.median(map(int, up.split()))
+f = lambda ns: f"{ns/1e3:.1f} us" if ns < 1e6 else f"{ns/1e6:.2f} ms"
+print(f"{name:<12} {f(fe):>12} {f(up):>12} {fe/up if up else float('nan'):7.2f} {rfe:>10} {rup:>10}")
+PY
+done

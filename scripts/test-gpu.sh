@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The GPU suite, run on a machine with an NVIDIA GPU: the CUDA driver's
+# Rust GPU tests (FERRITE_REQUIRE_GPU=1: a skip is a failure), the CPU/GPU
+# differential over tests/cuda/cases.txt (outputs on --device=cuda equal
+# to --device=local-task, and to upstream's iree-run-module --device=cuda
+# when UPSTREAM_BIN is set), and upstream's e2e check suites compiled for
+# cuda (scripts/gpu-e2e-build.sh) under `ferrite check-module
+# --device=cuda`. Prints per-part counts and `N passed, M failed`; exits 1
+# on any failure.
+#
+# Inputs (built elsewhere and carried to the GPU machine):
+#   FERRITE       the ferrite binary                 (default target/release/ferrite)
+#   GPU_TESTS     directory of the driver's test executables (gpu, gpu_fault)
+#   DIFF_DIR      <case>.cuda.vmfb/<case>.cpu.vmfb and cases.txt
+#   E2E_DIR       <suite>/<name>.vmfb (optional)
+#   UPSTREAM_BIN  directory with upstream's iree-run-module (optional)
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+FERRITE=${FERRITE:-$ROOT/target/release/ferrite}
+GPU_TESTS=${GPU_TESTS:?set GPU_TESTS to the directory of the CUDA driver test executables}
+DIFF_DIR=${DIFF_DIR:?set DIFF_DIR to the compiled differential modules}
+E2E_DIR=${E2E_DIR:-}
+UPSTREAM_BIN=${UPSTREAM_BIN:-}
+LOG=${LOG:-/dev/null}
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() {
+  fail=$((fail + 1))
+  echo "FAIL: $*"
+}
+
+echo "== Rust GPU tests (each alone, 60 s limit)"
+for t in "$GPU_TESTS"/*; do
+  for name in $("$t" --list 2>/dev/null | grep ": test$" | sed 's/: test$//'); do
+    out=$(FERRITE_REQUIRE_GPU=1 timeout 60 "$t" --exact "$name" --test-threads=1 --nocapture 2>&1)
+    rc=$?
+    echo "$out" >>"$LOG"
+    echo "$out" | grep -E "^(ping-pong|chain|fault reported)" || true
+    if [ $rc -eq 0 ] && echo "$out" | grep -q "1 passed" && ! echo "$out" | grep -q "SKIPPED"; then
+      ok
+      echo "ok   $(basename "$t")::$name"
+    else
+      bad "$(basename "$t")::$name (rc $rc): $(echo "$out" | grep -E "panicked|SKIPPED|Error|error" | head -3)"
+    fi
+  done
+done
+
+echo "== CPU/GPU differential"
+while read -r module fn args; do
+  case $module in '' | '#'*) continue ;; esac
+  m=${module/\//_}
+  # shellcheck disable=SC2086
+  gpu=$("$FERRITE" run-module --device=cuda --module="$DIFF_DIR/$m.cuda.vmfb" --function="$fn" $args 2>&1)
+  # shellcheck disable=SC2086
+  cpu=$("$FERRITE" run-module --device=local-task --module="$DIFF_DIR/$m.cpu.vmfb" --function="$fn" $args 2>&1)
+  if [ "$gpu" = "$cpu" ] && echo "$gpu" | grep -q "^result"; then ok; else
+    bad "$module $fn: cuda and local-task differ"
+    echo "  cuda:       $(echo "$gpu" | head -c 300)"
+    echo "  local-task: $(echo "$cpu" | head -c 300)"
+  fi
+  if [ -n "$UPSTREAM_BIN" ]; then
+    # shellcheck disable=SC2086
+    up=$("$UPSTREAM_BIN/iree-run-module" --device=cuda --module="$DIFF_DIR/$m.cuda.vmfb" --function="$fn" $args 2>&1)
+    if [ "$(echo "$up" | grep -v '^EXEC')" = "$(echo "$gpu" | grep -v '^EXEC')" ]; then ok; else
+      bad "$module $fn: ferrite and upstream differ on cuda"
+      echo "  upstream: $(echo "$up" | head -c 300)"
+    fi
+  fi
+done <"$DIFF_DIR/cases.txt"
+echo "after differential: $pass passed, $fail failed"
+
+if [ -n "$E2E_DIR" ] && [ -d "$E2E_DIR" ]; then
+  echo "== upstream e2e suites on cuda (ferrite check-module)"
+  for suite in "$E2E_DIR"/*/; do
+    sp=0
+    sf=0
+    for m in "$suite"*.vmfb; do
+      [ -e "$m" ] || continue
+      if out=$(timeout 120 "$FERRITE" check-module --device=cuda --module="$m" 2>&1); then
+        sp=$((sp + 1))
+      else
+        sf=$((sf + 1))
+        echo "  FAIL $(basename "$suite")/$(basename "$m"): $(echo "$out" | grep -v '^\[' | tail -2 | head -c 300)"
+      fi
+      echo "$out" >>"$LOG"
+    done
+    echo "$(basename "$suite"): $sp passed, $sf failed"
+    pass=$((pass + sp))
+    fail=$((fail + sf))
+  done
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
