@@ -22,6 +22,15 @@ const TYPES: [CconvType; 5] = [
 ];
 
 fn small_enough(spec: &str) -> bool {
+    // Any long number may be a dimension (the tooling accepts spellings
+    // `split_spec` does not, e.g. `&`-prefixed specs): drop specs with a run
+    // of more than 7 digits (hex digits too, for `0x` dimensions).
+    let long_number = spec
+        .split(|c: char| !c.is_ascii_hexdigit())
+        .any(|run| run.len() > 7 && run.bytes().any(|b| b.is_ascii_digit()));
+    if long_number {
+        return false;
+    }
     let Ok((shape, element_type, _)) = ferrite_hal::buffer_view::split_spec(spec) else {
         return true;
     };

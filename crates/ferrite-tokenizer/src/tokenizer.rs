@@ -293,7 +293,15 @@ fn unk_id(doc: &serde_json::Value, tokenizer: &tokenizers::Tokenizer) -> Option<
 /// `encode` (found by the `tokenizer_json` fuzz target).
 fn check_templates(doc: &serde_json::Value) -> Result<()> {
     fn check(p: &serde_json::Value) -> Result<()> {
-        match p.get("type").and_then(|t| t.as_str()) {
+        // The crate reads post-processors untagged: an object with template
+        // fields is taken as a template whatever its `type` says.
+        let template = p.get("single").is_some() || p.get("pair").is_some();
+        let kind = if template {
+            Some("TemplateProcessing")
+        } else {
+            p.get("type").and_then(|t| t.as_str())
+        };
+        match kind {
             Some("TemplateProcessing") => {
                 let defined = p.get("special_tokens").and_then(|t| t.as_object());
                 for template in ["single", "pair"] {
@@ -416,6 +424,17 @@ mod template_tests {
     fn a_template_naming_an_undefined_special_token_is_an_error() {
         let json = r#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "[SEP]", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [0], "tokens": ["[CLS]"]}, "[SYP]": {"id": "[SEP]", "ids": [1], "tokens": ["[SEP]"]}}}, "decoder": null, "model": {"type": "WordLevel", "vocab": {"[CLS]": 0, "[SEP]": 1, "[UNK]": 2, "hello": 3}, "unk_token": "[UNK]"}}"#;
         let err = Tokenizer::from_json(json).err().expect("refused at load");
+        assert!(err.message().contains("'[SEP]'"), "{err}");
+        // The same template without its `type` tag (the crate reads
+        // post-processors untagged; found by the fuzz target too).
+        let untagged = json.replace(
+            "\"type\": \"TemplateProcessing\"",
+            "\"stri\": \"TemplateProcessing\"",
+        );
+        assert_ne!(untagged, json);
+        let err = Tokenizer::from_json(&untagged)
+            .err()
+            .expect("refused at load");
         assert!(err.message().contains("'[SEP]'"), "{err}");
         // With the entry named right it loads and encodes.
         let fixed = json.replace("\"[SYP]\"", "\"[SEP]\"");
