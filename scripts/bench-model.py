@@ -43,6 +43,8 @@ _spec = importlib.util.spec_from_file_location("bench_hal", os.path.join(ROOT, "
 hal = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hal)
 hal.BUILD = BUILD  # run_rss writes its scratch file there
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import bench_common  # noqa: E402
 
 INPUTS = ["--input=1x128xi64=1", "--input=1x128xi64=1"]
 
@@ -89,6 +91,7 @@ def main():
     ap.add_argument("--weights", help="its parameter file, scope `model`")
     ap.add_argument("--skip-python", action="store_true")
     ap.add_argument("--rss-only", action="store_true", help="skip the latency rounds")
+    ap.add_argument("--quick", action="store_true", help="one round of 0.5 s (a smoke run)")
     ap.add_argument("--skip-build", action="store_true", help="use target/release/ferrite as it is")
     ap.add_argument("--params-only", action="store_true", help="bench the parameterized module only")
     ap.add_argument("--workers", type=int, nargs="*", default=[2],
@@ -96,6 +99,8 @@ def main():
     ap.add_argument("--random-weights", metavar="OUT",
                     help="write MiniLM-shaped random weights as a .safetensors file and exit")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.min_time = 1, 0.5
     if args.random_weights:
         sys.path.insert(0, os.path.join(ROOT, "examples", "minilm"))
         import model
@@ -177,6 +182,15 @@ def main():
     for kind, name, f, u in rows:
         unit = "MiB" if kind == "RSS" else "ms"
         log(f"| {kind} | {name} | {f:.2f} {unit} | {u:.2f} {unit} | {f / u:.2f} |")
+        if kind == "RSS":
+            target = 0.8 if name.startswith("inlined") else 1.0
+            bench_common.record("MiniLM (all-MiniLM-L6-v2, batch 1, seq 128): peak RSS of one run-module call",
+                                name, f, u, unit, target=target)
+        else:
+            target = 1.0 if name.startswith("local-sync") else 0.9
+            bench_common.record("MiniLM (all-MiniLM-L6-v2, batch 1, seq 128): latency (benchmark-module)",
+                                name, f, u, unit, target=target,
+                                note=f"median of {args.rounds} interleaved rounds")
 
 
 if __name__ == "__main__":

@@ -54,6 +54,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.environ.get("VENV", os.path.join(ROOT, ".venv"))
 UNITS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
 TARGET_CPU = "x86-64-v4"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common  # noqa: E402
 
 # Encoder shape (MiniLM-L6-H384).
 LAYERS, SEQ, HIDDEN, HEADS, FFN = 6, 128, 384, 12, 1536
@@ -457,6 +459,11 @@ def run_sweep(d, workers, rounds, min_time, only, out_dir):
                 f"upstream {fmt(u)}, ratio {f / u:.2f} (cpu/call {fmt(rows[n]['ferrite_cpu_ns'])} vs "
                 f"{fmt(rows[n]['upstream_cpu_ns'])})")
         results["programs"][prog] = rows
+        for n, r in rows.items():
+            target = (0.8 if n >= 8 else 1.0) if prog == "encoder" else (1.0 if prog == base else None)
+            bench_common.record(f"local-task scaling on {os.cpu_count()} CPUs (benchmark-module)",
+                                f"{prog}, {n} workers", r["ferrite_ns"] / 1e6, r["upstream_ns"] / 1e6, "ms",
+                                target=target, note=f"median of {rounds} interleaved rounds")
         if prog == base:
             n = max(workers)
             results["worker_share"][prog] = worker_share(d, tools, common, n)
@@ -549,7 +556,10 @@ def main():
     ap.add_argument("--only", nargs="*", help="programs to run")
     ap.add_argument("--json", help="plot: the sweep's JSON (default: DIR/scaling.json)")
     ap.add_argument("--png", default=os.path.join(ROOT, "benches", "scaling.png"))
+    ap.add_argument("--quick", action="store_true", help="one round of 0.1 s per point (a smoke run)")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.min_time = 1, 0.1
     if args.workers:
         workers = [int(w) for w in args.workers.split(",")]
     else:

@@ -17,6 +17,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv", "bin")
 BUILD = os.path.join(ROOT, "build", "bench")
@@ -78,6 +81,10 @@ def main():
             sys.exit(f"{name}: outputs differ:\nferrite:\n{outs['ferrite']}\nupstream:\n{outs['upstream']}")
         f, u = statistics.median(per["ferrite"]), statistics.median(per["upstream"])
         print(f"{name}: ferrite {f:.2f} ns/iter, upstream {u:.2f} ns/iter, ratio: {f / u:.2f}")
+        tier = "interpreter" if "--vm_jit=false" in args.ferrite_flag else "compiling tier"
+        bench_common.record("VM-bound loops (iree-run-module, calling thread)", f"{name} ({tier})", f, u,
+                            "ns/iter", target=0.5 if tier == "compiling tier" else None,
+                            note=f"median of {args.rounds} rounds of {args.iterations:g} iterations")
         # What the compiling tier did, and its load-time cost.
         tiers = subprocess.run([ferrite, "dump-module", "--output=jit", vmfb] + args.ferrite_flag,
                                capture_output=True, text=True).stdout.strip().splitlines()
