@@ -210,9 +210,9 @@ unsafe impl Sync for BindingAddrs<'_> {}
 
 impl<'a> BindingAddrs<'a> {
     /// Resolves each binding with the access the kernel may make to it
-    /// (read and write for every CPU binding: the library ABI marks none
-    /// read-only), so read-only storage bound where a kernel may write is
-    /// refused here, before the kernel runs.
+    /// (`ANY` for every CPU binding: the library ABI marks none read-only),
+    /// so read-only storage other than a program constant, bound where a
+    /// kernel may write, is refused here, before the kernel runs.
     fn resolve(
         cpu: &CpuExecutable,
         function: u32,
@@ -250,7 +250,7 @@ fn binding_error(
         .library()
         .export(function)
         .map_or("?", |x| x.name.as_str());
-    let why = if access.contains(MemoryAccess::WRITE) {
+    let why = if access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY) {
         " (the kernel may write it: CPU executables mark no binding read-only)"
     } else {
         ""

@@ -72,6 +72,7 @@ device_tests!(
     dispatch_executable_binding_table,
     dispatch_executable_direct_bindings,
     dispatch_refuses_read_only_memory_where_kernels_may_write,
+    dispatch_reads_program_constants_in_place,
     dispatch_matmul_through_vm,
     dispatch_conv2d_through_vm,
     failed_semaphore_propagates_two_levels,
@@ -512,6 +513,66 @@ fn dispatch_refuses_read_only_memory_where_kernels_may_write(dev: Arc<dyn Device
         constant.iter().all(|&x| x == 0x5a),
         "read-only memory was written"
     );
+}
+
+/// A program constant (what the `hal` module makes of module rodata the
+/// program imports with SHARING_IMMUTABLE usage) is imported in place even
+/// with the usage that allows dispatch writes, and a kernel reads it where
+/// it lies: no allocation, right sums, the bytes untouched.
+fn dispatch_reads_program_constants_in_place(dev: Arc<dyn Device>) {
+    let exe = common::executable("add");
+    let loaded = dev
+        .create_executable(&exe.format, &exe.data, &[])
+        .expect("create executable");
+    // The fixture's static shape (as dispatch_executable_binding_table).
+    let n = 100_000;
+    let bytes = (n * 4) as u64;
+    let (a, b) = add_inputs(n, 2.0);
+    let constant: Arc<Vec<u8>> = Arc::new(common::f32_bytes(&a));
+    let before = dev.allocator().statistics();
+    // SAFETY: the add kernel writes only binding 2; the constant is binding 0.
+    let memory = unsafe { ferrite_hal::buffer::HostMemory::program_constant(constant.clone()) };
+    let params = BufferParams::new(
+        MemoryType::DEVICE_LOCAL,
+        BufferUsage::DEFAULT | BufferUsage::SHARING_IMMUTABLE,
+    );
+    let imported = dev
+        .allocator()
+        .import_host(&params, memory)
+        .expect("a program constant imports with dispatch usage");
+    let after = dev.allocator().statistics();
+    assert_eq!(
+        after.host_bytes_allocated + after.device_bytes_allocated,
+        before.host_bytes_allocated + before.device_bytes_allocated,
+        "the constant was copied"
+    );
+    let (bb, out) = (f32_buffer(&dev, &b), new_buffer(&dev, bytes));
+    let cb = CommandBuffer::new(0, 3, u64::MAX, 3);
+    cb.dispatch(
+        ExecutableRef(loaded.clone()),
+        0,
+        exe.workgroups,
+        None,
+        vec![],
+        (0..3).map(|i| slot(i, 0, bytes)).collect(),
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    let (_s, done) = fresh_fence();
+    let table = vec![
+        binding(&imported, 0, bytes),
+        binding(&bb, 0, bytes),
+        binding(&out, 0, bytes),
+    ];
+    queue::execute(&dev, &Fence::new(), &done, Some(&cb), table).unwrap();
+    let r = done.wait(long());
+    assert!(r.as_ref().is_ok_and(|&x| x), "dispatch failed: {r:?}");
+    let got = common::bytes_f32(&out.to_vec().unwrap());
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    assert!(got == want, "wrong sums from a constant read in place");
+    assert_eq!(*constant, common::f32_bytes(&a), "the constant was written");
+    // Still not writable through the host API.
+    assert!(imported.write(0, &[0u8; 4]).is_err());
 }
 
 fn add_inputs(n: usize, seed: f32) -> (Vec<f32>, Vec<f32>) {

@@ -93,7 +93,16 @@ pub(super) fn register(
         // imported in place when kernels may bind them as they are: the
         // buffer keeps the bytes alive and stays read-only whatever was asked.
         if let Some(view) = SharedRange::of(src, offset, length) {
-            if let Ok(b) = alloc.0.import_host(&p, HostMemory::ReadOnly(Arc::new(view))) {
+            let memory = if p.usage.contains(BufferUsage::SHARING_IMMUTABLE) {
+                // SAFETY: the program imports these bytes for constant use
+                // (SHARING_IMMUTABLE, as upstream requires of an immutable
+                // source); the compiler emits that usage only for constants
+                // its dispatches never write.
+                unsafe { HostMemory::program_constant(Arc::new(view)) }
+            } else {
+                HostMemory::ReadOnly(Arc::new(view))
+            };
+            if let Ok(b) = alloc.0.import_host(&p, memory) {
                 return c.ready([Variant::Ref(Ref::new(b))]);
             }
         }

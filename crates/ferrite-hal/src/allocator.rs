@@ -263,7 +263,8 @@ impl Allocator for HeapAllocator {
 /// "try import, else allocate and copy"); devices refuse such a buffer again
 /// when a binding that may be written is resolved.
 fn check_import(p: &BufferParams, memory: &HostMemory) -> Result<()> {
-    if memory.is_read_only() && p.usage.contains(BufferUsage::DISPATCH_STORAGE_WRITE) {
+    let constant = matches!(memory, HostMemory::Constant(_));
+    if memory.is_read_only() && !constant && p.usage.contains(BufferUsage::DISPATCH_STORAGE_WRITE) {
         ferrite_base::bail!(
             PermissionDenied,
             "read-only host memory cannot be imported with usage {} (dispatches may write DISPATCH_STORAGE_WRITE buffers)",

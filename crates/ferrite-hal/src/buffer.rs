@@ -215,6 +215,12 @@ pub enum HostMemory {
     /// every `as_ref()` call (true of every std container and of
     /// `ModuleBytes`): devices keep raw pointers into it.
     ReadOnly(Arc<dyn AsRef<[u8]> + Send + Sync>),
+    /// A program's constant: read-only bytes that no dispatch writes, made
+    /// by [`HostMemory::program_constant`]. Unlike [`HostMemory::ReadOnly`],
+    /// it may be bound to a kernel binding whose format does not say whether
+    /// the kernel writes it (CPU executables), which is what lets module
+    /// rodata and mapped parameters be used in place.
+    Constant(ConstantBytes),
     /// A writable vector the buffer takes ownership of.
     Owned(Vec<u8>),
     /// Memory owned by someone else (e.g. a DLPack producer), kept valid
@@ -222,12 +228,36 @@ pub enum HostMemory {
     Foreign(ForeignBytes),
 }
 
+/// The bytes of a [`HostMemory::Constant`]; see
+/// [`HostMemory::program_constant`].
+pub struct ConstantBytes(Arc<dyn AsRef<[u8]> + Send + Sync>);
+
 impl HostMemory {
+    /// Read-only bytes that a program declared constant: the `hal` module
+    /// imports module rodata, and `io_parameters` maps parameters, this way
+    /// when the program asks for `SHARING_IMMUTABLE` usage. Such memory may
+    /// be bound where the executable format cannot say whether a kernel
+    /// writes (every CPU binding), as upstream binds it.
+    ///
+    /// # Safety
+    /// No dispatch may write the bytes while a buffer over them lives. The
+    /// program's `SHARING_IMMUTABLE` usage is that promise: the compiler
+    /// emits it only for constants its kernels never write, and executables
+    /// are trusted to honour their program's declarations (loading native
+    /// executable code is itself an `unsafe` act; see
+    /// `ferrite_hal_cpu`'s loaders). The owner must return the same slice
+    /// from every `as_ref()` call, as for [`HostMemory::ReadOnly`].
+    // SAFETY: the body only wraps the owner; the contract above governs how
+    // devices may bind it.
+    pub unsafe fn program_constant(owner: Arc<dyn AsRef<[u8]> + Send + Sync>) -> HostMemory {
+        HostMemory::Constant(ConstantBytes(owner))
+    }
+
     /// True when the memory may not be written (read-only bytes, or foreign
     /// memory imported read-only).
     pub fn is_read_only(&self) -> bool {
         match self {
-            HostMemory::ReadOnly(_) => true,
+            HostMemory::ReadOnly(_) | HostMemory::Constant(_) => true,
             HostMemory::Owned(_) => false,
             HostMemory::Foreign(b) => !b.writable,
         }
@@ -278,7 +308,7 @@ impl HostMemory {
     /// imported memory).
     pub fn bytes(&self) -> &[u8] {
         match self {
-            HostMemory::ReadOnly(o) => (**o).as_ref(),
+            HostMemory::ReadOnly(o) | HostMemory::Constant(ConstantBytes(o)) => (**o).as_ref(),
             HostMemory::Owned(v) => v,
             // SAFETY: `foreign`'s contract: `ptr` is valid for reads of
             // `len` bytes while the owner (held in `b`) lives.
@@ -289,7 +319,7 @@ impl HostMemory {
     /// True when the memory may be written through an import.
     pub fn is_writable(&self) -> bool {
         match self {
-            HostMemory::ReadOnly(_) => false,
+            HostMemory::ReadOnly(_) | HostMemory::Constant(_) => false,
             HostMemory::Owned(_) => true,
             HostMemory::Foreign(b) => b.writable,
         }
@@ -299,6 +329,9 @@ impl HostMemory {
 impl fmt::Debug for HostMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            HostMemory::Constant(ConstantBytes(b)) => {
+                write!(f, "HostMemory::Constant({} bytes)", (**b).as_ref().len())
+            }
             HostMemory::ReadOnly(b) => {
                 write!(f, "HostMemory::ReadOnly({} bytes)", (**b).as_ref().len())
             }
@@ -359,7 +392,12 @@ pub(crate) enum Storage {
     /// Driver-owned memory (see [`DeviceMemory`]).
     Device(Box<dyn DeviceMemory>),
     Boxed(BoxedBytes),
-    ReadOnly(Arc<dyn AsRef<[u8]> + Send + Sync>),
+    /// Read-only bytes; `constant` when made by
+    /// [`HostMemory::program_constant`] (no dispatch writes them).
+    ReadOnly {
+        owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        constant: bool,
+    },
     Foreign(ForeignBytes),
     /// Moved out (returned to a pool) during drop.
     Empty,
@@ -433,14 +471,15 @@ impl Allocation {
         usage: BufferUsage,
         access: MemoryAccess,
     ) -> Allocation {
+        let constant = matches!(memory, HostMemory::Constant(_));
         let (storage, len, access) = match memory {
-            HostMemory::ReadOnly(owner) => {
+            HostMemory::ReadOnly(owner) | HostMemory::Constant(ConstantBytes(owner)) => {
                 let len = (*owner).as_ref().len() as u64;
                 // Read-only memory never allows writes, whatever was asked.
                 let mut access =
                     access & !(MemoryAccess::WRITE | MemoryAccess::DISCARD | MemoryAccess::ANY);
                 access |= MemoryAccess::READ;
-                (Storage::ReadOnly(owner), len, access)
+                (Storage::ReadOnly { owner, constant }, len, access)
             }
             HostMemory::Owned(v) => {
                 let len = v.len();
@@ -478,8 +517,13 @@ impl Allocation {
         match &self.storage {
             Storage::Heap(_) | Storage::Boxed(_) | Storage::Device(_) => true,
             Storage::Foreign(b) => b.writable,
-            Storage::ReadOnly(_) | Storage::Empty => false,
+            Storage::ReadOnly { .. } | Storage::Empty => false,
         }
+    }
+
+    /// True for read-only memory made by [`HostMemory::program_constant`].
+    fn is_constant(&self) -> bool {
+        matches!(self.storage, Storage::ReadOnly { constant: true, .. })
     }
 
     /// Driver memory the host cannot address (accessed by transfers).
@@ -495,7 +539,7 @@ impl Allocation {
         match &self.storage {
             Storage::Heap(b) => b.ptr.as_ptr(),
             Storage::Boxed(b) => b.ptr.as_ptr(),
-            Storage::ReadOnly(o) => (**o).as_ref().as_ptr() as *mut u8,
+            Storage::ReadOnly { owner, .. } => (**owner).as_ref().as_ptr() as *mut u8,
             Storage::Foreign(b) => b.ptr.as_ptr(),
             // Only reached for memory with a host mapping: every host
             // access checks `device_only` first and goes through transfers.
@@ -508,8 +552,8 @@ impl Allocation {
     /// the guard: callers (all in this module) keep the guard alive for as
     /// long as they use the slice (mappings store both together).
     fn slice(&self, _guard: &LockHeld<'_>, off: u64, len: u64) -> &[u8] {
-        if let Storage::ReadOnly(o) = &self.storage {
-            return &(**o).as_ref()[off as usize..(off + len) as usize];
+        if let Storage::ReadOnly { owner, .. } = &self.storage {
+            return &(**owner).as_ref()[off as usize..(off + len) as usize];
         }
         if len == 0 {
             return &[];
@@ -764,6 +808,18 @@ impl Buffer {
         self.validate_access(access)?;
         if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
             bail!(PermissionDenied, "buffer wraps read-only host memory");
+        }
+        // ANY: the executable format does not say whether the kernel writes
+        // (CPU executables). Writable storage serves it; read-only storage
+        // only when it is a program constant (no dispatch writes those).
+        if access.contains(MemoryAccess::ANY)
+            && !self.alloc.is_writable()
+            && !self.alloc.is_constant()
+        {
+            bail!(
+                PermissionDenied,
+                "buffer wraps read-only host memory that is not a program constant, and the kernel may write it"
+            );
         }
         let (off, len) = self.resolve_range(offset, length)?;
         Ok((self.offset + off, len))
@@ -1115,7 +1171,9 @@ impl Buffer {
         access: MemoryAccess,
     ) -> Result<DeviceRange<'_>> {
         let (ptr, len) = self.checked_binding(offset, length, access)?;
-        let write = access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY);
+        // A program constant is never written (HostMemory::program_constant).
+        let write =
+            access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY) && !self.alloc.is_constant();
         self.alloc.device.begin(&self.alloc.lock, write)?;
         Ok(DeviceRange {
             ptr,
@@ -1134,6 +1192,18 @@ impl Buffer {
         self.validate_access(access)?;
         if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
             bail!(PermissionDenied, "buffer wraps read-only host memory");
+        }
+        // ANY: the executable format does not say whether the kernel writes
+        // (CPU executables). Writable storage serves it; read-only storage
+        // only when it is a program constant (no dispatch writes those).
+        if access.contains(MemoryAccess::ANY)
+            && !self.alloc.is_writable()
+            && !self.alloc.is_constant()
+        {
+            bail!(
+                PermissionDenied,
+                "buffer wraps read-only host memory that is not a program constant, and the kernel may write it"
+            );
         }
         if self.alloc.device_only().is_some() {
             bail!(

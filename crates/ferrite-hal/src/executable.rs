@@ -34,12 +34,15 @@ pub trait Executable: Send + Sync + 'static {
     /// (a read-only import: parameters mapped from a file, host arrays
     /// imported read-only) bound where a kernel may write is refused before
     /// the kernel runs. A format that marks read-only bindings (CUDA's
-    /// `binding_flags`) answers `READ` for those; one that does not (the CPU
-    /// library ABI) cannot promise anything, so the default is read and
-    /// write for every binding.
+    /// `binding_flags`) answers `READ` for those and `READ | WRITE` for the
+    /// rest; one that does not (the CPU library ABI) answers `ANY`, as
+    /// upstream's validation does: writable storage serves such a binding,
+    /// and read-only storage only when it is a program constant
+    /// ([`HostMemory::program_constant`](crate::buffer::HostMemory::program_constant)),
+    /// which no kernel writes.
     fn binding_access(&self, export: u32, binding: usize) -> MemoryAccess {
         let _ = (export, binding);
-        MemoryAccess::READ | MemoryAccess::WRITE
+        MemoryAccess::ANY
     }
 
     /// The ordinal of the export named `name`.

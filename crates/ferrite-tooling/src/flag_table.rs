@@ -142,12 +142,12 @@ pub static FLAGS: &[FlagInfo] = &[
     flag("device_capture_tool", "RB", Rejected, "--device_capture_tool=renderdoc", "External capture provider.", "External captures are not supported."),
     flag("device_capture_file", "RB", Rejected, "--device_capture_file=c.rdc", "External capture output.", "External captures are not supported."),
     flag("device_capture_label", "RB", Rejected, "--device_capture_label=l", "External capture label.", "External captures are not supported."),
-    flag("cuda_use_streams", "RB", Ignored, "--cuda_use_streams=true", "CUDA: streams instead of graphs.", "No CUDA driver in this build yet."),
-    flag("cuda_allow_inline_execution", "RB", Ignored, "--cuda_allow_inline_execution=false", "CUDA: inline execution.", "No CUDA driver in this build yet."),
-    flag("cuda_async_allocations", "RB", Ignored, "--cuda_async_allocations=true", "CUDA: stream-ordered allocations.", "No CUDA driver in this build yet."),
-    flag("cuda_tracing", "RB", Ignored, "--cuda_tracing=2", "CUDA: Tracy verbosity.", "No CUDA driver in this build yet."),
-    flag("cuda_default_index", "RB", Ignored, "--cuda_default_index=0", "CUDA: default device index.", "No CUDA driver in this build yet."),
-    flag("cuda_default_index_from_mpi", "RB", Ignored, "--cuda_default_index_from_mpi=true", "CUDA: device index from MPI rank.", "No CUDA driver in this build yet."),
+    flag("cuda_use_streams", "RB", Ignored, "--cuda_use_streams=true", "CUDA: streams instead of graphs.", "Ferrite's cuda driver always replays command buffers on a stream (no CUDA graphs yet)."),
+    flag("cuda_allow_inline_execution", "RB", Ignored, "--cuda_allow_inline_execution=false", "CUDA: inline execution.", "Ferrite's cuda driver has no inline mode: command buffers always go on the stream."),
+    flag("cuda_async_allocations", "RB", Ignored, "--cuda_async_allocations=true", "CUDA: stream-ordered allocations.", "Queue alloca/dealloca always use stream-ordered pools (cuMemAllocAsync/cuMemFreeAsync)."),
+    flag("cuda_tracing", "RB", Ignored, "--cuda_tracing=2", "CUDA: Tracy verbosity.", "Ferrite has no Tracy integration."),
+    flag("cuda_default_index", "RB", Rejected, "--cuda_default_index=1", "CUDA: default device index.", "`--device=cuda` is ordinal 0 (`=0` is accepted); name another GPU as `--device=cuda://N`."),
+    flag("cuda_default_index_from_mpi", "RB", Rejected, "--cuda_default_index_from_mpi=true", "CUDA: device index from MPI rank.", "Not supported (`=false` is accepted); name the GPU as `--device=cuda://N`."),
     flag("hip_dylib_path", "RB", Ignored, "--hip_dylib_path=/x", "HIP: runtime library search path.", "No HIP driver."),
     flag("hip_use_streams", "RB", Ignored, "--hip_use_streams=true", "HIP: streams instead of graphs.", "No HIP driver."),
     flag("hip_allow_inline_execution", "RB", Ignored, "--hip_allow_inline_execution=false", "HIP: inline execution.", "No HIP driver."),
@@ -214,7 +214,12 @@ pub fn lookup(tool: char, name: &str) -> Option<&'static FlagInfo> {
 }
 
 /// Flags whose default value is accepted although other values are not.
-const ACCEPTED_DEFAULTS: &[(&str, &str)] = &[("batch_size", "1"), ("batch_concurrency", "1")];
+const ACCEPTED_DEFAULTS: &[(&str, &str)] = &[
+    ("batch_size", "1"),
+    ("batch_concurrency", "1"),
+    ("cuda_default_index", "0"),
+    ("cuda_default_index_from_mpi", "false"),
+];
 
 /// Applies the table to `args` (program name, subcommand, flags...):
 /// drops ignored flags with a warning on stderr and fails on rejected

@@ -251,7 +251,11 @@ impl ParameterProvider {
         if end > all.len() || !(all.as_ptr() as usize + start).is_multiple_of(IMPORT_ALIGNMENT) {
             return None;
         }
-        let memory = HostMemory::ReadOnly(Arc::new(SharedRange { bytes, start, end }));
+        // SAFETY: only reached for SHARING_IMMUTABLE requests (checked
+        // above): the program loads these parameters as constants, which the
+        // compiler's dispatches never write.
+        let memory =
+            unsafe { HostMemory::program_constant(Arc::new(SharedRange { bytes, start, end })) };
         // An allocator that cannot import (or not with these parameters)
         // is not an error: the copy path serves the request instead.
         device.allocator().import_host(params, memory).ok()
