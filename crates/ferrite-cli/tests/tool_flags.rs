@@ -106,7 +106,7 @@ fn lists_drivers_and_devices_as_upstream() {
     assert_eq!(o.code, Some(1));
     assert!(
         o.stderr
-            .contains("available devices: local-sync, local-task"),
+            .contains("available devices: cuda, local-sync, local-task"),
         "{}",
         o.stderr
     );

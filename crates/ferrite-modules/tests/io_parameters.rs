@@ -293,19 +293,30 @@ fn cpu_loads_of_immutable_parameters_are_the_mapped_file() {
     );
     drop(mapped);
 
-    // A buffer the program may write gets its own copy; so does an
-    // "immutable" one that dispatches may still write (DISPATCH_STORAGE
-    // includes writes, and CPU kernels mark no binding read-only).
-    for usage in [
-        BufferUsage::DEFAULT,
-        BufferUsage::DEFAULT | BufferUsage::SHARING_IMMUTABLE,
-    ] {
-        let b = load(&provider, usage, &[span("b", 20)]).unwrap().remove(0);
-        let mapped = b.map_read(0, 20).unwrap();
-        assert_eq!(&mapped[..], &f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0])[..]);
-        assert_ne!(mapped.as_ptr() as usize, file_ptr, "{usage}");
-        drop(mapped);
-    }
+    // A buffer the program may write gets its own copy.
+    let b = load(&provider, BufferUsage::DEFAULT, &[span("b", 20)])
+        .unwrap()
+        .remove(0);
+    let mapped = b.map_read(0, 20).unwrap();
+    assert_eq!(&mapped[..], &f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0])[..]);
+    assert_ne!(
+        mapped.as_ptr() as usize,
+        file_ptr,
+        "a writable parameter was mapped"
+    );
+    drop(mapped);
+    // An immutable one that dispatches bind (DISPATCH_STORAGE, as the
+    // compiler asks for constants) is a program constant: mapped in place,
+    // and its host view stays read-only.
+    let usage = BufferUsage::DEFAULT | BufferUsage::SHARING_IMMUTABLE;
+    let b = load(&provider, usage, &[span("b", 20)]).unwrap().remove(0);
+    let mapped = b.map_read(0, 20).unwrap();
+    assert_eq!(mapped.as_ptr() as usize, file_ptr, "{usage}");
+    drop(mapped);
+    assert!(
+        b.write(0, &[0u8; 4]).is_err(),
+        "a mapped constant was writable"
+    );
 
     // Splats are filled; parts of a parameter load at an offset.
     let got = load(
