@@ -1547,3 +1547,29 @@ fn location_with_a_type_but_no_value_is_rejected() {
         expect_err(&b, StatusCode::InvalidArgument, &["has no value"]);
     }
 }
+
+/// An op after a terminator with no block marker between (the assembler
+/// emits one for `vm.fail` then `vm.return`): upstream's verifier refuses
+/// it ("op ... is not in a block"), and so does ours, naming the offset.
+const OP_AFTER_TERMINATOR_VMASM: &str = r#"
+vm.module @fa_after_terminator version 0
+vm.type i32
+
+vm.export @main
+vm.func @main() -> () {
+^bb0:
+  %i0 = vm.const.i32 0
+  vm.fail %i0, "status 0 falls through"
+  vm.return
+}
+"#;
+
+#[test]
+fn op_after_a_terminator_outside_any_block_is_refused() {
+    let bytes = module("fa_after_terminator", OP_AFTER_TERMINATOR_VMASM, false);
+    let e = load_and_instantiate(&bytes).expect_err("an op outside any block");
+    assert_eq!(e.code(), StatusCode::InvalidArgument, "{e}");
+    let text = e.to_string();
+    assert!(text.contains("is not in a block"), "{text}");
+    assert!(text.contains("bytecode offset"), "{text}");
+}

@@ -334,6 +334,7 @@ pub fn decode_function(
             "function '{name}': bytecode must begin with a block marker"
         );
     }
+    let mut in_block = false;
     while rd.pc < code.len() {
         let start = rd.pc;
         let b = rd.u8("opcode")?;
@@ -362,6 +363,22 @@ pub fn decode_function(
                 )
             })?,
         };
+        // Every op sits in a block: a block marker opens one, a terminator
+        // closes it, and nothing but a marker may follow a terminator (as
+        // upstream's verifier requires).
+        match (in_block, op == Op::Block) {
+            (false, false) => bail!(
+                InvalidArgument,
+                "function '{name}': op {} at bytecode offset {start} is not in a block (it follows a terminator)",
+                op.mnemonic()
+            ),
+            (true, true) => bail!(
+                InvalidArgument,
+                "function '{name}': block marker at bytecode offset {start} while still in a block (the previous block has no terminator)"
+            ),
+            _ => {}
+        }
+        in_block = !is_terminator(op);
         if op == Op::Block {
             block_at.push((start as u32, insns.len() as u32));
         }
@@ -487,24 +504,12 @@ pub fn decode_function(
     }
     // Every function ends in a terminator (the end sentinel appended below
     // makes running past one safe regardless; this rejects malformed code).
-    match insns.last().map(|i| i.op) {
-        Some(
-            Op::Return
-            | Op::Branch
-            | Op::CondBranch
-            | Op::BranchTable
-            | Op::Fail
-            | Op::Yield
-            | Op::Break
-            | Op::CondBreak
-            | Op::CallYieldable
-            | Op::CallVariadicYieldable,
-        ) => {}
-        other => bail!(
+    if in_block {
+        bail!(
             InvalidArgument,
             "function '{name}': last instruction {:?} is not a terminator",
-            other.map(|o| o.mnemonic())
-        ),
+            insns.last().map(|i: &Insn| i.op.mnemonic())
+        );
     }
     let mut reg_lists = Vec::new();
     fuse(&mut insns, &mut offsets, &pool, &mut reg_lists);
@@ -976,4 +981,22 @@ fn register_slots(insn: &Insn) -> (Vec<u16>, Vec<u16>) {
         }
     }
     (reads, writes)
+}
+
+/// The ops that end a block (upstream's verifier closes the block after
+/// each): branches, returns, failures, yields and the yieldable calls.
+fn is_terminator(op: Op) -> bool {
+    matches!(
+        op,
+        Op::Return
+            | Op::Branch
+            | Op::CondBranch
+            | Op::BranchTable
+            | Op::Fail
+            | Op::Yield
+            | Op::Break
+            | Op::CondBreak
+            | Op::CallYieldable
+            | Op::CallVariadicYieldable
+    )
 }
