@@ -623,6 +623,11 @@ impl CpuDevice {
     fn execute_one(&self, c: &Command, table: &[Binding]) -> Result<()> {
         match c {
             Command::Barrier => Ok(()),
+            Command::Collective { op, .. } => ferrite_base::bail!(
+                Unimplemented,
+                "collective {} on a CPU device: CPU channels are not implemented yet",
+                op.kind.name()
+            ),
             Command::Fill { target, pattern } => {
                 let (b, o, l) = target.resolve(table)?;
                 b.fill(o, l, pattern)

@@ -494,6 +494,11 @@ impl CudaDevice {
         for cmd in commands {
             match cmd {
                 Command::Barrier => {}
+                Command::Collective { op, .. } => ferrite_base::bail!(
+                    Unimplemented,
+                    "collective {} on cuda: NCCL channels are not implemented yet",
+                    op.kind.name()
+                ),
                 Command::Fill { target, pattern } => {
                     let (b, p, len) = self.resolve(target, table)?;
                     keep.buffers.push(b.clone());

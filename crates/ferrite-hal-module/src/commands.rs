@@ -4,6 +4,7 @@ use super::args::{as_vm_buffer, obj, opt_obj, span, string, vm_buffer};
 use super::Shared;
 use ferrite_base::{bail, Result};
 use ferrite_hal::buffer::Buffer;
+use ferrite_hal::channel::{ChannelRef, CollectiveOp};
 use ferrite_hal::command_buffer::{BufferRef, CommandBuffer};
 use ferrite_hal::device::DeviceRef;
 use ferrite_hal::executable::ExecutableRef;
@@ -61,7 +62,12 @@ pub(super) fn register(
         let mut a = ArgReader::new(c);
         let _device: DeviceRef = obj(&mut a, "device")?;
         let (modes, categories, affinity, capacity) = (a.i32()?, a.i32()?, a.i64()?, a.i32()?);
-        let cb = CommandBuffer::new(modes as u32, categories as u32, affinity as u64, capacity as u32);
+        let cb = CommandBuffer::new(
+            modes as u32,
+            categories as u32,
+            affinity as u64,
+            capacity as u32,
+        );
         c.ready([Variant::Ref(Ref::new(cb))])
     })?
     .function("command_buffer.finalize", "0r_v", |c| {
@@ -116,7 +122,11 @@ pub(super) fn register(
         let target: Option<Buffer> = opt_obj(&mut a, "target buffer")?;
         let (offset, length, slot) = (a.i64()?, a.i64()?, a.i32()?);
         let (pattern, pattern_length, _flags) = (a.i64()?, a.i32()?, a.i64()?);
-        cb.fill_buffer(buffer_ref(target, slot, offset, length), pattern as u64, pattern_length as u32)?;
+        cb.fill_buffer(
+            buffer_ref(target, slot, offset, length),
+            pattern as u64,
+            pattern_length as u32,
+        )?;
         c.ready([])
     })?
     .function("command_buffer.update_buffer", "0rrIrIIiI_v", |c| {
@@ -146,8 +156,36 @@ pub(super) fn register(
         )?;
         c.ready([])
     })?
-    .function("command_buffer.collective", "0rriiiirrIIIII_v", |_c| {
-        bail!(Unimplemented, "collective operations need a driver with channel support; none of Ferrite's drivers has one")
+    .function("command_buffer.collective", "0rriiiirrIIIII_v", |c| {
+        let mut a = ArgReader::new(c);
+        let cb = cb(&mut a)?;
+        let channel: ChannelRef = obj(&mut a, "channel")?;
+        let op = CollectiveOp::from_packed(a.i32()? as u32)?;
+        let param = a.i32()? as u32;
+        let (send_slot, recv_slot) = (a.i32()?, a.i32()?);
+        let send: Option<Buffer> = opt_obj(&mut a, "send buffer")?;
+        let recv: Option<Buffer> = opt_obj(&mut a, "recv buffer")?;
+        let (send_offset, send_length) = (a.i64()?, a.i64()?);
+        let (recv_offset, recv_length) = (a.i64()?, a.i64()?);
+        let element_count = a.i64()?;
+        if element_count < 0 {
+            bail!(
+                InvalidArgument,
+                "collective element count {element_count} is negative"
+            );
+        }
+        // A null buffer names a binding table slot; an operand the kind does
+        // not use is dropped rather than resolved.
+        let send = op
+            .kind
+            .uses_send()
+            .then(|| buffer_ref(send, send_slot, send_offset, send_length));
+        let recv = op
+            .kind
+            .uses_recv()
+            .then(|| buffer_ref(recv, recv_slot, recv_offset, recv_length));
+        cb.collective(channel, op, param, send, recv, element_count as u64)?;
+        c.ready([])
     })?
     .function("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v", |c| {
         let mut a = ArgReader::new(c);
@@ -160,19 +198,30 @@ pub(super) fn register(
         cb.dispatch(exe, function as u32, workgroups, None, constants, bindings)?;
         c.ready([])
     })?
-    .function("command_buffer.dispatch.indirect", "0rrIirIICiDCiirIID_v", |c| {
-        let mut a = ArgReader::new(c);
-        let cb = cb(&mut a)?;
-        let exe: ExecutableRef = obj(&mut a, "executable")?;
-        let function = a.i64()?;
-        let slot = a.i32()?;
-        let wg_buffer: Option<Buffer> = opt_obj(&mut a, "workgroup count buffer")?;
-        let (wg_offset, _flags) = (a.i64()?, a.i64()?);
-        let (constants, bindings) = dispatch_tail(&mut a)?;
-        let indirect = buffer_ref(wg_buffer, slot, wg_offset, 12);
-        cb.dispatch(exe, function as u32, [0; 3], Some(indirect), constants, bindings)?;
-        c.ready([])
-    })?
+    .function(
+        "command_buffer.dispatch.indirect",
+        "0rrIirIICiDCiirIID_v",
+        |c| {
+            let mut a = ArgReader::new(c);
+            let cb = cb(&mut a)?;
+            let exe: ExecutableRef = obj(&mut a, "executable")?;
+            let function = a.i64()?;
+            let slot = a.i32()?;
+            let wg_buffer: Option<Buffer> = opt_obj(&mut a, "workgroup count buffer")?;
+            let (wg_offset, _flags) = (a.i64()?, a.i64()?);
+            let (constants, bindings) = dispatch_tail(&mut a)?;
+            let indirect = buffer_ref(wg_buffer, slot, wg_offset, 12);
+            cb.dispatch(
+                exe,
+                function as u32,
+                [0; 3],
+                Some(indirect),
+                constants,
+                bindings,
+            )?;
+            c.ready([])
+        },
+    )?
     .function("executable.create", "0rIrrr_r", |c| {
         let mut a = ArgReader::new(c);
         let device: DeviceRef = obj(&mut a, "device")?;
@@ -182,12 +231,17 @@ pub(super) fn register(
         let constants = match a.opt_ref()? {
             Some(r) => {
                 let b = as_vm_buffer(&r, "executable constants")?;
-                b.with_bytes(|s| s.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect())
+                b.with_bytes(|s| {
+                    s.chunks_exact(4)
+                        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                        .collect()
+                })
             }
             None => Vec::new(),
         };
         let data = as_vm_buffer(&data, "executable data")?;
-        let exe = data.with_bytes(|bytes| device.0.create_executable(&format, bytes, &constants))?;
+        let exe =
+            data.with_bytes(|bytes| device.0.create_executable(&format, bytes, &constants))?;
         c.ready([Variant::Ref(Ref::new(ExecutableRef(exe)))])
     })?
     .function("executable.lookup.function", "0rr_I", |c| {
@@ -199,7 +253,12 @@ pub(super) fn register(
             None => bail!(
                 NotFound,
                 "executable has no export named '{name}' (exports: {})",
-                exe.0.exports().iter().map(|e| e.name.as_str()).collect::<Vec<_>>().join(", ")
+                exe.0
+                    .exports()
+                    .iter()
+                    .map(|e| e.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }
     })

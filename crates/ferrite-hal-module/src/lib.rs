@@ -11,8 +11,10 @@
 //!
 //! Functions are grouped by the object they act on: [`buffers`] (allocator,
 //! buffer, buffer view), [`commands`] (command buffers, executables),
-//! [`queues`] (devices and their queues, files), [`fences`]. Collective
-//! channels answer `UNIMPLEMENTED` until a driver supports them.
+//! [`queues`] (devices and their queues, files, collective channels),
+//! [`fences`]. Channels are created by the device
+//! ([`ferrite_hal::device::Device::create_channel`]) with the module's
+//! [`HalModuleOptions::channel_provider`] answering environment defaults.
 
 #![deny(missing_docs)]
 
@@ -67,6 +69,9 @@ pub struct HalModuleOptions {
     pub synchronous: bool,
     /// Where `hal.buffer_view.trace` goes; ignored when None.
     pub trace_sink: Option<Arc<TraceSink>>,
+    /// Answers the rank, count and group identifier that `hal.channel.create`
+    /// leaves to the environment; without one such channels are an error.
+    pub channel_provider: Option<Arc<dyn ferrite_hal::channel::ChannelProvider>>,
 }
 
 /// State shared by the module's functions.
@@ -130,7 +135,7 @@ pub fn register_types(registry: &ferrite_vm::types::TypeRegistry) {
     registry.register_type::<ferrite_hal::command_buffer::CommandBuffer>("hal.command_buffer");
     registry.register_type::<ferrite_hal::executable::ExecutableRef>("hal.executable");
     registry.register_type::<queues::File>("hal.file");
-    registry.register_type::<queues::Channel>("hal.channel");
+    registry.register_type::<ferrite_hal::channel::ChannelRef>("hal.channel");
 }
 
 #[cfg(test)]

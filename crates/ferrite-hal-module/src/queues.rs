@@ -1,11 +1,12 @@
 //! `hal.devices.*`, `hal.device.*` (allocator, queries, queue operations),
-//! `hal.ex.file.from_memory` and the (unsupported) `hal.channel.*`.
+//! `hal.ex.file.from_memory` and the collective channels `hal.channel.*`.
 
 use super::args::{as_vm_buffer, obj, obj_ref, opt_obj, opt_obj_ref, span_into, string, vm_buffer};
 use super::Shared;
 use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::Buffer;
+use ferrite_hal::channel::{ChannelParams, ChannelRef};
 use ferrite_hal::command_buffer::{Binding, BindingTable, CommandBuffer};
 use ferrite_hal::device::{queue, DeviceRef};
 use ferrite_hal::fence::Fence;
@@ -28,16 +29,6 @@ pub struct File {
 impl RefObject for File {
     fn type_name(&self) -> &'static str {
         "hal.file"
-    }
-}
-
-/// A collective channel (`hal.channel`); no driver supports them yet.
-#[derive(Clone)]
-pub struct Channel;
-
-impl RefObject for Channel {
-    fn type_name(&self) -> &'static str {
-        "hal.channel"
     }
 }
 
@@ -72,6 +63,7 @@ pub(super) fn register(
     let s1 = shared.clone();
     let s2 = shared.clone();
     let s3 = shared.clone();
+    let s4 = shared.clone();
     b.function("devices.count", "0v_i", move |c| {
         c.ready([Variant::I32(s1.devices.len() as i32)])
     })?
@@ -313,22 +305,57 @@ pub(super) fn register(
             access,
         }))])
     })?
-    .function("channel.create", "0rIIrrii_r", |_c| {
-        bail!(
-            Unimplemented,
-            "collective channels are not supported by any Ferrite driver yet"
-        )
+    .function("channel.create", "0rIIrrii_r", move |c| {
+        let mut a = ArgReader::new(c);
+        let device: &DeviceRef = obj_ref(&mut a, "device")?;
+        let (queue_affinity, flags) = (a.i64()? as u64, a.i64()? as u64);
+        let id = opt_bytes(&mut a, "channel id")?.unwrap_or_default();
+        let group = opt_bytes(&mut a, "channel group")?
+            .map(|g| String::from_utf8_lossy(&g).into_owned())
+            .unwrap_or_default();
+        let (rank, count) = (a.i32()?, a.i32()?);
+        let params = ChannelParams {
+            flags,
+            id,
+            group,
+            rank: default_or_count(rank, "channel rank")?,
+            count: default_or_count(count, "channel count")?,
+        };
+        let provider = s4.options.channel_provider.as_ref();
+        let channel = device.0.create_channel(queue_affinity, params, provider)?;
+        c.ready([Variant::Ref(Ref::new(channel))])
     })?
-    .function("channel.split", "0riiI_r", |_c| {
-        bail!(
-            Unimplemented,
-            "collective channels are not supported by any Ferrite driver yet"
-        )
+    .function("channel.split", "0riiI_r", |c| {
+        let mut a = ArgReader::new(c);
+        let channel: &ChannelRef = obj_ref(&mut a, "channel")?;
+        let (color, key, flags) = (a.i32()?, a.i32()?, a.i64()? as u64);
+        let split = channel.0.split(color, key, flags)?;
+        c.ready([split.map_or(Variant::Null, |s| Variant::Ref(Ref::new(s)))])
     })?
-    .function("channel.rank_and_count", "0r_ii", |_c| {
-        bail!(
-            Unimplemented,
-            "collective channels are not supported by any Ferrite driver yet"
-        )
+    .function("channel.rank_and_count", "0r_ii", |c| {
+        let mut a = ArgReader::new(c);
+        let channel: &ChannelRef = obj_ref(&mut a, "channel")?;
+        let (rank, count) = (channel.0.rank(), channel.0.count());
+        c.ready([Variant::I32(rank as i32), Variant::I32(count as i32)])
     })
+}
+
+/// Reads a possibly-null `!vm.buffer` as bytes.
+fn opt_bytes(a: &mut ArgReader<'_>, what: &str) -> Result<Option<Vec<u8>>> {
+    match a.opt_ref_borrowed()? {
+        None => Ok(None),
+        Some(r) => Ok(Some(as_vm_buffer(r, what)?.with_bytes(|b| b.to_vec()))),
+    }
+}
+
+/// `-1` asks the environment; other negative values are refused.
+fn default_or_count(v: i32, what: &str) -> Result<Option<u32>> {
+    match v {
+        -1 => Ok(None),
+        v if v < 0 => bail!(
+            InvalidArgument,
+            "{what} must be -1 (from the environment) or non-negative, got {v}"
+        ),
+        v => Ok(Some(v as u32)),
+    }
 }

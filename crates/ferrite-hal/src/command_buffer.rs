@@ -7,6 +7,7 @@
 //! ([`crate::device::Device::execute_commands`]).
 
 use crate::buffer::Buffer;
+use crate::channel::{ChannelRef, CollectiveOp};
 use crate::executable::ExecutableRef;
 use crate::memory::BufferUsage;
 use ferrite_base::RefObject;
@@ -147,6 +148,21 @@ pub enum Command {
         constants: Vec<u32>,
         /// Buffer bindings in binding order.
         bindings: Vec<BufferRef>,
+    },
+    /// A collective operation over a channel's group.
+    Collective {
+        /// The channel (this device's participant of the group).
+        channel: ChannelRef,
+        /// What to do.
+        op: CollectiveOp,
+        /// The kind-specific parameter (root, peer or packed peers).
+        param: u32,
+        /// The range read (absent for `recv`).
+        send: Option<BufferRef>,
+        /// The range written (absent for `send`).
+        recv: Option<BufferRef>,
+        /// Element count (per rank; see [`crate::channel::CollectiveKind`]).
+        element_count: u64,
     },
 }
 
@@ -337,6 +353,47 @@ impl CommandBuffer {
             indirect,
             constants,
             bindings,
+        })
+    }
+
+    /// Records a collective operation on `channel`'s group. The send and
+    /// receive ranges are checked for the usage upstream asks (dispatch
+    /// storage read / write) and for being present when the kind uses them.
+    pub fn collective(
+        &self,
+        channel: ChannelRef,
+        op: CollectiveOp,
+        param: u32,
+        send: Option<BufferRef>,
+        recv: Option<BufferRef>,
+        element_count: u64,
+    ) -> Result<()> {
+        let name = op.kind.name();
+        match (&send, op.kind.uses_send()) {
+            (Some(r), true) => self.check_ref(
+                r,
+                BufferUsage::DISPATCH_STORAGE_READ,
+                &format!("{name} send"),
+            )?,
+            (None, true) => bail!(InvalidArgument, "collective {name} needs a send buffer"),
+            _ => {}
+        }
+        match (&recv, op.kind.uses_recv()) {
+            (Some(r), true) => self.check_ref(
+                r,
+                BufferUsage::DISPATCH_STORAGE_WRITE,
+                &format!("{name} recv"),
+            )?,
+            (None, true) => bail!(InvalidArgument, "collective {name} needs a recv buffer"),
+            _ => {}
+        }
+        self.push(Command::Collective {
+            channel,
+            op,
+            param,
+            send,
+            recv,
+            element_count,
         })
     }
 

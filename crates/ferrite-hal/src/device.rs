@@ -25,6 +25,7 @@
 
 use crate::allocator::{Allocator, BufferParams};
 use crate::buffer::Buffer;
+use crate::channel::{ChannelParams, ChannelProvider, ChannelRef};
 use crate::command_buffer::CommandBuffer;
 use crate::command_buffer::{Binding, BindingTable, Command};
 use crate::executable::Executable;
@@ -164,6 +165,24 @@ pub trait Device: Send + Sync + 'static {
     /// skip boxing their work.
     fn runs_inline(&self) -> bool {
         false
+    }
+    /// Creates this device's participant of a collective group for the
+    /// queues in `queue_affinity`. Defaults left in `params` (rank, count,
+    /// identifier) are asked of `provider`; without one they are an error
+    /// naming the missing value. Drivers without collectives keep this
+    /// default, which answers `UNIMPLEMENTED`.
+    fn create_channel(
+        &self,
+        queue_affinity: u64,
+        params: ChannelParams,
+        provider: Option<&Arc<dyn ChannelProvider>>,
+    ) -> Result<ChannelRef> {
+        let _ = (queue_affinity, params, provider);
+        ferrite_base::bail!(
+            Unimplemented,
+            "device '{}' does not support collective channels",
+            self.id()
+        )
     }
 }
 

@@ -17,6 +17,8 @@
 //! - [`command_buffer`], [`executable`], [`device`]: recorded commands,
 //!   loaded executables, and the device trait with queue operations built
 //!   on one submission primitive.
+//! - [`channel`]: collective channels (a rank of a device group), the
+//!   collective operation encoding and the provider of default ranks.
 //! - [`driver`]: the driver trait (device URIs, enumeration, creation) and
 //!   the driver flags (`--task_*`) drivers receive.
 //!
@@ -28,6 +30,7 @@
 pub mod allocator;
 pub mod buffer;
 pub mod buffer_view;
+pub mod channel;
 pub mod command_buffer;
 pub mod device;
 pub mod driver;
@@ -43,6 +46,7 @@ pub use allocator::{
 };
 pub use buffer::{BindingPtr, Buffer, DeviceMemory, HostMemory, WHOLE_BUFFER};
 pub use buffer_view::BufferView;
+pub use channel::{Channel, ChannelParams, ChannelProvider, ChannelRef, CollectiveOp};
 pub use element_type::{ElementType, EncodingType, NumericalType};
 pub use fence::Fence;
 pub use memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
