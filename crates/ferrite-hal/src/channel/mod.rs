@@ -15,9 +15,13 @@
 //! The packed operation word, kinds, reductions and element types have
 //! upstream's encoding (`hal.command_buffer.collective`'s `op` operand).
 
+pub mod local_group;
+
 use ferrite_base::{bail, RefObject, Result};
 use std::any::Any;
 use std::sync::Arc;
+
+pub use local_group::{LocalGroup, LocalRank};
 
 /// Channel flags (none are defined; carried for the ABI).
 pub type ChannelFlags = u64;
