@@ -7,6 +7,11 @@
 //! (about [`TILES_PER_THREAD`] per thread that may run them), which the
 //! pool's threads claim one at a time.
 //!
+//! Collectives (see [`crate::channel`]) run on the thread that reaches
+//! them and wait there for the peer ranks, each of which runs on its own
+//! device; on `local-task` each is a stage of its own, so a command
+//! buffer's collectives run in order.
+//!
 //! Helping: by default a thread blocked waiting for a `local-task` device's
 //! work runs its queued submissions itself (see [`crate::pool`], "Lending
 //! to waiters"); [`PoolOptions::lend_to_waiters`] (URI parameter
@@ -17,6 +22,7 @@
 //! statistics to stderr when it is dropped or the process exits (a
 //! diagnostic for tools and benchmarks).
 
+use crate::channel::CpuChannel;
 use crate::cpu_executable::{CpuExecutable, FORMATS};
 use crate::executable::library::DispatchConfig;
 use crate::pool::region::RegionWork;
@@ -24,6 +30,7 @@ use crate::pool::{PoolOptions, PoolStats, WorkerPool};
 use ferrite_base::{bail, Result, Status};
 use ferrite_hal::allocator::{Allocator, CachingAllocator, HeapAllocator};
 use ferrite_hal::buffer::DeviceRange;
+use ferrite_hal::channel::{ChannelParams, ChannelProvider, ChannelRef};
 use ferrite_hal::command_buffer::{Binding, BufferRef, Command};
 use ferrite_hal::device::{run_inline, Device, Work};
 use ferrite_hal::executable::Executable;
@@ -310,11 +317,24 @@ impl<'a> CommandsWork<'a> {
         let mut stages = Vec::new();
         let mut start = 0;
         for (i, c) in commands.iter().enumerate() {
-            if matches!(c, Command::Barrier) {
-                if i > start {
-                    stages.push(start..i);
+            match c {
+                Command::Barrier => {
+                    if i > start {
+                        stages.push(start..i);
+                    }
+                    start = i + 1;
                 }
-                start = i + 1;
+                // A collective runs alone in its stage: a channel's
+                // collectives must run in program order on every rank,
+                // which commands of one stage would not.
+                Command::Collective { .. } => {
+                    if i > start {
+                        stages.push(start..i);
+                    }
+                    stages.push(i..i + 1);
+                    start = i + 1;
+                }
+                _ => {}
             }
         }
         if commands.len() > start {
@@ -617,17 +637,41 @@ impl Device for CpuDevice {
     fn runs_inline(&self) -> bool {
         matches!(self.mode, Mode::Sync)
     }
+
+    fn create_channel(
+        &self,
+        _queue_affinity: u64,
+        params: ChannelParams,
+        provider: Option<&Arc<dyn ChannelProvider>>,
+    ) -> Result<ChannelRef> {
+        crate::channel::create_channel(self.id, &params, provider)
+    }
 }
 
 impl CpuDevice {
     fn execute_one(&self, c: &Command, table: &[Binding]) -> Result<()> {
         match c {
             Command::Barrier => Ok(()),
-            Command::Collective { op, .. } => ferrite_base::bail!(
-                Unimplemented,
-                "collective {} on a CPU device: CPU channels are not implemented yet",
-                op.kind.name()
-            ),
+            Command::Collective {
+                channel,
+                op,
+                param,
+                send,
+                recv,
+                element_count,
+            } => {
+                let Some(cpu) = channel.0.as_any().downcast_ref::<CpuChannel>() else {
+                    bail!(
+                        InvalidArgument,
+                        "collective {} on {}: the channel was not created by a CPU device",
+                        op.kind.name(),
+                        self.id
+                    );
+                };
+                let send = send.as_ref().map(|r| r.resolve(table)).transpose()?;
+                let recv = recv.as_ref().map(|r| r.resolve(table)).transpose()?;
+                cpu.execute(*op, *param, send, recv, *element_count)
+            }
             Command::Fill { target, pattern } => {
                 let (b, o, l) = target.resolve(table)?;
                 b.fill(o, l, pattern)

@@ -7,12 +7,15 @@
 //! - [`cpu_features`]: the host's CPU feature bits (processor data, and the
 //!   `hal.cpu` device queries).
 //! - [`device`]: the `local-sync` and `local-task` devices.
+//! - [`channel`]: their collective channels (ranks of one process, each
+//!   with its own device, meeting at an in-process group's rendezvous).
 //! - [`driver`]: their drivers ([`LocalSyncDriver`], [`LocalTaskDriver`]),
 //!   which the facade's driver registry lists; `local-task` reads the
 //!   `--task_*` flags from `ferrite_hal::driver::TaskOptions`.
 //! - [`pool`]: the worker pool of `local-task`.
 #![deny(missing_docs)]
 
+pub mod channel;
 pub mod cpu_executable;
 pub mod cpu_features;
 pub mod device;

@@ -27,6 +27,8 @@ pub struct LocalGroup {
     timeout: Duration,
     state: Mutex<Rounds>,
     arrived: Condvar,
+    /// Per-rank counters of [`LocalGroup::next_round`], by stream name.
+    counters: Mutex<HashMap<(u32, String), u64>>,
 }
 
 /// Values contributed to the rounds still in progress, by key.
@@ -39,6 +41,8 @@ struct Rounds {
 }
 
 struct Round {
+    /// The ranks taking part, in the order values are returned.
+    members: Vec<u32>,
     values: Vec<Option<Arc<dyn Any + Send + Sync>>>,
     /// How many ranks have taken the complete set (the round is removed when
     /// all have).
@@ -64,12 +68,35 @@ impl LocalGroup {
             timeout,
             state: Mutex::new(Rounds::default()),
             arrived: Condvar::new(),
+            counters: Mutex::new(HashMap::new()),
         }))
     }
 
     /// The number of ranks.
     pub fn count(&self) -> u32 {
         self.count
+    }
+
+    /// How long a rendezvous waits for missing ranks.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The next number of `rank`'s counter named `stream` (0, 1, 2, ...).
+    /// Ranks that perform the same sequence of operations get the same
+    /// numbers, so keys built from them name the same rendezvous on every
+    /// rank (e.g. the n-th channel a rank creates).
+    pub fn next_round(&self, rank: u32, stream: &str) -> u64 {
+        let mut c = self.counters.lock();
+        let n = c.entry((rank, stream.to_string())).or_insert(0);
+        let this = *n;
+        *n += 1;
+        this
+    }
+
+    /// Whether a rank failed or a rendezvous timed out (see [`Self::poison`]).
+    pub fn poisoned(&self) -> Option<String> {
+        self.state.lock().poisoned.clone()
     }
 
     /// The provider rank `rank` hands to its device's `hal` module.
@@ -107,11 +134,39 @@ impl LocalGroup {
         rank: u32,
         value: Arc<dyn Any + Send + Sync>,
     ) -> Result<Vec<Arc<dyn Any + Send + Sync>>> {
-        if rank >= self.count {
+        let all: Vec<u32> = (0..self.count).collect();
+        self.exchange_among(key, &all, rank, value)
+    }
+
+    /// Rendezvous `key` among `members` only (distinct ranks of the group;
+    /// a subgroup or a pair of peers): each member contributes a value and
+    /// receives all of them in the order of `members`. Every member must
+    /// pass the same list; a member passing another list is refused,
+    /// naming both.
+    pub fn exchange_among(
+        &self,
+        key: &str,
+        members: &[u32],
+        rank: u32,
+        value: Arc<dyn Any + Send + Sync>,
+    ) -> Result<Vec<Arc<dyn Any + Send + Sync>>> {
+        if let Some(&bad) = members.iter().find(|&&m| m >= self.count) {
             bail!(
                 OutOfRange,
-                "rank {rank} is outside the group of {} ranks",
+                "rank {bad} is outside the group of {} ranks",
                 self.count
+            );
+        }
+        let Some(slot) = members.iter().position(|&m| m == rank) else {
+            bail!(
+                InvalidArgument,
+                "rank {rank} joined rendezvous '{key}' of ranks {members:?}"
+            );
+        };
+        if (1..members.len()).any(|i| members[..i].contains(&members[i])) {
+            bail!(
+                InvalidArgument,
+                "rendezvous '{key}' names a rank twice: {members:?}"
             );
         }
         let deadline = Instant::now() + self.timeout;
@@ -119,18 +174,25 @@ impl LocalGroup {
         if let Some(why) = &s.poisoned {
             bail!(Aborted, "collective group failed earlier: {why}");
         }
-        let count = self.count as usize;
         let round = s.rounds.entry(key.to_string()).or_insert_with(|| Round {
-            values: vec![None; count],
+            members: members.to_vec(),
+            values: vec![None; members.len()],
             taken: 0,
         });
-        if round.values[rank as usize].is_some() {
+        if round.members != members {
+            bail!(
+                InvalidArgument,
+                "rank {rank} joined rendezvous '{key}' of ranks {members:?}, but it was begun by ranks {:?}",
+                round.members
+            );
+        }
+        if round.values[slot].is_some() {
             bail!(
                 FailedPrecondition,
                 "rank {rank} joined rendezvous '{key}' twice"
             );
         }
-        round.values[rank as usize] = Some(value);
+        round.values[slot] = Some(value);
         if round.values.iter().all(Option::is_some) {
             self.arrived.notify_all();
         }
@@ -145,18 +207,19 @@ impl LocalGroup {
             if round.values.iter().all(Option::is_some) {
                 let all: Vec<_> = round.values.iter().map(|v| v.clone().unwrap()).collect();
                 round.taken += 1;
-                if round.taken == self.count {
+                if round.taken as usize == round.members.len() {
                     s.rounds.remove(key);
                 }
                 return Ok(all);
             }
             if self.arrived.wait_until(&mut s, deadline).timed_out() {
-                let missing: Vec<usize> = s.rounds[key]
+                let round = &s.rounds[key];
+                let missing: Vec<u32> = round
                     .values
                     .iter()
-                    .enumerate()
-                    .filter(|(_, v)| v.is_none())
-                    .map(|(i, _)| i)
+                    .zip(&round.members)
+                    .filter(|(v, _)| v.is_none())
+                    .map(|(_, &m)| m)
                     .collect();
                 let why = format!(
                     "rendezvous '{key}' timed out after {:?} waiting for ranks {missing:?}",
@@ -278,6 +341,30 @@ mod tests {
         assert!(e.contains("waiting for ranks [1]"), "{e}");
         let e = g.exchange("y", 1, Arc::new(())).unwrap_err().to_string();
         assert!(e.contains("failed"), "{e}");
+    }
+
+    #[test]
+    fn subsets_meet_without_the_others() {
+        let g = LocalGroup::with_timeout(3, Duration::from_secs(10)).unwrap();
+        let g2 = g.clone();
+        let t = std::thread::spawn(move || g2.exchange_among("p", &[2, 0], 0, Arc::new(7u32)));
+        let here = g.exchange_among("p", &[2, 0], 2, Arc::new(9u32)).unwrap();
+        let there = t.join().unwrap().unwrap();
+        for all in [here, there] {
+            let v: Vec<u32> = all
+                .iter()
+                .map(|v| *v.downcast_ref::<u32>().unwrap())
+                .collect();
+            assert_eq!(v, [9, 7]);
+        }
+        let e = g
+            .exchange_among("q", &[0, 1], 2, Arc::new(()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("of ranks [0, 1]"), "{e}");
+        assert_eq!(g.next_round(0, "a"), 0);
+        assert_eq!(g.next_round(0, "a"), 1);
+        assert_eq!(g.next_round(1, "a"), 0);
     }
 
     #[test]

@@ -102,7 +102,9 @@ impl std::fmt::Debug for ChannelRef {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum CollectiveKind {
-    /// Concatenates `element_count` elements from every rank, in rank order.
+    /// Concatenates `element_count` elements from every rank, in rank order
+    /// (compiled programs pass the gathered total instead: see
+    /// [`CollectiveOp::all_gather_send_count`]).
     AllGather = 0,
     /// Reduces `element_count` elements across ranks; every rank gets the result.
     AllReduce = 1,
@@ -113,7 +115,8 @@ pub enum CollectiveKind {
     Broadcast = 3,
     /// Reduces across ranks into rank `param`'s receive buffer.
     Reduce = 4,
-    /// Reduces across ranks; rank i receives block i of the result.
+    /// Reduces `count * element_count` elements across ranks; rank i
+    /// receives block i (`element_count` elements) of the result.
     ReduceScatter = 5,
     /// Sends to rank `param`.
     Send = 6,
@@ -298,6 +301,34 @@ impl CollectiveOp {
         })
     }
 
+    /// The elements each rank sends in an [`CollectiveKind::AllGather`] of
+    /// `element_count` over `count` ranks whose receive range holds
+    /// `recv_bytes` bytes.
+    ///
+    /// Upstream's HAL header counts the elements each rank sends, but the
+    /// pinned compiler passes the gathered total (the result's element
+    /// count: a `4xf32` gathered over 2 ranks is recorded with 8). The receive
+    /// range tells them apart: when it cannot hold `count * element_count`
+    /// elements but holds `element_count`, and `count` divides it, the
+    /// count is the total; otherwise it is per rank (and the range check of
+    /// the operation refuses a receive range too small for either).
+    pub fn all_gather_send_count(self, element_count: u64, count: u32, recv_bytes: u64) -> u64 {
+        let size = self.element_type.byte_size();
+        let count = count as u64;
+        let per_rank_fits = element_count
+            .checked_mul(count)
+            .and_then(|n| n.checked_mul(size))
+            .is_some_and(|b| b <= recv_bytes);
+        let total_fits = element_count
+            .checked_mul(size)
+            .is_some_and(|b| b <= recv_bytes);
+        if count > 1 && !per_rank_fits && total_fits && element_count % count == 0 {
+            element_count / count
+        } else {
+            element_count
+        }
+    }
+
     /// Re-encodes the packed word.
     pub fn packed(self) -> u32 {
         u32::from_le_bytes([
@@ -321,6 +352,17 @@ mod tests {
         assert_eq!(op.reduction, Reduction::Sum);
         assert_eq!(op.element_type, CollectiveElementType::Float32);
         assert_eq!(op.packed(), 590081);
+    }
+
+    #[test]
+    fn all_gather_counts_per_rank_or_total() {
+        let op = CollectiveOp::from_packed(589824).unwrap();
+        assert_eq!(op.kind, CollectiveKind::AllGather);
+        // As compiled: 4xf32 per rank, 2 ranks, total 8 recorded, 32-byte recv.
+        assert_eq!(op.all_gather_send_count(8, 2, 32), 4);
+        // As upstream's header: 4 per rank into a recv range for 8.
+        assert_eq!(op.all_gather_send_count(4, 2, 32), 4);
+        assert_eq!(op.all_gather_send_count(4, 1, 16), 4);
     }
 
     #[test]
