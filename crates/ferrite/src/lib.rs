@@ -27,12 +27,15 @@
 //! - [`Function`]: an exported function; [`Function::call`] takes and
 //!   returns [`Value`]s: scalars and [`Tensor`]s (host data, copied to and
 //!   from device buffers at the call boundary).
+//! - [`spmd`]: one program on several ranks in one process (each rank its
+//!   own thread, devices and session; their collectives connect them).
 #![deny(missing_docs)]
 
 pub mod device;
 pub mod driver;
 mod instance;
 mod session;
+pub mod spmd;
 mod value;
 
 pub use device::Device;

@@ -55,6 +55,26 @@ impl Session {
         Session::from_devices(instance, devices, HalModuleOptions::default())
     }
 
+    /// A session on several devices whose `hal` module answers the
+    /// channel defaults of `hal.channel.create` (rank, count, group
+    /// identifier) from `provider`: a rank of an in-process group
+    /// ([`crate::spmd`]), or a provider of launcher environment variables.
+    pub fn with_channel_provider(
+        instance: &Instance,
+        devices: &[&str],
+        provider: Arc<dyn ferrite_hal::channel::ChannelProvider>,
+    ) -> Result<Session> {
+        let devices = devices
+            .iter()
+            .map(|n| Device::create(n).annotate(|| format!("creating device '{n}'")))
+            .collect::<Result<Vec<_>>>()?;
+        let options = HalModuleOptions {
+            channel_provider: Some(provider),
+            ..HalModuleOptions::default()
+        };
+        Session::from_devices(instance, devices, options)
+    }
+
     /// A session over devices already made (e.g. [`Device::from_hal`]) and
     /// explicit `hal` module options.
     pub fn from_devices(
