@@ -47,6 +47,28 @@ pub fn load_context_with(
     yieldable: bool,
     extra: Vec<Arc<dyn Module>>,
 ) -> Result<RunContext> {
+    load_context_with_hal(
+        instance,
+        modules,
+        mode,
+        devices,
+        yieldable,
+        extra,
+        HalModuleOptions::default(),
+    )
+}
+
+/// [`load_context_with`] with explicit `hal` module options (e.g. the
+/// channel provider of one rank of a multi-rank run).
+pub fn load_context_with_hal(
+    instance: &Instance,
+    modules: &[String],
+    mode: ModuleMode,
+    devices: &DeviceArgs,
+    yieldable: bool,
+    extra: Vec<Arc<dyn Module>>,
+    hal_options: HalModuleOptions,
+) -> Result<RunContext> {
     // Driver flags are checked even when the program needs no device.
     devices.driver_options()?;
     ferrite_hal_module::register_types(instance.types());
@@ -77,10 +99,7 @@ pub fn load_context_with(
     let mut hal_devices = Vec::new();
     if needs_hal {
         hal_devices = devices.create_devices(DEFAULT_DEVICE)?;
-        let hal = ferrite_hal_module::create_hal_module(
-            hal_devices.clone(),
-            HalModuleOptions::default(),
-        )?;
+        let hal = ferrite_hal_module::create_hal_module(hal_devices.clone(), hal_options)?;
         ctx.register(hal)?;
     }
     if yieldable {

@@ -79,7 +79,7 @@ pub fn process_results(
     Ok(matched)
 }
 
-fn print_flush(s: &str) {
+pub(crate) fn print_flush(s: &str) {
     let mut stdout = std::io::stdout().lock();
     let _ = stdout.write_all(s.as_bytes());
     let _ = stdout.flush();

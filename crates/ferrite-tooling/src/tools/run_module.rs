@@ -1,7 +1,7 @@
 //! `ferrite run-module`: load modules, call one function, print results the
 //! way upstream's `iree-run-module` does.
 
-use crate::context::{load_context_with, parse_inputs};
+use crate::context::{load_context_with, load_context_with_hal, parse_inputs};
 use crate::device_flags::LISTING;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
@@ -55,6 +55,13 @@ pub struct RunModuleArgs {
     /// Number of times to run the function (for timing; results printed once).
     #[arg(long, default_value_t = 1)]
     pub repeat: u64,
+    /// Runs the program on N ranks in one process (Ferrite's flag): each
+    /// rank has its own copy of the `--device`s and its own context, and
+    /// the program's collective channels connect the ranks. `{rank}` in
+    /// `--input`, `--output` and `--expected_output` values stands for the
+    /// rank's number; results are printed per rank under `rank R:`.
+    #[arg(long = "spmd_ranks")]
+    pub spmd_ranks: Option<u32>,
 }
 
 /// Runs the command. When an expected output does not match, the process
@@ -63,6 +70,9 @@ pub struct RunModuleArgs {
 pub fn run(args: &RunModuleArgs) -> Result<()> {
     if args.device.wants_listing() {
         return args.device.print_listing();
+    }
+    if let Some(ranks) = args.spmd_ranks {
+        return run_ranks(args, ranks);
     }
     let function = args.function.as_deref().unwrap_or_default();
     let instance = Instance::default();
@@ -113,6 +123,92 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
     .annotate(|| "processing function outputs".to_string())?;
     if !matched {
         drop(results);
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `{rank}` in each of `specs` replaced by `rank`.
+fn for_rank(specs: &[String], rank: u32) -> Vec<String> {
+    specs
+        .iter()
+        .map(|s| s.replace("{rank}", &rank.to_string()))
+        .collect()
+}
+
+/// `--spmd_ranks=N`: one thread per rank, each loading the modules on its
+/// own devices with the rank's channel provider; results are printed in
+/// rank order (each rank waits for its turn to print, failed or not, so a
+/// failing rank never holds the others).
+fn run_ranks(args: &RunModuleArgs, ranks: u32) -> Result<()> {
+    if ranks == 0 {
+        bail!(InvalidArgument, "--spmd_ranks must be at least 1");
+    }
+    let function = args.function.as_deref().unwrap_or_default();
+    let instance = Instance::default();
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "EXEC @{}", function);
+        let _ = out.flush();
+    }
+    let turn = (parking_lot::Mutex::new(0u32), parking_lot::Condvar::new());
+    let matched = ferrite::spmd::run(ranks, |rank| {
+        let r = rank.rank();
+        let outcome = (|| {
+            let run = load_context_with_hal(
+                &instance,
+                &args.modules,
+                args.module_mode,
+                &args.device,
+                args.yieldable_test_module,
+                args.params.modules()?,
+                ferrite::spmd::hal_options(&rank),
+            )
+            .annotate(|| "creating run context".to_string())?;
+            let ctx = &run.context;
+            let f = ctx
+                .lookup_function(function)
+                .annotate(|| format!("looking up function '{}'", function))?;
+            let inputs = parse_inputs(&for_rank(&args.inputs, r), &f.cconv.args, &run.devices)?;
+            if inputs.len() != f.cconv.args.len() {
+                bail!(
+                    InvalidArgument,
+                    "input list and function mismatch; expected {} arguments but passed {}; invoking function '{}'",
+                    f.cconv.args.len(),
+                    inputs.len(),
+                    function
+                );
+            }
+            let mut results = Vec::new();
+            for _ in 0..args.repeat.max(1) {
+                results = ctx
+                    .invoke(&f, inputs.clone())
+                    .annotate(|| format!("invoking function '{}'", function))?;
+            }
+            Ok((results, f.cconv.results.clone()))
+        })();
+        let mut next = turn.0.lock();
+        while *next != r {
+            turn.1.wait(&mut next);
+        }
+        let printed = outcome.and_then(|(results, types)| {
+            crate::outputs::print_flush(&format!("rank {r}:\n"));
+            crate::outputs::process_results(
+                &results,
+                &types,
+                &for_rank(&args.outputs, r),
+                &for_rank(&args.expected_outputs, r),
+                &args.compare,
+                args.print_max_element_count,
+            )
+            .annotate(|| "processing function outputs".to_string())
+        });
+        *next += 1;
+        turn.1.notify_all();
+        printed
+    })?;
+    if matched.contains(&false) {
         std::process::exit(1);
     }
     Ok(())
