@@ -507,7 +507,7 @@ fn check_agreement(all: &[&Contribution], n: u32) -> Result<()> {
                 );
             }
         }
-        CollectiveKind::AllToAll if first.element_count % n as u64 != 0 => bail!(
+        CollectiveKind::AllToAll if !first.element_count.is_multiple_of(n as u64) => bail!(
             InvalidArgument,
             "all_to_all of {} elements cannot be split into {n} equal parts",
             first.element_count

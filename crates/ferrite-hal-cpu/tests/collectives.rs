@@ -190,7 +190,7 @@ fn values(t: E, r: u32, n: usize) -> Vec<f64> {
     (0..n)
         .map(|i| {
             let v = ((r as usize * 5 + i * 3) % 7 + 1) as f64;
-            if signed && (i + r as usize) % 3 == 0 {
+            if signed && (i + r as usize).is_multiple_of(3) {
                 -v
             } else {
                 v
@@ -447,9 +447,7 @@ fn split_forms_subgroups_ordered_by_key() {
             // the order within a color.
             let color = if r == 3 { NO_COLOR } else { (r % 2) as i32 };
             let sub = ch.0.split(color, -(r as i32), 0).unwrap();
-            let Some(sub) = sub else {
-                return None;
-            };
+            let sub = sub?;
             let sum = run(
                 dev,
                 &sub,

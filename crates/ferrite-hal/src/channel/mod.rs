@@ -322,7 +322,7 @@ impl CollectiveOp {
         let total_fits = element_count
             .checked_mul(size)
             .is_some_and(|b| b <= recv_bytes);
-        if count > 1 && !per_rank_fits && total_fits && element_count % count == 0 {
+        if count > 1 && !per_rank_fits && total_fits && element_count.is_multiple_of(count) {
             element_count / count
         } else {
             element_count
