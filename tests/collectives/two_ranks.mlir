@@ -51,3 +51,7 @@ func.func @swap(%x : tensor<3xf32>) -> tensor<3xf32> {
         channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>} : (tensor<3xf32>) -> tensor<3xf32>
   return %out : tensor<3xf32>
 }
+func.func @replica_id() -> tensor<ui32> {
+  %id = stablehlo.replica_id : tensor<ui32>
+  return %id : tensor<ui32>
+}

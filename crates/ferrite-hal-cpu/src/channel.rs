@@ -225,13 +225,13 @@ impl CpuChannel {
         let mut error = None;
         let mut data = Vec::new();
         if send_elems > 0 {
-            match read_operand(send, send_elems * size, "send") {
+            match byte_count(send_elems, size).and_then(|b| read_operand(send, b, "send")) {
                 Ok(d) => data = d,
                 Err(e) => error = Some(e.message().to_string()),
             }
         }
         if error.is_none() && recv_elems > 0 {
-            if let Err(e) = check_len(recv, recv_elems * size, "recv") {
+            if let Err(e) = byte_count(recv_elems, size).and_then(|b| check_len(recv, b, "recv")) {
                 error = Some(e.message().to_string());
             }
         }
@@ -308,7 +308,7 @@ impl CpuChannel {
             CollectiveKind::AllGather => {
                 let recv_bytes = recv.map_or(0, |(_, _, l)| l);
                 let per_rank = op.all_gather_send_count(element_count, n as u32, recv_bytes);
-                (per_rank, per_rank * n)
+                (per_rank, per_rank.saturating_mul(n))
             }
             CollectiveKind::AllReduce | CollectiveKind::AllToAll => (element_count, element_count),
             CollectiveKind::Broadcast => {
@@ -371,8 +371,8 @@ impl CpuChannel {
         element_count: u64,
     ) -> Result<()> {
         self.check_peer(to, "send to")?;
-        let bytes = element_count * op.element_type.byte_size();
-        let (data, error) = match read_operand(send, bytes, "send") {
+        let bytes = byte_count(element_count, op.element_type.byte_size());
+        let (data, error) = match bytes.and_then(|b| read_operand(send, b, "send")) {
             Ok(d) => (d, None),
             Err(e) => (Vec::new(), Some(e.message().to_string())),
         };
@@ -396,8 +396,9 @@ impl CpuChannel {
         element_count: u64,
     ) -> Result<()> {
         self.check_peer(from, "receive from")?;
-        let bytes = element_count * op.element_type.byte_size();
-        let error = check_len(recv, bytes, "recv")
+        let bytes = byte_count(element_count, op.element_type.byte_size());
+        let error = bytes
+            .and_then(|b| check_len(recv, b, "recv"))
             .err()
             .map(|e| e.message().to_string());
         let (key, pair) = self.p2p_round(from, self.rank);
@@ -540,6 +541,18 @@ fn check_agreement(all: &[&Contribution], n: u32) -> Result<()> {
         _ => {}
     }
     Ok(())
+}
+
+/// `elements * size` bytes, or an error when a program's element count
+/// overflows.
+fn byte_count(elements: u64, size: u64) -> Result<u64> {
+    match elements.checked_mul(size) {
+        Some(b) => Ok(b),
+        None => bail!(
+            OutOfRange,
+            "{elements} elements of {size} bytes overflow a 64-bit byte count"
+        ),
+    }
 }
 
 /// Fails unless `operand` holds at least `bytes` bytes.

@@ -533,6 +533,38 @@ fn disagreements_fail_every_rank_naming_them() {
 }
 
 #[test]
+fn huge_element_counts_are_errors_on_every_rank() {
+    for (dev_name, make) in DEVICES {
+        let out = on_ranks(2, make, Duration::from_secs(30), |_, dev, ch| {
+            let mut msgs = Vec::new();
+            for kind in [K::AllReduce, K::AllGather, K::ReduceScatter, K::SendRecv] {
+                let red = if kind.is_reduction() { R::Sum } else { R::None };
+                let e = run(
+                    dev,
+                    &ch,
+                    op(kind, red, E::Float64),
+                    0,
+                    Some(&[0u8; 8]),
+                    8,
+                    u64::MAX / 4,
+                );
+                msgs.push(e.unwrap_err().to_string());
+            }
+            msgs
+        });
+        for (r, msgs) in out.iter().enumerate() {
+            for m in msgs {
+                assert!(
+                    m.contains("rank 0 failed")
+                        && (m.contains("overflow") || m.contains("smaller than")),
+                    "{dev_name} rank {r}: {m}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn a_rank_that_never_arrives_is_a_deadline_error() {
     for (dev_name, make) in DEVICES {
         let out = on_ranks(2, make, Duration::from_millis(300), |r, dev, ch| {

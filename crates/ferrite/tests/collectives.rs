@@ -60,6 +60,8 @@ fn two_ranks_run_every_collective() {
                 )],
             )?;
             let swapped = s.call("swap", &[f32_in(&[3], &[r, r, r])])?;
+            let id = s.call("replica_id", &[])?;
+            let id = id[0].as_tensor().unwrap().to_vec::<u32>()?;
             Ok((
                 f32_out(&sum[0]),
                 max[0].as_tensor().unwrap().to_i32_vec()?,
@@ -67,10 +69,11 @@ fn two_ranks_run_every_collective() {
                 f32_out(&scattered[0]),
                 f32_out(&a2a[0]),
                 f32_out(&swapped[0]),
+                id,
             ))
         })
         .unwrap_or_else(|e| panic!("{device}: {e}"));
-        for (r, (sum, max, gathered, scattered, a2a, swapped)) in out.into_iter().enumerate() {
+        for (r, (sum, max, gathered, scattered, a2a, swapped, id)) in out.into_iter().enumerate() {
             let what = format!("{device} rank {r}");
             let rf = r as f32;
             assert_eq!(sum, [3., 4., 6., 4.], "all_reduce, {what}");
@@ -96,6 +99,8 @@ fn two_ranks_run_every_collective() {
             );
             let other = 1. - rf;
             assert_eq!(swapped, [other; 3], "collective_permute, {what}");
+            // replica_id reads the channel's rank (hal.channel.rank_and_count).
+            assert_eq!(id, [r as u32], "replica_id, {what}");
         }
     }
 }
