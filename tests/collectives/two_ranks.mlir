@@ -55,3 +55,22 @@ func.func @replica_id() -> tensor<ui32> {
   %id = stablehlo.replica_id : tensor<ui32>
   return %id : tensor<ui32>
 }
+// Compute around collectives, and two independent collectives in one
+// function (one command buffer): every rank must run them in one order.
+func.func @compute_around(%x : tensor<4xf32>) -> (tensor<4xf32>, tensor<8xf32>) {
+  %sq = stablehlo.multiply %x, %x : tensor<4xf32>
+  %sum = "stablehlo.all_reduce"(%sq) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) {channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>,
+        replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>,
+        use_global_device_ids} : (tensor<4xf32>) -> tensor<4xf32>
+  %out = stablehlo.add %sum, %x : tensor<4xf32>
+  %tripled = stablehlo.add %x, %sq : tensor<4xf32>
+  %gathered = "stablehlo.all_gather"(%tripled) {all_gather_dim = 0 : i64,
+     channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>,
+     replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>,
+     use_global_device_ids} : (tensor<4xf32>) -> tensor<8xf32>
+  return %out, %gathered : tensor<4xf32>, tensor<8xf32>
+}

@@ -60,6 +60,8 @@ fn two_ranks_run_every_collective() {
                 )],
             )?;
             let swapped = s.call("swap", &[f32_in(&[3], &[r, r, r])])?;
+            let around = s.call("compute_around", &[f32_in(&[4], &[r, 1., 2., 3.])])?;
+            let around = (f32_out(&around[0]), f32_out(&around[1]));
             let id = s.call("replica_id", &[])?;
             let id = id[0].as_tensor().unwrap().to_vec::<u32>()?;
             Ok((
@@ -70,10 +72,13 @@ fn two_ranks_run_every_collective() {
                 f32_out(&a2a[0]),
                 f32_out(&swapped[0]),
                 id,
+                around,
             ))
         })
         .unwrap_or_else(|e| panic!("{device}: {e}"));
-        for (r, (sum, max, gathered, scattered, a2a, swapped, id)) in out.into_iter().enumerate() {
+        for (r, (sum, max, gathered, scattered, a2a, swapped, id, around)) in
+            out.into_iter().enumerate()
+        {
             let what = format!("{device} rank {r}");
             let rf = r as f32;
             assert_eq!(sum, [3., 4., 6., 4.], "all_reduce, {what}");
@@ -101,6 +106,13 @@ fn two_ranks_run_every_collective() {
             assert_eq!(swapped, [other; 3], "collective_permute, {what}");
             // replica_id reads the channel's rank (hal.channel.rank_and_count).
             assert_eq!(id, [r as u32], "replica_id, {what}");
+            // x = [r, 1, 2, 3]: all_reduce(x * x) + x, and all_gather(x + x * x).
+            assert_eq!(around.0, [1. + rf, 3., 10., 21.], "compute_around, {what}");
+            assert_eq!(
+                around.1,
+                [0., 2., 6., 12., 2., 2., 6., 12.],
+                "compute_around, {what}"
+            );
         }
     }
 }
