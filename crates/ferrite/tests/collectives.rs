@@ -3,7 +3,9 @@
 //! groups that split the default channel), compiled by the pinned compiler
 //! from `tests/collectives/*.mlir` and run on 2 and 4 ranks in one process
 //! through `ferrite::spmd`, on `local-sync` and on `local-task` with one
-//! worker per rank, against results worked out here.
+//! worker per rank, against results worked out here; and a matmul split
+//! across 2 and 4 ranks along the contracted dimension (partial products
+//! summed by an all-reduce) against the same matmul on one device.
 
 mod common;
 
@@ -208,4 +210,70 @@ fn a_program_with_collectives_needs_ranks() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("no channel provider was given"), "{e}");
+}
+
+/// `rows x cols` values of a fixed pseudo-random sequence in [-1, 1).
+fn matrix(rows: usize, cols: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+    (0..rows * cols)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 2048) as f32 / 1024.0 - 1.0
+        })
+        .collect()
+}
+
+#[test]
+fn a_tensor_parallel_matmul_matches_one_device() {
+    let module = std::fs::read(program("tp_matmul")).unwrap();
+    let instance = Instance::new();
+    let (m, k, n) = (16usize, 64usize, 24usize);
+    let a = matrix(m, k, 1);
+    let b = matrix(k, n, 2);
+    let mut single = ferrite::Session::new(&instance, "local-task").unwrap();
+    single.load_bytes(module.clone()).unwrap();
+    let want = f32_out(
+        &single
+            .call(
+                "matmul",
+                &[
+                    f32_in(&[m as u64, k as u64], &a),
+                    f32_in(&[k as u64, n as u64], &b),
+                ],
+            )
+            .unwrap()[0],
+    );
+    for (ranks, function) in [(2usize, "tp_matmul_2"), (4, "tp_matmul_4")] {
+        let shard = k / ranks;
+        let out = spmd::run(ranks as u32, |rank| {
+            let r = rank.rank() as usize;
+            // Rank r: columns r*shard.. of A, rows r*shard.. of B.
+            let a_r: Vec<f32> = (0..m)
+                .flat_map(|i| a[i * k + r * shard..i * k + (r + 1) * shard].to_vec())
+                .collect();
+            let b_r = b[r * shard * n..(r + 1) * shard * n].to_vec();
+            let mut s = rank.session(&instance, &["local-task://?workers=1"])?;
+            s.load_bytes(module.clone())?;
+            let c = s.call(
+                function,
+                &[
+                    f32_in(&[m as u64, shard as u64], &a_r),
+                    f32_in(&[shard as u64, n as u64], &b_r),
+                ],
+            )?;
+            Ok(f32_out(&c[0]))
+        })
+        .unwrap();
+        for (r, c) in out.iter().enumerate() {
+            assert_eq!(c, &out[0], "{function}: ranks agree bit for bit (rank {r})");
+            for (i, (x, y)) in c.iter().zip(&want).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+                    "{function} rank {r} element {i}: {x} vs {y}"
+                );
+            }
+        }
+    }
 }
