@@ -35,6 +35,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// From this many elements on, an all-reduce shares the reduction between
+/// the ranks (a second rendezvous costs less than reducing everything on
+/// every rank).
+const SHARED_REDUCTION_ELEMENTS: u64 = 1 << 15;
+
 /// `send_recv`'s "no peer" (upstream packs 16-bit ranks, -1 = none).
 const NO_PEER: u32 = 0xffff;
 
@@ -261,6 +266,9 @@ impl CpuChannel {
         let me = self.rank as usize;
         let result: Vec<u8> = match op.kind {
             CollectiveKind::AllGather => all.iter().flat_map(|c| c.data.iter().copied()).collect(),
+            CollectiveKind::AllReduce if element_count >= SHARED_REDUCTION_ELEMENTS => {
+                self.reduce_in_parts(&key, op, &all, element_count)?
+            }
             CollectiveKind::AllReduce => reduce(op, &all, 0, element_count, n),
             CollectiveKind::AllToAll => {
                 let part = (element_count / n * size) as usize;
@@ -291,6 +299,35 @@ impl CpuChannel {
             }
         };
         write_operand(recv, &result)
+    }
+
+    /// An all-reduce with the work shared: rank i reduces the i-th part of
+    /// the elements, then the parts are exchanged in a second rendezvous.
+    /// Each element is still reduced in rank order, so the result is the
+    /// same as one rank reducing everything.
+    fn reduce_in_parts(
+        &self,
+        key: &str,
+        op: CollectiveOp,
+        all: &[&Contribution],
+        element_count: u64,
+    ) -> Result<Vec<u8>> {
+        let n = self.members.len() as u64;
+        let part = element_count.div_ceil(n);
+        let first = (self.rank as u64 * part).min(element_count);
+        let count = part.min(element_count - first);
+        let mine: Arc<Vec<u8>> = Arc::new(reduce(op, all, first, count, n));
+        let parts =
+            self.group
+                .exchange_among(&format!("{key}/parts"), &self.members, self.root(), mine)?;
+        let mut out = Vec::with_capacity((element_count * op.element_type.byte_size()) as usize);
+        for p in &parts {
+            out.extend_from_slice(
+                p.downcast_ref::<Vec<u8>>()
+                    .expect("reduction parts are byte vectors"),
+            );
+        }
+        Ok(out)
     }
 
     /// Elements this rank reads from its send range and writes to its

@@ -533,6 +533,63 @@ fn disagreements_fail_every_rank_naming_them() {
 }
 
 #[test]
+fn large_all_reduces_share_the_work_and_agree() {
+    // Above the size where ranks reduce a part each; 3 ranks, uneven parts.
+    const COUNT: usize = 100_003;
+    for (dev_name, make) in DEVICES {
+        let out = on_ranks(3, make, Duration::from_secs(30), |r, dev, ch| {
+            let t = E::Float32;
+            let send = encode(t, &values(t, r, COUNT));
+            let sum = run(
+                dev,
+                &ch,
+                op(K::AllReduce, R::Sum, t),
+                0,
+                Some(&send),
+                COUNT * 4,
+                COUNT as u64,
+            )
+            .unwrap();
+            let h = E::BFloat16;
+            let send = encode(h, &values(h, r, COUNT));
+            let avg = run(
+                dev,
+                &ch,
+                op(K::AllReduce, R::Average, h),
+                0,
+                Some(&send),
+                COUNT * 2,
+                COUNT as u64,
+            )
+            .unwrap();
+            (sum, avg)
+        });
+        let inputs = |t| (0..3).map(|q| values(t, q, COUNT)).collect::<Vec<_>>();
+        let want_sum = expected_reduction(E::Float32, R::Sum, &inputs(E::Float32));
+        let want_avg = expected_reduction(E::BFloat16, R::Average, &inputs(E::BFloat16));
+        for (r, (sum, avg)) in out.iter().enumerate() {
+            assert_close(
+                E::Float32,
+                sum,
+                &want_sum,
+                &format!("{dev_name} rank {r} sum"),
+            );
+            assert_close(
+                E::BFloat16,
+                avg,
+                &want_avg,
+                &format!("{dev_name} rank {r} average"),
+            );
+            assert_eq!(
+                (sum, avg),
+                (&out[0].0, &out[0].1),
+                "{dev_name}: ranks agree bit for bit"
+            );
+        }
+    }
+}
+
+#[test]
 fn huge_element_counts_are_errors_on_every_rank() {
     for (dev_name, make) in DEVICES {
         let out = on_ranks(2, make, Duration::from_secs(30), |_, dev, ch| {
