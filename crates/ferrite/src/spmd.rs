@@ -23,6 +23,11 @@
 //! [`run`] is the general form: it calls a closure on every rank with that
 //! rank's [`Rank`], from which [`Rank::session`] makes a session whose
 //! `hal` module answers channel defaults from the group.
+//!
+//! Each rank needs devices of its own: a collective waits for its peers on
+//! the thread that runs it (a `local-task` worker, or the caller on
+//! `local-sync`), so ranks sharing one device could wait for work queued
+//! behind each other. [`Rank::session`] always makes new devices.
 
 use std::sync::Arc;
 
