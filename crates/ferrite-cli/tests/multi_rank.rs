@@ -55,6 +55,24 @@ fn spmd_ranks_run_a_collective_program() {
             "{device}"
         );
     }
+    // Per-rank output files.
+    let dir = out_dir();
+    let o = ferrite(&strings(&[
+        &module,
+        "--function=swap",
+        "--spmd_ranks=2",
+        "--input=3xf32={rank}",
+        &format!("--output=@{}/swapped_{{rank}}.bin", dir.display()),
+    ]));
+    assert!(o.success(), "{}{}", o.stdout, o.stderr);
+    for r in 0..2u8 {
+        let got = std::fs::read(dir.join(format!("swapped_{r}.bin"))).unwrap();
+        let want: Vec<u8> = [1.0f32 - r as f32; 3]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(got, want, "rank {r} received the other rank's values");
+    }
     // Per-rank expected outputs; rank 1's does not match.
     let o = ferrite(&strings(&[
         &module,
