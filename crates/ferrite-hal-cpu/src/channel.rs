@@ -62,7 +62,10 @@ pub struct CpuChannel {
 }
 
 /// Creates `device_id`'s channel for `params`, with defaults from
-/// `provider`, which must be a rank of an in-process group.
+/// `provider`, which must be a rank of an in-process group. A rank and
+/// count the program names must be the group's; the identifier and group
+/// key are not needed (ranks find each other through the group, and the
+/// n-th channel a rank creates meets the n-th of every other rank).
 pub fn create_channel(
     device_id: &str,
     params: &ChannelParams,
