@@ -3,7 +3,7 @@
 //! argument types; the rest is one spec per line. Specs naming files
 //! (`@path`, `+path`, `*path`) are dropped: the fuzzer must not read the
 //! machine's files. Any input must parse or fail with an error, never panic
-//! Specs asking for tensors over 64 MiB are dropped: a huge tensor is a
+//! Specs asking for tensors over 64 MiB (bare or `&`-prefixed) are dropped: a huge tensor is a
 //! legitimate request that allocates what it asks for (as upstream), and
 //! filling it would only measure the machine's memory.
 //! `cargo +nightly fuzz run parse_input fuzz/seeds/parse_input`.
@@ -31,7 +31,10 @@ fn small_enough(spec: &str) -> bool {
     if long_number {
         return false;
     }
-    let Ok((shape, element_type, _)) = ferrite_hal::buffer_view::split_spec(spec) else {
+    // `&` (an output buffer) takes a tensor spec too.
+    let tensor = spec.trim_start();
+    let tensor = tensor.strip_prefix('&').unwrap_or(tensor);
+    let Ok((shape, element_type, _)) = ferrite_hal::buffer_view::split_spec(tensor) else {
         return true;
     };
     shape
