@@ -103,6 +103,19 @@ def exclusive(path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def ensure_python_package():
+    """The Python benches import ferrite.runtime from .venv: build and
+    install it (release) when it is missing, as scripts/test.sh does."""
+    probe = subprocess.run([PY, "-c", "import ferrite.runtime"], cwd=ROOT, capture_output=True)
+    if probe.returncode == 0:
+        return
+    print("bench: ferrite.runtime is not installed in .venv; building it (maturin develop --release)",
+          flush=True)
+    subprocess.run([PY, "-m", "pip", "install", "-q", "maturin"], cwd=ROOT, check=True)
+    subprocess.run([os.path.join(ROOT, ".venv", "bin", "maturin"), "develop", "--release", "-q"],
+                   cwd=ROOT, check=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -113,6 +126,7 @@ def main():
     if not os.path.exists(PY):
         sys.exit("bench: .venv missing: run scripts/setup-venv.sh first")
     names = args.only or list(BENCHES)
+    ensure_python_package()
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as results:
         env = dict(os.environ, FERRITE_BENCH_JSON=results.name)
         failed = []
