@@ -36,6 +36,8 @@ use crate::memory::{CudaAllocator, CudaMemory, CudaTimeline, WordPool};
 use ferrite_base::{bail, status, Result, Status};
 use ferrite_hal::allocator::{Allocator, BufferParams};
 use ferrite_hal::buffer::Buffer;
+use crate::channel::{NcclChannel, Resolved};
+use ferrite_hal::channel::{Channel as _, ChannelParams, ChannelProvider, ChannelRef, CollectiveKind};
 use ferrite_hal::command_buffer::{Binding, BindingTable, BufferRef, Command, CommandBuffer};
 use ferrite_hal::device::{Device, Work};
 use ferrite_hal::executable::Executable;
@@ -45,7 +47,7 @@ use parking_lot::Mutex;
 use std::any::Any;
 use std::cell::Cell;
 use std::ffi::c_void;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -161,6 +163,9 @@ pub(crate) struct Keep {
     buffers: Vec<Buffer>,
     executables: Vec<Arc<dyn Executable>>,
     bytes: Vec<Vec<u8>>,
+    /// Channels of enqueued collectives (their communicators must outlive
+    /// the NCCL kernels).
+    channels: Vec<ChannelRef>,
 }
 
 // SAFETY: the event handle is used by the completion thread only, in the
@@ -210,6 +215,9 @@ pub struct CudaDevice {
     submit_lock: Mutex<mpsc::Sender<Completion>>,
     cc: (i32, i32),
     sm_count: i32,
+    /// Channels created so far: the n-th channel's identifier exchange uses
+    /// key n, so the n-th channel of every rank meets the others' n-th.
+    channels_created: AtomicU64,
 }
 
 impl CudaDevice {
@@ -318,6 +326,7 @@ impl CudaDevice {
             submit_lock: Mutex::new(tx),
             cc,
             sm_count,
+            channels_created: AtomicU64::new(0),
         }))
     }
 
@@ -491,14 +500,34 @@ impl CudaDevice {
         }
         let mut params: Vec<*mut c_void> = Vec::new();
         let mut words: Vec<u64> = Vec::new();
+        // Consecutive collectives form one NCCL group (see `channel`).
+        let mut batch: Vec<Resolved<'_>> = Vec::new();
         for cmd in commands {
+            if !matches!(cmd, Command::Collective { .. }) && !batch.is_empty() {
+                crate::channel::enqueue_batch(&self.shared, &batch)?;
+                batch.clear();
+            }
             match cmd {
                 Command::Barrier => {}
-                Command::Collective { op, .. } => ferrite_base::bail!(
-                    Unimplemented,
-                    "collective {} on cuda: NCCL channels are not implemented yet",
-                    op.kind.name()
-                ),
+                Command::Collective {
+                    channel,
+                    op,
+                    param,
+                    send,
+                    recv,
+                    element_count,
+                } => {
+                    batch.push(self.resolve_collective(
+                        channel,
+                        *op,
+                        *param,
+                        send.as_ref(),
+                        recv.as_ref(),
+                        *element_count,
+                        table,
+                        keep,
+                    )?);
+                }
                 Command::Fill { target, pattern } => {
                     let (b, p, len) = self.resolve(target, table)?;
                     keep.buffers.push(b.clone());
@@ -614,7 +643,98 @@ impl CudaDevice {
                 }
             }
         }
-        Ok(())
+        crate::channel::enqueue_batch(&self.shared, &batch)
+    }
+
+    /// Checks a collective's channel and ranges and resolves its buffers to
+    /// device addresses (the ranges must hold the bytes NCCL reads and
+    /// writes on this rank).
+    #[allow(clippy::too_many_arguments)]
+    fn resolve_collective<'a>(
+        &self,
+        channel: &'a ChannelRef,
+        op: ferrite_hal::channel::CollectiveOp,
+        param: u32,
+        send: Option<&BufferRef>,
+        recv: Option<&BufferRef>,
+        element_count: u64,
+        table: &[Binding],
+        keep: &mut Keep,
+    ) -> Result<Resolved<'a>> {
+        let name = op.kind.name();
+        let Some(ch) = channel.0.as_any().downcast_ref::<NcclChannel>() else {
+            bail!(
+                InvalidArgument,
+                "collective {name}: the channel was not created by a CUDA device"
+            );
+        };
+        if !ch.belongs_to(&self.shared) {
+            bail!(
+                InvalidArgument,
+                "collective {name}: the channel belongs to another CUDA device"
+            );
+        }
+        keep.channels.push(channel.clone());
+        let n = ch.count() as u64;
+        let me = ch.rank();
+        let mut range = |r: Option<&BufferRef>| -> Result<(CUdeviceptr, u64)> {
+            match r {
+                None => Ok((0, 0)),
+                Some(r) => {
+                    let (b, p, len) = self.resolve(r, table)?;
+                    keep.buffers.push(b.clone());
+                    Ok((p, len))
+                }
+            }
+        };
+        let (sp, slen) = range(send)?;
+        let (rp, rlen) = range(recv)?;
+        let (send_elems, recv_elems, count) = match op.kind {
+            CollectiveKind::AllGather => {
+                let per = op.all_gather_send_count(element_count, n as u32, rlen);
+                (per, per.saturating_mul(n), per)
+            }
+            CollectiveKind::AllReduce | CollectiveKind::AllToAll => {
+                (element_count, element_count, element_count)
+            }
+            CollectiveKind::Broadcast => (
+                if param == me { element_count } else { 0 },
+                element_count,
+                element_count,
+            ),
+            CollectiveKind::Reduce => (
+                element_count,
+                if param == me { element_count } else { 0 },
+                element_count,
+            ),
+            CollectiveKind::ReduceScatter => {
+                (element_count.saturating_mul(n), element_count, element_count)
+            }
+            CollectiveKind::Send => (element_count, 0, element_count),
+            CollectiveKind::Recv => (0, element_count, element_count),
+            CollectiveKind::SendRecv => {
+                let send = if param & 0xffff == 0xffff { 0 } else { element_count };
+                (send, element_count, element_count)
+            }
+        };
+        let size = op.element_type.byte_size();
+        for (what, elems, len) in [("send", send_elems, slen), ("recv", recv_elems, rlen)] {
+            let need = elems.checked_mul(size);
+            if need.is_none_or(|b| b > len) {
+                bail!(
+                    OutOfRange,
+                    "collective {name}: the {what} range holds {len} bytes but rank {me} of {n} needs {elems} elements of {size} bytes"
+                );
+            }
+        }
+        Ok(Resolved {
+            channel: ch,
+            op,
+            param,
+            send: sp,
+            recv: rp,
+            element_count: count,
+        })
     }
 
     fn fill(&self, p: CUdeviceptr, len: u64, pattern: &[u8]) -> Result<()> {
@@ -716,6 +836,23 @@ impl Device for CudaDevice {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn create_channel(
+        &self,
+        queue_affinity: u64,
+        params: ChannelParams,
+        provider: Option<&Arc<dyn ChannelProvider>>,
+    ) -> Result<ChannelRef> {
+        // One device, one queue: any affinity naming queue 0 (or all) is it.
+        if queue_affinity != u64::MAX && queue_affinity & 1 == 0 {
+            bail!(
+                InvalidArgument,
+                "queue affinity {queue_affinity:#x} names no queue of the CUDA device (it has one, queue 0)"
+            );
+        }
+        let n = self.channels_created.fetch_add(1, Ordering::Relaxed);
+        crate::channel::create(&self.shared, params, provider, &format!("nccl/{n}"))
     }
 
     fn queue_alloca(

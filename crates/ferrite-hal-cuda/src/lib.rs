@@ -10,17 +10,21 @@
 //! - Queue operations are enqueued on the device's stream and ordered by
 //!   semaphores the GPU waits on and signals itself (see [`device`]).
 //! - Memory: see [`memory`]. Executables: see [`executable`].
+//! - Collective channels: NCCL communicators ([`channel`]), NCCL loaded at
+//!   run time ([`nccl`]); collectives run on the queue stream.
 //!
 //! Not yet implemented: reusable command buffers as CUDA graphs (every
 //! command buffer is replayed on the stream per execute), indirect dispatch
 //! parameters (UNIMPLEMENTED, as upstream's stream command buffers), 8-byte
 //! fill patterns, import of foreign host memory.
 
+pub mod channel;
 pub mod device;
 pub mod executable;
 pub mod ffi;
 mod flatbuffer;
 pub mod memory;
+pub mod nccl;
 
 pub use device::CudaDevice;
 

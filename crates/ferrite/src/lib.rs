@@ -34,6 +34,7 @@
 pub mod device;
 pub mod driver;
 mod instance;
+pub mod rendezvous;
 mod session;
 pub mod spmd;
 mod value;
