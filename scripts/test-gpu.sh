@@ -10,7 +10,11 @@
 #
 # Inputs (built elsewhere and carried to the GPU machine):
 #   FERRITE       the ferrite binary                 (default target/release/ferrite)
-#   GPU_TESTS     directory of the driver's test executables (gpu, gpu_fault)
+#   GPU_TESTS     directory of the driver's test executables (gpu, gpu_fault,
+#                 nccl; multi_gpu is skipped here: scripts/test-multi-gpu.sh
+#                 runs it on 2 GPUs)
+#   FERRITE_NCCL_LIBRARY  libnccl.so.2 for the nccl tests (default: the copy
+#                 of python3's nvidia-nccl package, as PyTorch installs it)
 #   DIFF_DIR      <case>.cuda.vmfb/<case>.cpu.vmfb and cases.txt
 #   E2E_DIR       <suite>/<name>.vmfb (optional)
 #   UPSTREAM_BIN  directory with upstream's iree-run-module (optional)
@@ -30,8 +34,14 @@ bad() {
   echo "FAIL: $*"
 }
 
+if [ -z "${FERRITE_NCCL_LIBRARY:-}" ]; then
+  FERRITE_NCCL_LIBRARY=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)
+  export FERRITE_NCCL_LIBRARY
+fi
+
 echo "== Rust GPU tests (each alone, 60 s limit)"
 for t in "$GPU_TESTS"/*; do
+  case $(basename "$t") in *multi_gpu*) continue ;; esac
   for name in $("$t" --list 2>/dev/null | grep ": test$" | sed 's/: test$//'); do
     out=$(FERRITE_REQUIRE_GPU=1 timeout 60 "$t" --exact "$name" --test-threads=1 --nocapture 2>&1)
     rc=$?

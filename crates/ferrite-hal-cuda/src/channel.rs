@@ -72,9 +72,19 @@ impl Drop for NcclChannel {
         if self.shared.make_current().is_err() {
             return;
         }
-        // SAFETY: `comm` is a live communicator owned by this channel;
-        // finalize (when present) flushes it and destroy frees it once.
+        // SAFETY: `comm` is a live communicator owned by this channel and
+        // freed once: aborted when NCCL reported an asynchronous error (a
+        // peer that failed would hold a finalize forever), else finalized
+        // (when the library has it) and destroyed.
         unsafe {
+            let mut async_error = nccl::NCCL_SUCCESS;
+            let r = (self.nccl.ncclCommGetAsyncError)(self.comm, &mut async_error);
+            if r != nccl::NCCL_SUCCESS
+                || (async_error != nccl::NCCL_SUCCESS && async_error != nccl::NCCL_IN_PROGRESS)
+            {
+                (self.nccl.ncclCommAbort)(self.comm);
+                return;
+            }
             if let Some(finalize) = self.nccl.ncclCommFinalize {
                 finalize(self.comm);
             }
@@ -133,7 +143,9 @@ impl Channel for NcclChannel {
             }
         };
         if r != nccl::NCCL_SUCCESS {
-            let e = self.nccl.to_status(r, comm, "querying a split communicator");
+            let e = self
+                .nccl
+                .to_status(r, comm, "querying a split communicator");
             // SAFETY: `comm` is ours and unused.
             unsafe { (self.nccl.ncclCommDestroy)(comm) };
             return Err(e);
@@ -287,11 +299,8 @@ pub(crate) fn enqueue_batch(shared: &Shared, batch: &[Resolved<'_>]) -> Result<(
     let nccl = first.channel.nccl;
     let stream = shared.stream as nccl::cudaStream_t;
     // SAFETY: ncclGroupStart has no preconditions.
-    nccl.check(
-        unsafe { (nccl.ncclGroupStart)() },
-        std::ptr::null_mut(),
-        "ncclGroupStart",
-    )?;
+    let started = unsafe { (nccl.ncclGroupStart)() };
+    nccl.check(started, std::ptr::null_mut(), "ncclGroupStart")?;
     let mut outcome = Ok(());
     for c in batch {
         outcome = enqueue_one(nccl, shared, c, stream);
@@ -351,7 +360,7 @@ fn enqueue_one(
         }
         Ok(p as c_int)
     };
-    // SAFETY (for every call below): `send`/`recv` are device addresses of
+    // SAFETY: for every call below, `send`/`recv` are device addresses of
     // ranges the caller checked against their buffers for the byte counts
     // these calls touch (element count times element size, per rank where
     // the kind says so); `comm` is live; `stream` is the device's queue

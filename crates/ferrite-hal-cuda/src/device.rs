@@ -30,14 +30,16 @@
 //! back to back without any host round trip: only the completion of each
 //! is reported to the host.
 
+use crate::channel::{NcclChannel, Resolved};
 use crate::executable::CudaExecutable;
 use crate::ffi::{self, Api, CUcontext, CUdevice, CUdeviceptr, CUstream};
 use crate::memory::{CudaAllocator, CudaMemory, CudaTimeline, WordPool};
 use ferrite_base::{bail, status, Result, Status};
 use ferrite_hal::allocator::{Allocator, BufferParams};
 use ferrite_hal::buffer::Buffer;
-use crate::channel::{NcclChannel, Resolved};
-use ferrite_hal::channel::{Channel as _, ChannelParams, ChannelProvider, ChannelRef, CollectiveKind};
+use ferrite_hal::channel::{
+    Channel as _, ChannelParams, ChannelProvider, ChannelRef, CollectiveKind,
+};
 use ferrite_hal::command_buffer::{Binding, BindingTable, BufferRef, Command, CommandBuffer};
 use ferrite_hal::device::{Device, Work};
 use ferrite_hal::executable::Executable;
@@ -707,13 +709,19 @@ impl CudaDevice {
                 if param == me { element_count } else { 0 },
                 element_count,
             ),
-            CollectiveKind::ReduceScatter => {
-                (element_count.saturating_mul(n), element_count, element_count)
-            }
+            CollectiveKind::ReduceScatter => (
+                element_count.saturating_mul(n),
+                element_count,
+                element_count,
+            ),
             CollectiveKind::Send => (element_count, 0, element_count),
             CollectiveKind::Recv => (0, element_count, element_count),
             CollectiveKind::SendRecv => {
-                let send = if param & 0xffff == 0xffff { 0 } else { element_count };
+                let send = if param & 0xffff == 0xffff {
+                    0
+                } else {
+                    element_count
+                };
                 (send, element_count, element_count)
             }
         };

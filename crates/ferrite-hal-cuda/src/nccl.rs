@@ -177,8 +177,14 @@ pub struct Nccl {
         cudaStream_t,
     ) -> R,
     /// `ncclRecv`.
-    pub ncclRecv:
-        unsafe extern "C" fn(*mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> R,
+    pub ncclRecv: unsafe extern "C" fn(
+        *mut c_void,
+        usize,
+        ncclDataType_t,
+        c_int,
+        ncclComm_t,
+        cudaStream_t,
+    ) -> R,
     /// `ncclGroupStart`.
     pub ncclGroupStart: unsafe extern "C" fn() -> R,
     /// `ncclGroupEnd`.
@@ -225,7 +231,7 @@ impl Nccl {
         if r != NCCL_SUCCESS {
             return Err(format!("{path}: ncclGetVersion failed ({r})"));
         }
-        if version < MIN_VERSION || version >= 30000 {
+        if !(MIN_VERSION..30000).contains(&version) {
             return Err(format!(
                 "{path} is NCCL {}, but 2.x at least 2.10 is required",
                 version_string(version)
@@ -260,7 +266,7 @@ impl Nccl {
 
     /// The status for a failed NCCL call: NCCL's text for the code, and the
     /// communicator's last error message when there is one.
-    pub fn to_status(&self, r: ncclResult_t, comm: ncclComm_t, what: &str) -> Status {
+    pub(crate) fn to_status(&self, r: ncclResult_t, comm: ncclComm_t, what: &str) -> Status {
         // SAFETY: ncclGetErrorString returns a static string for any code.
         let text = unsafe { cstr((self.ncclGetErrorString)(r)) };
         let last = match self.ncclGetLastError {
@@ -284,7 +290,7 @@ impl Nccl {
     }
 
     /// `Ok` for ncclSuccess, else the error naming `what`.
-    pub fn check(&self, r: ncclResult_t, comm: ncclComm_t, what: &str) -> Result<()> {
+    pub(crate) fn check(&self, r: ncclResult_t, comm: ncclComm_t, what: &str) -> Result<()> {
         if r == NCCL_SUCCESS {
             Ok(())
         } else {
@@ -368,6 +374,31 @@ mod tests {
     fn version_codes() {
         assert_eq!(version_string(22703), "2.27.3");
         assert_eq!(version_string(2804), "2.8.4");
+    }
+
+    #[test]
+    fn a_present_library_resolves_every_entry_point() {
+        let Ok(n) = nccl() else {
+            println!("SKIPPED: no NCCL here (set FERRITE_NCCL_LIBRARY to check the loader)");
+            return;
+        };
+        assert!(n.version >= MIN_VERSION, "{}", version_string(n.version));
+        // Entry points that are optional by version are there when the
+        // version has them.
+        assert_eq!(
+            n.ncclCommSplit.is_some(),
+            n.version >= 21800,
+            "ncclCommSplit"
+        );
+        assert_eq!(
+            n.ncclCommFinalize.is_some(),
+            n.version >= 21400,
+            "ncclCommFinalize"
+        );
+        let e = n.to_status(4, std::ptr::null_mut(), "x").to_string();
+        assert!(e.contains("NCCL error 4"), "{e}");
+        assert!(e.contains("invalid argument"), "{e}");
+        println!("loaded {} (NCCL {})", n.path, version_string(n.version));
     }
 
     #[test]

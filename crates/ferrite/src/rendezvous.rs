@@ -71,9 +71,7 @@ pub fn from_env() -> Result<Option<Arc<dyn ChannelProvider>>> {
 }
 
 /// [`from_env`] over any variable source (tests).
-pub fn from_vars(
-    get: impl Fn(&str) -> Option<String>,
-) -> Result<Option<Arc<dyn ChannelProvider>>> {
+pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Arc<dyn ChannelProvider>>> {
     let Some((rank, size)) = rank_and_size(&get)? else {
         return Ok(None);
     };
@@ -197,7 +195,11 @@ impl ChannelProvider for EnvProvider {
             return Ok(());
         }
         let deadline = Instant::now() + self.timeout;
-        match self.store.as_ref().expect("a group of several ranks has a store") {
+        match self
+            .store
+            .as_ref()
+            .expect("a group of several ranks has a store")
+        {
             Store::Tcp(addr) => {
                 if self.rank == 0 {
                     let server = self
@@ -296,7 +298,9 @@ impl Server {
         else {
             return;
         };
-        let Ok(rank) = rank.parse::<u32>() else { return };
+        let Ok(rank) = rank.parse::<u32>() else {
+            return;
+        };
         let deadline = Instant::now() + CONNECTION_TIMEOUT;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let id = loop {
@@ -408,7 +412,8 @@ fn try_fetch(
         return Err("deadline".into());
     }
     let mut conn = TcpStream::connect_timeout(&target, left).map_err(|e| e.to_string())?;
-    conn.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(left))
+        .map_err(|e| e.to_string())?;
     writeln!(conn, "GET {key} {rank}").map_err(|e| e.to_string())?;
     let mut line = String::new();
     BufReader::new(conn)
@@ -425,7 +430,13 @@ fn try_fetch(
 /// A key as a file name (keys are the driver's, e.g. `nccl/0`).
 fn file_name(key: &str) -> String {
     key.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -433,8 +444,13 @@ fn file_name(key: &str) -> String {
 /// waits for every rank's `<key>.ack.<rank>`.
 fn file_publish(dir: &Path, key: &str, id: &[u8], size: u32, deadline: Instant) -> Result<()> {
     let name = file_name(key);
-    std::fs::create_dir_all(dir)
-        .map_err(|e| status!(Unavailable, "creating the store directory {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        status!(
+            Unavailable,
+            "creating the store directory {}: {e}",
+            dir.display()
+        )
+    })?;
     let tmp = dir.join(format!(".{name}.id.tmp"));
     let dst = dir.join(format!("{name}.id"));
     std::fs::write(&tmp, hex(id))
@@ -486,8 +502,7 @@ fn file_fetch(dir: &Path, key: &str, rank: u32, id: &mut [u8], deadline: Instant
     }
     id.copy_from_slice(&bytes);
     let ack = dir.join(format!("{name}.ack.{rank}"));
-    std::fs::write(&ack, b"")
-        .map_err(|e| status!(Unavailable, "writing {}: {e}", ack.display()))
+    std::fs::write(&ack, b"").map_err(|e| status!(Unavailable, "writing {}: {e}", ack.display()))
 }
 
 fn hex(b: &[u8]) -> String {
@@ -525,7 +540,9 @@ mod tests {
 
     #[test]
     fn no_launcher_means_no_provider() {
-        assert!(from_vars(vars(&[("FERRITE_STORE", "tcp://h:1")])).unwrap().is_none());
+        assert!(from_vars(vars(&[("FERRITE_STORE", "tcp://h:1")]))
+            .unwrap()
+            .is_none());
     }
 
     #[test]
@@ -563,7 +580,15 @@ mod tests {
         let e = err(&[("RANK", "1"), ("WORLD_SIZE", "2")]);
         assert!(e.contains("needs FERRITE_STORE"), "{e}");
         let base = [("RANK", "1"), ("WORLD_SIZE", "2")];
-        for bad in ["tcp://host", "tcp://:80", "tcp://h:0", "tcp://h:99999", "udp://h:1", "file:", "h:1"] {
+        for bad in [
+            "tcp://host",
+            "tcp://:80",
+            "tcp://h:0",
+            "tcp://h:99999",
+            "udp://h:1",
+            "file:",
+            "h:1",
+        ] {
             let mut v = base.to_vec();
             v.push(("FERRITE_STORE", bad));
             let e = err(&v);
@@ -577,7 +602,12 @@ mod tests {
 
     /// Runs `ranks` providers made from `store` on threads, each exchanging
     /// `keys` identifiers; returns what every rank received.
-    fn exchange_all(store: &str, ranks: u32, keys: u32, timeout: &str) -> Vec<Result<Vec<Vec<u8>>>> {
+    fn exchange_all(
+        store: &str,
+        ranks: u32,
+        keys: u32,
+        timeout: &str,
+    ) -> Vec<Result<Vec<Vec<u8>>>> {
         let handles: Vec<_> = (0..ranks)
             .map(|r| {
                 let store = store.to_string();
@@ -592,7 +622,11 @@ mod tests {
                     .unwrap();
                     (0..keys)
                         .map(|k| {
-                            let mut id = if r == 0 { vec![k as u8 + 1; 128] } else { vec![0; 128] };
+                            let mut id = if r == 0 {
+                                vec![k as u8 + 1; 128]
+                            } else {
+                                vec![0; 128]
+                            };
                             p.exchange_default_id(&format!("nccl/{k}"), &mut id)?;
                             Ok(id)
                         })
@@ -604,7 +638,11 @@ mod tests {
     }
 
     fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
     }
 
     #[test]
@@ -620,7 +658,11 @@ mod tests {
 
     #[test]
     fn file_store_hands_rank_zeros_ids_to_every_rank() {
-        let dir = std::env::temp_dir().join(format!("ferrite-store-{}-{}", std::process::id(), free_port()));
+        let dir = std::env::temp_dir().join(format!(
+            "ferrite-store-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
         let store = format!("file:{}", dir.display());
         for (r, got) in exchange_all(&store, 2, 2, "30").into_iter().enumerate() {
             let got = got.unwrap_or_else(|e| panic!("rank {r}: {e}"));
@@ -641,7 +683,10 @@ mod tests {
         ]))
         .unwrap()
         .unwrap();
-        let e = p.exchange_default_id("nccl/0", &mut [1; 8]).unwrap_err().to_string();
+        let e = p
+            .exchange_default_id("nccl/0", &mut [1; 8])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ranks [1] did not fetch"), "{e}");
         // Rank 1 alone: nobody listens.
         let store = format!("tcp://127.0.0.1:{}", free_port());
@@ -653,10 +698,14 @@ mod tests {
         ]))
         .unwrap()
         .unwrap();
-        let e = p.exchange_default_id("nccl/0", &mut [0; 8]).unwrap_err().to_string();
+        let e = p
+            .exchange_default_id("nccl/0", &mut [0; 8])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("did not answer in time"), "{e}");
         // The file store likewise.
-        let dir = std::env::temp_dir().join(format!("ferrite-store-missing-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ferrite-store-missing-{}", std::process::id()));
         let p = from_vars(vars(&[
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),
@@ -665,7 +714,10 @@ mod tests {
         ]))
         .unwrap()
         .unwrap();
-        let e = p.exchange_default_id("nccl/0", &mut [0; 8]).unwrap_err().to_string();
+        let e = p
+            .exchange_default_id("nccl/0", &mut [0; 8])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("did not appear in time"), "{e}");
     }
 }
