@@ -4,6 +4,10 @@
 # chain100.mlir, benches/cuda/matmul2048.mlir compiled for cuda sm_80).
 # Prints per case the median per-call time of each runtime, the ratio
 # ferrite/upstream and each one's peak RSS.
+# With MINILM_WEIGHTS (a MiniLM-shaped .safetensors, e.g. from
+# `scripts/bench-model.py --random-weights W`) and $MODULES/bench_minilm.vmfb
+# (examples/minilm/minilm_cuda.vmfb), the encoder is timed too (batch 1,
+# seq 128, weights as parameters).
 # Usage: FERRITE=... UPSTREAM_BIN=... MODULES=dir scripts/bench-gpu.sh
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +21,9 @@ cases=(
   "chain100 chain --input=16xf32=1"
   "matmul2048 matmul --input=2048x2048xf32=0.5 --input=2048x2048xf32=2"
 )
+if [ -n "${MINILM_WEIGHTS:-}" ]; then
+  cases+=("minilm embed --parameters=model=$MINILM_WEIGHTS --input=1x128xi64=1 --input=1x128xi64=1")
+fi
 time_of() { # prints "<ns per call> <rss KB>"
   local out
   out=$(/usr/bin/time -f "RSS %M" "$@" --benchmark_min_time="$MIN_TIME" 2>&1)
