@@ -720,4 +720,63 @@ mod tests {
             .to_string();
         assert!(e.contains("did not appear in time"), "{e}");
     }
+
+    /// The child side of `two_processes_exchange`: one rank in a process of
+    /// its own, with the launcher variables the parent set.
+    #[test]
+    #[ignore = "started by two_processes_exchange as a child process"]
+    fn child_exchange() {
+        let p = from_env().unwrap().expect("launcher variables are set");
+        let (rank, _) = p.default_rank_and_count().unwrap();
+        for k in 0..2u8 {
+            let mut id = if rank == 0 {
+                vec![0xa0 + k; 128]
+            } else {
+                vec![0; 128]
+            };
+            p.exchange_default_id(&format!("nccl/{k}"), &mut id)
+                .unwrap();
+            println!("ID rank {rank} key {k}: {}", hex(&id[..4]));
+        }
+    }
+
+    #[test]
+    fn two_processes_exchange() {
+        let exe = std::env::current_exe().unwrap();
+        let dir = std::env::temp_dir().join(format!("ferrite-store-procs-{}", std::process::id()));
+        for store in [
+            format!("tcp://127.0.0.1:{}", free_port()),
+            format!("file:{}", dir.display()),
+        ] {
+            let children: Vec<_> = (0..2)
+                .map(|r| {
+                    std::process::Command::new(&exe)
+                        .args(["--exact", "rendezvous::tests::child_exchange", "--ignored"])
+                        .args(["--nocapture", "--test-threads=1"])
+                        .env("RANK", r.to_string())
+                        .env("WORLD_SIZE", "2")
+                        .env("FERRITE_STORE", &store)
+                        .env("FERRITE_STORE_TIMEOUT", "30")
+                        .stdout(std::process::Stdio::piped())
+                        .stderr(std::process::Stdio::piped())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            for (r, c) in children.into_iter().enumerate() {
+                let out = c.wait_with_output().unwrap();
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(
+                    out.status.success(),
+                    "{store} rank {r}: {text}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                for (k, id) in [(0, "a0a0a0a0"), (1, "a1a1a1a1")] {
+                    let want = format!("ID rank {r} key {k}: {id}");
+                    assert!(text.contains(&want), "{store} rank {r}: {text}");
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
