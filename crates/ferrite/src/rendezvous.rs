@@ -70,6 +70,45 @@ pub fn from_env() -> Result<Option<Arc<dyn ChannelProvider>>> {
     from_vars(|name| std::env::var(name).ok())
 }
 
+/// The channel provider sessions and the tools use by default: [`from_env`]'s
+/// provider; `None` when no launcher variables are set (channels then need
+/// explicit parameters or an in-process group). Malformed variables do not
+/// fail programs that create no channel: the provider returned then fails
+/// each use with the error naming the variable.
+pub fn process_default() -> Option<Arc<dyn ChannelProvider>> {
+    default_from_vars(|name| std::env::var(name).ok())
+}
+
+/// [`process_default`] over any variable source (tests).
+fn default_from_vars(get: impl Fn(&str) -> Option<String>) -> Option<Arc<dyn ChannelProvider>> {
+    match from_vars(get) {
+        Ok(p) => p,
+        Err(e) => Some(Arc::new(BrokenEnvironment(e))),
+    }
+}
+
+/// A launcher environment [`from_env`] refused, reported when a channel
+/// asks for its defaults.
+struct BrokenEnvironment(ferrite_base::Status);
+
+impl ChannelProvider for BrokenEnvironment {
+    fn default_rank_and_count(&self) -> Result<(u32, u32)> {
+        Err(self
+            .0
+            .clone()
+            .annotate("reading the launcher's rank variables".to_string()))
+    }
+    fn exchange_default_id(&self, _key: &str, _id: &mut [u8]) -> Result<()> {
+        Err(self
+            .0
+            .clone()
+            .annotate("reading the launcher's rank variables".to_string()))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// [`from_env`] over any variable source (tests).
 pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Arc<dyn ChannelProvider>>> {
     let Some((rank, size)) = rank_and_size(&get)? else {
@@ -521,6 +560,29 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_process_default_defers_a_broken_environment_to_channel_use() {
+        let none = |_: &str| None;
+        assert!(default_from_vars(none).is_none());
+        let broken = |n: &str| (n == "RANK").then(|| "1".to_string());
+        let p = default_from_vars(broken).expect("a provider that reports the error");
+        let e = p.default_rank_and_count().unwrap_err().to_string();
+        assert!(e.contains("RANK is set but WORLD_SIZE is not"), "{e}");
+        let e = p
+            .exchange_default_id("k", &mut [0u8; 4])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("WORLD_SIZE"), "{e}");
+        let single = |n: &str| match n {
+            "RANK" => Some("0".to_string()),
+            "WORLD_SIZE" => Some("1".to_string()),
+            _ => None,
+        };
+        let p = default_from_vars(single).unwrap();
+        assert_eq!(p.default_rank_and_count().unwrap(), (0, 1));
+    }
+
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
