@@ -35,7 +35,10 @@ bad() {
 }
 
 if [ -z "${FERRITE_NCCL_LIBRARY:-}" ]; then
-  FERRITE_NCCL_LIBRARY=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)
+  FERRITE_NCCL_LIBRARY=$(python3 -c 'import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+hits = [p for r in roots for p in sorted(glob.glob(os.path.join(r, "nvidia", "**", "libnccl.so.2"), recursive=True))]
+print(hits[0] if hits else "")' 2>/dev/null || true)
   export FERRITE_NCCL_LIBRARY
 fi
 

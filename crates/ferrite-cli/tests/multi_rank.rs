@@ -55,6 +55,23 @@ fn spmd_ranks_run_a_collective_program() {
             "{device}"
         );
     }
+    // `{rank}` in --device: each rank creates its own device (the failing
+    // rank's error names it with the rank's number).
+    let o = ferrite(&strings(&[
+        &module,
+        "--function=all_reduce_sum",
+        "--spmd_ranks=2",
+        "--device=local-task",
+        "--device=no-such-driver{rank}",
+        "--input=4xf32=1,2,3,{rank}",
+    ]));
+    assert!(!o.success());
+    let named = |r: u8| o.stderr.contains(&format!("device 'no-such-driver{r}'"));
+    assert!(
+        (named(0) || named(1)) && !o.stderr.contains("{rank}"),
+        "{}",
+        o.stderr
+    );
     // Per-rank output files.
     let dir = out_dir();
     let o = ferrite(&strings(&[

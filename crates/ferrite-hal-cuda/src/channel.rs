@@ -403,7 +403,7 @@ fn enqueue_one(
             CollectiveKind::Recv => (nccl.ncclRecv)(recv, count, dt, peer(c.param)?, comm, stream),
             CollectiveKind::AllToAll => {
                 let ranks = ch.count as usize;
-                if count % ranks != 0 {
+                if n % ranks != 0 {
                     bail!(
                         InvalidArgument,
                         "collective all_to_all: {n} elements do not split into {ranks} equal parts"

@@ -4,7 +4,8 @@
 //! `libnccl.so.2` and `libnccl.so` on the dynamic loader's path
 //! (`LD_LIBRARY_PATH`, the system's directories); and the copy a Python
 //! virtual environment holds (`$VIRTUAL_ENV/lib/python3.*/site-packages/
-//! nvidia/nccl/lib/libnccl.so.2`, where PyTorch's wheels put it). A machine
+//! nvidia/nccl/lib/libnccl.so.2`, where PyTorch's wheels put it, or
+//! `nvidia/cu*/lib`). A machine
 //! without NCCL gets an UNAVAILABLE error listing what was searched; nothing
 //! else of the driver needs NCCL.
 //!
@@ -324,10 +325,23 @@ pub fn candidates() -> Vec<String> {
     if let Ok(venv) = std::env::var("VIRTUAL_ENV") {
         let lib = std::path::Path::new(&venv).join("lib");
         if let Ok(entries) = std::fs::read_dir(&lib) {
+            // nvidia-nccl-cu12 installs under nvidia/nccl; CUDA 13 wheels
+            // may use nvidia/cu13.
             let mut found: Vec<String> = entries
                 .flatten()
                 .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
-                .map(|e| e.path().join("site-packages/nvidia/nccl/lib/libnccl.so.2"))
+                .flat_map(|e| {
+                    let nvidia = e.path().join("site-packages/nvidia");
+                    let mut dirs = vec![nvidia.join("nccl")];
+                    if let Ok(more) = std::fs::read_dir(&nvidia) {
+                        dirs.extend(
+                            more.flatten()
+                                .filter(|d| d.file_name().to_string_lossy().starts_with("cu"))
+                                .map(|d| d.path()),
+                        );
+                    }
+                    dirs.into_iter().map(|d| d.join("lib/libnccl.so.2"))
+                })
                 .filter(|p| p.exists())
                 .map(|p| p.to_string_lossy().into_owned())
                 .collect();

@@ -54,7 +54,12 @@ pub fn load_context_with(
         devices,
         yieldable,
         extra,
-        HalModuleOptions::default(),
+        HalModuleOptions {
+            // One process per rank (torchrun, mpirun): channels take rank,
+            // count and group identifier from the launcher's environment.
+            channel_provider: ferrite::rendezvous::process_default(),
+            ..HalModuleOptions::default()
+        },
     )
 }
 

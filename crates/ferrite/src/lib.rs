@@ -29,6 +29,9 @@
 //!   from device buffers at the call boundary).
 //! - [`spmd`]: one program on several ranks in one process (each rank its
 //!   own thread, devices and session; their collectives connect them).
+//! - [`rendezvous`]: one process per rank, started by a launcher (torchrun,
+//!   mpirun, Slurm): rank and world size from its environment variables,
+//!   the group identifier through the store `FERRITE_STORE` names.
 #![deny(missing_docs)]
 
 pub mod device;

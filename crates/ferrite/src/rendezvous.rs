@@ -70,6 +70,45 @@ pub fn from_env() -> Result<Option<Arc<dyn ChannelProvider>>> {
     from_vars(|name| std::env::var(name).ok())
 }
 
+/// The channel provider sessions and the tools use by default: [`from_env`]'s
+/// provider; `None` when no launcher variables are set (channels then need
+/// explicit parameters or an in-process group). Malformed variables do not
+/// fail programs that create no channel: the provider returned then fails
+/// each use with the error naming the variable.
+pub fn process_default() -> Option<Arc<dyn ChannelProvider>> {
+    default_from_vars(|name| std::env::var(name).ok())
+}
+
+/// [`process_default`] over any variable source (tests).
+fn default_from_vars(get: impl Fn(&str) -> Option<String>) -> Option<Arc<dyn ChannelProvider>> {
+    match from_vars(get) {
+        Ok(p) => p,
+        Err(e) => Some(Arc::new(BrokenEnvironment(e))),
+    }
+}
+
+/// A launcher environment [`from_env`] refused, reported when a channel
+/// asks for its defaults.
+struct BrokenEnvironment(ferrite_base::Status);
+
+impl ChannelProvider for BrokenEnvironment {
+    fn default_rank_and_count(&self) -> Result<(u32, u32)> {
+        Err(self
+            .0
+            .clone()
+            .annotate("reading the launcher's rank variables".to_string()))
+    }
+    fn exchange_default_id(&self, _key: &str, _id: &mut [u8]) -> Result<()> {
+        Err(self
+            .0
+            .clone()
+            .annotate("reading the launcher's rank variables".to_string()))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// [`from_env`] over any variable source (tests).
 pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Arc<dyn ChannelProvider>>> {
     let Some((rank, size)) = rank_and_size(&get)? else {
@@ -521,6 +560,29 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_process_default_defers_a_broken_environment_to_channel_use() {
+        let none = |_: &str| None;
+        assert!(default_from_vars(none).is_none());
+        let broken = |n: &str| (n == "RANK").then(|| "1".to_string());
+        let p = default_from_vars(broken).expect("a provider that reports the error");
+        let e = p.default_rank_and_count().unwrap_err().to_string();
+        assert!(e.contains("RANK is set but WORLD_SIZE is not"), "{e}");
+        let e = p
+            .exchange_default_id("k", &mut [0u8; 4])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("WORLD_SIZE"), "{e}");
+        let single = |n: &str| match n {
+            "RANK" => Some("0".to_string()),
+            "WORLD_SIZE" => Some("1".to_string()),
+            _ => None,
+        };
+        let p = default_from_vars(single).unwrap();
+        assert_eq!(p.default_rank_and_count().unwrap(), (0, 1));
+    }
+
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -719,5 +781,64 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("did not appear in time"), "{e}");
+    }
+
+    /// The child side of `two_processes_exchange`: one rank in a process of
+    /// its own, with the launcher variables the parent set.
+    #[test]
+    #[ignore = "started by two_processes_exchange as a child process"]
+    fn child_exchange() {
+        let p = from_env().unwrap().expect("launcher variables are set");
+        let (rank, _) = p.default_rank_and_count().unwrap();
+        for k in 0..2u8 {
+            let mut id = if rank == 0 {
+                vec![0xa0 + k; 128]
+            } else {
+                vec![0; 128]
+            };
+            p.exchange_default_id(&format!("nccl/{k}"), &mut id)
+                .unwrap();
+            println!("ID rank {rank} key {k}: {}", hex(&id[..4]));
+        }
+    }
+
+    #[test]
+    fn two_processes_exchange() {
+        let exe = std::env::current_exe().unwrap();
+        let dir = std::env::temp_dir().join(format!("ferrite-store-procs-{}", std::process::id()));
+        for store in [
+            format!("tcp://127.0.0.1:{}", free_port()),
+            format!("file:{}", dir.display()),
+        ] {
+            let children: Vec<_> = (0..2)
+                .map(|r| {
+                    std::process::Command::new(&exe)
+                        .args(["--exact", "rendezvous::tests::child_exchange", "--ignored"])
+                        .args(["--nocapture", "--test-threads=1"])
+                        .env("RANK", r.to_string())
+                        .env("WORLD_SIZE", "2")
+                        .env("FERRITE_STORE", &store)
+                        .env("FERRITE_STORE_TIMEOUT", "30")
+                        .stdout(std::process::Stdio::piped())
+                        .stderr(std::process::Stdio::piped())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            for (r, c) in children.into_iter().enumerate() {
+                let out = c.wait_with_output().unwrap();
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(
+                    out.status.success(),
+                    "{store} rank {r}: {text}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                for (k, id) in [(0, "a0a0a0a0"), (1, "a1a1a1a1")] {
+                    let want = format!("ID rank {r} key {k}: {id}");
+                    assert!(text.contains(&want), "{store} rank {r}: {text}");
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -47,12 +47,19 @@ impl Session {
 
     /// A session on several devices (`hal.devices.get(i)` returns the
     /// `i`-th); tensors passed to functions are allocated on the first.
+    /// Collective channels take their defaults from the launcher's
+    /// environment when one started this process
+    /// ([`crate::rendezvous::process_default`]).
     pub fn with_devices(instance: &Instance, devices: &[&str]) -> Result<Session> {
         let devices = devices
             .iter()
             .map(|n| Device::create(n).annotate(|| format!("creating device '{n}'")))
             .collect::<Result<Vec<_>>>()?;
-        Session::from_devices(instance, devices, HalModuleOptions::default())
+        let options = HalModuleOptions {
+            channel_provider: crate::rendezvous::process_default(),
+            ..HalModuleOptions::default()
+        };
+        Session::from_devices(instance, devices, options)
     }
 
     /// A session on several devices whose `hal` module answers the

@@ -58,7 +58,8 @@ pub struct RunModuleArgs {
     /// Runs the program on N ranks in one process (Ferrite's flag): each
     /// rank has its own copy of the `--device`s and its own context, and
     /// the program's collective channels connect the ranks. `{rank}` in
-    /// `--input`, `--output` and `--expected_output` values stands for the
+    /// `--device` (e.g. `cuda://{rank}`, one GPU per rank), `--input`,
+    /// `--output` and `--expected_output` values stands for the
     /// rank's number; results are printed per rank under `rank R:`.
     #[arg(long = "spmd_ranks")]
     pub spmd_ranks: Option<u32>,
@@ -156,11 +157,14 @@ fn run_ranks(args: &RunModuleArgs, ranks: u32) -> Result<()> {
     let matched = ferrite::spmd::run(ranks, |rank| {
         let r = rank.rank();
         let outcome = (|| {
+            // `cuda://{rank}`: one GPU per rank (NCCL needs distinct GPUs).
+            let mut devices = args.device.clone();
+            devices.devices = for_rank(&devices.devices, r);
             let run = load_context_with_hal(
                 &instance,
                 &args.modules,
                 args.module_mode,
-                &args.device,
+                &devices,
                 args.yieldable_test_module,
                 args.params.modules()?,
                 ferrite::spmd::hal_options(&rank),
