@@ -24,7 +24,7 @@ use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::command_buffer::{mode, Binding, BufferRef, CommandBuffer};
 use ferrite_hal::device::{queue, Device, DeviceRef};
 use ferrite_hal::element_type::{ElementType, EncodingType};
-use ferrite_hal::executable::ExecutableRef;
+use ferrite_hal::executable::{Executable, ExecutableRef};
 use ferrite_hal::fence::Fence;
 use ferrite_hal::memory::{BufferUsage, MemoryType};
 use ferrite_hal::semaphore::Semaphore;
@@ -481,17 +481,7 @@ fn dispatch_refuses_read_only_memory_where_kernels_may_write(dev: Arc<dyn Device
             memory(),
         )
         .expect("a read-only import for dispatch reads");
-    let cb = CommandBuffer::new(0, 3, u64::MAX, 3);
-    cb.dispatch(
-        ExecutableRef(loaded.clone()),
-        function,
-        exe.workgroups,
-        None,
-        vec![],
-        (0..3).map(|i| slot(i, 0, bytes)).collect(),
-    )
-    .unwrap();
-    cb.finalize().unwrap();
+    let cb = add_dispatch(&loaded, function, exe.workgroups, bytes);
     let (_s, done) = fresh_fence();
     let table = vec![
         binding(&ba, 0, bytes),
@@ -547,17 +537,7 @@ fn dispatch_reads_program_constants_in_place(dev: Arc<dyn Device>) {
         "the constant was copied"
     );
     let (bb, out) = (f32_buffer(&dev, &b), new_buffer(&dev, bytes));
-    let cb = CommandBuffer::new(0, 3, u64::MAX, 3);
-    cb.dispatch(
-        ExecutableRef(loaded.clone()),
-        0,
-        exe.workgroups,
-        None,
-        vec![],
-        (0..3).map(|i| slot(i, 0, bytes)).collect(),
-    )
-    .unwrap();
-    cb.finalize().unwrap();
+    let cb = add_dispatch(&loaded, 0, exe.workgroups, bytes);
     let (_s, done) = fresh_fence();
     let table = vec![
         binding(&imported, 0, bytes),
@@ -573,6 +553,29 @@ fn dispatch_reads_program_constants_in_place(dev: Arc<dyn Device>) {
     assert_eq!(*constant, common::f32_bytes(&a), "the constant was written");
     // Still not writable through the host API.
     assert!(imported.write(0, &[0u8; 4]).is_err());
+}
+
+/// A finalized command buffer that dispatches export `function` of the add
+/// fixture once, binding its three operands to table slots 0..3 (`bytes`
+/// each).
+fn add_dispatch(
+    loaded: &Arc<dyn Executable>,
+    function: u32,
+    workgroups: [u32; 3],
+    bytes: u64,
+) -> CommandBuffer {
+    let cb = CommandBuffer::new(0, 3, u64::MAX, 3);
+    cb.dispatch(
+        ExecutableRef(loaded.clone()),
+        function,
+        workgroups,
+        None,
+        vec![],
+        (0..3).map(|i| slot(i, 0, bytes)).collect(),
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    cb
 }
 
 fn add_inputs(n: usize, seed: f32) -> (Vec<f32>, Vec<f32>) {
@@ -594,17 +597,7 @@ fn dispatch_executable_binding_table(dev: Arc<dyn Device>) {
     let n = 100_000;
     let bytes = (n * 4) as u64;
 
-    let cb = CommandBuffer::new(0, 3, u64::MAX, 3);
-    cb.dispatch(
-        ExecutableRef(loaded.clone()),
-        function,
-        exe.workgroups,
-        None,
-        vec![],
-        (0..3).map(|i| slot(i, 0, bytes)).collect(),
-    )
-    .unwrap();
-    cb.finalize().unwrap();
+    let cb = add_dispatch(&loaded, function, exe.workgroups, bytes);
 
     // The same recording executed twice with different tables: the second
     // binds ranges of one larger buffer at nonzero offsets.
@@ -1002,17 +995,7 @@ fn many_dispatches_in_flight(dev: Arc<dyn Device>) {
     let loaded = dev.create_executable(&exe.format, &exe.data, &[]).unwrap();
     let n = 32768;
     let bytes = (n * 4) as u64;
-    let cb = CommandBuffer::new(0, 3, u64::MAX, 3);
-    cb.dispatch(
-        ExecutableRef(loaded),
-        0,
-        exe.workgroups,
-        None,
-        vec![],
-        (0..3).map(|i| slot(i, 0, bytes)).collect(),
-    )
-    .unwrap();
-    cb.finalize().unwrap();
+    let cb = add_dispatch(&loaded, 0, exe.workgroups, bytes);
     let cb = Arc::new(cb);
 
     let (gate, gate_fence) = fresh_fence();

@@ -9,6 +9,7 @@ use ferrite_hal::command_buffer::{BufferRef, CommandBuffer};
 use ferrite_hal::device::DeviceRef;
 use ferrite_hal::executable::ExecutableRef;
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
+use ferrite_vm::stack::{NativeCall, NativePoll};
 use ferrite_vm::{Ref, Variant};
 use std::sync::Arc;
 
@@ -51,6 +52,18 @@ fn dispatch_tail(a: &mut ArgReader<'_>) -> Result<(Vec<u32>, Vec<BufferRef>)> {
         Ok(buffer_ref(buffer, slot, offset, length))
     })?;
     Ok((constants, bindings))
+}
+
+/// `command_buffer.flush_buffer` and `command_buffer.invalidate_buffer`:
+/// host memory is coherent, so there is nothing to flush or invalidate; the
+/// operands are still read and type-checked.
+fn coherent_range(c: &mut NativeCall<'_>) -> Result<NativePoll> {
+    let mut a = ArgReader::new(c);
+    cb(&mut a)?;
+    let _slot = a.i32()?;
+    let _buffer: Option<Buffer> = opt_obj(&mut a, "buffer")?;
+    let (_offset, _length) = (a.i64()?, a.i64()?);
+    c.ready([])
 }
 
 pub(super) fn register(
@@ -99,23 +112,12 @@ pub(super) fn register(
         let (_flags, _a0, _a1, _slot) = (a.i64()?, a.i64()?, a.i64()?, a.i32()?);
         c.ready([])
     })?
-    .function("command_buffer.flush_buffer", "0rirII_v", |c| {
-        // Host memory is coherent: nothing to flush.
-        let mut a = ArgReader::new(c);
-        cb(&mut a)?;
-        let _slot = a.i32()?;
-        let _buffer: Option<Buffer> = opt_obj(&mut a, "buffer")?;
-        let (_offset, _length) = (a.i64()?, a.i64()?);
-        c.ready([])
-    })?
-    .function("command_buffer.invalidate_buffer", "0rirII_v", |c| {
-        let mut a = ArgReader::new(c);
-        cb(&mut a)?;
-        let _slot = a.i32()?;
-        let _buffer: Option<Buffer> = opt_obj(&mut a, "buffer")?;
-        let (_offset, _length) = (a.i64()?, a.i64()?);
-        c.ready([])
-    })?
+    .function("command_buffer.flush_buffer", "0rirII_v", coherent_range)?
+    .function(
+        "command_buffer.invalidate_buffer",
+        "0rirII_v",
+        coherent_range,
+    )?
     .function("command_buffer.fill_buffer", "0rrIIiIiI_v", |c| {
         let mut a = ArgReader::new(c);
         let cb = cb(&mut a)?;

@@ -327,7 +327,9 @@ pub mod queue {
     }
 
     /// The host path: every queue operation as host work through
-    /// [`Device::submit`] (the default of the `queue_*` methods).
+    /// [`Device::submit`] (the default of the `queue_*` methods). As for
+    /// those methods, ranges are checked by the caller (the entry points
+    /// above); the buffer operations check them again when the work runs.
     pub mod host {
         use super::*;
 
@@ -377,7 +379,6 @@ pub mod queue {
             length: u64,
             pattern: Vec<u8>,
         ) -> Result<()> {
-            target.resolve_range(offset, length)?;
             device.submit(
                 wait,
                 signal,
@@ -394,7 +395,6 @@ pub mod queue {
             target: Buffer,
             offset: u64,
         ) -> Result<()> {
-            target.resolve_range(offset, data.len() as u64)?;
             device.submit(wait, signal, Box::new(move || target.write(offset, &data)))
         }
 
@@ -410,8 +410,6 @@ pub mod queue {
             target_offset: u64,
             length: u64,
         ) -> Result<()> {
-            source.resolve_range(source_offset, length)?;
-            target.resolve_range(target_offset, length)?;
             device.submit(
                 wait,
                 signal,

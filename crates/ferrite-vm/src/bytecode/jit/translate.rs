@@ -19,6 +19,7 @@
 //! leaves the primitive results in `Ctx::ret`.
 
 use super::super::isa::Op;
+use super::super::isa_types::{Bank, Field};
 use super::super::verifier::{pool_list, DecodedFunction, Insn, IMPORT_BIT, REF_BIT};
 use super::runtime::{self, fnpc, OFF_DEPTH, OFF_GLOBALS, OFF_GLOBAL_WORDS, OFF_MAX_DEPTH};
 use super::runtime::{OFF_RET, OFF_SCRATCH, OFF_STACK_LIMIT};
@@ -249,59 +250,73 @@ impl<'a, 'b> Translator<'a, 'b> {
         Ok(())
     }
 
-    fn rf32(&mut self, r: u16) -> Result<Value, Unsupported> {
-        if let Some(&v) = self.cachef32.get(&r) {
+    /// The float views made in this block: f64 ones when `wide`.
+    fn float_cache(&mut self, wide: bool) -> &mut HashMap<u16, Value> {
+        if wide {
+            &mut self.cachef64
+        } else {
+            &mut self.cachef32
+        }
+    }
+
+    /// Reads register `r` as a float (f64 when `wide`): a bitcast of its
+    /// integer view, made once per block.
+    fn rfloat(&mut self, r: u16, wide: bool) -> Result<Value, Unsupported> {
+        if let Some(&v) = self.float_cache(wide).get(&r) {
             return Ok(v);
         }
-        let x = self.r32(r)?;
-        let v = self.b.ins().bitcast(F32, MemFlagsData::new(), x);
-        self.cachef32.insert(r, v);
+        let (x, ty) = if wide {
+            (self.r64(r)?, F64)
+        } else {
+            (self.r32(r)?, F32)
+        };
+        let v = self.b.ins().bitcast(ty, MemFlagsData::new(), x);
+        self.float_cache(wide).insert(r, v);
         Ok(v)
     }
 
-    fn wf32(&mut self, r: u16, x: Value) -> Result<(), Unsupported> {
-        let bits = self.b.ins().bitcast(I32, MemFlagsData::new(), x);
-        self.w32(r, bits)?;
-        self.cachef32.insert(r, x);
-        Ok(())
-    }
-
-    fn rf64(&mut self, r: u16) -> Result<Value, Unsupported> {
-        if let Some(&v) = self.cachef64.get(&r) {
-            return Ok(v);
+    /// Writes float `x` (f64 when `wide`) to register `r` as its bits.
+    fn wfloat(&mut self, r: u16, x: Value, wide: bool) -> Result<(), Unsupported> {
+        if wide {
+            let bits = self.b.ins().bitcast(I64, MemFlagsData::new(), x);
+            self.w64(r, bits)?;
+        } else {
+            let bits = self.b.ins().bitcast(I32, MemFlagsData::new(), x);
+            self.w32(r, bits)?;
         }
-        let x = self.r64(r)?;
-        let v = self.b.ins().bitcast(F64, MemFlagsData::new(), x);
-        self.cachef64.insert(r, v);
-        Ok(v)
+        self.float_cache(wide).insert(r, x);
+        Ok(())
     }
 
-    fn wf64(&mut self, r: u16, x: Value) -> Result<(), Unsupported> {
-        let bits = self.b.ins().bitcast(I64, MemFlagsData::new(), x);
-        self.w64(r, bits)?;
-        self.cachef64.insert(r, x);
-        Ok(())
+    /// Reads register `r` through the view of `bank`.
+    fn read_bank(&mut self, bank: Bank, r: u16) -> Result<Value, Unsupported> {
+        match bank {
+            Bank::I32 => self.r32(r),
+            Bank::F32 => self.rfloat(r, false),
+            Bank::I64 => self.r64(r),
+            Bank::F64 => self.rfloat(r, true),
+            Bank::Ref | Bank::Any => Err("ref register in a primitive position".into()),
+        }
+    }
+
+    /// Writes `v` to register `r` through the view of `bank`.
+    fn write_bank(&mut self, bank: Bank, r: u16, v: Value) -> Result<(), Unsupported> {
+        match bank {
+            Bank::I32 => self.w32(r, v),
+            Bank::F32 => self.wfloat(r, v, false),
+            Bank::I64 => self.w64(r, v),
+            Bank::F64 => self.wfloat(r, v, true),
+            Bank::Ref | Bank::Any => Err("ref register in a primitive position".into()),
+        }
     }
 
     /// Reads a value of a cconv type from register `r`.
     fn read_typed(&mut self, r: u16, t: &CconvType) -> Result<Value, Unsupported> {
-        match t {
-            CconvType::I32 => self.r32(r),
-            CconvType::F32 => self.rf32(r),
-            CconvType::I64 => self.r64(r),
-            CconvType::F64 => self.rf64(r),
-            _ => Err("ref or span value in a primitive position".into()),
-        }
+        self.read_bank(cconv_bank(t)?, r)
     }
 
     fn write_typed(&mut self, r: u16, t: &CconvType, v: Value) -> Result<(), Unsupported> {
-        match t {
-            CconvType::I32 => self.w32(r, v),
-            CconvType::F32 => self.wf32(r, v),
-            CconvType::I64 => self.w64(r, v),
-            CconvType::F64 => self.wf64(r, v),
-            _ => Err("ref or span value in a primitive position".into()),
-        }
+        self.write_bank(cconv_bank(t)?, r, v)
     }
 
     fn bool32(&mut self, c: Value) -> Value {
@@ -331,37 +346,47 @@ impl<'a, 'b> Translator<'a, 'b> {
         self.b.ins().iconst(I64, h)
     }
 
-    /// Branches to a cold block that records a trap (with operand `a`) and
-    /// fails the function when `cond` is nonzero.
-    fn trap_if(&mut self, cond: Value, a: Value) {
+    /// Branches to a cold block that runs `record` and fails the function
+    /// when `cond` is nonzero; emission goes on in the other branch.
+    fn fail_if(&mut self, cond: Value, record: impl FnOnce(&mut Self)) {
         let fail = self.b.create_block();
         let ok = self.b.create_block();
         self.b.set_cold_block(fail);
         self.b.ins().brif(cond, fail, &[], ok, &[]);
         self.b.switch_to_block(fail);
         self.b.seal_block(fail);
-        let at = self.here_v();
-        let ctx = self.ctx;
-        self.call_helper(
-            helper!(runtime::trap as extern "C" fn(_, _, _), [I64, I64, I64], []),
-            &[ctx, at, a],
-        );
+        record(self);
         self.fail_return();
         self.b.switch_to_block(ok);
         self.b.seal_block(ok);
     }
 
+    /// Records a trap (with operand `a`) and fails the function when `cond`
+    /// is nonzero.
+    fn trap_if(&mut self, cond: Value, a: Value) {
+        self.fail_if(cond, |t| {
+            let at = t.here_v();
+            let ctx = t.ctx;
+            t.call_helper(
+                helper!(runtime::trap as extern "C" fn(_, _, _), [I64, I64, I64], []),
+                &[ctx, at, a],
+            );
+        });
+    }
+
     /// Fails when a helper's status is nonzero (the helper recorded why).
     fn check_status(&mut self, status: Value) {
-        let fail = self.b.create_block();
-        let ok = self.b.create_block();
-        self.b.set_cold_block(fail);
-        self.b.ins().brif(status, fail, &[], ok, &[]);
-        self.b.switch_to_block(fail);
-        self.b.seal_block(fail);
-        self.fail_return();
-        self.b.switch_to_block(ok);
-        self.b.seal_block(ok);
+        self.fail_if(status, |_| {});
+    }
+
+    /// Calls a runtime helper taking `(ctx, fnpc, ref_base, extra...)` and
+    /// returning a status; fails the function when the status is nonzero.
+    fn ref_call(&mut self, h: Helper, here: Value, extra: &[Value]) -> Result<(), Unsupported> {
+        let mut args = vec![self.ctx, here, self.ref_base];
+        args.extend_from_slice(extra);
+        let s = self.call_helper(h, &args).ok_or("no status")?;
+        self.check_status(s);
+        Ok(())
     }
 
     fn fail_return(&mut self) {
@@ -405,20 +430,17 @@ impl<'a, 'b> Translator<'a, 'b> {
             }
         }
         if has_refs {
-            let (ctx, base) = (self.ctx, self.ref_base);
             let at_v = self.b.ins().iconst(I64, at as i64);
             let here = self.here_v();
-            let s = self
-                .call_helper(
-                    helper!(
-                        runtime::ref_op as extern "C" fn(_, _, _, _) -> _,
-                        [I64, I64, I64, I64],
-                        [I32]
-                    ),
-                    &[ctx, here, base, at_v],
-                )
-                .ok_or("no status")?;
-            self.check_status(s);
+            self.ref_call(
+                helper!(
+                    runtime::ref_op as extern "C" fn(_, _, _, _) -> _,
+                    [I64, I64, I64, I64],
+                    [I32]
+                ),
+                here,
+                &[at_v],
+            )?;
         }
         Ok(())
     }
@@ -531,136 +553,94 @@ impl<'a, 'b> Translator<'a, 'b> {
     /// Emits one instruction; false when it ended the block.
     fn insn(&mut self, insn: &Insn) -> Result<bool, Unsupported> {
         let r = insn.r.map(|x| x.raw());
-        macro_rules! bin32 {
+        let banks = reg_banks(insn.op);
+        // Register operand `i`, read or written through the view its bank
+        // names, so one arm serves an op's i32/i64 (or f32/f64) forms.
+        macro_rules! get {
+            ($i:expr) => {
+                self.read_bank(banks[$i], r[$i])?
+            };
+        }
+        macro_rules! set {
+            ($i:expr, $v:expr) => {
+                self.write_bank(banks[$i], r[$i], $v)?
+            };
+        }
+        macro_rules! bin {
             ($m:ident) => {{
-                let (a, b) = (self.r32(r[0])?, self.r32(r[1])?);
+                let (a, b) = (get!(0), get!(1));
                 let v = self.b.ins().$m(a, b);
-                self.w32(r[2], v)?;
+                set!(2, v);
             }};
         }
-        macro_rules! bin64 {
+        macro_rules! un {
             ($m:ident) => {{
-                let (a, b) = (self.r64(r[0])?, self.r64(r[1])?);
-                let v = self.b.ins().$m(a, b);
-                self.w64(r[2], v)?;
-            }};
-        }
-        macro_rules! un32 {
-            ($m:ident) => {{
-                let a = self.r32(r[0])?;
+                let a = get!(0);
                 let v = self.b.ins().$m(a);
-                self.w32(r[1], v)?;
+                set!(1, v);
             }};
         }
-        macro_rules! binf32 {
-            ($m:ident) => {{
-                let (a, b) = (self.rf32(r[0])?, self.rf32(r[1])?);
-                let v = self.b.ins().$m(a, b);
-                self.wf32(r[2], v)?;
+        // `a * b + c`, unfused, as the interpreter computes it.
+        macro_rules! fma {
+            ($mul:ident, $add:ident) => {{
+                let (a, b, c) = (get!(0), get!(1), get!(2));
+                let m = self.b.ins().$mul(a, b);
+                let v = self.b.ins().$add(m, c);
+                set!(3, v);
             }};
         }
-        macro_rules! binf64 {
-            ($m:ident) => {{
-                let (a, b) = (self.rf64(r[0])?, self.rf64(r[1])?);
-                let v = self.b.ins().$m(a, b);
-                self.wf64(r[2], v)?;
+        // `icmp` or `fcmp` into an i32 0/1 flag.
+        macro_rules! cmp {
+            ($m:ident, $cc:expr) => {{
+                let (a, b) = (get!(0), get!(1));
+                let c = self.b.ins().$m($cc, a, b);
+                let v = self.bool32(c);
+                set!(2, v);
             }};
         }
-        macro_rules! unf32 {
-            ($m:ident) => {{
-                let a = self.rf32(r[0])?;
-                let v = self.b.ins().$m(a);
-                self.wf32(r[1], v)?;
+        // A `runtime::math` helper of one or two operands, picked by width.
+        macro_rules! math1 {
+            ($f32:ident, $f64:ident) => {{
+                let a = get!(0);
+                let h = if banks[0] == Bank::F32 {
+                    helper!(runtime::math::$f32 as extern "C" fn(_) -> _, [F32], [F32])
+                } else {
+                    helper!(runtime::math::$f64 as extern "C" fn(_) -> _, [F64], [F64])
+                };
+                let v = self.call_helper(h, &[a]).ok_or("no result")?;
+                set!(1, v);
             }};
         }
-        macro_rules! unf64 {
-            ($m:ident) => {{
-                let a = self.rf64(r[0])?;
-                let v = self.b.ins().$m(a);
-                self.wf64(r[1], v)?;
-            }};
-        }
-        macro_rules! callf32 {
-            ($f:path) => {{
-                let a = self.rf32(r[0])?;
-                let v = self
-                    .call_helper(helper!($f as extern "C" fn(_) -> _, [F32], [F32]), &[a])
-                    .ok_or("no result")?;
-                self.wf32(r[1], v)?;
-            }};
-        }
-        macro_rules! callf64 {
-            ($f:path) => {{
-                let a = self.rf64(r[0])?;
-                let v = self
-                    .call_helper(helper!($f as extern "C" fn(_) -> _, [F64], [F64]), &[a])
-                    .ok_or("no result")?;
-                self.wf64(r[1], v)?;
-            }};
-        }
-        macro_rules! call2f32 {
-            ($f:path) => {{
-                let (a, b) = (self.rf32(r[0])?, self.rf32(r[1])?);
-                let v = self
-                    .call_helper(
-                        helper!($f as extern "C" fn(_, _) -> _, [F32, F32], [F32]),
-                        &[a, b],
+        macro_rules! math2 {
+            ($f32:ident, $f64:ident) => {{
+                let (a, b) = (get!(0), get!(1));
+                let h = if banks[0] == Bank::F32 {
+                    helper!(
+                        runtime::math::$f32 as extern "C" fn(_, _) -> _,
+                        [F32, F32],
+                        [F32]
                     )
-                    .ok_or("no result")?;
-                self.wf32(r[2], v)?;
-            }};
-        }
-        macro_rules! call2f64 {
-            ($f:path) => {{
-                let (a, b) = (self.rf64(r[0])?, self.rf64(r[1])?);
-                let v = self
-                    .call_helper(
-                        helper!($f as extern "C" fn(_, _) -> _, [F64, F64], [F64]),
-                        &[a, b],
+                } else {
+                    helper!(
+                        runtime::math::$f64 as extern "C" fn(_, _) -> _,
+                        [F64, F64],
+                        [F64]
                     )
-                    .ok_or("no result")?;
-                self.wf64(r[2], v)?;
+                };
+                let v = self.call_helper(h, &[a, b]).ok_or("no result")?;
+                set!(2, v);
             }};
         }
         macro_rules! cvt {
-            ($f:path, $rd:ident, $from:expr, $to:expr, $wr:ident) => {{
-                let a = self.$rd(r[0])?;
+            ($f:ident, $from:expr, $to:expr) => {{
+                let a = get!(0);
                 let v = self
-                    .call_helper(helper!($f as extern "C" fn(_) -> _, [$from], [$to]), &[a])
+                    .call_helper(
+                        helper!(runtime::math::$f as extern "C" fn(_) -> _, [$from], [$to]),
+                        &[a],
+                    )
                     .ok_or("no result")?;
-                self.$wr(r[1], v)?;
-            }};
-        }
-        macro_rules! icmp32 {
-            ($cc:expr) => {{
-                let (a, b) = (self.r32(r[0])?, self.r32(r[1])?);
-                let c = self.b.ins().icmp($cc, a, b);
-                let v = self.bool32(c);
-                self.w32(r[2], v)?;
-            }};
-        }
-        macro_rules! icmp64 {
-            ($cc:expr) => {{
-                let (a, b) = (self.r64(r[0])?, self.r64(r[1])?);
-                let c = self.b.ins().icmp($cc, a, b);
-                let v = self.bool32(c);
-                self.w32(r[2], v)?;
-            }};
-        }
-        macro_rules! fcmp32 {
-            ($cc:expr) => {{
-                let (a, b) = (self.rf32(r[0])?, self.rf32(r[1])?);
-                let c = self.b.ins().fcmp($cc, a, b);
-                let v = self.bool32(c);
-                self.w32(r[2], v)?;
-            }};
-        }
-        macro_rules! fcmp64 {
-            ($cc:expr) => {{
-                let (a, b) = (self.rf64(r[0])?, self.rf64(r[1])?);
-                let c = self.b.ins().fcmp($cc, a, b);
-                let v = self.bool32(c);
-                self.w32(r[2], v)?;
+                set!(1, v);
             }};
         }
         // Fused compare-and-branch: writes the flag, then branches.
@@ -685,8 +665,8 @@ impl<'a, 'b> Translator<'a, 'b> {
             }};
         }
         macro_rules! divide {
-            ($rd:ident, $wr:ident, $ty:expr, $signed:expr, $rem:expr) => {{
-                let (a, b) = (self.$rd(r[0])?, self.$rd(r[1])?);
+            ($signed:expr, $rem:expr) => {{
+                let (a, b) = (get!(0), get!(1));
                 let z = self.b.ins().icmp_imm_s(IntCC::Equal, b, 0);
                 let zero64 = self.b.ins().iconst(I64, 0);
                 self.trap_if(z, zero64);
@@ -694,7 +674,8 @@ impl<'a, 'b> Translator<'a, 'b> {
                     // Wrapping semantics: x / -1 is -x, x % -1 is 0 (no
                     // overflow trap for MIN / -1).
                     let m1 = self.b.ins().icmp_imm_s(IntCC::Equal, b, -1);
-                    let one = self.b.ins().iconst($ty, 1);
+                    let ty = if banks[0] == Bank::I64 { I64 } else { I32 };
+                    let one = self.b.ins().iconst(ty, 1);
                     let safe = self.b.ins().select(m1, one, b);
                     if $rem {
                         self.b.ins().srem(a, safe)
@@ -708,7 +689,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                 } else {
                     self.b.ins().udiv(a, b)
                 };
-                self.$wr(r[2], v)?;
+                set!(2, v);
             }};
         }
         match insn.op {
@@ -721,75 +702,27 @@ impl<'a, 'b> Translator<'a, 'b> {
                 return Ok(false);
             }
             // ---- globals
-            Op::GlobalLoadI32 | Op::GlobalLoadF32 | Op::GlobalLoadI64 | Op::GlobalLoadF64 => {
-                let wide = matches!(insn.op, Op::GlobalLoadI64 | Op::GlobalLoadF64);
+            Op::GlobalLoadI32
+            | Op::GlobalLoadF32
+            | Op::GlobalLoadI64
+            | Op::GlobalLoadF64
+            | Op::GlobalStoreI32
+            | Op::GlobalStoreF32
+            | Op::GlobalStoreI64
+            | Op::GlobalStoreF64 => {
                 let off = self.b.ins().iconst(I32, insn.a as i64);
-                let p = self.global_addr(off, if wide { 8 } else { 4 });
-                if wide {
-                    let v = self
-                        .b
-                        .ins()
-                        .load(I64, MemFlagsData::new().with_notrap(), p, 0);
-                    self.w64(r[0], v)?;
-                } else {
-                    let v = self.b.ins().load(I32, flags(), p, 0);
-                    self.w32(r[0], v)?;
-                }
-            }
-            Op::GlobalStoreI32 | Op::GlobalStoreF32 | Op::GlobalStoreI64 | Op::GlobalStoreF64 => {
-                let wide = matches!(insn.op, Op::GlobalStoreI64 | Op::GlobalStoreF64);
-                let off = self.b.ins().iconst(I32, insn.a as i64);
-                let p = self.global_addr(off, if wide { 8 } else { 4 });
-                if wide {
-                    let v = self.r64(r[0])?;
-                    self.b
-                        .ins()
-                        .store(MemFlagsData::new().with_notrap(), v, p, 0);
-                } else {
-                    let v = self.r32(r[0])?;
-                    self.b.ins().store(flags(), v, p, 0);
-                }
+                self.global_access(insn.op, off, banks[0], r[0])?;
             }
             Op::GlobalLoadIndirectI32
             | Op::GlobalLoadIndirectF32
             | Op::GlobalLoadIndirectI64
-            | Op::GlobalLoadIndirectF64 => {
-                let wide = matches!(
-                    insn.op,
-                    Op::GlobalLoadIndirectI64 | Op::GlobalLoadIndirectF64
-                );
-                let off = self.r32(r[0])?;
-                let p = self.global_addr(off, if wide { 8 } else { 4 });
-                if wide {
-                    let v = self
-                        .b
-                        .ins()
-                        .load(I64, MemFlagsData::new().with_notrap(), p, 0);
-                    self.w64(r[1], v)?;
-                } else {
-                    let v = self.b.ins().load(I32, flags(), p, 0);
-                    self.w32(r[1], v)?;
-                }
-            }
-            Op::GlobalStoreIndirectI32
+            | Op::GlobalLoadIndirectF64
+            | Op::GlobalStoreIndirectI32
             | Op::GlobalStoreIndirectF32
             | Op::GlobalStoreIndirectI64
             | Op::GlobalStoreIndirectF64 => {
-                let wide = matches!(
-                    insn.op,
-                    Op::GlobalStoreIndirectI64 | Op::GlobalStoreIndirectF64
-                );
                 let off = self.r32(r[0])?;
-                let p = self.global_addr(off, if wide { 8 } else { 4 });
-                if wide {
-                    let v = self.r64(r[1])?;
-                    self.b
-                        .ins()
-                        .store(MemFlagsData::new().with_notrap(), v, p, 0);
-                } else {
-                    let v = self.r32(r[1])?;
-                    self.b.ins().store(flags(), v, p, 0);
-                }
+                self.global_access(insn.op, off, banks[1], r[1])?;
             }
             // ---- constants
             Op::ConstI32Zero | Op::ConstF32Zero => {
@@ -821,35 +754,29 @@ impl<'a, 'b> Translator<'a, 'b> {
                 {
                     return Ok(true);
                 }
-                let (ctx, base) = (self.ctx, self.ref_base);
                 let here = self.here_v();
                 let zero = self.b.ins().iconst(I64, 0);
-                let s = self
-                    .call_helper(
-                        helper!(
-                            runtime::ref_op as extern "C" fn(_, _, _, _) -> _,
-                            [I64, I64, I64, I64],
-                            [I32]
-                        ),
-                        &[ctx, here, base, zero],
-                    )
-                    .ok_or("no status")?;
-                self.check_status(s);
+                self.ref_call(
+                    helper!(
+                        runtime::ref_op as extern "C" fn(_, _, _, _) -> _,
+                        [I64, I64, I64, I64],
+                        [I32]
+                    ),
+                    here,
+                    &[zero],
+                )?;
             }
             Op::CmpEQRef | Op::CmpNERef | Op::CmpNZRef => {
-                let (ctx, base) = (self.ctx, self.ref_base);
                 let here = self.here_v();
-                let s = self
-                    .call_helper(
-                        helper!(
-                            runtime::ref_cmp as extern "C" fn(_, _, _) -> _,
-                            [I64, I64, I64],
-                            [I32]
-                        ),
-                        &[ctx, here, base],
-                    )
-                    .ok_or("no status")?;
-                self.check_status(s);
+                self.ref_call(
+                    helper!(
+                        runtime::ref_cmp as extern "C" fn(_, _, _) -> _,
+                        [I64, I64, I64],
+                        [I32]
+                    ),
+                    here,
+                    &[],
+                )?;
                 let v = self.scratch(I32);
                 let out = if insn.op == Op::CmpNZRef { r[1] } else { r[2] };
                 self.w32(out, v)?;
@@ -901,19 +828,16 @@ impl<'a, 'b> Translator<'a, 'b> {
                     Op::ListSetI64 | Op::ListSetF64 => self.r64(r[2])?,
                     _ => zero,
                 };
-                let (ctx, base) = (self.ctx, self.ref_base);
                 let here = self.here_v();
-                let s = self
-                    .call_helper(
-                        helper!(
-                            runtime::ref_insn as extern "C" fn(_, _, _, _, _) -> _,
-                            [I64, I64, I64, I64, I64],
-                            [I32]
-                        ),
-                        &[ctx, here, base, a, b],
-                    )
-                    .ok_or("no status")?;
-                self.check_status(s);
+                self.ref_call(
+                    helper!(
+                        runtime::ref_insn as extern "C" fn(_, _, _, _, _) -> _,
+                        [I64, I64, I64, I64, I64],
+                        [I32]
+                    ),
+                    here,
+                    &[a, b],
+                )?;
                 match insn.op {
                     Op::ListSize => {
                         let v = self.scratch(I32);
@@ -966,86 +890,36 @@ impl<'a, 'b> Translator<'a, 'b> {
                     self.w32(r[2], v)?;
                 }
             }
-            // ---- i32 arithmetic
-            Op::AddI32 => bin32!(iadd),
-            Op::SubI32 => bin32!(isub),
-            Op::MulI32 => bin32!(imul),
-            Op::DivI32S => divide!(r32, w32, I32, true, false),
-            Op::DivI32U => divide!(r32, w32, I32, false, false),
-            Op::RemI32S => divide!(r32, w32, I32, true, true),
-            Op::RemI32U => divide!(r32, w32, I32, false, true),
-            Op::FMAI32 => {
-                let (a, b, c) = (self.r32(r[0])?, self.r32(r[1])?, self.r32(r[2])?);
-                let m = self.b.ins().imul(a, b);
-                let v = self.b.ins().iadd(m, c);
-                self.w32(r[3], v)?;
-            }
-            Op::AbsI32 => un32!(iabs),
-            Op::MinI32S => bin32!(smin),
-            Op::MinI32U => bin32!(umin),
-            Op::MaxI32S => bin32!(smax),
-            Op::MaxI32U => bin32!(umax),
-            Op::NotI32 => un32!(bnot),
-            Op::AndI32 => bin32!(band),
-            Op::OrI32 => bin32!(bor),
-            Op::XorI32 => bin32!(bxor),
-            Op::CtlzI32 => un32!(clz),
-            // ---- i64 arithmetic
-            Op::AddI64 => bin64!(iadd),
-            Op::SubI64 => bin64!(isub),
-            Op::MulI64 => bin64!(imul),
-            Op::DivI64S => divide!(r64, w64, I64, true, false),
-            Op::DivI64U => divide!(r64, w64, I64, false, false),
-            Op::RemI64S => divide!(r64, w64, I64, true, true),
-            Op::RemI64U => divide!(r64, w64, I64, false, true),
-            Op::FMAI64 => {
-                let (a, b, c) = (self.r64(r[0])?, self.r64(r[1])?, self.r64(r[2])?);
-                let m = self.b.ins().imul(a, b);
-                let v = self.b.ins().iadd(m, c);
-                self.w64(r[3], v)?;
-            }
-            Op::AbsI64 => {
-                let a = self.r64(r[0])?;
-                let v = self.b.ins().iabs(a);
-                self.w64(r[1], v)?;
-            }
-            Op::MinI64S => bin64!(smin),
-            Op::MinI64U => bin64!(umin),
-            Op::MaxI64S => bin64!(smax),
-            Op::MaxI64U => bin64!(umax),
-            Op::NotI64 => {
-                let a = self.r64(r[0])?;
-                let v = self.b.ins().bnot(a);
-                self.w64(r[1], v)?;
-            }
-            Op::AndI64 => bin64!(band),
-            Op::OrI64 => bin64!(bor),
-            Op::XorI64 => bin64!(bxor),
-            Op::CtlzI64 => {
-                let a = self.r64(r[0])?;
-                let v = self.b.ins().clz(a);
-                self.w64(r[1], v)?;
-            }
-            // ---- shifts
-            Op::ShlI32 | Op::ShrI32S | Op::ShrI32U => {
-                let (a, b) = (self.r32(r[0])?, self.r32(r[1])?);
-                let b = self.b.ins().band_imm_u(b, 31);
+            // ---- integer arithmetic (i32 and i64 alike)
+            Op::AddI32 | Op::AddI64 => bin!(iadd),
+            Op::SubI32 | Op::SubI64 => bin!(isub),
+            Op::MulI32 | Op::MulI64 => bin!(imul),
+            Op::DivI32S | Op::DivI64S => divide!(true, false),
+            Op::DivI32U | Op::DivI64U => divide!(false, false),
+            Op::RemI32S | Op::RemI64S => divide!(true, true),
+            Op::RemI32U | Op::RemI64U => divide!(false, true),
+            Op::FMAI32 | Op::FMAI64 => fma!(imul, iadd),
+            Op::AbsI32 | Op::AbsI64 => un!(iabs),
+            Op::MinI32S | Op::MinI64S => bin!(smin),
+            Op::MinI32U | Op::MinI64U => bin!(umin),
+            Op::MaxI32S | Op::MaxI64S => bin!(smax),
+            Op::MaxI32U | Op::MaxI64U => bin!(umax),
+            Op::NotI32 | Op::NotI64 => un!(bnot),
+            Op::AndI32 | Op::AndI64 => bin!(band),
+            Op::OrI32 | Op::OrI64 => bin!(bor),
+            Op::XorI32 | Op::XorI64 => bin!(bxor),
+            Op::CtlzI32 | Op::CtlzI64 => un!(clz),
+            // ---- shifts: the amount (an i32) is taken modulo the width
+            Op::ShlI32 | Op::ShrI32S | Op::ShrI32U | Op::ShlI64 | Op::ShrI64S | Op::ShrI64U => {
+                let (a, b) = (get!(0), get!(1));
+                let mask = if banks[0] == Bank::I64 { 63 } else { 31 };
+                let b = self.b.ins().band_imm_u(b, mask);
                 let v = match insn.op {
-                    Op::ShlI32 => self.b.ins().ishl(a, b),
-                    Op::ShrI32S => self.b.ins().sshr(a, b),
+                    Op::ShlI32 | Op::ShlI64 => self.b.ins().ishl(a, b),
+                    Op::ShrI32S | Op::ShrI64S => self.b.ins().sshr(a, b),
                     _ => self.b.ins().ushr(a, b),
                 };
-                self.w32(r[2], v)?;
-            }
-            Op::ShlI64 | Op::ShrI64S | Op::ShrI64U => {
-                let (a, b) = (self.r64(r[0])?, self.r32(r[1])?);
-                let b = self.b.ins().band_imm_u(b, 63);
-                let v = match insn.op {
-                    Op::ShlI64 => self.b.ins().ishl(a, b),
-                    Op::ShrI64S => self.b.ins().sshr(a, b),
-                    _ => self.b.ins().ushr(a, b),
-                };
-                self.w64(r[2], v)?;
+                set!(2, v);
             }
             // ---- casting / conversion
             Op::TruncI32I8 | Op::ExtI8I32U => {
@@ -1081,25 +955,15 @@ impl<'a, 'b> Translator<'a, 'b> {
                 self.w64(r[1], v)?;
             }
             // ---- comparisons
-            Op::CmpEQI32 => icmp32!(IntCC::Equal),
-            Op::CmpNEI32 => icmp32!(IntCC::NotEqual),
-            Op::CmpLTI32S => icmp32!(IntCC::SignedLessThan),
-            Op::CmpLTI32U => icmp32!(IntCC::UnsignedLessThan),
-            Op::CmpNZI32 => {
-                let a = self.r32(r[0])?;
+            Op::CmpEQI32 | Op::CmpEQI64 => cmp!(icmp, IntCC::Equal),
+            Op::CmpNEI32 | Op::CmpNEI64 => cmp!(icmp, IntCC::NotEqual),
+            Op::CmpLTI32S | Op::CmpLTI64S => cmp!(icmp, IntCC::SignedLessThan),
+            Op::CmpLTI32U | Op::CmpLTI64U => cmp!(icmp, IntCC::UnsignedLessThan),
+            Op::CmpNZI32 | Op::CmpNZI64 => {
+                let a = get!(0);
                 let c = self.b.ins().icmp_imm_s(IntCC::NotEqual, a, 0);
                 let v = self.bool32(c);
-                self.w32(r[1], v)?;
-            }
-            Op::CmpEQI64 => icmp64!(IntCC::Equal),
-            Op::CmpNEI64 => icmp64!(IntCC::NotEqual),
-            Op::CmpLTI64S => icmp64!(IntCC::SignedLessThan),
-            Op::CmpLTI64U => icmp64!(IntCC::UnsignedLessThan),
-            Op::CmpNZI64 => {
-                let a = self.r64(r[0])?;
-                let c = self.b.ins().icmp_imm_s(IntCC::NotEqual, a, 0);
-                let v = self.bool32(c);
-                self.w32(r[1], v)?;
+                set!(1, v);
             }
             // ---- control flow
             Op::DirectBranch => {
@@ -1229,19 +1093,16 @@ impl<'a, 'b> Translator<'a, 'b> {
             | Op::BufferLoadF32
             | Op::BufferLoadF64 => {
                 let off = self.r64(r[1])?;
-                let (ctx, base) = (self.ctx, self.ref_base);
                 let here = self.here_v();
-                let s = self
-                    .call_helper(
-                        helper!(
-                            runtime::buffer_load as extern "C" fn(_, _, _, _) -> _,
-                            [I64, I64, I64, I64],
-                            [I32]
-                        ),
-                        &[ctx, here, base, off],
-                    )
-                    .ok_or("no status")?;
-                self.check_status(s);
+                self.ref_call(
+                    helper!(
+                        runtime::buffer_load as extern "C" fn(_, _, _, _) -> _,
+                        [I64, I64, I64, I64],
+                        [I32]
+                    ),
+                    here,
+                    &[off],
+                )?;
                 match insn.op {
                     Op::BufferLoadI64 | Op::BufferLoadF64 => {
                         let v = self.scratch(I64);
@@ -1267,228 +1128,191 @@ impl<'a, 'b> Translator<'a, 'b> {
                         self.b.ins().uextend(I64, x)
                     }
                 };
-                let (ctx, base) = (self.ctx, self.ref_base);
                 let here = self.here_v();
-                let s = self
-                    .call_helper(
-                        helper!(
-                            runtime::buffer_store as extern "C" fn(_, _, _, _, _) -> _,
-                            [I64, I64, I64, I64, I64],
-                            [I32]
-                        ),
-                        &[ctx, here, base, off, v],
-                    )
-                    .ok_or("no status")?;
-                self.check_status(s);
+                self.ref_call(
+                    helper!(
+                        runtime::buffer_store as extern "C" fn(_, _, _, _, _) -> _,
+                        [I64, I64, I64, I64, I64],
+                        [I32]
+                    ),
+                    here,
+                    &[off, v],
+                )?;
             }
             Op::BufferLength => {
-                let (ctx, base) = (self.ctx, self.ref_base);
                 let here = self.here_v();
-                let s = self
-                    .call_helper(
-                        helper!(
-                            runtime::buffer_length as extern "C" fn(_, _, _) -> _,
-                            [I64, I64, I64],
-                            [I32]
-                        ),
-                        &[ctx, here, base],
-                    )
-                    .ok_or("no status")?;
-                self.check_status(s);
+                self.ref_call(
+                    helper!(
+                        runtime::buffer_length as extern "C" fn(_, _, _) -> _,
+                        [I64, I64, I64],
+                        [I32]
+                    ),
+                    here,
+                    &[],
+                )?;
                 let v = self.scratch(I64);
                 self.w64(r[1], v)?;
             }
-            // ---- f32
-            Op::AddF32 => binf32!(fadd),
-            Op::SubF32 => binf32!(fsub),
-            Op::MulF32 => binf32!(fmul),
-            Op::DivF32 => binf32!(fdiv),
-            Op::RemF32 => call2f32!(runtime::math::rem_f32),
-            Op::FMAF32 => {
-                let (a, b, c) = (self.rf32(r[0])?, self.rf32(r[1])?, self.rf32(r[2])?);
-                let m = self.b.ins().fmul(a, b);
-                let v = self.b.ins().fadd(m, c);
-                self.wf32(r[3], v)?;
-            }
-            Op::AbsF32 => unf32!(fabs),
-            Op::NegF32 => unf32!(fneg),
-            Op::CeilF32 => unf32!(ceil),
-            Op::FloorF32 => unf32!(floor),
-            Op::RoundF32 => callf32!(runtime::math::round_f32),
-            Op::RoundF32Even => callf32!(runtime::math::round_even_f32),
-            Op::MinF32 | Op::MaxF32 => {
-                let (a, b) = (self.rf32(r[0])?, self.rf32(r[1])?);
-                let v = if insn.op == Op::MinF32 {
-                    let c = self.b.ins().fcmp(FloatCC::LessThan, b, a);
-                    self.b.ins().select(c, b, a)
+            // ---- f32 and f64 alike
+            Op::AddF32 | Op::AddF64 => bin!(fadd),
+            Op::SubF32 | Op::SubF64 => bin!(fsub),
+            Op::MulF32 | Op::MulF64 => bin!(fmul),
+            Op::DivF32 | Op::DivF64 => bin!(fdiv),
+            Op::RemF32 | Op::RemF64 => math2!(rem_f32, rem_f64),
+            Op::FMAF32 | Op::FMAF64 => fma!(fmul, fadd),
+            Op::AbsF32 | Op::AbsF64 => un!(fabs),
+            Op::NegF32 | Op::NegF64 => un!(fneg),
+            Op::CeilF32 | Op::CeilF64 => un!(ceil),
+            Op::FloorF32 | Op::FloorF64 => un!(floor),
+            Op::RoundF32 | Op::RoundF64 => math1!(round_f32, round_f64),
+            Op::RoundF32Even | Op::RoundF64Even => math1!(round_even_f32, round_even_f64),
+            Op::MinF32 | Op::MinF64 | Op::MaxF32 | Op::MaxF64 => {
+                let (a, b) = (get!(0), get!(1));
+                // min takes b when b < a, max when a < b; otherwise a.
+                let (x, y) = if matches!(insn.op, Op::MinF32 | Op::MinF64) {
+                    (b, a)
                 } else {
-                    let c = self.b.ins().fcmp(FloatCC::LessThan, a, b);
-                    self.b.ins().select(c, b, a)
+                    (a, b)
                 };
-                self.wf32(r[2], v)?;
+                let c = self.b.ins().fcmp(FloatCC::LessThan, x, y);
+                let v = self.b.ins().select(c, b, a);
+                set!(2, v);
             }
-            Op::AtanF32 => callf32!(runtime::math::atan_f32),
-            Op::Atan2F32 => call2f32!(runtime::math::atan2_f32),
-            Op::CosF32 => callf32!(runtime::math::cos_f32),
-            Op::SinF32 => callf32!(runtime::math::sin_f32),
-            Op::ExpF32 => callf32!(runtime::math::exp_f32),
-            Op::Exp2F32 => callf32!(runtime::math::exp2_f32),
-            Op::ExpM1F32 => callf32!(runtime::math::expm1_f32),
-            Op::LogF32 => callf32!(runtime::math::log_f32),
-            Op::Log10F32 => callf32!(runtime::math::log10_f32),
-            Op::Log1pF32 => callf32!(runtime::math::log1p_f32),
-            Op::Log2F32 => callf32!(runtime::math::log2_f32),
-            Op::PowF32 => call2f32!(runtime::math::pow_f32),
-            Op::RsqrtF32 => {
-                let a = self.rf32(r[0])?;
+            Op::AtanF32 | Op::AtanF64 => math1!(atan_f32, atan_f64),
+            Op::Atan2F32 | Op::Atan2F64 => math2!(atan2_f32, atan2_f64),
+            Op::CosF32 | Op::CosF64 => math1!(cos_f32, cos_f64),
+            Op::SinF32 | Op::SinF64 => math1!(sin_f32, sin_f64),
+            Op::ExpF32 | Op::ExpF64 => math1!(exp_f32, exp_f64),
+            Op::Exp2F32 | Op::Exp2F64 => math1!(exp2_f32, exp2_f64),
+            Op::ExpM1F32 | Op::ExpM1F64 => math1!(expm1_f32, expm1_f64),
+            Op::LogF32 | Op::LogF64 => math1!(log_f32, log_f64),
+            Op::Log10F32 | Op::Log10F64 => math1!(log10_f32, log10_f64),
+            Op::Log1pF32 | Op::Log1pF64 => math1!(log1p_f32, log1p_f64),
+            Op::Log2F32 | Op::Log2F64 => math1!(log2_f32, log2_f64),
+            Op::PowF32 | Op::PowF64 => math2!(pow_f32, pow_f64),
+            Op::RsqrtF32 | Op::RsqrtF64 => {
+                let a = get!(0);
                 let s = self.b.ins().sqrt(a);
-                let one = self.b.ins().f32const(1.0);
+                let one = if banks[0] == Bank::F32 {
+                    self.b.ins().f32const(1.0)
+                } else {
+                    self.b.ins().f64const(1.0)
+                };
                 let v = self.b.ins().fdiv(one, s);
-                self.wf32(r[1], v)?;
+                set!(1, v);
             }
-            Op::SqrtF32 => unf32!(sqrt),
-            Op::TanhF32 => callf32!(runtime::math::tanh_f32),
-            Op::ErfF32 => callf32!(runtime::math::erf_f32),
-            Op::CastSI32F32 => {
-                let a = self.r32(r[0])?;
-                let v = self.b.ins().fcvt_from_sint(F32, a);
-                self.wf32(r[1], v)?;
+            Op::SqrtF32 | Op::SqrtF64 => un!(sqrt),
+            Op::TanhF32 | Op::TanhF64 => math1!(tanh_f32, tanh_f64),
+            Op::ErfF32 | Op::ErfF64 => math1!(erf_f32, erf_f64),
+            Op::TruncF64F32 => {
+                let a = get!(0);
+                let v = self.b.ins().fdemote(F32, a);
+                set!(1, v);
             }
-            Op::CastUI32F32 => {
-                let a = self.r32(r[0])?;
-                let a = self.b.ins().uextend(I64, a);
-                let v = self.b.ins().fcvt_from_sint(F32, a);
-                self.wf32(r[1], v)?;
+            Op::ExtF32F64 => {
+                let a = get!(0);
+                let v = self.b.ins().fpromote(F64, a);
+                set!(1, v);
             }
-            Op::CastSI64F32 => {
-                let a = self.r64(r[0])?;
-                let v = self.b.ins().fcvt_from_sint(F32, a);
-                self.wf32(r[1], v)?;
+            // Signed sources convert inline; an u32 too, zero-extended to a
+            // (then nonnegative) i64. u64 sources and float-to-integer casts
+            // go through helpers.
+            Op::CastSI32F32
+            | Op::CastSI64F32
+            | Op::CastUI32F32
+            | Op::CastSI32F64
+            | Op::CastSI64F64
+            | Op::CastUI32F64 => {
+                let a = get!(0);
+                let a = if matches!(insn.op, Op::CastUI32F32 | Op::CastUI32F64) {
+                    self.b.ins().uextend(I64, a)
+                } else {
+                    a
+                };
+                let to = if banks[1] == Bank::F32 { F32 } else { F64 };
+                let v = self.b.ins().fcvt_from_sint(to, a);
+                set!(1, v);
             }
-            Op::CastUI64F32 => cvt!(runtime::math::ui64_f32, r64, I64, F32, wf32),
-            Op::CastF32SI32 => cvt!(runtime::math::f32_si32, rf32, F32, I32, w32),
-            Op::CastF32UI32 => cvt!(runtime::math::f32_ui32, rf32, F32, I32, w32),
-            Op::CastF32SI64 => cvt!(runtime::math::f32_si64, rf32, F32, I64, w64),
-            Op::CastF32UI64 => cvt!(runtime::math::f32_ui64, rf32, F32, I64, w64),
+            Op::CastUI64F32 => cvt!(ui64_f32, I64, F32),
+            Op::CastUI64F64 => cvt!(ui64_f64, I64, F64),
+            Op::CastF32SI32 => cvt!(f32_si32, F32, I32),
+            Op::CastF32UI32 => cvt!(f32_ui32, F32, I32),
+            Op::CastF32SI64 => cvt!(f32_si64, F32, I64),
+            Op::CastF32UI64 => cvt!(f32_ui64, F32, I64),
+            Op::CastF64SI32 => cvt!(f64_si32, F64, I32),
+            Op::CastF64UI32 => cvt!(f64_ui32, F64, I32),
+            Op::CastF64SI64 => cvt!(f64_si64, F64, I64),
+            Op::CastF64UI64 => cvt!(f64_ui64, F64, I64),
+            // The bits move unchanged.
             Op::BitcastI32F32 | Op::BitcastF32I32 => {
                 let a = self.r32(r[0])?;
                 self.w32(r[1], a)?;
             }
-            Op::CmpEQF32O => fcmp32!(FloatCC::Equal),
-            Op::CmpEQF32U => fcmp32!(FloatCC::UnorderedOrEqual),
-            Op::CmpNEF32O | Op::CmpNEF32U => fcmp32!(FloatCC::NotEqual),
-            Op::CmpLTF32O => fcmp32!(FloatCC::LessThan),
-            Op::CmpLTF32U => fcmp32!(FloatCC::UnorderedOrLessThan),
-            Op::CmpLTEF32O => fcmp32!(FloatCC::LessThanOrEqual),
-            Op::CmpLTEF32U => fcmp32!(FloatCC::UnorderedOrLessThanOrEqual),
-            Op::CmpNaNF32 => {
-                let a = self.rf32(r[0])?;
-                let c = self.b.ins().fcmp(FloatCC::Unordered, a, a);
-                let v = self.bool32(c);
-                self.w32(r[1], v)?;
-            }
-            // ---- f64
-            Op::AddF64 => binf64!(fadd),
-            Op::SubF64 => binf64!(fsub),
-            Op::MulF64 => binf64!(fmul),
-            Op::DivF64 => binf64!(fdiv),
-            Op::RemF64 => call2f64!(runtime::math::rem_f64),
-            Op::FMAF64 => {
-                let (a, b, c) = (self.rf64(r[0])?, self.rf64(r[1])?, self.rf64(r[2])?);
-                let m = self.b.ins().fmul(a, b);
-                let v = self.b.ins().fadd(m, c);
-                self.wf64(r[3], v)?;
-            }
-            Op::AbsF64 => unf64!(fabs),
-            Op::NegF64 => unf64!(fneg),
-            Op::CeilF64 => unf64!(ceil),
-            Op::FloorF64 => unf64!(floor),
-            Op::RoundF64 => callf64!(runtime::math::round_f64),
-            Op::RoundF64Even => callf64!(runtime::math::round_even_f64),
-            Op::MinF64 | Op::MaxF64 => {
-                let (a, b) = (self.rf64(r[0])?, self.rf64(r[1])?);
-                let v = if insn.op == Op::MinF64 {
-                    let c = self.b.ins().fcmp(FloatCC::LessThan, b, a);
-                    self.b.ins().select(c, b, a)
-                } else {
-                    let c = self.b.ins().fcmp(FloatCC::LessThan, a, b);
-                    self.b.ins().select(c, b, a)
-                };
-                self.wf64(r[2], v)?;
-            }
-            Op::AtanF64 => callf64!(runtime::math::atan_f64),
-            Op::Atan2F64 => call2f64!(runtime::math::atan2_f64),
-            Op::CosF64 => callf64!(runtime::math::cos_f64),
-            Op::SinF64 => callf64!(runtime::math::sin_f64),
-            Op::ExpF64 => callf64!(runtime::math::exp_f64),
-            Op::Exp2F64 => callf64!(runtime::math::exp2_f64),
-            Op::ExpM1F64 => callf64!(runtime::math::expm1_f64),
-            Op::LogF64 => callf64!(runtime::math::log_f64),
-            Op::Log10F64 => callf64!(runtime::math::log10_f64),
-            Op::Log1pF64 => callf64!(runtime::math::log1p_f64),
-            Op::Log2F64 => callf64!(runtime::math::log2_f64),
-            Op::PowF64 => call2f64!(runtime::math::pow_f64),
-            Op::RsqrtF64 => {
-                let a = self.rf64(r[0])?;
-                let s = self.b.ins().sqrt(a);
-                let one = self.b.ins().f64const(1.0);
-                let v = self.b.ins().fdiv(one, s);
-                self.wf64(r[1], v)?;
-            }
-            Op::SqrtF64 => unf64!(sqrt),
-            Op::TanhF64 => callf64!(runtime::math::tanh_f64),
-            Op::ErfF64 => callf64!(runtime::math::erf_f64),
-            Op::TruncF64F32 => {
-                let a = self.rf64(r[0])?;
-                let v = self.b.ins().fdemote(F32, a);
-                self.wf32(r[1], v)?;
-            }
-            Op::ExtF32F64 => {
-                let a = self.rf32(r[0])?;
-                let v = self.b.ins().fpromote(F64, a);
-                self.wf64(r[1], v)?;
-            }
-            Op::CastSI32F64 => {
-                let a = self.r32(r[0])?;
-                let v = self.b.ins().fcvt_from_sint(F64, a);
-                self.wf64(r[1], v)?;
-            }
-            Op::CastUI32F64 => {
-                let a = self.r32(r[0])?;
-                let a = self.b.ins().uextend(I64, a);
-                let v = self.b.ins().fcvt_from_sint(F64, a);
-                self.wf64(r[1], v)?;
-            }
-            Op::CastF64SI32 => cvt!(runtime::math::f64_si32, rf64, F64, I32, w32),
-            Op::CastF64UI32 => cvt!(runtime::math::f64_ui32, rf64, F64, I32, w32),
-            Op::CastSI64F64 => {
-                let a = self.r64(r[0])?;
-                let v = self.b.ins().fcvt_from_sint(F64, a);
-                self.wf64(r[1], v)?;
-            }
-            Op::CastUI64F64 => cvt!(runtime::math::ui64_f64, r64, I64, F64, wf64),
-            Op::CastF64SI64 => cvt!(runtime::math::f64_si64, rf64, F64, I64, w64),
-            Op::CastF64UI64 => cvt!(runtime::math::f64_ui64, rf64, F64, I64, w64),
             Op::BitcastI64F64 | Op::BitcastF64I64 => {
                 let a = self.r64(r[0])?;
                 self.w64(r[1], a)?;
             }
-            Op::CmpEQF64O => fcmp64!(FloatCC::Equal),
-            Op::CmpEQF64U => fcmp64!(FloatCC::UnorderedOrEqual),
-            Op::CmpNEF64O | Op::CmpNEF64U => fcmp64!(FloatCC::NotEqual),
-            Op::CmpLTF64O => fcmp64!(FloatCC::LessThan),
-            Op::CmpLTF64U => fcmp64!(FloatCC::UnorderedOrLessThan),
-            Op::CmpLTEF64O => fcmp64!(FloatCC::LessThanOrEqual),
-            Op::CmpLTEF64U => fcmp64!(FloatCC::UnorderedOrLessThanOrEqual),
-            Op::CmpNaNF64 => {
-                let a = self.rf64(r[0])?;
+            Op::CmpEQF32O | Op::CmpEQF64O => cmp!(fcmp, FloatCC::Equal),
+            Op::CmpEQF32U | Op::CmpEQF64U => cmp!(fcmp, FloatCC::UnorderedOrEqual),
+            Op::CmpNEF32O | Op::CmpNEF32U | Op::CmpNEF64O | Op::CmpNEF64U => {
+                cmp!(fcmp, FloatCC::NotEqual)
+            }
+            Op::CmpLTF32O | Op::CmpLTF64O => cmp!(fcmp, FloatCC::LessThan),
+            Op::CmpLTF32U | Op::CmpLTF64U => cmp!(fcmp, FloatCC::UnorderedOrLessThan),
+            Op::CmpLTEF32O | Op::CmpLTEF64O => cmp!(fcmp, FloatCC::LessThanOrEqual),
+            Op::CmpLTEF32U | Op::CmpLTEF64U => {
+                cmp!(fcmp, FloatCC::UnorderedOrLessThanOrEqual)
+            }
+            Op::CmpNaNF32 | Op::CmpNaNF64 => {
+                let a = get!(0);
                 let c = self.b.ins().fcmp(FloatCC::Unordered, a, a);
                 let v = self.bool32(c);
-                self.w32(r[1], v)?;
+                set!(1, v);
             }
             op => return Err(format!("{} is not compiled", op.mnemonic())),
         }
         Ok(true)
+    }
+
+    /// Loads global bytes at `off` into register `reg` of `bank`, or stores
+    /// them from it when `op` writes no register (a store).
+    fn global_access(
+        &mut self,
+        op: Op,
+        off: Value,
+        bank: Bank,
+        reg: u16,
+    ) -> Result<(), Unsupported> {
+        let wide = matches!(bank, Bank::I64 | Bank::F64);
+        let store = !op
+            .fields()
+            .iter()
+            .any(|f| matches!(f, Field::Reg { write: true, .. }));
+        let p = self.global_addr(off, if wide { 8 } else { 4 });
+        match (wide, store) {
+            (true, false) => {
+                let v = self
+                    .b
+                    .ins()
+                    .load(I64, MemFlagsData::new().with_notrap(), p, 0);
+                self.w64(reg, v)?;
+            }
+            (false, false) => {
+                let v = self.b.ins().load(I32, flags(), p, 0);
+                self.w32(reg, v)?;
+            }
+            (true, true) => {
+                let v = self.r64(reg)?;
+                self.b
+                    .ins()
+                    .store(MemFlagsData::new().with_notrap(), v, p, 0);
+            }
+            (false, true) => {
+                let v = self.r32(reg)?;
+                self.b.ins().store(flags(), v, p, 0);
+            }
+        }
+        Ok(())
     }
 
     /// The address of global word `off / 4` after checking, as the
@@ -1598,20 +1422,13 @@ impl<'a, 'b> Translator<'a, 'b> {
         let call = self.b.ins().call(func, &vals);
         let ret = self.b.inst_results(call)[0];
         let failed = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, ret, 0);
-        let fail = self.b.create_block();
-        let ok = self.b.create_block();
-        self.b.set_cold_block(fail);
-        self.b.ins().brif(failed, fail, &[], ok, &[]);
-        self.b.switch_to_block(fail);
-        self.b.seal_block(fail);
-        let here = self.here_v();
-        self.call_helper(
-            helper!(runtime::unwind as extern "C" fn(_, _), [I64, I64], []),
-            &[ctx, here],
-        );
-        self.fail_return();
-        self.b.switch_to_block(ok);
-        self.b.seal_block(ok);
+        self.fail_if(failed, |t| {
+            let here = t.here_v();
+            t.call_helper(
+                helper!(runtime::unwind as extern "C" fn(_, _), [I64, I64], []),
+                &[ctx, here],
+            );
+        });
         self.b.ins().store(flags(), depth, ctx, OFF_DEPTH);
         if ref_count > 0 {
             self.call_helper(
@@ -1642,6 +1459,31 @@ impl IntoBool for Value {
     /// A nonzero test as an i8 flag, to combine with `icmp` results.
     fn into_bool(self, b: &mut FunctionBuilder<'_>) -> Value {
         b.ins().icmp_imm_s(IntCC::NotEqual, self, 0)
+    }
+}
+
+/// The bank of each register operand of `op`, in the order `Insn::r` holds
+/// them; slots past the last operand read as `Bank::I32`.
+fn reg_banks(op: Op) -> [Bank; 6] {
+    let mut out = [Bank::I32; 6];
+    let regs = op.fields().iter().filter_map(|f| match *f {
+        Field::Reg { bank, .. } => Some(bank),
+        _ => None,
+    });
+    for (slot, bank) in out.iter_mut().zip(regs) {
+        *slot = bank;
+    }
+    out
+}
+
+/// The register bank holding a primitive of cconv type `t`.
+fn cconv_bank(t: &CconvType) -> Result<Bank, Unsupported> {
+    match t {
+        CconvType::I32 => Ok(Bank::I32),
+        CconvType::F32 => Ok(Bank::F32),
+        CconvType::I64 => Ok(Bank::I64),
+        CconvType::F64 => Ok(Bank::F64),
+        _ => Err("ref or span value in a primitive position".into()),
     }
 }
 
