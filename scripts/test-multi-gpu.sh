@@ -10,8 +10,9 @@
 #      and Ferrite programs compiled for cuda on 2 GPUs: one process driving
 #      both (ferrite::spmd) and two processes (RANK/WORLD_SIZE/FERRITE_STORE,
 #      ferrite::rendezvous), a tensor-parallel matmul against one GPU.
-#   2. The same program through the CLI, two `ferrite run-module` processes
-#      (reported, not counted, until the CLI reads ferrite::rendezvous).
+#   2. The same program through the CLI: two `ferrite run-module` processes
+#      (launcher variables, FERRITE_STORE) and one process with
+#      `--spmd_ranks=2 --device=cuda://{rank}`.
 #   3. Bus bandwidth of a 1 GiB f32 all-reduce: Ferrite (HAL, NCCL on its
 #      queue stream) and PyTorch's torch.distributed NCCL; the ratio.
 #   4. Upstream's iree-run-module on the same program when its wheel is
@@ -53,7 +54,7 @@ for t in "$G"/tests/*; do
   done
 done
 
-echo "== 2. CLI: two ferrite run-module processes (not counted)"
+echo "== 2. CLI: two ferrite run-module processes, and one process driving both GPUs"
 port=29533
 for r in 0 1; do
   RANK=$r WORLD_SIZE=2 FERRITE_STORE=tcp://127.0.0.1:$port FERRITE_STORE_TIMEOUT=30 \
@@ -61,7 +62,14 @@ for r in 0 1; do
     --function=all_reduce_sum --input="4xf32=$((1 + r)),2,3,$((4 * r))" >/tmp/cli.$r 2>&1 &
 done
 wait
-for r in 0 1; do echo "rank $r: $(tr '\n' ' ' </tmp/cli.$r | head -c 400)"; done
+for r in 0 1; do
+  echo "rank $r: $(tr '\n' ' ' </tmp/cli.$r | head -c 400)"
+  if grep -q "^4xf32=3 4 6 4$" /tmp/cli.$r; then ok "cli two processes, rank $r"; else bad "cli two processes, rank $r"; fi
+done
+out=$(timeout 60 "$FERRITE" run-module --spmd_ranks=2 --device='cuda://{rank}' \
+  --module="$G/vmfb/two_ranks.cuda.vmfb" --function=all_reduce_sum --input='4xf32=1,2,3,{rank}' 2>&1)
+echo "$out" | tr '\n' ' ' | head -c 400; echo
+if [ "$(echo "$out" | grep -c "^4xf32=2 4 6 1$")" = 2 ]; then ok "cli --spmd_ranks=2 cuda://{rank}"; else bad "cli --spmd_ranks=2 cuda://{rank}"; fi
 
 echo "== 3. 1 GiB f32 all-reduce bus bandwidth"
 fb=$(timeout 120 "$G"/tests/ferrite-hal-cuda-multi_gpu --exact bench_all_reduce_1gib --ignored --nocapture --test-threads=1 2>&1 | grep "busbw_GBps" | head -1)
