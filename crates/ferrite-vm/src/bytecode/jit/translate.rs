@@ -22,7 +22,7 @@ use super::super::isa::Op;
 use super::super::isa_types::{Bank, Field};
 use super::super::verifier::{pool_list, DecodedFunction, Insn, IMPORT_BIT, REF_BIT};
 use super::runtime::{self, fnpc, OFF_DEPTH, OFF_GLOBALS, OFF_GLOBAL_WORDS, OFF_MAX_DEPTH};
-use super::runtime::{OFF_RET, OFF_SCRATCH, OFF_STACK_LIMIT};
+use super::runtime::{Ctx, OFF_RET, OFF_SCRATCH, OFF_STACK_LIMIT};
 use crate::cconv::CconvType;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
@@ -121,6 +121,38 @@ const I32: Type = types::I32;
 const I64: Type = types::I64;
 const F32: Type = types::F32;
 const F64: Type = types::F64;
+
+/// A runtime helper called as `(ctx, fnpc, ref_base, extra...)` that
+/// returns a status, with its extra operands: the variant fixes the arity
+/// the helper's type must have.
+enum StatusCall {
+    Three(extern "C" fn(*mut Ctx, i64, i64) -> i32),
+    Four(extern "C" fn(*mut Ctx, i64, i64, i64) -> i32, Value),
+    Five(
+        extern "C" fn(*mut Ctx, i64, i64, i64, i64) -> i32,
+        Value,
+        Value,
+    ),
+}
+
+impl StatusCall {
+    fn helper(self) -> (Helper, Vec<Value>) {
+        let (addr, params, extra): (usize, &'static [Type], Vec<Value>) = match self {
+            StatusCall::Three(f) => (f as usize, &[I64, I64, I64], vec![]),
+            StatusCall::Four(f, a) => (f as usize, &[I64, I64, I64, I64], vec![a]),
+            StatusCall::Five(f, a, b) => (f as usize, &[I64, I64, I64, I64, I64], vec![a, b]),
+        };
+        let returns: &'static [Type] = &[I32];
+        (
+            Helper {
+                addr,
+                params,
+                returns,
+            },
+            extra,
+        )
+    }
+}
 
 /// Facts about the other functions of the module the translator needs.
 pub(crate) struct Callee {
@@ -379,11 +411,12 @@ impl<'a, 'b> Translator<'a, 'b> {
         self.fail_if(status, |_| {});
     }
 
-    /// Calls a runtime helper taking `(ctx, fnpc, ref_base, extra...)` and
-    /// returning a status; fails the function when the status is nonzero.
-    fn ref_call(&mut self, h: Helper, here: Value, extra: &[Value]) -> Result<(), Unsupported> {
+    /// Calls a status helper with `(ctx, here, ref_base, extra...)`; fails
+    /// the function when the status is nonzero.
+    fn ref_call(&mut self, call: StatusCall, here: Value) -> Result<(), Unsupported> {
+        let (h, extra) = call.helper();
         let mut args = vec![self.ctx, here, self.ref_base];
-        args.extend_from_slice(extra);
+        args.extend(extra);
         let s = self.call_helper(h, &args).ok_or("no status")?;
         self.check_status(s);
         Ok(())
@@ -432,15 +465,7 @@ impl<'a, 'b> Translator<'a, 'b> {
         if has_refs {
             let at_v = self.b.ins().iconst(I64, at as i64);
             let here = self.here_v();
-            self.ref_call(
-                helper!(
-                    runtime::ref_op as extern "C" fn(_, _, _, _) -> _,
-                    [I64, I64, I64, I64],
-                    [I32]
-                ),
-                here,
-                &[at_v],
-            )?;
+            self.ref_call(StatusCall::Four(runtime::ref_op, at_v), here)?;
         }
         Ok(())
     }
@@ -756,27 +781,11 @@ impl<'a, 'b> Translator<'a, 'b> {
                 }
                 let here = self.here_v();
                 let zero = self.b.ins().iconst(I64, 0);
-                self.ref_call(
-                    helper!(
-                        runtime::ref_op as extern "C" fn(_, _, _, _) -> _,
-                        [I64, I64, I64, I64],
-                        [I32]
-                    ),
-                    here,
-                    &[zero],
-                )?;
+                self.ref_call(StatusCall::Four(runtime::ref_op, zero), here)?;
             }
             Op::CmpEQRef | Op::CmpNERef | Op::CmpNZRef => {
                 let here = self.here_v();
-                self.ref_call(
-                    helper!(
-                        runtime::ref_cmp as extern "C" fn(_, _, _) -> _,
-                        [I64, I64, I64],
-                        [I32]
-                    ),
-                    here,
-                    &[],
-                )?;
+                self.ref_call(StatusCall::Three(runtime::ref_cmp), here)?;
                 let v = self.scratch(I32);
                 let out = if insn.op == Op::CmpNZRef { r[1] } else { r[2] };
                 self.w32(out, v)?;
@@ -829,15 +838,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                     _ => zero,
                 };
                 let here = self.here_v();
-                self.ref_call(
-                    helper!(
-                        runtime::ref_insn as extern "C" fn(_, _, _, _, _) -> _,
-                        [I64, I64, I64, I64, I64],
-                        [I32]
-                    ),
-                    here,
-                    &[a, b],
-                )?;
+                self.ref_call(StatusCall::Five(runtime::ref_insn, a, b), here)?;
                 match insn.op {
                     Op::ListSize => {
                         let v = self.scratch(I32);
@@ -1094,15 +1095,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             | Op::BufferLoadF64 => {
                 let off = self.r64(r[1])?;
                 let here = self.here_v();
-                self.ref_call(
-                    helper!(
-                        runtime::buffer_load as extern "C" fn(_, _, _, _) -> _,
-                        [I64, I64, I64, I64],
-                        [I32]
-                    ),
-                    here,
-                    &[off],
-                )?;
+                self.ref_call(StatusCall::Four(runtime::buffer_load, off), here)?;
                 match insn.op {
                     Op::BufferLoadI64 | Op::BufferLoadF64 => {
                         let v = self.scratch(I64);
@@ -1129,27 +1122,11 @@ impl<'a, 'b> Translator<'a, 'b> {
                     }
                 };
                 let here = self.here_v();
-                self.ref_call(
-                    helper!(
-                        runtime::buffer_store as extern "C" fn(_, _, _, _, _) -> _,
-                        [I64, I64, I64, I64, I64],
-                        [I32]
-                    ),
-                    here,
-                    &[off, v],
-                )?;
+                self.ref_call(StatusCall::Five(runtime::buffer_store, off, v), here)?;
             }
             Op::BufferLength => {
                 let here = self.here_v();
-                self.ref_call(
-                    helper!(
-                        runtime::buffer_length as extern "C" fn(_, _, _) -> _,
-                        [I64, I64, I64],
-                        [I32]
-                    ),
-                    here,
-                    &[],
-                )?;
+                self.ref_call(StatusCall::Three(runtime::buffer_length), here)?;
                 let v = self.scratch(I64);
                 self.w64(r[1], v)?;
             }
