@@ -13,7 +13,7 @@
 #![no_main]
 
 use ferrite_vm::bytecode::isa::Op;
-use ferrite_vm::bytecode::verifier::{DecodedFunction, IMPORT_BIT};
+use ferrite_vm::bytecode::verifier::{branch_targets, DecodedFunction, IMPORT_BIT};
 use ferrite_vm::cconv::{Cconv, CconvType};
 use ferrite_vm::instance::InstanceOptions;
 use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes, Variant};
@@ -34,12 +34,6 @@ fn load(data: &[u8], jit: bool) -> Option<(Instance, Arc<BytecodeModule>)> {
     });
     let m = BytecodeModule::load(&instance, ModuleBytes::from_vec(data.to_vec())).ok()?;
     Some((instance, m))
-}
-
-fn remap_target(pool: &[u32], at: usize) -> Option<(usize, usize)> {
-    let t = *pool.get(at)? as usize;
-    let n = *pool.get(at + 1)? as usize;
-    Some((t, at + 2 + 2 * n))
 }
 
 /// Whether function `i` terminates: forward branches only, in it and in
@@ -67,55 +61,7 @@ fn terminates(functions: &[DecodedFunction], i: usize, visiting: &mut Vec<usize>
 /// Forward branches only.
 fn forward_only(f: &DecodedFunction) -> bool {
     f.insns.iter().enumerate().all(|(pc, insn)| {
-        let pool = &f.pool;
-        let mut targets = Vec::new();
-        match insn.op {
-            Op::DirectBranch | Op::PrimitiveRemapBranch => targets.push(insn.a as usize),
-            Op::DirectCondBranch
-            | Op::FusedCmpEQI32CondBranch
-            | Op::FusedCmpNEI32CondBranch
-            | Op::FusedCmpLTI32SCondBranch
-            | Op::FusedCmpLTI32UCondBranch
-            | Op::FusedCmpNZI32CondBranch
-            | Op::FusedCmpEQI64CondBranch
-            | Op::FusedCmpNEI64CondBranch
-            | Op::FusedCmpLTI64SCondBranch
-            | Op::FusedCmpLTI64UCondBranch
-            | Op::FusedCmpNZI64CondBranch => {
-                targets.push(insn.a as usize);
-                targets.push(insn.imm as usize);
-            }
-            Op::Branch | Op::Break | Op::CondBreak | Op::Yield => {
-                match remap_target(pool, insn.pool as usize) {
-                    Some((t, _)) => targets.push(t),
-                    None => return false,
-                }
-            }
-            Op::CondBranch | Op::BranchTable => {
-                // A cond branch is two entries, a table a default, a size
-                // and the cases.
-                let Some((t, mut at)) = remap_target(pool, insn.pool as usize) else {
-                    return false;
-                };
-                targets.push(t);
-                let cases = if insn.op == Op::CondBranch {
-                    1
-                } else {
-                    let Some(&n) = pool.get(at) else { return false };
-                    at += 1;
-                    n as usize
-                };
-                for _ in 0..cases {
-                    let Some((t, next)) = remap_target(pool, at) else {
-                        return false;
-                    };
-                    targets.push(t);
-                    at = next;
-                }
-            }
-            _ => {}
-        }
-        targets.iter().all(|&t| t > pc)
+        branch_targets(&f.pool, insn).is_some_and(|targets| targets.iter().all(|&t| t > pc))
     })
 }
 

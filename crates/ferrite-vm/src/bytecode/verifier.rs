@@ -654,6 +654,51 @@ pub fn pool_list(pool: &[u32], at: usize) -> &[u32] {
     pool.get(at + 1..at + 1 + n).unwrap_or(&[])
 }
 
+/// Pool index just past the remap list (`[count, (src, dst)...]`) at `at`.
+pub fn skip_remap(pool: &[u32], at: usize) -> Option<usize> {
+    let n = *pool.get(at)? as usize;
+    Some(at + 1 + 2 * n)
+}
+
+/// The instruction indices decoded instruction `insn` may branch to (the
+/// decoder turned its block offsets into indices); `None` when its pool
+/// entries run past `pool`.
+pub fn branch_targets(pool: &[u32], insn: &Insn) -> Option<Vec<usize>> {
+    let at = |i: usize| pool.get(i).map(|&t| t as usize);
+    Some(match insn.op {
+        Op::DirectBranch | Op::PrimitiveRemapBranch => vec![insn.a as usize],
+        Op::DirectCondBranch
+        | Op::FusedCmpEQI32CondBranch
+        | Op::FusedCmpNEI32CondBranch
+        | Op::FusedCmpLTI32SCondBranch
+        | Op::FusedCmpLTI32UCondBranch
+        | Op::FusedCmpNZI32CondBranch
+        | Op::FusedCmpEQI64CondBranch
+        | Op::FusedCmpNEI64CondBranch
+        | Op::FusedCmpLTI64SCondBranch
+        | Op::FusedCmpLTI64UCondBranch
+        | Op::FusedCmpNZI64CondBranch => vec![insn.a as usize, insn.imm as usize],
+        Op::Branch | Op::Break | Op::CondBreak | Op::Yield => vec![at(insn.pool as usize)?],
+        Op::CondBranch => {
+            let p = insn.pool as usize;
+            vec![at(p)?, at(skip_remap(pool, p + 1)?)?]
+        }
+        Op::BranchTable => {
+            let p = insn.pool as usize;
+            let mut out = vec![at(p)?];
+            let end = skip_remap(pool, p + 1)?;
+            let size = at(end)?;
+            let mut a = end + 1;
+            for _ in 0..size {
+                out.push(at(a)?);
+                a = skip_remap(pool, a + 1)?;
+            }
+            out
+        }
+        _ => Vec::new(),
+    })
+}
+
 /// Checks that the registers of `list` match the flat scalar `types`.
 fn check_list_types(
     fx: &FnCtx<'_>,

@@ -20,7 +20,8 @@
 
 use super::super::isa::Op;
 use super::super::isa_types::{Bank, Field};
-use super::super::verifier::{pool_list, DecodedFunction, Insn, IMPORT_BIT, REF_BIT};
+use super::super::verifier::{branch_targets, pool_list, skip_remap, DecodedFunction, Insn};
+use super::super::verifier::{IMPORT_BIT, REF_BIT};
 use super::runtime::{self, fnpc, OFF_DEPTH, OFF_GLOBALS, OFF_GLOBAL_WORDS, OFF_MAX_DEPTH};
 use super::runtime::{Ctx, OFF_RET, OFF_SCRATCH, OFF_STACK_LIMIT};
 use crate::cconv::CconvType;
@@ -33,6 +34,8 @@ use std::collections::HashMap;
 
 /// Why a function stays interpreted.
 pub(crate) type Unsupported = String;
+
+const REMAP_RANGE: &str = "remap list out of range";
 
 /// The ops the tier compiles (inline or through a helper).
 pub(crate) fn supported(op: Op) -> bool {
@@ -537,7 +540,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             if insn.op == Op::Block {
                 starts.push(i);
             }
-            starts.extend(branch_targets(&f.pool, insn)?);
+            starts.extend(branch_targets(&f.pool, insn).ok_or("branch out of range")?);
         }
         for i in starts {
             if i >= f.insns.len() {
@@ -1000,20 +1003,20 @@ impl<'a, 'b> Translator<'a, 'b> {
             Op::CondBranch => {
                 let p = insn.pool as usize;
                 let c = self.r32(r[0])?;
-                let else_at = skip_remap(&self.f.pool, p + 1)?;
+                let else_at = skip_remap(&self.f.pool, p + 1).ok_or(REMAP_RANGE)?;
                 self.cond_branch_pool(c, p, else_at)?;
                 return Ok(false);
             }
             Op::BranchTable => {
                 let p = insn.pool as usize;
                 let pool = &self.f.pool;
-                let default_end = skip_remap(pool, p + 1)?;
+                let default_end = skip_remap(pool, p + 1).ok_or(REMAP_RANGE)?;
                 let size = *pool.get(default_end).ok_or("branch table out of range")? as usize;
                 let mut cases = Vec::with_capacity(size);
                 let mut at = default_end + 1;
                 for _ in 0..size {
                     cases.push(at);
-                    at = skip_remap(pool, at + 1)?;
+                    at = skip_remap(pool, at + 1).ok_or(REMAP_RANGE)?;
                 }
                 let idx = self.r32(r[0])?;
                 for (i, case_at) in cases.into_iter().enumerate() {
@@ -1462,51 +1465,4 @@ fn cconv_bank(t: &CconvType) -> Result<Bank, Unsupported> {
         CconvType::F64 => Ok(Bank::F64),
         _ => Err("ref or span value in a primitive position".into()),
     }
-}
-
-/// Pool index just past the remap list at `at`.
-fn skip_remap(pool: &[u32], at: usize) -> Result<usize, Unsupported> {
-    let n = *pool.get(at).ok_or("remap list out of range")? as usize;
-    Ok(at + 1 + 2 * n)
-}
-
-/// The instruction indices `insn` may branch to.
-fn branch_targets(pool: &[u32], insn: &Insn) -> Result<Vec<usize>, Unsupported> {
-    let at = |i: usize| -> Result<usize, Unsupported> {
-        pool.get(i)
-            .map(|&t| t as usize)
-            .ok_or_else(|| "branch out of range".to_string())
-    };
-    Ok(match insn.op {
-        Op::DirectBranch | Op::PrimitiveRemapBranch => vec![insn.a as usize],
-        Op::DirectCondBranch
-        | Op::FusedCmpEQI32CondBranch
-        | Op::FusedCmpNEI32CondBranch
-        | Op::FusedCmpLTI32SCondBranch
-        | Op::FusedCmpLTI32UCondBranch
-        | Op::FusedCmpNZI32CondBranch
-        | Op::FusedCmpEQI64CondBranch
-        | Op::FusedCmpNEI64CondBranch
-        | Op::FusedCmpLTI64SCondBranch
-        | Op::FusedCmpLTI64UCondBranch
-        | Op::FusedCmpNZI64CondBranch => vec![insn.a as usize, insn.imm as usize],
-        Op::Branch | Op::Break | Op::CondBreak | Op::Yield => vec![at(insn.pool as usize)?],
-        Op::CondBranch => {
-            let p = insn.pool as usize;
-            vec![at(p)?, at(skip_remap(pool, p + 1)?)?]
-        }
-        Op::BranchTable => {
-            let p = insn.pool as usize;
-            let mut out = vec![at(p)?];
-            let end = skip_remap(pool, p + 1)?;
-            let size = at(end)?;
-            let mut a = end + 1;
-            for _ in 0..size {
-                out.push(at(a)?);
-                a = skip_remap(pool, a + 1)?;
-            }
-            out
-        }
-        _ => Vec::new(),
-    })
 }
