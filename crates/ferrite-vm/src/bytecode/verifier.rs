@@ -735,20 +735,25 @@ fn check_list_types(
     Ok(())
 }
 
+/// The element count of a variadic call's span argument `i`, from the
+/// call's segment sizes; an error when the call gives too few.
+pub(crate) fn segment_size(segments: &[u32], i: usize, args: usize) -> Result<u32> {
+    segments.get(i).copied().ok_or_else(|| {
+        status!(
+            InvalidArgument,
+            "variadic call has {} segment sizes, signature needs {args}",
+            segments.len()
+        )
+    })
+}
+
 /// Expands a variadic argument list with its segment sizes to flat types.
 pub fn expand_variadic(args: &[CconvType], segments: &[u32]) -> Result<Vec<CconvType>> {
     let mut out = Vec::new();
     for (i, a) in args.iter().enumerate() {
         match a {
             CconvType::Span(items) => {
-                let n = *segments.get(i).ok_or_else(|| {
-                    status!(
-                        InvalidArgument,
-                        "variadic call has {} segment sizes, signature needs {}",
-                        segments.len(),
-                        args.len()
-                    )
-                })?;
+                let n = segment_size(segments, i, args.len())?;
                 for _ in 0..n {
                     out.extend(items.iter().cloned());
                 }

@@ -3,14 +3,14 @@
 //! back, with no frame unless it yields or fails.
 
 use super::super::module::BytecodeState;
-use super::super::verifier::{pool_list, MOVE_BIT};
+use super::super::verifier::{pool_list, segment_size, MOVE_BIT};
 use super::registers::{get_i64, ref_slot, take_ref};
 use super::values::write_results;
 use crate::cconv::CconvType;
 use crate::refs::Ref;
 use crate::stack::{Args, NativeCall, NativePoll, NativeStep, Operand, Stack, Wait};
 use crate::value::Variant;
-use ferrite_base::{bail, status, Result};
+use ferrite_base::{bail, Result};
 use std::sync::Arc;
 
 /// An in-place native call that outlives its step.
@@ -80,14 +80,7 @@ pub(crate) fn build_operands(
     for (i, a) in args.iter().enumerate() {
         let (items, n): (&[CconvType], usize) = match a {
             CconvType::Span(items) => {
-                let n = *segments.get(i).ok_or_else(|| {
-                    status!(
-                        InvalidArgument,
-                        "variadic call has {} segment sizes, signature needs {}",
-                        segments.len(),
-                        args.len()
-                    )
-                })? as usize;
+                let n = segment_size(segments, i, args.len())? as usize;
                 out.push(Operand::Count(n as i32));
                 (items, n * items.len())
             }

@@ -2,12 +2,12 @@
 //! [`Variant`]s, for the host, other modules and native callees. These
 //! accesses name registers from call lists and are bounds-checked.
 
-use super::super::verifier::REF_BIT;
+use super::super::verifier::{segment_size, REF_BIT};
 use super::registers::{get_i64, ref_slot, set_i64, take_ref};
 use crate::cconv::CconvType;
 use crate::refs::Ref;
 use crate::value::Variant;
-use ferrite_base::{bail, status, Result};
+use ferrite_base::{bail, Result};
 
 /// Writes `results` (from a callee) into the registers named by `list`.
 pub(crate) fn write_results(
@@ -176,14 +176,7 @@ pub(super) fn read_variadic(
     for (i, a) in args.iter().enumerate() {
         match a {
             CconvType::Span(items) => {
-                let n = *segments.get(i).ok_or_else(|| {
-                    status!(
-                        InvalidArgument,
-                        "variadic call has {} segment sizes, signature needs {}",
-                        segments.len(),
-                        args.len()
-                    )
-                })? as usize;
+                let n = segment_size(segments, i, args.len())? as usize;
                 let take = n * items.len();
                 let Some(span) = list.get(at..at + take) else {
                     bail!(
