@@ -5,7 +5,7 @@ use crate::context::{load_context_with, load_context_with_hal, parse_inputs};
 use crate::device_flags::LISTING;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
-use ferrite_vm::Instance;
+use ferrite_vm::{Context, FunctionRef, Instance, Variant};
 
 /// Options of `run-module` (upstream's flag names).
 #[derive(clap::Args, Debug)]
@@ -98,21 +98,7 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
         let _ = out.flush();
     }
     // Upstream prints the EXEC line before checking the argument count.
-    if inputs.len() != f.cconv.args.len() {
-        bail!(
-            InvalidArgument,
-            "input list and function mismatch; expected {} arguments but passed {}; invoking function '{}'",
-            f.cconv.args.len(),
-            inputs.len(),
-            function
-        );
-    }
-    let mut results = Vec::new();
-    for _ in 0..args.repeat.max(1) {
-        results = ctx
-            .invoke(&f, inputs.clone())
-            .annotate(|| format!("invoking function '{}'", function))?;
-    }
+    let results = invoke_repeated(ctx, &f, &inputs, function, args.repeat)?;
     let matched = crate::outputs::process_results(
         &results,
         &f.cconv.results,
@@ -127,6 +113,33 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// Checks the argument count as upstream does, then invokes `f` `repeat`
+/// times (at least once) with `inputs`; the last call's results.
+fn invoke_repeated(
+    ctx: &Context,
+    f: &FunctionRef,
+    inputs: &[Variant],
+    function: &str,
+    repeat: u64,
+) -> Result<Vec<Variant>> {
+    if inputs.len() != f.cconv.args.len() {
+        bail!(
+            InvalidArgument,
+            "input list and function mismatch; expected {} arguments but passed {}; invoking function '{}'",
+            f.cconv.args.len(),
+            inputs.len(),
+            function
+        );
+    }
+    let mut results = Vec::new();
+    for _ in 0..repeat.max(1) {
+        results = ctx
+            .invoke(f, inputs.to_vec())
+            .annotate(|| format!("invoking function '{}'", function))?;
+    }
+    Ok(results)
 }
 
 /// `{rank}` in each of `specs` replaced by `rank`.
@@ -175,21 +188,7 @@ fn run_ranks(args: &RunModuleArgs, ranks: u32) -> Result<()> {
                 .lookup_function(function)
                 .annotate(|| format!("looking up function '{}'", function))?;
             let inputs = parse_inputs(&for_rank(&args.inputs, r), &f.cconv.args, &run.devices)?;
-            if inputs.len() != f.cconv.args.len() {
-                bail!(
-                    InvalidArgument,
-                    "input list and function mismatch; expected {} arguments but passed {}; invoking function '{}'",
-                    f.cconv.args.len(),
-                    inputs.len(),
-                    function
-                );
-            }
-            let mut results = Vec::new();
-            for _ in 0..args.repeat.max(1) {
-                results = ctx
-                    .invoke(&f, inputs.clone())
-                    .annotate(|| format!("invoking function '{}'", function))?;
-            }
+            let results = invoke_repeated(ctx, &f, &inputs, function, args.repeat)?;
             Ok((results, f.cconv.results.clone()))
         })();
         let mut next = turn.0.lock();
