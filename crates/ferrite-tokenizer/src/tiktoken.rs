@@ -9,6 +9,7 @@
 //! the token forms), and keeps whole-piece lookups first (`ignore_merges`),
 //! which is how tiktoken encodes a piece that is itself a token.
 
+use crate::fast::bpe::byte_alphabet;
 use base64::Engine as _;
 use ferrite_base::{bail, status, Result};
 use serde_json::{json, Value};
@@ -79,25 +80,6 @@ fn encoding(name: &str) -> Option<Encoding> {
 /// True when `name` is a tiktoken encoding this build knows.
 pub fn is_known_encoding(name: &str) -> bool {
     encoding(name).is_some()
-}
-
-/// GPT-2's printable stand-in for each byte: the ByteLevel alphabet in
-/// which HuggingFace vocabularies spell byte strings.
-fn byte_alphabet() -> [char; 256] {
-    let printable = |b: u32| {
-        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-    };
-    let mut out = ['\0'; 256];
-    let mut extra = 0;
-    for b in 0..256u32 {
-        out[b as usize] = if printable(b) {
-            char::from_u32(b).unwrap_or('\0')
-        } else {
-            extra += 1;
-            char::from_u32(255 + extra).unwrap_or('\0')
-        };
-    }
-    out
 }
 
 /// Parses `<base64> <rank>` lines into (bytes, rank).

@@ -9,7 +9,8 @@
 use rustc_hash::FxHashMap;
 use std::sync::RwLock;
 
-/// GPT-2's printable stand-in for each byte.
+/// GPT-2's printable stand-in for each byte: the ByteLevel alphabet in
+/// which HuggingFace vocabularies spell byte strings.
 pub fn byte_alphabet() -> [char; 256] {
     let printable = |b: u32| {
         (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
