@@ -24,13 +24,9 @@ use ferrite_base::{bail, Result, Status, StatusCode};
 use ferrite_hal::device::DeviceRef;
 use ferrite_hal::{BufferView, ElementType};
 use ferrite_vm::native::{ArgReader, NativeModule, NativeModuleBuilder};
-use ferrite_vm::refs::Ref;
 use ferrite_vm::stack::{NativeCall, NativePoll};
-use ferrite_vm::Variant;
 
-use super::{
-    dim_arg, downcast, element_type_arg, expect_len, generate_random_view, read_view, E2eOptions,
-};
+use super::{dim_arg, downcast, expect_len, generate_random_call, read_view, E2eOptions};
 
 /// The module's name, as the generated programs import it.
 pub const ATTENTION_TEST_MODULE_NAME: &str = "attention_test";
@@ -38,19 +34,11 @@ pub const ATTENTION_TEST_MODULE_NAME: &str = "attention_test";
 /// Builds the `attention_test` module checking results under `opts`.
 pub fn create_attention_test_module(opts: E2eOptions) -> Result<Arc<NativeModule>> {
     let b = NativeModuleBuilder::new(ATTENTION_TEST_MODULE_NAME, 0);
-    let b = b.function("generate_random_tensor", "0rIIIii_r", |c| {
-        let mut a = ArgReader::new(c);
-        let device = downcast::<DeviceRef>(&a.a_ref()?, "device")?;
-        let shape = [
-            dim_arg(a.i64()?, "dim0")?,
-            dim_arg(a.i64()?, "dim1")?,
-            dim_arg(a.i64()?, "dim2")?,
-        ];
-        let et = element_type_arg(a.i32()?, "element_type")?;
-        let seed = a.i32()? as u32;
-        let view = generate_random_view(&device, &shape, et, seed)?;
-        Ok(NativePoll::Ready(vec![Variant::Ref(Ref::new(view))]))
-    })?;
+    let b = b.function(
+        "generate_random_tensor",
+        "0rIIIii_r",
+        generate_random_call::<3>,
+    )?;
     let b = b.function("check_attention_results", "0rIIIIIrrrr_v", move |c| {
         check_call(c, &opts, false)
     })?;

@@ -21,13 +21,10 @@ use ferrite_hal::device::DeviceRef;
 use ferrite_hal::numerics;
 use ferrite_hal::{BufferView, ElementType};
 use ferrite_vm::native::{ArgReader, NativeModule, NativeModuleBuilder};
-use ferrite_vm::refs::Ref;
 use ferrite_vm::stack::NativePoll;
-use ferrite_vm::Variant;
 
 use super::{
-    agree, dim_arg, downcast, element_type_arg, expect_len, generate_random_view, read_view,
-    E2eOptions, Value,
+    agree, dim_arg, downcast, expect_len, generate_random_call, read_view, E2eOptions, Value,
 };
 
 /// The module's name, as the generated programs import it.
@@ -36,18 +33,11 @@ pub const CONV2D_TEST_MODULE_NAME: &str = "conv2d_test";
 /// Builds the `conv2d_test` module comparing results under `opts`.
 pub fn create_conv2d_test_module(opts: E2eOptions) -> Result<Arc<NativeModule>> {
     let b = NativeModuleBuilder::new(CONV2D_TEST_MODULE_NAME, 0);
-    let b = b.function("generate_random_tensor", "0rIIIIii_r", |c| {
-        let mut a = ArgReader::new(c);
-        let device = downcast::<DeviceRef>(&a.a_ref()?, "device")?;
-        let mut shape = [0u64; 4];
-        for (i, d) in shape.iter_mut().enumerate() {
-            *d = dim_arg(a.i64()?, &format!("dim{i}"))?;
-        }
-        let et = element_type_arg(a.i32()?, "element_type")?;
-        let seed = a.i32()? as u32;
-        let view = generate_random_view(&device, &shape, et, seed)?;
-        Ok(NativePoll::Ready(vec![Variant::Ref(Ref::new(view))]))
-    })?;
+    let b = b.function(
+        "generate_random_tensor",
+        "0rIIIIii_r",
+        generate_random_call::<4>,
+    )?;
     let b = b.function("check_conv2d_results", "0rIIIIIIIIIIIrrrr_v", move |c| {
         let mut a = ArgReader::new(c);
         let device = downcast::<DeviceRef>(&a.a_ref()?, "device")?;

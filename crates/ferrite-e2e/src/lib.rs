@@ -25,7 +25,10 @@ use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::device::DeviceRef;
 use ferrite_hal::numerics;
 use ferrite_hal::{BufferUsage, BufferView, ElementType, EncodingType, MemoryAccess, MemoryType};
+use ferrite_vm::native::ArgReader;
 use ferrite_vm::refs::{Ref, RefObject};
+use ferrite_vm::stack::{NativeCall, NativePoll};
+use ferrite_vm::Variant;
 
 /// How strictly results are compared (the runners' flags).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -205,6 +208,22 @@ pub fn fill_random(et: ElementType, seed: u32, bytes: &mut [u8]) -> Result<()> {
         write_element(et, value, chunk);
     }
     Ok(())
+}
+
+/// The body of the test modules' `generate_random_*` functions: a device,
+/// `N` dimensions (`dim0`, `dim1`, ...), an element type and a seed in;
+/// a new [`generate_random_view`] out.
+pub(crate) fn generate_random_call<const N: usize>(c: &mut NativeCall<'_>) -> Result<NativePoll> {
+    let mut a = ArgReader::new(c);
+    let device = downcast::<DeviceRef>(&a.a_ref()?, "device")?;
+    let mut shape = [0u64; N];
+    for (i, d) in shape.iter_mut().enumerate() {
+        *d = dim_arg(a.i64()?, &format!("dim{i}"))?;
+    }
+    let et = element_type_arg(a.i32()?, "element_type")?;
+    let seed = a.i32()? as u32;
+    let view = generate_random_view(&device, &shape, et, seed)?;
+    Ok(NativePoll::Ready(vec![Variant::Ref(Ref::new(view))]))
 }
 
 /// A new buffer view of `shape` and `et` on `device`, filled by

@@ -28,11 +28,10 @@ use ferrite_hal::{BufferView, ElementType};
 use ferrite_vm::native::{ArgReader, NativeModule, NativeModuleBuilder};
 use ferrite_vm::refs::Ref;
 use ferrite_vm::stack::NativePoll;
-use ferrite_vm::Variant;
 
 use super::{
-    agree, dim_arg, downcast, element_type_arg, expect_len, generate_random_view, highlight,
-    is_int, read_view, E2eOptions, Value,
+    agree, dim_arg, downcast, expect_len, generate_random_call, highlight, is_int, read_view,
+    E2eOptions, Value,
 };
 
 /// The module's name, as the generated programs import it.
@@ -41,28 +40,16 @@ pub const MATMUL_TEST_MODULE_NAME: &str = "matmul_test";
 /// Builds the `matmul_test` module comparing results under `opts`.
 pub fn create_matmul_test_module(opts: E2eOptions) -> Result<Arc<NativeModule>> {
     let b = NativeModuleBuilder::new(MATMUL_TEST_MODULE_NAME, 0);
-    let b = b.function("generate_random_matrix", "0rIIii_r", |c| {
-        let mut a = ArgReader::new(c);
-        let device = device_arg(a.a_ref()?)?;
-        let shape = [dim_arg(a.i64()?, "dim0")?, dim_arg(a.i64()?, "dim1")?];
-        let et = element_type_arg(a.i32()?, "element_type")?;
-        let seed = a.i32()? as u32;
-        let view = generate_random_view(&device, &shape, et, seed)?;
-        Ok(NativePoll::Ready(vec![Variant::Ref(Ref::new(view))]))
-    })?;
-    let b = b.function("generate_random_matrix_3d", "0rIIIii_r", |c| {
-        let mut a = ArgReader::new(c);
-        let device = device_arg(a.a_ref()?)?;
-        let shape = [
-            dim_arg(a.i64()?, "dim0")?,
-            dim_arg(a.i64()?, "dim1")?,
-            dim_arg(a.i64()?, "dim2")?,
-        ];
-        let et = element_type_arg(a.i32()?, "element_type")?;
-        let seed = a.i32()? as u32;
-        let view = generate_random_view(&device, &shape, et, seed)?;
-        Ok(NativePoll::Ready(vec![Variant::Ref(Ref::new(view))]))
-    })?;
+    let b = b.function(
+        "generate_random_matrix",
+        "0rIIii_r",
+        generate_random_call::<2>,
+    )?;
+    let b = b.function(
+        "generate_random_matrix_3d",
+        "0rIIIii_r",
+        generate_random_call::<3>,
+    )?;
     let b = b.function("check_matmul_results", "0rIIIirrrr_v", move |c| {
         let mut a = ArgReader::new(c);
         let device = device_arg(a.a_ref()?)?;
