@@ -921,6 +921,17 @@ impl Buffer {
     // is checked as in `write`.
     pub unsafe fn write_raw(&self, offset: u64, src: *const u8, len: usize) -> Result<()> {
         let (off, len) = self.check_host(MemoryAccess::WRITE, offset, len as u64)?;
+        if let Some(d) = self.alloc.device_only() {
+            // Memory the host cannot address (a GPU's): stage the source,
+            // then the driver's transfer; there is no host address to copy to.
+            let mut staged = vec![0u8; len as usize];
+            if len > 0 {
+                // SAFETY: `src` is valid for `len` reads (the caller's
+                // contract) and `staged` is a fresh allocation of `len` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(src, staged.as_mut_ptr(), len as usize) };
+            }
+            return d.write(off, &staged);
+        }
         let _g = self.alloc.lock.write();
         self.alloc.device.host_may_write()?;
         if len > 0 {
@@ -1514,6 +1525,50 @@ impl fmt::Debug for BindingPtr {
 
 #[cfg(test)]
 mod tests {
+
+    /// Device memory without a host mapping: bytes reachable only through
+    /// `read`/`write`, as a GPU's are.
+    struct FarMemory(parking_lot::Mutex<Vec<u8>>);
+
+    impl DeviceMemory for FarMemory {
+        fn len(&self) -> u64 {
+            self.0.lock().len() as u64
+        }
+        fn host_ptr(&self) -> Option<NonNull<u8>> {
+            None
+        }
+        fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+            let o = offset as usize;
+            dst.copy_from_slice(&self.0.lock()[o..o + dst.len()]);
+            Ok(())
+        }
+        fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+            let o = offset as usize;
+            self.0.lock()[o..o + src.len()].copy_from_slice(src);
+            Ok(())
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    #[test]
+    fn raw_writes_into_device_only_memory_go_through_the_driver() {
+        let b = Buffer::from_device_memory(
+            Box::new(FarMemory(parking_lot::Mutex::new(vec![0; 16]))),
+            MemoryType::DEVICE_LOCAL,
+            BufferUsage::DEFAULT,
+            MemoryAccess::ALL,
+        );
+        let src = [1u8, 2, 3, 4, 5, 6, 7, 8];
+        // SAFETY: `src` is valid for 8 reads and is not the buffer's memory.
+        unsafe { b.write_raw(4, src.as_ptr(), src.len()) }.unwrap();
+        let mut back = [0u8; 16];
+        b.read(0, &mut back).unwrap();
+        assert_eq!(back, [0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0]);
+        // SAFETY: as above; the range is refused before any copy.
+        assert!(unsafe { b.write_raw(12, src.as_ptr(), src.len()) }.is_err());
+    }
     use super::*;
     use crate::allocator::{Allocator, BufferParams, HeapAllocator};
     use ferrite_base::StatusCode;
