@@ -8,6 +8,7 @@
 //! summed by an all-reduce) against the same matmul on one device.
 
 mod common;
+mod two_ranks_case;
 
 use ferrite::{spmd, Instance, Tensor, Value};
 use std::path::PathBuf;
@@ -21,13 +22,7 @@ fn program(name: &str) -> PathBuf {
 
 const DEVICES: [&str; 2] = ["local-sync", "local-task://?workers=1"];
 
-fn f32_in(shape: &[u64], v: &[f32]) -> Value {
-    Value::from(Tensor::from_f32(shape, v).unwrap())
-}
-
-fn f32_out(v: &Value) -> Vec<f32> {
-    v.as_tensor().unwrap().to_f32_vec().unwrap()
-}
+use two_ranks_case::{f32_in, f32_out};
 
 #[test]
 fn two_ranks_run_every_collective() {
@@ -35,86 +30,30 @@ fn two_ranks_run_every_collective() {
     let instance = Instance::new();
     for device in DEVICES {
         let out = spmd::run(2, |rank| {
-            let r = rank.rank() as f32;
+            let r = rank.rank();
             let mut s = rank.session(&instance, &[device])?;
             s.load_bytes(module.clone())?;
-            let sum = s.call("all_reduce_sum", &[f32_in(&[4], &[1. + r, 2., 3., 4. * r])])?;
+            let common = two_ranks_case::run(&mut s, r)?;
             let max = s.call(
                 "all_reduce_max_singletons",
                 &[Value::from(Tensor::from_i32(&[3], &[r as i32, -5, 7])?)],
             )?;
-            let gathered = s.call(
-                "all_gather_dim1",
-                &[f32_in(&[2, 2], &[r, r + 0.5, 10. + r, 20. + r])],
-            )?;
-            let scattered = s.call(
-                "reduce_scatter_dim0",
-                &[f32_in(
-                    &[4, 2],
-                    &[1., 2., 3., 4., 5., 6., 7., 8.].map(|x| x * (r + 1.)),
-                )],
-            )?;
-            let a2a = s.call(
-                "all_to_all",
-                &[f32_in(
-                    &[4],
-                    &[10. * r, 10. * r + 1., 10. * r + 2., 10. * r + 3.],
-                )],
-            )?;
-            let swapped = s.call("swap", &[f32_in(&[3], &[r, r, r])])?;
-            let around = s.call("compute_around", &[f32_in(&[4], &[r, 1., 2., 3.])])?;
-            let around = (f32_out(&around[0]), f32_out(&around[1]));
             let id = s.call("replica_id", &[])?;
             let id = id[0].as_tensor().unwrap().to_vec::<u32>()?;
-            Ok((
-                f32_out(&sum[0]),
-                max[0].as_tensor().unwrap().to_i32_vec()?,
-                f32_out(&gathered[0]),
-                f32_out(&scattered[0]),
-                f32_out(&a2a[0]),
-                f32_out(&swapped[0]),
-                id,
-                around,
-            ))
+            Ok((common, max[0].as_tensor().unwrap().to_i32_vec()?, id))
         })
         .unwrap_or_else(|e| panic!("{device}: {e}"));
-        for (r, (sum, max, gathered, scattered, a2a, swapped, id, around)) in
-            out.into_iter().enumerate()
-        {
+        for (r, (common, max, id)) in out.into_iter().enumerate() {
             let what = format!("{device} rank {r}");
-            let rf = r as f32;
-            assert_eq!(sum, [3., 4., 6., 4.], "all_reduce, {what}");
+            two_ranks_case::check(&common, r, &what);
             // Singleton groups: each rank reduces with itself only.
             assert_eq!(
                 max,
                 [r as i32, -5, 7],
                 "all_reduce in singleton groups, {what}"
             );
-            // Rows of both ranks side by side along dimension 1.
-            assert_eq!(
-                gathered,
-                [0., 0.5, 1., 1.5, 10., 20., 11., 21.],
-                "all_gather, {what}"
-            );
-            // (1 + 2) * x, rank r keeping rows 2r..2r+2.
-            let rows = [3., 6., 9., 12., 15., 18., 21., 24.];
-            assert_eq!(scattered, rows[4 * r..4 * r + 4], "reduce_scatter, {what}");
-            assert_eq!(
-                a2a,
-                [2. * rf, 2. * rf + 1., 10. + 2. * rf, 11. + 2. * rf],
-                "all_to_all, {what}"
-            );
-            let other = 1. - rf;
-            assert_eq!(swapped, [other; 3], "collective_permute, {what}");
             // replica_id reads the channel's rank (hal.channel.rank_and_count).
             assert_eq!(id, [r as u32], "replica_id, {what}");
-            // x = [r, 1, 2, 3]: all_reduce(x * x) + x, and all_gather(x + x * x).
-            assert_eq!(around.0, [1. + rf, 3., 10., 21.], "compute_around, {what}");
-            assert_eq!(
-                around.1,
-                [0., 2., 6., 12., 2., 2., 6., 12.],
-                "compute_around, {what}"
-            );
         }
     }
 }

@@ -11,7 +11,7 @@
 //! `FERRITE_MULTI_GPU_DIR/<name>.cuda.vmfb` when set (a GPU machine without
 //! the compiler), else they are compiled here.
 
-use ferrite::{spmd, Instance, Session, Tensor, Value};
+use ferrite::{spmd, Instance, Session};
 use ferrite_hal::driver::{Driver, DriverOptions};
 use std::path::PathBuf;
 
@@ -55,13 +55,8 @@ fn module(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn f32_in(shape: &[u64], v: &[f32]) -> Value {
-    Value::from(Tensor::from_f32(shape, v).unwrap())
-}
-
-fn f32_out(v: &Value) -> Vec<f32> {
-    v.as_tensor().unwrap().to_f32_vec().unwrap()
-}
+mod two_ranks_case;
+use two_ranks_case::{f32_in, f32_out};
 
 #[test]
 fn two_gpus_in_one_process_run_every_collective() {
@@ -71,70 +66,13 @@ fn two_gpus_in_one_process_run_every_collective() {
     let module = module("two_ranks");
     let instance = Instance::new();
     let out = spmd::run(2, |rank| {
-        let r = rank.rank() as f32;
         let mut s = rank.session(&instance, &[&format!("cuda://{}", rank.rank())])?;
         s.load_bytes(module.clone())?;
-        let sum = s.call("all_reduce_sum", &[f32_in(&[4], &[1. + r, 2., 3., 4. * r])])?;
-        let gathered = s.call(
-            "all_gather_dim1",
-            &[f32_in(&[2, 2], &[r, r + 0.5, 10. + r, 20. + r])],
-        )?;
-        let scattered = s.call(
-            "reduce_scatter_dim0",
-            &[f32_in(
-                &[4, 2],
-                &[1., 2., 3., 4., 5., 6., 7., 8.].map(|x| x * (r + 1.)),
-            )],
-        )?;
-        let a2a = s.call(
-            "all_to_all",
-            &[f32_in(
-                &[4],
-                &[10. * r, 10. * r + 1., 10. * r + 2., 10. * r + 3.],
-            )],
-        )?;
-        let swapped = s.call("swap", &[f32_in(&[3], &[r, r, r])])?;
-        let around = s.call("compute_around", &[f32_in(&[4], &[r, 1., 2., 3.])])?;
-        Ok((
-            f32_out(&sum[0]),
-            f32_out(&gathered[0]),
-            f32_out(&scattered[0]),
-            f32_out(&a2a[0]),
-            f32_out(&swapped[0]),
-            (f32_out(&around[0]), f32_out(&around[1])),
-        ))
+        two_ranks_case::run(&mut s, rank.rank())
     })
     .unwrap();
-    for (r, (sum, gathered, scattered, a2a, swapped, around)) in out.into_iter().enumerate() {
-        let rf = r as f32;
-        assert_eq!(sum, [3., 4., 6., 4.], "all_reduce, rank {r}");
-        assert_eq!(
-            gathered,
-            [0., 0.5, 1., 1.5, 10., 20., 11., 21.],
-            "all_gather, rank {r}"
-        );
-        let rows = [3., 6., 9., 12., 15., 18., 21., 24.];
-        assert_eq!(
-            scattered,
-            rows[4 * r..4 * r + 4],
-            "reduce_scatter, rank {r}"
-        );
-        assert_eq!(
-            a2a,
-            [2. * rf, 2. * rf + 1., 10. + 2. * rf, 11. + 2. * rf],
-            "all_to_all, rank {r}"
-        );
-        assert_eq!(swapped, [1. - rf; 3], "collective_permute, rank {r}");
-        assert_eq!(
-            around.0,
-            [1. + rf, 3., 10., 21.],
-            "compute_around, rank {r}"
-        );
-        assert_eq!(
-            around.1,
-            [0., 2., 6., 12., 2., 2., 6., 12.],
-            "compute_around, rank {r}"
-        );
+    for (r, res) in out.iter().enumerate() {
+        two_ranks_case::check(res, r, &format!("rank {r}"));
     }
     println!("two_ranks on 2 GPUs (one process): all_reduce, all_gather, reduce_scatter, all_to_all, collective_permute, compute_around match");
 }
