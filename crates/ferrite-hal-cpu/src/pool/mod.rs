@@ -38,6 +38,7 @@
 
 mod park;
 pub mod region;
+mod timing;
 
 use ferrite_base::wait::{register_helper, Helper, HelperRegistration};
 use ferrite_base::{Result, Status, StatusCode};
@@ -155,6 +156,8 @@ pub(crate) struct Shared {
     stats: Counters,
     /// Each worker's CPU-time clock (Linux), read by [`WorkerPool::stats`].
     cpu_clocks: Mutex<Vec<CpuClock>>,
+    /// Stage timing sums, when `FERRITE_LOCAL_TASK_STATS=stages`.
+    timing: Option<timing::PoolTiming>,
 }
 
 /// A thread's CPU-time clock id (valid while the thread lives).
@@ -376,6 +379,8 @@ impl WorkerPool {
             shutdown: AtomicBool::new(false),
             stats: Counters::default(),
             cpu_clocks: Mutex::new(Vec::with_capacity(count)),
+            timing: timing::requested(std::env::var_os(STATS_VAR).as_deref())
+                .then(Default::default),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -492,6 +497,9 @@ impl Shared {
             s.idle_spin.as_secs_f64() * 1e3,
             s.worker_cpu_time.as_secs_f64() * 1e3,
         );
+        if let Some(t) = &self.timing {
+            eprintln!("{}", t.lock().describe());
+        }
     }
 }
 

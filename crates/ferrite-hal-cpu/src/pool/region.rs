@@ -27,6 +27,7 @@
 //! stage or the end.
 
 use super::park;
+use super::timing::RegionTiming;
 use super::Shared;
 use ferrite_base::{Result, Status};
 use parking_lot::Mutex;
@@ -51,11 +52,18 @@ const POLLS_PER_YIELD: u32 = 64;
 /// One poll of a spin loop: a short pause, and every [`POLLS_PER_YIELD`]th
 /// time a yield.
 fn pause(polls: &mut u32) {
+    static PAUSES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let pauses = *PAUSES.get_or_init(|| {
+        std::env::var("FERRITE_SPIN_PAUSES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(32)
+    });
     *polls += 1;
     if polls.is_multiple_of(POLLS_PER_YIELD) {
         std::thread::yield_now();
     } else {
-        for _ in 0..32 {
+        for _ in 0..pauses {
             std::hint::spin_loop();
         }
     }
@@ -85,11 +93,52 @@ pub trait RegionWork: Sync {
     fn run_tile(&self, stage: usize, tile: u64, processor_id: u32) -> Result<u64>;
 }
 
+/// A value on a cache line of its own: claim words that different threads
+/// update must not share a line (each update would steal the line from
+/// every thread reading its neighbour).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// Most claim ranges a region splits its stages into (processor ids share
+/// ranges beyond it).
+const MAX_RANGES: usize = 64;
+
+/// Claim ranges per region: one per thread that may run tiles, unless
+/// `FERRITE_CLAIM_RANGES` (an experiment switch: 1 makes every thread
+/// claim from one shared counter) says otherwise.
+fn range_count(threads: usize) -> usize {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        std::env::var("FERRITE_CLAIM_RANGES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    forced.unwrap_or(threads).clamp(1, MAX_RANGES)
+}
+
+/// How long participants poll for the next stage: [`STAGE_SPIN`] unless
+/// `FERRITE_STAGE_SPIN_US` (an experiment switch) says otherwise.
+fn stage_spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        std::env::var("FERRITE_STAGE_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(STAGE_SPIN, Duration::from_micros)
+    })
+}
+
 /// The shared state of one running region.
 pub(crate) struct Region {
-    claim: AtomicU64,
+    /// The stage whose tiles are being claimed (`stage_count()` once the
+    /// region finished); stored after the stage's claim ranges.
+    stage: Padded<AtomicU64>,
+    /// The current stage's tiles split into contiguous ranges, one per
+    /// thread that may run tiles: each word packs a stage and the next
+    /// unclaimed tile of that range (see the module docs).
+    ranges: Box<[Padded<AtomicU64>]>,
     /// Tiles of the current stage finished.
-    done: AtomicU64,
+    done: Padded<AtomicU64>,
     /// Tile count of each stage, stored before the stage is published.
     tiles: Box<[AtomicU64]>,
     /// Workers joined (the leader not counted).
@@ -102,6 +151,8 @@ pub(crate) struct Region {
     failed: AtomicBool,
     failure: Mutex<Option<Status>>,
     pool: Arc<Shared>,
+    /// Stage clocks, when the pool measures stages (see [`super::timing`]).
+    timing: Option<RegionTiming>,
     /// The leader's work, its lifetime erased: see [`Region::work`].
     work: *const (dyn RegionWork + 'static),
 }
@@ -113,6 +164,25 @@ pub(crate) struct Region {
 unsafe impl Send for Region {}
 // SAFETY: as for Send.
 unsafe impl Sync for Region {}
+
+/// Tiles `start..end` of `tiles` form range `r` of `ranges`: contiguous,
+/// in order, sizes differing by at most one (some empty when there are
+/// fewer tiles than ranges).
+fn range_bounds(tiles: u64, ranges: usize, r: usize) -> (u64, u64) {
+    let n = ranges as u128;
+    let t = tiles as u128;
+    let start = t * r as u128 / n;
+    let end = t * (r as u128 + 1) / n;
+    (start as u64, end as u64)
+}
+
+/// What a claim attempt found.
+enum Claim {
+    /// Tile `.1` of stage `.0` is this thread's to run.
+    Tile(usize, u64),
+    /// Every tile of the stage asked for is claimed (or it is over).
+    None,
+}
 
 impl Region {
     fn stage_count(&self) -> usize {
@@ -132,17 +202,38 @@ impl Region {
         unsafe { &*self.work }
     }
 
+    fn current_stage(&self) -> usize {
+        self.stage.0.load(Ordering::Acquire) as usize
+    }
+
     fn is_finished(&self) -> bool {
-        unpack(self.claim.load(Ordering::Acquire)).0 >= self.stage_count()
+        self.current_stage() >= self.stage_count()
+    }
+
+    /// Unclaimed tiles of `stage` (a snapshot; claims race with it).
+    fn unclaimed(&self, stage: usize) -> u64 {
+        let total = self.tiles[stage].load(Ordering::Relaxed);
+        let n = self.ranges.len();
+        self.ranges
+            .iter()
+            .enumerate()
+            .map(|(r, word)| {
+                let (s, next) = unpack(word.0.load(Ordering::Acquire));
+                if s != stage {
+                    return 0;
+                }
+                range_bounds(total, n, r).1.saturating_sub(next)
+            })
+            .sum()
     }
 
     /// Whether a worker should join: unfinished, room left, and at least
     /// two unclaimed tiles (one the participants inside can take anyway).
     pub(crate) fn joinable(&self) -> bool {
-        let (stage, next) = unpack(self.claim.load(Ordering::Acquire));
+        let stage = self.current_stage();
         stage < self.stage_count()
             && self.participants.load(Ordering::Relaxed) < self.max_helpers
-            && self.tiles[stage].load(Ordering::Relaxed) > next + 1
+            && self.unclaimed(stage) > 1
     }
 
     /// A worker joins (the caller checked [`Region::joinable`] under the
@@ -156,19 +247,55 @@ impl Region {
         self.failed.store(true, Ordering::Release);
     }
 
-    /// Claims and runs one tile; false when the claim found none. The
-    /// tile's workgroups are counted in `ran` before the tile counts as
-    /// done, so statistics read after the region are complete.
-    fn run_one(&self, processor_id: u32, ran: &AtomicU64) -> bool {
-        let (stage, tile) = unpack(self.claim.fetch_add(1, Ordering::AcqRel));
-        if stage >= self.stage_count() {
-            return false;
+    /// Claims a tile of `stage` (read from `self.stage`), trying first the
+    /// range of `processor_id` (so a thread runs the same part of
+    /// consecutive stages: locality) and then the others in turn (so no
+    /// thread idles while tiles are left: balance).
+    ///
+    /// A range word changes stage only after every tile of its stage has
+    /// finished, so the word a `fetch_add` returns names the stage its
+    /// tile belongs to: a claim that lands after a stage change is a valid
+    /// claim of the new stage, never a second run of an old tile.
+    fn claim(&self, stage: usize, processor_id: u32) -> Claim {
+        let n = self.ranges.len();
+        let home = processor_id as usize % n;
+        for k in 0..n {
+            let r = (home + k) % n;
+            let word = &self.ranges[r].0;
+            let (s, next) = unpack(word.load(Ordering::Acquire));
+            if s != stage {
+                if s > stage {
+                    // The region moved on: whatever the caller saw is over.
+                    return Claim::None;
+                }
+                continue;
+            }
+            let total = self.tiles[s].load(Ordering::Relaxed);
+            if next >= range_bounds(total, n, r).1 {
+                continue;
+            }
+            let (s, tile) = unpack(word.fetch_add(1, Ordering::AcqRel));
+            if s >= self.stage_count() {
+                return Claim::None;
+            }
+            let total = self.tiles[s].load(Ordering::Relaxed);
+            if tile < range_bounds(total, n, r).1 {
+                return Claim::Tile(s, tile);
+            }
         }
+        Claim::None
+    }
+
+    /// Claims and runs one tile of `stage`; false when the claim found
+    /// none. The tile's workgroups are counted in `ran` before the tile
+    /// counts as done, so statistics read after the region are complete.
+    fn run_one(&self, stage: usize, processor_id: u32, ran: &AtomicU64) -> bool {
+        let Claim::Tile(stage, tile) = self.claim(stage, processor_id) else {
+            return false;
+        };
         let total = self.tiles[stage].load(Ordering::Relaxed);
-        if tile >= total {
-            return false;
-        }
         if !self.failed.load(Ordering::Acquire) {
+            let start = self.timing.as_ref().map(RegionTiming::now);
             // SAFETY: this thread holds the claim of an unfinished tile.
             match unsafe { self.work() }.run_tile(stage, tile, processor_id) {
                 Ok(n) => {
@@ -176,8 +303,11 @@ impl Region {
                 }
                 Err(e) => self.record(e),
             }
+            if let (Some(t), Some(start)) = (&self.timing, start) {
+                t.tile(stage, start, t.now(), processor_id);
+            }
         }
-        if self.done.fetch_add(1, Ordering::AcqRel) + 1 == total {
+        if self.done.0.fetch_add(1, Ordering::AcqRel) + 1 == total {
             self.advance(Some(stage));
         }
         true
@@ -190,8 +320,11 @@ impl Region {
         let mut next = from.map_or(0, |s| s + 1);
         loop {
             if next >= self.stage_count() || self.failed.load(Ordering::Acquire) {
-                self.claim
-                    .store(pack(self.stage_count(), 0), Ordering::SeqCst);
+                let end = self.stage_count();
+                for word in self.ranges.iter() {
+                    word.0.store(pack(end, 0), Ordering::Release);
+                }
+                self.stage.0.store(end as u64, Ordering::SeqCst);
                 self.wake_leader();
                 return;
             }
@@ -201,8 +334,19 @@ impl Region {
                 Ok(0) => next += 1,
                 Ok(n) => {
                     self.tiles[next].store(n, Ordering::Relaxed);
-                    self.done.store(0, Ordering::Relaxed);
-                    self.claim.store(pack(next, 0), Ordering::SeqCst);
+                    self.done.0.store(0, Ordering::Relaxed);
+                    if let Some(t) = &self.timing {
+                        t.published(next);
+                    }
+                    // The ranges first (each store releases the tile
+                    // count above to whoever claims from it), then the
+                    // stage that pollers watch.
+                    let count = self.ranges.len();
+                    for (r, word) in self.ranges.iter().enumerate() {
+                        let start = range_bounds(n, count, r).0;
+                        word.0.store(pack(next, start), Ordering::Release);
+                    }
+                    self.stage.0.store(next as u64, Ordering::SeqCst);
                     self.wake_leader();
                     if from.is_some() {
                         self.call_helpers();
@@ -218,13 +362,11 @@ impl Region {
     /// the threads already in the region (the leader and joined workers
     /// take tiles anyway), up to the region's room.
     fn call_helpers(&self) {
-        let (stage, next) = unpack(self.claim.load(Ordering::Acquire));
+        let stage = self.current_stage();
         if stage >= self.stage_count() {
             return;
         }
-        let left = self.tiles[stage]
-            .load(Ordering::Relaxed)
-            .saturating_sub(next);
+        let left = self.unclaimed(stage);
         let inside = self.participants.load(Ordering::Relaxed);
         let usable = left.min(self.max_helpers as u64 + 1) as usize;
         let want = usable.saturating_sub(1 + inside);
@@ -244,21 +386,27 @@ impl Region {
     /// until the region finishes or it found nothing to claim for
     /// [`STAGE_SPIN`]. The caller leaves afterwards ([`Region::leave`]).
     pub(crate) fn work_in(&self, processor_id: u32, ran: &AtomicU64) {
+        let spin = stage_spin();
         let mut idle_since: Option<Instant> = None;
+        // The stage this thread found nothing left to claim in: it polls
+        // the stage word until that changes.
+        let mut exhausted: Option<usize> = None;
         let mut polls = 0;
         loop {
-            let (stage, next) = unpack(self.claim.load(Ordering::Acquire));
+            let stage = self.current_stage();
             if stage >= self.stage_count() {
                 return;
             }
-            if next < self.tiles[stage].load(Ordering::Relaxed) {
-                self.run_one(processor_id, ran);
-                idle_since = None;
-                continue;
+            if exhausted != Some(stage) {
+                if self.run_one(stage, processor_id, ran) {
+                    idle_since = None;
+                    continue;
+                }
+                exhausted = Some(stage);
             }
             match idle_since {
                 None => idle_since = Some(Instant::now()),
-                Some(t) if t.elapsed() >= STAGE_SPIN => return,
+                Some(t) if t.elapsed() >= spin => return,
                 Some(_) => {}
             }
             pause(&mut polls);
@@ -273,21 +421,24 @@ impl Region {
     /// The leader runs tiles (counting workgroups in `ran`) until the
     /// region finishes.
     fn lead(&self, processor_id: u32, ran: &AtomicU64) {
+        let spin = stage_spin();
         let mut idle_since: Option<Instant> = None;
+        let mut exhausted: Option<usize> = None;
         let mut polls = 0;
         loop {
-            let word = self.claim.load(Ordering::Acquire);
-            let (stage, next) = unpack(word);
+            let stage = self.current_stage();
             if stage >= self.stage_count() {
                 return;
             }
-            if next < self.tiles[stage].load(Ordering::Relaxed) {
-                self.run_one(processor_id, ran);
-                idle_since = None;
-                continue;
+            if exhausted != Some(stage) {
+                if self.run_one(stage, processor_id, ran) {
+                    idle_since = None;
+                    continue;
+                }
+                exhausted = Some(stage);
             }
             let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < STAGE_SPIN {
+            if since.elapsed() < spin {
                 pause(&mut polls);
                 continue;
             }
@@ -295,7 +446,7 @@ impl Region {
             // the epoch read before the re-check (see `wake_leader`).
             let epoch = self.leader_epoch.load(Ordering::SeqCst);
             self.leader_sleeping.store(true, Ordering::SeqCst);
-            if unpack(self.claim.load(Ordering::SeqCst)).0 == stage {
+            if self.stage.0.load(Ordering::SeqCst) as usize == stage {
                 self.pool
                     .stats
                     .leader_sleeps
@@ -334,9 +485,13 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
             work as *const dyn RegionWork,
         )
     };
+    let threads = pool.workers.max(1) + 1;
     let region = Arc::new(Region {
-        claim: AtomicU64::new(0),
-        done: AtomicU64::new(0),
+        stage: Padded(AtomicU64::new(0)),
+        ranges: (0..range_count(threads))
+            .map(|_| Padded(AtomicU64::new(0)))
+            .collect(),
+        done: Padded(AtomicU64::new(0)),
         tiles: (0..stages).map(|_| AtomicU64::new(0)).collect(),
         participants: AtomicUsize::new(0),
         max_helpers: pool.workers.saturating_sub(1),
@@ -345,6 +500,7 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
         failed: AtomicBool::new(false),
         failure: Mutex::new(None),
         pool: pool.clone(),
+        timing: pool.timing.as_ref().map(|_| RegionTiming::new(stages)),
         work,
     });
     // Prepare the first stage before anyone can see the region (it wakes
@@ -360,6 +516,9 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
         pool.unpublish(&region);
     }
     pool.stats.regions.fetch_add(1, Ordering::Relaxed);
+    if let (Some(sums), Some(t)) = (&pool.timing, &region.timing) {
+        sums.lock().fold(t);
+    }
     let failure = region.failure.lock().take();
     match failure {
         Some(e) => Err(e),

@@ -1,0 +1,211 @@
+//! Stage timing: where a region's time goes between and within its stages.
+//!
+//! Off unless `FERRITE_LOCAL_TASK_STATS=stages` (then the pool's statistics
+//! line gains a second line, and a per-stage table follows it): a region
+//! without timing pays one branch per tile. With it on, every tile takes
+//! two clock readings and a few atomic updates, and each region folds its
+//! stages into the pool's totals when it ends.
+//!
+//! Per stage it measures:
+//! - *wall*: from the first tile's start to the last tile's end;
+//! - *gap*: from the previous stage's last tile end to this stage's first
+//!   tile start, the barrier's cost (preparing the stage, publishing it,
+//!   the first participant noticing);
+//! - *busy*: the sum of the tiles' run times;
+//! - *threads*: how many distinct threads ran tiles of it.
+//!
+//! `busy / (wall × threads)` is how evenly the stage's work was spread:
+//! below one, some threads waited for others within the stage.
+
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// One stage's raw measurements in a running region (ns since the region's
+/// start).
+struct StageClock {
+    published: AtomicU64,
+    first_start: AtomicU64,
+    last_start: AtomicU64,
+    last_end: AtomicU64,
+    busy: AtomicU64,
+    /// Processor ids that ran a tile (ids of 63 and above share bit 63).
+    threads: AtomicU64,
+    tiles: AtomicU64,
+}
+
+/// A running region's stage clocks.
+pub(crate) struct RegionTiming {
+    start: Instant,
+    stages: Box<[StageClock]>,
+}
+
+impl RegionTiming {
+    pub(crate) fn new(stages: usize) -> RegionTiming {
+        RegionTiming {
+            start: Instant::now(),
+            stages: (0..stages)
+                .map(|_| StageClock {
+                    published: AtomicU64::new(0),
+                    first_start: AtomicU64::new(u64::MAX),
+                    last_start: AtomicU64::new(0),
+                    last_end: AtomicU64::new(0),
+                    busy: AtomicU64::new(0),
+                    threads: AtomicU64::new(0),
+                    tiles: AtomicU64::new(0),
+                })
+                .collect(),
+        }
+    }
+
+    /// Nanoseconds since the region started.
+    pub(crate) fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Records that `stage` was published (its tiles made claimable).
+    pub(crate) fn published(&self, stage: usize) {
+        self.stages[stage]
+            .published
+            .store(self.now(), Ordering::Relaxed);
+    }
+
+    /// Records a tile of `stage` that ran from `start` to `end` on
+    /// `processor_id`.
+    pub(crate) fn tile(&self, stage: usize, start: u64, end: u64, processor_id: u32) {
+        let s = &self.stages[stage];
+        s.first_start.fetch_min(start, Ordering::Relaxed);
+        s.last_start.fetch_max(start, Ordering::Relaxed);
+        s.last_end.fetch_max(end, Ordering::Relaxed);
+        s.busy.fetch_add(end - start, Ordering::Relaxed);
+        s.threads
+            .fetch_or(1 << processor_id.min(63), Ordering::Relaxed);
+        s.tiles.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Sums over regions, per stage index and in all.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StageSums {
+    /// Regions folded in.
+    pub regions: u64,
+    /// Per stage index: (regions that ran it, tiles, wall, gap, busy,
+    /// thread count × wall, publication to first tile start, first to
+    /// last tile start), times in ns.
+    pub per_stage: Vec<[u64; 8]>,
+}
+
+impl StageSums {
+    /// Adds a finished region's stages.
+    pub(crate) fn fold(&mut self, timing: &RegionTiming) {
+        self.regions += 1;
+        if self.per_stage.len() < timing.stages.len() {
+            self.per_stage.resize(timing.stages.len(), [0; 8]);
+        }
+        let mut prev_end: Option<u64> = None;
+        for (i, s) in timing.stages.iter().enumerate() {
+            let tiles = s.tiles.load(Ordering::Relaxed);
+            if tiles == 0 {
+                continue;
+            }
+            let first = s.first_start.load(Ordering::Relaxed);
+            let last = s.last_end.load(Ordering::Relaxed);
+            let wall = last.saturating_sub(first);
+            let gap = prev_end.map_or(0, |p| first.saturating_sub(p));
+            let threads = u64::from(s.threads.load(Ordering::Relaxed).count_ones());
+            let row = &mut self.per_stage[i];
+            row[0] += 1;
+            row[1] += tiles;
+            row[2] += wall;
+            row[3] += gap;
+            row[4] += s.busy.load(Ordering::Relaxed);
+            row[5] += threads * wall;
+            row[6] += first.saturating_sub(s.published.load(Ordering::Relaxed));
+            row[7] += s.last_start.load(Ordering::Relaxed).saturating_sub(first);
+            prev_end = Some(last);
+        }
+    }
+
+    /// Totals over every stage (the columns of a stage's row, summed).
+    pub(crate) fn totals(&self) -> [u64; 8] {
+        let mut t = [0u64; 8];
+        for row in &self.per_stage {
+            for (a, b) in t.iter_mut().zip(row) {
+                *a += b;
+            }
+        }
+        t
+    }
+
+    /// The summary line and the per-stage table.
+    pub(crate) fn describe(&self) -> String {
+        let [stages, tiles, wall, gap, busy, capacity, notice, spread] = self.totals();
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let mut out = format!(
+            "local-task stages: {} regions, {stages} stages, {tiles} tiles; stage wall {:.3} ms, gaps between stages {:.3} ms (of which publication to first start {:.3} ms), tile time {:.3} ms, first to last tile start {:.3} ms; balance {:.1}% (tile time / (wall x threads))",
+            self.regions,
+            ms(wall),
+            ms(gap),
+            ms(notice),
+            ms(busy),
+            ms(spread),
+            100.0 * busy as f64 / capacity.max(1) as f64,
+        );
+        out.push_str(
+            "\n  stage  runs  tiles/run  wall_us  gap_us  notice_us  spread_us  busy_us  threads  balance",
+        );
+        for (i, [runs, tiles, wall, gap, busy, capacity, notice, spread]) in
+            self.per_stage.iter().enumerate()
+        {
+            if *runs == 0 {
+                continue;
+            }
+            let per = |v: u64| v as f64 / *runs as f64;
+            out.push_str(&format!(
+                "\n  {i:5}  {runs:4}  {:9.1}  {:7.1}  {:6.1}  {:9.1}  {:9.1}  {:7.1}  {:7.1}  {:6.1}%",
+                per(*tiles),
+                per(*wall) / 1e3,
+                per(*gap) / 1e3,
+                per(*notice) / 1e3,
+                per(*spread) / 1e3,
+                per(*busy) / 1e3,
+                *capacity as f64 / (*wall).max(1) as f64,
+                100.0 * *busy as f64 / (*capacity).max(1) as f64,
+            ));
+        }
+        out
+    }
+}
+
+/// The pool's stage sums (present when stage timing is on).
+pub(crate) type PoolTiming = Mutex<StageSums>;
+
+/// Whether `FERRITE_LOCAL_TASK_STATS` asks for stage timing.
+pub(crate) fn requested(value: Option<&std::ffi::OsStr>) -> bool {
+    value.is_some_and(|v| v == "stages")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_walls_and_balance_add_up() {
+        let t = RegionTiming::new(3);
+        // Stage 0: two threads, 0..100 and 0..60.
+        t.tile(0, 0, 100, 0);
+        t.tile(0, 0, 60, 1);
+        // Stage 2 (stage 1 empty): starts 30 ns after stage 0 ended.
+        t.tile(2, 130, 230, 1);
+        let mut sums = StageSums::default();
+        sums.fold(&t);
+        assert_eq!(sums.per_stage[0], [1, 2, 100, 0, 160, 200, 0, 0]);
+        assert_eq!(sums.per_stage[1], [0; 8]);
+        assert_eq!(sums.per_stage[2], [1, 1, 100, 30, 100, 100, 130, 0]);
+        assert_eq!(sums.totals(), [2, 3, 200, 30, 260, 300, 130, 0]);
+        assert!(sums.describe().contains("balance 86.7%"), "{}", sums.describe());
+        assert!(requested(Some(std::ffi::OsStr::new("stages"))));
+        assert!(!requested(Some(std::ffi::OsStr::new("1"))));
+        assert!(!requested(None));
+    }
+}
