@@ -20,7 +20,9 @@
 //! workers and how many on other threads. With the environment variable
 //! `FERRITE_LOCAL_TASK_STATS` set, each `local-task` pool prints those
 //! statistics to stderr when it is dropped or the process exits (a
-//! diagnostic for tools and benchmarks).
+//! diagnostic for tools and benchmarks); with `FERRITE_LOCAL_TASK_STATS=stages`
+//! it adds where command buffers' time went, stage by stage (wall, gaps
+//! between stages, tile time, balance: see `pool::timing`).
 
 use crate::channel::CpuChannel;
 use crate::cpu_executable::{CpuExecutable, FORMATS};

@@ -749,6 +749,36 @@ mod tests {
         );
     }
 
+    /// Records the order in which tiles of one stage ran.
+    struct Order(Mutex<Vec<u64>>, u64);
+
+    impl RegionWork for Order {
+        fn stage_count(&self) -> usize {
+            1
+        }
+        fn begin_stage(&self, _: usize) -> Result<u64> {
+            Ok(self.1)
+        }
+        fn run_tile(&self, _: usize, tile: u64, _: u32) -> Result<u64> {
+            self.0.lock().push(tile);
+            Ok(1)
+        }
+    }
+
+    /// A thread claims its own range of a stage first (locality), then
+    /// takes the others' (balance): a caller leading alone on a one-worker
+    /// pool (no room for helpers) is processor 1 of two ranges, so it runs
+    /// the second half of the tiles, then the first.
+    #[test]
+    fn a_thread_starts_with_its_own_range_then_takes_the_rest() {
+        let pool = WorkerPool::new(1).unwrap();
+        assert_eq!(pool.processor_id(), 1);
+        let work = Order(Mutex::new(Vec::new()), 10);
+        pool.run_region(&work).unwrap();
+        let order = work.0.into_inner();
+        assert_eq!(order, [5, 6, 7, 8, 9, 0, 1, 2, 3, 4]);
+    }
+
     struct Failing;
 
     impl RegionWork for Failing {

@@ -8,20 +8,29 @@
 //! its target and the next stage's tiles being published, not a wake-up.
 //!
 //! ## Claiming
-//! One 64-bit word, `claim`, holds the current stage (high bits) and the
-//! next unclaimed tile of it (low bits). A participant claims with one
-//! `fetch_add` and runs the tile the returned word names, if it exists. The
-//! stage only changes once every tile of the current one has finished, so a
-//! claim that lands after the change is a valid claim of the new stage: no
-//! tile is lost or run twice, and a late claim is never confused with an
-//! earlier stage's.
+//! Each stage's tiles are split into contiguous ranges, one per thread that
+//! may run tiles (the pool's workers and a leading caller), each range a
+//! 64-bit word on its own cache line holding the stage (high bits) and the
+//! range's next unclaimed tile (low bits). A participant claims from the
+//! range of its processor id first, with one `fetch_add`, and then from
+//! the others in turn. So a thread runs the same part of consecutive
+//! dispatches (the data it wrote is still in its cache), claims rarely
+//! contend, and no thread idles while any range has tiles left.
+//!
+//! A range's word changes stage only once every tile of the current stage
+//! has finished, so the word a `fetch_add` returns names the stage of the
+//! tile it claims: a claim that lands after a stage change is a valid
+//! claim of the new stage; no tile is lost or run twice, and a late claim
+//! is never confused with an earlier stage's. A separate word, `stage`,
+//! names the stage being claimed; participants with nothing left to claim
+//! poll only it.
 //!
 //! ## Stage changes
 //! The participant finishing a stage's last tile prepares the next stage
 //! ([`RegionWork::begin_stage`]: resolving bindings, reading indirect
 //! workgroup counts, sizing tiles), publishes it, and wakes as many
 //! sleeping workers as the new stage can use beyond those already in the
-//! region. Participants out of tiles poll the word for at most
+//! region. Participants out of tiles poll the stage word for at most
 //! [`STAGE_SPIN`]; then a worker leaves the region (to sleep in the pool)
 //! and the leader sleeps on the region's own futex word until the next
 //! stage or the end.
@@ -52,18 +61,11 @@ const POLLS_PER_YIELD: u32 = 64;
 /// One poll of a spin loop: a short pause, and every [`POLLS_PER_YIELD`]th
 /// time a yield.
 fn pause(polls: &mut u32) {
-    static PAUSES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let pauses = *PAUSES.get_or_init(|| {
-        std::env::var("FERRITE_SPIN_PAUSES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(32)
-    });
     *polls += 1;
     if polls.is_multiple_of(POLLS_PER_YIELD) {
         std::thread::yield_now();
     } else {
-        for _ in 0..pauses {
+        for _ in 0..32 {
             std::hint::spin_loop();
         }
     }
@@ -103,29 +105,10 @@ struct Padded<T>(T);
 /// ranges beyond it).
 const MAX_RANGES: usize = 64;
 
-/// Claim ranges per region: one per thread that may run tiles, unless
-/// `FERRITE_CLAIM_RANGES` (an experiment switch: 1 makes every thread
-/// claim from one shared counter) says otherwise.
+/// Claim ranges per region: one per thread that may run tiles (up to
+/// [`MAX_RANGES`]).
 fn range_count(threads: usize) -> usize {
-    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *FORCED.get_or_init(|| {
-        std::env::var("FERRITE_CLAIM_RANGES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    });
-    forced.unwrap_or(threads).clamp(1, MAX_RANGES)
-}
-
-/// How long participants poll for the next stage: [`STAGE_SPIN`] unless
-/// `FERRITE_STAGE_SPIN_US` (an experiment switch) says otherwise.
-fn stage_spin() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        std::env::var("FERRITE_STAGE_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(STAGE_SPIN, Duration::from_micros)
-    })
+    threads.clamp(1, MAX_RANGES)
 }
 
 /// The shared state of one running region.
@@ -386,7 +369,6 @@ impl Region {
     /// until the region finishes or it found nothing to claim for
     /// [`STAGE_SPIN`]. The caller leaves afterwards ([`Region::leave`]).
     pub(crate) fn work_in(&self, processor_id: u32, ran: &AtomicU64) {
-        let spin = stage_spin();
         let mut idle_since: Option<Instant> = None;
         // The stage this thread found nothing left to claim in: it polls
         // the stage word until that changes.
@@ -406,7 +388,7 @@ impl Region {
             }
             match idle_since {
                 None => idle_since = Some(Instant::now()),
-                Some(t) if t.elapsed() >= spin => return,
+                Some(t) if t.elapsed() >= STAGE_SPIN => return,
                 Some(_) => {}
             }
             pause(&mut polls);
@@ -421,7 +403,6 @@ impl Region {
     /// The leader runs tiles (counting workgroups in `ran`) until the
     /// region finishes.
     fn lead(&self, processor_id: u32, ran: &AtomicU64) {
-        let spin = stage_spin();
         let mut idle_since: Option<Instant> = None;
         let mut exhausted: Option<usize> = None;
         let mut polls = 0;
@@ -438,7 +419,7 @@ impl Region {
                 exhausted = Some(stage);
             }
             let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < spin {
+            if since.elapsed() < STAGE_SPIN {
                 pause(&mut polls);
                 continue;
             }
@@ -536,5 +517,25 @@ mod tests {
         assert_eq!(unpack(w), (3, 17));
         assert_eq!(unpack(w + 1), (3, 18));
         assert_eq!(unpack(pack(1 << 20, TILE_MASK)), (1 << 20, TILE_MASK));
+    }
+
+    #[test]
+    fn ranges_cover_the_tiles_in_order_evenly() {
+        for tiles in [0u64, 1, 5, 12, 17, 48, 1000, TILE_MASK] {
+            for ranges in [1usize, 2, 3, 16, 17, MAX_RANGES] {
+                let mut next = 0;
+                let (mut small, mut large) = (u64::MAX, 0);
+                for r in 0..ranges {
+                    let (start, end) = range_bounds(tiles, ranges, r);
+                    assert_eq!(start, next, "{tiles} tiles, {ranges} ranges, range {r}");
+                    assert!(end >= start);
+                    small = small.min(end - start);
+                    large = large.max(end - start);
+                    next = end;
+                }
+                assert_eq!(next, tiles);
+                assert!(large - small <= 1, "{tiles} tiles over {ranges} ranges");
+            }
+        }
     }
 }

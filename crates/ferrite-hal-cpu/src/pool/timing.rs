@@ -203,7 +203,11 @@ mod tests {
         assert_eq!(sums.per_stage[1], [0; 8]);
         assert_eq!(sums.per_stage[2], [1, 1, 100, 30, 100, 100, 130, 0]);
         assert_eq!(sums.totals(), [2, 3, 200, 30, 260, 300, 130, 0]);
-        assert!(sums.describe().contains("balance 86.7%"), "{}", sums.describe());
+        assert!(
+            sums.describe().contains("balance 86.7%"),
+            "{}",
+            sums.describe()
+        );
         assert!(requested(Some(std::ffi::OsStr::new("stages"))));
         assert!(!requested(Some(std::ffi::OsStr::new("1"))));
         assert!(!requested(None));
