@@ -60,6 +60,8 @@ pub struct Shared {
     pub api: &'static Api,
     pub(crate) ctx: CUcontext,
     pub(crate) device: CUdevice,
+    /// The device ordinal (`cuda://N`).
+    pub(crate) ordinal: i32,
     /// The queue stream.
     pub(crate) stream: CUstream,
     /// Synchronous transfers and allocations (never waits on semaphores).
@@ -115,6 +117,58 @@ impl Shared {
             unsafe { (self.api.cuStreamSynchronize)(self.transfer_stream) },
             "waiting for a transfer",
         )
+    }
+
+    /// The device ordinal (`cuda://N`; DLPack's `device_id`).
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    /// The queue stream's handle, for a DLPack producer asked to make its
+    /// data ready for this device's queue (`__dlpack__(stream=...)`).
+    pub fn queue_stream_handle(&self) -> usize {
+        self.stream as usize
+    }
+
+    /// Orders everything enqueued on the queue stream so far before
+    /// `consumer`'s later work: records an event on the queue stream and
+    /// makes `consumer` wait for it on the GPU (the host never blocks, so
+    /// a queue waiting on a semaphore the host signals later cannot
+    /// deadlock this). `consumer` of `None` waits on the host instead.
+    ///
+    /// # Safety
+    /// `consumer` is `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a live
+    /// stream handle of a context of this process (the driver dereferences
+    /// it; no API can check a handle first).
+    pub unsafe fn order_queue_before(&self, consumer: Option<usize>) -> Result<()> {
+        self.make_current()?;
+        let api = self.api;
+        let mut event: ffi::CUevent = std::ptr::null_mut();
+        let flags = if consumer.is_some() {
+            ffi::CU_EVENT_DISABLE_TIMING
+        } else {
+            ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING
+        };
+        // SAFETY: valid out-pointer; the context is current.
+        ffi::check(
+            unsafe { (api.cuEventCreate)(&mut event, flags) },
+            "creating an event",
+        )?;
+        // SAFETY: the event and queue stream belong to this context; the
+        // caller vouches for `consumer`. Destroying an event whose record or
+        // wait is still pending is allowed (released once reached).
+        let r = unsafe {
+            let mut r = (api.cuEventRecord)(event, self.stream);
+            if r == ffi::CUDA_SUCCESS {
+                r = match consumer {
+                    Some(s) => (api.cuStreamWaitEvent)(s as CUstream, event, 0),
+                    None => (api.cuEventSynchronize)(event),
+                };
+            }
+            (api.cuEventDestroy_v2)(event);
+            r
+        };
+        ffi::check(r, "ordering the CUDA queue before the consumer's stream")
     }
 
     /// Waits for the transfer stream.
@@ -288,6 +342,7 @@ impl CudaDevice {
             api,
             ctx,
             device: dev,
+            ordinal,
             stream,
             transfer_stream: transfer,
             words: WordPool::new(),
@@ -335,6 +390,37 @@ impl CudaDevice {
     /// The device state (for tests and sibling modules).
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// Wraps `len` bytes of device memory at `dptr` that someone else
+    /// allocated (a DLPack producer's tensor) as a device-local buffer of
+    /// this device, without copying. The pointer is checked first with
+    /// `cuPointerGetAttribute`: it must be device (or managed) memory of
+    /// this device's ordinal and context, and the range must lie inside one
+    /// allocation; otherwise INVALID_ARGUMENT / OUT_OF_RANGE naming what
+    /// was expected and what was found.
+    ///
+    /// `owner` is dropped exactly once: when the last buffer using the
+    /// memory is dropped, or before an error is returned. Its drop is the
+    /// release (e.g. the producer's DLPack deleter). Queue operations keep
+    /// their buffers until they complete, so the release follows all queue
+    /// work using the memory.
+    ///
+    /// # Safety
+    /// `[dptr, dptr + len)` must stay valid device memory of this device's
+    /// context, not freed or reused by anyone, until `owner` is dropped.
+    /// Writes by others while queue work uses the memory are the caller's
+    /// to order (the DLPack `stream` protocol).
+    pub unsafe fn import_device_memory(
+        &self,
+        dptr: CUdeviceptr,
+        len: u64,
+        usage: ferrite_hal::BufferUsage,
+        access: ferrite_hal::MemoryAccess,
+        owner: Box<dyn Send + Sync>,
+    ) -> Result<Buffer> {
+        // SAFETY: the caller's contract is the function's.
+        unsafe { crate::memory::external_buffer(&self.shared, dptr, len, usage, access, owner) }
     }
 
     /// The device address of `[offset, offset+len)` of `buffer`, which must

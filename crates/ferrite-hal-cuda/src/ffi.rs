@@ -73,6 +73,28 @@ pub const CU_JIT_ERROR_LOG_BUFFER: c_int = 5;
 pub const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
 pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+/// `CU_STREAM_LEGACY`: the handle of the legacy default stream.
+pub const CU_STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`: the handle of the per-thread default stream.
+pub const CU_STREAM_PER_THREAD: usize = 0x2;
+/// `CU_POINTER_ATTRIBUTE_CONTEXT` (a `CUcontext`).
+pub const CU_POINTER_ATTRIBUTE_CONTEXT: c_int = 1;
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` (an `unsigned int`, `CUmemorytype`).
+pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (an `int`).
+pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` (a `CUdeviceptr`).
+pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE` (a `size_t`).
+pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
+/// `CU_MEMORYTYPE_HOST`.
+pub const CU_MEMORYTYPE_HOST: c_uint = 1;
+/// `CU_MEMORYTYPE_DEVICE`.
+pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
+/// `CU_MEMORYTYPE_UNIFIED` (managed memory).
+pub const CU_MEMORYTYPE_UNIFIED: c_uint = 4;
 
 macro_rules! cuda_api {
     ($($name:ident : fn($($arg:ty),*);)*) => {
@@ -131,6 +153,8 @@ cuda_api! {
     cuEventRecord: fn(CUevent, CUstream);
     cuEventSynchronize: fn(CUevent);
     cuEventDestroy_v2: fn(CUevent);
+    cuStreamWaitEvent: fn(CUstream, CUevent, c_uint);
+    cuPointerGetAttribute: fn(*mut c_void, c_int, CUdeviceptr);
     cuStreamWaitValue64_v2: fn(CUstream, CUdeviceptr, u64, c_uint);
     cuStreamWriteValue64_v2: fn(CUstream, CUdeviceptr, u64, c_uint);
     cuStreamBeginCapture_v2: fn(CUstream, c_int);
@@ -245,6 +269,10 @@ pub fn error_name(r: CUresult) -> String {
             "the launch timed out and was terminated",
         ),
         710 => ("CUDA_ERROR_ASSERT", "device-side assert triggered"),
+        712 => (
+            "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+            "part or all of the requested memory range is already mapped",
+        ),
         714 => ("CUDA_ERROR_HARDWARE_STACK_ERROR", "hardware stack error"),
         715 => (
             "CUDA_ERROR_ILLEGAL_INSTRUCTION",

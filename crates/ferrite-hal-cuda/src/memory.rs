@@ -6,10 +6,13 @@
 //! | device-local, not host-visible | device memory from the device's stream-ordered pool (`cuMemAllocAsync`; queue `alloca` allocates on the queue's stream, the allocator on a transfer stream it then synchronizes) |
 //! | host-visible (any) | pinned, mapped host memory (`cuMemHostAlloc` with `DEVICEMAP`): the host maps it directly, kernels read it over the bus |
 //! | import of host memory | read-only or at most 1 MiB: copied into device memory; larger writable memory: `cuMemHostRegister` (mapped) |
+//! | import of device memory ([`CudaDevice::import_device_memory`](crate::CudaDevice::import_device_memory)) | wrapped in place (no copy) after checking the pointer's device, context and allocation range; never freed by Ferrite: its owner is dropped (the release) with the last buffer |
 //!
 //! Device memory is freed stream-ordered (`cuMemFreeAsync` on the queue
 //! stream) when its last buffer is dropped, so work enqueued before the
-//! drop still sees it.
+//! drop still sees it. Every queue operation keeps the buffers it uses
+//! until it completes, so the last drop of imported device memory (and so
+//! its release) comes after all queue work using it.
 
 use crate::device::Shared;
 use crate::ffi::{self, CUdeviceptr};
@@ -33,6 +36,9 @@ enum Kind {
     Pinned(NonNull<u8>),
     /// Registered host memory; unregistered, then the owner is dropped.
     Registered(NonNull<u8>, #[allow(dead_code)] HostMemory),
+    /// Device memory allocated by someone else: never freed here; dropping
+    /// the owner releases it (e.g. runs a DLPack producer's deleter).
+    External(#[allow(dead_code)] Box<dyn Send + Sync>),
 }
 
 /// A CUDA allocation behind a [`Buffer`].
@@ -60,12 +66,23 @@ impl CudaMemory {
     pub fn belongs_to(&self, shared: &Arc<Shared>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
     }
+
+    /// The device this memory belongs to.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// True for device-only memory (pool or imported device memory); false
+    /// for pinned or registered host memory, which the host addresses too.
+    pub fn is_device_local(&self) -> bool {
+        matches!(self.kind, Kind::Device | Kind::External(_))
+    }
 }
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
         let api = self.shared.api;
-        if self.shared.make_current().is_err() {
+        if matches!(self.kind, Kind::External(_)) || self.shared.make_current().is_err() {
             return;
         }
         match &self.kind {
@@ -86,6 +103,8 @@ impl Drop for CudaMemory {
             Kind::Registered(p, _) => unsafe {
                 (api.cuMemHostUnregister)(p.as_ptr() as *mut c_void);
             },
+            // Not ours to free: the owner (a field) is dropped after this.
+            Kind::External(_) => {}
         }
     }
 }
@@ -96,7 +115,7 @@ impl DeviceMemory for CudaMemory {
     }
     fn host_ptr(&self) -> Option<NonNull<u8>> {
         match &self.kind {
-            Kind::Device => None,
+            Kind::Device | Kind::External(_) => None,
             Kind::Pinned(p) | Kind::Registered(p, _) => Some(*p),
         }
     }
@@ -118,6 +137,93 @@ impl DeviceMemory for CudaMemory {
 
 /// Imports of at most this many bytes are copies.
 const COPY_IMPORT_MAX_BYTES: usize = 1 << 20;
+
+/// Reads one `cuPointerGetAttribute` value of type `T`.
+fn pointer_attribute<T: Default>(api: &ffi::Api, attribute: i32, dptr: CUdeviceptr) -> Result<T> {
+    let mut v = T::default();
+    ffi::check(
+        // SAFETY: `v` is an out-value of the type cuda.h gives `attribute`
+        // (the callers pair them); the driver validates `dptr` itself and
+        // fails for addresses it does not know.
+        unsafe { (api.cuPointerGetAttribute)(&mut v as *mut T as *mut c_void, attribute, dptr) },
+        &format!("address {dptr:#x} is not memory the CUDA driver knows (cuPointerGetAttribute)"),
+    )?;
+    Ok(v)
+}
+
+/// Checks that `[dptr, dptr + len)` is device memory of device `shared`:
+/// device (or managed) memory, of that device's ordinal and context (when
+/// the driver reports one), inside one allocation.
+pub(crate) fn check_device_range(shared: &Shared, dptr: CUdeviceptr, len: u64) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let api = shared.api;
+    shared.make_current()?;
+    let mem_type: std::ffi::c_uint = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr)?;
+    if mem_type != ffi::CU_MEMORYTYPE_DEVICE && mem_type != ffi::CU_MEMORYTYPE_UNIFIED {
+        bail!(
+            InvalidArgument,
+            "address {dptr:#x} is {} memory, not CUDA device memory",
+            if mem_type == ffi::CU_MEMORYTYPE_HOST { "host" } else { "non-device" }
+        );
+    }
+    let ordinal: std::ffi::c_int = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr)?;
+    if ordinal != shared.ordinal {
+        bail!(
+            InvalidArgument,
+            "device memory at {dptr:#x} belongs to CUDA device {ordinal}, expected CUDA device {}",
+            shared.ordinal
+        );
+    }
+    // Stream-ordered and virtual-memory allocations report no context; an
+    // allocation of another context on the same device is refused.
+    let ctx: ffi::CUcontext = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_CONTEXT, dptr)
+        .unwrap_or(std::ptr::null_mut());
+    if !ctx.is_null() && ctx != shared.ctx {
+        bail!(
+            InvalidArgument,
+            "device memory at {dptr:#x} belongs to another CUDA context of device {ordinal} (expected the device's primary context)"
+        );
+    }
+    let start: CUdeviceptr = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dptr)?;
+    let size: usize = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_SIZE, dptr)?;
+    let end = start.saturating_add(size as u64);
+    if dptr < start || dptr.checked_add(len).is_none_or(|e| e > end) {
+        bail!(
+            OutOfRange,
+            "{len} bytes at {dptr:#x} do not fit in their CUDA allocation [{start:#x}, {end:#x})"
+        );
+    }
+    Ok(())
+}
+
+/// A buffer over device memory someone else allocated (see
+/// [`CudaDevice::import_device_memory`](crate::CudaDevice::import_device_memory)).
+///
+/// # Safety
+/// As that function's.
+pub(crate) unsafe fn external_buffer(
+    shared: &Arc<Shared>,
+    dptr: CUdeviceptr,
+    len: u64,
+    usage: BufferUsage,
+    access: MemoryAccess,
+    owner: Box<dyn Send + Sync>,
+) -> Result<Buffer> {
+    check_device_range(shared, dptr, len)?;
+    Ok(Buffer::from_device_memory(
+        Box::new(CudaMemory {
+            shared: shared.clone(),
+            dptr,
+            len,
+            kind: Kind::External(owner),
+        }),
+        MemoryType::DEVICE_LOCAL,
+        usage | BufferUsage::TRANSFER,
+        access,
+    ))
+}
 
 /// The CUDA allocator of one device.
 pub struct CudaAllocator {
