@@ -141,10 +141,32 @@ impl Shared {
     /// stream handle of a context of this process (the driver dereferences
     /// it; no API can check a handle first).
     pub unsafe fn order_queue_before(&self, consumer: Option<usize>) -> Result<()> {
+        // SAFETY: the queue stream is ours; the caller vouches for
+        // `consumer`.
+        unsafe { self.order(self.stream, consumer.map(|s| s as CUstream)) }
+    }
+
+    /// Orders `producer`'s work so far before everything enqueued on the
+    /// queue stream later (a GPU-side wait): used before memory a consumer
+    /// used on `producer` is freed stream-ordered on the queue stream.
+    ///
+    /// # Safety
+    /// As [`Shared::order_queue_before`], for `producer`.
+    pub unsafe fn order_before_queue(&self, producer: usize) -> Result<()> {
+        // SAFETY: as above.
+        unsafe { self.order(producer as CUstream, Some(self.stream)) }
+    }
+
+    /// Records an event on `from` and makes `to` wait for it (the host,
+    /// when `to` is `None`).
+    ///
+    /// # Safety
+    /// Both streams are valid handles (or the legacy/per-thread constants).
+    unsafe fn order(&self, from: CUstream, to: Option<CUstream>) -> Result<()> {
         self.make_current()?;
         let api = self.api;
         let mut event: ffi::CUevent = std::ptr::null_mut();
-        let flags = if consumer.is_some() {
+        let flags = if to.is_some() {
             ffi::CU_EVENT_DISABLE_TIMING
         } else {
             ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING
@@ -154,21 +176,21 @@ impl Shared {
             unsafe { (api.cuEventCreate)(&mut event, flags) },
             "creating an event",
         )?;
-        // SAFETY: the event and queue stream belong to this context; the
-        // caller vouches for `consumer`. Destroying an event whose record or
-        // wait is still pending is allowed (released once reached).
+        // SAFETY: the event belongs to this context; the caller vouches for
+        // the streams. Destroying an event whose record or wait is still
+        // pending is allowed (its resources go once it is reached).
         let r = unsafe {
-            let mut r = (api.cuEventRecord)(event, self.stream);
+            let mut r = (api.cuEventRecord)(event, from);
             if r == ffi::CUDA_SUCCESS {
-                r = match consumer {
-                    Some(s) => (api.cuStreamWaitEvent)(s as CUstream, event, 0),
+                r = match to {
+                    Some(s) => (api.cuStreamWaitEvent)(s, event, 0),
                     None => (api.cuEventSynchronize)(event),
                 };
             }
             (api.cuEventDestroy_v2)(event);
             r
         };
-        ffi::check(r, "ordering the CUDA queue before the consumer's stream")
+        ffi::check(r, "ordering work between CUDA streams")
     }
 
     /// Waits for the transfer stream.

@@ -148,6 +148,7 @@ cuda_api! {
     cuStreamCreate: fn(*mut CUstream, c_uint);
     cuStreamDestroy_v2: fn(CUstream);
     cuStreamSynchronize: fn(CUstream);
+    cuStreamQuery: fn(CUstream);
     cuStreamAddCallback: fn(CUstream, CUstreamCallback, *mut c_void, c_uint);
     cuEventCreate: fn(*mut CUevent, c_uint);
     cuEventRecord: fn(CUevent, CUstream);

@@ -331,3 +331,107 @@ fn device_queries() {
             >= 8
     );
 }
+
+/// Counts its drops: the release of imported device memory.
+struct Release(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn import_device_memory_wraps_in_place_and_releases_once() {
+    use ferrite_hal::MemoryAccess;
+    use ferrite_hal_cuda::{ffi, CudaDevice};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(dev) = gpu() else { return };
+    let cuda = dev.as_any().downcast_ref::<CudaDevice>().unwrap();
+    let shared = cuda.shared();
+    let api = shared.api;
+    shared.make_current().unwrap();
+    let legacy = ffi::CU_STREAM_LEGACY as ffi::CUstream;
+    let mut dptr: ffi::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; the device's context is current.
+    unsafe {
+        assert_eq!((api.cuMemAllocAsync)(&mut dptr, 256, legacy), 0);
+        assert_eq!((api.cuStreamSynchronize)(legacy), 0);
+    }
+    let usage = BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE;
+    let rw = MemoryAccess::READ | MemoryAccess::WRITE;
+    let count = Arc::new(AtomicUsize::new(0));
+    let owner = || Box::new(Release(count.clone()));
+    // SAFETY (each import): `dptr` is 256 bytes of this device's memory,
+    // freed only at the end of the test, after every buffer is gone.
+    let b = unsafe { cuda.import_device_memory(dptr + 64, 128, usage, rw, owner()) }.unwrap();
+    assert!(b.memory_type().contains(MemoryType::DEVICE_LOCAL));
+    b.write(0, &[7u8; 128]).unwrap();
+    let s = Semaphore::new(0);
+    queue::fill(&dev, &Fence::new(), &at(&s, 1), b.clone(), 4, 4, vec![9]).unwrap();
+    s.wait(1, Timeout::INFINITE).unwrap();
+    let v = b.to_vec().unwrap();
+    assert_eq!(&v[..8], &[7, 7, 7, 7, 9, 9, 9, 9]);
+    // Wrapped in place: the bytes are at the imported address.
+    let mut host = [0u8; 8];
+    // SAFETY: 8 bytes inside the allocation into an 8-byte array.
+    unsafe {
+        assert_eq!(
+            (api.cuMemcpyDtoH_v2)(host.as_mut_ptr() as *mut std::ffi::c_void, dptr + 64, 8),
+            0
+        );
+    }
+    assert_eq!(host, [7, 7, 7, 7, 9, 9, 9, 9]);
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+    drop(v);
+    drop(b);
+    assert_eq!(count.load(Ordering::SeqCst), 1, "released once, with the last buffer");
+    // Past the allocation's end: refused, the owner still released.
+    let e = unsafe { cuda.import_device_memory(dptr + 64, 256, usage, rw, owner()) }
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("do not fit in their CUDA allocation"), "{e}");
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    // Host memory the driver does not know.
+    let not_cuda = vec![0u8; 64];
+    // SAFETY: the check refuses the address before anything uses it.
+    let e = unsafe {
+        cuda.import_device_memory(not_cuda.as_ptr() as u64, 64, usage, rw, owner())
+    }
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("not memory the CUDA driver knows"), "{e}");
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    // SAFETY: every buffer over `dptr` is gone.
+    unsafe {
+        assert_eq!((api.cuMemFreeAsync)(dptr, legacy), 0);
+        assert_eq!((api.cuStreamSynchronize)(legacy), 0);
+    }
+}
+
+#[test]
+fn queue_is_ordered_before_a_consumer_stream() {
+    use ferrite_hal_cuda::{ffi, CudaDevice};
+    let Some(dev) = gpu() else { return };
+    let cuda = dev.as_any().downcast_ref::<CudaDevice>().unwrap();
+    // A queue blocked on a host semaphore: the consumer's stream waits on
+    // the GPU, and the host is not blocked by the ordering call.
+    let s = Semaphore::new(0);
+    let b = dev.allocator().allocate(&device_params(), 16).unwrap();
+    queue::fill(&dev, &at(&s, 1), &at(&s, 2), b.clone(), 0, 16, vec![5]).unwrap();
+    // SAFETY: the legacy default stream handle is always valid.
+    unsafe { cuda.shared().order_queue_before(Some(ffi::CU_STREAM_LEGACY)) }.unwrap();
+    let api = cuda.shared().api;
+    // SAFETY: a stream handle constant of the current context.
+    let pending = unsafe { (api.cuStreamQuery)(ffi::CU_STREAM_LEGACY as ffi::CUstream) };
+    assert_eq!(pending, 600, "legacy stream should wait for the blocked queue (CUDA_ERROR_NOT_READY)");
+    s.signal(1).unwrap();
+    s.wait(2, Timeout::INFINITE).unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { (api.cuStreamSynchronize)(ffi::CU_STREAM_LEGACY as ffi::CUstream) }, 0);
+    assert_eq!(b.to_vec().unwrap(), vec![5u8; 16]);
+    // SAFETY: as above.
+    unsafe { cuda.shared().order_before_queue(ffi::CU_STREAM_LEGACY) }.unwrap();
+}

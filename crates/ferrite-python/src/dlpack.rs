@@ -15,7 +15,12 @@
 //! far on the device's queue stream and makes the consumer's stream wait
 //! for it on the GPU: the data are ready for the consumer's later work and
 //! the host never blocks. Exports of CUDA memory to the host (pinned memory,
-//! copies) wait for that event on the host instead.
+//! copies) wait for that event on the host instead. Exported device memory
+//! is freed stream-ordered on the queue stream once the consumer's deleter
+//! runs; for a consumer on the legacy default stream (PyTorch's default),
+//! that stream's work so far is ordered before the free. A consumer on
+//! another stream must finish its work on the memory before releasing it
+//! (as DLPack asks: the deleter means "no longer used").
 //!
 //! Import is zero-copy for dense row-major tensors (the producer's deleter
 //! runs when the last buffer using the memory goes away). Strided host
@@ -132,6 +137,20 @@ enum Keep {
 struct ExportContext {
     _keep: Keep,
     shape: Vec<i64>,
+    /// For CUDA memory handed to a consumer on the legacy default stream:
+    /// that stream's work is ordered before the queue stream, on which the
+    /// memory may be freed (stream-ordered) once `_keep` goes.
+    release_after: Option<Arc<Shared>>,
+}
+
+impl Drop for ExportContext {
+    fn drop(&mut self) {
+        if let Some(shared) = self.release_after.take() {
+            // SAFETY: the legacy default stream's handle is always valid.
+            // Failure leaves the free unordered, as with any other stream.
+            let _ = unsafe { shared.order_before_queue(ferrite_hal_cuda::ffi::CU_STREAM_LEGACY) };
+        }
+    }
 }
 
 /// The bytes an export points at.
@@ -139,6 +158,8 @@ struct Source {
     data: *mut c_void,
     keep: Keep,
     copied: bool,
+    /// See [`ExportContext::release_after`].
+    release_after: Option<Arc<Shared>>,
 }
 
 /// Where a buffer's bytes live, as DLPack names devices.
@@ -196,6 +217,7 @@ fn host_source(view: &BufferView) -> PyResult<Source> {
         data: mapping.as_ptr() as *mut c_void,
         keep: Keep::Mapping(mapping),
         copied: false,
+        release_after: None,
     })
 }
 
@@ -257,6 +279,7 @@ fn describe(
     let mut ctx = Box::new(ExportContext {
         shape: view.shape().iter().map(|&d| d as i64).collect(),
         _keep: source.keep,
+        release_after: source.release_after,
     });
     let tensor = DLTensor {
         data: source.data,
@@ -382,6 +405,7 @@ fn device_source(view: &BufferView, dptr: u64) -> Source {
         data: dptr as *mut c_void,
         keep: Keep::Buffer(view.buffer().clone()),
         copied: false,
+        release_after: None,
     }
 }
 
@@ -757,17 +781,48 @@ pub fn dlpack_device(view: &BufferView) -> (i32, i32) {
 /// The consumer's CUDA stream from `__dlpack__(stream=...)`: `None` for
 /// "no ordering" (-1), the legacy default stream for `None`.
 fn consumer_stream(stream: Option<i64>) -> PyResult<Option<usize>> {
+    parse_consumer_stream(stream).map_err(PyValueError::new_err)
+}
+
+/// [`consumer_stream`] without Python (unit-testable).
+fn parse_consumer_stream(stream: Option<i64>) -> Result<Option<usize>, String> {
     match stream {
         None => Ok(Some(ferrite_hal_cuda::ffi::CU_STREAM_LEGACY)),
         Some(-1) => Ok(None),
-        Some(0) => Err(PyValueError::new_err(
-            "stream=0 is ambiguous for CUDA (DLPack): pass 1 for the legacy default stream, 2 for the per-thread default stream, a stream handle, or -1 for no ordering",
-        )),
-        Some(s) if s < 0 => Err(PyValueError::new_err(format!(
+        Some(0) => Err(
+            "stream=0 is ambiguous for CUDA (DLPack): pass 1 for the legacy default stream, 2 for the per-thread default stream, a stream handle, or -1 for no ordering".to_string(),
+        ),
+        Some(s) if s < 0 => Err(format!(
             "invalid CUDA stream {s} for __dlpack__ (-1 means no ordering)"
-        ))),
+        )),
         Some(s) => Ok(Some(s as usize)),
     }
+}
+
+/// The device address `dptr` of `view`'s buffer for a consumer working on
+/// `stream` (the `__dlpack__` argument): the queue's pending work is
+/// ordered before that stream now, and, for the legacy default stream
+/// (where PyTorch's default work runs), that stream's work before the
+/// queue stream when the consumer releases the memory.
+fn export_to_stream(
+    view: &BufferView,
+    shared: &Arc<Shared>,
+    dptr: u64,
+    stream: Option<i64>,
+) -> PyResult<Source> {
+    let consumer = consumer_stream(stream)?;
+    if let Some(s) = consumer {
+        // SAFETY: the DLPack protocol makes the consumer pass a stream it
+        // may use on this device: 1, 2 or a live handle (no driver API can
+        // check a handle).
+        unsafe { shared.order_queue_before(Some(s)) }
+            .py_context("Could not order the export after pending device work")?;
+    }
+    let mut source = device_source(view, dptr);
+    if consumer == Some(ferrite_hal_cuda::ffi::CU_STREAM_LEGACY) {
+        source.release_after = Some(shared.clone());
+    }
+    Ok(source)
 }
 
 /// `__dlpack__` of a buffer view: protocol 1.0 when the consumer's
@@ -816,14 +871,7 @@ pub fn dlpack_of(
         Location::CudaDevice { shared, dptr } => {
             if target == natural {
                 no_copy()?;
-                if let Some(s) = consumer_stream(stream)? {
-                    // SAFETY: the DLPack protocol makes the consumer pass
-                    // a stream it may use on this device: 1, 2 or a live
-                    // handle (no driver API can check a handle).
-                    unsafe { shared.order_queue_before(Some(s)) }
-                        .py_context("Could not order the export after pending device work")?;
-                }
-                device_source(view, *dptr)
+                export_to_stream(view, shared, *dptr, stream)?
             } else if target == (DL_CPU, 0) {
                 if copy == Some(false) {
                     return Err(PyBufferError::new_err(
@@ -841,6 +889,7 @@ pub fn dlpack_of(
                     data: bytes.as_ptr() as *mut c_void,
                     keep: Keep::Bytes(bytes),
                     copied: true,
+                    release_after: None,
                 }
             } else {
                 return unsupported();
@@ -849,12 +898,7 @@ pub fn dlpack_of(
         Location::CudaPinned { shared, dptr } => {
             no_copy()?;
             if target == (DL_CUDA, shared.ordinal()) {
-                if let Some(s) = consumer_stream(stream)? {
-                    // SAFETY: as for device-local memory above.
-                    unsafe { shared.order_queue_before(Some(s)) }
-                        .py_context("Could not order the export after pending device work")?;
-                }
-                device_source(view, *dptr)
+                export_to_stream(view, shared, *dptr, stream)?
             } else if target == natural || target == (DL_CPU, 0) {
                 // SAFETY: `None` waits on the host; no stream handle.
                 unsafe { shared.order_queue_before(None) }
@@ -886,7 +930,34 @@ fn dense_byte_size(dims: &[u64], bits: u64) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::dense_byte_size;
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn structs_have_the_dlpack_abi_layout() {
+        // dlpack.h v1.0 on 64-bit targets.
+        assert_eq!(size_of::<DLTensor>(), 48);
+        assert_eq!(offset_of!(DLTensor, device), 8);
+        assert_eq!(offset_of!(DLTensor, byte_offset), 40);
+        assert_eq!(size_of::<DLManagedTensor>(), 64);
+        assert_eq!(offset_of!(DLManagedTensorVersioned, flags), 24);
+        assert_eq!(offset_of!(DLManagedTensorVersioned, dl_tensor), 32);
+    }
+
+    #[test]
+    fn consumer_streams_follow_the_array_api() {
+        let legacy = ferrite_hal_cuda::ffi::CU_STREAM_LEGACY;
+        assert_eq!(parse_consumer_stream(None), Ok(Some(legacy)));
+        assert_eq!(parse_consumer_stream(Some(-1)), Ok(None));
+        assert_eq!(parse_consumer_stream(Some(2)), Ok(Some(2)));
+        assert_eq!(parse_consumer_stream(Some(0x7f00_1234)), Ok(Some(0x7f00_1234)));
+        assert!(parse_consumer_stream(Some(0))
+            .unwrap_err()
+            .contains("ambiguous"));
+        assert!(parse_consumer_stream(Some(-2))
+            .unwrap_err()
+            .contains("invalid CUDA stream -2"));
+    }
 
     #[test]
     fn shape_products_are_checked() {
