@@ -171,8 +171,8 @@ impl Shared {
         } else {
             ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING
         };
-        // SAFETY: valid out-pointer; the context is current.
         ffi::check(
+            // SAFETY: valid out-pointer; the context is current.
             unsafe { (api.cuEventCreate)(&mut event, flags) },
             "creating an event",
         )?;

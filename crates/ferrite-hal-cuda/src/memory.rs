@@ -160,15 +160,21 @@ pub(crate) fn check_device_range(shared: &Shared, dptr: CUdeviceptr, len: u64) -
     }
     let api = shared.api;
     shared.make_current()?;
-    let mem_type: std::ffi::c_uint = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr)?;
+    let mem_type: std::ffi::c_uint =
+        pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr)?;
     if mem_type != ffi::CU_MEMORYTYPE_DEVICE && mem_type != ffi::CU_MEMORYTYPE_UNIFIED {
         bail!(
             InvalidArgument,
             "address {dptr:#x} is {} memory, not CUDA device memory",
-            if mem_type == ffi::CU_MEMORYTYPE_HOST { "host" } else { "non-device" }
+            if mem_type == ffi::CU_MEMORYTYPE_HOST {
+                "host"
+            } else {
+                "non-device"
+            }
         );
     }
-    let ordinal: std::ffi::c_int = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr)?;
+    let ordinal: std::ffi::c_int =
+        pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr)?;
     if ordinal != shared.ordinal {
         bail!(
             InvalidArgument,
@@ -186,7 +192,8 @@ pub(crate) fn check_device_range(shared: &Shared, dptr: CUdeviceptr, len: u64) -
             "device memory at {dptr:#x} belongs to another CUDA context of device {ordinal} (expected the device's primary context)"
         );
     }
-    let start: CUdeviceptr = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dptr)?;
+    let start: CUdeviceptr =
+        pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dptr)?;
     let size: usize = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_SIZE, dptr)?;
     let end = start.saturating_add(size as u64);
     if dptr < start || dptr.checked_add(len).is_none_or(|e| e > end) {

@@ -362,8 +362,8 @@ fn import_device_memory_wraps_in_place_and_releases_once() {
     let rw = MemoryAccess::READ | MemoryAccess::WRITE;
     let count = Arc::new(AtomicUsize::new(0));
     let owner = || Box::new(Release(count.clone()));
-    // SAFETY (each import): `dptr` is 256 bytes of this device's memory,
-    // freed only at the end of the test, after every buffer is gone.
+    // SAFETY: `dptr` is 256 bytes of this device's memory, freed only at
+    // the end of the test, after every buffer over it is gone.
     let b = unsafe { cuda.import_device_memory(dptr + 64, 128, usage, rw, owner()) }.unwrap();
     assert!(b.memory_type().contains(MemoryType::DEVICE_LOCAL));
     b.write(0, &[7u8; 128]).unwrap();
@@ -385,8 +385,13 @@ fn import_device_memory_wraps_in_place_and_releases_once() {
     assert_eq!(count.load(Ordering::SeqCst), 0);
     drop(v);
     drop(b);
-    assert_eq!(count.load(Ordering::SeqCst), 1, "released once, with the last buffer");
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        1,
+        "released once, with the last buffer"
+    );
     // Past the allocation's end: refused, the owner still released.
+    // SAFETY: the check refuses the range before anything uses it.
     let e = unsafe { cuda.import_device_memory(dptr + 64, 256, usage, rw, owner()) }
         .err()
         .unwrap()
@@ -394,14 +399,12 @@ fn import_device_memory_wraps_in_place_and_releases_once() {
     assert!(e.contains("do not fit in their CUDA allocation"), "{e}");
     assert_eq!(count.load(Ordering::SeqCst), 2);
     // Host memory the driver does not know.
-    let not_cuda = vec![0u8; 64];
+    let not_cuda = [0u8; 64];
     // SAFETY: the check refuses the address before anything uses it.
-    let e = unsafe {
-        cuda.import_device_memory(not_cuda.as_ptr() as u64, 64, usage, rw, owner())
-    }
-    .err()
-    .unwrap()
-    .to_string();
+    let e = unsafe { cuda.import_device_memory(not_cuda.as_ptr() as u64, 64, usage, rw, owner()) }
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("not memory the CUDA driver knows"), "{e}");
     assert_eq!(count.load(Ordering::SeqCst), 3);
     // SAFETY: every buffer over `dptr` is gone.
@@ -422,15 +425,24 @@ fn queue_is_ordered_before_a_consumer_stream() {
     let b = dev.allocator().allocate(&device_params(), 16).unwrap();
     queue::fill(&dev, &at(&s, 1), &at(&s, 2), b.clone(), 0, 16, vec![5]).unwrap();
     // SAFETY: the legacy default stream handle is always valid.
-    unsafe { cuda.shared().order_queue_before(Some(ffi::CU_STREAM_LEGACY)) }.unwrap();
+    unsafe {
+        cuda.shared()
+            .order_queue_before(Some(ffi::CU_STREAM_LEGACY))
+    }
+    .unwrap();
     let api = cuda.shared().api;
     // SAFETY: a stream handle constant of the current context.
     let pending = unsafe { (api.cuStreamQuery)(ffi::CU_STREAM_LEGACY as ffi::CUstream) };
-    assert_eq!(pending, 600, "legacy stream should wait for the blocked queue (CUDA_ERROR_NOT_READY)");
+    assert_eq!(
+        pending, 600,
+        "legacy stream should wait for the blocked queue (CUDA_ERROR_NOT_READY)"
+    );
     s.signal(1).unwrap();
     s.wait(2, Timeout::INFINITE).unwrap();
-    // SAFETY: as above.
-    assert_eq!(unsafe { (api.cuStreamSynchronize)(ffi::CU_STREAM_LEGACY as ffi::CUstream) }, 0);
+    let synced =
+        // SAFETY: as above.
+        unsafe { (api.cuStreamSynchronize)(ffi::CU_STREAM_LEGACY as ffi::CUstream) };
+    assert_eq!(synced, 0);
     assert_eq!(b.to_vec().unwrap(), vec![5u8; 16]);
     // SAFETY: as above.
     unsafe { cuda.shared().order_before_queue(ffi::CU_STREAM_LEGACY) }.unwrap();

@@ -568,9 +568,9 @@ fn not_a_cuda_device(device: &dyn Device, device_id: i32) -> PyErr {
         Ok(_) if !ferrite_hal_cuda::available() => {
             "and the CUDA driver reports no GPU on this machine".to_string()
         }
-        Ok(_) => format!(
-            "import it through the CUDA device (rt.get_device(\"cuda://{device_id}\"))"
-        ),
+        Ok(_) => {
+            format!("import it through the CUDA device (rt.get_device(\"cuda://{device_id}\"))")
+        }
     };
     PyValueError::new_err(format!(
         "dlpack tensor is CUDA device memory (kDLCUDA, device {device_id}); HAL device '{}' is not a CUDA device, {cuda}",
@@ -950,7 +950,10 @@ mod tests {
         assert_eq!(parse_consumer_stream(None), Ok(Some(legacy)));
         assert_eq!(parse_consumer_stream(Some(-1)), Ok(None));
         assert_eq!(parse_consumer_stream(Some(2)), Ok(Some(2)));
-        assert_eq!(parse_consumer_stream(Some(0x7f00_1234)), Ok(Some(0x7f00_1234)));
+        assert_eq!(
+            parse_consumer_stream(Some(0x7f00_1234)),
+            Ok(Some(0x7f00_1234))
+        );
         assert!(parse_consumer_stream(Some(0))
             .unwrap_err()
             .contains("ambiguous"));
