@@ -100,6 +100,17 @@ def test_kdlcuda_producer_on_a_cpu_device_is_a_clear_error():
         rt.asdevicearray(dev, Producer(dev.create_dlpack_capsule(bv, DL_CUDA, 0), (DL_CUDA, 0)))
 
 
+def test_kdlcuda_argument_to_a_cpu_program_is_a_clear_error(compile_program):
+    dev = rt.get_device("local-task")
+    ctx = rt.SystemContext(config=rt.Config(device=dev))
+    with open(compile_program("arith"), "rb") as f:
+        ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, f.read()))
+    x = np.arange(4, dtype=np.float32)
+    fake = Producer(dev.create_dlpack_capsule(host_view(dev, x), DL_CUDA, 0), (DL_CUDA, 0))
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        ctx.modules.module["add"](fake, x)
+
+
 def test_other_device_types_are_refused():
     dev = rt.get_device("local-sync")
     bv = host_view(dev, np.arange(4, dtype=np.int32))
@@ -234,6 +245,8 @@ def test_torch_cuda_tensor_in_and_out_without_copies(add_vmfb):
     out = torch.from_dlpack(r)
     assert out.device.type == "cuda" and out.data_ptr() == data_ptr(r)
     assert out.tolist() == [11, 12, 13, 14]
+    # Torch tensors as arguments: imported in place too.
+    assert torch.from_dlpack(add(t, u)).tolist() == [11, 12, 13, 14]
     # Aliasing: torch's writes are what Ferrite reads next (once torch's
     # stream is done: later work on the two streams is not ordered).
     t.mul_(2)

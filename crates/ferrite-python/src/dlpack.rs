@@ -554,10 +554,19 @@ fn capsule_of<'py>(
 
 /// The DLPack device `obj` reports through `__dlpack_device__`, if any.
 fn producer_device(obj: &Bound<'_, PyAny>) -> Option<(i32, i32)> {
+    if !obj.hasattr("__dlpack_device__").unwrap_or(false) {
+        return None;
+    }
     obj.call_method0("__dlpack_device__")
         .ok()?
         .extract::<(i32, i32)>()
         .ok()
+}
+
+/// True for an object reporting CUDA device memory (`kDLCUDA`) through
+/// `__dlpack_device__`.
+pub fn is_cuda_tensor(obj: &Bound<'_, PyAny>) -> bool {
+    matches!(producer_device(obj), Some((DL_CUDA, _)))
 }
 
 /// Why a device cannot take a `kDLCUDA` tensor, with where CUDA stands on
