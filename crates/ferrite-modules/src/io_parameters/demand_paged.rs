@@ -21,7 +21,9 @@
 //! - the file must not shrink while a copy lives: a failed read aborts the
 //!   process (touching a truncated map raises SIGBUS);
 //! - the memory is not inherited by `fork` (`MADV_DONTFORK`): a child that
-//!   touches it faults rather than reading zeros;
+//!   touches it faults rather than reading zeros. The descriptor belongs to
+//!   the parent's address space, so a forked child makes no demand-paged
+//!   copies (it copies eagerly) and leaves the parent's registrations alone;
 //! - without the privilege to handle kernel-mode faults, the descriptor is
 //!   user-mode only, and a system call that reads a chunk not yet present
 //!   straight from the buffer (`write(2)` of its bytes) fails with EFAULT.
@@ -110,6 +112,9 @@ struct Region {
 /// one helper thread.
 struct Pager {
     uffd: OwnedFd,
+    /// The process whose address space `uffd` serves (a forked child
+    /// inherits the descriptor but must not use it).
+    pid: u32,
     /// Registered buffers by start address. The helper holds the lock while
     /// it fills a chunk, so a buffer is never unmapped under a fill.
     regions: Mutex<BTreeMap<usize, Region>>,
@@ -118,9 +123,12 @@ struct Pager {
 static PAGER: OnceLock<Option<Arc<Pager>>> = OnceLock::new();
 
 /// The process's pager, started on first use; None where userfaultfd is
-/// unavailable.
+/// unavailable, and in a process forked from the one that started it.
 fn pager() -> Option<&'static Arc<Pager>> {
-    PAGER.get_or_init(Pager::start).as_ref()
+    PAGER
+        .get_or_init(Pager::start)
+        .as_ref()
+        .filter(|p| p.pid == std::process::id())
 }
 
 /// `ioctl(fd, request, arg)`, as an io::Result.
@@ -158,6 +166,7 @@ impl Pager {
         unsafe { uffd_ioctl(&uffd, UFFDIO_API, &mut api) }.ok()?;
         let pager = Arc::new(Pager {
             uffd,
+            pid: std::process::id(),
             regions: Mutex::new(BTreeMap::new()),
         });
         let serving = pager.clone();
@@ -390,6 +399,11 @@ impl AsRef<[u8]> for DemandPaged {
 
 impl Drop for DemandPaged {
     fn drop(&mut self) {
+        if self.pager.pid != std::process::id() {
+            // A forked child: the mapping was not inherited, and the
+            // descriptor's registrations are the parent's to undo.
+            return;
+        }
         let start = self.ptr.as_ptr() as usize;
         // Under the lock: the pager is not filling this buffer, and will
         // find no region for any fault still queued for it.
@@ -457,6 +471,28 @@ mod tests {
         // A second buffer after the first is gone works the same.
         let again = DemandPaged::new(&file, 3, 100, "p.bin").unwrap();
         assert_eq!(again.as_ref(), &data[3..103]);
+
+        // A forked child makes no demand-paged copies, and dropping its
+        // image of the parent's buffer leaves the parent's one served.
+        let fresh = DemandPaged::new(&file, 5, 3 * chunk_size(), "p.bin").unwrap();
+        // SAFETY: the child only makes calls that allocate nothing and take
+        // no locks (a pid check, an atomic load) before `_exit`.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+        if child == 0 {
+            let refused = DemandPaged::new(&file, 0, 100, "p.bin").is_none();
+            drop(fresh);
+            // SAFETY: ends the child without running the parent's exit hooks.
+            unsafe { libc::_exit(if refused { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child status {status:#x}"
+        );
+        assert_eq!(fresh.as_ref(), &data[5..5 + 3 * chunk_size()]);
         std::fs::remove_dir_all(&dir).ok();
     }
 }
