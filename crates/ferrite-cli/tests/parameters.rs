@@ -127,7 +127,10 @@ fn misaligned_safetensors_tensors_reach_dispatches_intact() {
     let file = out_dir().join("table.safetensors");
     std::fs::write(
         &file,
-        safetensors(&[("pad", &[1], f32_bytes(&[0.0])), ("t", &[40_000], f32_bytes(&t))]),
+        safetensors(&[
+            ("pad", &[1], f32_bytes(&[0.0])),
+            ("t", &[40_000], f32_bytes(&t)),
+        ]),
     )
     .unwrap();
     let ferrite = Path::new(env!("CARGO_BIN_EXE_ferrite"));

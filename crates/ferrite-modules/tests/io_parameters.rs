@@ -517,7 +517,10 @@ fn misaligned_safetensors_tensors_load_with_their_bytes() {
     let big = f32_bytes(&big_values);
     std::fs::write(
         &path,
-        safetensors(&[("small", &[5], small.clone()), ("big", &[40_000], big.clone())]),
+        safetensors(&[
+            ("small", &[5], small.clone()),
+            ("big", &[40_000], big.clone()),
+        ]),
     )
     .unwrap();
     let handle = FileHandle::open(&path).unwrap();
@@ -549,15 +552,25 @@ fn misaligned_safetensors_tensors_load_with_their_bytes() {
     )
     .unwrap();
     let whole = got[0].map_read(0, big.len() as u64).unwrap();
-    assert_eq!(whole.as_ptr() as usize % 64, 0, "kernels need 64-byte alignment");
-    assert!(!map.contains(&(whole.as_ptr() as usize)), "bound misaligned file bytes");
+    assert_eq!(
+        whole.as_ptr() as usize % 64,
+        0,
+        "kernels need 64-byte alignment"
+    );
+    assert!(
+        !map.contains(&(whole.as_ptr() as usize)),
+        "bound misaligned file bytes"
+    );
     if demand_paged {
         // Nothing was read at load; one element brings in its chunk only.
         assert!(resident_pages(&whole).iter().all(|r| !r), "copied at load");
         let i = 100_000;
         assert_eq!(whole[i], big[i]);
         let resident = resident_pages(&whole).iter().filter(|r| **r).count();
-        assert!((1..=16).contains(&resident), "{resident} pages resident after one read");
+        assert!(
+            (1..=16).contains(&resident),
+            "{resident} pages resident after one read"
+        );
     } else {
         ferrite_testkit::skip_or_fail(
             "misaligned_safetensors_tensors_load_with_their_bytes (demand paging)",
@@ -568,12 +581,19 @@ fn misaligned_safetensors_tensors_load_with_their_bytes() {
     drop(whole);
     assert_eq!(got[1].to_vec().unwrap(), small);
     assert_eq!(got[2].to_vec().unwrap(), &big[70_002..150_002]);
-    assert!(got[0].write(0, &[0u8; 4]).is_err(), "a constant was writable");
+    assert!(
+        got[0].write(0, &[0u8; 4]).is_err(),
+        "a constant was writable"
+    );
 
     // A buffer the program may write is an ordinary copy.
-    let b = load(&provider, BufferUsage::DEFAULT, &[span("big", big.len() as u64)])
-        .unwrap()
-        .remove(0);
+    let b = load(
+        &provider,
+        BufferUsage::DEFAULT,
+        &[span("big", big.len() as u64)],
+    )
+    .unwrap()
+    .remove(0);
     assert_eq!(b.to_vec().unwrap(), big);
     b.write(0, &[0u8; 4]).unwrap();
     drop((got, b, provider));

@@ -260,7 +260,9 @@ impl Pager {
                     }
                     // The mapping is gone: no one can be waiting on it.
                     Some(libc::ENOENT | libc::ESRCH) => return,
-                    _ => fatal(format_args!("installing parameter bytes (UFFDIO_COPY): {e}")),
+                    _ => fatal(format_args!(
+                        "installing parameter bytes (UFFDIO_COPY): {e}"
+                    )),
                 },
             }
         }
@@ -446,7 +448,10 @@ mod tests {
         };
         let bytes = copy.as_ref();
         assert_eq!(bytes.as_ptr() as usize % page_size(), 0);
-        assert!(copy.resident_pages().iter().all(|r| !r), "filled before use");
+        assert!(
+            copy.resident_pages().iter().all(|r| !r),
+            "filled before use"
+        );
         // One byte of the third chunk fills that chunk only.
         let probe = 2 * chunk_size() + 100;
         assert_eq!(bytes[probe], data[offset as usize + probe]);
