@@ -139,11 +139,19 @@ impl DeviceMemory for CudaMemory {
 const COPY_IMPORT_MAX_BYTES: usize = 1 << 20;
 
 /// Reads one `cuPointerGetAttribute` value of type `T`.
-fn pointer_attribute<T: Default>(api: &ffi::Api, attribute: i32, dptr: CUdeviceptr) -> Result<T> {
+///
+/// # Safety
+/// `T` is the type cuda.h gives `attribute` (the driver writes that many
+/// bytes).
+unsafe fn pointer_attribute<T: Default>(
+    api: &ffi::Api,
+    attribute: i32,
+    dptr: CUdeviceptr,
+) -> Result<T> {
     let mut v = T::default();
     ffi::check(
         // SAFETY: `v` is an out-value of the type cuda.h gives `attribute`
-        // (the callers pair them); the driver validates `dptr` itself and
+        // (the caller's contract); the driver validates `dptr` itself and
         // fails for addresses it does not know.
         unsafe { (api.cuPointerGetAttribute)(&mut v as *mut T as *mut c_void, attribute, dptr) },
         &format!("address {dptr:#x} is not memory the CUDA driver knows (cuPointerGetAttribute)"),
@@ -160,8 +168,11 @@ pub(crate) fn check_device_range(shared: &Shared, dptr: CUdeviceptr, len: u64) -
     }
     let api = shared.api;
     shared.make_current()?;
+    // Each query's out-type is the attribute's in cuda.h (unsigned int,
+    // int, CUcontext, CUdeviceptr, size_t).
     let mem_type: std::ffi::c_uint =
-        pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr)?;
+        // SAFETY: as the comment above says.
+        unsafe { pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr) }?;
     if mem_type != ffi::CU_MEMORYTYPE_DEVICE && mem_type != ffi::CU_MEMORYTYPE_UNIFIED {
         bail!(
             InvalidArgument,
@@ -174,7 +185,8 @@ pub(crate) fn check_device_range(shared: &Shared, dptr: CUdeviceptr, len: u64) -
         );
     }
     let ordinal: std::ffi::c_int =
-        pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr)?;
+        // SAFETY: as above.
+        unsafe { pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr) }?;
     if ordinal != shared.ordinal {
         bail!(
             InvalidArgument,
@@ -184,8 +196,10 @@ pub(crate) fn check_device_range(shared: &Shared, dptr: CUdeviceptr, len: u64) -
     }
     // Stream-ordered and virtual-memory allocations report no context; an
     // allocation of another context on the same device is refused.
-    let ctx: ffi::CUcontext = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_CONTEXT, dptr)
-        .unwrap_or(std::ptr::null_mut());
+    let ctx: ffi::CUcontext =
+        // SAFETY: as above.
+        unsafe { pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_CONTEXT, dptr) }
+            .unwrap_or(std::ptr::null_mut());
     if !ctx.is_null() && ctx != shared.ctx {
         bail!(
             InvalidArgument,
@@ -193,8 +207,11 @@ pub(crate) fn check_device_range(shared: &Shared, dptr: CUdeviceptr, len: u64) -
         );
     }
     let start: CUdeviceptr =
-        pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dptr)?;
-    let size: usize = pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_SIZE, dptr)?;
+        // SAFETY: as above.
+        unsafe { pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dptr) }?;
+    let size: usize =
+        // SAFETY: as above.
+        unsafe { pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_SIZE, dptr) }?;
     let end = start.saturating_add(size as u64);
     if dptr < start || dptr.checked_add(len).is_none_or(|e| e > end) {
         bail!(
