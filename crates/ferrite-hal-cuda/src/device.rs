@@ -10,17 +10,21 @@
 //! `cuStreamWaitValue64` (GEQ) on the semaphore's pinned payload word
 //! (host- or CPU-signalled semaphores: their host signals write the word,
 //! which releases the GPU with no host thread involved); then the work
-//! (kernel launches, copies, fills); then a `cuStreamWriteValue64` of each
-//! signal value into the signalled semaphore's word (so another device's
-//! stream waiting on it proceeds on the GPU); then an event
+//! (kernel launches, copies, fills); then, for each signalled semaphore
+//! another device's stream has waited on, a `cuStreamWriteValue64` of the
+//! value into its word (so that stream proceeds on the GPU; for the others
+//! the host report writes the word); then an event
 //! (`CU_EVENT_BLOCKING_SYNC`, recorded without stalling the stream, unlike
-//! a host callback) handed to this device's completion thread, which
-//! sleeps in `cuEventSynchronize` (no spinning) and then signals the
-//! semaphores on the host (waking host waiters and CPU-device work) or
-//! fails them: with the CUDA error text when the stream faulted (the event
-//! wait returns the error), or with a wait semaphore's failure when a wait
-//! failed (a failed semaphore's word is set to its failure value so the GPU
-//! never blocks on it).
+//! a host callback) queued for the host to report (`Completions`). The
+//! device's completion thread sleeps in `cuEventSynchronize` (no
+//! spinning) on the oldest; a host thread waiting on one of the device's
+//! semaphores also checks, while it polls before sleeping, whether the
+//! oldest events are reached and reports them itself. Reporting signals
+//! the semaphores on the host (waking host waiters and CPU-device work)
+//! or fails them: with the CUDA error text when the stream faulted (the
+//! event wait returns the error), or with a wait semaphore's failure when
+//! a wait failed (a failed semaphore's word is set to its failure value so
+//! the GPU never blocks on it).
 //!
 //! Work enqueued behind a wait that only the host can release occupies the
 //! stream's queue: CUDA blocks the enqueueing thread once about a thousand
@@ -45,13 +49,13 @@ use ferrite_hal::device::{Device, Work};
 use ferrite_hal::executable::Executable;
 use ferrite_hal::fence::Fence;
 use ferrite_hal::semaphore::DeviceTimeline;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::any::Any;
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 /// Device state shared by the device, its memory, executables and
 /// timelines (they keep the context and streams alive).
@@ -70,6 +74,8 @@ pub struct Shared {
     transfer_lock: Mutex<()>,
     /// Recorded-and-reached events for reuse.
     events: Mutex<Vec<ffi::CUevent>>,
+    /// Enqueued operations whose completion the host has not seen yet.
+    pub(crate) completions: Arc<Completions>,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is
@@ -206,7 +212,11 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        self.completions.close();
         if self.make_current().is_ok() {
+            // Operations nobody holds a semaphore of may still be pending:
+            // report them before the streams go.
+            self.completions.report(self, true, true);
             // SAFETY: the streams were created by this device and nothing
             // references them any more (everything using them holds an Arc
             // of `Shared`).
@@ -223,7 +233,8 @@ impl Drop for Shared {
     }
 }
 
-/// What the completion thread does when the stream reaches an event.
+/// What the host does once the stream reaches an enqueued operation's
+/// event.
 struct Completion {
     /// Recorded after the work; returned to the pool once reached.
     event: ffi::CUevent,
@@ -244,18 +255,188 @@ pub(crate) struct Keep {
     /// Channels of enqueued collectives (their communicators must outlive
     /// the NCCL kernels).
     channels: Vec<ChannelRef>,
+    /// Commands launched as a graph (their direct buffers and executables
+    /// must outlive the launch, even when the command buffer goes first).
+    commands: Vec<Arc<[Command]>>,
 }
 
-// SAFETY: the event handle is used by the completion thread only, in the
-// device's context; everything else in a completion is Send.
+// SAFETY: the event handle is only synchronized/queried (thread-safe driver
+// calls) and returned to the pool by whichever thread reports the
+// completion, with the device's context current; everything else in a
+// completion is Send.
 unsafe impl Send for Completion {}
 
-/// Waits for the completion's event (sleeping), then signals or fails.
-fn complete(shared: &Shared, c: Completion) {
-    // SAFETY: the event was created in this context and recorded on the
-    // queue stream; it is reused only after this wait.
-    let status = unsafe { (shared.api.cuEventSynchronize)(c.event) };
-    shared.events.lock().push(c.event);
+/// The queue stream's operations whose completion the host has not seen
+/// yet, in stream order.
+///
+/// Two kinds of thread report them, always in order (under `reporting`):
+/// the device's completion thread, which sleeps in `cuEventSynchronize`
+/// (a blocking-sync event: no spinning) on the oldest one; and a host
+/// thread waiting on a semaphore this device signals, which during its
+/// bounded polling window ([`ferrite_base::wait::SPIN`]) asks the driver,
+/// without blocking, whether the oldest operations are done
+/// ([`DeviceTimeline::poll`](ferrite_hal::semaphore::DeviceTimeline::poll))
+/// and reports those itself. A waiter thus sees a short GPU operation
+/// finish within microseconds instead of after the completion thread's
+/// wake-up from an interrupt-driven event wait plus a second thread
+/// hand-off.
+pub(crate) struct Completions {
+    pending: Mutex<VecDeque<Completion>>,
+    arrived: Condvar,
+    /// Held while reporting, so reports keep stream order.
+    reporting: Mutex<()>,
+    /// The event the completion thread sleeps on, and whether another
+    /// thread reported it meanwhile: such an event goes back to the pool
+    /// only when the thread's wait returns, so it is never re-recorded for
+    /// later work while the thread waits on it (the thread would then sleep
+    /// until that later work, which may wait on a host signal that depends
+    /// on the reports in between).
+    watched: Mutex<(Option<EventHandle>, bool)>,
+    closed: AtomicBool,
+}
+
+/// A `CUevent` compared by handle.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct EventHandle(ffi::CUevent);
+
+// SAFETY: an opaque driver handle; the driver's event calls are
+// thread-safe.
+unsafe impl Send for EventHandle {}
+
+impl Completions {
+    fn new() -> Completions {
+        Completions {
+            pending: Mutex::new(VecDeque::new()),
+            arrived: Condvar::new(),
+            reporting: Mutex::new(()),
+            watched: Mutex::new((None, false)),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    fn push(&self, c: Completion) {
+        self.pending.lock().push_back(c);
+        self.arrived.notify_one();
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let _q = self.pending.lock();
+        self.arrived.notify_all();
+    }
+
+    /// Reports pending operations whose events the stream has reached, in
+    /// order, stopping at the first one not reached. With `block`, the
+    /// oldest is waited for (sleeping) first; with `all`, every one is.
+    fn report(&self, shared: &Shared, block: bool, all: bool) {
+        let _order = self.reporting.lock();
+        self.report_locked(shared, block, all);
+    }
+
+    fn report_locked(&self, shared: &Shared, mut block: bool, all: bool) {
+        loop {
+            let Some(event) = self.pending.lock().front().map(|c| c.event) else {
+                return;
+            };
+            // SAFETY: an event of this context, recorded on its queue
+            // stream; only reporters (serialized by `reporting`) return it
+            // to the pool, so it is not re-recorded before this call.
+            let status = unsafe {
+                if block || all {
+                    (shared.api.cuEventSynchronize)(event)
+                } else {
+                    (shared.api.cuEventQuery)(event)
+                }
+            };
+            if status == ffi::CUDA_ERROR_NOT_READY {
+                return;
+            }
+            block = false;
+            let Some(c) = self.pending.lock().pop_front() else {
+                return;
+            };
+            self.recycle(shared, c.event);
+            complete(c, status);
+        }
+    }
+
+    /// Returns a reported operation's event to the pool, or leaves that to
+    /// the completion thread when it is sleeping on it.
+    fn recycle(&self, shared: &Shared, event: ffi::CUevent) {
+        {
+            let mut w = self.watched.lock();
+            if w.0 == Some(EventHandle(event)) {
+                w.1 = true;
+                return;
+            }
+        }
+        shared.events.lock().push(event);
+    }
+
+    /// For a polling host waiter: reports what is already done, unless
+    /// another thread is reporting (then that thread will).
+    pub(crate) fn poll(&self, shared: &Shared) {
+        if self.pending.lock().is_empty() {
+            return;
+        }
+        let Some(_order) = self.reporting.try_lock() else {
+            return;
+        };
+        if shared.make_current().is_ok() {
+            self.report_locked(shared, false, false);
+        }
+    }
+}
+
+/// The completion thread's loop: sleep until operations are pending, then
+/// in `cuEventSynchronize` on the oldest (holding the device only for that
+/// wait, so dropping the device ends the loop), and report.
+fn completion_loop(completions: Arc<Completions>, shared: Weak<Shared>) {
+    loop {
+        let event = {
+            let mut q = completions.pending.lock();
+            loop {
+                if let Some(c) = q.front() {
+                    // Under the queue lock: a reporter pops (and then
+                    // recycles) the oldest only after this is recorded, or
+                    // before it is read.
+                    *completions.watched.lock() = (Some(EventHandle(c.event)), false);
+                    break c.event;
+                }
+                if completions.closed.load(Ordering::Acquire) {
+                    return;
+                }
+                completions.arrived.wait(&mut q);
+            }
+        };
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.make_current().is_err() {
+            let _order = completions.reporting.lock();
+            while let Some(c) = completions.pending.lock().pop_front() {
+                c.signal.fail(status!(Internal, "CUDA context lost"));
+            }
+            continue;
+        }
+        // Sleep until the oldest is reached without holding `reporting`,
+        // so a polling waiter can report meanwhile (it then leaves the
+        // event to this thread: `watched`).
+        // SAFETY: an event of this context, not re-recorded during this
+        // wait (`watched`); events are destroyed only when `Shared` drops,
+        // and this thread holds it.
+        let _ = unsafe { (shared.api.cuEventSynchronize)(event) };
+        let (_, reported) = std::mem::take(&mut *completions.watched.lock());
+        if reported {
+            shared.events.lock().push(event);
+        }
+        completions.report(&shared, false, false);
+    }
+}
+
+/// Reports one operation: signals or fails its semaphores with the
+/// event's `status`.
+fn complete(c: Completion, status: ffi::CUresult) {
     let Completion {
         event: _,
         signal,
@@ -290,12 +471,14 @@ pub struct CudaDevice {
     shared: Arc<Shared>,
     allocator: Arc<CudaAllocator>,
     /// Serializes enqueueing so stream order is submission order.
-    submit_lock: Mutex<mpsc::Sender<Completion>>,
+    submit_lock: Mutex<()>,
     cc: (i32, i32),
     sm_count: i32,
     /// Channels created so far: the n-th channel's identifier exchange uses
     /// key n, so the n-th channel of every rank meets the others' n-th.
     channels_created: AtomicU64,
+    /// Command buffer executions launched as CUDA graphs.
+    pub(crate) graph_launches: AtomicU64,
 }
 
 impl CudaDevice {
@@ -370,28 +553,13 @@ impl CudaDevice {
             words: WordPool::new(),
             transfer_lock: Mutex::new(()),
             events: Mutex::new(Vec::new()),
+            completions: Arc::new(Completions::new()),
         });
-        let (tx, rx) = mpsc::channel::<Completion>();
+        let completions = shared.completions.clone();
         let weak = Arc::downgrade(&shared);
         std::thread::Builder::new()
             .name(format!("ferrite-cuda{ordinal}-completion"))
-            .spawn(move || {
-                for c in rx {
-                    // Pending completions keep their semaphores, which keep
-                    // `Shared` alive through their timelines only when
-                    // attached; hold it for the wait.
-                    let Some(shared) = weak.upgrade() else {
-                        c.signal
-                            .fail(status!(Cancelled, "CUDA device was destroyed"));
-                        continue;
-                    };
-                    if shared.make_current().is_err() {
-                        c.signal.fail(status!(Internal, "CUDA context lost"));
-                        continue;
-                    }
-                    complete(&shared, c);
-                }
-            })
+            .spawn(move || completion_loop(completions, weak))
             .map_err(|e| {
                 status!(
                     ResourceExhausted,
@@ -402,11 +570,18 @@ impl CudaDevice {
             id: "cuda".to_string(),
             allocator: Arc::new(CudaAllocator::new(shared.clone())),
             shared,
-            submit_lock: Mutex::new(tx),
+            submit_lock: Mutex::new(()),
             cc,
             sm_count,
             channels_created: AtomicU64::new(0),
+            graph_launches: AtomicU64::new(0),
         }))
+    }
+
+    /// How many command buffer executions ran as CUDA graphs so far (see
+    /// the `graph` module: reusable command buffers).
+    pub fn graph_launches(&self) -> u64 {
+        self.graph_launches.load(Ordering::Relaxed)
     }
 
     /// The device state (for tests and sibling modules).
@@ -480,7 +655,7 @@ impl CudaDevice {
         work: Option<Work>,
         body: impl FnOnce(&Self, &mut Keep) -> Result<()>,
     ) -> Result<()> {
-        let tx = self.submit_lock.lock();
+        let _order = self.submit_lock.lock();
         let outcome = (|| -> Result<()> {
             self.shared.make_current()?;
             let api = self.shared.api;
@@ -503,6 +678,13 @@ impl CudaDevice {
                 {
                     // Signalled by earlier work on this stream.
                     continue;
+                }
+                if !Arc::ptr_eq(&ct.shared, &self.shared) {
+                    // Another device's stream signals it: from now on that
+                    // stream writes the word itself (`gpu_waiters`); a
+                    // signal it already enqueued reaches the word through
+                    // its host report.
+                    ct.gpu_waiters.store(true, Ordering::Release);
                 }
                 ffi::check(
                     // SAFETY: `dptr` is the device address of a pinned word
@@ -528,6 +710,14 @@ impl CudaDevice {
                     continue;
                 }
                 ct.stream_signaled.fetch_max(value, Ordering::AcqRel);
+                if !ct.gpu_waiters.load(Ordering::Acquire) {
+                    // Only this stream waits on the GPU (and skips waits
+                    // stream order covers); host waiters and CPU devices
+                    // see the value when the operation is reported, which
+                    // also writes the word. A stream memory operation per
+                    // signal is saved.
+                    continue;
+                }
                 ffi::check(
                     // SAFETY: as above, for the signalled semaphore's word.
                     unsafe {
@@ -561,7 +751,7 @@ impl CudaDevice {
             signal.fail(ffi::to_status(r, "recording a completion event"));
             return Ok(());
         }
-        let _ = tx.send(Completion {
+        self.shared.completions.push(Completion {
             event,
             signal: signal.clone(),
             waits: wait.clone(),
@@ -585,6 +775,12 @@ impl CudaDevice {
             "creating a completion event",
         )?;
         Ok(e)
+    }
+
+    /// The device address of a binding reference under `table` (range
+    /// checked).
+    pub(crate) fn resolve_address(&self, r: &BufferRef, table: &[Binding]) -> Result<CUdeviceptr> {
+        self.resolve(r, table).map(|(_, p, _)| p)
     }
 
     fn resolve<'a>(
@@ -1104,6 +1300,15 @@ impl Device for CudaDevice {
     ) -> Result<()> {
         let commands = cb.commands()?;
         self.enqueue(wait, signal, Keep::default(), None, |d, keep| {
+            if crate::graph::eligible(cb, &commands) {
+                for b in &bindings {
+                    keep.buffers.push(b.buffer.clone());
+                }
+                keep.commands.push(commands.clone());
+                if d.launch_graph(cb, &commands, &bindings)? {
+                    return Ok(());
+                }
+            }
             d.enqueue_commands(&commands, &bindings, keep)
         })
     }

@@ -33,6 +33,37 @@ pub type CUevent = *mut c_void;
 pub type CUgraph = *mut c_void;
 /// `CUgraphExec`.
 pub type CUgraphExec = *mut c_void;
+/// `CUgraphNode`.
+pub type CUgraphNode = *mut c_void;
+
+/// `CUDA_KERNEL_NODE_PARAMS` (the v1 layout `cuGraphAddKernelNode` and
+/// `cuGraphExecKernelNodeSetParams` take); fields as in the C struct.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct CUDA_KERNEL_NODE_PARAMS {
+    pub func: CUfunction,
+    pub grid_dim_x: c_uint,
+    pub grid_dim_y: c_uint,
+    pub grid_dim_z: c_uint,
+    pub block_dim_x: c_uint,
+    pub block_dim_y: c_uint,
+    pub block_dim_z: c_uint,
+    pub shared_mem_bytes: c_uint,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS`; fields as in the C struct.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct CUDA_MEMSET_NODE_PARAMS {
+    pub dst: CUdeviceptr,
+    pub pitch: usize,
+    pub value: c_uint,
+    pub element_size: c_uint,
+    pub width: usize,
+    pub height: usize,
+}
 /// `CUstreamCallback`.
 pub type CUstreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void);
 
@@ -41,6 +72,8 @@ pub type CUstreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void
 pub const CU_EVENT_BLOCKING_SYNC_NO_TIMING: c_uint = 0x1 | 0x2;
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CUresult = 0;
+/// `cuEventQuery`: the event's work has not completed yet.
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 /// `CU_STREAM_NON_BLOCKING`.
 pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
 /// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`.
@@ -153,6 +186,7 @@ cuda_api! {
     cuEventCreate: fn(*mut CUevent, c_uint);
     cuEventRecord: fn(CUevent, CUstream);
     cuEventSynchronize: fn(CUevent);
+    cuEventQuery: fn(CUevent);
     cuEventDestroy_v2: fn(CUevent);
     cuStreamWaitEvent: fn(CUstream, CUevent, c_uint);
     cuPointerGetAttribute: fn(*mut c_void, c_int, CUdeviceptr);
@@ -161,6 +195,12 @@ cuda_api! {
     cuStreamBeginCapture_v2: fn(CUstream, c_int);
     cuStreamEndCapture: fn(CUstream, *mut CUgraph);
     cuGraphInstantiateWithFlags: fn(*mut CUgraphExec, CUgraph, u64);
+    cuGraphCreate: fn(*mut CUgraph, c_uint);
+    cuGraphAddKernelNode: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, *const CUDA_KERNEL_NODE_PARAMS);
+    cuGraphAddMemsetNode: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, *const CUDA_MEMSET_NODE_PARAMS, CUcontext);
+    cuGraphAddEmptyNode: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize);
+    cuGraphExecKernelNodeSetParams: fn(CUgraphExec, CUgraphNode, *const CUDA_KERNEL_NODE_PARAMS);
+    cuGraphExecMemsetNodeSetParams: fn(CUgraphExec, CUgraphNode, *const CUDA_MEMSET_NODE_PARAMS, CUcontext);
     cuGraphLaunch: fn(CUgraphExec, CUstream);
     cuGraphExecDestroy: fn(CUgraphExec);
     cuGraphDestroy: fn(CUgraph);

@@ -25,6 +25,7 @@ pub mod device;
 pub mod executable;
 pub mod ffi;
 mod flatbuffer;
+mod graph;
 pub mod memory;
 pub mod nccl;
 

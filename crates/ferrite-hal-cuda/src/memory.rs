@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use std::any::Any;
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// How a [`CudaMemory`] was obtained (and how it is released).
@@ -571,6 +571,10 @@ pub struct CudaTimeline {
     pub(crate) dptr: CUdeviceptr,
     /// Highest value enqueued for signalling on the owner's queue stream.
     pub(crate) stream_signaled: AtomicU64,
+    /// Set once another device's stream has waited on the word: only then
+    /// does the owner's stream write its signals into the word on the GPU
+    /// (otherwise the host report writes it, see [`DeviceTimeline::advanced`]).
+    pub(crate) gpu_waiters: AtomicBool,
     slot: (usize, usize),
 }
 
@@ -597,6 +601,7 @@ impl CudaTimeline {
             host,
             dptr,
             stream_signaled: AtomicU64::new(0),
+            gpu_waiters: AtomicBool::new(false),
             slot: (page, word),
         })
     }
@@ -619,6 +624,9 @@ impl DeviceTimeline for CudaTimeline {
     }
     fn failed(&self) {
         self.word().store(FAILURE_VALUE, Ordering::Release);
+    }
+    fn poll(&self) {
+        self.shared.completions.poll(&self.shared);
     }
     fn as_any(&self) -> &dyn Any {
         self

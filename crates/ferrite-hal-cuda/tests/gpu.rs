@@ -65,6 +65,108 @@ fn kernel_with_bindings_and_constants() {
     assert_eq!(u32s(&out), vec![0, 42, 0, 0]);
 }
 
+/// A reusable command buffer (fill, barrier, two unordered dispatches,
+/// barrier, dispatch) runs as a CUDA graph; executions with other binding
+/// tables update its bindings in place; a table too small for a node's
+/// range fails the execution instead of launching.
+#[test]
+fn reusable_command_buffer_runs_as_a_graph_with_new_bindings() {
+    let Some(dev) = gpu() else { return };
+    let cuda = dev
+        .as_any()
+        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
+        .unwrap();
+    let exe = dev
+        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
+        .unwrap();
+    let slot = |slot, offset| BufferRef::Slot {
+        slot,
+        offset,
+        length: 4,
+    };
+    let cb = CommandBuffer::new(0, 0, 0, 2);
+    cb.fill_buffer(
+        BufferRef::Slot {
+            slot: 0,
+            offset: 0,
+            length: 16,
+        },
+        7,
+        4,
+    )
+    .unwrap();
+    cb.execution_barrier().unwrap();
+    for (offset, value) in [(4, 41), (8, 9)] {
+        cb.dispatch(
+            ExecutableRef(exe.clone()),
+            0,
+            [1, 1, 1],
+            None,
+            vec![value],
+            vec![slot(0, offset)],
+        )
+        .unwrap();
+    }
+    cb.execution_barrier().unwrap();
+    cb.dispatch(
+        ExecutableRef(exe.clone()),
+        0,
+        [1, 1, 1],
+        None,
+        vec![99],
+        vec![slot(1, 0)],
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    let alloc = |n| dev.allocator().allocate(&device_params(), n).unwrap();
+    let binding = |b: &ferrite_hal::Buffer| ferrite_hal::command_buffer::Binding {
+        buffer: b.clone(),
+        offset: 0,
+        length: WHOLE_BUFFER,
+    };
+    let s = Semaphore::new(0);
+    let before = cuda.graph_launches();
+    let (a, b, c, d) = (alloc(16), alloc(4), alloc(16), alloc(8));
+    let mut v = 0;
+    for (x, y) in [(&a, &b), (&c, &d), (&a, &b)] {
+        x.write(0, &[0; 16]).unwrap();
+        v += 1;
+        queue::execute(
+            &dev,
+            &at(&s, v - 1),
+            &at(&s, v),
+            Some(&cb),
+            vec![binding(x), binding(y)],
+        )
+        .unwrap();
+        s.wait(v, Timeout::INFINITE).unwrap();
+        assert_eq!(u32s(x), vec![7, 42, 10, 7]);
+        assert_eq!(u32s(y)[0], 100);
+    }
+    assert_eq!(
+        cuda.graph_launches() - before,
+        3,
+        "every execution was a graph launch"
+    );
+    // A table whose slot 0 is too small for the fill: refused, not launched.
+    let small = alloc(8);
+    let t = Semaphore::new(0);
+    queue::execute(
+        &dev,
+        &Fence::new(),
+        &at(&t, 1),
+        Some(&cb),
+        vec![binding(&small), binding(&b)],
+    )
+    .unwrap();
+    let err = t.wait(1, Timeout::INFINITE).unwrap_err();
+    assert!(
+        err.to_string().contains("range") || err.to_string().contains("length"),
+        "{err}"
+    );
+    assert_eq!(cuda.graph_launches() - before, 3);
+}
+
 #[test]
 fn queue_transfers_and_alloca() {
     let Some(dev) = gpu() else { return };

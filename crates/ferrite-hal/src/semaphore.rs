@@ -27,7 +27,10 @@
 //! (so GPU waits on a semaphore a CPU device signals are released without a
 //! host thread in between), and the device reports its own signals and
 //! faults back through [`Semaphore::signal`] and [`Semaphore::fail`] from a
-//! completion thread, which wakes host waiters (no polling). A failure
+//! completion thread, which wakes host waiters; a host waiter in its
+//! bounded polling window asks the device to report finished work itself
+//! ([`DeviceTimeline::poll`]), which saves the completion thread's wake-up
+//! on short GPU operations. A failure
 //! releases device waiters (the timeline is set to its failure value) and
 //! the device's queue fails the semaphores its own work signals, so
 //! failures cross between CPU and GPU devices both ways.
@@ -50,6 +53,12 @@ pub trait DeviceTimeline: Send + Sync + 'static {
     /// The semaphore failed: release device waiters (they then observe the
     /// failure through the host state).
     fn failed(&self);
+    /// A host thread waiting on the semaphore is polling (within its
+    /// bounded window, [`ferrite_base::wait::SPIN`]): report, without
+    /// blocking, any of the device's work that has already finished, so
+    /// the waiter need not wait for the device's own completion reporting.
+    /// Cheap when nothing is pending; the default does nothing.
+    fn poll(&self) {}
     /// For drivers: downcast to the concrete type.
     fn as_any(&self) -> &dyn std::any::Any;
 }
@@ -360,6 +369,7 @@ impl Semaphore {
             }
         }
         ferrite_base::wait::spin_until(deadline, || {
+            self.poll_device();
             let s = self.state.lock();
             s.failure.is_some() || s.value >= value
         });
@@ -465,7 +475,19 @@ impl Semaphore {
         })
     }
 
+    /// Lets the attached device report finished work (see
+    /// [`DeviceTimeline::poll`]).
+    #[inline]
+    fn poll_device(&self) {
+        if let Some(t) = self.timeline.get() {
+            t.poll();
+        }
+    }
+
     fn poll_value(&self, value: u64) -> Result<bool> {
+        if !self.reached_fast(value) {
+            self.poll_device();
+        }
         let s = self.state.lock();
         match &s.failure {
             Some(e) => Err(e.clone()),
