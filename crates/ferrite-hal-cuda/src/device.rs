@@ -37,7 +37,7 @@
 use crate::channel::{NcclChannel, Resolved};
 use crate::executable::CudaExecutable;
 use crate::ffi::{self, Api, CUcontext, CUdevice, CUdeviceptr, CUstream};
-use crate::memory::{CudaAllocator, CudaMemory, CudaTimeline, WordPool};
+use crate::memory::{CudaAllocator, CudaMemory, CudaTimeline, SpareBlocks, WordPool};
 use ferrite_base::{bail, status, Result, Status};
 use ferrite_hal::allocator::{Allocator, BufferParams};
 use ferrite_hal::buffer::Buffer;
@@ -71,6 +71,8 @@ pub struct Shared {
     /// Synchronous transfers and allocations (never waits on semaphores).
     pub(crate) transfer_stream: CUstream,
     pub(crate) words: WordPool,
+    /// Idle device blocks for queue allocations.
+    pub(crate) spare: SpareBlocks,
     transfer_lock: Mutex<()>,
     /// Recorded-and-reached events for reuse.
     events: Mutex<Vec<ffi::CUevent>>,
@@ -217,6 +219,12 @@ impl Drop for Shared {
             // Operations nobody holds a semaphore of may still be pending:
             // report them before the streams go.
             self.completions.report(self, true, true);
+            for p in self.spare.drain() {
+                // SAFETY: idle pool blocks of this context, freed once.
+                unsafe { (self.api.cuMemFreeAsync)(p, self.stream) };
+            }
+            // SAFETY: the queue stream of this context.
+            unsafe { (self.api.cuStreamSynchronize)(self.stream) };
             // SAFETY: the streams were created by this device and nothing
             // references them any more (everything using them holds an Arc
             // of `Shared`).
@@ -553,6 +561,7 @@ impl CudaDevice {
             words: WordPool::new(),
             transfer_lock: Mutex::new(()),
             events: Mutex::new(Vec::new()),
+            spare: SpareBlocks::default(),
             completions: Arc::new(Completions::new()),
         });
         let completions = shared.completions.clone();
@@ -759,6 +768,28 @@ impl CudaDevice {
             work,
         });
         Ok(())
+    }
+
+    /// True when an operation waiting on `wait` and signalling `signal`
+    /// may complete on the host now: every wait is reached and no earlier
+    /// operation on this device's stream still has to signal one of the
+    /// signal semaphores (a host signal would overtake it).
+    fn completes_at_once(&self, wait: &Fence, signal: &Fence) -> bool {
+        if !wait
+            .timepoints()
+            .iter()
+            .all(|(s, v)| s.query().is_ok_and(|c| c >= *v))
+        {
+            return false;
+        }
+        signal.timepoints().iter().all(|(s, _)| {
+            let Ok(current) = s.query() else {
+                return false;
+            };
+            s.attached_timeline()
+                .and_then(|t| t.as_any().downcast_ref::<CudaTimeline>())
+                .is_none_or(|t| t.stream_signaled.load(Ordering::Acquire) <= current)
+        })
     }
 
     /// A completion event from the pool (or a new one).
@@ -1175,6 +1206,16 @@ impl Device for CudaDevice {
         params: &BufferParams,
         size: u64,
     ) -> Result<Buffer> {
+        let device_local = !params
+            .canonicalize()
+            .memory_type
+            .contains(ferrite_hal::MemoryType::HOST_VISIBLE);
+        if device_local && size > 0 && self.completes_at_once(wait, signal) {
+            if let Some(b) = CudaAllocator::spare_device_buffer(&self.shared, params, size) {
+                signal.signal()?;
+                return Ok(b);
+            }
+        }
         let mut out = None;
         self.enqueue(wait, signal, Keep::default(), None, |d, _| {
             if params

@@ -72,6 +72,8 @@ pub type CUstreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void
 pub const CU_EVENT_BLOCKING_SYNC_NO_TIMING: c_uint = 0x1 | 0x2;
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CUresult = 0;
+/// Device memory exhausted.
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 /// `cuEventQuery`: the event's work has not completed yet.
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 /// `CU_STREAM_NON_BLOCKING`.

@@ -87,6 +87,9 @@ impl Drop for CudaMemory {
         }
         match &self.kind {
             Kind::Device => {
+                if self.dptr != 0 && self.shared.spare.put(self.len, self.dptr) {
+                    return;
+                }
                 if self.dptr != 0 {
                     // SAFETY: `dptr` came from cuMemAllocAsync and is freed
                     // once, ordered after all work enqueued on the queue
@@ -278,6 +281,28 @@ impl CudaAllocator {
         (ty, usage, p.access)
     }
 
+    /// An idle spare block of `size` bytes as a buffer (see
+    /// [`SpareBlocks`]), usable at once from any stream or the host.
+    pub(crate) fn spare_device_buffer(
+        shared: &Arc<Shared>,
+        params: &BufferParams,
+        size: u64,
+    ) -> Option<Buffer> {
+        let (_, usage, access) = Self::resolve(params);
+        let dptr = shared.spare.take(size)?;
+        Some(Buffer::from_device_memory(
+            Box::new(CudaMemory {
+                shared: shared.clone(),
+                dptr,
+                len: size,
+                kind: Kind::Device,
+            }),
+            MemoryType::DEVICE_LOCAL,
+            usage,
+            access,
+        ))
+    }
+
     /// Device-local memory of `size` bytes allocated in stream order on
     /// `stream` (the queue stream for alloca).
     pub(crate) fn device_buffer(
@@ -289,12 +314,21 @@ impl CudaAllocator {
         let (_, usage, access) = Self::resolve(params);
         let mut dptr: CUdeviceptr = 0;
         if size > 0 {
-            ffi::check(
-                // SAFETY: `dptr` is a valid out-pointer; the stream belongs to
-                // the current context.
-                unsafe { (shared.api.cuMemAllocAsync)(&mut dptr, size as usize, stream) },
-                &format!("allocating {size} bytes of device memory"),
-            )?;
+            // SAFETY: `dptr` is a valid out-pointer; the stream belongs to
+            // the current context.
+            let alloc = |dptr: &mut CUdeviceptr| unsafe {
+                (shared.api.cuMemAllocAsync)(dptr, size as usize, stream)
+            };
+            let mut r = alloc(&mut dptr);
+            if r == ffi::CUDA_ERROR_OUT_OF_MEMORY {
+                // Idle spare blocks go back to the pool before giving up.
+                for p in shared.spare.drain() {
+                    // SAFETY: idle pool blocks of this context, freed once.
+                    unsafe { (shared.api.cuMemFreeAsync)(p, stream) };
+                }
+                r = alloc(&mut dptr);
+            }
+            ffi::check(r, &format!("allocating {size} bytes of device memory"))?;
         }
         Ok(Buffer::from_device_memory(
             Box::new(CudaMemory {
@@ -473,6 +507,58 @@ impl Allocator for CudaAllocator {
 
     fn statistics(&self) -> AllocatorStatistics {
         *self.stats.lock()
+    }
+}
+
+/// Device-local blocks whose last user has finished, kept for reuse by
+/// queue allocations of the same size.
+///
+/// A device buffer is dropped only once every queue operation that used it
+/// has completed (queue operations keep their buffers until reported), so
+/// a spare block is idle: reusing it needs no stream ordering. A queue
+/// allocation served from here is therefore complete at once (no stream
+/// operation, no completion to report), which matters for programs that
+/// allocate transients on every call. Bounded to [`SPARE_MAX_BYTES`];
+/// beyond that blocks go back to the stream-ordered pool.
+#[derive(Default)]
+pub struct SpareBlocks {
+    inner: Mutex<Spares>,
+}
+
+#[derive(Default)]
+struct Spares {
+    by_size: std::collections::HashMap<u64, Vec<CUdeviceptr>>,
+    bytes: u64,
+}
+
+/// At most this many bytes of idle device blocks are kept.
+pub const SPARE_MAX_BYTES: u64 = 256 << 20;
+
+impl SpareBlocks {
+    /// Keeps the idle block `[dptr, dptr+len)`; false when full (free it).
+    pub(crate) fn put(&self, len: u64, dptr: CUdeviceptr) -> bool {
+        let mut s = self.inner.lock();
+        if s.bytes + len > SPARE_MAX_BYTES {
+            return false;
+        }
+        s.bytes += len;
+        s.by_size.entry(len).or_default().push(dptr);
+        true
+    }
+
+    /// An idle block of exactly `len` bytes.
+    pub(crate) fn take(&self, len: u64) -> Option<CUdeviceptr> {
+        let mut s = self.inner.lock();
+        let p = s.by_size.get_mut(&len)?.pop()?;
+        s.bytes -= len;
+        Some(p)
+    }
+
+    /// Every kept block (for freeing them).
+    pub(crate) fn drain(&self) -> Vec<CUdeviceptr> {
+        let mut s = self.inner.lock();
+        s.bytes = 0;
+        s.by_size.drain().flat_map(|(_, v)| v).collect()
     }
 }
 

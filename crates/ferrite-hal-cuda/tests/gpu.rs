@@ -167,6 +167,38 @@ fn reusable_command_buffer_runs_as_a_graph_with_new_bindings() {
     assert_eq!(cuda.graph_launches() - before, 3);
 }
 
+/// A queue allocation of a size whose last block is idle again is served
+/// from it at once (its signal is reached on return), and the block works.
+#[test]
+fn alloca_reuses_idle_blocks_at_once() {
+    let Some(dev) = gpu() else { return };
+    let s = Semaphore::new(0);
+    let first = queue::alloca(&dev, &Fence::new(), &at(&s, 1), &device_params(), 4096).unwrap();
+    s.wait(1, Timeout::INFINITE).unwrap();
+    let addr = |b: &ferrite_hal::Buffer| {
+        b.device_memory()
+            .and_then(|m| {
+                m.as_any()
+                    .downcast_ref::<ferrite_hal_cuda::memory::CudaMemory>()
+            })
+            .map(|m| m.device_ptr())
+            .unwrap()
+    };
+    let old = addr(&first);
+    drop(first);
+    let t = Semaphore::new(0);
+    let again = queue::alloca(&dev, &Fence::new(), &at(&t, 1), &device_params(), 4096).unwrap();
+    assert_eq!(t.query().unwrap(), 1, "served at once");
+    assert_eq!(addr(&again), old, "the idle block was reused");
+    again.write(0, &[5; 4096]).unwrap();
+    assert_eq!(again.to_vec().unwrap(), vec![5; 4096]);
+    // A different size is not served from it.
+    let u = Semaphore::new(0);
+    let other = queue::alloca(&dev, &Fence::new(), &at(&u, 1), &device_params(), 8192).unwrap();
+    u.wait(1, Timeout::INFINITE).unwrap();
+    assert_ne!(addr(&other), old);
+}
+
 #[test]
 fn queue_transfers_and_alloca() {
     let Some(dev) = gpu() else { return };

@@ -18,7 +18,7 @@ use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::{Buffer, HostMemory};
 use ferrite_hal::device::Device;
-use ferrite_hal::{BufferUsage, Fence};
+use ferrite_hal::{BufferUsage, Fence, MemoryType};
 
 use super::file_handle::SharedBytes;
 use super::index::{Entry, ParameterIndex, Storage};
@@ -117,7 +117,22 @@ impl Transfer {
                         entry.key
                     );
                 };
-                handle.read_into(base + from, &mut target.map_write(offset, length)?)
+                if target.memory_type().contains(MemoryType::HOST_VISIBLE) {
+                    return handle.read_into(base + from, &mut target.map_write(offset, length)?);
+                }
+                // Device-only memory (a GPU's): read through a bounded
+                // host buffer rather than staging the whole range, so a
+                // model's weights never sit in host memory all at once.
+                const CHUNK: u64 = 8 << 20;
+                let mut chunk = vec![0u8; length.min(CHUNK) as usize];
+                let mut done = 0u64;
+                while done < length {
+                    let n = (length - done).min(CHUNK) as usize;
+                    handle.read_into(base + from + done, &mut chunk[..n])?;
+                    target.write(offset + done, &chunk[..n])?;
+                    done += n as u64;
+                }
+                Ok(())
             }
             Transfer::Write {
                 source,
