@@ -47,6 +47,9 @@ pub struct CudaMemory {
     dptr: CUdeviceptr,
     len: u64,
     kind: Kind,
+    /// Handed to a user outside Ferrite (DLPack): see
+    /// [`CudaMemory::mark_exported`].
+    exported: AtomicBool,
 }
 
 // SAFETY: the device pointer and pinned host pointers are process-wide
@@ -72,6 +75,16 @@ impl CudaMemory {
         &self.shared
     }
 
+    /// Marks the memory as handed to a user outside Ferrite (a DLPack
+    /// consumer), whose own streams may still use it after the last
+    /// Ferrite buffer is dropped: it is then freed stream-ordered on the
+    /// queue stream (after whatever the export ordered before that stream)
+    /// instead of being kept as an idle spare block, which queue
+    /// allocations reuse without any stream ordering.
+    pub fn mark_exported(&self) {
+        self.exported.store(true, Ordering::Relaxed);
+    }
+
     /// True for device-only memory (pool or imported device memory); false
     /// for pinned or registered host memory, which the host addresses too.
     pub fn is_device_local(&self) -> bool {
@@ -87,7 +100,10 @@ impl Drop for CudaMemory {
         }
         match &self.kind {
             Kind::Device => {
-                if self.dptr != 0 && self.shared.spare.put(self.len, self.dptr) {
+                if self.dptr != 0
+                    && !self.exported.load(Ordering::Relaxed)
+                    && self.shared.spare.put(self.len, self.dptr)
+                {
                     return;
                 }
                 if self.dptr != 0 {
@@ -245,6 +261,7 @@ pub(crate) unsafe fn external_buffer(
             dptr,
             len,
             kind: Kind::External(owner),
+            exported: AtomicBool::new(false),
         }),
         MemoryType::DEVICE_LOCAL,
         usage | BufferUsage::TRANSFER,
@@ -296,6 +313,7 @@ impl CudaAllocator {
                 dptr,
                 len: size,
                 kind: Kind::Device,
+                exported: AtomicBool::new(false),
             }),
             MemoryType::DEVICE_LOCAL,
             usage,
@@ -336,6 +354,7 @@ impl CudaAllocator {
                 dptr,
                 len: size,
                 kind: Kind::Device,
+                exported: AtomicBool::new(false),
             }),
             MemoryType::DEVICE_LOCAL,
             usage,
@@ -375,6 +394,7 @@ impl CudaAllocator {
             dptr,
             len: size,
             kind: Kind::Pinned(p),
+            exported: AtomicBool::new(false),
         };
         ffi::check(r, "mapping pinned host memory for the device")?;
         Ok(Buffer::from_device_memory(Box::new(mem), ty, usage, access))
@@ -495,6 +515,7 @@ impl Allocator for CudaAllocator {
             dptr,
             len: len as u64,
             kind: Kind::Registered(p_host, memory),
+            exported: AtomicBool::new(false),
         };
         ffi::check(r, "mapping registered host memory for the device")?;
         Ok(Buffer::from_device_memory(
@@ -515,7 +536,9 @@ impl Allocator for CudaAllocator {
 ///
 /// A device buffer is dropped only once every queue operation that used it
 /// has completed (queue operations keep their buffers until reported), so
-/// a spare block is idle: reusing it needs no stream ordering. A queue
+/// a spare block is idle: reusing it needs no stream ordering. Memory
+/// handed outside Ferrite ([`CudaMemory::mark_exported`]) is never kept:
+/// its users' streams are not Ferrite's queue. A queue
 /// allocation served from here is therefore complete at once (no stream
 /// operation, no completion to report), which matters for programs that
 /// allocate transients on every call. Bounded to [`SPARE_MAX_BYTES`];

@@ -17,10 +17,11 @@
 //! the host never blocks. Exports of CUDA memory to the host (pinned memory,
 //! copies) wait for that event on the host instead. Exported device memory
 //! is freed stream-ordered on the queue stream once the consumer's deleter
-//! runs; for a consumer on the legacy default stream (PyTorch's default),
-//! that stream's work so far is ordered before the free. A consumer on
-//! another stream must finish its work on the memory before releasing it
-//! (as DLPack asks: the deleter means "no longer used").
+//! runs and Ferrite's last buffer is gone (never recycled as an idle block);
+//! for a consumer on the legacy default stream (PyTorch's default), that
+//! stream's work so far is ordered before the free. A consumer on another
+//! stream must finish its work on the memory before releasing it (as DLPack
+//! asks: the deleter means "no longer used").
 //!
 //! Import is zero-copy for dense row-major tensors (the producer's deleter
 //! runs when the last buffer using the memory goes away). Strided host
@@ -399,8 +400,17 @@ pub fn export_capsule(
     make_capsule(py, view, (device_type, device_id), source, false)
 }
 
-/// The device address `dptr` of `view`'s buffer, kept alive by the buffer.
+/// The device address `dptr` of `view`'s buffer, kept alive by the buffer
+/// (marked exported: the consumer's streams may use it after Ferrite's last
+/// use, so it is never recycled without stream ordering).
 fn device_source(view: &BufferView, dptr: u64) -> Source {
+    if let Some(m) = view
+        .buffer()
+        .device_memory()
+        .and_then(|m| m.as_any().downcast_ref::<CudaMemory>())
+    {
+        m.mark_exported();
+    }
     Source {
         data: dptr as *mut c_void,
         keep: Keep::Buffer(view.buffer().clone()),
