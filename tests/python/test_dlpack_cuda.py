@@ -206,6 +206,24 @@ def test_cuda_export_and_reimport_share_memory():
         arr.__dlpack__(dl_device=(DL_CPU, 0), copy=False)
 
 
+def test_cuda_pinned_memory_exports_as_cuda_host():
+    dev = cuda_device()
+    a = np.arange(8, dtype=np.int32)
+    arr = rt.asdevicearray(dev, a, memory_type=rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE)
+    assert arr.__dlpack_device__() == (DL_CUDA_HOST, 0)
+    host = np.from_dlpack(arr)  # numpy reads kDLCUDAHost memory in place
+    assert host.tolist() == a.tolist() and host.ctypes.data == data_ptr(arr)
+    # The same memory labelled as host memory, or by its mapped device address.
+    assert capsule_tensor(arr.__dlpack__(dl_device=(DL_CPU, 0)))[:3] == (host.ctypes.data, DL_CPU, 0)
+    assert capsule_tensor(arr.__dlpack__(dl_device=(DL_CUDA, 0)))[1:3] == (DL_CUDA, 0)
+    with pytest.raises(BufferError, match="kDLCUDAHost"):
+        arr.__dlpack__(dl_device=(DL_CUDA, 5))
+    # Ferrite wraps only device memory as kDLCUDA; pinned memory so labelled
+    # is refused with what the driver says it is.
+    with pytest.raises(ValueError, match="is host memory, not CUDA device memory"):
+        dev.from_dlpack_capsule(arr.__dlpack__(dl_device=(DL_CUDA, 0)))
+
+
 def test_cuda_import_errors():
     dev = cuda_device()
     arr = rt.asdevicearray(dev, np.arange(4, dtype=np.float32))

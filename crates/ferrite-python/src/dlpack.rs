@@ -28,7 +28,8 @@
 //! tensors are copied into a new dense buffer; strided `kDLCUDA` tensors
 //! are refused (make them contiguous first). A `kDLCUDA` tensor is wrapped
 //! in place by the CUDA device of its ordinal, after the driver confirms the
-//! pointer is that device's memory; when the object has `__dlpack__`,
+//! pointer is that device's memory (pinned host memory labelled `kDLCUDA`
+//! is refused as host memory); when the object has `__dlpack__`,
 //! Ferrite passes its queue stream so the producer orders its pending work
 //! before Ferrite's. The structs are the DLPack ABI (dlpack.h, v1.0) written
 //! out in Rust.
