@@ -201,7 +201,11 @@ def test_cuda_export_and_reimport_share_memory():
     versioned = arr.__dlpack__(max_version=(1, 0))
     assert capsule_tensor(versioned)[0] == data_ptr(arr)
     np.testing.assert_array_equal(rt.DeviceArray(dev, dev.from_dlpack_capsule(versioned)).to_host(), a)
-    np.testing.assert_array_equal(np.from_dlpack(arr, device="cpu"), a)
+    to_host = arr.__dlpack__(dl_device=(DL_CPU, 0))  # a legacy capsule
+    assert capsule_tensor(to_host)[1:3] == (DL_CPU, 0)
+    np.testing.assert_array_equal(np.from_dlpack(Producer(to_host, (DL_CPU, 0))), a)
+    if np.lib.NumpyVersion(np.__version__) >= "2.1.0":  # from_dlpack(device=...)
+        np.testing.assert_array_equal(np.from_dlpack(arr, device="cpu"), a)
     with pytest.raises(BufferError, match="needs a copy"):
         arr.__dlpack__(dl_device=(DL_CPU, 0), copy=False)
 
