@@ -300,6 +300,9 @@ pub(crate) struct Completions {
     /// until that later work, which may wait on a host signal that depends
     /// on the reports in between).
     watched: Mutex<(Option<EventHandle>, bool)>,
+    /// Operations were queued without waking the completion thread (see
+    /// `push`).
+    unwatched: AtomicBool,
     closed: AtomicBool,
 }
 
@@ -318,13 +321,53 @@ impl Completions {
             arrived: Condvar::new(),
             reporting: Mutex::new(()),
             watched: Mutex::new((None, false)),
+            unwatched: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         }
     }
 
-    fn push(&self, c: Completion) {
+    /// Queues a completion. The completion thread is woken only when
+    /// someone waits without polling: a thread asleep on, a waiter
+    /// subscribed to, or a callback registered on one of the signalled
+    /// semaphores, or host work to run. Otherwise the wake-up (a system
+    /// call on the submitting thread) is deferred until such a waiter
+    /// appears ([`Completions::watch`], through
+    /// [`DeviceTimeline::watch`](ferrite_hal::semaphore::DeviceTimeline::watch))
+    /// or another completion is queued; until then polling waiters and
+    /// `query` report it. A chain of submit-then-wait calls thus never
+    /// wakes the thread.
+    fn push(&self, c: Completion, shared: &Arc<Shared>) {
+        // Host work must run; a semaphore whose timeline is not this
+        // device's would tell another device when a waiter appears.
+        let wake_now = c.work.is_some()
+            || c.signal.timepoints().iter().any(|(s, _)| {
+                !s.attached_timeline()
+                    .and_then(|t| t.as_any().downcast_ref::<CudaTimeline>())
+                    .is_some_and(|t| Arc::ptr_eq(&t.shared, shared))
+            });
+        let signal = c.signal.clone();
         self.pending.lock().push_back(c);
-        self.arrived.notify_one();
+        // Set before looking for sleepers; a sleeper registers before it
+        // calls `watch`, which clears this: one of the two sides wakes the
+        // thread.
+        self.unwatched.store(true, Ordering::SeqCst);
+        if wake_now || signal.timepoints().iter().any(|(s, _)| s.has_sleepers()) {
+            self.wake();
+        }
+    }
+
+    /// Wakes the completion thread if completions were queued unwatched.
+    fn wake(&self) {
+        if self.unwatched.swap(false, Ordering::SeqCst) {
+            let _q = self.pending.lock();
+            self.arrived.notify_one();
+        }
+    }
+
+    /// A waiter that does not poll appeared: the completion thread must
+    /// report from now on.
+    pub(crate) fn watch(&self) {
+        self.wake();
     }
 
     fn close(&self) {
@@ -760,13 +803,16 @@ impl CudaDevice {
             signal.fail(ffi::to_status(r, "recording a completion event"));
             return Ok(());
         }
-        self.shared.completions.push(Completion {
-            event,
-            signal: signal.clone(),
-            waits: wait.clone(),
-            keep,
-            work,
-        });
+        self.shared.completions.push(
+            Completion {
+                event,
+                signal: signal.clone(),
+                waits: wait.clone(),
+                keep,
+                work,
+            },
+            &self.shared,
+        );
         Ok(())
     }
 

@@ -466,6 +466,10 @@ impl Allocator for CudaAllocator {
         Ok(b)
     }
 
+    fn import_copies(&self, _params: &BufferParams, length: u64, writable: bool) -> bool {
+        !writable || length <= COPY_IMPORT_MAX_BYTES as u64
+    }
+
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
         self.shared.make_current()?;
         let p = params.canonicalize();
@@ -736,6 +740,9 @@ impl DeviceTimeline for CudaTimeline {
     }
     fn poll(&self) {
         self.shared.completions.poll(&self.shared);
+    }
+    fn watch(&self) {
+        self.shared.completions.watch();
     }
     fn as_any(&self) -> &dyn Any {
         self

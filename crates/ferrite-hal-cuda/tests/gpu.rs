@@ -167,6 +167,78 @@ fn reusable_command_buffer_runs_as_a_graph_with_new_bindings() {
     assert_eq!(cuda.graph_launches() - before, 3);
 }
 
+/// Work nobody waited on when it was queued is still reported to waiters
+/// that come later without polling: a callback registered afterwards, a
+/// thread that sleeps, and `query`.
+#[test]
+fn late_waiters_that_do_not_poll_are_told() {
+    let Some(dev) = gpu() else { return };
+    let exe = dev
+        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
+        .unwrap();
+    let out = dev.allocator().allocate(&device_params(), 4).unwrap();
+    let cb = CommandBuffer::new(1, 0, 0, 0);
+    cb.dispatch(
+        ExecutableRef(exe),
+        0,
+        [1, 1, 1],
+        None,
+        vec![1],
+        vec![BufferRef::Direct {
+            buffer: out.clone(),
+            offset: 0,
+            length: 4,
+        }],
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    for late in ["callback", "sleeper", "query"] {
+        let s = Semaphore::new(0);
+        // The sleeper's work is gated by the host, so it finishes only
+        // after the waiter's polling window and the waiter sleeps.
+        let gate = Semaphore::new(0);
+        let wait = if late == "sleeper" {
+            at(&gate, 1)
+        } else {
+            Fence::new()
+        };
+        queue::execute(&dev, &wait, &at(&s, 1), Some(&cb), vec![]).unwrap();
+        let opener = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                gate.signal(1).unwrap();
+            })
+        };
+        if late != "sleeper" {
+            // Long past the work's completion.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let t0 = Instant::now();
+        match late {
+            "callback" => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                s.on_reached(
+                    1,
+                    Box::new(move |r| {
+                        let _ = tx.send(r.is_ok());
+                    }),
+                );
+                assert!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap());
+            }
+            "sleeper" => s.wait(1, Timeout::INFINITE).unwrap(),
+            _ => {
+                while s.query().unwrap() < 1 {
+                    assert!(t0.elapsed().as_secs() < 5, "query never saw the work");
+                }
+            }
+        }
+        assert!(t0.elapsed().as_secs() < 5, "{late}");
+        opener.join().unwrap();
+        assert_eq!(u32s(&out), vec![2]);
+    }
+}
+
 /// A queue allocation of a size whose last block is idle again is served
 /// from it at once (its signal is reached on return), and the block works.
 #[test]

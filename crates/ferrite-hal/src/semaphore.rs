@@ -59,6 +59,12 @@ pub trait DeviceTimeline: Send + Sync + 'static {
     /// the waiter need not wait for the device's own completion reporting.
     /// Cheap when nothing is pending; the default does nothing.
     fn poll(&self) {}
+    /// Someone is about to wait on the semaphore without polling (a thread
+    /// going to sleep, a subscribed waiter, a callback): the device must
+    /// report its work on its own from now on. Called outside the
+    /// semaphore's lock, after the waiter registered (see
+    /// [`Semaphore::has_sleepers`]). The default does nothing.
+    fn watch(&self) {}
     /// For drivers: downcast to the concrete type.
     fn as_any(&self) -> &dyn std::any::Any;
 }
@@ -74,6 +80,8 @@ struct State {
     notifiers: Vec<(u64, Arc<Notifier>)>,
     /// Device callbacks, with their values.
     callbacks: Vec<(u64, TimepointCallback)>,
+    /// Threads asleep in [`Semaphore::wait_until`].
+    sleeping: u32,
 }
 
 /// A semaphore timepoint exported as a host wait primitive (see
@@ -155,6 +163,7 @@ impl Semaphore {
                 failure: None,
                 notifiers: Vec::new(),
                 callbacks: Vec::new(),
+                sleeping: 0,
             }),
             cond: Condvar::new(),
             published: AtomicU64::new(initial_value),
@@ -179,6 +188,7 @@ impl Semaphore {
         *self.published.get_mut() = value;
         *self.failed.get_mut() = false;
         state.notifiers.clear();
+        state.sleeping = 0;
         state.callbacks.clear();
         self.timeline = std::sync::OnceLock::new();
     }
@@ -227,8 +237,11 @@ impl Semaphore {
         });
     }
 
-    /// The current payload, or the failure status once failed.
+    /// The current payload, or the failure status once failed. Lets the
+    /// attached device report finished work first, so a caller polling
+    /// with `query` sees it.
     pub fn query(&self) -> Result<u64> {
+        self.poll_device();
         let s = self.state.lock();
         match &s.failure {
             Some(e) => Err(e.clone()),
@@ -381,6 +394,25 @@ impl Semaphore {
             if s.value >= value {
                 return Ok(());
             }
+            if matches!(deadline, Deadline::InfinitePast) {
+                return Err(Status::new(
+                    StatusCode::DeadlineExceeded,
+                    format!(
+                        "timed out waiting for semaphore to reach {value} (at {})",
+                        s.value
+                    ),
+                ));
+            }
+            s.sleeping += 1;
+            if s.sleeping == 1 {
+                // Registered first, then the device is told (outside the
+                // lock): a device that enqueues after this sees the sleeper.
+                parking_lot::MutexGuard::unlocked(&mut s, || self.watch_device());
+                if s.failure.is_some() || s.value >= value {
+                    s.sleeping -= 1;
+                    continue;
+                }
+            }
             let timed_out = match deadline {
                 Deadline::InfinitePast => true,
                 Deadline::InfiniteFuture => {
@@ -389,6 +421,7 @@ impl Semaphore {
                 }
                 Deadline::At(t) => self.cond.wait_until(&mut s, t).timed_out(),
             };
+            s.sleeping -= 1;
             if timed_out {
                 if let Some(e) = &s.failure {
                     return Err(e.clone());
@@ -459,6 +492,8 @@ impl Semaphore {
                 Some(Ok(()))
             } else {
                 s.callbacks.push((value, callback));
+                drop(s);
+                self.watch_device();
                 return;
             }
         };
@@ -473,6 +508,22 @@ impl Semaphore {
             semaphore: self.clone(),
             value,
         })
+    }
+
+    /// True when a thread sleeps on the semaphore, a waiter is subscribed
+    /// or a callback is registered: waiters that do not poll, for which a
+    /// device must report completions on its own (see
+    /// [`DeviceTimeline::watch`]).
+    pub fn has_sleepers(&self) -> bool {
+        let s = self.state.lock();
+        s.sleeping > 0 || !s.notifiers.is_empty() || !s.callbacks.is_empty()
+    }
+
+    #[inline]
+    fn watch_device(&self) {
+        if let Some(t) = self.timeline.get() {
+            t.watch();
+        }
     }
 
     /// Lets the attached device report finished work (see
@@ -497,6 +548,7 @@ impl Semaphore {
 
     fn subscribe_at(&self, value: u64, notifier: &Arc<Notifier>) {
         self.state.lock().notifiers.push((value, notifier.clone()));
+        self.watch_device();
     }
 
     fn unsubscribe_all(&self, notifier: &Arc<Notifier>) {

@@ -268,6 +268,12 @@ impl ParameterProvider {
         if span.buffer_offset != 0 || !params.usage.contains(BufferUsage::SHARING_IMMUTABLE) {
             return None;
         }
+        if device.allocator().import_copies(params, span.length, false) {
+            // The device would copy the mapped bytes (a GPU's device-local
+            // memory): reading the file in bounded chunks instead keeps the
+            // mapping untouched, so the weights never count in host RSS.
+            return None;
+        }
         let bytes = handle.shared_bytes()?;
         let start = usize::try_from(offset + span.parameter_offset).ok()?;
         let end = start.checked_add(usize::try_from(span.length).ok()?)?;
