@@ -949,36 +949,14 @@ impl CudaDevice {
                     constants,
                     bindings,
                 } => {
-                    let Some(exe) = executable.0.as_any().downcast_ref::<CudaExecutable>() else {
-                        bail!(
-                            InvalidArgument,
-                            "executable was not loaded by a CUDA device"
-                        );
-                    };
-                    keep.executables.push(executable.0.clone());
-                    let kernel = exe.kernel(*function)?;
                     if indirect.is_some() {
                         bail!(
                             Unimplemented,
                             "indirect dispatch parameters are not supported in CUDA streams"
                         );
                     }
-                    if bindings.len() < kernel.binding_count as usize {
-                        bail!(
-                            InvalidArgument,
-                            "dispatch of export {function} has {} bindings but the kernel takes {}",
-                            bindings.len(),
-                            kernel.binding_count
-                        );
-                    }
-                    if constants.len() < kernel.constant_count as usize {
-                        bail!(
-                            InvalidArgument,
-                            "dispatch of export {function} has {} constants but the kernel takes {}",
-                            constants.len(),
-                            kernel.constant_count
-                        );
-                    }
+                    keep.executables.push(executable.0.clone());
+                    let kernel = dispatch_kernel(executable, *function, bindings, constants)?;
                     if workgroups.contains(&0) {
                         continue;
                     }
@@ -1161,6 +1139,40 @@ impl CudaDevice {
         };
         ffi::check(r, "enqueueing a buffer fill")
     }
+}
+
+/// The kernel a dispatch launches, checked against the dispatch's
+/// bindings and push constants (at least as many as the kernel takes).
+pub(crate) fn dispatch_kernel<'a>(
+    executable: &'a ferrite_hal::executable::ExecutableRef,
+    function: u32,
+    bindings: &[BufferRef],
+    constants: &[u32],
+) -> Result<&'a crate::executable::Kernel> {
+    let Some(exe) = executable.0.as_any().downcast_ref::<CudaExecutable>() else {
+        bail!(
+            InvalidArgument,
+            "executable was not loaded by a CUDA device"
+        );
+    };
+    let kernel = exe.kernel(function)?;
+    if bindings.len() < kernel.binding_count as usize {
+        bail!(
+            InvalidArgument,
+            "dispatch of export {function} has {} bindings but the kernel takes {}",
+            bindings.len(),
+            kernel.binding_count
+        );
+    }
+    if constants.len() < kernel.constant_count as usize {
+        bail!(
+            InvalidArgument,
+            "dispatch of export {function} has {} constants but the kernel takes {}",
+            constants.len(),
+            kernel.constant_count
+        );
+    }
+    Ok(kernel)
 }
 
 /// The `hal.device.id` glob match (`*` and `?`).

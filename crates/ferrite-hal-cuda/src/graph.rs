@@ -22,8 +22,7 @@
 //! when `FERRITE_CUDA_GRAPHS=0`, and one whose graph the driver refused
 //! to build (remembered, so the refusal is paid once).
 
-use crate::device::{CudaDevice, Shared};
-use crate::executable::CudaExecutable;
+use crate::device::{dispatch_kernel, CudaDevice, Shared};
 use crate::ffi::{self, CUdeviceptr, CUgraph, CUgraphExec, CUgraphNode};
 use ferrite_base::{bail, Result};
 use ferrite_hal::command_buffer::{Binding, BufferRef, Command, CommandBuffer};
@@ -143,29 +142,7 @@ impl CudaDevice {
                 constants,
                 ..
             } => {
-                let Some(exe) = executable.0.as_any().downcast_ref::<CudaExecutable>() else {
-                    bail!(
-                        InvalidArgument,
-                        "executable was not loaded by a CUDA device"
-                    );
-                };
-                let kernel = exe.kernel(*function)?;
-                if bindings.len() < kernel.binding_count as usize {
-                    bail!(
-                        InvalidArgument,
-                        "dispatch of export {function} has {} bindings but the kernel takes {}",
-                        bindings.len(),
-                        kernel.binding_count
-                    );
-                }
-                if constants.len() < kernel.constant_count as usize {
-                    bail!(
-                        InvalidArgument,
-                        "dispatch of export {function} has {} constants but the kernel takes {}",
-                        constants.len(),
-                        kernel.constant_count
-                    );
-                }
+                let kernel = dispatch_kernel(executable, *function, bindings, constants)?;
                 if workgroups.contains(&0) {
                     return Ok(None);
                 }
@@ -216,18 +193,13 @@ impl CudaDevice {
             function,
             workgroups,
             constants,
+            bindings,
             ..
         } = cmd
         else {
             bail!(Internal, "not a dispatch");
         };
-        let Some(exe) = executable.0.as_any().downcast_ref::<CudaExecutable>() else {
-            bail!(
-                InvalidArgument,
-                "executable was not loaded by a CUDA device"
-            );
-        };
-        let kernel = exe.kernel(*function)?;
+        let kernel = dispatch_kernel(executable, *function, bindings, constants)?;
         let mut args = KernelArgs::new(
             addresses.to_vec(),
             constants[..kernel.constant_count as usize].to_vec(),
