@@ -291,7 +291,7 @@ class HalBufferView:
     def __dlpack__(
         self,
         *,
-        stream: Any = None,
+        stream: Optional[int] = None,
         max_version: Optional[tuple[int, int]] = None,
         dl_device: Optional[tuple[int, int]] = None,
         copy: Optional[bool] = None,

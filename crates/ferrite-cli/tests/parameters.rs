@@ -3,7 +3,10 @@
 //! upstream's `iree-run-module` with the same parameters stored as `.irpa`
 //! (written by Ferrite's archive writer, with a splat), `.gguf` and
 //! `.safetensors`; stdout must be identical on both CPU devices and in both
-//! parameter modes. A missing scope is an error naming it.
+//! parameter modes. A missing scope is an error naming it. A larger
+//! parameter at a misaligned safetensors offset (`tests/parameters/
+//! table_sum.mlir`), bound as an aligned copy (demand-paged where the
+//! system allows), sums to the value written.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -113,6 +116,44 @@ fn parameter_files_match_upstream() {
         ),
     );
     assert!(out.contains("4xf32=11.5 16 30.75 72"), "{out}");
+}
+
+#[test]
+fn misaligned_safetensors_tensors_reach_dispatches_intact() {
+    let src = workspace_root().join("tests/parameters/table_sum.mlir");
+    let module = compile_file(&src, &out_dir().join("table_sum.vmfb"), GENERIC_CPU);
+    // `pad` (4 bytes) first puts `t` at an offset that is 4 mod 8.
+    let t: Vec<f32> = (0..40_000).map(|i| (i % 7) as f32).collect();
+    let file = out_dir().join("table.safetensors");
+    std::fs::write(
+        &file,
+        safetensors(&[
+            ("pad", &[1], f32_bytes(&[0.0])),
+            ("t", &[40_000], f32_bytes(&t)),
+        ]),
+    )
+    .unwrap();
+    let ferrite = Path::new(env!("CARGO_BIN_EXE_ferrite"));
+    let upstream = venv_tool("iree-run-module");
+    for device in ["local-sync", "local-task"] {
+        for mode in ["file", "preload"] {
+            let a = vec![
+                format!("--module={}", module.display()),
+                "--function=main".to_string(),
+                format!("--device={device}"),
+                "--input=40000xf32=1".to_string(),
+                format!("--parameters=model={}", file.display()),
+                format!("--parameter_mode={mode}"),
+            ];
+            let (ok, up, err) = run(&upstream, &[], &a);
+            assert!(ok, "upstream: {err}");
+            let (ok, fe, err) = run(ferrite, &["run-module"], &a);
+            assert!(ok, "ferrite: {err}");
+            assert_eq!(fe, up, "{device} ({mode})");
+            // 5714 full cycles of 0..7 (21 each) and then 0, 1.
+            assert!(fe.contains("f32=119995"), "{device} ({mode}): {fe}");
+        }
+    }
 }
 
 #[test]

@@ -10,17 +10,21 @@
 //! `cuStreamWaitValue64` (GEQ) on the semaphore's pinned payload word
 //! (host- or CPU-signalled semaphores: their host signals write the word,
 //! which releases the GPU with no host thread involved); then the work
-//! (kernel launches, copies, fills); then a `cuStreamWriteValue64` of each
-//! signal value into the signalled semaphore's word (so another device's
-//! stream waiting on it proceeds on the GPU); then an event
+//! (kernel launches, copies, fills); then, for each signalled semaphore
+//! another device's stream has waited on, a `cuStreamWriteValue64` of the
+//! value into its word (so that stream proceeds on the GPU; for the others
+//! the host report writes the word); then an event
 //! (`CU_EVENT_BLOCKING_SYNC`, recorded without stalling the stream, unlike
-//! a host callback) handed to this device's completion thread, which
-//! sleeps in `cuEventSynchronize` (no spinning) and then signals the
-//! semaphores on the host (waking host waiters and CPU-device work) or
-//! fails them: with the CUDA error text when the stream faulted (the event
-//! wait returns the error), or with a wait semaphore's failure when a wait
-//! failed (a failed semaphore's word is set to its failure value so the GPU
-//! never blocks on it).
+//! a host callback) queued for the host to report (`Completions`). The
+//! device's completion thread sleeps in `cuEventSynchronize` (no
+//! spinning) on the oldest; a host thread waiting on one of the device's
+//! semaphores also checks, while it polls before sleeping, whether the
+//! oldest events are reached and reports them itself. Reporting signals
+//! the semaphores on the host (waking host waiters and CPU-device work)
+//! or fails them: with the CUDA error text when the stream faulted (the
+//! event wait returns the error), or with a wait semaphore's failure when
+//! a wait failed (a failed semaphore's word is set to its failure value so
+//! the GPU never blocks on it).
 //!
 //! Work enqueued behind a wait that only the host can release occupies the
 //! stream's queue: CUDA blocks the enqueueing thread once about a thousand
@@ -33,7 +37,7 @@
 use crate::channel::{NcclChannel, Resolved};
 use crate::executable::CudaExecutable;
 use crate::ffi::{self, Api, CUcontext, CUdevice, CUdeviceptr, CUstream};
-use crate::memory::{CudaAllocator, CudaMemory, CudaTimeline, WordPool};
+use crate::memory::{CudaAllocator, CudaMemory, CudaTimeline, SpareBlocks, WordPool};
 use ferrite_base::{bail, status, Result, Status};
 use ferrite_hal::allocator::{Allocator, BufferParams};
 use ferrite_hal::buffer::Buffer;
@@ -45,13 +49,13 @@ use ferrite_hal::device::{Device, Work};
 use ferrite_hal::executable::Executable;
 use ferrite_hal::fence::Fence;
 use ferrite_hal::semaphore::DeviceTimeline;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::any::Any;
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 /// Device state shared by the device, its memory, executables and
 /// timelines (they keep the context and streams alive).
@@ -60,14 +64,20 @@ pub struct Shared {
     pub api: &'static Api,
     pub(crate) ctx: CUcontext,
     pub(crate) device: CUdevice,
+    /// The device ordinal (`cuda://N`).
+    pub(crate) ordinal: i32,
     /// The queue stream.
     pub(crate) stream: CUstream,
     /// Synchronous transfers and allocations (never waits on semaphores).
     pub(crate) transfer_stream: CUstream,
     pub(crate) words: WordPool,
+    /// Idle device blocks for queue allocations.
+    pub(crate) spare: SpareBlocks,
     transfer_lock: Mutex<()>,
     /// Recorded-and-reached events for reuse.
     events: Mutex<Vec<ffi::CUevent>>,
+    /// Enqueued operations whose completion the host has not seen yet.
+    pub(crate) completions: Arc<Completions>,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is
@@ -117,6 +127,80 @@ impl Shared {
         )
     }
 
+    /// The device ordinal (`cuda://N`; DLPack's `device_id`).
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    /// The queue stream's handle, for a DLPack producer asked to make its
+    /// data ready for this device's queue (`__dlpack__(stream=...)`).
+    pub fn queue_stream_handle(&self) -> usize {
+        self.stream as usize
+    }
+
+    /// Orders everything enqueued on the queue stream so far before
+    /// `consumer`'s later work: records an event on the queue stream and
+    /// makes `consumer` wait for it on the GPU (the host never blocks, so
+    /// a queue waiting on a semaphore the host signals later cannot
+    /// deadlock this). `consumer` of `None` waits on the host instead.
+    ///
+    /// # Safety
+    /// `consumer` is `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a live
+    /// stream handle of a context of this process (the driver dereferences
+    /// it; no API can check a handle first).
+    pub unsafe fn order_queue_before(&self, consumer: Option<usize>) -> Result<()> {
+        // SAFETY: the queue stream is ours; the caller vouches for
+        // `consumer`.
+        unsafe { self.order(self.stream, consumer.map(|s| s as CUstream)) }
+    }
+
+    /// Orders `producer`'s work so far before everything enqueued on the
+    /// queue stream later (a GPU-side wait): used before memory a consumer
+    /// used on `producer` is freed stream-ordered on the queue stream.
+    ///
+    /// # Safety
+    /// As [`Shared::order_queue_before`], for `producer`.
+    pub unsafe fn order_before_queue(&self, producer: usize) -> Result<()> {
+        // SAFETY: as above.
+        unsafe { self.order(producer as CUstream, Some(self.stream)) }
+    }
+
+    /// Records an event on `from` and makes `to` wait for it (the host,
+    /// when `to` is `None`).
+    ///
+    /// # Safety
+    /// Both streams are valid handles (or the legacy/per-thread constants).
+    unsafe fn order(&self, from: CUstream, to: Option<CUstream>) -> Result<()> {
+        self.make_current()?;
+        let api = self.api;
+        let mut event: ffi::CUevent = std::ptr::null_mut();
+        let flags = if to.is_some() {
+            ffi::CU_EVENT_DISABLE_TIMING
+        } else {
+            ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING
+        };
+        ffi::check(
+            // SAFETY: valid out-pointer; the context is current.
+            unsafe { (api.cuEventCreate)(&mut event, flags) },
+            "creating an event",
+        )?;
+        // SAFETY: the event belongs to this context; the caller vouches for
+        // the streams. Destroying an event whose record or wait is still
+        // pending is allowed (its resources go once it is reached).
+        let r = unsafe {
+            let mut r = (api.cuEventRecord)(event, from);
+            if r == ffi::CUDA_SUCCESS {
+                r = match to {
+                    Some(s) => (api.cuStreamWaitEvent)(s, event, 0),
+                    None => (api.cuEventSynchronize)(event),
+                };
+            }
+            (api.cuEventDestroy_v2)(event);
+            r
+        };
+        ffi::check(r, "ordering work between CUDA streams")
+    }
+
     /// Waits for the transfer stream.
     pub(crate) fn sync_transfer(&self) -> Result<()> {
         let _g = self.transfer_lock.lock();
@@ -130,7 +214,17 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        self.completions.close();
         if self.make_current().is_ok() {
+            // Operations nobody holds a semaphore of may still be pending:
+            // report them before the streams go.
+            self.completions.report(self, true, true);
+            for p in self.spare.drain() {
+                // SAFETY: idle pool blocks of this context, freed once.
+                unsafe { (self.api.cuMemFreeAsync)(p, self.stream) };
+            }
+            // SAFETY: the queue stream of this context.
+            unsafe { (self.api.cuStreamSynchronize)(self.stream) };
             // SAFETY: the streams were created by this device and nothing
             // references them any more (everything using them holds an Arc
             // of `Shared`).
@@ -147,7 +241,8 @@ impl Drop for Shared {
     }
 }
 
-/// What the completion thread does when the stream reaches an event.
+/// What the host does once the stream reaches an enqueued operation's
+/// event.
 struct Completion {
     /// Recorded after the work; returned to the pool once reached.
     event: ffi::CUevent,
@@ -168,18 +263,231 @@ pub(crate) struct Keep {
     /// Channels of enqueued collectives (their communicators must outlive
     /// the NCCL kernels).
     channels: Vec<ChannelRef>,
+    /// Commands launched as a graph (their direct buffers and executables
+    /// must outlive the launch, even when the command buffer goes first).
+    commands: Vec<Arc<[Command]>>,
 }
 
-// SAFETY: the event handle is used by the completion thread only, in the
-// device's context; everything else in a completion is Send.
+// SAFETY: the event handle is only synchronized/queried (thread-safe driver
+// calls) and returned to the pool by whichever thread reports the
+// completion, with the device's context current; everything else in a
+// completion is Send.
 unsafe impl Send for Completion {}
 
-/// Waits for the completion's event (sleeping), then signals or fails.
-fn complete(shared: &Shared, c: Completion) {
-    // SAFETY: the event was created in this context and recorded on the
-    // queue stream; it is reused only after this wait.
-    let status = unsafe { (shared.api.cuEventSynchronize)(c.event) };
-    shared.events.lock().push(c.event);
+/// The queue stream's operations whose completion the host has not seen
+/// yet, in stream order.
+///
+/// Two kinds of thread report them, always in order (under `reporting`):
+/// the device's completion thread, which sleeps in `cuEventSynchronize`
+/// (a blocking-sync event: no spinning) on the oldest one; and a host
+/// thread waiting on a semaphore this device signals, which during its
+/// bounded polling window ([`ferrite_base::wait::SPIN`]) asks the driver,
+/// without blocking, whether the oldest operations are done
+/// ([`DeviceTimeline::poll`](ferrite_hal::semaphore::DeviceTimeline::poll))
+/// and reports those itself. A waiter thus sees a short GPU operation
+/// finish within microseconds instead of after the completion thread's
+/// wake-up from an interrupt-driven event wait plus a second thread
+/// hand-off.
+pub(crate) struct Completions {
+    pending: Mutex<VecDeque<Completion>>,
+    arrived: Condvar,
+    /// Held while reporting, so reports keep stream order.
+    reporting: Mutex<()>,
+    /// The event the completion thread sleeps on, and whether another
+    /// thread reported it meanwhile: such an event goes back to the pool
+    /// only when the thread's wait returns, so it is never re-recorded for
+    /// later work while the thread waits on it (the thread would then sleep
+    /// until that later work, which may wait on a host signal that depends
+    /// on the reports in between).
+    watched: Mutex<(Option<EventHandle>, bool)>,
+    /// Operations were queued without waking the completion thread (see
+    /// `push`).
+    unwatched: AtomicBool,
+    closed: AtomicBool,
+}
+
+/// A `CUevent` compared by handle.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct EventHandle(ffi::CUevent);
+
+// SAFETY: an opaque driver handle; the driver's event calls are
+// thread-safe.
+unsafe impl Send for EventHandle {}
+
+impl Completions {
+    fn new() -> Completions {
+        Completions {
+            pending: Mutex::new(VecDeque::new()),
+            arrived: Condvar::new(),
+            reporting: Mutex::new(()),
+            watched: Mutex::new((None, false)),
+            unwatched: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Queues a completion. The completion thread is woken only when
+    /// someone waits without polling: a thread asleep on, a waiter
+    /// subscribed to, or a callback registered on one of the signalled
+    /// semaphores, or host work to run. Otherwise the wake-up (a system
+    /// call on the submitting thread) is deferred until such a waiter
+    /// appears ([`Completions::watch`], through
+    /// [`DeviceTimeline::watch`](ferrite_hal::semaphore::DeviceTimeline::watch))
+    /// or another completion is queued; until then polling waiters and
+    /// `query` report it. A chain of submit-then-wait calls thus never
+    /// wakes the thread.
+    fn push(&self, c: Completion, shared: &Arc<Shared>) {
+        // Host work must run; a semaphore whose timeline is not this
+        // device's would tell another device when a waiter appears.
+        let wake_now = c.work.is_some()
+            || c.signal.timepoints().iter().any(|(s, _)| {
+                !s.attached_timeline()
+                    .and_then(|t| t.as_any().downcast_ref::<CudaTimeline>())
+                    .is_some_and(|t| Arc::ptr_eq(&t.shared, shared))
+            });
+        let signal = c.signal.clone();
+        self.pending.lock().push_back(c);
+        // Set before looking for sleepers; a sleeper registers before it
+        // calls `watch`, which clears this: one of the two sides wakes the
+        // thread.
+        self.unwatched.store(true, Ordering::SeqCst);
+        if wake_now || signal.timepoints().iter().any(|(s, _)| s.has_sleepers()) {
+            self.wake();
+        }
+    }
+
+    /// Wakes the completion thread if completions were queued unwatched.
+    fn wake(&self) {
+        if self.unwatched.swap(false, Ordering::SeqCst) {
+            let _q = self.pending.lock();
+            self.arrived.notify_one();
+        }
+    }
+
+    /// A waiter that does not poll appeared: the completion thread must
+    /// report from now on.
+    pub(crate) fn watch(&self) {
+        self.wake();
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let _q = self.pending.lock();
+        self.arrived.notify_all();
+    }
+
+    /// Reports pending operations whose events the stream has reached, in
+    /// order, stopping at the first one not reached. With `block`, the
+    /// oldest is waited for (sleeping) first; with `all`, every one is.
+    fn report(&self, shared: &Shared, block: bool, all: bool) {
+        let _order = self.reporting.lock();
+        self.report_locked(shared, block, all);
+    }
+
+    fn report_locked(&self, shared: &Shared, mut block: bool, all: bool) {
+        loop {
+            let Some(event) = self.pending.lock().front().map(|c| c.event) else {
+                return;
+            };
+            // SAFETY: an event of this context, recorded on its queue
+            // stream; only reporters (serialized by `reporting`) return it
+            // to the pool, so it is not re-recorded before this call.
+            let status = unsafe {
+                if block || all {
+                    (shared.api.cuEventSynchronize)(event)
+                } else {
+                    (shared.api.cuEventQuery)(event)
+                }
+            };
+            if status == ffi::CUDA_ERROR_NOT_READY {
+                return;
+            }
+            block = false;
+            let Some(c) = self.pending.lock().pop_front() else {
+                return;
+            };
+            self.recycle(shared, c.event);
+            complete(c, status);
+        }
+    }
+
+    /// Returns a reported operation's event to the pool, or leaves that to
+    /// the completion thread when it is sleeping on it.
+    fn recycle(&self, shared: &Shared, event: ffi::CUevent) {
+        {
+            let mut w = self.watched.lock();
+            if w.0 == Some(EventHandle(event)) {
+                w.1 = true;
+                return;
+            }
+        }
+        shared.events.lock().push(event);
+    }
+
+    /// For a polling host waiter: reports what is already done, unless
+    /// another thread is reporting (then that thread will).
+    pub(crate) fn poll(&self, shared: &Shared) {
+        if self.pending.lock().is_empty() {
+            return;
+        }
+        let Some(_order) = self.reporting.try_lock() else {
+            return;
+        };
+        if shared.make_current().is_ok() {
+            self.report_locked(shared, false, false);
+        }
+    }
+}
+
+/// The completion thread's loop: sleep until operations are pending, then
+/// in `cuEventSynchronize` on the oldest (holding the device only for that
+/// wait, so dropping the device ends the loop), and report.
+fn completion_loop(completions: Arc<Completions>, shared: Weak<Shared>) {
+    loop {
+        let event = {
+            let mut q = completions.pending.lock();
+            loop {
+                if let Some(c) = q.front() {
+                    // Under the queue lock: a reporter pops (and then
+                    // recycles) the oldest only after this is recorded, or
+                    // before it is read.
+                    *completions.watched.lock() = (Some(EventHandle(c.event)), false);
+                    break c.event;
+                }
+                if completions.closed.load(Ordering::Acquire) {
+                    return;
+                }
+                completions.arrived.wait(&mut q);
+            }
+        };
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.make_current().is_err() {
+            let _order = completions.reporting.lock();
+            while let Some(c) = completions.pending.lock().pop_front() {
+                c.signal.fail(status!(Internal, "CUDA context lost"));
+            }
+            continue;
+        }
+        // Sleep until the oldest is reached without holding `reporting`,
+        // so a polling waiter can report meanwhile (it then leaves the
+        // event to this thread: `watched`).
+        // SAFETY: an event of this context, not re-recorded during this
+        // wait (`watched`); events are destroyed only when `Shared` drops,
+        // and this thread holds it.
+        let _ = unsafe { (shared.api.cuEventSynchronize)(event) };
+        let (_, reported) = std::mem::take(&mut *completions.watched.lock());
+        if reported {
+            shared.events.lock().push(event);
+        }
+        completions.report(&shared, false, false);
+    }
+}
+
+/// Reports one operation: signals or fails its semaphores with the
+/// event's `status`.
+fn complete(c: Completion, status: ffi::CUresult) {
     let Completion {
         event: _,
         signal,
@@ -214,12 +522,14 @@ pub struct CudaDevice {
     shared: Arc<Shared>,
     allocator: Arc<CudaAllocator>,
     /// Serializes enqueueing so stream order is submission order.
-    submit_lock: Mutex<mpsc::Sender<Completion>>,
+    submit_lock: Mutex<()>,
     cc: (i32, i32),
     sm_count: i32,
     /// Channels created so far: the n-th channel's identifier exchange uses
     /// key n, so the n-th channel of every rank meets the others' n-th.
     channels_created: AtomicU64,
+    /// Command buffer executions launched as CUDA graphs.
+    pub(crate) graph_launches: AtomicU64,
 }
 
 impl CudaDevice {
@@ -288,33 +598,20 @@ impl CudaDevice {
             api,
             ctx,
             device: dev,
+            ordinal,
             stream,
             transfer_stream: transfer,
             words: WordPool::new(),
             transfer_lock: Mutex::new(()),
             events: Mutex::new(Vec::new()),
+            spare: SpareBlocks::default(),
+            completions: Arc::new(Completions::new()),
         });
-        let (tx, rx) = mpsc::channel::<Completion>();
+        let completions = shared.completions.clone();
         let weak = Arc::downgrade(&shared);
         std::thread::Builder::new()
             .name(format!("ferrite-cuda{ordinal}-completion"))
-            .spawn(move || {
-                for c in rx {
-                    // Pending completions keep their semaphores, which keep
-                    // `Shared` alive through their timelines only when
-                    // attached; hold it for the wait.
-                    let Some(shared) = weak.upgrade() else {
-                        c.signal
-                            .fail(status!(Cancelled, "CUDA device was destroyed"));
-                        continue;
-                    };
-                    if shared.make_current().is_err() {
-                        c.signal.fail(status!(Internal, "CUDA context lost"));
-                        continue;
-                    }
-                    complete(&shared, c);
-                }
-            })
+            .spawn(move || completion_loop(completions, weak))
             .map_err(|e| {
                 status!(
                     ResourceExhausted,
@@ -325,16 +622,54 @@ impl CudaDevice {
             id: "cuda".to_string(),
             allocator: Arc::new(CudaAllocator::new(shared.clone())),
             shared,
-            submit_lock: Mutex::new(tx),
+            submit_lock: Mutex::new(()),
             cc,
             sm_count,
             channels_created: AtomicU64::new(0),
+            graph_launches: AtomicU64::new(0),
         }))
+    }
+
+    /// How many command buffer executions ran as CUDA graphs so far (see
+    /// the `graph` module: reusable command buffers).
+    pub fn graph_launches(&self) -> u64 {
+        self.graph_launches.load(Ordering::Relaxed)
     }
 
     /// The device state (for tests and sibling modules).
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// Wraps `len` bytes of device memory at `dptr` that someone else
+    /// allocated (a DLPack producer's tensor) as a device-local buffer of
+    /// this device, without copying. The pointer is checked first with
+    /// `cuPointerGetAttribute`: it must be device (or managed) memory of
+    /// this device's ordinal and context, and the range must lie inside one
+    /// allocation; otherwise INVALID_ARGUMENT / OUT_OF_RANGE naming what
+    /// was expected and what was found.
+    ///
+    /// `owner` is dropped exactly once: when the last buffer using the
+    /// memory is dropped, or before an error is returned. Its drop is the
+    /// release (e.g. the producer's DLPack deleter). Queue operations keep
+    /// their buffers until they complete, so the release follows all queue
+    /// work using the memory.
+    ///
+    /// # Safety
+    /// `[dptr, dptr + len)` must stay valid device memory of this device's
+    /// context, not freed or reused by anyone, until `owner` is dropped.
+    /// Writes by others while queue work uses the memory are the caller's
+    /// to order (the DLPack `stream` protocol).
+    pub unsafe fn import_device_memory(
+        &self,
+        dptr: CUdeviceptr,
+        len: u64,
+        usage: ferrite_hal::BufferUsage,
+        access: ferrite_hal::MemoryAccess,
+        owner: Box<dyn Send + Sync>,
+    ) -> Result<Buffer> {
+        // SAFETY: the caller's contract is the function's.
+        unsafe { crate::memory::external_buffer(&self.shared, dptr, len, usage, access, owner) }
     }
 
     /// The device address of `[offset, offset+len)` of `buffer`, which must
@@ -372,7 +707,7 @@ impl CudaDevice {
         work: Option<Work>,
         body: impl FnOnce(&Self, &mut Keep) -> Result<()>,
     ) -> Result<()> {
-        let tx = self.submit_lock.lock();
+        let _order = self.submit_lock.lock();
         let outcome = (|| -> Result<()> {
             self.shared.make_current()?;
             let api = self.shared.api;
@@ -395,6 +730,13 @@ impl CudaDevice {
                 {
                     // Signalled by earlier work on this stream.
                     continue;
+                }
+                if !Arc::ptr_eq(&ct.shared, &self.shared) {
+                    // Another device's stream signals it: from now on that
+                    // stream writes the word itself (`gpu_waiters`); a
+                    // signal it already enqueued reaches the word through
+                    // its host report.
+                    ct.gpu_waiters.store(true, Ordering::Release);
                 }
                 ffi::check(
                     // SAFETY: `dptr` is the device address of a pinned word
@@ -420,6 +762,14 @@ impl CudaDevice {
                     continue;
                 }
                 ct.stream_signaled.fetch_max(value, Ordering::AcqRel);
+                if !ct.gpu_waiters.load(Ordering::Acquire) {
+                    // Only this stream waits on the GPU (and skips waits
+                    // stream order covers); host waiters and CPU devices
+                    // see the value when the operation is reported, which
+                    // also writes the word. A stream memory operation per
+                    // signal is saved.
+                    continue;
+                }
                 ffi::check(
                     // SAFETY: as above, for the signalled semaphore's word.
                     unsafe {
@@ -453,14 +803,39 @@ impl CudaDevice {
             signal.fail(ffi::to_status(r, "recording a completion event"));
             return Ok(());
         }
-        let _ = tx.send(Completion {
-            event,
-            signal: signal.clone(),
-            waits: wait.clone(),
-            keep,
-            work,
-        });
+        self.shared.completions.push(
+            Completion {
+                event,
+                signal: signal.clone(),
+                waits: wait.clone(),
+                keep,
+                work,
+            },
+            &self.shared,
+        );
         Ok(())
+    }
+
+    /// True when an operation waiting on `wait` and signalling `signal`
+    /// may complete on the host now: every wait is reached and no earlier
+    /// operation on this device's stream still has to signal one of the
+    /// signal semaphores (a host signal would overtake it).
+    fn completes_at_once(&self, wait: &Fence, signal: &Fence) -> bool {
+        if !wait
+            .timepoints()
+            .iter()
+            .all(|(s, v)| s.query().is_ok_and(|c| c >= *v))
+        {
+            return false;
+        }
+        signal.timepoints().iter().all(|(s, _)| {
+            let Ok(current) = s.query() else {
+                return false;
+            };
+            s.attached_timeline()
+                .and_then(|t| t.as_any().downcast_ref::<CudaTimeline>())
+                .is_none_or(|t| t.stream_signaled.load(Ordering::Acquire) <= current)
+        })
     }
 
     /// A completion event from the pool (or a new one).
@@ -477,6 +852,12 @@ impl CudaDevice {
             "creating a completion event",
         )?;
         Ok(e)
+    }
+
+    /// The device address of a binding reference under `table` (range
+    /// checked).
+    pub(crate) fn resolve_address(&self, r: &BufferRef, table: &[Binding]) -> Result<CUdeviceptr> {
+        self.resolve(r, table).map(|(_, p, _)| p)
     }
 
     fn resolve<'a>(
@@ -568,36 +949,14 @@ impl CudaDevice {
                     constants,
                     bindings,
                 } => {
-                    let Some(exe) = executable.0.as_any().downcast_ref::<CudaExecutable>() else {
-                        bail!(
-                            InvalidArgument,
-                            "executable was not loaded by a CUDA device"
-                        );
-                    };
-                    keep.executables.push(executable.0.clone());
-                    let kernel = exe.kernel(*function)?;
                     if indirect.is_some() {
                         bail!(
                             Unimplemented,
                             "indirect dispatch parameters are not supported in CUDA streams"
                         );
                     }
-                    if bindings.len() < kernel.binding_count as usize {
-                        bail!(
-                            InvalidArgument,
-                            "dispatch of export {function} has {} bindings but the kernel takes {}",
-                            bindings.len(),
-                            kernel.binding_count
-                        );
-                    }
-                    if constants.len() < kernel.constant_count as usize {
-                        bail!(
-                            InvalidArgument,
-                            "dispatch of export {function} has {} constants but the kernel takes {}",
-                            constants.len(),
-                            kernel.constant_count
-                        );
-                    }
+                    keep.executables.push(executable.0.clone());
+                    let kernel = dispatch_kernel(executable, *function, bindings, constants)?;
                     if workgroups.contains(&0) {
                         continue;
                     }
@@ -782,6 +1141,40 @@ impl CudaDevice {
     }
 }
 
+/// The kernel a dispatch launches, checked against the dispatch's
+/// bindings and push constants (at least as many as the kernel takes).
+pub(crate) fn dispatch_kernel<'a>(
+    executable: &'a ferrite_hal::executable::ExecutableRef,
+    function: u32,
+    bindings: &[BufferRef],
+    constants: &[u32],
+) -> Result<&'a crate::executable::Kernel> {
+    let Some(exe) = executable.0.as_any().downcast_ref::<CudaExecutable>() else {
+        bail!(
+            InvalidArgument,
+            "executable was not loaded by a CUDA device"
+        );
+    };
+    let kernel = exe.kernel(function)?;
+    if bindings.len() < kernel.binding_count as usize {
+        bail!(
+            InvalidArgument,
+            "dispatch of export {function} has {} bindings but the kernel takes {}",
+            bindings.len(),
+            kernel.binding_count
+        );
+    }
+    if constants.len() < kernel.constant_count as usize {
+        bail!(
+            InvalidArgument,
+            "dispatch of export {function} has {} constants but the kernel takes {}",
+            constants.len(),
+            kernel.constant_count
+        );
+    }
+    Ok(kernel)
+}
+
 /// The `hal.device.id` glob match (`*` and `?`).
 fn glob(pattern: &str, text: &str) -> bool {
     fn go(p: &[u8], t: &[u8]) -> bool {
@@ -871,6 +1264,16 @@ impl Device for CudaDevice {
         params: &BufferParams,
         size: u64,
     ) -> Result<Buffer> {
+        let device_local = !params
+            .canonicalize()
+            .memory_type
+            .contains(ferrite_hal::MemoryType::HOST_VISIBLE);
+        if device_local && size > 0 && self.completes_at_once(wait, signal) {
+            if let Some(b) = CudaAllocator::spare_device_buffer(&self.shared, params, size) {
+                signal.signal()?;
+                return Ok(b);
+            }
+        }
         let mut out = None;
         self.enqueue(wait, signal, Keep::default(), None, |d, _| {
             if params
@@ -996,6 +1399,15 @@ impl Device for CudaDevice {
     ) -> Result<()> {
         let commands = cb.commands()?;
         self.enqueue(wait, signal, Keep::default(), None, |d, keep| {
+            if crate::graph::eligible(cb, &commands) {
+                for b in &bindings {
+                    keep.buffers.push(b.buffer.clone());
+                }
+                keep.commands.push(commands.clone());
+                if d.launch_graph(cb, &commands, &bindings)? {
+                    return Ok(());
+                }
+            }
             d.enqueue_commands(&commands, &bindings, keep)
         })
     }

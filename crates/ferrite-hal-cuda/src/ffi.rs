@@ -33,6 +33,37 @@ pub type CUevent = *mut c_void;
 pub type CUgraph = *mut c_void;
 /// `CUgraphExec`.
 pub type CUgraphExec = *mut c_void;
+/// `CUgraphNode`.
+pub type CUgraphNode = *mut c_void;
+
+/// `CUDA_KERNEL_NODE_PARAMS` (the v1 layout `cuGraphAddKernelNode` and
+/// `cuGraphExecKernelNodeSetParams` take); fields as in the C struct.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct CUDA_KERNEL_NODE_PARAMS {
+    pub func: CUfunction,
+    pub grid_dim_x: c_uint,
+    pub grid_dim_y: c_uint,
+    pub grid_dim_z: c_uint,
+    pub block_dim_x: c_uint,
+    pub block_dim_y: c_uint,
+    pub block_dim_z: c_uint,
+    pub shared_mem_bytes: c_uint,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS`; fields as in the C struct.
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct CUDA_MEMSET_NODE_PARAMS {
+    pub dst: CUdeviceptr,
+    pub pitch: usize,
+    pub value: c_uint,
+    pub element_size: c_uint,
+    pub width: usize,
+    pub height: usize,
+}
 /// `CUstreamCallback`.
 pub type CUstreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void);
 
@@ -41,6 +72,10 @@ pub type CUstreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void
 pub const CU_EVENT_BLOCKING_SYNC_NO_TIMING: c_uint = 0x1 | 0x2;
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CUresult = 0;
+/// Device memory exhausted.
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+/// `cuEventQuery`: the event's work has not completed yet.
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 /// `CU_STREAM_NON_BLOCKING`.
 pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
 /// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`.
@@ -73,6 +108,28 @@ pub const CU_JIT_ERROR_LOG_BUFFER: c_int = 5;
 pub const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
 pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+/// `CU_STREAM_LEGACY`: the handle of the legacy default stream.
+pub const CU_STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`: the handle of the per-thread default stream.
+pub const CU_STREAM_PER_THREAD: usize = 0x2;
+/// `CU_POINTER_ATTRIBUTE_CONTEXT` (a `CUcontext`).
+pub const CU_POINTER_ATTRIBUTE_CONTEXT: c_int = 1;
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` (an `unsigned int`, `CUmemorytype`).
+pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (an `int`).
+pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` (a `CUdeviceptr`).
+pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE` (a `size_t`).
+pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
+/// `CU_MEMORYTYPE_HOST`.
+pub const CU_MEMORYTYPE_HOST: c_uint = 1;
+/// `CU_MEMORYTYPE_DEVICE`.
+pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
+/// `CU_MEMORYTYPE_UNIFIED` (managed memory).
+pub const CU_MEMORYTYPE_UNIFIED: c_uint = 4;
 
 macro_rules! cuda_api {
     ($($name:ident : fn($($arg:ty),*);)*) => {
@@ -126,16 +183,26 @@ cuda_api! {
     cuStreamCreate: fn(*mut CUstream, c_uint);
     cuStreamDestroy_v2: fn(CUstream);
     cuStreamSynchronize: fn(CUstream);
+    cuStreamQuery: fn(CUstream);
     cuStreamAddCallback: fn(CUstream, CUstreamCallback, *mut c_void, c_uint);
     cuEventCreate: fn(*mut CUevent, c_uint);
     cuEventRecord: fn(CUevent, CUstream);
     cuEventSynchronize: fn(CUevent);
+    cuEventQuery: fn(CUevent);
     cuEventDestroy_v2: fn(CUevent);
+    cuStreamWaitEvent: fn(CUstream, CUevent, c_uint);
+    cuPointerGetAttribute: fn(*mut c_void, c_int, CUdeviceptr);
     cuStreamWaitValue64_v2: fn(CUstream, CUdeviceptr, u64, c_uint);
     cuStreamWriteValue64_v2: fn(CUstream, CUdeviceptr, u64, c_uint);
     cuStreamBeginCapture_v2: fn(CUstream, c_int);
     cuStreamEndCapture: fn(CUstream, *mut CUgraph);
     cuGraphInstantiateWithFlags: fn(*mut CUgraphExec, CUgraph, u64);
+    cuGraphCreate: fn(*mut CUgraph, c_uint);
+    cuGraphAddKernelNode: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, *const CUDA_KERNEL_NODE_PARAMS);
+    cuGraphAddMemsetNode: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, *const CUDA_MEMSET_NODE_PARAMS, CUcontext);
+    cuGraphAddEmptyNode: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize);
+    cuGraphExecKernelNodeSetParams: fn(CUgraphExec, CUgraphNode, *const CUDA_KERNEL_NODE_PARAMS);
+    cuGraphExecMemsetNodeSetParams: fn(CUgraphExec, CUgraphNode, *const CUDA_MEMSET_NODE_PARAMS, CUcontext);
     cuGraphLaunch: fn(CUgraphExec, CUstream);
     cuGraphExecDestroy: fn(CUgraphExec);
     cuGraphDestroy: fn(CUgraph);
@@ -245,6 +312,10 @@ pub fn error_name(r: CUresult) -> String {
             "the launch timed out and was terminated",
         ),
         710 => ("CUDA_ERROR_ASSERT", "device-side assert triggered"),
+        712 => (
+            "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+            "part or all of the requested memory range is already mapped",
+        ),
         714 => ("CUDA_ERROR_HARDWARE_STACK_ERROR", "hardware stack error"),
         715 => (
             "CUDA_ERROR_ILLEGAL_INSTRUCTION",

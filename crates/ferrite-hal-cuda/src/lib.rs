@@ -9,7 +9,9 @@
 //!   `--list_devices` prints `cuda://GPU-<uuid>` per GPU as upstream does.
 //! - Queue operations are enqueued on the device's stream and ordered by
 //!   semaphores the GPU waits on and signals itself (see [`device`]).
-//! - Memory: see [`memory`]. Executables: see [`executable`].
+//! - Memory: see [`memory`]; device memory allocated elsewhere (a DLPack
+//!   tensor) is wrapped in place by [`CudaDevice::import_device_memory`].
+//!   Executables: see [`executable`].
 //! - Collective channels: NCCL communicators ([`channel`]), NCCL loaded at
 //!   run time ([`nccl`]); collectives run on the queue stream.
 //!
@@ -23,6 +25,7 @@ pub mod device;
 pub mod executable;
 pub mod ffi;
 mod flatbuffer;
+mod graph;
 pub mod memory;
 pub mod nccl;
 

@@ -6,10 +6,13 @@
 //! | device-local, not host-visible | device memory from the device's stream-ordered pool (`cuMemAllocAsync`; queue `alloca` allocates on the queue's stream, the allocator on a transfer stream it then synchronizes) |
 //! | host-visible (any) | pinned, mapped host memory (`cuMemHostAlloc` with `DEVICEMAP`): the host maps it directly, kernels read it over the bus |
 //! | import of host memory | read-only or at most 1 MiB: copied into device memory; larger writable memory: `cuMemHostRegister` (mapped) |
+//! | import of device memory ([`CudaDevice::import_device_memory`](crate::CudaDevice::import_device_memory)) | wrapped in place (no copy) after checking the pointer's device, context and allocation range; never freed by Ferrite: its owner is dropped (the release) with the last buffer |
 //!
 //! Device memory is freed stream-ordered (`cuMemFreeAsync` on the queue
 //! stream) when its last buffer is dropped, so work enqueued before the
-//! drop still sees it.
+//! drop still sees it. Every queue operation keeps the buffers it uses
+//! until it completes, so the last drop of imported device memory (and so
+//! its release) comes after all queue work using it.
 
 use crate::device::Shared;
 use crate::ffi::{self, CUdeviceptr};
@@ -22,7 +25,7 @@ use parking_lot::Mutex;
 use std::any::Any;
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// How a [`CudaMemory`] was obtained (and how it is released).
@@ -33,6 +36,9 @@ enum Kind {
     Pinned(NonNull<u8>),
     /// Registered host memory; unregistered, then the owner is dropped.
     Registered(NonNull<u8>, #[allow(dead_code)] HostMemory),
+    /// Device memory allocated by someone else: never freed here; dropping
+    /// the owner releases it (e.g. runs a DLPack producer's deleter).
+    External(#[allow(dead_code)] Box<dyn Send + Sync>),
 }
 
 /// A CUDA allocation behind a [`Buffer`].
@@ -41,6 +47,9 @@ pub struct CudaMemory {
     dptr: CUdeviceptr,
     len: u64,
     kind: Kind,
+    /// Handed to a user outside Ferrite (DLPack): see
+    /// [`CudaMemory::mark_exported`].
+    exported: AtomicBool,
 }
 
 // SAFETY: the device pointer and pinned host pointers are process-wide
@@ -60,16 +69,43 @@ impl CudaMemory {
     pub fn belongs_to(&self, shared: &Arc<Shared>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
     }
+
+    /// The device this memory belongs to.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Marks the memory as handed to a user outside Ferrite (a DLPack
+    /// consumer), whose own streams may still use it after the last
+    /// Ferrite buffer is dropped: it is then freed stream-ordered on the
+    /// queue stream (after whatever the export ordered before that stream)
+    /// instead of being kept as an idle spare block, which queue
+    /// allocations reuse without any stream ordering.
+    pub fn mark_exported(&self) {
+        self.exported.store(true, Ordering::Relaxed);
+    }
+
+    /// True for device-only memory (pool or imported device memory); false
+    /// for pinned or registered host memory, which the host addresses too.
+    pub fn is_device_local(&self) -> bool {
+        matches!(self.kind, Kind::Device | Kind::External(_))
+    }
 }
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
         let api = self.shared.api;
-        if self.shared.make_current().is_err() {
+        if matches!(self.kind, Kind::External(_)) || self.shared.make_current().is_err() {
             return;
         }
         match &self.kind {
             Kind::Device => {
+                if self.dptr != 0
+                    && !self.exported.load(Ordering::Relaxed)
+                    && self.shared.spare.put(self.len, self.dptr)
+                {
+                    return;
+                }
                 if self.dptr != 0 {
                     // SAFETY: `dptr` came from cuMemAllocAsync and is freed
                     // once, ordered after all work enqueued on the queue
@@ -86,6 +122,8 @@ impl Drop for CudaMemory {
             Kind::Registered(p, _) => unsafe {
                 (api.cuMemHostUnregister)(p.as_ptr() as *mut c_void);
             },
+            // Not ours to free: the owner (a field) is dropped after this.
+            Kind::External(_) => {}
         }
     }
 }
@@ -96,7 +134,7 @@ impl DeviceMemory for CudaMemory {
     }
     fn host_ptr(&self) -> Option<NonNull<u8>> {
         match &self.kind {
-            Kind::Device => None,
+            Kind::Device | Kind::External(_) => None,
             Kind::Pinned(p) | Kind::Registered(p, _) => Some(*p),
         }
     }
@@ -118,6 +156,118 @@ impl DeviceMemory for CudaMemory {
 
 /// Imports of at most this many bytes are copies.
 const COPY_IMPORT_MAX_BYTES: usize = 1 << 20;
+
+/// Reads one `cuPointerGetAttribute` value of type `T`.
+///
+/// # Safety
+/// `T` is the type cuda.h gives `attribute` (the driver writes that many
+/// bytes).
+unsafe fn pointer_attribute<T: Default>(
+    api: &ffi::Api,
+    attribute: i32,
+    dptr: CUdeviceptr,
+) -> Result<T> {
+    let mut v = T::default();
+    ffi::check(
+        // SAFETY: `v` is an out-value of the type cuda.h gives `attribute`
+        // (the caller's contract); the driver validates `dptr` itself and
+        // fails for addresses it does not know.
+        unsafe { (api.cuPointerGetAttribute)(&mut v as *mut T as *mut c_void, attribute, dptr) },
+        &format!("address {dptr:#x} is not memory the CUDA driver knows (cuPointerGetAttribute)"),
+    )?;
+    Ok(v)
+}
+
+/// Checks that `[dptr, dptr + len)` is device memory of device `shared`:
+/// device (or managed) memory, of that device's ordinal and context (when
+/// the driver reports one), inside one allocation.
+pub(crate) fn check_device_range(shared: &Shared, dptr: CUdeviceptr, len: u64) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let api = shared.api;
+    shared.make_current()?;
+    // Each query's out-type is the attribute's in cuda.h (unsigned int,
+    // int, CUcontext, CUdeviceptr, size_t).
+    let mem_type: std::ffi::c_uint =
+        // SAFETY: as the comment above says.
+        unsafe { pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr) }?;
+    if mem_type != ffi::CU_MEMORYTYPE_DEVICE && mem_type != ffi::CU_MEMORYTYPE_UNIFIED {
+        bail!(
+            InvalidArgument,
+            "address {dptr:#x} is {} memory, not CUDA device memory",
+            if mem_type == ffi::CU_MEMORYTYPE_HOST {
+                "host"
+            } else {
+                "non-device"
+            }
+        );
+    }
+    let ordinal: std::ffi::c_int =
+        // SAFETY: as above.
+        unsafe { pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr) }?;
+    if ordinal != shared.ordinal {
+        bail!(
+            InvalidArgument,
+            "device memory at {dptr:#x} belongs to CUDA device {ordinal}, expected CUDA device {}",
+            shared.ordinal
+        );
+    }
+    // Stream-ordered and virtual-memory allocations report no context; an
+    // allocation of another context on the same device is refused.
+    let ctx: ffi::CUcontext =
+        // SAFETY: as above.
+        unsafe { pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_CONTEXT, dptr) }
+            .unwrap_or(std::ptr::null_mut());
+    if !ctx.is_null() && ctx != shared.ctx {
+        bail!(
+            InvalidArgument,
+            "device memory at {dptr:#x} belongs to another CUDA context of device {ordinal} (expected the device's primary context)"
+        );
+    }
+    let start: CUdeviceptr =
+        // SAFETY: as above.
+        unsafe { pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dptr) }?;
+    let size: usize =
+        // SAFETY: as above.
+        unsafe { pointer_attribute(api, ffi::CU_POINTER_ATTRIBUTE_RANGE_SIZE, dptr) }?;
+    let end = start.saturating_add(size as u64);
+    if dptr < start || dptr.checked_add(len).is_none_or(|e| e > end) {
+        bail!(
+            OutOfRange,
+            "{len} bytes at {dptr:#x} do not fit in their CUDA allocation [{start:#x}, {end:#x})"
+        );
+    }
+    Ok(())
+}
+
+/// A buffer over device memory someone else allocated (see
+/// [`CudaDevice::import_device_memory`](crate::CudaDevice::import_device_memory)).
+///
+/// # Safety
+/// As that function's.
+pub(crate) unsafe fn external_buffer(
+    shared: &Arc<Shared>,
+    dptr: CUdeviceptr,
+    len: u64,
+    usage: BufferUsage,
+    access: MemoryAccess,
+    owner: Box<dyn Send + Sync>,
+) -> Result<Buffer> {
+    check_device_range(shared, dptr, len)?;
+    Ok(Buffer::from_device_memory(
+        Box::new(CudaMemory {
+            shared: shared.clone(),
+            dptr,
+            len,
+            kind: Kind::External(owner),
+            exported: AtomicBool::new(false),
+        }),
+        MemoryType::DEVICE_LOCAL,
+        usage | BufferUsage::TRANSFER,
+        access,
+    ))
+}
 
 /// The CUDA allocator of one device.
 pub struct CudaAllocator {
@@ -148,6 +298,29 @@ impl CudaAllocator {
         (ty, usage, p.access)
     }
 
+    /// An idle spare block of `size` bytes as a buffer (see
+    /// [`SpareBlocks`]), usable at once from any stream or the host.
+    pub(crate) fn spare_device_buffer(
+        shared: &Arc<Shared>,
+        params: &BufferParams,
+        size: u64,
+    ) -> Option<Buffer> {
+        let (_, usage, access) = Self::resolve(params);
+        let dptr = shared.spare.take(size)?;
+        Some(Buffer::from_device_memory(
+            Box::new(CudaMemory {
+                shared: shared.clone(),
+                dptr,
+                len: size,
+                kind: Kind::Device,
+                exported: AtomicBool::new(false),
+            }),
+            MemoryType::DEVICE_LOCAL,
+            usage,
+            access,
+        ))
+    }
+
     /// Device-local memory of `size` bytes allocated in stream order on
     /// `stream` (the queue stream for alloca).
     pub(crate) fn device_buffer(
@@ -159,12 +332,21 @@ impl CudaAllocator {
         let (_, usage, access) = Self::resolve(params);
         let mut dptr: CUdeviceptr = 0;
         if size > 0 {
-            ffi::check(
-                // SAFETY: `dptr` is a valid out-pointer; the stream belongs to
-                // the current context.
-                unsafe { (shared.api.cuMemAllocAsync)(&mut dptr, size as usize, stream) },
-                &format!("allocating {size} bytes of device memory"),
-            )?;
+            // SAFETY: `dptr` is a valid out-pointer; the stream belongs to
+            // the current context.
+            let alloc = |dptr: &mut CUdeviceptr| unsafe {
+                (shared.api.cuMemAllocAsync)(dptr, size as usize, stream)
+            };
+            let mut r = alloc(&mut dptr);
+            if r == ffi::CUDA_ERROR_OUT_OF_MEMORY {
+                // Idle spare blocks go back to the pool before giving up.
+                for p in shared.spare.drain() {
+                    // SAFETY: idle pool blocks of this context, freed once.
+                    unsafe { (shared.api.cuMemFreeAsync)(p, stream) };
+                }
+                r = alloc(&mut dptr);
+            }
+            ffi::check(r, &format!("allocating {size} bytes of device memory"))?;
         }
         Ok(Buffer::from_device_memory(
             Box::new(CudaMemory {
@@ -172,6 +354,7 @@ impl CudaAllocator {
                 dptr,
                 len: size,
                 kind: Kind::Device,
+                exported: AtomicBool::new(false),
             }),
             MemoryType::DEVICE_LOCAL,
             usage,
@@ -211,6 +394,7 @@ impl CudaAllocator {
             dptr,
             len: size,
             kind: Kind::Pinned(p),
+            exported: AtomicBool::new(false),
         };
         ffi::check(r, "mapping pinned host memory for the device")?;
         Ok(Buffer::from_device_memory(Box::new(mem), ty, usage, access))
@@ -282,6 +466,10 @@ impl Allocator for CudaAllocator {
         Ok(b)
     }
 
+    fn import_copies(&self, _params: &BufferParams, length: u64, writable: bool) -> bool {
+        !writable || length <= COPY_IMPORT_MAX_BYTES as u64
+    }
+
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
         self.shared.make_current()?;
         let p = params.canonicalize();
@@ -331,6 +519,7 @@ impl Allocator for CudaAllocator {
             dptr,
             len: len as u64,
             kind: Kind::Registered(p_host, memory),
+            exported: AtomicBool::new(false),
         };
         ffi::check(r, "mapping registered host memory for the device")?;
         Ok(Buffer::from_device_memory(
@@ -343,6 +532,60 @@ impl Allocator for CudaAllocator {
 
     fn statistics(&self) -> AllocatorStatistics {
         *self.stats.lock()
+    }
+}
+
+/// Device-local blocks whose last user has finished, kept for reuse by
+/// queue allocations of the same size.
+///
+/// A device buffer is dropped only once every queue operation that used it
+/// has completed (queue operations keep their buffers until reported), so
+/// a spare block is idle: reusing it needs no stream ordering. Memory
+/// handed outside Ferrite ([`CudaMemory::mark_exported`]) is never kept:
+/// its users' streams are not Ferrite's queue. A queue
+/// allocation served from here is therefore complete at once (no stream
+/// operation, no completion to report), which matters for programs that
+/// allocate transients on every call. Bounded to [`SPARE_MAX_BYTES`];
+/// beyond that blocks go back to the stream-ordered pool.
+#[derive(Default)]
+pub struct SpareBlocks {
+    inner: Mutex<Spares>,
+}
+
+#[derive(Default)]
+struct Spares {
+    by_size: std::collections::HashMap<u64, Vec<CUdeviceptr>>,
+    bytes: u64,
+}
+
+/// At most this many bytes of idle device blocks are kept.
+pub const SPARE_MAX_BYTES: u64 = 256 << 20;
+
+impl SpareBlocks {
+    /// Keeps the idle block `[dptr, dptr+len)`; false when full (free it).
+    pub(crate) fn put(&self, len: u64, dptr: CUdeviceptr) -> bool {
+        let mut s = self.inner.lock();
+        if s.bytes + len > SPARE_MAX_BYTES {
+            return false;
+        }
+        s.bytes += len;
+        s.by_size.entry(len).or_default().push(dptr);
+        true
+    }
+
+    /// An idle block of exactly `len` bytes.
+    pub(crate) fn take(&self, len: u64) -> Option<CUdeviceptr> {
+        let mut s = self.inner.lock();
+        let p = s.by_size.get_mut(&len)?.pop()?;
+        s.bytes -= len;
+        Some(p)
+    }
+
+    /// Every kept block (for freeing them).
+    pub(crate) fn drain(&self) -> Vec<CUdeviceptr> {
+        let mut s = self.inner.lock();
+        s.bytes = 0;
+        s.by_size.drain().flat_map(|(_, v)| v).collect()
     }
 }
 
@@ -441,6 +684,10 @@ pub struct CudaTimeline {
     pub(crate) dptr: CUdeviceptr,
     /// Highest value enqueued for signalling on the owner's queue stream.
     pub(crate) stream_signaled: AtomicU64,
+    /// Set once another device's stream has waited on the word: only then
+    /// does the owner's stream write its signals into the word on the GPU
+    /// (otherwise the host report writes it, see [`DeviceTimeline::advanced`]).
+    pub(crate) gpu_waiters: AtomicBool,
     slot: (usize, usize),
 }
 
@@ -467,6 +714,7 @@ impl CudaTimeline {
             host,
             dptr,
             stream_signaled: AtomicU64::new(0),
+            gpu_waiters: AtomicBool::new(false),
             slot: (page, word),
         })
     }
@@ -489,6 +737,12 @@ impl DeviceTimeline for CudaTimeline {
     }
     fn failed(&self) {
         self.word().store(FAILURE_VALUE, Ordering::Release);
+    }
+    fn poll(&self) {
+        self.shared.completions.poll(&self.shared);
+    }
+    fn watch(&self) {
+        self.shared.completions.watch();
     }
     fn as_any(&self) -> &dyn Any {
         self

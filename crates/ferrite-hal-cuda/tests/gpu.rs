@@ -65,6 +65,212 @@ fn kernel_with_bindings_and_constants() {
     assert_eq!(u32s(&out), vec![0, 42, 0, 0]);
 }
 
+/// A reusable command buffer (fill, barrier, two unordered dispatches,
+/// barrier, dispatch) runs as a CUDA graph; executions with other binding
+/// tables update its bindings in place; a table too small for a node's
+/// range fails the execution instead of launching.
+#[test]
+fn reusable_command_buffer_runs_as_a_graph_with_new_bindings() {
+    let Some(dev) = gpu() else { return };
+    let cuda = dev
+        .as_any()
+        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
+        .unwrap();
+    let exe = dev
+        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
+        .unwrap();
+    let slot = |slot, offset| BufferRef::Slot {
+        slot,
+        offset,
+        length: 4,
+    };
+    let cb = CommandBuffer::new(0, 0, 0, 2);
+    cb.fill_buffer(
+        BufferRef::Slot {
+            slot: 0,
+            offset: 0,
+            length: 16,
+        },
+        7,
+        4,
+    )
+    .unwrap();
+    cb.execution_barrier().unwrap();
+    for (offset, value) in [(4, 41), (8, 9)] {
+        cb.dispatch(
+            ExecutableRef(exe.clone()),
+            0,
+            [1, 1, 1],
+            None,
+            vec![value],
+            vec![slot(0, offset)],
+        )
+        .unwrap();
+    }
+    cb.execution_barrier().unwrap();
+    cb.dispatch(
+        ExecutableRef(exe.clone()),
+        0,
+        [1, 1, 1],
+        None,
+        vec![99],
+        vec![slot(1, 0)],
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    let alloc = |n| dev.allocator().allocate(&device_params(), n).unwrap();
+    let binding = |b: &ferrite_hal::Buffer| ferrite_hal::command_buffer::Binding {
+        buffer: b.clone(),
+        offset: 0,
+        length: WHOLE_BUFFER,
+    };
+    let s = Semaphore::new(0);
+    let before = cuda.graph_launches();
+    let (a, b, c, d) = (alloc(16), alloc(4), alloc(16), alloc(8));
+    let mut v = 0;
+    for (x, y) in [(&a, &b), (&c, &d), (&a, &b)] {
+        x.write(0, &[0; 16]).unwrap();
+        v += 1;
+        queue::execute(
+            &dev,
+            &at(&s, v - 1),
+            &at(&s, v),
+            Some(&cb),
+            vec![binding(x), binding(y)],
+        )
+        .unwrap();
+        s.wait(v, Timeout::INFINITE).unwrap();
+        assert_eq!(u32s(x), vec![7, 42, 10, 7]);
+        assert_eq!(u32s(y)[0], 100);
+    }
+    assert_eq!(
+        cuda.graph_launches() - before,
+        3,
+        "every execution was a graph launch"
+    );
+    // A table whose slot 0 is too small for the fill: refused, not launched.
+    let small = alloc(8);
+    let t = Semaphore::new(0);
+    queue::execute(
+        &dev,
+        &Fence::new(),
+        &at(&t, 1),
+        Some(&cb),
+        vec![binding(&small), binding(&b)],
+    )
+    .unwrap();
+    let err = t.wait(1, Timeout::INFINITE).unwrap_err();
+    assert!(
+        err.to_string().contains("range") || err.to_string().contains("length"),
+        "{err}"
+    );
+    assert_eq!(cuda.graph_launches() - before, 3);
+}
+
+/// Work nobody waited on when it was queued is still reported to waiters
+/// that come later without polling: a callback registered afterwards, a
+/// thread that sleeps, and `query`.
+#[test]
+fn late_waiters_that_do_not_poll_are_told() {
+    let Some(dev) = gpu() else { return };
+    let exe = dev
+        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
+        .unwrap();
+    let out = dev.allocator().allocate(&device_params(), 4).unwrap();
+    let cb = CommandBuffer::new(1, 0, 0, 0);
+    cb.dispatch(
+        ExecutableRef(exe),
+        0,
+        [1, 1, 1],
+        None,
+        vec![1],
+        vec![BufferRef::Direct {
+            buffer: out.clone(),
+            offset: 0,
+            length: 4,
+        }],
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    for late in ["callback", "sleeper", "query"] {
+        let s = Semaphore::new(0);
+        // The sleeper's work is gated by the host, so it finishes only
+        // after the waiter's polling window and the waiter sleeps.
+        let gate = Semaphore::new(0);
+        let wait = if late == "sleeper" {
+            at(&gate, 1)
+        } else {
+            Fence::new()
+        };
+        queue::execute(&dev, &wait, &at(&s, 1), Some(&cb), vec![]).unwrap();
+        let opener = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                gate.signal(1).unwrap();
+            })
+        };
+        if late != "sleeper" {
+            // Long past the work's completion.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let t0 = Instant::now();
+        match late {
+            "callback" => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                s.on_reached(
+                    1,
+                    Box::new(move |r| {
+                        let _ = tx.send(r.is_ok());
+                    }),
+                );
+                assert!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap());
+            }
+            "sleeper" => s.wait(1, Timeout::INFINITE).unwrap(),
+            _ => {
+                while s.query().unwrap() < 1 {
+                    assert!(t0.elapsed().as_secs() < 5, "query never saw the work");
+                }
+            }
+        }
+        assert!(t0.elapsed().as_secs() < 5, "{late}");
+        opener.join().unwrap();
+        assert_eq!(u32s(&out), vec![2]);
+    }
+}
+
+/// A queue allocation of a size whose last block is idle again is served
+/// from it at once (its signal is reached on return), and the block works.
+#[test]
+fn alloca_reuses_idle_blocks_at_once() {
+    let Some(dev) = gpu() else { return };
+    let s = Semaphore::new(0);
+    let first = queue::alloca(&dev, &Fence::new(), &at(&s, 1), &device_params(), 4096).unwrap();
+    s.wait(1, Timeout::INFINITE).unwrap();
+    let addr = |b: &ferrite_hal::Buffer| {
+        b.device_memory()
+            .and_then(|m| {
+                m.as_any()
+                    .downcast_ref::<ferrite_hal_cuda::memory::CudaMemory>()
+            })
+            .map(|m| m.device_ptr())
+            .unwrap()
+    };
+    let old = addr(&first);
+    drop(first);
+    let t = Semaphore::new(0);
+    let again = queue::alloca(&dev, &Fence::new(), &at(&t, 1), &device_params(), 4096).unwrap();
+    assert_eq!(t.query().unwrap(), 1, "served at once");
+    assert_eq!(addr(&again), old, "the idle block was reused");
+    again.write(0, &[5; 4096]).unwrap();
+    assert_eq!(again.to_vec().unwrap(), vec![5; 4096]);
+    // A different size is not served from it.
+    let u = Semaphore::new(0);
+    let other = queue::alloca(&dev, &Fence::new(), &at(&u, 1), &device_params(), 8192).unwrap();
+    u.wait(1, Timeout::INFINITE).unwrap();
+    assert_ne!(addr(&other), old);
+}
+
 #[test]
 fn queue_transfers_and_alloca() {
     let Some(dev) = gpu() else { return };
@@ -330,4 +536,120 @@ fn device_queries() {
             .unwrap()
             >= 8
     );
+}
+
+/// Counts its drops: the release of imported device memory.
+struct Release(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn import_device_memory_wraps_in_place_and_releases_once() {
+    use ferrite_hal::MemoryAccess;
+    use ferrite_hal_cuda::{ffi, CudaDevice};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(dev) = gpu() else { return };
+    let cuda = dev.as_any().downcast_ref::<CudaDevice>().unwrap();
+    let shared = cuda.shared();
+    let api = shared.api;
+    shared.make_current().unwrap();
+    let legacy = ffi::CU_STREAM_LEGACY as ffi::CUstream;
+    let mut dptr: ffi::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; the device's context is current.
+    unsafe {
+        assert_eq!((api.cuMemAllocAsync)(&mut dptr, 256, legacy), 0);
+        assert_eq!((api.cuStreamSynchronize)(legacy), 0);
+    }
+    let usage = BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE;
+    let rw = MemoryAccess::READ | MemoryAccess::WRITE;
+    let count = Arc::new(AtomicUsize::new(0));
+    let owner = || Box::new(Release(count.clone()));
+    // SAFETY: `dptr` is 256 bytes of this device's memory, freed only at
+    // the end of the test, after every buffer over it is gone.
+    let b = unsafe { cuda.import_device_memory(dptr + 64, 128, usage, rw, owner()) }.unwrap();
+    assert!(b.memory_type().contains(MemoryType::DEVICE_LOCAL));
+    b.write(0, &[7u8; 128]).unwrap();
+    let s = Semaphore::new(0);
+    queue::fill(&dev, &Fence::new(), &at(&s, 1), b.clone(), 4, 4, vec![9]).unwrap();
+    s.wait(1, Timeout::INFINITE).unwrap();
+    let v = b.to_vec().unwrap();
+    assert_eq!(&v[..8], &[7, 7, 7, 7, 9, 9, 9, 9]);
+    // Wrapped in place: the bytes are at the imported address.
+    let mut host = [0u8; 8];
+    // SAFETY: 8 bytes inside the allocation into an 8-byte array.
+    unsafe {
+        assert_eq!(
+            (api.cuMemcpyDtoH_v2)(host.as_mut_ptr() as *mut std::ffi::c_void, dptr + 64, 8),
+            0
+        );
+    }
+    assert_eq!(host, [7, 7, 7, 7, 9, 9, 9, 9]);
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+    drop(v);
+    drop(b);
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        1,
+        "released once, with the last buffer"
+    );
+    // Past the allocation's end: refused, the owner still released.
+    // SAFETY: the check refuses the range before anything uses it.
+    let e = unsafe { cuda.import_device_memory(dptr + 64, 256, usage, rw, owner()) }
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("do not fit in their CUDA allocation"), "{e}");
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    // Host memory the driver does not know.
+    let not_cuda = [0u8; 64];
+    // SAFETY: the check refuses the address before anything uses it.
+    let e = unsafe { cuda.import_device_memory(not_cuda.as_ptr() as u64, 64, usage, rw, owner()) }
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("not memory the CUDA driver knows"), "{e}");
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    // SAFETY: every buffer over `dptr` is gone.
+    unsafe {
+        assert_eq!((api.cuMemFreeAsync)(dptr, legacy), 0);
+        assert_eq!((api.cuStreamSynchronize)(legacy), 0);
+    }
+}
+
+#[test]
+fn queue_is_ordered_before_a_consumer_stream() {
+    use ferrite_hal_cuda::{ffi, CudaDevice};
+    let Some(dev) = gpu() else { return };
+    let cuda = dev.as_any().downcast_ref::<CudaDevice>().unwrap();
+    // A queue blocked on a host semaphore: the consumer's stream waits on
+    // the GPU, and the host is not blocked by the ordering call.
+    let s = Semaphore::new(0);
+    let b = dev.allocator().allocate(&device_params(), 16).unwrap();
+    queue::fill(&dev, &at(&s, 1), &at(&s, 2), b.clone(), 0, 16, vec![5]).unwrap();
+    // SAFETY: the legacy default stream handle is always valid.
+    unsafe {
+        cuda.shared()
+            .order_queue_before(Some(ffi::CU_STREAM_LEGACY))
+    }
+    .unwrap();
+    let api = cuda.shared().api;
+    // SAFETY: a stream handle constant of the current context.
+    let pending = unsafe { (api.cuStreamQuery)(ffi::CU_STREAM_LEGACY as ffi::CUstream) };
+    assert_eq!(
+        pending, 600,
+        "legacy stream should wait for the blocked queue (CUDA_ERROR_NOT_READY)"
+    );
+    s.signal(1).unwrap();
+    s.wait(2, Timeout::INFINITE).unwrap();
+    let synced =
+        // SAFETY: as above.
+        unsafe { (api.cuStreamSynchronize)(ffi::CU_STREAM_LEGACY as ffi::CUstream) };
+    assert_eq!(synced, 0);
+    assert_eq!(b.to_vec().unwrap(), vec![5u8; 16]);
+    // SAFETY: as above.
+    unsafe { cuda.shared().order_before_queue(ffi::CU_STREAM_LEGACY) }.unwrap();
 }

@@ -155,6 +155,15 @@ pub trait Allocator: Send + Sync {
     /// a buffer that allows READ access only.
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer>;
 
+    /// True when [`Allocator::import_host`] of `length` bytes of such
+    /// memory (`writable` or not) would copy them rather than wrap them:
+    /// a caller that can produce the bytes another way (a parameter read
+    /// from its file) then skips the import and writes them itself,
+    /// without touching the memory it would have imported.
+    fn import_copies(&self, _params: &BufferParams, _length: u64, _writable: bool) -> bool {
+        false
+    }
+
     /// Current statistics.
     fn statistics(&self) -> AllocatorStatistics;
 

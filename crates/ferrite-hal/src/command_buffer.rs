@@ -13,6 +13,7 @@ use crate::memory::BufferUsage;
 use ferrite_base::RefObject;
 use ferrite_base::{bail, Result};
 use parking_lot::Mutex;
+use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
 /// Command buffer mode bits (upstream's values).
@@ -177,6 +178,11 @@ pub struct CommandBuffer {
     queue_affinity: u64,
     binding_capacity: u32,
     state: Mutex<State>,
+    /// A device's own form of the finalized commands (e.g. a CUDA graph),
+    /// made at the first execution by the device that asks first (see
+    /// [`CommandBuffer::prepared`]). Declared before `finalized` so it is
+    /// dropped first: it may refer to the commands' executables.
+    prepared: OnceLock<Box<dyn Any + Send + Sync>>,
     /// Set once at finalize (under `state`'s lock): submissions share the
     /// commands without copying, and read them without locking.
     finalized: OnceLock<Arc<[Command]>>,
@@ -221,6 +227,7 @@ impl CommandBuffer {
             state: Mutex::new(State {
                 commands: Vec::new(),
             }),
+            prepared: OnceLock::new(),
             finalized: OnceLock::new(),
         }
     }
@@ -407,6 +414,19 @@ impl CommandBuffer {
         // Set under the lock, so no command can be recorded after it.
         let _ = self.finalized.set(commands.into());
         Ok(())
+    }
+
+    /// A device's prepared form of the finalized commands, made by `make`
+    /// at the first call; later calls (from any device) get the same
+    /// object, which the device downcasts and checks is its own. `None`
+    /// before finalize. Drivers use it for state worth building once per
+    /// reusable command buffer (the CUDA driver's graphs).
+    pub fn prepared(
+        &self,
+        make: impl FnOnce() -> Box<dyn Any + Send + Sync>,
+    ) -> Option<&(dyn Any + Send + Sync)> {
+        self.finalized.get()?;
+        Some(&**self.prepared.get_or_init(make))
     }
 
     /// The recorded commands, shared (the buffer must be finalized).

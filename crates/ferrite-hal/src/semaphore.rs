@@ -27,7 +27,10 @@
 //! (so GPU waits on a semaphore a CPU device signals are released without a
 //! host thread in between), and the device reports its own signals and
 //! faults back through [`Semaphore::signal`] and [`Semaphore::fail`] from a
-//! completion thread, which wakes host waiters (no polling). A failure
+//! completion thread, which wakes host waiters; a host waiter in its
+//! bounded polling window asks the device to report finished work itself
+//! ([`DeviceTimeline::poll`]), which saves the completion thread's wake-up
+//! on short GPU operations. A failure
 //! releases device waiters (the timeline is set to its failure value) and
 //! the device's queue fails the semaphores its own work signals, so
 //! failures cross between CPU and GPU devices both ways.
@@ -50,6 +53,18 @@ pub trait DeviceTimeline: Send + Sync + 'static {
     /// The semaphore failed: release device waiters (they then observe the
     /// failure through the host state).
     fn failed(&self);
+    /// A host thread waiting on the semaphore is polling (within its
+    /// bounded window, [`ferrite_base::wait::SPIN`]): report, without
+    /// blocking, any of the device's work that has already finished, so
+    /// the waiter need not wait for the device's own completion reporting.
+    /// Cheap when nothing is pending; the default does nothing.
+    fn poll(&self) {}
+    /// Someone is about to wait on the semaphore without polling (a thread
+    /// going to sleep, a subscribed waiter, a callback): the device must
+    /// report its work on its own from now on. Called outside the
+    /// semaphore's lock, after the waiter registered (see
+    /// [`Semaphore::has_sleepers`]). The default does nothing.
+    fn watch(&self) {}
     /// For drivers: downcast to the concrete type.
     fn as_any(&self) -> &dyn std::any::Any;
 }
@@ -65,6 +80,8 @@ struct State {
     notifiers: Vec<(u64, Arc<Notifier>)>,
     /// Device callbacks, with their values.
     callbacks: Vec<(u64, TimepointCallback)>,
+    /// Threads asleep in [`Semaphore::wait_until`].
+    sleeping: u32,
 }
 
 /// A semaphore timepoint exported as a host wait primitive (see
@@ -146,6 +163,7 @@ impl Semaphore {
                 failure: None,
                 notifiers: Vec::new(),
                 callbacks: Vec::new(),
+                sleeping: 0,
             }),
             cond: Condvar::new(),
             published: AtomicU64::new(initial_value),
@@ -170,6 +188,7 @@ impl Semaphore {
         *self.published.get_mut() = value;
         *self.failed.get_mut() = false;
         state.notifiers.clear();
+        state.sleeping = 0;
         state.callbacks.clear();
         self.timeline = std::sync::OnceLock::new();
     }
@@ -218,8 +237,11 @@ impl Semaphore {
         });
     }
 
-    /// The current payload, or the failure status once failed.
+    /// The current payload, or the failure status once failed. Lets the
+    /// attached device report finished work first, so a caller polling
+    /// with `query` sees it.
     pub fn query(&self) -> Result<u64> {
+        self.poll_device();
         let s = self.state.lock();
         match &s.failure {
             Some(e) => Err(e.clone()),
@@ -360,6 +382,7 @@ impl Semaphore {
             }
         }
         ferrite_base::wait::spin_until(deadline, || {
+            self.poll_device();
             let s = self.state.lock();
             s.failure.is_some() || s.value >= value
         });
@@ -371,6 +394,25 @@ impl Semaphore {
             if s.value >= value {
                 return Ok(());
             }
+            if matches!(deadline, Deadline::InfinitePast) {
+                return Err(Status::new(
+                    StatusCode::DeadlineExceeded,
+                    format!(
+                        "timed out waiting for semaphore to reach {value} (at {})",
+                        s.value
+                    ),
+                ));
+            }
+            s.sleeping += 1;
+            if s.sleeping == 1 {
+                // Registered first, then the device is told (outside the
+                // lock): a device that enqueues after this sees the sleeper.
+                parking_lot::MutexGuard::unlocked(&mut s, || self.watch_device());
+                if s.failure.is_some() || s.value >= value {
+                    s.sleeping -= 1;
+                    continue;
+                }
+            }
             let timed_out = match deadline {
                 Deadline::InfinitePast => true,
                 Deadline::InfiniteFuture => {
@@ -379,6 +421,7 @@ impl Semaphore {
                 }
                 Deadline::At(t) => self.cond.wait_until(&mut s, t).timed_out(),
             };
+            s.sleeping -= 1;
             if timed_out {
                 if let Some(e) = &s.failure {
                     return Err(e.clone());
@@ -449,6 +492,8 @@ impl Semaphore {
                 Some(Ok(()))
             } else {
                 s.callbacks.push((value, callback));
+                drop(s);
+                self.watch_device();
                 return;
             }
         };
@@ -465,7 +510,35 @@ impl Semaphore {
         })
     }
 
+    /// True when a thread sleeps on the semaphore, a waiter is subscribed
+    /// or a callback is registered: waiters that do not poll, for which a
+    /// device must report completions on its own (see
+    /// [`DeviceTimeline::watch`]).
+    pub fn has_sleepers(&self) -> bool {
+        let s = self.state.lock();
+        s.sleeping > 0 || !s.notifiers.is_empty() || !s.callbacks.is_empty()
+    }
+
+    #[inline]
+    fn watch_device(&self) {
+        if let Some(t) = self.timeline.get() {
+            t.watch();
+        }
+    }
+
+    /// Lets the attached device report finished work (see
+    /// [`DeviceTimeline::poll`]).
+    #[inline]
+    fn poll_device(&self) {
+        if let Some(t) = self.timeline.get() {
+            t.poll();
+        }
+    }
+
     fn poll_value(&self, value: u64) -> Result<bool> {
+        if !self.reached_fast(value) {
+            self.poll_device();
+        }
         let s = self.state.lock();
         match &s.failure {
             Some(e) => Err(e.clone()),
@@ -475,6 +548,7 @@ impl Semaphore {
 
     fn subscribe_at(&self, value: u64, notifier: &Arc<Notifier>) {
         self.state.lock().notifiers.push((value, notifier.clone()));
+        self.watch_device();
     }
 
     fn unsubscribe_all(&self, notifier: &Arc<Notifier>) {

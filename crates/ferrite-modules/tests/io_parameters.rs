@@ -491,3 +491,111 @@ fn scatter_into_a_writable_file_map_reaches_the_file() {
     assert_eq!(missing.code(), StatusCode::NotFound);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Residency of the pages under `bytes` (`mincore`).
+fn resident_pages(bytes: &[u8]) -> Vec<bool> {
+    let page = 4096usize;
+    let start = bytes.as_ptr() as usize / page * page;
+    let end = (bytes.as_ptr() as usize + bytes.len()).div_ceil(page) * page;
+    let mut v = vec![0u8; (end - start) / page];
+    // SAFETY: `start..end` covers the pages of a live slice; `v` has one
+    // byte per page.
+    let r = unsafe { libc::mincore(start as *mut libc::c_void, end - start, v.as_mut_ptr()) };
+    assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+    v.into_iter().map(|b| b & 1 == 1).collect()
+}
+
+#[test]
+fn misaligned_safetensors_tensors_load_with_their_bytes() {
+    let dir = std::env::temp_dir().join(format!("ferrite-st-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("misaligned.safetensors");
+    // `small` first (20 bytes) leaves `big` (160000 bytes, several 64 KiB
+    // chunks) at an offset that is 4 mod 8: never 64-byte aligned.
+    let small = f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+    let big_values: Vec<f32> = (0..40_000).map(|i| (i % 1009) as f32 - 500.0).collect();
+    let big = f32_bytes(&big_values);
+    std::fs::write(
+        &path,
+        safetensors(&[
+            ("small", &[5], small.clone()),
+            ("big", &[40_000], big.clone()),
+        ]),
+    )
+    .unwrap();
+    let handle = FileHandle::open(&path).unwrap();
+    let mut index = ParameterIndex::new();
+    formats::parse_into(&mut index, &handle, None).unwrap();
+    let Storage::File { offset, .. } = index.lookup("big").unwrap().storage else {
+        panic!()
+    };
+    let map = handle.with_bytes(|b| b.as_ptr() as usize..b.as_ptr() as usize + b.len());
+    assert_ne!((map.start + offset as usize) % 64, 0, "big is aligned");
+    let demand_paged = handle.demand_paged_copy(offset, 65536).is_some();
+    let provider = ParameterProvider::new("model", index);
+    let immutable = BufferUsage::DEFAULT | BufferUsage::SHARING_IMMUTABLE;
+
+    let got = load(
+        &provider,
+        immutable,
+        &[
+            span("big", big.len() as u64),
+            span("small", 20),
+            // Part of `big` starting mid-chunk, at another misalignment.
+            Span {
+                key: "big".into(),
+                parameter_offset: 70_002,
+                buffer_offset: 0,
+                length: 80_000,
+            },
+        ],
+    )
+    .unwrap();
+    let whole = got[0].map_read(0, big.len() as u64).unwrap();
+    assert_eq!(
+        whole.as_ptr() as usize % 64,
+        0,
+        "kernels need 64-byte alignment"
+    );
+    assert!(
+        !map.contains(&(whole.as_ptr() as usize)),
+        "bound misaligned file bytes"
+    );
+    if demand_paged {
+        // Nothing was read at load; one element brings in its chunk only.
+        assert!(resident_pages(&whole).iter().all(|r| !r), "copied at load");
+        let i = 100_000;
+        assert_eq!(whole[i], big[i]);
+        let resident = resident_pages(&whole).iter().filter(|r| **r).count();
+        assert!(
+            (1..=16).contains(&resident),
+            "{resident} pages resident after one read"
+        );
+    } else {
+        ferrite_testkit::skip_or_fail(
+            "misaligned_safetensors_tensors_load_with_their_bytes (demand paging)",
+            "userfaultfd is unavailable here; checked the copy path only",
+        );
+    }
+    assert_eq!(&whole[..], &big[..]);
+    drop(whole);
+    assert_eq!(got[1].to_vec().unwrap(), small);
+    assert_eq!(got[2].to_vec().unwrap(), &big[70_002..150_002]);
+    assert!(
+        got[0].write(0, &[0u8; 4]).is_err(),
+        "a constant was writable"
+    );
+
+    // A buffer the program may write is an ordinary copy.
+    let b = load(
+        &provider,
+        BufferUsage::DEFAULT,
+        &[span("big", big.len() as u64)],
+    )
+    .unwrap()
+    .remove(0);
+    assert_eq!(b.to_vec().unwrap(), big);
+    b.write(0, &[0u8; 4]).unwrap();
+    drop((got, b, provider));
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -2,27 +2,62 @@
 //! `dltensor` and, for consumers asking for protocol 1.x, versioned
 //! `dltensor_versioned`), and DLPack capsules in as buffer views.
 //!
+//! | memory | `__dlpack_device__` | exported `data` |
+//! | --- | --- | --- |
+//! | host memory (CPU devices) | `(kDLCPU, 0)` | the mapped host address |
+//! | CUDA device-local | `(kDLCUDA, ordinal)` | the device address (buffer offset included, `byte_offset` 0); `dl_device=(kDLCPU, 0)` copies to the host (flagged `IS_COPIED`) |
+//! | CUDA pinned (host-visible) | `(kDLCUDAHost, 0)` | the host address; `dl_device=(kDLCPU, 0)` gives the same memory labelled host, `(kDLCUDA, ordinal)` its mapped device address |
+//!
+//! `__dlpack__(stream=...)` on CUDA memory follows the array API: `None`
+//! means the legacy default stream, `-1` no ordering, `0` is refused, any
+//! other value is the consumer's stream handle (`1` legacy, `2` per-thread
+//! default stream). Ferrite records an event after everything enqueued so
+//! far on the device's queue stream and makes the consumer's stream wait
+//! for it on the GPU: the data are ready for the consumer's later work and
+//! the host never blocks. Exports of CUDA memory to the host (pinned memory,
+//! copies) wait for that event on the host instead. Exported device memory
+//! is freed stream-ordered on the queue stream once the consumer's deleter
+//! runs and Ferrite's last buffer is gone (never recycled as an idle block);
+//! for a consumer on the legacy default stream (PyTorch's default), that
+//! stream's work so far is ordered before the free. A consumer on another
+//! stream must finish its work on the memory before releasing it (as DLPack
+//! asks: the deleter means "no longer used").
+//!
 //! Import is zero-copy for dense row-major tensors (the producer's deleter
-//! runs when the last buffer using the memory goes away) and copies strided
-//! tensors into a new dense buffer. The structs are the DLPack ABI
-//! (dlpack.h, v1.0) written out in Rust.
+//! runs when the last buffer using the memory goes away). Strided host
+//! tensors are copied into a new dense buffer; strided `kDLCUDA` tensors
+//! are refused (make them contiguous first). A `kDLCUDA` tensor is wrapped
+//! in place by the CUDA device of its ordinal, after the driver confirms the
+//! pointer is that device's memory (pinned host memory labelled `kDLCUDA`
+//! is refused as host memory); when the object has `__dlpack__`,
+//! Ferrite passes its queue stream so the producer orders its pending work
+//! before Ferrite's. The structs are the DLPack ABI (dlpack.h, v1.0) written
+//! out in Rust.
 
 use crate::hal::PyHalBufferView;
 use crate::status::PyContext;
-use ferrite_hal::allocator::{Allocator, BufferParams};
-use ferrite_hal::buffer::{BindingPtr, HostMemory, WHOLE_BUFFER};
+use ferrite_hal::allocator::BufferParams;
+use ferrite_hal::buffer::{BindingPtr, Buffer, HostMemory, WHOLE_BUFFER};
 use ferrite_hal::buffer_view::BufferView;
+use ferrite_hal::device::Device;
 use ferrite_hal::element_type::{ElementType, EncodingType, NumericalType};
 use ferrite_hal::memory::{BufferUsage, MemoryAccess, MemoryType};
-use pyo3::exceptions::{PyBufferError, PyValueError};
+use ferrite_hal_cuda::device::Shared;
+use ferrite_hal_cuda::memory::CudaMemory;
+use ferrite_hal_cuda::CudaDevice;
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::ffi::{c_void, CStr};
 
 use std::sync::Arc;
 
-/// `kDLCPU`: host memory, the only device type Ferrite's devices use.
+/// `kDLCPU`: host memory.
 pub const DL_CPU: i32 = 1;
+/// `kDLCUDA`: CUDA device memory.
+pub const DL_CUDA: i32 = 2;
+/// `kDLCUDAHost`: pinned host memory of the CUDA driver.
+pub const DL_CUDA_HOST: i32 = 3;
 
 const DL_INT: u8 = 0;
 const DL_UINT: u8 = 1;
@@ -33,6 +68,8 @@ const DL_BOOL: u8 = 6;
 
 /// `DLPACK_FLAG_BITMASK_READ_ONLY`.
 const FLAG_READ_ONLY: u64 = 1;
+/// `DLPACK_FLAG_BITMASK_IS_COPIED`.
+const FLAG_IS_COPIED: u64 = 1 << 1;
 
 const LEGACY_NAME: &CStr = c"dltensor";
 const LEGACY_USED: &CStr = c"used_dltensor";
@@ -87,11 +124,103 @@ struct DLManagedTensorVersioned {
     dl_tensor: DLTensor,
 }
 
-/// What an exported tensor keeps alive: the mapping of the buffer (and so
-/// the allocation) and the shape array the tensor points into.
+/// What keeps an exported tensor's bytes alive.
+enum Keep {
+    /// A host mapping of the buffer (and so the allocation).
+    Mapping(#[allow(dead_code)] BindingPtr),
+    /// The buffer itself: its device memory is addressed directly.
+    Buffer(#[allow(dead_code)] Buffer),
+    /// A host copy the consumer owns.
+    Bytes(#[allow(dead_code)] Vec<u8>),
+}
+
+/// What an exported tensor keeps alive: its bytes and the shape array the
+/// tensor points into.
 struct ExportContext {
-    _mapping: BindingPtr,
+    _keep: Keep,
     shape: Vec<i64>,
+    /// For CUDA memory handed to a consumer on the legacy default stream:
+    /// that stream's work is ordered before the queue stream, on which the
+    /// memory may be freed (stream-ordered) once `_keep` goes.
+    release_after: Option<Arc<Shared>>,
+}
+
+impl Drop for ExportContext {
+    fn drop(&mut self) {
+        if let Some(shared) = self.release_after.take() {
+            // SAFETY: the legacy default stream's handle is always valid.
+            // Failure leaves the free unordered, as with any other stream.
+            let _ = unsafe { shared.order_before_queue(ferrite_hal_cuda::ffi::CU_STREAM_LEGACY) };
+        }
+    }
+}
+
+/// The bytes an export points at.
+struct Source {
+    data: *mut c_void,
+    keep: Keep,
+    copied: bool,
+    /// See [`ExportContext::release_after`].
+    release_after: Option<Arc<Shared>>,
+}
+
+/// Where a buffer's bytes live, as DLPack names devices.
+enum Location {
+    /// Host memory (CPU devices' buffers).
+    Host,
+    /// CUDA device-local memory; `dptr` is the buffer's first byte.
+    CudaDevice { shared: Arc<Shared>, dptr: u64 },
+    /// Pinned, mapped host memory of a CUDA device; `dptr` is the device
+    /// address of the buffer's first byte.
+    CudaPinned { shared: Arc<Shared>, dptr: u64 },
+}
+
+impl Location {
+    fn of(buffer: &Buffer) -> Location {
+        match buffer
+            .device_memory()
+            .and_then(|m| m.as_any().downcast_ref::<CudaMemory>())
+        {
+            Some(m) => {
+                let shared = m.shared().clone();
+                let dptr = m.device_ptr() + buffer.byte_offset();
+                if m.is_device_local() {
+                    Location::CudaDevice { shared, dptr }
+                } else {
+                    Location::CudaPinned { shared, dptr }
+                }
+            }
+            None => Location::Host,
+        }
+    }
+
+    /// The DLPack device the memory is exported as by default.
+    fn device(&self) -> (i32, i32) {
+        match self {
+            Location::Host => (DL_CPU, 0),
+            Location::CudaDevice { shared, .. } => (DL_CUDA, shared.ordinal()),
+            Location::CudaPinned { .. } => (DL_CUDA_HOST, 0),
+        }
+    }
+}
+
+/// A host mapping of `view`'s buffer (for host-addressable memory).
+fn host_source(view: &BufferView) -> PyResult<Source> {
+    let access = if view.buffer().allowed_access().contains(MemoryAccess::WRITE) {
+        MemoryAccess::READ | MemoryAccess::WRITE
+    } else {
+        MemoryAccess::READ
+    };
+    let mapping = view
+        .buffer()
+        .binding_ptr(0, WHOLE_BUFFER, access)
+        .py_context("Cannot export device buffer")?;
+    Ok(Source {
+        data: mapping.as_ptr() as *mut c_void,
+        keep: Keep::Mapping(mapping),
+        copied: false,
+        release_after: None,
+    })
 }
 
 fn dtype_of(et: ElementType) -> PyResult<DLDataType> {
@@ -141,24 +270,21 @@ fn element_type_of(dtype: DLDataType) -> PyResult<ElementType> {
     Ok(ElementType::new(nt, dtype.bits))
 }
 
-/// Fills a `DLTensor` for `view` (dense row-major: strides left null).
-fn describe(view: &BufferView, device: DLDevice) -> PyResult<(DLTensor, Box<ExportContext>)> {
+/// Fills a `DLTensor` for `view` over `source` (dense row-major: strides
+/// left null).
+fn describe(
+    view: &BufferView,
+    device: DLDevice,
+    source: Source,
+) -> PyResult<(DLTensor, Box<ExportContext>)> {
     let dtype = dtype_of(view.element_type())?;
-    let access = if view.buffer().allowed_access().contains(MemoryAccess::WRITE) {
-        MemoryAccess::READ | MemoryAccess::WRITE
-    } else {
-        MemoryAccess::READ
-    };
-    let mapping = view
-        .buffer()
-        .binding_ptr(0, WHOLE_BUFFER, access)
-        .py_context("Cannot export device buffer")?;
     let mut ctx = Box::new(ExportContext {
         shape: view.shape().iter().map(|&d| d as i64).collect(),
-        _mapping: mapping,
+        _keep: source.keep,
+        release_after: source.release_after,
     });
     let tensor = DLTensor {
-        data: ctx._mapping.as_ptr() as *mut c_void,
+        data: source.data,
         device,
         ndim: ctx.shape.len() as i32,
         dtype,
@@ -209,27 +335,30 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
     }
 }
 
-/// Exports `view` as a DLPack capsule: versioned (protocol 1.0) or legacy.
-pub fn export_capsule(
+/// Exports `view` over `source` as a DLPack capsule labelled `device`:
+/// versioned (protocol 1.0) or legacy.
+fn make_capsule(
     py: Python<'_>,
     view: &BufferView,
-    device_type: i32,
-    device_id: i32,
+    device: (i32, i32),
+    source: Source,
     versioned: bool,
 ) -> PyResult<PyObject> {
     let device = DLDevice {
-        device_type,
-        device_id,
+        device_type: device.0,
+        device_id: device.1,
     };
-    let (dl_tensor, ctx) = describe(view, device)?;
-    let read_only = !view.buffer().allowed_access().contains(MemoryAccess::WRITE);
+    let copied = source.copied;
+    let (dl_tensor, ctx) = describe(view, device, source)?;
+    let read_only = !copied && !view.buffer().allowed_access().contains(MemoryAccess::WRITE);
     let manager_ctx = Box::into_raw(ctx) as *mut c_void;
     let (ptr, name) = if versioned {
         let t = Box::new(DLManagedTensorVersioned {
             version: DLPackVersion { major: 1, minor: 0 },
             manager_ctx,
             deleter: Some(delete_versioned),
-            flags: if read_only { FLAG_READ_ONLY } else { 0 },
+            flags: if read_only { FLAG_READ_ONLY } else { 0 }
+                | if copied { FLAG_IS_COPIED } else { 0 },
             dl_tensor,
         });
         (Box::into_raw(t) as *mut c_void, VERSIONED_NAME)
@@ -252,6 +381,43 @@ pub fn export_capsule(
     }
     // SAFETY: `PyCapsule_New` returned a new, owned reference.
     Ok(unsafe { PyObject::from_owned_ptr(py, capsule) })
+}
+
+/// `HalDevice.create_dlpack_capsule`: a legacy capsule of `view` labelled
+/// with the caller's DLPack device, as upstream's. The data pointer is the
+/// device address for CUDA device memory (and for pinned memory labelled
+/// `kDLCUDA`), the host address otherwise; nothing is waited for.
+pub fn export_capsule(
+    py: Python<'_>,
+    view: &BufferView,
+    device_type: i32,
+    device_id: i32,
+) -> PyResult<PyObject> {
+    let source = match Location::of(view.buffer()) {
+        Location::CudaDevice { dptr, .. } => device_source(view, dptr),
+        Location::CudaPinned { dptr, .. } if device_type == DL_CUDA => device_source(view, dptr),
+        Location::Host | Location::CudaPinned { .. } => host_source(view)?,
+    };
+    make_capsule(py, view, (device_type, device_id), source, false)
+}
+
+/// The device address `dptr` of `view`'s buffer, kept alive by the buffer
+/// (marked exported: the consumer's streams may use it after Ferrite's last
+/// use, so it is never recycled without stream ordering).
+fn device_source(view: &BufferView, dptr: u64) -> Source {
+    if let Some(m) = view
+        .buffer()
+        .device_memory()
+        .and_then(|m| m.as_any().downcast_ref::<CudaMemory>())
+    {
+        m.mark_exported();
+    }
+    Source {
+        data: dptr as *mut c_void,
+        keep: Keep::Buffer(view.buffer().clone()),
+        copied: false,
+        release_after: None,
+    }
 }
 
 /// Frees a tensor whose capsule could not be created.
@@ -361,35 +527,119 @@ fn take_capsule(py: Python<'_>, capsule: &Bound<'_, PyAny>) -> PyResult<Imported
     ))
 }
 
+/// The capsule of `obj`: `obj` itself, or what its `__dlpack__` returns,
+/// asked for protocol 1.0 and, when `stream` is given, to order its work
+/// before that CUDA stream (producers predating those keywords are asked
+/// with fewer).
+fn capsule_of<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+    stream: Option<usize>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if !obj.hasattr("__dlpack__")? {
+        return Ok(obj.clone());
+    }
+    let call = |max_version: bool| -> PyResult<Bound<'py, PyAny>> {
+        let kwargs = pyo3::types::PyDict::new(py);
+        if max_version {
+            kwargs.set_item("max_version", (1, 0))?;
+        }
+        if let Some(s) = stream {
+            kwargs.set_item("stream", s)?;
+        }
+        obj.call_method("__dlpack__", (), Some(&kwargs))
+    };
+    match call(true) {
+        Ok(c) => Ok(c),
+        // Producers predating protocol 1.0 take no `max_version`.
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => match call(false) {
+            Ok(c) => Ok(c),
+            Err(e) if stream.is_none() && e.is_instance_of::<PyTypeError>(py) => {
+                obj.call_method0("__dlpack__")
+            }
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+/// The DLPack device `obj` reports through `__dlpack_device__`, if any.
+fn producer_device(obj: &Bound<'_, PyAny>) -> Option<(i32, i32)> {
+    if !obj.hasattr("__dlpack_device__").unwrap_or(false) {
+        return None;
+    }
+    obj.call_method0("__dlpack_device__")
+        .ok()?
+        .extract::<(i32, i32)>()
+        .ok()
+}
+
+/// True for an object reporting CUDA device memory (`kDLCUDA`) through
+/// `__dlpack_device__`.
+pub fn is_cuda_tensor(obj: &Bound<'_, PyAny>) -> bool {
+    matches!(producer_device(obj), Some((DL_CUDA, _)))
+}
+
+/// Why a device cannot take a `kDLCUDA` tensor, with where CUDA stands on
+/// this machine.
+fn not_a_cuda_device(device: &dyn Device, device_id: i32) -> PyErr {
+    let cuda = match ferrite_hal_cuda::ffi::api() {
+        Err(e) => format!("and this machine has no CUDA device: {e}"),
+        Ok(_) if !ferrite_hal_cuda::available() => {
+            "and the CUDA driver reports no GPU on this machine".to_string()
+        }
+        Ok(_) => {
+            format!("import it through the CUDA device (rt.get_device(\"cuda://{device_id}\"))")
+        }
+    };
+    PyValueError::new_err(format!(
+        "dlpack tensor is CUDA device memory (kDLCUDA, device {device_id}); HAL device '{}' is not a CUDA device, {cuda}",
+        device.id()
+    ))
+}
+
 /// Imports a DLPack capsule (or any object with `__dlpack__`) as a buffer
-/// view of `allocator`'s device.
+/// view of `device`.
 pub fn import(
     py: Python<'_>,
-    allocator: &Arc<dyn Allocator>,
+    device: &Arc<dyn Device>,
     obj: &Bound<'_, PyAny>,
 ) -> PyResult<BufferView> {
-    let capsule = if obj.hasattr("__dlpack__")? {
-        let kwargs = pyo3::types::PyDict::new(py);
-        kwargs.set_item("max_version", (1, 0))?;
-        match obj.call_method("__dlpack__", (), Some(&kwargs)) {
-            Ok(c) => c,
-            // Producers predating protocol 1.0 take no keywords.
-            Err(e) if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
-                obj.call_method0("__dlpack__")?
-            }
-            Err(e) => return Err(e),
-        }
-    } else {
-        obj.clone()
+    let cuda = device.as_any().downcast_ref::<CudaDevice>();
+    // A CUDA producer orders its pending work before our queue stream.
+    let stream = match (cuda, producer_device(obj)) {
+        (Some(c), Some((DL_CUDA, _))) => Some(c.shared().queue_stream_handle()),
+        _ => None,
     };
+    let capsule = capsule_of(py, obj, stream)?;
     let imported = take_capsule(py, &capsule)?;
     let t = imported.tensor();
-    if t.device.device_type != DL_CPU {
-        return Err(PyValueError::new_err(format!(
-            "dlpack tensor is on device type {} (only kDLCPU = 1 is host memory)",
-            t.device.device_type
-        )));
-    }
+    let on_cuda = match t.device.device_type {
+        DL_CPU | DL_CUDA_HOST => false,
+        DL_CUDA => true,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "dlpack tensor is on device type {other}; Ferrite imports kDLCPU (1) and kDLCUDAHost (3) host memory, and kDLCUDA (2) memory on a CUDA device"
+            )))
+        }
+    };
+    let cuda = if on_cuda {
+        let Some(c) = cuda else {
+            return Err(not_a_cuda_device(&**device, t.device.device_id));
+        };
+        let ordinal = c.shared().ordinal();
+        if t.device.device_id != ordinal {
+            return Err(PyValueError::new_err(format!(
+                "dlpack tensor is on CUDA device {}, but HAL device '{}' is CUDA device {ordinal}; import it through rt.get_device(\"cuda://{}\")",
+                t.device.device_id,
+                device.id(),
+                t.device.device_id
+            )));
+        }
+        Some(c)
+    } else {
+        None
+    };
     let et = element_type_of(t.dtype)?;
     let ndim = usize::try_from(t.ndim)
         .map_err(|_| PyValueError::new_err(format!("invalid dlpack ndim {}", t.ndim)))?;
@@ -435,11 +685,11 @@ pub fn import(
         ));
     }
     let base = (t.data as *mut u8).wrapping_add(t.byte_offset as usize);
-    let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
     let writable = !imported.read_only();
+    let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
     // A read-only tensor is imported for reads only: without
     // DISPATCH_STORAGE_WRITE usage, binding it where a kernel may write
-    // (any CPU binding) is refused rather than written.
+    // is refused rather than written.
     let params = if writable {
         params
     } else {
@@ -448,6 +698,36 @@ pub fn import(
             BufferUsage::TRANSFER | BufferUsage::MAPPING | BufferUsage::DISPATCH_STORAGE_READ,
         )
     };
+    if let Some(c) = cuda {
+        if !dense {
+            return Err(PyValueError::new_err(format!(
+                "strided CUDA dlpack tensors are not supported (shape {shape:?}, strides {:?} elements); make the tensor contiguous first (torch: .contiguous())",
+                strides.unwrap_or_default()
+            )));
+        }
+        let access = if writable {
+            MemoryAccess::READ | MemoryAccess::WRITE
+        } else {
+            MemoryAccess::READ
+        };
+        let usage = if writable {
+            BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE
+        } else {
+            BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE_READ
+        };
+        // SAFETY: a dense kDLCUDA tensor's bytes are `[base, base +
+        // byte_size)` of device `ordinal` (checked above; the driver checks
+        // the pointer's device, context and allocation range again), valid
+        // until the producer's deleter runs, which `imported` (the owner)
+        // calls only when the last buffer using the memory is dropped.
+        let buffer = unsafe {
+            c.import_device_memory(base as u64, byte_size, usage, access, Box::new(imported))
+        }
+        .py_context("Could not import the CUDA dlpack tensor")?;
+        return BufferView::new(buffer, &dims, et, EncodingType::DENSE_ROW_MAJOR)
+            .py_context("Failed to create buffer view");
+    }
+    let allocator = device.allocator();
     let buffer = if dense {
         // SAFETY: a dense tensor's bytes are `[base, base + byte_size)`,
         // valid until the producer's deleter runs, which `imported` (kept
@@ -512,34 +792,144 @@ pub fn import(
         .py_context("Failed to create buffer view")
 }
 
-/// `(device_type, device_id)` of host buffer views.
-pub fn dlpack_device() -> (i32, i32) {
-    (DL_CPU, 0)
+/// `__dlpack_device__` of a buffer view: where its memory is (see the
+/// module docs).
+pub fn dlpack_device(view: &BufferView) -> (i32, i32) {
+    Location::of(view.buffer()).device()
+}
+
+/// The consumer's CUDA stream from `__dlpack__(stream=...)`: `None` for
+/// "no ordering" (-1), the legacy default stream for `None`.
+fn consumer_stream(stream: Option<i64>) -> PyResult<Option<usize>> {
+    parse_consumer_stream(stream).map_err(PyValueError::new_err)
+}
+
+/// [`consumer_stream`] without Python (unit-testable).
+fn parse_consumer_stream(stream: Option<i64>) -> Result<Option<usize>, String> {
+    match stream {
+        None => Ok(Some(ferrite_hal_cuda::ffi::CU_STREAM_LEGACY)),
+        Some(-1) => Ok(None),
+        Some(0) => Err(
+            "stream=0 is ambiguous for CUDA (DLPack): pass 1 for the legacy default stream, 2 for the per-thread default stream, a stream handle, or -1 for no ordering".to_string(),
+        ),
+        Some(s) if s < 0 => Err(format!(
+            "invalid CUDA stream {s} for __dlpack__ (-1 means no ordering)"
+        )),
+        Some(s) => Ok(Some(s as usize)),
+    }
+}
+
+/// The device address `dptr` of `view`'s buffer for a consumer working on
+/// `stream` (the `__dlpack__` argument): the queue's pending work is
+/// ordered before that stream now, and, for the legacy default stream
+/// (where PyTorch's default work runs), that stream's work before the
+/// queue stream when the consumer releases the memory.
+fn export_to_stream(
+    view: &BufferView,
+    shared: &Arc<Shared>,
+    dptr: u64,
+    stream: Option<i64>,
+) -> PyResult<Source> {
+    let consumer = consumer_stream(stream)?;
+    if let Some(s) = consumer {
+        // SAFETY: the DLPack protocol makes the consumer pass a stream it
+        // may use on this device: 1, 2 or a live handle (no driver API can
+        // check a handle).
+        unsafe { shared.order_queue_before(Some(s)) }
+            .py_context("Could not order the export after pending device work")?;
+    }
+    let mut source = device_source(view, dptr);
+    if consumer == Some(ferrite_hal_cuda::ffi::CU_STREAM_LEGACY) {
+        source.release_after = Some(shared.clone());
+    }
+    Ok(source)
 }
 
 /// `__dlpack__` of a buffer view: protocol 1.0 when the consumer's
-/// `max_version` allows it, the legacy capsule otherwise.
+/// `max_version` allows it, the legacy capsule otherwise; `dl_device`
+/// picks among the forms in the module docs.
 pub fn dlpack_of(
     py: Python<'_>,
     view: &PyHalBufferView,
+    stream: Option<i64>,
     max_version: Option<(u32, u32)>,
     dl_device: Option<(i32, i32)>,
     copy: Option<bool>,
 ) -> PyResult<PyObject> {
-    if let Some(d) = dl_device {
-        if d != dlpack_device() {
-            return Err(PyBufferError::new_err(format!(
-                "cannot export to DLPack device {d:?}: buffer views live on kDLCPU (1, 0)"
-            )));
-        }
-    }
-    if copy == Some(true) {
-        return Err(PyBufferError::new_err(
-            "copy=True is not supported: buffer views export their own memory",
-        ));
-    }
+    let view = &view.view;
     let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-    export_capsule(py, &view.view, DL_CPU, 0, versioned)
+    let location = Location::of(view.buffer());
+    let natural = location.device();
+    let target = dl_device.unwrap_or(natural);
+    let no_copy = || {
+        if copy == Some(true) {
+            Err(PyBufferError::new_err(
+                "copy=True is not supported here: buffer views export their own memory",
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let unsupported = || {
+        let what = match natural.0 {
+            DL_CPU => "kDLCPU",
+            DL_CUDA => "kDLCUDA",
+            _ => "kDLCUDAHost",
+        };
+        Err(PyBufferError::new_err(format!(
+            "cannot export to DLPack device {target:?}: the buffer view's memory is on {what} {natural:?}"
+        )))
+    };
+    let source = match &location {
+        Location::Host => {
+            if target != natural {
+                return unsupported();
+            }
+            no_copy()?;
+            host_source(view)?
+        }
+        Location::CudaDevice { shared, dptr } => {
+            if target == natural {
+                no_copy()?;
+                export_to_stream(view, shared, *dptr, stream)?
+            } else if target == (DL_CPU, 0) {
+                if copy == Some(false) {
+                    return Err(PyBufferError::new_err(
+                        "exporting CUDA device memory to kDLCPU needs a copy, and copy=False forbids it",
+                    ));
+                }
+                // SAFETY: `None` waits on the host; no stream handle.
+                unsafe { shared.order_queue_before(None) }
+                    .py_context("Could not wait for pending device work")?;
+                let bytes = view
+                    .buffer()
+                    .to_vec()
+                    .py_context("Could not copy the buffer to the host")?;
+                Source {
+                    data: bytes.as_ptr() as *mut c_void,
+                    keep: Keep::Bytes(bytes),
+                    copied: true,
+                    release_after: None,
+                }
+            } else {
+                return unsupported();
+            }
+        }
+        Location::CudaPinned { shared, dptr } => {
+            no_copy()?;
+            if target == (DL_CUDA, shared.ordinal()) {
+                export_to_stream(view, shared, *dptr, stream)?
+            } else if target == natural || target == (DL_CPU, 0) {
+                // SAFETY: `None` waits on the host; no stream handle.
+                unsafe { shared.order_queue_before(None) }
+                    .py_context("Could not wait for pending device work")?;
+                host_source(view)?
+            } else {
+                return unsupported();
+            }
+        }
+    };
+    make_capsule(py, view, target, source, versioned)
 }
 
 /// Bytes of a dense tensor of `dims` with `bits`-bit elements, every product
@@ -560,7 +950,37 @@ fn dense_byte_size(dims: &[u64], bits: u64) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::dense_byte_size;
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn structs_have_the_dlpack_abi_layout() {
+        // dlpack.h v1.0 on 64-bit targets.
+        assert_eq!(size_of::<DLTensor>(), 48);
+        assert_eq!(offset_of!(DLTensor, device), 8);
+        assert_eq!(offset_of!(DLTensor, byte_offset), 40);
+        assert_eq!(size_of::<DLManagedTensor>(), 64);
+        assert_eq!(offset_of!(DLManagedTensorVersioned, flags), 24);
+        assert_eq!(offset_of!(DLManagedTensorVersioned, dl_tensor), 32);
+    }
+
+    #[test]
+    fn consumer_streams_follow_the_array_api() {
+        let legacy = ferrite_hal_cuda::ffi::CU_STREAM_LEGACY;
+        assert_eq!(parse_consumer_stream(None), Ok(Some(legacy)));
+        assert_eq!(parse_consumer_stream(Some(-1)), Ok(None));
+        assert_eq!(parse_consumer_stream(Some(2)), Ok(Some(2)));
+        assert_eq!(
+            parse_consumer_stream(Some(0x7f00_1234)),
+            Ok(Some(0x7f00_1234))
+        );
+        assert!(parse_consumer_stream(Some(0))
+            .unwrap_err()
+            .contains("ambiguous"));
+        assert!(parse_consumer_stream(Some(-2))
+            .unwrap_err()
+            .contains("invalid CUDA stream -2"));
+    }
 
     #[test]
     fn shape_products_are_checked() {

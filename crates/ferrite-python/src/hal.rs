@@ -382,7 +382,8 @@ impl PyHalDevice {
     }
 
     /// A legacy (`dltensor`) DLPack capsule of `buffer_view`, labelled with
-    /// the given DLPack device (the memory itself is host memory).
+    /// the given DLPack device, as upstream's: `data` is the device address
+    /// for CUDA device memory, the host address for host memory.
     fn create_dlpack_capsule(
         &self,
         py: Python<'_>,
@@ -390,19 +391,21 @@ impl PyHalDevice {
         device_type_code: i32,
         device_id: i32,
     ) -> PyResult<PyObject> {
-        crate::dlpack::export_capsule(py, &buffer_view.view, device_type_code, device_id, false)
+        crate::dlpack::export_capsule(py, &buffer_view.view, device_type_code, device_id)
     }
 
     /// Imports a DLPack capsule (`dltensor` or `dltensor_versioned`), or
     /// any object with `__dlpack__`, as a buffer view: zero-copy when dense
-    /// row-major, copied when strided.
+    /// row-major, copied when strided (host memory) or refused (CUDA
+    /// memory). `kDLCUDA` tensors import only on the CUDA device of their
+    /// ordinal.
     #[allow(clippy::wrong_self_convention)] // upstream's method name
     fn from_dlpack_capsule(
         &self,
         py: Python<'_>,
         capsule: &Bound<'_, PyAny>,
     ) -> PyResult<PyHalBufferView> {
-        let view = crate::dlpack::import(py, &self.device.0.allocator(), capsule)?;
+        let view = crate::dlpack::import(py, &self.device.0, capsule)?;
         Ok(PyHalBufferView {
             view: Arc::new(view),
         })
@@ -710,22 +713,25 @@ impl PyHalBufferView {
         buffer.create_view(shape, element_type)
     }
 
-    /// DLPack export (protocol 1.0 when `max_version` allows, else legacy).
+    /// DLPack export (protocol 1.0 when `max_version` allows, else
+    /// legacy); on CUDA memory `stream` is the consumer's stream, which is
+    /// made to wait for the device's pending work (see `dlpack.rs`).
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__(
         &self,
         py: Python<'_>,
-        stream: Option<PyObject>,
+        stream: Option<i64>,
         max_version: Option<(u32, u32)>,
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<PyObject> {
-        let _ = stream; // host memory: nothing to order against
-        crate::dlpack::dlpack_of(py, self, max_version, dl_device, copy)
+        crate::dlpack::dlpack_of(py, self, stream, max_version, dl_device, copy)
     }
 
+    /// `(kDLCPU, 0)` for host memory, `(kDLCUDA, ordinal)` for CUDA device
+    /// memory, `(kDLCUDAHost, 0)` for CUDA pinned memory.
     fn __dlpack_device__(&self) -> (i32, i32) {
-        crate::dlpack::dlpack_device()
+        crate::dlpack::dlpack_device(&self.view)
     }
 
     fn get_buffer(&self) -> PyHalBuffer {

@@ -278,6 +278,15 @@ impl PyFunctionInvoker {
             }
             return Ok(Variant::Ref(ref_of(obj)?));
         }
+        // A CUDA tensor (PyTorch's, ...) is used in place through DLPack:
+        // the CUDA device of its ordinal wraps its memory, any other device
+        // refuses it with the reason (never a host copy through numpy,
+        // which cannot read device memory).
+        if crate::dlpack::is_cuda_tensor(obj) {
+            let view = crate::dlpack::import(py, &self.device.get().device.0, obj)
+                .map_err(|e| PyValueError::new_err(format!("{name}: {}", e.value(py))))?;
+            return view_variant(&Arc::new(view), decl, name);
+        }
         self.array_variant(obj, decl, name)
     }
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ._binding import BufferUsage, HalBufferView, MemoryType, VmVariantList
-from .array_interop import DeviceArray
+from .array_interop import DeviceArray, _is_cuda_tensor
 from .dtypes import map_dtype_to_hal_element_type
 
 __all__ = ["ArgumentError", "ArgumentPacker", "InvokeContext"]
@@ -218,6 +218,9 @@ def _ndarray_packer(desc) -> _Packer:
         if isinstance(value, HalBufferView):
             arg_list.push_ref(value)
             return
+        if _is_cuda_tensor(value):
+            _pack_cuda_tensor(context, arg_list, value)
+            return
         try:
             host = np.asarray(value, dtype, "C")
         except Exception as e:
@@ -278,6 +281,8 @@ def _generic_packer(value) -> Optional[_Packer]:
     nor a numpy scalar a float: those go through the array protocol), or
     None when it has no VM form."""
     packer = _GENERIC_PACKERS.get(type(value))
+    if packer is None and _is_cuda_tensor(value):
+        return _pack_cuda_tensor
     if packer is None and hasattr(value, "__array__"):
         return _pack_host_array
     return packer
@@ -323,6 +328,12 @@ def _pack_buffer_view(context, arg_list, value):
 
 def _pack_device_array(context, arg_list, value):
     arg_list.push_ref(value._buffer_view)
+
+
+def _pack_cuda_tensor(context, arg_list, value):
+    # CUDA memory (a PyTorch CUDA tensor, ...) is used in place through
+    # DLPack; numpy could not read it anyway.
+    arg_list.push_ref(context.device.from_dlpack_capsule(value))
 
 
 def _pack_host_array(context, arg_list, value):

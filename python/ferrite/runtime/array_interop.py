@@ -106,6 +106,17 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         args = [a.to_host() if isinstance(a, DeviceArray) else a for a in args]
         return func(*args, **kwargs)
 
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """DLPack export of the buffer view (no copy): device memory stays on
+        the device (`torch.from_dlpack(array)` gives a CUDA tensor over the
+        same memory for a CUDA device's array). The capsule carries the stored
+        element type (an `override_dtype` is a host-side conversion)."""
+        return self._buffer_view.__dlpack__(
+            stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self):
+        return self._buffer_view.__dlpack_device__()
+
     def __getitem__(self, index):
         return self.to_host()[index]
 
@@ -139,6 +150,20 @@ class DeviceArray(np.lib.mixins.NDArrayOperatorsMixin):
         return str(self.to_host())
 
 
+_DL_CUDA = 2
+
+
+def _is_cuda_tensor(a) -> bool:
+    """Whether `a` reports CUDA device memory through DLPack."""
+    device = getattr(a, "__dlpack_device__", None)
+    if device is None or isinstance(a, np.ndarray):
+        return False
+    try:
+        return device()[0] == _DL_CUDA
+    except Exception:
+        return False
+
+
 def _mapped_array(mapped, shape, dtype) -> np.ndarray:
     """`mapped` as an array of `dtype`; types numpy cannot export through the
     buffer protocol (ml_dtypes' bfloat16, float8) are read as same-width
@@ -160,11 +185,19 @@ def _exportable(a: np.ndarray) -> np.ndarray:
 def asdevicearray(device, a, dtype=None, *, implicit_host_transfer: bool = False,
                   memory_type=MemoryType.DEVICE_LOCAL, allowed_usage=BufferUsage.DEFAULT,
                   element_type=None) -> DeviceArray:
-    """Copies `a` to `device` as a DeviceArray (a DeviceArray passes through)."""
+    """Copies `a` to `device` as a DeviceArray (a DeviceArray passes through).
+
+    A CUDA tensor (any object whose `__dlpack_device__` is kDLCUDA, e.g. a
+    PyTorch CUDA tensor) is not copied: it is imported through DLPack onto
+    `device`, which must be the CUDA device of its ordinal, and the
+    DeviceArray uses the tensor's memory."""
     if isinstance(a, DeviceArray):
         if dtype is None or np.dtype(dtype) == a.dtype:
             return a
         a = a.to_host()
+    if dtype is None and element_type is None and _is_cuda_tensor(a):
+        bv = device.from_dlpack_capsule(a)
+        return DeviceArray(device, bv, implicit_host_transfer=implicit_host_transfer)
     # asarray keeps 0-d arrays rank 0 (ascontiguousarray makes them 1-d).
     a = np.asarray(a, dtype=dtype, order="C")
     if element_type is None:

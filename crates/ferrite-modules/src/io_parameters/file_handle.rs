@@ -242,6 +242,32 @@ impl FileHandle {
         }
     }
 
+    /// A read-only copy of `length` bytes at `offset`, at a page-aligned
+    /// address, that reads each chunk from the file on first access (see
+    /// [`super::demand_paged`]): only the parts a program touches become
+    /// resident. None for handles that do not map a file opened read-only,
+    /// for ranges outside the file, and where the system offers no
+    /// `userfaultfd` (callers then copy).
+    pub fn demand_paged_copy(&self, offset: u64, length: u64) -> Option<SharedBytes> {
+        #[cfg(target_os = "linux")]
+        {
+            let file = self.file.as_ref()?;
+            self.with_range(offset, length, |_| ()).ok()?;
+            let copy = super::demand_paged::DemandPaged::new(
+                file,
+                offset,
+                usize::try_from(length).ok()?,
+                &self.name,
+            )?;
+            Some(Arc::new(copy))
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (offset, length);
+            None
+        }
+    }
+
     /// Copies `data` into the handle at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         match &*self.contents {

@@ -3,12 +3,16 @@
 //! VM module.
 //!
 //! - [`file_handle`]: memory-mapped files and host memory holding bytes.
+//! - [`demand_paged`]: aligned copies of misaligned file bytes, filled on
+//!   first access (Linux `userfaultfd`).
 //! - [`index`]: named parameters and where their bytes are.
 //! - [`formats`]: parsers for the three file formats and the irpa writer.
 //! - [`provider`]: load/gather/scatter of one scope's parameters on a HAL
 //!   device queue (zero-copy import of mapped bytes where possible).
 //! - [`module`]: the `io_parameters` VM module over a list of providers.
 
+#[cfg(target_os = "linux")]
+pub mod demand_paged;
 pub mod file_handle;
 pub mod formats;
 pub mod index;

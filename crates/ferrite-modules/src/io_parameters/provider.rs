@@ -4,9 +4,12 @@
 //! `load` makes one buffer per parameter. When the bytes sit in read-only
 //! host memory (a memory-mapped file), the program promised not to write
 //! the buffer (`SHARING_IMMUTABLE` usage) and the bytes are aligned as
-//! kernels expect, the device's allocator imports them without a copy;
-//! otherwise a buffer is allocated and the bytes are copied into it on the
-//! queue. `gather` copies parameters into one existing buffer; `scatter`
+//! kernels expect, the device's allocator imports them without a copy.
+//! When they sit misaligned in a mapped file (safetensors tensors usually
+//! do), an aligned copy filled from the file on first access is imported
+//! instead ([`super::demand_paged`], at least [`DEMAND_PAGED_MIN`] bytes),
+//! so the parts a program never reads are never resident. Otherwise a
+//! buffer is allocated and the bytes are copied into it on the queue. `gather` copies parameters into one existing buffer; `scatter`
 //! writes ranges of a buffer back into writable parameter storage.
 
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::{Buffer, HostMemory};
 use ferrite_hal::device::Device;
-use ferrite_hal::{BufferUsage, Fence};
+use ferrite_hal::{BufferUsage, Fence, MemoryType};
 
 use super::file_handle::SharedBytes;
 use super::index::{Entry, ParameterIndex, Storage};
@@ -23,6 +26,11 @@ use super::index::{Entry, ParameterIndex, Storage};
 /// Alignment the bytes of an imported parameter must have: CPU kernels
 /// assume their bindings are 64-byte aligned.
 pub const IMPORT_ALIGNMENT: usize = 64;
+
+/// Misaligned immutable parameters of at least this many bytes are
+/// demand-paged copies; smaller ones are copied at load (a fault costs more
+/// than copying a few pages).
+pub const DEMAND_PAGED_MIN: u64 = 64 * 1024;
 
 /// One parameter range of a request: `length` bytes at `parameter_offset`
 /// within parameter `key`, to or from `buffer_offset` of a buffer.
@@ -109,7 +117,22 @@ impl Transfer {
                         entry.key
                     );
                 };
-                handle.read_into(base + from, &mut target.map_write(offset, length)?)
+                if target.memory_type().contains(MemoryType::HOST_VISIBLE) {
+                    return handle.read_into(base + from, &mut target.map_write(offset, length)?);
+                }
+                // Device-only memory (a GPU's): read through a bounded
+                // host buffer rather than staging the whole range, so a
+                // model's weights never sit in host memory all at once.
+                const CHUNK: u64 = 8 << 20;
+                let mut chunk = vec![0u8; length.min(CHUNK) as usize];
+                let mut done = 0u64;
+                while done < length {
+                    let n = (length - done).min(CHUNK) as usize;
+                    handle.read_into(base + from + done, &mut chunk[..n])?;
+                    target.write(offset + done, &chunk[..n])?;
+                    done += n as u64;
+                }
+                Ok(())
             }
             Transfer::Write {
                 source,
@@ -231,7 +254,8 @@ impl ParameterProvider {
         })
     }
 
-    /// Tries to wrap a parameter's mapped bytes as a buffer without a copy.
+    /// Tries to wrap a parameter's mapped bytes as a buffer without a copy
+    /// (or, when they are misaligned, a demand-paged copy of them).
     fn try_import(
         device: &Arc<dyn Device>,
         params: &BufferParams,
@@ -244,18 +268,31 @@ impl ParameterProvider {
         if span.buffer_offset != 0 || !params.usage.contains(BufferUsage::SHARING_IMMUTABLE) {
             return None;
         }
+        if device.allocator().import_copies(params, span.length, false) {
+            // The device would copy the mapped bytes (a GPU's device-local
+            // memory): reading the file in bounded chunks instead keeps the
+            // mapping untouched, so the weights never count in host RSS.
+            return None;
+        }
         let bytes = handle.shared_bytes()?;
         let start = usize::try_from(offset + span.parameter_offset).ok()?;
         let end = start.checked_add(usize::try_from(span.length).ok()?)?;
         let all = (*bytes).as_ref();
-        if end > all.len() || !(all.as_ptr() as usize + start).is_multiple_of(IMPORT_ALIGNMENT) {
+        if end > all.len() {
             return None;
         }
+        let shared: SharedBytes =
+            if (all.as_ptr() as usize + start).is_multiple_of(IMPORT_ALIGNMENT) {
+                Arc::new(SharedRange { bytes, start, end })
+            } else if span.length >= DEMAND_PAGED_MIN {
+                handle.demand_paged_copy(start as u64, span.length)?
+            } else {
+                return None;
+            };
         // SAFETY: only reached for SHARING_IMMUTABLE requests (checked
         // above): the program loads these parameters as constants, which the
         // compiler's dispatches never write.
-        let memory =
-            unsafe { HostMemory::program_constant(Arc::new(SharedRange { bytes, start, end })) };
+        let memory = unsafe { HostMemory::program_constant(shared) };
         // An allocator that cannot import (or not with these parameters)
         // is not an error: the copy path serves the request instead.
         device.allocator().import_host(params, memory).ok()
