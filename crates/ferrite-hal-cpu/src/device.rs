@@ -278,6 +278,10 @@ struct CommandsWork<'a> {
     stages: Vec<Range<usize>>,
     /// Each stage's items, prepared when it begins.
     prepared: Vec<OnceLock<SmallVec<[Item<'a>; 2]>>>,
+    /// Stages prepared ahead (while the stage before ran its last tiles):
+    /// the items, their tile count and their in-flight marks, taken by
+    /// `begin_stage`.
+    ahead: Vec<Mutex<Option<PreparedStage<'a>>>>,
     /// Threads that may run tiles at once (tile sizing).
     threads: u64,
     /// `max_concurrency` passed to kernels (processor ids are below it).
@@ -287,6 +291,10 @@ struct CommandsWork<'a> {
     /// of the previous one has finished) or when the execution ends.
     in_flight: parking_lot::Mutex<SmallVec<[DeviceRange<'a>; 8]>>,
 }
+
+/// A stage's items, their tile count, and the in-flight marks of their
+/// bindings.
+type PreparedStage<'a> = (SmallVec<[Item<'a>; 2]>, u64, SmallVec<[DeviceRange<'a>; 8]>);
 
 /// One command of a stage and its tiles `first_tile..first_tile + tiles`.
 struct Item<'a> {
@@ -343,19 +351,47 @@ impl<'a> CommandsWork<'a> {
             stages.push(start..commands.len());
         }
         let prepared = stages.iter().map(|_| OnceLock::new()).collect();
+        let ahead = stages.iter().map(|_| Mutex::new(None)).collect();
         CommandsWork {
             device,
             commands,
             table,
             stages,
             prepared,
+            ahead,
             threads: threads.max(1) as u64,
             concurrency: threads + 1,
             in_flight: parking_lot::Mutex::new(SmallVec::new()),
         }
     }
 
-    fn prepare(&self, index: usize, first_tile: u64) -> Result<Option<Item<'a>>> {
+    /// Prepares the items of `stage`: resolves its dispatches' bindings
+    /// (their in-flight marks go to `marks`) and sizes their tiles.
+    fn prepare_stage(
+        &self,
+        stage: usize,
+        marks: &mut SmallVec<[DeviceRange<'a>; 8]>,
+    ) -> Result<(SmallVec<[Item<'a>; 2]>, u64)> {
+        let mut items = SmallVec::new();
+        let mut tiles = 0;
+        for index in self.stages[stage].clone() {
+            let item = self
+                .prepare(index, tiles, marks)
+                .map_err(|e| e.annotate(format!("executing command {index}")))?;
+            if let Some(item) = item {
+                tiles += item.tiles;
+                items.push(item);
+            }
+        }
+        Ok((items, tiles))
+    }
+
+    fn prepare(
+        &self,
+        index: usize,
+        first_tile: u64,
+        marks: &mut SmallVec<[DeviceRange<'a>; 8]>,
+    ) -> Result<Option<Item<'a>>> {
         let Command::Dispatch {
             executable,
             function,
@@ -392,7 +428,7 @@ impl<'a> CommandsWork<'a> {
         }
         let mut addrs =
             BindingAddrs::resolve(cpu, *function, bindings, self.table).map_err(annotate)?;
-        self.in_flight.lock().extend(addrs.in_flight.drain(..));
+        marks.extend(addrs.in_flight.drain(..));
         let sequential = cpu
             .library()
             .export(*function)
@@ -424,20 +460,41 @@ impl RegionWork for CommandsWork<'_> {
         self.stages.len()
     }
 
+    fn prepare_ahead(&self, stage: usize) {
+        // An indirect dispatch's workgroup count may be written by the
+        // stage still running: such stages are prepared when they begin.
+        let indirect = self.commands[self.stages[stage].clone()].iter().any(|c| {
+            matches!(
+                c,
+                Command::Dispatch {
+                    indirect: Some(_),
+                    ..
+                }
+            )
+        });
+        if indirect {
+            return;
+        }
+        let mut marks = SmallVec::new();
+        // A failure is left for `begin_stage` to meet (and report) again.
+        if let Ok((items, tiles)) = self.prepare_stage(stage, &mut marks) {
+            *self.ahead[stage].lock() = Some((items, tiles, marks));
+        }
+    }
+
     fn begin_stage(&self, stage: usize) -> Result<u64> {
         // Stages run in order: the previous one's tiles have all finished.
-        self.in_flight.lock().clear();
-        let mut items = SmallVec::new();
-        let mut tiles = 0;
-        for index in self.stages[stage].clone() {
-            let item = self
-                .prepare(index, tiles)
-                .map_err(|e| e.annotate(format!("executing command {index}")))?;
-            if let Some(item) = item {
-                tiles += item.tiles;
-                items.push(item);
+        let mut in_flight = self.in_flight.lock();
+        in_flight.clear();
+        let ahead = self.ahead[stage].lock().take();
+        let (items, tiles) = match ahead {
+            Some((items, tiles, marks)) => {
+                *in_flight = marks;
+                (items, tiles)
             }
-        }
+            None => self.prepare_stage(stage, &mut in_flight)?,
+        };
+        drop(in_flight);
         if self.prepared[stage].set(items).is_err() {
             bail!(Internal, "stage {stage} of a command buffer began twice");
         }

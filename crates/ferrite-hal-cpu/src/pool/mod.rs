@@ -749,6 +749,66 @@ mod tests {
         );
     }
 
+    /// Stages whose tiles take a while, recording when stages are
+    /// prepared ahead and begun.
+    struct Ahead {
+        stages: usize,
+        begun: Vec<AtomicUsize>,
+        ahead: Vec<AtomicUsize>,
+        /// A preparation ahead under way (stage + 1; 0 when none).
+        preparing: AtomicUsize,
+    }
+
+    impl RegionWork for Ahead {
+        fn stage_count(&self) -> usize {
+            self.stages
+        }
+        fn prepare_ahead(&self, stage: usize) {
+            assert!(stage > 0);
+            assert_eq!(self.begun[stage - 1].load(Ordering::SeqCst), 1);
+            assert_eq!(self.begun[stage].load(Ordering::SeqCst), 0);
+            assert_eq!(self.ahead[stage].fetch_add(1, Ordering::SeqCst), 0);
+            self.preparing.store(stage + 1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_micros(300));
+            self.preparing.store(0, Ordering::SeqCst);
+        }
+        fn begin_stage(&self, stage: usize) -> Result<u64> {
+            // Never while this stage is being prepared ahead.
+            assert_ne!(self.preparing.load(Ordering::SeqCst), stage + 1);
+            self.begun[stage].fetch_add(1, Ordering::SeqCst);
+            Ok(8)
+        }
+        fn run_tile(&self, _: usize, tile: u64, _: u32) -> Result<u64> {
+            // Uneven tiles: the threads done first prepare the next stage.
+            std::thread::sleep(Duration::from_micros(100 + 400 * (tile % 3)));
+            Ok(1)
+        }
+    }
+
+    #[test]
+    fn the_next_stage_is_prepared_ahead_once_before_it_begins() {
+        let pool = WorkerPool::new(4).unwrap();
+        let mut prepared = 0;
+        for _ in 0..10 {
+            let work = Ahead {
+                stages: 6,
+                begun: (0..6).map(|_| AtomicUsize::new(0)).collect(),
+                ahead: (0..6).map(|_| AtomicUsize::new(0)).collect(),
+                preparing: AtomicUsize::new(0),
+            };
+            pool.run_region(&work).unwrap();
+            assert!(work.begun.iter().all(|b| b.load(Ordering::SeqCst) == 1));
+            prepared += work
+                .ahead
+                .iter()
+                .map(|a| a.load(Ordering::SeqCst))
+                .sum::<usize>();
+        }
+        // 50 stage changes with idle threads waiting at each: some must
+        // have been prepared ahead.
+        assert!(prepared > 0, "no stage was prepared ahead");
+    }
+
     /// Records the order in which tiles of one stage ran.
     struct Order(Mutex<Vec<u64>>, u64);
 

@@ -90,6 +90,15 @@ pub trait RegionWork: Sync {
     /// Called once per stage, on one thread, after every tile of earlier
     /// stages finished and before any tile of this one starts.
     fn begin_stage(&self, stage: usize) -> Result<u64>;
+    /// Prepares what [`RegionWork::begin_stage`] of `stage` will need, ahead
+    /// of time: called at most once per stage, on a thread with nothing
+    /// left to claim in the stage before, while that stage's last tiles
+    /// still run, so it must not depend on their results. `begin_stage`
+    /// still follows (after this returned) and decides what to use. The
+    /// default does nothing.
+    fn prepare_ahead(&self, stage: usize) {
+        let _ = stage;
+    }
     /// Runs tile `tile` of `stage` as logical processor `processor_id`;
     /// returns how many workgroups it ran (for the pool's statistics).
     fn run_tile(&self, stage: usize, tile: u64, processor_id: u32) -> Result<u64>;
@@ -122,6 +131,10 @@ pub(crate) struct Region {
     ranges: Box<[Padded<AtomicU64>]>,
     /// Tiles of the current stage finished.
     done: Padded<AtomicU64>,
+    /// Preparation ahead: a stage (high bits) and its state
+    /// ([`AHEAD_RUNNING`], [`AHEAD_DONE`] or [`AHEAD_CLOSED`]); see
+    /// [`Region::prepare_ahead`].
+    ahead: AtomicU64,
     /// Tile count of each stage, stored before the stage is published.
     tiles: Box<[AtomicU64]>,
     /// Workers joined (the leader not counted).
@@ -157,6 +170,21 @@ fn range_bounds(tiles: u64, ranges: usize, r: usize) -> (u64, u64) {
     let start = t * r as u128 / n;
     let end = t * (r as u128 + 1) / n;
     (start as u64, end as u64)
+}
+
+/// A thread is preparing the stage ahead.
+const AHEAD_RUNNING: u64 = 1;
+/// The stage was prepared ahead (or its preparation was given up).
+const AHEAD_DONE: u64 = 2;
+/// The stage began (or the region ended): too late to prepare it ahead.
+const AHEAD_CLOSED: u64 = 3;
+
+fn pack_ahead(stage: usize, state: u64) -> u64 {
+    ((stage as u64) << 2) | state
+}
+
+fn unpack_ahead(word: u64) -> (usize, u64) {
+    ((word >> 2) as usize, word & 3)
 }
 
 /// What a claim attempt found.
@@ -296,6 +324,64 @@ impl Region {
         true
     }
 
+    /// With nothing left to claim in `stage`, prepares the next stage while
+    /// the last tiles of this one run (see [`RegionWork::prepare_ahead`]),
+    /// unless another thread does or it began already. The stage change
+    /// waits for a preparation under way ([`Region::close_ahead`]), so the
+    /// work is alive throughout.
+    fn prepare_ahead(&self, stage: usize) {
+        let next = stage + 1;
+        if next >= self.stage_count() {
+            return;
+        }
+        let word = self.ahead.load(Ordering::Acquire);
+        if unpack_ahead(word).0 >= next {
+            return;
+        }
+        if self
+            .ahead
+            .compare_exchange(
+                word,
+                pack_ahead(next, AHEAD_RUNNING),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return;
+        }
+        // SAFETY: `next` has not begun (its closing would have moved
+        // `ahead` past the word replaced above), and the region cannot
+        // finish before `next` begins, which waits for AHEAD_DONE below.
+        unsafe { self.work() }.prepare_ahead(next);
+        self.ahead
+            .store(pack_ahead(next, AHEAD_DONE), Ordering::Release);
+    }
+
+    /// Ends preparation ahead up to `stage` (about to begin, or the end):
+    /// waits for one under way, then marks the stage closed.
+    fn close_ahead(&self, stage: usize) {
+        loop {
+            let word = self.ahead.load(Ordering::Acquire);
+            if unpack_ahead(word).1 == AHEAD_RUNNING {
+                std::hint::spin_loop();
+                continue;
+            }
+            if self
+                .ahead
+                .compare_exchange(
+                    word,
+                    pack_ahead(stage, AHEAD_CLOSED),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
     /// Publishes the first non-empty stage after `from` (or the end). Only
     /// the thread that finished `from`'s last tile (or the leader, before
     /// publishing the region) calls this.
@@ -304,6 +390,7 @@ impl Region {
         loop {
             if next >= self.stage_count() || self.failed.load(Ordering::Acquire) {
                 let end = self.stage_count();
+                self.close_ahead(end);
                 for word in self.ranges.iter() {
                     word.0.store(pack(end, 0), Ordering::Release);
                 }
@@ -311,6 +398,7 @@ impl Region {
                 self.wake_leader();
                 return;
             }
+            self.close_ahead(next);
             // SAFETY: the region has not finished: it finishes in this
             // function, after this call.
             match unsafe { self.work() }.begin_stage(next) {
@@ -385,6 +473,7 @@ impl Region {
                     continue;
                 }
                 exhausted = Some(stage);
+                self.prepare_ahead(stage);
             }
             match idle_since {
                 None => idle_since = Some(Instant::now()),
@@ -417,6 +506,7 @@ impl Region {
                     continue;
                 }
                 exhausted = Some(stage);
+                self.prepare_ahead(stage);
             }
             let since = *idle_since.get_or_insert_with(Instant::now);
             if since.elapsed() < STAGE_SPIN {
@@ -473,6 +563,7 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
             .map(|_| Padded(AtomicU64::new(0)))
             .collect(),
         done: Padded(AtomicU64::new(0)),
+        ahead: AtomicU64::new(0),
         tiles: (0..stages).map(|_| AtomicU64::new(0)).collect(),
         participants: AtomicUsize::new(0),
         max_helpers: pool.workers.saturating_sub(1),
