@@ -30,7 +30,11 @@
 //! ([`RegionWork::begin_stage`]: resolving bindings, reading indirect
 //! workgroup counts, sizing tiles), publishes it, and wakes as many
 //! sleeping workers as the new stage can use beyond those already in the
-//! region. Participants out of tiles poll the stage word for at most
+//! region. A participant that finds nothing left to claim while the
+//! stage's last tiles still run prepares the next stage ahead
+//! ([`RegionWork::prepare_ahead`]; one thread per stage, and the stage
+//! change waits for it), which takes that work off the barrier.
+//! Participants out of tiles poll the stage word for at most
 //! [`STAGE_SPIN`]; then a worker leaves the region (to sleep in the pool)
 //! and the leader sleeps on the region's own futex word until the next
 //! stage or the end.
