@@ -78,3 +78,17 @@ def pytest_runtest_makereport(item, call):
         return
     report.outcome = "failed"
     report.longrepr = f"skipped for a missing prerequisite, but FERRITE_REQUIRE_UPSTREAM=1: {reason}"
+
+
+@pytest.fixture
+def cuda_device():
+    """The `cuda` device, or a skip naming why there is none (a failure
+    when FERRITE_REQUIRE_GPU=1, as scripts/test-gpu.sh sets)."""
+    import ferrite.runtime as rt
+
+    try:
+        return rt.get_device("cuda")
+    except Exception as e:  # no driver or no GPU
+        if os.environ.get("FERRITE_REQUIRE_GPU") == "1":
+            raise
+        pytest.skip(f"no CUDA device: {e}")

@@ -13,23 +13,14 @@ import ferrite.runtime as rt
 MODULE = os.environ.get("FERRITE_CUDA_ADD_VMFB")
 
 
-def _device():
-    try:
-        return rt.get_device("cuda")
-    except Exception as e:  # no driver or no GPU
-        if os.environ.get("FERRITE_REQUIRE_GPU") == "1":
-            raise
-        pytest.skip(f"no CUDA device: {e}")
-
-
-def test_driver_and_device():
-    dev = _device()
+def test_driver_and_device(cuda_device):
+    dev = cuda_device
     assert rt.get_driver("cuda") is not None
     assert "cuda" in str(dev) or dev is not None
 
 
-def test_device_array_round_trip_and_call():
-    dev = _device()
+def test_device_array_round_trip_and_call(cuda_device):
+    dev = cuda_device
     a = np.arange(1000, dtype=np.float32)
     arr = rt.asdevicearray(dev, a)
     np.testing.assert_array_equal(arr.to_host(), a)

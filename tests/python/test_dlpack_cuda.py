@@ -140,15 +140,6 @@ def test_device_array_exports_through_dlpack():
 # --- GPU ------------------------------------------------------------------
 
 
-def cuda_device():
-    try:
-        return rt.get_device("cuda")
-    except Exception as e:  # no driver or no GPU
-        if os.environ.get("FERRITE_REQUIRE_GPU") == "1":
-            raise
-        pytest.skip(f"no CUDA device: {e}")
-
-
 def cuda_torch():
     try:
         import torch
@@ -182,8 +173,8 @@ def load_add(dev, vmfb):
     return ctx.modules.module["add"]
 
 
-def test_cuda_export_and_reimport_share_memory():
-    dev = cuda_device()
+def test_cuda_export_and_reimport_share_memory(cuda_device):
+    dev = cuda_device
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     arr = rt.asdevicearray(dev, a)
     assert arr.__dlpack_device__() == (DL_CUDA, 0)
@@ -210,8 +201,8 @@ def test_cuda_export_and_reimport_share_memory():
         arr.__dlpack__(dl_device=(DL_CPU, 0), copy=False)
 
 
-def test_cuda_pinned_memory_exports_as_cuda_host():
-    dev = cuda_device()
+def test_cuda_pinned_memory_exports_as_cuda_host(cuda_device):
+    dev = cuda_device
     a = np.arange(8, dtype=np.int32)
     arr = rt.asdevicearray(dev, a, memory_type=rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE)
     assert arr.__dlpack_device__() == (DL_CUDA_HOST, 0)
@@ -228,8 +219,8 @@ def test_cuda_pinned_memory_exports_as_cuda_host():
         dev.from_dlpack_capsule(arr.__dlpack__(dl_device=(DL_CUDA, 0)))
 
 
-def test_cuda_import_errors():
-    dev = cuda_device()
+def test_cuda_import_errors(cuda_device):
+    dev = cuda_device
     arr = rt.asdevicearray(dev, np.arange(4, dtype=np.float32))
     with pytest.raises(ValueError, match=r"on CUDA device 7, but HAL device '.*' is CUDA device 0"):
         dev.from_dlpack_capsule(dev.create_dlpack_capsule(arr._buffer_view, DL_CUDA, 7))
@@ -240,8 +231,8 @@ def test_cuda_import_errors():
         dev.from_dlpack_capsule(fake)
 
 
-def test_cuda_program_on_ferrite_memory_without_torch(add_vmfb):
-    dev = cuda_device()
+def test_cuda_program_on_ferrite_memory_without_torch(cuda_device, add_vmfb):
+    dev = cuda_device
     add = load_add(dev, add_vmfb)
     x = rt.asdevicearray(dev, np.array([1, 2, 3, 4], np.float32))
     # Imported through DLPack: the program reads the exported memory itself.
@@ -254,8 +245,8 @@ def test_cuda_program_on_ferrite_memory_without_torch(add_vmfb):
     np.testing.assert_array_equal(r2.to_host(), [2, 4, 6, 8])
 
 
-def test_torch_cuda_tensor_in_and_out_without_copies(add_vmfb):
-    dev = cuda_device()
+def test_torch_cuda_tensor_in_and_out_without_copies(cuda_device, add_vmfb):
+    dev = cuda_device
     torch = cuda_torch()
     add = load_add(dev, add_vmfb)
     t = torch.tensor([1, 2, 3, 4], dtype=torch.float32, device="cuda:0")

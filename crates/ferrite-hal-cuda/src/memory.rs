@@ -305,9 +305,19 @@ impl CudaAllocator {
         params: &BufferParams,
         size: u64,
     ) -> Option<Buffer> {
-        let (_, usage, access) = Self::resolve(params);
         let dptr = shared.spare.take(size)?;
-        Some(Buffer::from_device_memory(
+        Some(Self::device_memory_buffer(shared, params, dptr, size))
+    }
+
+    /// A buffer over the device block `[dptr, dptr+size)`, which it owns.
+    fn device_memory_buffer(
+        shared: &Arc<Shared>,
+        params: &BufferParams,
+        dptr: CUdeviceptr,
+        size: u64,
+    ) -> Buffer {
+        let (_, usage, access) = Self::resolve(params);
+        Buffer::from_device_memory(
             Box::new(CudaMemory {
                 shared: shared.clone(),
                 dptr,
@@ -318,7 +328,7 @@ impl CudaAllocator {
             MemoryType::DEVICE_LOCAL,
             usage,
             access,
-        ))
+        )
     }
 
     /// Device-local memory of `size` bytes allocated in stream order on
@@ -329,7 +339,6 @@ impl CudaAllocator {
         size: u64,
         stream: ffi::CUstream,
     ) -> Result<Buffer> {
-        let (_, usage, access) = Self::resolve(params);
         let mut dptr: CUdeviceptr = 0;
         if size > 0 {
             // SAFETY: `dptr` is a valid out-pointer; the stream belongs to
@@ -348,18 +357,7 @@ impl CudaAllocator {
             }
             ffi::check(r, &format!("allocating {size} bytes of device memory"))?;
         }
-        Ok(Buffer::from_device_memory(
-            Box::new(CudaMemory {
-                shared: shared.clone(),
-                dptr,
-                len: size,
-                kind: Kind::Device,
-                exported: AtomicBool::new(false),
-            }),
-            MemoryType::DEVICE_LOCAL,
-            usage,
-            access,
-        ))
+        Ok(Self::device_memory_buffer(shared, params, dptr, size))
     }
 
     fn pinned_buffer(&self, params: &BufferParams, size: u64) -> Result<Buffer> {
