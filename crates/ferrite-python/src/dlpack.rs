@@ -295,6 +295,11 @@ fn describe(
     Ok((tensor, ctx))
 }
 
+/// DLPack deleter of exported legacy tensors.
+///
+/// # Safety
+/// `t` is a tensor made by `export_capsule` (its context boxed there),
+/// not deleted before.
 unsafe extern "C" fn delete_legacy(t: *mut DLManagedTensor) {
     // SAFETY: `t` and its context were made by `Box::into_raw` in
     // `export_capsule`; DLPack calls the deleter exactly once.
@@ -304,6 +309,10 @@ unsafe extern "C" fn delete_legacy(t: *mut DLManagedTensor) {
     }
 }
 
+/// DLPack deleter of exported versioned tensors.
+///
+/// # Safety
+/// As [`delete_legacy`], for the versioned struct.
 unsafe extern "C" fn delete_versioned(t: *mut DLManagedTensorVersioned) {
     // SAFETY: as `delete_legacy`, for the versioned struct.
     unsafe {
@@ -314,6 +323,9 @@ unsafe extern "C" fn delete_versioned(t: *mut DLManagedTensorVersioned) {
 
 /// Capsule destructor: a capsule still carrying its unconsumed name was
 /// never taken by a consumer, so its tensor is deleted here.
+///
+/// # Safety
+/// Called by CPython with a capsule this module created, once.
 unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
     // SAFETY: CPython calls this with the capsule being destroyed; names and
     // pointers are read through the capsule API, and each tensor kind's own

@@ -471,13 +471,9 @@ impl Region {
             if stage >= self.stage_count() {
                 return;
             }
-            if exhausted != Some(stage) {
-                if self.run_one(stage, processor_id, ran) {
-                    idle_since = None;
-                    continue;
-                }
-                exhausted = Some(stage);
-                self.prepare_ahead(stage);
+            if self.claim_or_prepare(stage, &mut exhausted, processor_id, ran) {
+                idle_since = None;
+                continue;
             }
             match idle_since {
                 None => idle_since = Some(Instant::now()),
@@ -486,6 +482,28 @@ impl Region {
             }
             pause(&mut polls);
         }
+    }
+
+    /// Runs one tile of `stage` (true), or, the first time the stage has
+    /// nothing left to claim for this thread, records that in `exhausted`
+    /// and prepares the next stage ahead (false: the caller idles until
+    /// the stage changes).
+    fn claim_or_prepare(
+        &self,
+        stage: usize,
+        exhausted: &mut Option<usize>,
+        processor_id: u32,
+        ran: &AtomicU64,
+    ) -> bool {
+        if *exhausted == Some(stage) {
+            return false;
+        }
+        if self.run_one(stage, processor_id, ran) {
+            return true;
+        }
+        *exhausted = Some(stage);
+        self.prepare_ahead(stage);
+        false
     }
 
     /// A joined worker leaves.
@@ -504,13 +522,9 @@ impl Region {
             if stage >= self.stage_count() {
                 return;
             }
-            if exhausted != Some(stage) {
-                if self.run_one(stage, processor_id, ran) {
-                    idle_since = None;
-                    continue;
-                }
-                exhausted = Some(stage);
-                self.prepare_ahead(stage);
+            if self.claim_or_prepare(stage, &mut exhausted, processor_id, ran) {
+                idle_since = None;
+                continue;
             }
             let since = *idle_since.get_or_insert_with(Instant::now);
             if since.elapsed() < STAGE_SPIN {
