@@ -27,23 +27,23 @@
 //! the GPU never blocks on it).
 //!
 //! Work enqueued behind a wait that only the host can release occupies the
-//! stream's queue: CUDA blocks the enqueueing thread once about a thousand
-//! operations are pending, as for any stream.
+//! stream's command queue, which is small; beyond a bound, operations are
+//! kept on the host until the wait is passed ([`crate::deferral`]), so the
+//! submitting thread never blocks inside the driver.
 //!
 //! A chain of dependent submissions on this device is therefore enqueued
 //! back to back without any host round trip: only the completion of each
 //! is reported to the host.
 
-use crate::channel::{NcclChannel, Resolved};
+use crate::deferral::{Body, Deferred, Queue};
 use crate::executable::CudaExecutable;
 use crate::ffi::{self, Api, CUcontext, CUdevice, CUdeviceptr, CUstream};
-use crate::memory::{CudaAllocator, CudaMemory, CudaTimeline, SpareBlocks, WordPool};
+use crate::memory::{CudaAllocator, CudaTimeline, SpareBlocks, WordPool};
+use crate::replay::AtIndirect;
 use ferrite_base::{bail, status, Result, Status};
 use ferrite_hal::allocator::{Allocator, BufferParams};
 use ferrite_hal::buffer::Buffer;
-use ferrite_hal::channel::{
-    Channel as _, ChannelParams, ChannelProvider, ChannelRef, CollectiveKind,
-};
+use ferrite_hal::channel::{ChannelParams, ChannelProvider, ChannelRef};
 use ferrite_hal::command_buffer::{Binding, BindingTable, BufferRef, Command, CommandBuffer};
 use ferrite_hal::device::{Device, Work};
 use ferrite_hal::executable::Executable;
@@ -125,6 +125,26 @@ impl Shared {
             unsafe { (self.api.cuStreamSynchronize)(self.transfer_stream) },
             "waiting for a transfer",
         )
+    }
+
+    /// A blocking-sync event from the pool (or a new one); the context
+    /// must be current.
+    pub(crate) fn take_event(&self) -> Result<ffi::CUevent> {
+        if let Some(e) = self.events.lock().pop() {
+            return Ok(e);
+        }
+        let mut e: ffi::CUevent = std::ptr::null_mut();
+        ffi::check(
+            // SAFETY: valid out-pointer; the context is current.
+            unsafe { (self.api.cuEventCreate)(&mut e, ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING) },
+            "creating a completion event",
+        )?;
+        Ok(e)
+    }
+
+    /// Returns an event the stream has reached to the pool.
+    pub(crate) fn give_event(&self, event: ffi::CUevent) {
+        self.events.lock().push(event);
     }
 
     /// The device ordinal (`cuda://N`; DLPack's `device_id`).
@@ -246,6 +266,8 @@ impl Drop for Shared {
 struct Completion {
     /// Recorded after the work; returned to the pool once reached.
     event: ffi::CUevent,
+    /// Its place in stream order (see [`crate::deferral::Queue`]).
+    seq: u64,
     signal: Fence,
     waits: Fence,
     /// Resources the enqueued work uses, released after it.
@@ -257,15 +279,20 @@ struct Completion {
 /// Resources kept alive until the work using them completes.
 #[derive(Default)]
 pub(crate) struct Keep {
-    buffers: Vec<Buffer>,
-    executables: Vec<Arc<dyn Executable>>,
-    bytes: Vec<Vec<u8>>,
+    pub(crate) buffers: Vec<Buffer>,
+    pub(crate) executables: Vec<Arc<dyn Executable>>,
+    pub(crate) bytes: Vec<Vec<u8>>,
     /// Channels of enqueued collectives (their communicators must outlive
     /// the NCCL kernels).
-    channels: Vec<ChannelRef>,
-    /// Commands launched as a graph (their direct buffers and executables
-    /// must outlive the launch, even when the command buffer goes first).
-    commands: Vec<Arc<[Command]>>,
+    pub(crate) channels: Vec<ChannelRef>,
+    /// Commands launched as a graph or run by an indirect dispatch's
+    /// continuation (their direct buffers and executables must outlive the
+    /// work, even when the command buffer goes first).
+    pub(crate) commands: Vec<Arc<[Command]>>,
+    /// Gate words the queue stream waits on for a continuation.
+    pub(crate) gates: Vec<Arc<CudaTimeline>>,
+    /// Continuations' outcomes: a failure there fails the operation.
+    pub(crate) outcomes: Vec<crate::indirect::Outcome>,
 }
 
 // SAFETY: the event handle is only synchronized/queried (thread-safe driver
@@ -304,6 +331,11 @@ pub(crate) struct Completions {
     /// `push`).
     unwatched: AtomicBool,
     closed: AtomicBool,
+    /// One past the sequence number of the last operation reported.
+    reported: AtomicU64,
+    /// Notified (under `pending`) when operations are reported, for the
+    /// drain thread of kept operations ([`crate::deferral`]).
+    progressed: Condvar,
 }
 
 /// A `CUevent` compared by handle.
@@ -323,6 +355,8 @@ impl Completions {
             watched: Mutex::new((None, false)),
             unwatched: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            reported: AtomicU64::new(0),
+            progressed: Condvar::new(),
         }
     }
 
@@ -403,11 +437,33 @@ impl Completions {
                 return;
             }
             block = false;
-            let Some(c) = self.pending.lock().pop_front() else {
+            let Some(c) = self.pop_reported() else {
                 return;
             };
             self.recycle(shared, c.event);
             complete(c, status);
+        }
+    }
+
+    /// Takes the oldest operation to report it.
+    fn pop_reported(&self) -> Option<Completion> {
+        let mut q = self.pending.lock();
+        let c = q.pop_front()?;
+        self.reported.store(c.seq + 1, Ordering::Release);
+        self.progressed.notify_all();
+        Some(c)
+    }
+
+    /// One past the sequence number of the last operation reported.
+    pub(crate) fn reported(&self) -> u64 {
+        self.reported.load(Ordering::Acquire)
+    }
+
+    /// Sleeps until operation `seq` is reported, at most `timeout`.
+    pub(crate) fn wait_reported(&self, seq: u64, timeout: std::time::Duration) {
+        let mut q = self.pending.lock();
+        if self.reported() <= seq {
+            self.progressed.wait_for(&mut q, timeout);
         }
     }
 
@@ -465,7 +521,7 @@ fn completion_loop(completions: Arc<Completions>, shared: Weak<Shared>) {
         };
         if shared.make_current().is_err() {
             let _order = completions.reporting.lock();
-            while let Some(c) = completions.pending.lock().pop_front() {
+            while let Some(c) = completions.pop_reported() {
                 c.signal.fail(status!(Internal, "CUDA context lost"));
             }
             continue;
@@ -490,6 +546,7 @@ fn completion_loop(completions: Arc<Completions>, shared: Weak<Shared>) {
 fn complete(c: Completion, status: ffi::CUresult) {
     let Completion {
         event: _,
+        seq: _,
         signal,
         waits,
         keep,
@@ -501,6 +558,8 @@ fn complete(c: Completion, status: ffi::CUresult) {
             format!("CUDA device failed: {}", ffi::error_name(status)),
         ))
     } else if let Some(e) = waits.timepoints().iter().find_map(|(s, _)| s.failure()) {
+        Err(e)
+    } else if let Some(e) = keep.outcomes.iter().find_map(|o| o.lock().take()) {
         Err(e)
     } else if let Some(work) = work {
         work()
@@ -521,8 +580,11 @@ pub struct CudaDevice {
     id: String,
     shared: Arc<Shared>,
     allocator: Arc<CudaAllocator>,
-    /// Serializes enqueueing so stream order is submission order.
-    submit_lock: Mutex<()>,
+    /// Serializes enqueueing so stream order is submission order, and
+    /// holds what is kept on the host ([`crate::deferral`]).
+    pub(crate) queue: Mutex<Queue>,
+    /// This device, for the drain thread of kept operations.
+    me: Weak<CudaDevice>,
     cc: (i32, i32),
     sm_count: i32,
     /// Channels created so far: the n-th channel's identifier exchange uses
@@ -530,6 +592,8 @@ pub struct CudaDevice {
     channels_created: AtomicU64,
     /// Command buffer executions launched as CUDA graphs.
     pub(crate) graph_launches: AtomicU64,
+    /// Queue operations kept on the host for a while ([`crate::deferral`]).
+    kept_on_host: AtomicU64,
 }
 
 impl CudaDevice {
@@ -618,15 +682,17 @@ impl CudaDevice {
                     "starting the CUDA completion thread: {e}"
                 )
             })?;
-        Ok(Arc::new(CudaDevice {
+        Ok(Arc::new_cyclic(|me| CudaDevice {
             id: "cuda".to_string(),
             allocator: Arc::new(CudaAllocator::new(shared.clone())),
             shared,
-            submit_lock: Mutex::new(()),
+            queue: Mutex::new(Queue::default()),
+            me: me.clone(),
             cc,
             sm_count,
             channels_created: AtomicU64::new(0),
             graph_launches: AtomicU64::new(0),
+            kept_on_host: AtomicU64::new(0),
         }))
     }
 
@@ -634,6 +700,13 @@ impl CudaDevice {
     /// the `graph` module: reusable command buffers).
     pub fn graph_launches(&self) -> u64 {
         self.graph_launches.load(Ordering::Relaxed)
+    }
+
+    /// How many queue operations were kept on the host so far because the
+    /// stream was too full behind a wait only the host can release (see
+    /// the `deferral` module).
+    pub fn kept_on_host(&self) -> u64 {
+        self.kept_on_host.load(Ordering::Relaxed)
     }
 
     /// The device state (for tests and sibling modules).
@@ -672,23 +745,11 @@ impl CudaDevice {
         unsafe { crate::memory::external_buffer(&self.shared, dptr, len, usage, access, owner) }
     }
 
-    /// The device address of `[offset, offset+len)` of `buffer`, which must
-    /// be memory of this device.
+    /// The device address of `[offset, ..)` of `buffer`, which must be
+    /// memory of this device.
     fn device_ptr(&self, buffer: &Buffer, offset: u64) -> Result<CUdeviceptr> {
-        match buffer
-            .device_memory()
-            .and_then(|m| m.as_any().downcast_ref::<CudaMemory>())
-        {
-            Some(m) if m.belongs_to(&self.shared) => Ok(m.device_ptr() + buffer.byte_offset() + offset),
-            Some(_) => bail!(InvalidArgument, "buffer belongs to another CUDA device"),
-            None => bail!(
-                InvalidArgument,
-                "buffer of {} bytes is host memory of another device; a CUDA queue operation needs memory from the CUDA device's allocator",
-                buffer.byte_length()
-            ),
-        }
+        crate::replay::device_ptr(&self.shared, buffer, offset)
     }
-
     /// The timeline of `sem`, attached to this device when it has none.
     fn timeline(&self, sem: &ferrite_hal::Semaphore) -> Result<Arc<dyn DeviceTimeline>> {
         let shared = self.shared.clone();
@@ -697,17 +758,128 @@ impl CudaDevice {
         })
     }
 
-    /// Enqueues one queue operation (see the module docs): waits, `body`,
-    /// signal writes, completion callback. `body` failing fails `signal`.
+    /// Enqueues one queue operation (see the module docs) now, or keeps it
+    /// on the host ([`crate::deferral`]) when the stream is too full
+    /// behind a gate; `entries` estimates its stream entries besides its
+    /// waits, signals and completion event.
     fn enqueue(
         &self,
         wait: &Fence,
         signal: &Fence,
+        keep: Keep,
+        work: Option<Work>,
+        entries: u64,
+        body: Body,
+    ) -> Result<()> {
+        let mut q = self.queue.lock();
+        let work_entries = entries;
+        let (defers, entries) = self.defers(&mut q, wait, signal, work_entries);
+        if defers {
+            self.defer(
+                &mut q,
+                Deferred {
+                    wait: wait.clone(),
+                    signal: signal.clone(),
+                    keep,
+                    work,
+                    work_entries,
+                    body: Some(body),
+                },
+            );
+        } else {
+            self.enqueue_locked(&mut q, wait, signal, keep, work, entries, body);
+        }
+        Ok(())
+    }
+
+    /// The stream entries of an operation waiting on `wait`, signalling
+    /// `signal`, with `work` entries of work: the waits it would enqueue,
+    /// its signals and completion event besides. And whether it enqueues
+    /// a gate: a wait the stream cannot pass by itself (a timepoint not
+    /// reached and not signalled by earlier work on this stream).
+    pub(crate) fn entries(&self, wait: &Fence, signal: &Fence, work: u64) -> (u64, bool) {
+        let gating = wait
+            .timepoints()
+            .iter()
+            .filter(|(sem, value)| {
+                if sem.query().map_or(true, |v| v >= *value) {
+                    return false;
+                }
+                !sem.attached_timeline()
+                    .and_then(|t| t.as_any().downcast_ref::<CudaTimeline>())
+                    .is_some_and(|t| {
+                        Arc::ptr_eq(&t.shared, &self.shared)
+                            && t.stream_signaled.load(Ordering::Acquire) >= *value
+                    })
+            })
+            .count() as u64;
+        (
+            work + gating + signal.timepoints().len() as u64 + 1,
+            gating > 0,
+        )
+    }
+
+    /// Whether an operation (see [`Self::entries`]) must be kept on the
+    /// host ([`crate::deferral`]), and its stream entries.
+    fn defers(&self, q: &mut Queue, wait: &Fence, signal: &Fence, work: u64) -> (bool, u64) {
+        let (entries, gates) = self.entries(wait, signal, work);
+        let defers =
+            !q.deferred.is_empty() || !q.fits(self.shared.completions.reported(), entries, gates);
+        (defers, entries)
+    }
+
+    /// Keeps `op` on the host until the drain thread enqueues it.
+    fn defer(&self, q: &mut Queue, op: Deferred) {
+        q.deferred.push_back(op);
+        self.kept_on_host.fetch_add(1, Ordering::Relaxed);
+        // The gates' operations must be reported for the drain to go on,
+        // also when nobody waits on them.
+        self.shared.completions.watch();
+        if q.start_draining() {
+            let me = self.me.clone();
+            let started = std::thread::Builder::new()
+                .name(format!("ferrite-cuda{}-deferred", self.shared.ordinal))
+                .spawn(move || crate::deferral::drain(me));
+            if let Err(e) = started {
+                // Nothing would enqueue them: fail what is kept.
+                let e = status!(
+                    ResourceExhausted,
+                    "starting the thread for queue operations waiting on the host: {e}"
+                );
+                for mut op in q.deferred.drain(..) {
+                    op.body = None;
+                    op.signal.fail(e.clone());
+                }
+                q.stop_draining();
+            }
+        }
+    }
+
+    /// Enqueues a kept operation (the drain thread).
+    pub(crate) fn enqueue_deferred(&self, q: &mut Queue, mut op: Deferred) {
+        let Some(body) = op.body.take() else {
+            return;
+        };
+        let keep = std::mem::take(&mut op.keep);
+        let work = op.work.take();
+        let (entries, _) = self.entries(&op.wait, &op.signal, op.work_entries);
+        self.enqueue_locked(q, &op.wait, &op.signal, keep, work, entries, body);
+    }
+
+    /// Enqueues one queue operation on the stream: waits, `body`, signal
+    /// writes, completion event. `body` failing fails `signal`.
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue_locked(
+        &self,
+        q: &mut Queue,
+        wait: &Fence,
+        signal: &Fence,
         mut keep: Keep,
         work: Option<Work>,
+        entries: u64,
         body: impl FnOnce(&Self, &mut Keep) -> Result<()>,
-    ) -> Result<()> {
-        let _order = self.submit_lock.lock();
+    ) {
+        let mut gated = false;
         let outcome = (|| -> Result<()> {
             self.shared.make_current()?;
             let api = self.shared.api;
@@ -751,6 +923,7 @@ impl CudaDevice {
                     },
                     "enqueueing a semaphore wait",
                 )?;
+                gated = true;
             }
             body(self, &mut keep)?;
             for (sem, value) in signal.timepoints() {
@@ -785,15 +958,23 @@ impl CudaDevice {
             }
             Ok(())
         })();
+        // A continuation's gate word is a gate too.
+        gated |= !keep.gates.is_empty();
         if let Err(e) = outcome {
-            signal.fail(e);
-            return Ok(());
+            if !gated {
+                signal.fail(e);
+                return;
+            }
+            // A wait is in the stream already: the operation completes
+            // (failing) once the stream passes it, so the gate is counted
+            // and later work keeps its order.
+            keep.outcomes.push(Arc::new(Mutex::new(Some(e))));
         }
         let event = match self.event() {
             Ok(e) => e,
             Err(e) => {
                 signal.fail(e);
-                return Ok(());
+                return;
             }
         };
         // SAFETY: an event of this context, recorded on its queue stream.
@@ -801,11 +982,13 @@ impl CudaDevice {
         if r != ffi::CUDA_SUCCESS {
             self.shared.events.lock().push(event);
             signal.fail(ffi::to_status(r, "recording a completion event"));
-            return Ok(());
+            return;
         }
+        let seq = q.enqueued(entries, gated);
         self.shared.completions.push(
             Completion {
                 event,
+                seq,
                 signal: signal.clone(),
                 waits: wait.clone(),
                 keep,
@@ -813,7 +996,6 @@ impl CudaDevice {
             },
             &self.shared,
         );
-        Ok(())
     }
 
     /// True when an operation waiting on `wait` and signalling `signal`
@@ -840,304 +1022,39 @@ impl CudaDevice {
 
     /// A completion event from the pool (or a new one).
     fn event(&self) -> Result<ffi::CUevent> {
-        if let Some(e) = self.shared.events.lock().pop() {
-            return Ok(e);
-        }
-        let mut e: ffi::CUevent = std::ptr::null_mut();
-        ffi::check(
-            // SAFETY: valid out-pointer; the context is current.
-            unsafe {
-                (self.shared.api.cuEventCreate)(&mut e, ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING)
-            },
-            "creating a completion event",
-        )?;
-        Ok(e)
+        self.shared.take_event()
     }
 
     /// The device address of a binding reference under `table` (range
     /// checked).
     pub(crate) fn resolve_address(&self, r: &BufferRef, table: &[Binding]) -> Result<CUdeviceptr> {
-        self.resolve(r, table).map(|(_, p, _)| p)
+        crate::replay::resolve(&self.shared, r, table).map(|(_, p, _)| p)
     }
 
-    fn resolve<'a>(
-        &self,
-        r: &'a BufferRef,
-        table: &'a [Binding],
-    ) -> Result<(&'a Buffer, CUdeviceptr, u64)> {
-        let (b, off, len) = r.resolve(table)?;
-        Ok((b, self.device_ptr(b, off)?, len))
-    }
-
-    /// Enqueues recorded commands on the queue stream.
+    /// Enqueues recorded commands on the queue stream ([`crate::replay`]);
+    /// from the first indirect dispatch on, a continuation runs them
+    /// ([`crate::indirect`]).
     fn enqueue_commands(
         &self,
         commands: &[Command],
         table: &[Binding],
         keep: &mut Keep,
     ) -> Result<()> {
-        let api = self.shared.api;
-        let stream = self.shared.stream;
         for b in table {
             keep.buffers.push(b.buffer.clone());
         }
-        let mut params: Vec<*mut c_void> = Vec::new();
-        let mut words: Vec<u64> = Vec::new();
-        // Consecutive collectives form one NCCL group (see `channel`).
-        let mut batch: Vec<Resolved<'_>> = Vec::new();
-        for cmd in commands {
-            if !matches!(cmd, Command::Collective { .. }) && !batch.is_empty() {
-                crate::channel::enqueue_batch(&self.shared, &batch)?;
-                batch.clear();
-            }
-            match cmd {
-                Command::Barrier => {}
-                Command::Collective {
-                    channel,
-                    op,
-                    param,
-                    send,
-                    recv,
-                    element_count,
-                } => {
-                    batch.push(self.resolve_collective(
-                        channel,
-                        *op,
-                        *param,
-                        send.as_ref(),
-                        recv.as_ref(),
-                        *element_count,
-                        table,
-                        keep,
-                    )?);
-                }
-                Command::Fill { target, pattern } => {
-                    let (b, p, len) = self.resolve(target, table)?;
-                    keep.buffers.push(b.clone());
-                    self.fill(p, len, pattern)?;
-                }
-                Command::Update { data, target } => {
-                    let (b, p, len) = self.resolve(target, table)?;
-                    keep.buffers.push(b.clone());
-                    let n = (len as usize).min(data.len());
-                    ffi::check(
-                        // SAFETY: `data` holds at least `n` bytes (kept alive in
-                        // the command buffer, itself kept by the caller); the
-                        // target range was checked.
-                        unsafe {
-                            (api.cuMemcpyHtoDAsync_v2)(p, data.as_ptr() as *const c_void, n, stream)
-                        },
-                        "enqueueing a buffer update",
-                    )?;
-                }
-                Command::Copy { source, target } => {
-                    let (s, sp, len) = self.resolve(source, table)?;
-                    let (t, tp, _) = self.resolve(target, table)?;
-                    keep.buffers.push(s.clone());
-                    keep.buffers.push(t.clone());
-                    ffi::check(
-                        // SAFETY: both ranges were checked against their buffers.
-                        unsafe { (api.cuMemcpyAsync)(tp, sp, len as usize, stream) },
-                        "enqueueing a buffer copy",
-                    )?;
-                }
-                Command::Dispatch {
-                    executable,
-                    function,
-                    workgroups,
-                    indirect,
-                    constants,
-                    bindings,
-                } => {
-                    if indirect.is_some() {
-                        bail!(
-                            Unimplemented,
-                            "indirect dispatch parameters are not supported in CUDA streams"
-                        );
-                    }
-                    keep.executables.push(executable.0.clone());
-                    let kernel = dispatch_kernel(executable, *function, bindings, constants)?;
-                    if workgroups.contains(&0) {
-                        continue;
-                    }
-                    words.clear();
-                    for r in bindings.iter().take(kernel.binding_count as usize) {
-                        let (b, p, _) = self.resolve(r, table)?;
-                        if let BufferRef::Direct { .. } = r {
-                            keep.buffers.push(b.clone());
-                        }
-                        words.push(p);
-                    }
-                    let consts: Vec<u32> = constants[..kernel.constant_count as usize].to_vec();
-                    params.clear();
-                    for w in words.iter_mut() {
-                        params.push(w as *mut u64 as *mut c_void);
-                    }
-                    let mut consts = consts;
-                    for c in consts.iter_mut() {
-                        params.push(c as *mut u32 as *mut c_void);
-                    }
-                    let [bx, by, bz] = kernel.block_dims;
-                    ffi::check(
-                        // SAFETY: the parameter array points at one u64 per
-                        // binding then one u32 per push constant, the layout the
-                        // compiler gives the kernel; the driver copies them
-                        // before returning; the buffers and executable are kept
-                        // alive until the stream passes this launch.
-                        unsafe {
-                            (api.cuLaunchKernel)(
-                                kernel.function,
-                                workgroups[0],
-                                workgroups[1],
-                                workgroups[2],
-                                bx,
-                                by,
-                                bz,
-                                kernel.shared_memory,
-                                stream,
-                                params.as_mut_ptr(),
-                                std::ptr::null_mut(),
-                            )
-                        },
-                        "launching a kernel",
-                    )?;
-                }
-            }
+        let shared = &self.shared;
+        match crate::replay::replay(
+            shared,
+            shared.stream,
+            commands,
+            table,
+            keep,
+            AtIndirect::Stop,
+        )? {
+            None => Ok(()),
+            Some(i) => crate::indirect::defer(shared, commands[i..].into(), table, keep),
         }
-        crate::channel::enqueue_batch(&self.shared, &batch)
-    }
-
-    /// Checks a collective's channel and ranges and resolves its buffers to
-    /// device addresses (the ranges must hold the bytes NCCL reads and
-    /// writes on this rank).
-    #[allow(clippy::too_many_arguments)]
-    fn resolve_collective<'a>(
-        &self,
-        channel: &'a ChannelRef,
-        op: ferrite_hal::channel::CollectiveOp,
-        param: u32,
-        send: Option<&BufferRef>,
-        recv: Option<&BufferRef>,
-        element_count: u64,
-        table: &[Binding],
-        keep: &mut Keep,
-    ) -> Result<Resolved<'a>> {
-        let name = op.kind.name();
-        let Some(ch) = channel.0.as_any().downcast_ref::<NcclChannel>() else {
-            bail!(
-                InvalidArgument,
-                "collective {name}: the channel was not created by a CUDA device"
-            );
-        };
-        if !ch.belongs_to(&self.shared) {
-            bail!(
-                InvalidArgument,
-                "collective {name}: the channel belongs to another CUDA device"
-            );
-        }
-        keep.channels.push(channel.clone());
-        let n = ch.count() as u64;
-        let me = ch.rank();
-        let mut range = |r: Option<&BufferRef>| -> Result<(CUdeviceptr, u64)> {
-            match r {
-                None => Ok((0, 0)),
-                Some(r) => {
-                    let (b, p, len) = self.resolve(r, table)?;
-                    keep.buffers.push(b.clone());
-                    Ok((p, len))
-                }
-            }
-        };
-        let (sp, slen) = range(send)?;
-        let (rp, rlen) = range(recv)?;
-        let (send_elems, recv_elems, count) = match op.kind {
-            CollectiveKind::AllGather => {
-                let per = op.all_gather_send_count(element_count, n as u32, rlen);
-                (per, per.saturating_mul(n), per)
-            }
-            CollectiveKind::AllReduce | CollectiveKind::AllToAll => {
-                (element_count, element_count, element_count)
-            }
-            CollectiveKind::Broadcast => (
-                if param == me { element_count } else { 0 },
-                element_count,
-                element_count,
-            ),
-            CollectiveKind::Reduce => (
-                element_count,
-                if param == me { element_count } else { 0 },
-                element_count,
-            ),
-            CollectiveKind::ReduceScatter => (
-                element_count.saturating_mul(n),
-                element_count,
-                element_count,
-            ),
-            CollectiveKind::Send => (element_count, 0, element_count),
-            CollectiveKind::Recv => (0, element_count, element_count),
-            CollectiveKind::SendRecv => {
-                let send = if param & 0xffff == 0xffff {
-                    0
-                } else {
-                    element_count
-                };
-                (send, element_count, element_count)
-            }
-        };
-        let size = op.element_type.byte_size();
-        for (what, elems, len) in [("send", send_elems, slen), ("recv", recv_elems, rlen)] {
-            let need = elems.checked_mul(size);
-            if need.is_none_or(|b| b > len) {
-                bail!(
-                    OutOfRange,
-                    "collective {name}: the {what} range holds {len} bytes but rank {me} of {n} needs {elems} elements of {size} bytes"
-                );
-            }
-        }
-        Ok(Resolved {
-            channel: ch,
-            op,
-            param,
-            send: sp,
-            recv: rp,
-            element_count: count,
-        })
-    }
-
-    fn fill(&self, p: CUdeviceptr, len: u64, pattern: &[u8]) -> Result<()> {
-        let api = self.shared.api;
-        let stream = self.shared.stream;
-        let n = pattern.len();
-        if !len.is_multiple_of(n as u64) {
-            bail!(
-                InvalidArgument,
-                "fill length {len} is not a multiple of the {n}-byte pattern"
-            );
-        }
-        let count = (len / n as u64) as usize;
-        // SAFETY: the target range `[p, p+len)` was checked by the caller.
-        let r = unsafe {
-            match n {
-                1 => (api.cuMemsetD8Async)(p, pattern[0], count, stream),
-                2 => (api.cuMemsetD16Async)(
-                    p,
-                    u16::from_le_bytes([pattern[0], pattern[1]]),
-                    count,
-                    stream,
-                ),
-                4 => (api.cuMemsetD32Async)(
-                    p,
-                    u32::from_le_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]),
-                    count,
-                    stream,
-                ),
-                _ => bail!(
-                    Unimplemented,
-                    "CUDA fills take 1, 2 or 4-byte patterns (got {n})"
-                ),
-            }
-        };
-        ffi::check(r, "enqueueing a buffer fill")
     }
 }
 
@@ -1224,15 +1141,51 @@ impl Device for CudaDevice {
     fn submit(&self, wait: &Fence, signal: &Fence, work: Work) -> Result<()> {
         // Host work ordered on the stream: it runs on the completion thread
         // once the stream (and so every wait) gets there.
-        self.enqueue(wait, signal, Keep::default(), Some(work), |_, _| Ok(()))
+        self.enqueue(
+            wait,
+            signal,
+            Keep::default(),
+            Some(work),
+            0,
+            Box::new(|_, _| Ok(())),
+        )
     }
     fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()> {
         let done = Fence::new();
         let sem = ferrite_hal::Semaphore::new(0);
         done.insert(sem, 1);
-        self.enqueue(Fence::empty(), &done, Keep::default(), None, |d, keep| {
-            d.enqueue_commands(commands, bindings, keep)
-        })?;
+        let wait = Fence::empty();
+        let work_entries = commands.len() as u64;
+        let mut q = self.queue.lock();
+        let (defers, entries) = self.defers(&mut q, wait, &done, work_entries);
+        if defers {
+            let commands: Arc<[Command]> = commands.into();
+            let bindings = bindings.to_vec();
+            self.defer(
+                &mut q,
+                Deferred {
+                    wait: wait.clone(),
+                    signal: done.clone(),
+                    keep: Keep::default(),
+                    work: None,
+                    work_entries,
+                    body: Some(Box::new(move |d, keep| {
+                        d.enqueue_commands(&commands, &bindings, keep)
+                    })),
+                },
+            );
+        } else {
+            self.enqueue_locked(
+                &mut q,
+                wait,
+                &done,
+                Keep::default(),
+                None,
+                entries,
+                |d, keep| d.enqueue_commands(commands, bindings, keep),
+            );
+        }
+        drop(q);
         done.wait(ferrite_base::Timeout::INFINITE).map(|_| ())
     }
     fn as_any(&self) -> &dyn Any {
@@ -1268,30 +1221,68 @@ impl Device for CudaDevice {
             .canonicalize()
             .memory_type
             .contains(ferrite_hal::MemoryType::HOST_VISIBLE);
-        if device_local && size > 0 && self.completes_at_once(wait, signal) {
+        let mut q = self.queue.lock();
+        if device_local && size > 0 && q.deferred.is_empty() && self.completes_at_once(wait, signal)
+        {
             if let Some(b) = CudaAllocator::spare_device_buffer(&self.shared, params, size) {
+                drop(q);
                 signal.signal()?;
                 return Ok(b);
             }
         }
-        let mut out = None;
-        self.enqueue(wait, signal, Keep::default(), None, |d, _| {
-            if params
-                .canonicalize()
-                .memory_type
-                .contains(ferrite_hal::MemoryType::HOST_VISIBLE)
-            {
-                out = Some(d.allocator.allocate(params, size)?);
-            } else {
-                out = Some(CudaAllocator::device_buffer(
-                    &d.shared,
+        let (defers, entries) = self.defers(&mut q, wait, signal, 1);
+        if defers {
+            // The buffer is returned now, so it is allocated now (on the
+            // transfer stream, not ordered after the queue's work); only
+            // its signal waits.
+            let b = if device_local {
+                let b = CudaAllocator::device_buffer(
+                    &self.shared,
                     params,
                     size,
-                    d.shared.stream,
-                )?);
-            }
-            Ok(())
-        })?;
+                    self.shared.transfer_stream,
+                )?;
+                self.shared.sync_transfer()?;
+                b
+            } else {
+                self.allocator.allocate(params, size)?
+            };
+            self.defer(
+                &mut q,
+                Deferred {
+                    wait: wait.clone(),
+                    signal: signal.clone(),
+                    keep: Keep::default(),
+                    work: None,
+                    work_entries: 1,
+                    body: Some(Box::new(|_, _| Ok(()))),
+                },
+            );
+            return Ok(b);
+        }
+        let mut out = None;
+        self.enqueue_locked(
+            &mut q,
+            wait,
+            signal,
+            Keep::default(),
+            None,
+            entries,
+            |d, _| {
+                if device_local {
+                    out = Some(CudaAllocator::device_buffer(
+                        &d.shared,
+                        params,
+                        size,
+                        d.shared.stream,
+                    )?);
+                } else {
+                    out = Some(d.allocator.allocate(params, size)?);
+                }
+                Ok(())
+            },
+        );
+        drop(q);
         match out {
             Some(b) => Ok(b),
             None => {
@@ -1313,7 +1304,7 @@ impl Device for CudaDevice {
             buffers: vec![buffer],
             ..Keep::default()
         };
-        self.enqueue(wait, signal, keep, None, |_, _| Ok(()))
+        self.enqueue(wait, signal, keep, None, 0, Box::new(|_, _| Ok(())))
     }
     fn queue_fill(
         &self,
@@ -1326,11 +1317,12 @@ impl Device for CudaDevice {
         pattern: Vec<u8>,
     ) -> Result<()> {
         let (off, len) = target.resolve_range(offset, length)?;
-        self.enqueue(wait, signal, Keep::default(), None, |d, keep| {
+        let body: Body = Box::new(move |d, keep| {
             let p = d.device_ptr(&target, off)?;
             keep.buffers.push(target.clone());
-            d.fill(p, len, &pattern)
-        })
+            crate::replay::fill(&d.shared, d.shared.stream, p, len, &pattern)
+        });
+        self.enqueue(wait, signal, Keep::default(), None, 1, body)
     }
     fn queue_update(
         &self,
@@ -1341,7 +1333,7 @@ impl Device for CudaDevice {
         target: Buffer,
         offset: u64,
     ) -> Result<()> {
-        self.enqueue(wait, signal, Keep::default(), None, |d, keep| {
+        let body: Body = Box::new(move |d, keep| {
             let p = d.device_ptr(&target, offset)?;
             ffi::check(
                 // SAFETY: the range was checked by the caller; `data` is kept
@@ -1359,7 +1351,8 @@ impl Device for CudaDevice {
             keep.buffers.push(target.clone());
             keep.bytes.push(data);
             Ok(())
-        })
+        });
+        self.enqueue(wait, signal, Keep::default(), None, 1, body)
     }
     fn queue_copy(
         &self,
@@ -1373,7 +1366,7 @@ impl Device for CudaDevice {
         length: u64,
     ) -> Result<()> {
         let (_, len) = source.resolve_range(source_offset, length)?;
-        self.enqueue(wait, signal, Keep::default(), None, |d, keep| {
+        let body: Body = Box::new(move |d, keep| {
             let s = d.device_ptr(&source, source_offset)?;
             let t = d.device_ptr(&target, target_offset)?;
             ffi::check(
@@ -1384,10 +1377,18 @@ impl Device for CudaDevice {
             keep.buffers.push(source.clone());
             keep.buffers.push(target.clone());
             Ok(())
-        })
+        });
+        self.enqueue(wait, signal, Keep::default(), None, 1, body)
     }
     fn queue_barrier(&self, _this: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
-        self.enqueue(wait, signal, Keep::default(), None, |_, _| Ok(()))
+        self.enqueue(
+            wait,
+            signal,
+            Keep::default(),
+            None,
+            0,
+            Box::new(|_, _| Ok(())),
+        )
     }
     fn queue_execute(
         &self,
@@ -1398,17 +1399,47 @@ impl Device for CudaDevice {
         bindings: BindingTable,
     ) -> Result<()> {
         let commands = cb.commands()?;
-        self.enqueue(wait, signal, Keep::default(), None, |d, keep| {
-            if crate::graph::eligible(cb, &commands) {
-                for b in &bindings {
-                    keep.buffers.push(b.buffer.clone());
+        let graph = crate::graph::eligible(cb, &commands);
+        let work = if graph { 1 } else { commands.len() as u64 };
+        let mut q = self.queue.lock();
+        let (defers, entries) = self.defers(&mut q, wait, signal, work);
+        if defers {
+            // Kept on the host without `cb` (borrowed): replayed on the
+            // stream when enqueued, not launched as a graph.
+            let work_entries = commands.len() as u64;
+            let body: Body =
+                Box::new(move |d, keep| d.enqueue_commands(&commands, &bindings, keep));
+            let op = Deferred {
+                wait: wait.clone(),
+                signal: signal.clone(),
+                keep: Keep::default(),
+                work: None,
+                work_entries,
+                body: Some(body),
+            };
+            self.defer(&mut q, op);
+            return Ok(());
+        }
+        self.enqueue_locked(
+            &mut q,
+            wait,
+            signal,
+            Keep::default(),
+            None,
+            entries,
+            |d, keep| {
+                if graph {
+                    for b in &bindings {
+                        keep.buffers.push(b.buffer.clone());
+                    }
+                    keep.commands.push(commands.clone());
+                    if d.launch_graph(cb, &commands, &bindings)? {
+                        return Ok(());
+                    }
                 }
-                keep.commands.push(commands.clone());
-                if d.launch_graph(cb, &commands, &bindings)? {
-                    return Ok(());
-                }
-            }
-            d.enqueue_commands(&commands, &bindings, keep)
-        })
+                d.enqueue_commands(&commands, &bindings, keep)
+            },
+        );
+        Ok(())
     }
 }

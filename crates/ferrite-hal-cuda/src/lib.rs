@@ -15,19 +15,25 @@
 //! - Collective channels: NCCL communicators ([`channel`]), NCCL loaded at
 //!   run time ([`nccl`]); collectives run on the queue stream.
 //!
-//! Not yet implemented: reusable command buffers as CUDA graphs (every
-//! command buffer is replayed on the stream per execute), indirect dispatch
-//! parameters (UNIMPLEMENTED, as upstream's stream command buffers), 8-byte
-//! fill patterns, import of foreign host memory.
+//! - Command buffers: reusable ones run as CUDA graphs ([`graph`]), the
+//!   others are replayed on the stream ([`replay`]); an indirect dispatch
+//!   hands the rest of its command buffer to a continuation that reads the
+//!   workgroup counts once the work before them is done ([`indirect`]).
+//!
+//! Not yet implemented: 8-byte fill patterns, import of foreign host
+//! memory.
 
 pub mod channel;
+mod deferral;
 pub mod device;
 pub mod executable;
 pub mod ffi;
 mod flatbuffer;
 mod graph;
+mod indirect;
 pub mod memory;
 pub mod nccl;
+mod replay;
 
 pub use device::CudaDevice;
 

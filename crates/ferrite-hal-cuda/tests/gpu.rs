@@ -441,12 +441,9 @@ fn dependent_chain_has_no_host_round_trips() {
             .unwrap(),
     );
     let x = gpu.allocator().allocate(&device_params(), 4).unwrap();
-    // Behind a host gate the stream's command queue fills: on an H100 the
-    // enqueueing thread blocked between the 50th and 60th submission (3
-    // operations each after the first: kernel, signal write, completion
-    // event), so a chain longer than that deadlocks a thread that opens the
-    // gate itself afterwards (README: known limits of the cuda driver).
-    let n = 40u64;
+    // Short enough to stay on the stream behind the host gate (longer
+    // chains are partly kept on the host: see the test after this one).
+    let n = 20u64;
     let gate = Semaphore::new(0);
     let sems: Vec<Arc<Semaphore>> = (0..n).map(|_| Semaphore::new(0)).collect();
     let cb = CommandBuffer::new(0, 0, 0, 0);
@@ -476,6 +473,12 @@ fn dependent_chain_has_no_host_round_trips() {
     }
     let enqueue = t.elapsed();
     let cpu_per = (cpu_time() - cpu0) / n as f64;
+    let kept = gpu
+        .as_any()
+        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
+        .unwrap()
+        .kept_on_host();
+    assert_eq!(kept, 0, "the chain must be enqueued on the stream");
     // Nothing ran: the whole chain is on the stream behind the gate.
     assert!(sems.iter().all(|s| s.query().unwrap() == 0));
     let t = Instant::now();
@@ -493,6 +496,133 @@ fn dependent_chain_has_no_host_round_trips() {
         run.as_secs_f64() * 1e6 / n as f64
     );
     assert_eq!(u32s(&x), vec![2]);
+}
+
+/// Far more host-gated submissions than the stream's command queue holds:
+/// the submitting thread must return (it signals the gate only
+/// afterwards); the overflow is kept on the host and enqueued once the gate
+/// is passed, in order. Kernels, fills, an alloca (returned at once) and
+/// its dealloca are among them.
+#[test]
+fn host_gated_submissions_beyond_the_stream_queue_are_kept_on_the_host() {
+    let Some(gpu) = gpu() else { return };
+    let cuda = gpu
+        .as_any()
+        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
+        .unwrap();
+    let exe = ExecutableRef(
+        gpu.create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
+            .unwrap(),
+    );
+    let x = gpu.allocator().allocate(&device_params(), 4).unwrap();
+    let y = gpu.allocator().allocate(&device_params(), 16).unwrap();
+    let n = 600usize;
+    let gate = Semaphore::new(0);
+    let sems: Vec<Arc<Semaphore>> = (0..n).map(|_| Semaphore::new(0)).collect();
+    // One-shot: replayed on the stream, one kernel per submission.
+    let cb = CommandBuffer::new(1, 0, 0, 0);
+    cb.dispatch(
+        exe,
+        0,
+        [1, 1, 1],
+        None,
+        vec![6],
+        vec![BufferRef::Direct {
+            buffer: x.clone(),
+            offset: 0,
+            length: 4,
+        }],
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    let mut scratch = None;
+    let t = Instant::now();
+    for i in 0..n {
+        let wait = if i == 0 {
+            at(&gate, 1)
+        } else {
+            at(&sems[i - 1], 1)
+        };
+        let signal = at(&sems[i], 1);
+        match i % 100 {
+            50 => {
+                let b = queue::alloca(&gpu, &wait, &signal, &device_params(), 1 << 20).unwrap();
+                scratch = Some(b);
+            }
+            51 => {
+                let b = scratch.take().unwrap();
+                queue::fill(&gpu, &wait, &signal, b.clone(), 0, 1 << 20, vec![7]).unwrap();
+                scratch = Some(b);
+            }
+            52 => queue::dealloca(&gpu, &wait, &signal, scratch.take().unwrap()).unwrap(),
+            _ if i % 10 == 3 => {
+                let v = (i as u32).to_le_bytes().to_vec();
+                queue::fill(&gpu, &wait, &signal, y.clone(), 0, 16, v).unwrap();
+            }
+            _ => queue::execute(&gpu, &wait, &signal, Some(&cb), vec![]).unwrap(),
+        }
+    }
+    let submitted = t.elapsed();
+    let kept = cuda.kept_on_host();
+    assert!(kept > 0, "nothing was kept on the host");
+    assert!(sems.iter().all(|s| s.query().unwrap() == 0));
+    let t = Instant::now();
+    gate.signal(1).unwrap();
+    sems[n - 1]
+        .wait(
+            1,
+            Timeout::from_duration(std::time::Duration::from_secs(30)),
+        )
+        .unwrap();
+    println!(
+        "gated: {n} submissions behind a host gate returned in {submitted:?}, {kept} kept on the host; all ran in {:?} after the gate opened",
+        t.elapsed()
+    );
+    assert!(sems.iter().all(|s| s.query().unwrap() == 1));
+    assert_eq!(u32s(&x), vec![7]);
+    assert_eq!(u32s(&y), vec![593; 4]);
+}
+
+/// Operations kept on the host when the device is released fail their
+/// signals (nothing is lost silently); what was on the stream still
+/// completes once its gate opens.
+#[test]
+fn kept_operations_fail_when_the_device_is_released() {
+    let Some(gpu) = gpu() else { return };
+    let y = gpu.allocator().allocate(&device_params(), 4).unwrap();
+    let n = 300usize;
+    let gate = Semaphore::new(0);
+    let sems: Vec<Arc<Semaphore>> = (0..n).map(|_| Semaphore::new(0)).collect();
+    for i in 0..n {
+        let wait = if i == 0 {
+            at(&gate, 1)
+        } else {
+            at(&sems[i - 1], 1)
+        };
+        let v = (i as u32).to_le_bytes().to_vec();
+        queue::fill(&gpu, &wait, &at(&sems[i], 1), y.clone(), 0, 4, v).unwrap();
+    }
+    let kept = gpu
+        .as_any()
+        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
+        .unwrap()
+        .kept_on_host();
+    assert!(kept > 0);
+    drop(gpu);
+    let e = sems[n - 1]
+        .wait(
+            1,
+            Timeout::from_duration(std::time::Duration::from_secs(10)),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("released"), "{e}");
+    gate.signal(1).unwrap();
+    sems[0]
+        .wait(
+            1,
+            Timeout::from_duration(std::time::Duration::from_secs(10)),
+        )
+        .unwrap();
 }
 
 fn cpu_time() -> f64 {
@@ -652,4 +782,162 @@ fn queue_is_ordered_before_a_consumer_stream() {
     assert_eq!(b.to_vec().unwrap(), vec![5u8; 16]);
     // SAFETY: as above.
     unsafe { cuda.shared().order_before_queue(ffi::CU_STREAM_LEGACY) }.unwrap();
+}
+
+/// Indirect dispatches read workgroup counts that GPU work before them in
+/// the same command buffer wrote (an update, a kernel), also a second one
+/// after the first; the submission does not block while the work before
+/// waits on the host, and a copy submitted afterwards sees every result
+/// (the queue stream waits for the continuation).
+#[test]
+fn indirect_dispatch_reads_counts_written_on_the_gpu() {
+    let Some(dev) = gpu() else { return };
+    let store = dev
+        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
+        .unwrap();
+    let grid = dev
+        .create_executable("cuda-nvptx-fb", &cda1(GRID_PTX, "k", 1, 0), &[])
+        .unwrap();
+    let alloc = |n| dev.allocator().allocate(&device_params(), n).unwrap();
+    let (counts, counts2, out, out2, out3) = (alloc(12), alloc(12), alloc(16), alloc(16), alloc(4));
+    for b in [&out, &out2, &out3] {
+        b.write(0, &vec![0; b.byte_length() as usize]).unwrap();
+    }
+    let direct = |b: &ferrite_hal::Buffer, offset, length| BufferRef::Direct {
+        buffer: b.clone(),
+        offset,
+        length,
+    };
+    let le = |v: [u32; 3]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let cb = CommandBuffer::new(1, 0, 0, 0);
+    cb.update_buffer(le([3, 0, 1]), direct(&counts, 0, 12))
+        .unwrap();
+    cb.update_buffer(le([0, 1, 1]), direct(&counts2, 0, 12))
+        .unwrap();
+    cb.execution_barrier().unwrap();
+    // A kernel writes the y count: 1 + 1.
+    let store_at = |b: &ferrite_hal::Buffer, offset, value| {
+        cb.dispatch(
+            ExecutableRef(store.clone()),
+            0,
+            [1, 1, 1],
+            None,
+            vec![value],
+            vec![direct(b, offset, 4)],
+        )
+        .unwrap();
+    };
+    store_at(&counts, 4, 1);
+    cb.execution_barrier().unwrap();
+    let indirect = |c: &ferrite_hal::Buffer, o: &ferrite_hal::Buffer| {
+        cb.dispatch(
+            ExecutableRef(grid.clone()),
+            0,
+            [0, 0, 0],
+            Some(direct(c, 0, 12)),
+            vec![],
+            vec![direct(o, 0, 16)],
+        )
+        .unwrap();
+    };
+    indirect(&counts, &out);
+    cb.execution_barrier().unwrap();
+    // Written after the first indirect dispatch, read by the second.
+    store_at(&counts2, 0, 4);
+    cb.execution_barrier().unwrap();
+    indirect(&counts2, &out2);
+    cb.execution_barrier().unwrap();
+    store_at(&out3, 0, 9);
+    cb.finalize().unwrap();
+
+    let (s, t, u) = (Semaphore::new(0), Semaphore::new(0), Semaphore::new(0));
+    let copy = dev.allocator().allocate(&host_params(), 16).unwrap();
+    queue::execute(&dev, &at(&s, 1), &at(&t, 1), Some(&cb), vec![]).unwrap();
+    queue::copy(
+        &dev,
+        &Fence::new(),
+        &at(&u, 1),
+        out.clone(),
+        0,
+        copy.clone(),
+        0,
+        16,
+    )
+    .unwrap();
+    // Submitting returned while the work waits on the host.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(t.query().unwrap(), 0);
+    assert_eq!(u.query().unwrap(), 0);
+    s.signal(1).unwrap();
+    u.wait(1, Timeout::INFINITE).unwrap();
+    t.wait(1, Timeout::INFINITE).unwrap();
+    assert_eq!(
+        u32s(&copy),
+        vec![6, 3, 2, 1],
+        "copy after the execute sees its result"
+    );
+    assert_eq!(u32s(&out), vec![6, 3, 2, 1]);
+    assert_eq!(u32s(&out2), vec![5, 5, 1, 1]);
+    assert_eq!(u32s(&out3), vec![10]);
+
+    // The synchronous path (`execute_commands`) runs the same way.
+    for b in [&out, &out2, &out3] {
+        b.write(0, &vec![0; b.byte_length() as usize]).unwrap();
+    }
+    dev.execute_commands(&cb.commands().unwrap(), &[]).unwrap();
+    assert_eq!(u32s(&out), vec![6, 3, 2, 1]);
+    assert_eq!(u32s(&out2), vec![5, 5, 1, 1]);
+}
+
+/// Counts above the grid limit and a short count reference fail the
+/// operation with a message; zero counts launch nothing; the queue goes on
+/// after each failure.
+#[test]
+fn indirect_dispatch_failures_fail_the_operation() {
+    let Some(dev) = gpu() else { return };
+    let grid = dev
+        .create_executable("cuda-nvptx-fb", &cda1(GRID_PTX, "k", 1, 0), &[])
+        .unwrap();
+    let alloc = |n| dev.allocator().allocate(&device_params(), n).unwrap();
+    let (counts, out) = (alloc(12), alloc(16));
+    let run = |values: [u32; 3], count_len: u64| {
+        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        counts.write(0, &bytes).unwrap();
+        out.write(0, &[0; 16]).unwrap();
+        let cb = CommandBuffer::new(1, 0, 0, 0);
+        cb.dispatch(
+            ExecutableRef(grid.clone()),
+            0,
+            [0, 0, 0],
+            Some(BufferRef::Direct {
+                buffer: counts.clone(),
+                offset: 0,
+                length: count_len,
+            }),
+            vec![],
+            vec![BufferRef::Direct {
+                buffer: out.clone(),
+                offset: 0,
+                length: 16,
+            }],
+        )
+        .unwrap();
+        cb.finalize().unwrap();
+        let s = Semaphore::new(0);
+        queue::execute(&dev, &Fence::new(), &at(&s, 1), Some(&cb), vec![]).unwrap();
+        s.wait(1, Timeout::INFINITE).map(|_| u32s(&out))
+    };
+    let err = run([2, 70000, 1], 12).unwrap_err().to_string();
+    assert!(
+        err.contains("[2, 70000, 1]") && err.contains("grid limit"),
+        "{err}"
+    );
+    let err = run([2, 1, 1], 8).unwrap_err().to_string();
+    assert!(err.contains("holds 8 bytes"), "{err}");
+    assert_eq!(
+        run([0, 5, 1], 12).unwrap(),
+        vec![0, 0, 0, 0],
+        "zero counts launch nothing"
+    );
+    assert_eq!(run([4, 2, 3], 12).unwrap(), vec![24, 4, 2, 3]);
 }

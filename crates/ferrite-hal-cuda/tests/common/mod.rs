@@ -134,6 +134,27 @@ pub const STORE_PTX: &str = r#".version 7.0
 }
 "#;
 
+/// A kernel `k(u32* out)` that counts its blocks into `out[0]` (atomic add
+/// per block) and stores its grid size into `out[1..4]`.
+pub const GRID_PTX: &str = r#".version 7.0
+.target sm_80
+.address_size 64
+.visible .entry k(.param .u64 out) {
+  .reg .u64 %rd<3>;
+  .reg .b32 %r<5>;
+  ld.param.u64 %rd1, [out];
+  cvta.to.global.u64 %rd2, %rd1;
+  atom.global.add.u32 %r1, [%rd2], 1;
+  mov.u32 %r2, %nctaid.x;
+  mov.u32 %r3, %nctaid.y;
+  mov.u32 %r4, %nctaid.z;
+  st.global.u32 [%rd2+4], %r2;
+  st.global.u32 [%rd2+8], %r3;
+  st.global.u32 [%rd2+12], %r4;
+  ret;
+}
+"#;
+
 /// A kernel `k(u32* unused)` that stores to address 8 (an illegal address).
 pub const FAULT_PTX: &str = r#".version 7.0
 .target sm_80

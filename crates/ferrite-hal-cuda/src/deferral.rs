@@ -1,0 +1,226 @@
+//! Host deferral: queue operations kept on the host while the queue
+//! stream is blocked behind a wait it cannot pass by itself.
+//!
+//! A wait on a semaphore that the host, a CPU device or another GPU
+//! signals is enqueued as `cuStreamWaitValue64`: the stream stops there
+//! until the word is written. Everything enqueued after it stays in the
+//! stream's command queue, and that queue is small: on an H100 the
+//! enqueueing thread blocked inside the driver after roughly 150 entries
+//! (kernels, memory operations, events). A thread that submits more than
+//! that and only then signals the awaited semaphore would never return.
+//!
+//! So the device counts the stream entries enqueued behind the oldest
+//! such wait still in flight (a *gate*). An operation that would take that
+//! count over [`GATED_ENTRIES`] is not enqueued but kept here, in
+//! submission order, and every later operation queues up behind it (stream
+//! order stays submission order). A drain thread, started while
+//! operations are kept, enqueues them once the gates they are behind have
+//! been passed (their operations reported), each through the same check.
+//! An operation that gates itself and is larger than the limit on its own
+//! waits here until its waits are reached. Upstream's CUDA driver defers
+//! every such wait on the host; here only the overflow is.
+
+use crate::device::{CudaDevice, Keep};
+use ferrite_base::{status, Result, Timeout};
+use ferrite_hal::device::Work;
+use ferrite_hal::fence::Fence;
+use std::collections::VecDeque;
+use std::sync::Weak;
+use std::time::Duration;
+
+/// The most stream entries enqueued behind a gate; half of what the
+/// driver was seen to accept before blocking the enqueueing thread.
+pub(crate) const GATED_ENTRIES: u64 = 64;
+
+/// A kept operation's stream work, run by the drain thread.
+pub(crate) type Body = Box<dyn FnOnce(&CudaDevice, &mut Keep) -> Result<()> + Send>;
+
+/// A queue operation kept on the host.
+pub(crate) struct Deferred {
+    pub(crate) wait: Fence,
+    pub(crate) signal: Fence,
+    pub(crate) keep: Keep,
+    pub(crate) work: Option<Work>,
+    /// Estimated stream entries of its work alone (its waits, signals and
+    /// event are counted when it is enqueued:
+    /// [`CudaDevice::entries`]).
+    pub(crate) work_entries: u64,
+    /// Taken when enqueued; still here when the device went away first.
+    pub(crate) body: Option<Body>,
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        if self.body.is_some() {
+            self.signal.fail(status!(
+                Aborted,
+                "the CUDA device was released before a queue operation waiting on the host was enqueued"
+            ));
+        }
+    }
+}
+
+/// The queue's submission state, under the device's submission lock.
+#[derive(Default)]
+pub(crate) struct Queue {
+    /// Operations kept on the host, in submission order.
+    pub(crate) deferred: VecDeque<Deferred>,
+    /// Estimated stream entries enqueued so far.
+    entries: u64,
+    /// The sequence number of the next operation enqueued (its
+    /// completion carries it; reports are in this order).
+    next_seq: u64,
+    /// In-flight operations that enqueued a gate: (sequence number,
+    /// entries enqueued before it).
+    gates: VecDeque<(u64, u64)>,
+    /// A drain thread is running.
+    draining: bool,
+}
+
+impl Queue {
+    /// Whether an operation of `entries` may be enqueued now, given that
+    /// the operations before sequence number `reported` were reported and
+    /// whether it enqueues a gate itself.
+    pub(crate) fn fits(&mut self, reported: u64, entries: u64, gates_itself: bool) -> bool {
+        while self.gates.front().is_some_and(|&(seq, _)| seq < reported) {
+            self.gates.pop_front();
+        }
+        match self.gates.front() {
+            Some(&(_, before)) => self.entries - before + entries <= GATED_ENTRIES,
+            None => !gates_itself || entries <= GATED_ENTRIES,
+        }
+    }
+
+    /// Accounts for an operation just enqueued; returns its sequence
+    /// number.
+    pub(crate) fn enqueued(&mut self, entries: u64, gated: bool) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if gated {
+            self.gates.push_back((seq, self.entries));
+        }
+        self.entries += entries;
+        seq
+    }
+
+    /// The operation whose report the drain thread waits for.
+    fn oldest_gate(&self) -> Option<u64> {
+        self.gates.front().map(|&(seq, _)| seq)
+    }
+
+    /// Marks a drain thread as needed; true when one must be started.
+    pub(crate) fn start_draining(&mut self) -> bool {
+        !std::mem::replace(&mut self.draining, true)
+    }
+
+    /// No drain thread runs (it could not be started).
+    pub(crate) fn stop_draining(&mut self) {
+        self.draining = false;
+    }
+}
+
+/// What the front kept operation waits for.
+enum Blocked {
+    /// The report of the operation with this sequence number (a gate).
+    Report(u64),
+    /// Its own waits (it gates itself and is larger than the limit).
+    Wait(Fence),
+}
+
+/// The drain thread: enqueues kept operations as gates are passed; ends
+/// when none are left or the device is gone (the kept operations then
+/// fail, see [`Deferred`]'s drop).
+pub(crate) fn drain(device: Weak<CudaDevice>) {
+    loop {
+        let Some(dev) = device.upgrade() else {
+            return;
+        };
+        let blocked_on = {
+            let mut q = dev.queue.lock();
+            loop {
+                let reported = dev.shared().completions.reported();
+                let Some(front) = q.deferred.front() else {
+                    q.draining = false;
+                    return;
+                };
+                let (entries, gates_itself) =
+                    dev.entries(&front.wait, &front.signal, front.work_entries);
+                if !q.fits(reported, entries, gates_itself) {
+                    break match q.oldest_gate() {
+                        Some(seq) => Blocked::Report(seq),
+                        None => Blocked::Wait(q.deferred[0].wait.clone()),
+                    };
+                }
+                let Some(op) = q.deferred.pop_front() else {
+                    continue;
+                };
+                dev.enqueue_deferred(&mut q, op);
+            }
+        };
+        let completions = dev.shared().completions.clone();
+        // Not held while asleep: the device may be released meanwhile.
+        drop(dev);
+        // Bounded sleeps: the device may go meanwhile.
+        let nap = Duration::from_millis(20);
+        match blocked_on {
+            Blocked::Report(seq) => {
+                // Operations this thread enqueued may be unwatched (no
+                // waiter asked for reports yet): the gate's report is
+                // needed here.
+                completions.watch();
+                completions.wait_reported(seq, nap)
+            }
+            Blocked::Wait(wait) => {
+                let pending = wait
+                    .timepoints()
+                    .into_iter()
+                    .find(|(s, v)| s.query().is_ok_and(|c| c < *v));
+                if let Some((sem, value)) = pending {
+                    // Its failure fails the operation once enqueued.
+                    let _ = sem.wait(value, Timeout::from_duration(nap));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_behind_the_oldest_gate_are_limited() {
+        let mut q = Queue::default();
+        // Ungated work never counts.
+        assert!(q.fits(0, 1000, false));
+        q.enqueued(1000, false);
+        // A gate and what follows it, up to the limit.
+        assert!(q.fits(0, 4, true));
+        let gate = q.enqueued(4, true);
+        assert!(q.fits(0, GATED_ENTRIES - 4, false));
+        q.enqueued(GATED_ENTRIES - 4, false);
+        assert!(!q.fits(0, 1, false));
+        // Once the gate's operation is reported, the stream drains itself.
+        assert!(q.fits(gate + 1, GATED_ENTRIES, false));
+        // An operation gating itself that is larger than the limit waits
+        // on the host.
+        assert!(!q.fits(gate + 1, GATED_ENTRIES + 1, true));
+    }
+
+    #[test]
+    fn the_oldest_gate_still_in_flight_counts() {
+        let mut q = Queue::default();
+        let first = q.enqueued(10, true);
+        let second = q.enqueued(10, true);
+        q.enqueued(40, false);
+        // 60 behind the first gate.
+        assert!(q.fits(0, 4, false));
+        assert!(!q.fits(0, 5, false));
+        // The first passed: 50 behind the second.
+        assert!(q.fits(first + 1, 14, false));
+        assert!(!q.fits(first + 1, 15, false));
+        assert_eq!(q.oldest_gate(), Some(second));
+        assert!(q.fits(second + 1, GATED_ENTRIES, false));
+        assert_eq!(q.oldest_gate(), None);
+    }
+}

@@ -1,0 +1,390 @@
+//! Stream replay: recorded commands enqueued one by one on a CUDA stream.
+//!
+//! Used for every command buffer that does not run as a CUDA graph
+//! ([`crate::graph`]): one-shot ones, and ones holding updates, copies,
+//! collectives or indirect dispatches. The queue stream replays on the
+//! submitting thread; an indirect dispatch there hands itself and the
+//! commands after it to a continuation ([`crate::indirect`]), which replays
+//! them on its own stream and reads each workgroup count once the work
+//! before it is done.
+
+use crate::channel::{NcclChannel, Resolved};
+use crate::device::{dispatch_kernel, Keep, Shared};
+use crate::ffi::{self, CUdeviceptr, CUstream};
+use crate::memory::CudaMemory;
+use ferrite_base::{bail, Result};
+use ferrite_hal::buffer::Buffer;
+use ferrite_hal::channel::{Channel as _, ChannelRef, CollectiveKind};
+use ferrite_hal::command_buffer::{Binding, BufferRef, Command};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// The device address of `[offset, ..)` of `buffer`, which must be memory
+/// of `shared`'s device.
+pub(crate) fn device_ptr(
+    shared: &Arc<Shared>,
+    buffer: &Buffer,
+    offset: u64,
+) -> Result<CUdeviceptr> {
+    match buffer
+        .device_memory()
+        .and_then(|m| m.as_any().downcast_ref::<CudaMemory>())
+    {
+        Some(m) if m.belongs_to(shared) => Ok(m.device_ptr() + buffer.byte_offset() + offset),
+        Some(_) => bail!(InvalidArgument, "buffer belongs to another CUDA device"),
+        None => bail!(
+            InvalidArgument,
+            "buffer of {} bytes is host memory of another device; a CUDA queue operation needs memory from the CUDA device's allocator",
+            buffer.byte_length()
+        ),
+    }
+}
+
+/// A binding reference under `table`: its buffer, device address and
+/// length (range checked).
+pub(crate) fn resolve<'a>(
+    shared: &Arc<Shared>,
+    r: &'a BufferRef,
+    table: &'a [Binding],
+) -> Result<(&'a Buffer, CUdeviceptr, u64)> {
+    let (b, off, len) = r.resolve(table)?;
+    Ok((b, device_ptr(shared, b, off)?, len))
+}
+
+/// What a replay does at an indirect dispatch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtIndirect {
+    /// Stop and return its index (the queue stream: a continuation takes
+    /// over from there).
+    Stop,
+    /// Wait for the stream, read the counts and launch (a continuation's
+    /// own stream, on its own thread).
+    Read,
+}
+
+/// The largest grid a launch may have (CUDA's limits for every device
+/// since compute capability 3.0).
+const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
+
+/// Reads an indirect dispatch's workgroup counts (three little-endian
+/// u32) once `stream` has finished the work before it.
+fn read_workgroups(
+    shared: &Arc<Shared>,
+    stream: CUstream,
+    function: u32,
+    r: &BufferRef,
+    table: &[Binding],
+) -> Result<[u32; 3]> {
+    let (_, p, len) = resolve(shared, r, table)?;
+    if len < 12 {
+        bail!(
+            OutOfRange,
+            "indirect dispatch of export {function}: the workgroup count reference holds {len} bytes, 3 x u32 (12 bytes) are read"
+        );
+    }
+    ffi::check(
+        // SAFETY: a stream of this context, owned by the caller.
+        unsafe { (shared.api.cuStreamSynchronize)(stream) },
+        "waiting for the work before an indirect dispatch",
+    )?;
+    let mut counts = [0u32; 3];
+    // `copy_sync` copies between unified addresses; the destination is
+    // this stack array, valid for 12 bytes.
+    shared.copy_sync(counts.as_mut_ptr() as CUdeviceptr, p, 12)?;
+    let counts = counts.map(u32::from_le);
+    if counts.iter().zip(MAX_GRID).any(|(&c, m)| c > m) {
+        bail!(
+            OutOfRange,
+            "indirect dispatch of export {function}: workgroup count {counts:?} exceeds the CUDA grid limit {MAX_GRID:?}"
+        );
+    }
+    Ok(counts)
+}
+
+/// Enqueues `commands` on `stream`, resolving slots through `table` and
+/// keeping what the work uses in `keep`. Returns the index of the first
+/// indirect dispatch when `at_indirect` is [`AtIndirect::Stop`] (the
+/// commands before it are enqueued), else None.
+pub(crate) fn replay(
+    shared: &Arc<Shared>,
+    stream: CUstream,
+    commands: &[Command],
+    table: &[Binding],
+    keep: &mut Keep,
+    at_indirect: AtIndirect,
+) -> Result<Option<usize>> {
+    let api = shared.api;
+    let mut params: Vec<*mut c_void> = Vec::new();
+    let mut words: Vec<u64> = Vec::new();
+    // Consecutive collectives form one NCCL group (see `channel`).
+    let mut batch: Vec<Resolved<'_>> = Vec::new();
+    for (index, cmd) in commands.iter().enumerate() {
+        if !matches!(cmd, Command::Collective { .. }) && !batch.is_empty() {
+            crate::channel::enqueue_batch(shared, &batch)?;
+            batch.clear();
+        }
+        match cmd {
+            Command::Barrier => {}
+            Command::Collective {
+                channel,
+                op,
+                param,
+                send,
+                recv,
+                element_count,
+            } => {
+                if stream != shared.stream {
+                    bail!(
+                        Unimplemented,
+                        "a collective after an indirect dispatch in one command buffer is not supported on CUDA (collectives run on the queue stream)"
+                    );
+                }
+                batch.push(resolve_collective(
+                    shared,
+                    channel,
+                    *op,
+                    *param,
+                    send.as_ref(),
+                    recv.as_ref(),
+                    *element_count,
+                    table,
+                    keep,
+                )?);
+            }
+            Command::Fill { target, pattern } => {
+                let (b, p, len) = resolve(shared, target, table)?;
+                keep.buffers.push(b.clone());
+                fill(shared, stream, p, len, pattern)?;
+            }
+            Command::Update { data, target } => {
+                let (b, p, len) = resolve(shared, target, table)?;
+                keep.buffers.push(b.clone());
+                let n = (len as usize).min(data.len());
+                ffi::check(
+                    // SAFETY: `data` holds at least `n` bytes (kept alive in
+                    // the command buffer, itself kept by the caller); the
+                    // target range was checked.
+                    unsafe {
+                        (api.cuMemcpyHtoDAsync_v2)(p, data.as_ptr() as *const c_void, n, stream)
+                    },
+                    "enqueueing a buffer update",
+                )?;
+            }
+            Command::Copy { source, target } => {
+                let (s, sp, len) = resolve(shared, source, table)?;
+                let (t, tp, _) = resolve(shared, target, table)?;
+                keep.buffers.push(s.clone());
+                keep.buffers.push(t.clone());
+                ffi::check(
+                    // SAFETY: both ranges were checked against their buffers.
+                    unsafe { (api.cuMemcpyAsync)(tp, sp, len as usize, stream) },
+                    "enqueueing a buffer copy",
+                )?;
+            }
+            Command::Dispatch {
+                executable,
+                function,
+                workgroups,
+                indirect,
+                constants,
+                bindings,
+            } => {
+                let kernel = dispatch_kernel(executable, *function, bindings, constants)?;
+                let workgroups = match (indirect, at_indirect) {
+                    (None, _) => *workgroups,
+                    // Collectives before it were flushed at the loop's top.
+                    (Some(_), AtIndirect::Stop) => return Ok(Some(index)),
+                    (Some(r), AtIndirect::Read) => {
+                        read_workgroups(shared, stream, *function, r, table)?
+                    }
+                };
+                keep.executables.push(executable.0.clone());
+                if workgroups.contains(&0) {
+                    continue;
+                }
+                words.clear();
+                for r in bindings.iter().take(kernel.binding_count as usize) {
+                    let (b, p, _) = resolve(shared, r, table)?;
+                    if let BufferRef::Direct { .. } = r {
+                        keep.buffers.push(b.clone());
+                    }
+                    words.push(p);
+                }
+                let mut consts: Vec<u32> = constants[..kernel.constant_count as usize].to_vec();
+                params.clear();
+                for w in words.iter_mut() {
+                    params.push(w as *mut u64 as *mut c_void);
+                }
+                for c in consts.iter_mut() {
+                    params.push(c as *mut u32 as *mut c_void);
+                }
+                let [bx, by, bz] = kernel.block_dims;
+                ffi::check(
+                    // SAFETY: the parameter array points at one u64 per
+                    // binding then one u32 per push constant, the layout the
+                    // compiler gives the kernel; the driver copies them
+                    // before returning; the buffers and executable are kept
+                    // alive until the stream passes this launch.
+                    unsafe {
+                        (api.cuLaunchKernel)(
+                            kernel.function,
+                            workgroups[0],
+                            workgroups[1],
+                            workgroups[2],
+                            bx,
+                            by,
+                            bz,
+                            kernel.shared_memory,
+                            stream,
+                            params.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        )
+                    },
+                    "launching a kernel",
+                )?;
+            }
+        }
+    }
+    crate::channel::enqueue_batch(shared, &batch)?;
+    Ok(None)
+}
+
+/// Checks a collective's channel and ranges and resolves its buffers to
+/// device addresses (the ranges must hold the bytes NCCL reads and
+/// writes on this rank).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resolve_collective<'a>(
+    shared: &Arc<Shared>,
+    channel: &'a ChannelRef,
+    op: ferrite_hal::channel::CollectiveOp,
+    param: u32,
+    send: Option<&BufferRef>,
+    recv: Option<&BufferRef>,
+    element_count: u64,
+    table: &[Binding],
+    keep: &mut Keep,
+) -> Result<Resolved<'a>> {
+    let name = op.kind.name();
+    let Some(ch) = channel.0.as_any().downcast_ref::<NcclChannel>() else {
+        bail!(
+            InvalidArgument,
+            "collective {name}: the channel was not created by a CUDA device"
+        );
+    };
+    if !ch.belongs_to(shared) {
+        bail!(
+            InvalidArgument,
+            "collective {name}: the channel belongs to another CUDA device"
+        );
+    }
+    keep.channels.push(channel.clone());
+    let n = ch.count() as u64;
+    let me = ch.rank();
+    let mut range = |r: Option<&BufferRef>| -> Result<(CUdeviceptr, u64)> {
+        match r {
+            None => Ok((0, 0)),
+            Some(r) => {
+                let (b, p, len) = resolve(shared, r, table)?;
+                keep.buffers.push(b.clone());
+                Ok((p, len))
+            }
+        }
+    };
+    let (sp, slen) = range(send)?;
+    let (rp, rlen) = range(recv)?;
+    let (send_elems, recv_elems, count) = match op.kind {
+        CollectiveKind::AllGather => {
+            let per = op.all_gather_send_count(element_count, n as u32, rlen);
+            (per, per.saturating_mul(n), per)
+        }
+        CollectiveKind::AllReduce | CollectiveKind::AllToAll => {
+            (element_count, element_count, element_count)
+        }
+        CollectiveKind::Broadcast => (
+            if param == me { element_count } else { 0 },
+            element_count,
+            element_count,
+        ),
+        CollectiveKind::Reduce => (
+            element_count,
+            if param == me { element_count } else { 0 },
+            element_count,
+        ),
+        CollectiveKind::ReduceScatter => (
+            element_count.saturating_mul(n),
+            element_count,
+            element_count,
+        ),
+        CollectiveKind::Send => (element_count, 0, element_count),
+        CollectiveKind::Recv => (0, element_count, element_count),
+        CollectiveKind::SendRecv => {
+            let send = if param & 0xffff == 0xffff {
+                0
+            } else {
+                element_count
+            };
+            (send, element_count, element_count)
+        }
+    };
+    let size = op.element_type.byte_size();
+    for (what, elems, len) in [("send", send_elems, slen), ("recv", recv_elems, rlen)] {
+        let need = elems.checked_mul(size);
+        if need.is_none_or(|b| b > len) {
+            bail!(
+                OutOfRange,
+                "collective {name}: the {what} range holds {len} bytes but rank {me} of {n} needs {elems} elements of {size} bytes"
+            );
+        }
+    }
+    Ok(Resolved {
+        channel: ch,
+        op,
+        param,
+        send: sp,
+        recv: rp,
+        element_count: count,
+    })
+}
+
+/// Enqueues a fill of `[p, p+len)` with `pattern` (1, 2 or 4 bytes) on
+/// `stream`.
+pub(crate) fn fill(
+    shared: &Shared,
+    stream: CUstream,
+    p: CUdeviceptr,
+    len: u64,
+    pattern: &[u8],
+) -> Result<()> {
+    let api = shared.api;
+    let n = pattern.len();
+    if !len.is_multiple_of(n as u64) {
+        bail!(
+            InvalidArgument,
+            "fill length {len} is not a multiple of the {n}-byte pattern"
+        );
+    }
+    let count = (len / n as u64) as usize;
+    // SAFETY: the target range `[p, p+len)` was checked by the caller.
+    let r = unsafe {
+        match n {
+            1 => (api.cuMemsetD8Async)(p, pattern[0], count, stream),
+            2 => (api.cuMemsetD16Async)(
+                p,
+                u16::from_le_bytes([pattern[0], pattern[1]]),
+                count,
+                stream,
+            ),
+            4 => (api.cuMemsetD32Async)(
+                p,
+                u32::from_le_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]),
+                count,
+                stream,
+            ),
+            _ => bail!(
+                Unimplemented,
+                "CUDA fills take 1, 2 or 4-byte patterns (got {n})"
+            ),
+        }
+    };
+    ffi::check(r, "enqueueing a buffer fill")
+}

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Builds what scripts/test-gpu.sh and scripts/bench-gpu.sh need into
+# build/gpu (git-ignored, carried to the GPU machine, which has no compiler
+# or registry): the release `ferrite` binary, the CUDA driver's test
+# executables (gpu, gpu_fault, nccl), the differential modules of
+# tests/cuda/cases.txt (each for cuda sm_80 and for the CPU), the bench
+# modules, upstream's e2e suites for cuda when IREE_MIRROR is set, and
+# upstream's cp312 runtime wheel (for its iree-run-module and
+# iree-benchmark-module) when pip can fetch it or UPSTREAM_WHEEL names it.
+#
+# On the GPU machine, from the repository root (carry build/gpu):
+#   bash build/gpu/run.sh test     # scripts/test-gpu.sh over these inputs
+#   bash build/gpu/run.sh bench    # scripts/bench-gpu.sh, with and without graphs
+# FERRITE_BUILD_LOCK: a file to hold a shared flock on while compiling
+# (machines where benchmarks take it exclusively); none when unset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+locked() { if [ -n "${FERRITE_BUILD_LOCK:-}" ]; then flock -s "$FERRITE_BUILD_LOCK" "$@"; else "$@"; fi; }
+G=build/gpu
+IC=.venv/bin/iree-compile
+[ -x "$IC" ] || { echo "gpu-build: $IC not found (run scripts/setup-venv.sh)"; exit 1; }
+CUDA="--iree-hal-target-device=cuda --iree-cuda-target=sm_80"
+CPU="--iree-hal-target-device=local --iree-hal-local-target-device-backends=llvm-cpu --iree-llvmcpu-target-cpu=generic"
+rm -rf $G/bin $G/tests $G/diff $G/bench && mkdir -p $G/bin $G/tests $G/diff $G/bench
+
+echo "gpu-build: release binary and the driver's test executables"
+locked nice cargo build -q --release -p ferrite-cli
+cp target/release/ferrite $G/bin/
+locked nice cargo test -q --release -p ferrite-hal-cuda \
+  --test gpu --test gpu_fault --test nccl --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except Exception: continue
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]:
+        print(m["executable"])' |
+  while read -r exe; do
+    cp "$exe" "$G/tests/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
+  done
+strip $G/bin/* $G/tests/* 2>/dev/null || true
+
+echo "gpu-build: differential modules (tests/cuda/cases.txt)"
+cp tests/cuda/cases.txt $G/diff/
+grep -v '^#' tests/cuda/cases.txt | awk 'NF {print $1}' | sort -u | while read -r module; do
+  m=${module/\//_}
+  $IC $CUDA "tests/$module.mlir" -o "$G/diff/$m.cuda.vmfb"
+  $IC $CPU "tests/$module.mlir" -o "$G/diff/$m.cpu.vmfb"
+done
+
+echo "gpu-build: bench modules"
+$IC $CUDA benches/hal/add.mlir -o $G/bench/bench_add.vmfb
+$IC $CUDA benches/hal/chain100.mlir -o $G/bench/bench_chain100.vmfb
+$IC $CUDA benches/cuda/matmul2048.mlir -o $G/bench/bench_matmul2048.vmfb
+cp examples/minilm/minilm_cuda.vmfb $G/bench/bench_minilm.vmfb
+
+if [ -d $G/e2e ] && [ "${GPU_E2E_REBUILD:-0}" != 1 ]; then
+  echo "gpu-build: keeping $G/e2e (GPU_E2E_REBUILD=1 rebuilds it)"
+elif [ -n "${IREE_MIRROR:-}" ]; then
+  echo "gpu-build: upstream e2e suites for cuda"
+  rm -rf $G/e2e
+  scripts/gpu-e2e-build.sh $G/e2e >/dev/null
+  find $G/e2e -name '*.vmfb' | wc -l | xargs echo "gpu-build: e2e modules:"
+else
+  echo "gpu-build: IREE_MIRROR unset: no e2e suites (test-gpu.sh runs without them)"
+fi
+
+mkdir -p $G/.whl
+if [ -n "${UPSTREAM_WHEEL:-}" ] && [ -f "$UPSTREAM_WHEEL" ]; then
+  cp "$UPSTREAM_WHEEL" $G/.whl/
+elif ! ls $G/.whl/iree_base_runtime-3.13.0-*.whl >/dev/null 2>&1; then
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    -d $G/.whl iree-base-runtime==3.13.0 ||
+    echo "gpu-build: could not fetch upstream's cp312 wheel: runs without UPSTREAM_BIN"
+fi
+
+cat >$G/run.sh <<'EOF'
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root; see scripts/gpu-build.sh.
+set -uo pipefail
+G=build/gpu
+export FERRITE=$G/bin/ferrite
+if ls $G/.whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/upstream $G/.whl/*.whl &&
+    export UPSTREAM_BIN=/tmp/upstream/iree/_runtime_libs
+fi
+case ${1:-test} in
+  test) GPU_TESTS=$G/tests DIFF_DIR=$G/diff E2E_DIR=$G/e2e scripts/test-gpu.sh ;;
+  bench)
+    MODULES=$G/bench ROUNDS=${ROUNDS:-3} scripts/bench-gpu.sh
+    echo "== FERRITE_CUDA_GRAPHS=0"
+    FERRITE_CUDA_GRAPHS=0 MODULES=$G/bench ROUNDS=${ROUNDS:-3} scripts/bench-gpu.sh ;;
+  *) echo "usage: run.sh test|bench"; exit 2 ;;
+esac
+EOF
+du -sh $G
