@@ -20,6 +20,13 @@ use std::time::Instant;
 fn device_params() -> BufferParams {
     BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT)
 }
+/// Device-local, also usable as indirect dispatch workgroup counts.
+fn indirect_params() -> BufferParams {
+    BufferParams::new(
+        MemoryType::DEVICE_LOCAL,
+        BufferUsage::DEFAULT | BufferUsage::DISPATCH_INDIRECT_PARAMETERS,
+    )
+}
 fn host_params() -> BufferParams {
     BufferParams::new(
         MemoryType::HOST_LOCAL | MemoryType::DEVICE_VISIBLE,
@@ -798,7 +805,7 @@ fn indirect_dispatch_reads_counts_written_on_the_gpu() {
     let grid = dev
         .create_executable("cuda-nvptx-fb", &cda1(GRID_PTX, "k", 1, 0), &[])
         .unwrap();
-    let alloc = |n| dev.allocator().allocate(&device_params(), n).unwrap();
+    let alloc = |n| dev.allocator().allocate(&indirect_params(), n).unwrap();
     let (counts, counts2, out, out2, out3) = (alloc(12), alloc(12), alloc(16), alloc(16), alloc(4));
     for b in [&out, &out2, &out3] {
         b.write(0, &vec![0; b.byte_length() as usize]).unwrap();
@@ -898,7 +905,7 @@ fn indirect_dispatch_failures_fail_the_operation() {
     let grid = dev
         .create_executable("cuda-nvptx-fb", &cda1(GRID_PTX, "k", 1, 0), &[])
         .unwrap();
-    let alloc = |n| dev.allocator().allocate(&device_params(), n).unwrap();
+    let alloc = |n| dev.allocator().allocate(&indirect_params(), n).unwrap();
     let (counts, out) = (alloc(12), alloc(16));
     let run = |values: [u32; 3], count_len: u64| {
         let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
