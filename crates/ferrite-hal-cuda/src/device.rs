@@ -255,6 +255,10 @@ impl Drop for Shared {
                 for e in self.events.get_mut().drain(..) {
                     (self.api.cuEventDestroy_v2)(e);
                 }
+            }
+            self.words.release(self.api);
+            // SAFETY: retained when the device was opened; released once.
+            unsafe {
                 (self.api.cuDevicePrimaryCtxRelease_v2)(self.device);
             }
         }
