@@ -11,6 +11,8 @@
 # On the GPU machine, from the repository root (carry build/gpu):
 #   bash build/gpu/run.sh test     # scripts/test-gpu.sh over these inputs
 #   bash build/gpu/run.sh bench    # scripts/bench-gpu.sh, with and without graphs
+#   bash build/gpu/run.sh py       # the CUDA Python tests (GPU_BUILD_PYTHON=1
+#                                  # builds the abi3 wheel they need)
 # FERRITE_BUILD_LOCK: a file to hold a shared flock on while compiling
 # (machines where benchmarks take it exclusively); none when unset.
 set -euo pipefail
@@ -64,6 +66,13 @@ else
   echo "gpu-build: IREE_MIRROR unset: no e2e suites (test-gpu.sh runs without them)"
 fi
 
+if [ "${GPU_BUILD_PYTHON:-0}" = 1 ]; then
+  echo "gpu-build: the ferrite wheel (abi3)"
+  rm -rf $G/pywheel
+  # The GPU machine runs CPython 3.12.
+  locked nice .venv/bin/maturin build --release -q -i "${PYTHON312:-python3.12}" -o $G/pywheel
+fi
+
 mkdir -p $G/.whl
 if [ -n "${UPSTREAM_WHEEL:-}" ] && [ -f "$UPSTREAM_WHEEL" ]; then
   cp "$UPSTREAM_WHEEL" $G/.whl/
@@ -90,7 +99,13 @@ case ${1:-test} in
     MODULES=$G/bench ROUNDS=${ROUNDS:-3} scripts/bench-gpu.sh
     echo "== FERRITE_CUDA_GRAPHS=0"
     FERRITE_CUDA_GRAPHS=0 MODULES=$G/bench ROUNDS=${ROUNDS:-3} scripts/bench-gpu.sh ;;
-  *) echo "usage: run.sh test|bench"; exit 2 ;;
+  py)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ferrite-py $G/pywheel/*.whl || exit 1
+    cp $G/bench/bench_add.vmfb /tmp/add_cuda.vmfb
+    PYTHONPATH=/tmp/ferrite-py FERRITE_REQUIRE_GPU=1 FERRITE_CUDA_ADD_VMFB=/tmp/add_cuda.vmfb \
+      python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py \
+      tests/python/test_dlpack_cuda.py tests/python/test_dlpack_loop.py ;;
+  *) echo "usage: run.sh test|bench|py"; exit 2 ;;
 esac
 EOF
 du -sh $G
