@@ -13,13 +13,14 @@
 //! (kernel launches, copies, fills); then, for each signalled semaphore
 //! another device's stream has waited on, a `cuStreamWriteValue64` of the
 //! value into its word (so that stream proceeds on the GPU; for the others
-//! the host report writes the word); then an event
-//! (`CU_EVENT_BLOCKING_SYNC`, recorded without stalling the stream, unlike
-//! a host callback) queued for the host to report (`Completions`). The
-//! device's completion thread sleeps in `cuEventSynchronize` (no
-//! spinning) on the oldest; a host thread waiting on one of the device's
-//! semaphores also checks, while it polls before sleeping, whether the
-//! oldest events are reached and reports them itself. Reporting signals
+//! the host report writes the word); then two events (recorded without
+//! stalling the stream, unlike a host callback) queued for the host to
+//! report (`Completions`): a plain one and a `CU_EVENT_BLOCKING_SYNC` one.
+//! The device's completion thread sleeps in `cuEventSynchronize` (no
+//! spinning) on the oldest blocking one; a host thread waiting on one of
+//! the device's semaphores also queries, while it polls before sleeping,
+//! whether the oldest plain events are reached and reports them itself (a
+//! blocking-sync event is seen reached about a microsecond later). Reporting signals
 //! the semaphores on the host (waking host waiters and CPU-device work)
 //! or fails them: with the CUDA error text when the stream faulted (the
 //! event wait returns the error), or with a wait semaphore's failure when
@@ -74,8 +75,10 @@ pub struct Shared {
     /// Idle device blocks for queue allocations.
     pub(crate) spare: SpareBlocks,
     transfer_lock: Mutex<()>,
-    /// Recorded-and-reached events for reuse.
+    /// Recorded-and-reached blocking-sync events for reuse.
     events: Mutex<Vec<ffi::CUevent>>,
+    /// Recorded-and-reached plain events (probes) for reuse.
+    probes: Mutex<Vec<ffi::CUevent>>,
     /// Enqueued operations whose completion the host has not seen yet.
     pub(crate) completions: Arc<Completions>,
 }
@@ -145,6 +148,21 @@ impl Shared {
     /// Returns an event the stream has reached to the pool.
     pub(crate) fn give_event(&self, event: ffi::CUevent) {
         self.events.lock().push(event);
+    }
+
+    /// A plain event (no blocking sync, no timing) from the pool, or a new
+    /// one: what polling reporters query. The context must be current.
+    fn take_probe(&self) -> Result<ffi::CUevent> {
+        if let Some(e) = self.probes.lock().pop() {
+            return Ok(e);
+        }
+        let mut e: ffi::CUevent = std::ptr::null_mut();
+        ffi::check(
+            // SAFETY: valid out-pointer; the context is current.
+            unsafe { (self.api.cuEventCreate)(&mut e, ffi::CU_EVENT_DISABLE_TIMING) },
+            "creating a completion probe",
+        )?;
+        Ok(e)
     }
 
     /// The device ordinal (`cuda://N`; DLPack's `device_id`).
@@ -255,6 +273,9 @@ impl Drop for Shared {
                 for e in self.events.get_mut().drain(..) {
                     (self.api.cuEventDestroy_v2)(e);
                 }
+                for e in self.probes.get_mut().drain(..) {
+                    (self.api.cuEventDestroy_v2)(e);
+                }
             }
             self.words.release(self.api);
             // SAFETY: retained when the device was opened; released once.
@@ -268,8 +289,14 @@ impl Drop for Shared {
 /// What the host does once the stream reaches an enqueued operation's
 /// event.
 struct Completion {
-    /// Recorded after the work; returned to the pool once reached.
+    /// Recorded after the work (blocking sync: the completion thread
+    /// sleeps on it); returned to the pool once reached.
     event: ffi::CUevent,
+    /// A plain event recorded just before `event`, which polling reporters
+    /// query: a blocking-sync event's completion reached a polling host
+    /// about a microsecond later on an H100 (see the GPU test
+    /// `submit_then_wait_latency_against_the_driver_alone`).
+    probe: ffi::CUevent,
     /// Its place in stream order (see [`crate::deferral::Queue`]).
     seq: u64,
     signal: Fence,
@@ -424,17 +451,19 @@ impl Completions {
 
     fn report_locked(&self, shared: &Shared, mut block: bool, all: bool) {
         loop {
-            let Some(event) = self.pending.lock().front().map(|c| c.event) else {
+            let Some((event, probe)) = self.pending.lock().front().map(|c| (c.event, c.probe))
+            else {
                 return;
             };
-            // SAFETY: an event of this context, recorded on its queue
-            // stream; only reporters (serialized by `reporting`) return it
-            // to the pool, so it is not re-recorded before this call.
+            // SAFETY: events of this context, recorded on its queue
+            // stream; only reporters (serialized by `reporting`) return
+            // them to the pools, so they are not re-recorded before this
+            // call.
             let status = unsafe {
                 if block || all {
                     (shared.api.cuEventSynchronize)(event)
                 } else {
-                    (shared.api.cuEventQuery)(event)
+                    (shared.api.cuEventQuery)(probe)
                 }
             };
             if status == ffi::CUDA_ERROR_NOT_READY {
@@ -445,6 +474,8 @@ impl Completions {
                 return;
             };
             self.recycle(shared, c.event);
+            // Reached (or the stream failed): nobody waits on a probe.
+            shared.probes.lock().push(c.probe);
             complete(c, status);
         }
     }
@@ -550,6 +581,7 @@ fn completion_loop(completions: Arc<Completions>, shared: Weak<Shared>) {
 fn complete(c: Completion, status: ffi::CUresult) {
     let Completion {
         event: _,
+        probe: _,
         seq: _,
         signal,
         waits,
@@ -672,6 +704,7 @@ impl CudaDevice {
             words: WordPool::new(),
             transfer_lock: Mutex::new(()),
             events: Mutex::new(Vec::new()),
+            probes: Mutex::new(Vec::new()),
             spare: SpareBlocks::default(),
             completions: Arc::new(Completions::new()),
         });
@@ -974,17 +1007,36 @@ impl CudaDevice {
             // and later work keeps its order.
             keep.outcomes.push(Arc::new(Mutex::new(Some(e))));
         }
-        let event = match self.event() {
-            Ok(e) => e,
+        let (event, probe) = match self.event().and_then(|e| match self.shared.take_probe() {
+            Ok(p) => Ok((e, p)),
+            Err(err) => {
+                self.shared.give_event(e);
+                Err(err)
+            }
+        }) {
+            Ok(pair) => pair,
             Err(e) => {
                 signal.fail(e);
                 return;
             }
         };
-        // SAFETY: an event of this context, recorded on its queue stream.
-        let r = unsafe { (self.shared.api.cuEventRecord)(event, self.shared.stream) };
+        let api = self.shared.api;
+        // SAFETY: events of this context, recorded on its queue stream;
+        // neither is pending (fresh or reached).
+        let r = unsafe {
+            match (api.cuEventRecord)(probe, self.shared.stream) {
+                ffi::CUDA_SUCCESS => (api.cuEventRecord)(event, self.shared.stream),
+                r => r,
+            }
+        };
         if r != ffi::CUDA_SUCCESS {
-            self.shared.events.lock().push(event);
+            // Possibly recorded: destroyed (deferred by the driver until
+            // reached) rather than re-recorded from the pools.
+            // SAFETY: events of this context, not used after this.
+            unsafe {
+                (api.cuEventDestroy_v2)(probe);
+                (api.cuEventDestroy_v2)(event);
+            }
             signal.fail(ffi::to_status(r, "recording a completion event"));
             return;
         }
@@ -992,6 +1044,7 @@ impl CudaDevice {
         self.shared.completions.push(
             Completion {
                 event,
+                probe,
                 seq,
                 signal: signal.clone(),
                 waits: wait.clone(),

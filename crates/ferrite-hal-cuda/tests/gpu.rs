@@ -632,6 +632,156 @@ fn kept_operations_fail_when_the_device_is_released() {
         .unwrap();
 }
 
+/// Where a submit-then-wait step's time goes: the same one-block kernel
+/// through the HAL (queue execute with a semaphore, host wait) and with
+/// the driver alone (launch, event, spin on the event), steps back to back.
+/// The difference is the runtime's own cost per step.
+#[test]
+fn submit_then_wait_latency_against_the_driver_alone() {
+    use ferrite_hal_cuda::{ffi, CudaDevice};
+    use std::ffi::c_void;
+    let Some(gpu) = gpu() else { return };
+    let exe = ExecutableRef(
+        gpu.create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
+            .unwrap(),
+    );
+    let x = gpu.allocator().allocate(&device_params(), 4).unwrap();
+    let cb = CommandBuffer::new(0, 0, 0, 0);
+    cb.dispatch(
+        exe,
+        0,
+        [1, 1, 1],
+        None,
+        vec![1],
+        vec![BufferRef::Direct {
+            buffer: x.clone(),
+            offset: 0,
+            length: 4,
+        }],
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    let sem = Semaphore::new(0);
+    let steps = 2000u64;
+    let hal = |from: u64, n: u64| {
+        let t = Instant::now();
+        for i in from..from + n {
+            queue::execute(&gpu, &at(&sem, i), &at(&sem, i + 1), Some(&cb), vec![]).unwrap();
+            sem.wait(i + 1, Timeout::INFINITE).unwrap();
+        }
+        t.elapsed() / n as u32
+    };
+    hal(0, 100);
+    let through_hal = hal(100, steps);
+
+    let cuda = gpu.as_any().downcast_ref::<CudaDevice>().unwrap();
+    let shared = cuda.shared();
+    let api = shared.api;
+    shared.make_current().unwrap();
+    let ptx = std::ffi::CString::new(STORE_PTX).unwrap();
+    let mut module: ffi::CUmodule = std::ptr::null_mut();
+    let mut function: ffi::CUfunction = std::ptr::null_mut();
+    let mut stream: ffi::CUstream = std::ptr::null_mut();
+    let mut event: ffi::CUevent = std::ptr::null_mut();
+    let mut blocking: ffi::CUevent = std::ptr::null_mut();
+    let mut out: ffi::CUdeviceptr = 0;
+    // SAFETY: valid out-pointers and a NUL-terminated PTX image; the
+    // device's context is current.
+    unsafe {
+        let null = std::ptr::null_mut();
+        assert_eq!(
+            (api.cuModuleLoadDataEx)(
+                &mut module,
+                ptx.as_ptr() as *const c_void,
+                0,
+                null,
+                null as *mut *mut c_void
+            ),
+            0
+        );
+        assert_eq!(
+            (api.cuModuleGetFunction)(&mut function, module, c"k".as_ptr()),
+            0
+        );
+        assert_eq!(
+            (api.cuStreamCreate)(&mut stream, ffi::CU_STREAM_NON_BLOCKING),
+            0
+        );
+        assert_eq!(
+            (api.cuEventCreate)(&mut event, ffi::CU_EVENT_DISABLE_TIMING),
+            0
+        );
+        let flags = ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING;
+        assert_eq!((api.cuEventCreate)(&mut blocking, flags), 0);
+        assert_eq!((api.cuMemAllocAsync)(&mut out, 4, stream), 0);
+    }
+    let mut arg0 = out;
+    let mut arg1 = 1u32;
+    let mut args = [
+        &mut arg0 as *mut u64 as *mut c_void,
+        &mut arg1 as *mut u32 as *mut c_void,
+    ];
+    let mut raw = |n: u64, event: ffi::CUevent, yields: bool, also: Option<ffi::CUevent>| {
+        let t = Instant::now();
+        for _ in 0..n {
+            // SAFETY: the kernel takes (u64 pointer, u32) as `args` holds;
+            // `out` is 4 bytes of device memory; stream and event are of
+            // the current context.
+            unsafe {
+                let launched = (api.cuLaunchKernel)(
+                    function,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                );
+                assert_eq!(launched, 0);
+                assert_eq!((api.cuEventRecord)(event, stream), 0);
+                if let Some(e) = also {
+                    assert_eq!((api.cuEventRecord)(e, stream), 0);
+                }
+                while (api.cuEventQuery)(event) == ffi::CUDA_ERROR_NOT_READY {
+                    if yields {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        }
+        t.elapsed() / n as u32
+    };
+    raw(100, event, false, None);
+    let driver_alone = raw(steps, event, false, None);
+    let blocking_sync = raw(steps, blocking, false, None);
+    let blocking_yield = raw(steps, blocking, true, None);
+    let both = raw(steps, event, false, Some(blocking));
+    // SAFETY: created above, idle (the last event was reached).
+    unsafe {
+        (api.cuMemFreeAsync)(out, stream);
+        (api.cuStreamSynchronize)(stream);
+        (api.cuEventDestroy_v2)(event);
+        (api.cuEventDestroy_v2)(blocking);
+        (api.cuStreamDestroy_v2)(stream);
+        (api.cuModuleUnload)(module);
+    }
+    println!(
+        "latency: submit-then-wait {through_hal:?} per step through the HAL, {driver_alone:?} with the driver alone ({steps} steps each; with a blocking-sync event {blocking_sync:?}, also yielding while polling {blocking_yield:?}; polling a plain event recorded before a blocking-sync one {both:?})"
+    );
+    assert_eq!(u32s(&x), vec![2]);
+    // A loose bound: the runtime adds microseconds, not multiples.
+    assert!(
+        through_hal < driver_alone * 3 + std::time::Duration::from_micros(20),
+        "{through_hal:?} against {driver_alone:?}"
+    );
+}
+
 fn cpu_time() -> f64 {
     // Process CPU time (user + system) from /proc/self/stat, in seconds.
     let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
