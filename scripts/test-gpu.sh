@@ -49,7 +49,7 @@ for t in "$GPU_TESTS"/*; do
     out=$(FERRITE_REQUIRE_GPU=1 timeout 60 "$t" --exact "$name" --test-threads=1 --nocapture 2>&1)
     rc=$?
     echo "$out" >>"$LOG"
-    echo "$out" | grep -E "^(ping-pong|chain|gated|latency|fault reported)" || true
+    echo "$out" | grep -oE "(ping-pong|chain|gated|latency|fault reported): .*" || true
     if [ $rc -eq 0 ] && echo "$out" | grep -q "1 passed" && ! echo "$out" | grep -q "SKIPPED"; then
       ok
       echo "ok   $(basename "$t")::$name"

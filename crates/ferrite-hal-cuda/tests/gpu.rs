@@ -590,6 +590,70 @@ fn host_gated_submissions_beyond_the_stream_queue_are_kept_on_the_host() {
     assert_eq!(u32s(&y), vec![593; 4]);
 }
 
+/// A command buffer larger than the stream may hold behind a gate, waiting
+/// on a host semaphore itself: it is kept on the host until that wait is
+/// reached (the drain thread waits on the semaphore), then enqueued whole;
+/// work submitted after it follows in order.
+#[test]
+fn a_large_command_buffer_behind_a_host_gate_waits_on_the_host() {
+    let Some(gpu) = gpu() else { return };
+    let cuda = gpu
+        .as_any()
+        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
+        .unwrap();
+    let exe = gpu
+        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
+        .unwrap();
+    let out = gpu.allocator().allocate(&device_params(), 4 * 200).unwrap();
+    // One-shot, 200 dispatches: replayed, 200 stream entries.
+    let cb = CommandBuffer::new(1, 0, 0, 0);
+    for i in 0..200u32 {
+        cb.dispatch(
+            ExecutableRef(exe.clone()),
+            0,
+            [1, 1, 1],
+            None,
+            vec![i],
+            vec![BufferRef::Direct {
+                buffer: out.clone(),
+                offset: 4 * i as u64,
+                length: 4,
+            }],
+        )
+        .unwrap();
+    }
+    cb.finalize().unwrap();
+    let gate = Semaphore::new(0);
+    let done = Semaphore::new(0);
+    queue::execute(&gpu, &at(&gate, 1), &at(&done, 1), Some(&cb), vec![]).unwrap();
+    queue::fill(
+        &gpu,
+        &at(&done, 1),
+        &at(&done, 2),
+        out.clone(),
+        0,
+        4,
+        vec![9; 4],
+    )
+    .unwrap();
+    assert_eq!(
+        cuda.kept_on_host(),
+        2,
+        "the command buffer and the fill after it"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(done.query().unwrap(), 0);
+    gate.signal(1).unwrap();
+    done.wait(
+        2,
+        Timeout::from_duration(std::time::Duration::from_secs(10)),
+    )
+    .unwrap();
+    let mut want: Vec<u32> = (1..=200).collect();
+    want[0] = 0x0909_0909;
+    assert_eq!(u32s(&out), want);
+}
+
 /// Operations kept on the host when the device is released fail their
 /// signals (nothing is lost silently); what was on the stream still
 /// completes once its gate opens.
