@@ -133,16 +133,11 @@ impl Shared {
     /// A blocking-sync event from the pool (or a new one); the context
     /// must be current.
     pub(crate) fn take_event(&self) -> Result<ffi::CUevent> {
-        if let Some(e) = self.events.lock().pop() {
-            return Ok(e);
-        }
-        let mut e: ffi::CUevent = std::ptr::null_mut();
-        ffi::check(
-            // SAFETY: valid out-pointer; the context is current.
-            unsafe { (self.api.cuEventCreate)(&mut e, ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING) },
+        self.pooled_event(
+            &self.events,
+            ffi::CU_EVENT_BLOCKING_SYNC_NO_TIMING,
             "creating a completion event",
-        )?;
-        Ok(e)
+        )
     }
 
     /// Returns an event the stream has reached to the pool.
@@ -153,14 +148,28 @@ impl Shared {
     /// A plain event (no blocking sync, no timing) from the pool, or a new
     /// one: what polling reporters query. The context must be current.
     fn take_probe(&self) -> Result<ffi::CUevent> {
-        if let Some(e) = self.probes.lock().pop() {
+        self.pooled_event(
+            &self.probes,
+            ffi::CU_EVENT_DISABLE_TIMING,
+            "creating a completion probe",
+        )
+    }
+
+    /// An event from `pool`, or a new one made with `flags`.
+    fn pooled_event(
+        &self,
+        pool: &Mutex<Vec<ffi::CUevent>>,
+        flags: std::ffi::c_uint,
+        what: &str,
+    ) -> Result<ffi::CUevent> {
+        if let Some(e) = pool.lock().pop() {
             return Ok(e);
         }
         let mut e: ffi::CUevent = std::ptr::null_mut();
         ffi::check(
             // SAFETY: valid out-pointer; the context is current.
-            unsafe { (self.api.cuEventCreate)(&mut e, ffi::CU_EVENT_DISABLE_TIMING) },
-            "creating a completion probe",
+            unsafe { (self.api.cuEventCreate)(&mut e, flags) },
+            what,
         )?;
         Ok(e)
     }

@@ -36,6 +36,56 @@ fn host_params() -> BufferParams {
 fn at(s: &Arc<Semaphore>, v: u64) -> Fence {
     Fence::create_at(s.clone(), v)
 }
+/// The CUDA device behind `dev`.
+fn as_cuda(dev: &Arc<dyn Device>) -> &ferrite_hal_cuda::CudaDevice {
+    dev.as_any()
+        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
+        .unwrap()
+}
+/// STORE_PTX's kernel (`out[0] = value + 1`) as an executable of `dev`.
+fn store_kernel(dev: &Arc<dyn Device>) -> Arc<dyn ferrite_hal::executable::Executable> {
+    dev.create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
+        .unwrap()
+}
+/// A timeout `secs` seconds from now.
+fn within(secs: u64) -> Timeout {
+    Timeout::from_duration(std::time::Duration::from_secs(secs))
+}
+/// The wait of link `i` of a chain of submissions behind `gate`: the gate
+/// for the first, the link before for the others.
+fn link_wait(i: usize, gate: &Arc<Semaphore>, links: &[Arc<Semaphore>]) -> Fence {
+    if i == 0 {
+        at(gate, 1)
+    } else {
+        at(&links[i - 1], 1)
+    }
+}
+/// A finalized command buffer (`mode`) of one dispatch of STORE_PTX's
+/// kernel writing `value + 1` into the first word of `out`.
+fn store_once(
+    gpu: &Arc<dyn Device>,
+    mode: u32,
+    value: u32,
+    out: &ferrite_hal::Buffer,
+) -> CommandBuffer {
+    let exe = store_kernel(gpu);
+    let cb = CommandBuffer::new(mode, 0, 0, 0);
+    cb.dispatch(
+        ExecutableRef(exe),
+        0,
+        [1, 1, 1],
+        None,
+        vec![value],
+        vec![BufferRef::Direct {
+            buffer: out.clone(),
+            offset: 0,
+            length: 4,
+        }],
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    cb
+}
 fn u32s(b: &ferrite_hal::Buffer) -> Vec<u32> {
     b.to_vec()
         .unwrap()
@@ -47,9 +97,7 @@ fn u32s(b: &ferrite_hal::Buffer) -> Vec<u32> {
 #[test]
 fn kernel_with_bindings_and_constants() {
     let Some(dev) = gpu() else { return };
-    let exe = dev
-        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
-        .unwrap();
+    let exe = store_kernel(&dev);
     let out = dev.allocator().allocate(&device_params(), 16).unwrap();
     let cb = CommandBuffer::new(1, 0, 0, 0);
     cb.dispatch(
@@ -79,13 +127,8 @@ fn kernel_with_bindings_and_constants() {
 #[test]
 fn reusable_command_buffer_runs_as_a_graph_with_new_bindings() {
     let Some(dev) = gpu() else { return };
-    let cuda = dev
-        .as_any()
-        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
-        .unwrap();
-    let exe = dev
-        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
-        .unwrap();
+    let cuda = as_cuda(&dev);
+    let exe = store_kernel(&dev);
     let slot = |slot, offset| BufferRef::Slot {
         slot,
         offset,
@@ -180,9 +223,7 @@ fn reusable_command_buffer_runs_as_a_graph_with_new_bindings() {
 #[test]
 fn late_waiters_that_do_not_poll_are_told() {
     let Some(dev) = gpu() else { return };
-    let exe = dev
-        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
-        .unwrap();
+    let exe = store_kernel(&dev);
     let out = dev.allocator().allocate(&device_params(), 4).unwrap();
     let cb = CommandBuffer::new(1, 0, 0, 0);
     cb.dispatch(
@@ -359,11 +400,7 @@ fn cpu_gpu_semaphore_ping_pong() {
     );
     let t = Instant::now();
     a.signal(1).unwrap();
-    a.wait(
-        rounds + 1,
-        Timeout::from_duration(std::time::Duration::from_millis(20_000)),
-    )
-    .unwrap();
+    a.wait(rounds + 1, within(20)).unwrap();
     let per_round = t.elapsed() / rounds as u32;
     assert_eq!(
         u32s(&y),
@@ -385,12 +422,7 @@ fn failures_cross_devices_both_ways() {
         ferrite_base::StatusCode::Aborted,
         "upstream producer broke",
     ));
-    let e = c
-        .wait(
-            1,
-            Timeout::from_duration(std::time::Duration::from_millis(10_000)),
-        )
-        .unwrap_err();
+    let e = c.wait(1, within(10)).unwrap_err();
     assert!(e.to_string().contains("upstream producer broke"), "{e}");
     assert!(b.failure().is_some());
     // CPU -> GPU: a CPU operation fails, the GPU operation after it fails.
@@ -403,12 +435,7 @@ fn failures_cross_devices_both_ways() {
     // does the CPU op after it.
     queue::copy(&gpu, &Fence::new(), &at(&d, 1), bad, 0, x.clone(), 0, 4).unwrap();
     queue::barrier(&cpu, &at(&d, 1), &at(&f, 1)).unwrap();
-    let e = f
-        .wait(
-            1,
-            Timeout::from_duration(std::time::Duration::from_millis(10_000)),
-        )
-        .unwrap_err();
+    let e = f.wait(1, within(10)).unwrap_err();
     assert!(e.to_string().contains("CUDA"), "{e}");
     // The device still works afterwards.
     let g = Semaphore::new(0);
@@ -433,69 +460,34 @@ fn deadline_on_gpu_work_waiting_for_the_host() {
     assert_eq!(e.code(), ferrite_base::StatusCode::DeadlineExceeded, "{e}");
     assert!(t.elapsed().as_millis() >= 90);
     gate.signal(1).unwrap();
-    done.wait(
-        1,
-        Timeout::from_duration(std::time::Duration::from_millis(10_000)),
-    )
-    .unwrap();
+    done.wait(1, within(10)).unwrap();
 }
 
 #[test]
 fn dependent_chain_has_no_host_round_trips() {
     let Some(gpu) = gpu() else { return };
-    let exe = ExecutableRef(
-        gpu.create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
-            .unwrap(),
-    );
     let x = gpu.allocator().allocate(&device_params(), 4).unwrap();
     // Short enough to stay on the stream behind the host gate (longer
     // chains are partly kept on the host: see the test after this one).
     let n = 20u64;
     let gate = Semaphore::new(0);
     let sems: Vec<Arc<Semaphore>> = (0..n).map(|_| Semaphore::new(0)).collect();
-    let cb = CommandBuffer::new(0, 0, 0, 0);
-    cb.dispatch(
-        exe,
-        0,
-        [1, 1, 1],
-        None,
-        vec![1],
-        vec![BufferRef::Direct {
-            buffer: x.clone(),
-            offset: 0,
-            length: 4,
-        }],
-    )
-    .unwrap();
-    cb.finalize().unwrap();
+    let cb = store_once(&gpu, 0, 1, &x);
     let cpu0 = cpu_time();
     let t = Instant::now();
     for i in 0..n as usize {
-        let wait = if i == 0 {
-            at(&gate, 1)
-        } else {
-            at(&sems[i - 1], 1)
-        };
+        let wait = link_wait(i, &gate, &sems);
         queue::execute(&gpu, &wait, &at(&sems[i], 1), Some(&cb), vec![]).unwrap();
     }
     let enqueue = t.elapsed();
     let cpu_per = (cpu_time() - cpu0) / n as f64;
-    let kept = gpu
-        .as_any()
-        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
-        .unwrap()
-        .kept_on_host();
+    let kept = as_cuda(&gpu).kept_on_host();
     assert_eq!(kept, 0, "the chain must be enqueued on the stream");
     // Nothing ran: the whole chain is on the stream behind the gate.
     assert!(sems.iter().all(|s| s.query().unwrap() == 0));
     let t = Instant::now();
     gate.signal(1).unwrap();
-    sems[n as usize - 1]
-        .wait(
-            1,
-            Timeout::from_duration(std::time::Duration::from_millis(30_000)),
-        )
-        .unwrap();
+    sems[n as usize - 1].wait(1, within(30)).unwrap();
     let run = t.elapsed();
     println!(
         "chain: {n} dependent submissions enqueued in {enqueue:?} ({:.1} us host CPU each) before any ran; all ran in {run:?} ({:.1} us each) after the gate opened",
@@ -513,43 +505,18 @@ fn dependent_chain_has_no_host_round_trips() {
 #[test]
 fn host_gated_submissions_beyond_the_stream_queue_are_kept_on_the_host() {
     let Some(gpu) = gpu() else { return };
-    let cuda = gpu
-        .as_any()
-        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
-        .unwrap();
-    let exe = ExecutableRef(
-        gpu.create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
-            .unwrap(),
-    );
+    let cuda = as_cuda(&gpu);
     let x = gpu.allocator().allocate(&device_params(), 4).unwrap();
     let y = gpu.allocator().allocate(&device_params(), 16).unwrap();
     let n = 600usize;
     let gate = Semaphore::new(0);
     let sems: Vec<Arc<Semaphore>> = (0..n).map(|_| Semaphore::new(0)).collect();
     // One-shot: replayed on the stream, one kernel per submission.
-    let cb = CommandBuffer::new(1, 0, 0, 0);
-    cb.dispatch(
-        exe,
-        0,
-        [1, 1, 1],
-        None,
-        vec![6],
-        vec![BufferRef::Direct {
-            buffer: x.clone(),
-            offset: 0,
-            length: 4,
-        }],
-    )
-    .unwrap();
-    cb.finalize().unwrap();
+    let cb = store_once(&gpu, 1, 6, &x);
     let mut scratch = None;
     let t = Instant::now();
     for i in 0..n {
-        let wait = if i == 0 {
-            at(&gate, 1)
-        } else {
-            at(&sems[i - 1], 1)
-        };
+        let wait = link_wait(i, &gate, &sems);
         let signal = at(&sems[i], 1);
         match i % 100 {
             50 => {
@@ -575,12 +542,7 @@ fn host_gated_submissions_beyond_the_stream_queue_are_kept_on_the_host() {
     assert!(sems.iter().all(|s| s.query().unwrap() == 0));
     let t = Instant::now();
     gate.signal(1).unwrap();
-    sems[n - 1]
-        .wait(
-            1,
-            Timeout::from_duration(std::time::Duration::from_secs(30)),
-        )
-        .unwrap();
+    sems[n - 1].wait(1, within(30)).unwrap();
     println!(
         "gated: {n} submissions behind a host gate returned in {submitted:?}, {kept} kept on the host; all ran in {:?} after the gate opened",
         t.elapsed()
@@ -597,13 +559,8 @@ fn host_gated_submissions_beyond_the_stream_queue_are_kept_on_the_host() {
 #[test]
 fn a_large_command_buffer_behind_a_host_gate_waits_on_the_host() {
     let Some(gpu) = gpu() else { return };
-    let cuda = gpu
-        .as_any()
-        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
-        .unwrap();
-    let exe = gpu
-        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
-        .unwrap();
+    let cuda = as_cuda(&gpu);
+    let exe = store_kernel(&gpu);
     let out = gpu.allocator().allocate(&device_params(), 4 * 200).unwrap();
     // One-shot, 200 dispatches: replayed, 200 stream entries.
     let cb = CommandBuffer::new(1, 0, 0, 0);
@@ -644,11 +601,7 @@ fn a_large_command_buffer_behind_a_host_gate_waits_on_the_host() {
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert_eq!(done.query().unwrap(), 0);
     gate.signal(1).unwrap();
-    done.wait(
-        2,
-        Timeout::from_duration(std::time::Duration::from_secs(10)),
-    )
-    .unwrap();
+    done.wait(2, within(10)).unwrap();
     let mut want: Vec<u32> = (1..=200).collect();
     want[0] = 0x0909_0909;
     assert_eq!(u32s(&out), want);
@@ -665,35 +618,17 @@ fn kept_operations_fail_when_the_device_is_released() {
     let gate = Semaphore::new(0);
     let sems: Vec<Arc<Semaphore>> = (0..n).map(|_| Semaphore::new(0)).collect();
     for i in 0..n {
-        let wait = if i == 0 {
-            at(&gate, 1)
-        } else {
-            at(&sems[i - 1], 1)
-        };
+        let wait = link_wait(i, &gate, &sems);
         let v = (i as u32).to_le_bytes().to_vec();
         queue::fill(&gpu, &wait, &at(&sems[i], 1), y.clone(), 0, 4, v).unwrap();
     }
-    let kept = gpu
-        .as_any()
-        .downcast_ref::<ferrite_hal_cuda::CudaDevice>()
-        .unwrap()
-        .kept_on_host();
+    let kept = as_cuda(&gpu).kept_on_host();
     assert!(kept > 0);
     drop(gpu);
-    let e = sems[n - 1]
-        .wait(
-            1,
-            Timeout::from_duration(std::time::Duration::from_secs(10)),
-        )
-        .unwrap_err();
+    let e = sems[n - 1].wait(1, within(10)).unwrap_err();
     assert!(e.to_string().contains("released"), "{e}");
     gate.signal(1).unwrap();
-    sems[0]
-        .wait(
-            1,
-            Timeout::from_duration(std::time::Duration::from_secs(10)),
-        )
-        .unwrap();
+    sems[0].wait(1, within(10)).unwrap();
 }
 
 /// Where a submit-then-wait step's time goes: the same one-block kernel
@@ -705,26 +640,8 @@ fn submit_then_wait_latency_against_the_driver_alone() {
     use ferrite_hal_cuda::{ffi, CudaDevice};
     use std::ffi::c_void;
     let Some(gpu) = gpu() else { return };
-    let exe = ExecutableRef(
-        gpu.create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
-            .unwrap(),
-    );
     let x = gpu.allocator().allocate(&device_params(), 4).unwrap();
-    let cb = CommandBuffer::new(0, 0, 0, 0);
-    cb.dispatch(
-        exe,
-        0,
-        [1, 1, 1],
-        None,
-        vec![1],
-        vec![BufferRef::Direct {
-            buffer: x.clone(),
-            offset: 0,
-            length: 4,
-        }],
-    )
-    .unwrap();
-    cb.finalize().unwrap();
+    let cb = store_once(&gpu, 0, 1, &x);
     let sem = Semaphore::new(0);
     let steps = 2000u64;
     let hal = |from: u64, n: u64| {
@@ -1013,9 +930,7 @@ fn queue_is_ordered_before_a_consumer_stream() {
 #[test]
 fn indirect_dispatch_reads_counts_written_on_the_gpu() {
     let Some(dev) = gpu() else { return };
-    let store = dev
-        .create_executable("cuda-nvptx-fb", &cda1(STORE_PTX, "k", 1, 1), &[])
-        .unwrap();
+    let store = store_kernel(&dev);
     let grid = dev
         .create_executable("cuda-nvptx-fb", &cda1(GRID_PTX, "k", 1, 0), &[])
         .unwrap();
