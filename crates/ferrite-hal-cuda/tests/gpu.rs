@@ -644,16 +644,20 @@ fn submit_then_wait_latency_against_the_driver_alone() {
     let cb = store_once(&gpu, 0, 1, &x);
     let sem = Semaphore::new(0);
     let steps = 2000u64;
+    // Per step: the whole step, and the part spent submitting.
     let hal = |from: u64, n: u64| {
         let t = Instant::now();
+        let mut submitting = std::time::Duration::ZERO;
         for i in from..from + n {
+            let s = Instant::now();
             queue::execute(&gpu, &at(&sem, i), &at(&sem, i + 1), Some(&cb), vec![]).unwrap();
+            submitting += s.elapsed();
             sem.wait(i + 1, Timeout::INFINITE).unwrap();
         }
-        t.elapsed() / n as u32
+        (t.elapsed() / n as u32, submitting / n as u32)
     };
     hal(0, 100);
-    let through_hal = hal(100, steps);
+    let (through_hal, hal_submit) = hal(100, steps);
 
     let cuda = gpu.as_any().downcast_ref::<CudaDevice>().unwrap();
     let shared = cuda.shared();
@@ -704,7 +708,9 @@ fn submit_then_wait_latency_against_the_driver_alone() {
     ];
     let mut raw = |n: u64, event: ffi::CUevent, yields: bool, also: Option<ffi::CUevent>| {
         let t = Instant::now();
+        let mut submitting = std::time::Duration::ZERO;
         for _ in 0..n {
+            let s = Instant::now();
             // SAFETY: the kernel takes (u64 pointer, u32) as `args` holds;
             // `out` is 4 bytes of device memory; stream and event are of
             // the current context.
@@ -727,6 +733,7 @@ fn submit_then_wait_latency_against_the_driver_alone() {
                 if let Some(e) = also {
                     assert_eq!((api.cuEventRecord)(e, stream), 0);
                 }
+                submitting += s.elapsed();
                 while (api.cuEventQuery)(event) == ffi::CUDA_ERROR_NOT_READY {
                     if yields {
                         std::thread::yield_now();
@@ -736,13 +743,13 @@ fn submit_then_wait_latency_against_the_driver_alone() {
                 }
             }
         }
-        t.elapsed() / n as u32
+        (t.elapsed() / n as u32, submitting / n as u32)
     };
     raw(100, event, false, None);
-    let driver_alone = raw(steps, event, false, None);
-    let blocking_sync = raw(steps, blocking, false, None);
-    let blocking_yield = raw(steps, blocking, true, None);
-    let both = raw(steps, event, false, Some(blocking));
+    let (driver_alone, driver_submit) = raw(steps, event, false, None);
+    let (blocking_sync, _) = raw(steps, blocking, false, None);
+    let (blocking_yield, _) = raw(steps, blocking, true, None);
+    let (both, _) = raw(steps, event, false, Some(blocking));
     // SAFETY: created above, idle (the last event was reached).
     unsafe {
         (api.cuMemFreeAsync)(out, stream);
@@ -753,7 +760,7 @@ fn submit_then_wait_latency_against_the_driver_alone() {
         (api.cuModuleUnload)(module);
     }
     println!(
-        "latency: submit-then-wait {through_hal:?} per step through the HAL, {driver_alone:?} with the driver alone ({steps} steps each; with a blocking-sync event {blocking_sync:?}, also yielding while polling {blocking_yield:?}; polling a plain event recorded before a blocking-sync one {both:?})"
+        "latency: submit-then-wait {through_hal:?} per step through the HAL ({hal_submit:?} of it submitting), {driver_alone:?} with the driver alone ({driver_submit:?} launching and recording; {steps} steps each; with a blocking-sync event {blocking_sync:?}, also yielding while polling {blocking_yield:?}; polling a plain event recorded before a blocking-sync one {both:?})"
     );
     assert_eq!(u32s(&x), vec![2]);
     // A loose bound: the runtime adds microseconds, not multiples.
