@@ -8,7 +8,10 @@
 //! - Devices: `cuda` (ordinal 0), `cuda://N`, `cuda://GPU-<uuid>`;
 //!   `--list_devices` prints `cuda://GPU-<uuid>` per GPU as upstream does.
 //! - Queue operations are enqueued on the device's stream and ordered by
-//!   semaphores the GPU waits on and signals itself (see [`device`]).
+//!   semaphores the GPU waits on and signals itself (see [`device`]); past
+//!   a bound behind a wait only the host can release, they are kept on the
+//!   host until it is passed ([`deferral`]), so a submitter never blocks
+//!   inside the driver.
 //! - Memory: see [`memory`]; device memory allocated elsewhere (a DLPack
 //!   tensor) is wrapped in place by [`CudaDevice::import_device_memory`].
 //!   Executables: see [`executable`].
