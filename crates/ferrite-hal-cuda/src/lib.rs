@@ -10,7 +10,7 @@
 //! - Queue operations are enqueued on the device's stream and ordered by
 //!   semaphores the GPU waits on and signals itself (see [`device`]); past
 //!   a bound behind a wait only the host can release, they are kept on the
-//!   host until it is passed ([`deferral`]), so a submitter never blocks
+//!   host until it is passed (module `deferral`), so a submitter never blocks
 //!   inside the driver.
 //! - Memory: see [`memory`]; device memory allocated elsewhere (a DLPack
 //!   tensor) is wrapped in place by [`CudaDevice::import_device_memory`].
@@ -18,10 +18,10 @@
 //! - Collective channels: NCCL communicators ([`channel`]), NCCL loaded at
 //!   run time ([`nccl`]); collectives run on the queue stream.
 //!
-//! - Command buffers: reusable ones run as CUDA graphs ([`graph`]), the
-//!   others are replayed on the stream ([`replay`]); an indirect dispatch
+//! - Command buffers: reusable ones run as CUDA graphs (module `graph`), the
+//!   others are replayed on the stream (module `replay`); an indirect dispatch
 //!   hands the rest of its command buffer to a continuation that reads the
-//!   workgroup counts once the work before them is done ([`indirect`]).
+//!   workgroup counts once the work before them is done (module `indirect`).
 //!
 //! Not yet implemented: 8-byte fill patterns, import of foreign host
 //! memory.
