@@ -29,7 +29,7 @@
 //!
 //! Work enqueued behind a wait that only the host can release occupies the
 //! stream's command queue, which is small; beyond a bound, operations are
-//! kept on the host until the wait is passed ([`crate::deferral`]), so the
+//! kept on the host until the wait is passed (module `deferral`), so the
 //! submitting thread never blocks inside the driver.
 //!
 //! A chain of dependent submissions on this device is therefore enqueued
