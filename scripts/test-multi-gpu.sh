@@ -92,10 +92,10 @@ if ls "$G"/.whl/*.whl >/dev/null 2>&1; then
   export LD_LIBRARY_PATH=$(dirname "$FERRITE_NCCL_LIBRARY"):${LD_LIBRARY_PATH:-}
   if command -v mpirun >/dev/null; then
     timeout 60 mpirun --allow-run-as-root --oversubscribe -n 2 sh -c \
-      'r=${OMPI_COMM_WORLD_RANK:-$PMI_RANK}; /tmp/site/bin/iree-run-module --device=cuda://$r --module='"$G"'/vmfb/two_ranks.cuda.vmfb --function=all_reduce_sum --input=4xf32=$((1 + r)),2,3,$((4 * r))' 2>&1 | head -20
+      'r=${OMPI_COMM_WORLD_RANK:-$PMI_RANK}; /tmp/site/iree/_runtime_libs/iree-run-module --device=cuda://$r --module='"$G"'/vmfb/two_ranks.cuda.vmfb --function=all_reduce_sum --input=4xf32=$((1 + r)),2,3,$((4 * r))' 2>&1 | head -20
   else
     echo "no mpirun here: upstream's tools take ranks from MPI only (OMPI_COMM_WORLD_*/PMI_* with libmpi); single rank:"
-    timeout 60 /tmp/site/bin/iree-run-module --device=cuda --module="$G/vmfb/two_ranks.cuda.vmfb" \
+    timeout 60 /tmp/site/iree/_runtime_libs/iree-run-module --device=cuda --module="$G/vmfb/two_ranks.cuda.vmfb" \
       --function=all_reduce_sum --input=4xf32=1,2,3,0 2>&1 | head -5
   fi
 else
