@@ -19,8 +19,10 @@ runtimes run the same kernels on any AVX-512 host):
   matmul    1024x1024x1024 f32 matmul
   conv      a conv-net layer: 3x3 conv 128->128 channels on 56x56, bias, relu
   chain100  100 small dependent dispatches (benches/hal/chain100.mlir)
-  encoder-nolend  the encoder on Ferrite's local-task with lending to waiters
-            off (`local-task://?lend_to_waiters=false`): only workers compute
+  encoder-lend  the encoder on Ferrite's local-task with lending to waiters
+            forced on (`local-task://?lend_to_waiters=true`); by default a
+            waiting caller lends only while the workers leave a CPU free
+  chain100-lend  the same for the dispatch chain
 
 After each program, one more Ferrite run at the largest worker count with
 FERRITE_LOCAL_TASK_STATS=1 reports the share of workgroups run on worker
@@ -395,7 +397,8 @@ def check_same_outputs(d, tools, prog, common):
 
 # Extra Ferrite configurations timed like a program: name -> (program,
 # Ferrite --device). Upstream runs its plain local-task for them.
-VARIANTS = {"encoder-nolend": ("encoder", "local-task://?lend_to_waiters=false")}
+VARIANTS = {"encoder-lend": ("encoder", "local-task://?lend_to_waiters=true"),
+            "chain100-lend": ("chain100", "local-task://?lend_to_waiters=true")}
 
 
 def worker_share(d, tools, common, n):

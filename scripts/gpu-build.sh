@@ -91,7 +91,7 @@ G=build/gpu
 export FERRITE=$G/bin/ferrite
 if ls $G/.whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/upstream $G/.whl/*.whl &&
-    export UPSTREAM_BIN=/tmp/upstream/iree/_runtime_libs
+    export UPSTREAM_BIN=/tmp/upstream/iree/_runtime_libs UPSTREAM_PYTHONPATH=/tmp/upstream
 fi
 case ${1:-test} in
   test) GPU_TESTS=$G/tests DIFF_DIR=$G/diff E2E_DIR=$G/e2e scripts/test-gpu.sh ;;

@@ -18,6 +18,13 @@
 #   DIFF_DIR      <case>.cuda.vmfb/<case>.cpu.vmfb and cases.txt
 #   E2E_DIR       <suite>/<name>.vmfb (optional)
 #   UPSTREAM_BIN  directory with upstream's iree-run-module (optional)
+#   UPSTREAM_PYTHONPATH  where upstream's `iree.runtime` imports from
+#                 (optional): the e2e suites are then also run under
+#                 upstream's cuda driver, with the checks evaluated by
+#                 scripts/check-with-python.py (the wheel has no
+#                 iree-check-module), and both counts are printed side by
+#                 side; upstream's failures do not count here
+#   E2E_ONLY      set to 1 to run only the e2e part
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 FERRITE=${FERRITE:-$ROOT/target/release/ferrite}
@@ -42,6 +49,7 @@ print(hits[0] if hits else "")' 2>/dev/null || true)
   export FERRITE_NCCL_LIBRARY
 fi
 
+if [ "${E2E_ONLY:-}" != 1 ]; then
 echo "== Rust GPU tests (each alone, 60 s limit)"
 for t in "$GPU_TESTS"/*; do
   case $(basename "$t") in *multi_gpu*) continue ;; esac
@@ -82,12 +90,15 @@ while read -r module fn args; do
   fi
 done <"$DIFF_DIR/cases.txt"
 echo "after differential: $pass passed, $fail failed"
+fi
 
 if [ -n "$E2E_DIR" ] && [ -d "$E2E_DIR" ]; then
   echo "== upstream e2e suites on cuda (ferrite check-module)"
   for suite in "$E2E_DIR"/*/; do
     sp=0
     sf=0
+    tp=0
+    tf=0
     for m in "$suite"*.vmfb; do
       [ -e "$m" ] || continue
       if out=$(timeout 120 "$FERRITE" check-module --device=cuda --module="$m" 2>&1); then
@@ -96,11 +107,21 @@ if [ -n "$E2E_DIR" ] && [ -d "$E2E_DIR" ]; then
         sf=$((sf + 1))
         echo "  FAIL $(basename "$suite")/$(basename "$m"): $(echo "$out" | grep -v '^\[' | tail -2 | head -c 300)"
       fi
+      # Test functions: one [ OK ] or timed [ FAILED ] line each.
+      tp=$((tp + $(echo "$out" | grep -c '^\[       OK \]')))
+      tf=$((tf + $(echo "$out" | grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)')))
       echo "$out" >>"$LOG"
     done
-    echo "$(basename "$suite"): $sp passed, $sf failed"
+    echo "$(basename "$suite"): $sp passed, $sf failed (test functions: $tp passed, $tf failed)"
     pass=$((pass + sp))
     fail=$((fail + sf))
+    if [ -n "${UPSTREAM_PYTHONPATH:-}" ] && ls "$suite"*.vmfb >/dev/null 2>&1; then
+      uplog=${TMPDIR:-/tmp}/upstream-e2e-$(basename "$suite").log
+      PYTHONPATH=$UPSTREAM_PYTHONPATH timeout 900 python3 "$ROOT/scripts/check-with-python.py" \
+        --runtime iree --device cuda "$suite"*.vmfb >"$uplog" 2>&1
+      grep "FAILED" "$uplog" | cut -c1-300 | sed 's/^/  upstream /'
+      echo "  upstream's cuda driver, same modules: $(grep "^$(basename "$suite"): " "$uplog" || echo "no result: $(tail -c 300 "$uplog")")"
+    fi
   done
 fi
 

@@ -12,10 +12,11 @@
 //! device; on `local-task` each is a stage of its own, so a command
 //! buffer's collectives run in order.
 //!
-//! Helping: by default a thread blocked waiting for a `local-task` device's
-//! work runs its queued submissions itself (see [`crate::pool`], "Lending
-//! to waiters"); [`PoolOptions::lend_to_waiters`] (URI parameter
-//! `local-task://?lend_to_waiters=false`) turns it off, and
+//! Helping: a thread blocked waiting for a `local-task` device's work runs
+//! its queued submissions itself (see [`crate::pool`], "Lending to
+//! waiters"), by default while the device has fewer workers than the
+//! process has CPUs; [`PoolOptions::lend_to_waiters`] (URI parameter
+//! `local-task://?lend_to_waiters=true|false|auto`) decides it, and
 //! [`CpuDevice::scheduler_stats`] reports how many workgroups ran on the
 //! workers and how many on other threads. With the environment variable
 //! `FERRITE_LOCAL_TASK_STATS` set, each `local-task` pool prints those

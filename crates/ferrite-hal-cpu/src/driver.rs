@@ -1,7 +1,7 @@
 //! The CPU drivers `local-sync` and `local-task` (see
 //! [`ferrite_hal::driver::Driver`]); the facade's registry lists them.
 
-use crate::pool::{PoolOptions, DEFAULT_IDLE_SPIN, MAX_WORKERS};
+use crate::pool::{lends_by_default, PoolOptions, DEFAULT_IDLE_SPIN, MAX_WORKERS};
 use crate::CpuDevice;
 use ferrite_base::{bail, status, Result};
 use ferrite_hal::device::DeviceRef;
@@ -43,8 +43,9 @@ impl Driver for LocalSyncDriver {
 /// `local-task`: work runs on a worker pool (see [`crate::pool`]).
 ///
 /// URI parameters: `workers=N` overrides `--task_topology_group_count`;
-/// `lend_to_waiters=false` keeps blocked waiters from running the device's
-/// queued work (default true).
+/// `lend_to_waiters=true|false|auto` lets blocked waiters run the device's
+/// queued work, or not; `auto` (the default) lends only while there are
+/// fewer workers than available CPUs ([`crate::pool::lends_by_default`]).
 ///
 /// Upstream's task flags, as this driver treats them:
 /// - `--task_topology_group_count=N` (N > 0): N unpinned workers (clamped
@@ -155,15 +156,17 @@ impl LocalTaskDriver {
                 options.topology_cpu_ids.len()
             );
         }
-        let mut lend_to_waiters = true;
+        // None: `auto`, decided once the worker count is known.
+        let mut lend_to_waiters = None;
         for (k, v) in &spec.params {
             if k == "lend_to_waiters" {
                 lend_to_waiters = match v.as_str() {
-                    "true" | "1" => true,
-                    "false" | "0" => false,
+                    "true" | "1" => Some(true),
+                    "false" | "0" => Some(false),
+                    "auto" => None,
                     _ => bail!(
                         InvalidArgument,
-                        "device '{}': lend_to_waiters must be true or false (got '{v}')",
+                        "device '{}': lend_to_waiters must be true, false or auto (got '{v}')",
                         spec.uri
                     ),
                 };
@@ -203,7 +206,7 @@ impl LocalTaskDriver {
         Ok(PoolOptions {
             workers,
             stack_size,
-            lend_to_waiters,
+            lend_to_waiters: lend_to_waiters.unwrap_or_else(|| lends_by_default(workers)),
             idle_spin,
             cpu_ids,
         })
@@ -374,8 +377,35 @@ mod tests {
         assert_eq!(p.idle_spin, Duration::from_micros(7));
         assert_eq!(p.stack_size, Some(1 << 20));
         let d = pool("local-task", &[]).unwrap();
-        assert!(d.lend_to_waiters);
         assert_eq!((d.idle_spin, d.stack_size), (DEFAULT_IDLE_SPIN, None));
-        assert!(pool("local-task://?lend_to_waiters=maybe", &[]).is_err());
+        let e = pool("local-task://?lend_to_waiters=maybe", &[]).unwrap_err();
+        assert!(
+            e.to_string().contains("true, false or auto (got 'maybe')"),
+            "{e}"
+        );
+        let forced = pool("local-task://?lend_to_waiters=true&workers=64", &[]).unwrap();
+        assert!(forced.lend_to_waiters);
+    }
+
+    #[test]
+    fn lending_by_default_only_leaves_the_workers_their_cpus() {
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        // As many workers as CPUs (the default count) or more: no lending.
+        for uri in [
+            "local-task".to_string(),
+            format!("local-task://?workers={cpus}"),
+            format!("local-task://?workers={}&lend_to_waiters=auto", cpus + 1),
+        ] {
+            let p = pool(&uri, &[]).unwrap();
+            assert_eq!(p.workers.max(cpus), p.workers, "{uri}");
+            assert!(!p.lend_to_waiters, "{uri}: {cpus} CPUs");
+        }
+        // Fewer: the waiting thread gets a CPU of its own, so it lends.
+        if cpus > 1 {
+            let p = pool("local-task", &[("task_topology_group_count", "1")]).unwrap();
+            assert!(p.lend_to_waiters, "1 worker on {cpus} CPUs");
+        }
+        let p = pool("local-task://?workers=1&lend_to_waiters=false", &[]).unwrap();
+        assert!(!p.lend_to_waiters);
     }
 }

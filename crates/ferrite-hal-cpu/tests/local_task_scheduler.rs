@@ -116,7 +116,13 @@ fn run(dev: &Arc<dyn Device>, p: &Program) {
 
 #[test]
 fn a_multi_workgroup_dispatch_reaches_the_workers() {
-    let cpu = CpuDevice::local_task(2).unwrap();
+    // Lending on whatever the CPU count (by default it is on only with
+    // fewer workers than CPUs): the caller leads, and workers still join.
+    let options = PoolOptions {
+        lend_to_waiters: true,
+        ..PoolOptions::new(2)
+    };
+    let cpu = CpuDevice::local_task_with(options).unwrap();
     assert!(cpu.lends_to_waiters());
     let dev: Arc<dyn Device> = cpu.clone();
     let p = program(&dev);
@@ -159,6 +165,21 @@ fn without_lending_the_caller_runs_no_workgroups() {
     assert_eq!(stats.workgroups_on_callers, 0);
     assert_eq!(stats.workgroups_on_workers, 3 * p.workgroups_per_run);
     assert_eq!(stats.regions, 3);
+}
+
+#[test]
+fn lending_is_on_by_default_only_with_a_cpu_to_spare() {
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    for workers in [1, 2, cpus, cpus + 1] {
+        let cpu = CpuDevice::local_task(workers).unwrap();
+        assert_eq!(
+            cpu.lends_to_waiters(),
+            workers < cpus,
+            "{workers} workers, {cpus} CPUs"
+        );
+    }
+    // 0 asks for one worker per CPU.
+    assert!(!CpuDevice::local_task(0).unwrap().lends_to_waiters());
 }
 
 #[test]

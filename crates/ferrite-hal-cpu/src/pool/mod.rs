@@ -23,7 +23,7 @@
 //! nobody.
 //!
 //! ## Lending to waiters
-//! With [`PoolOptions::lend_to_waiters`] (the default), the pool registers
+//! With [`PoolOptions::lend_to_waiters`], the pool registers
 //! as a [`Helper`] with `ferrite_base::wait`: a thread blocked waiting on a
 //! semaphore or fence (typically the program waiting for its results) runs
 //! the pool's queued submissions itself while it polls, instead of idling
@@ -35,6 +35,13 @@
 //! a requested worker stack size never lend (a waiter's stack may be
 //! smaller than the work expects). [`PoolStats`] reports the share of
 //! workgroups run by workers and by other threads.
+//!
+//! Lending is on by default only while the workers leave a CPU free
+//! ([`lends_by_default`]): a lending waiter is one more running thread,
+//! and with as many workers as CPUs it competes with them for the cores
+//! (idle workers poll for [`PoolOptions::idle_spin`] before they sleep),
+//! which on 2 CPUs made a 2-worker MiniLM call about 3% slower and a
+//! 4xf32 add up to twice as slow as without lending.
 
 mod park;
 pub mod region;
@@ -70,7 +77,8 @@ pub struct PoolOptions {
     pub workers: usize,
     /// Stack size of each worker in bytes (None: the platform's default).
     pub stack_size: Option<usize>,
-    /// Let blocked waiters run queued submissions (see the module docs).
+    /// Let blocked waiters run queued submissions (see the module docs;
+    /// [`PoolOptions::new`] sets it to [`lends_by_default`]).
     pub lend_to_waiters: bool,
     /// How long an idle worker polls for work before it sleeps.
     pub idle_spin: Duration,
@@ -81,16 +89,26 @@ pub struct PoolOptions {
 
 impl PoolOptions {
     /// `workers` threads with the defaults: platform stack size, lending
-    /// to waiters, [`DEFAULT_IDLE_SPIN`], not pinned.
+    /// to waiters as [`lends_by_default`] says, [`DEFAULT_IDLE_SPIN`], not
+    /// pinned.
     pub fn new(workers: usize) -> PoolOptions {
         PoolOptions {
             workers,
             stack_size: None,
-            lend_to_waiters: true,
+            lend_to_waiters: lends_by_default(workers),
             idle_spin: DEFAULT_IDLE_SPIN,
             cpu_ids: Vec::new(),
         }
     }
+}
+
+/// Whether a pool of `workers` threads (0: one per available CPU) lends
+/// to waiters unless told otherwise: when fewer workers than the CPUs
+/// this process may run on (affinity and CPU quota counted), so that a
+/// waiting thread that runs work takes a CPU no worker needs.
+pub fn lends_by_default(workers: usize) -> bool {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    workers != 0 && workers < cpus
 }
 
 /// What a pool has done so far (monotonic counters).
