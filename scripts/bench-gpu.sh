@@ -8,6 +8,8 @@
 # `scripts/bench-model.py --random-weights W`) and $MODULES/bench_minilm.vmfb
 # (examples/minilm/minilm_cuda.vmfb), the encoder is timed too (batch 1,
 # seq 128, weights as parameters).
+# With JSON_OUT=file, the rounds and medians also go there as JSON, and
+# scripts/plot-gpu.py draws them (time per call, both runtimes, per case).
 # Usage: FERRITE=... UPSTREAM_BIN=... MODULES=dir scripts/bench-gpu.sh
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,10 +57,16 @@ for c in "${cases[@]}"; do
     up+=("$t")
     [ "$r" -gt "$rup" ] && rup=$r
   done
-  python3 - "$name" "${fe[*]}" "${up[*]}" "$rfe" "$rup" <<'PY'
-import statistics, sys
-name, fe, up, rfe, rup = sys.argv[1:]
-fe = statistics.median(map(int, fe.split())); up = statistics.median(map(int, up.split()))
+  python3 - "$name" "${fe[*]}" "${up[*]}" "$rfe" "$rup" "${JSON_OUT:-}" <<'PY'
+import json, os, statistics, sys
+name, fe_all, up_all, rfe, rup, out = sys.argv[1:]
+fe_all, up_all = [int(v) for v in fe_all.split()], [int(v) for v in up_all.split()]
+fe, up = statistics.median(fe_all), statistics.median(up_all)
+if out:
+    doc = json.load(open(out)) if os.path.exists(out) else {"cases": {}}
+    doc["cases"][name] = {"ferrite_ns": fe, "upstream_ns": up, "ferrite_all": fe_all,
+                          "upstream_all": up_all, "ferrite_rss_kb": int(rfe), "upstream_rss_kb": int(rup)}
+    json.dump(doc, open(out, "w"), indent=1)
 f = lambda ns: f"{ns/1e3:.1f} us" if ns < 1e6 else f"{ns/1e6:.2f} ms"
 print(f"{name:<12} {f(fe):>12} {f(up):>12} {fe/up if up else float('nan'):7.2f} {rfe:>10} {rup:>10}")
 PY

@@ -96,7 +96,10 @@ fi
 case ${1:-test} in
   test) GPU_TESTS=$G/tests DIFF_DIR=$G/diff E2E_DIR=$G/e2e scripts/test-gpu.sh ;;
   bench)
-    MODULES=$G/bench ROUNDS=${ROUNDS:-3} scripts/bench-gpu.sh
+    out=${BENCH_OUT:-/tmp/gpu-bench}
+    mkdir -p "$out" && rm -f "$out/gpu-bench.json"
+    JSON_OUT=$out/gpu-bench.json MODULES=$G/bench ROUNDS=${ROUNDS:-3} scripts/bench-gpu.sh
+    python3 scripts/plot-gpu.py "$out/gpu-bench.json" "$out/gpu-bench.png"
     echo "== FERRITE_CUDA_GRAPHS=0"
     FERRITE_CUDA_GRAPHS=0 MODULES=$G/bench ROUNDS=${ROUNDS:-3} scripts/bench-gpu.sh ;;
   py)

@@ -90,6 +90,18 @@ while read -r module fn args; do
   fi
 done <"$DIFF_DIR/cases.txt"
 echo "after differential: $pass passed, $fail failed"
+
+echo "== kernel times (FERRITE_CUDA_KERNEL_TIMES=1)"
+read -r module fn args < <(grep -v '^#' "$DIFF_DIR/cases.txt" | grep . | head -1)
+m=${module/\//_}
+# shellcheck disable=SC2086
+kt=$(FERRITE_CUDA_KERNEL_TIMES=1 "$FERRITE" run-module --device=cuda --module="$DIFF_DIR/$m.cuda.vmfb" --function="$fn" $args 2>&1)
+if echo "$kt" | grep -qE "kernel times .*: [1-9][0-9]* launches" && echo "$kt" | grep -qE "^  [^ ].* [0-9.]+%$" && echo "$kt" | grep -q "^result"; then
+  ok
+  echo "ok   $module $fn: $(echo "$kt" | grep "kernel times" | head -c 200)"
+else
+  bad "kernel times on $module $fn: $(echo "$kt" | head -c 400)"
+fi
 fi
 
 if [ -n "$E2E_DIR" ] && [ -d "$E2E_DIR" ]; then

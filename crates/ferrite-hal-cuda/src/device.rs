@@ -81,6 +81,9 @@ pub struct Shared {
     probes: Mutex<Vec<ffi::CUevent>>,
     /// Enqueued operations whose completion the host has not seen yet.
     pub(crate) completions: Arc<Completions>,
+    /// Per-kernel GPU times, with `FERRITE_CUDA_KERNEL_TIMES` set
+    /// ([`crate::kernel_times`]).
+    pub(crate) kernel_times: Option<crate::kernel_times::KernelTimes>,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is
@@ -272,6 +275,9 @@ impl Drop for Shared {
             }
             // SAFETY: the queue stream of this context.
             unsafe { (self.api.cuStreamSynchronize)(self.stream) };
+            if let Some(k) = &self.kernel_times {
+                k.report(self.api, self.ordinal);
+            }
             // SAFETY: the streams were created by this device and nothing
             // references them any more (everything using them holds an Arc
             // of `Shared`).
@@ -716,6 +722,8 @@ impl CudaDevice {
             probes: Mutex::new(Vec::new()),
             spare: SpareBlocks::default(),
             completions: Arc::new(Completions::new()),
+            kernel_times: crate::kernel_times::enabled()
+                .then(crate::kernel_times::KernelTimes::default),
         });
         let completions = shared.completions.clone();
         let weak = Arc::downgrade(&shared);

@@ -29,6 +29,8 @@ pub struct Kernel {
     pub constant_count: u32,
     /// Buffer bindings the kernel takes (first in its parameter list).
     pub binding_count: u32,
+    /// The export's name (for diagnostics).
+    pub name: std::sync::Arc<str>,
 }
 
 /// A loaded CUDA executable.
@@ -264,6 +266,7 @@ impl CudaExecutable {
                 shared_memory: e.shared_memory,
                 constant_count: e.constant_count,
                 binding_count: e.binding_count,
+                name: String::from_utf8_lossy(e.export_name).into(),
             });
             exe.exports.push(ExportInfo {
                 name: String::from_utf8_lossy(e.export_name).into_owned(),

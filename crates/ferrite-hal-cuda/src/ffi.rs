@@ -110,6 +110,8 @@ pub const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
 pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 /// `CU_EVENT_DISABLE_TIMING`.
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+/// `CU_EVENT_DEFAULT`: an event that records timing.
+pub const CU_EVENT_DEFAULT: c_uint = 0;
 /// `CU_STREAM_LEGACY`: the handle of the legacy default stream.
 pub const CU_STREAM_LEGACY: usize = 0x1;
 /// `CU_STREAM_PER_THREAD`: the handle of the per-thread default stream.
@@ -190,6 +192,7 @@ cuda_api! {
     cuEventSynchronize: fn(CUevent);
     cuEventQuery: fn(CUevent);
     cuEventDestroy_v2: fn(CUevent);
+    cuEventElapsedTime: fn(*mut f32, CUevent, CUevent);
     cuStreamWaitEvent: fn(CUstream, CUevent, c_uint);
     cuPointerGetAttribute: fn(*mut c_void, c_int, CUdeviceptr);
     cuStreamWaitValue64_v2: fn(CUstream, CUdeviceptr, u64, c_uint);

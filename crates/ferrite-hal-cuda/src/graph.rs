@@ -19,7 +19,8 @@
 //! Command buffers holding anything else (updates of host bytes, copies,
 //! collectives, indirect dispatches), one-shot ones and ones of a single
 //! command are replayed on the stream instead; so is every command buffer
-//! when `FERRITE_CUDA_GRAPHS=0`, and one whose graph the driver refused
+//! when `FERRITE_CUDA_GRAPHS=0` or kernels are timed
+//! ([`crate::kernel_times`]), and one whose graph the driver refused
 //! to build (remembered, so the refusal is paid once).
 
 use crate::device::{dispatch_kernel, CudaDevice, Shared};
@@ -38,7 +39,10 @@ fn graphs_enabled() -> bool {
 
 /// True when `commands` can become a graph (see the module docs).
 pub(crate) fn eligible(cb: &CommandBuffer, commands: &[Command]) -> bool {
-    if !graphs_enabled() || cb.mode() & ferrite_hal::command_buffer::mode::ONE_SHOT != 0 {
+    if !graphs_enabled()
+        || crate::kernel_times::enabled()
+        || cb.mode() & ferrite_hal::command_buffer::mode::ONE_SHOT != 0
+    {
         return false;
     }
     let mut work = 0;

@@ -34,6 +34,7 @@ pub mod ffi;
 mod flatbuffer;
 mod graph;
 mod indirect;
+pub mod kernel_times;
 pub mod memory;
 pub mod nccl;
 mod replay;

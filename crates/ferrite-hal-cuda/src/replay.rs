@@ -118,6 +118,8 @@ pub(crate) fn replay(
     let mut words: Vec<u64> = Vec::new();
     // Consecutive collectives form one NCCL group (see `channel`).
     let mut batch: Vec<Resolved<'_>> = Vec::new();
+    // Whether a kernel was timed (FERRITE_CUDA_KERNEL_TIMES).
+    let mut timed = false;
     for (index, cmd) in commands.iter().enumerate() {
         if !matches!(cmd, Command::Collective { .. }) && !batch.is_empty() {
             crate::channel::enqueue_batch(shared, &batch)?;
@@ -219,6 +221,13 @@ pub(crate) fn replay(
                     params.push(c as *mut u32 as *mut c_void);
                 }
                 let [bx, by, bz] = kernel.block_dims;
+                let timing = match &shared.kernel_times {
+                    Some(k) => {
+                        timed = true;
+                        k.begin(api, stream)?
+                    }
+                    None => None,
+                };
                 ffi::check(
                     // SAFETY: the parameter array points at one u64 per
                     // binding then one u32 per push constant, the layout the
@@ -242,10 +251,16 @@ pub(crate) fn replay(
                     },
                     "launching a kernel",
                 )?;
+                if let Some(k) = &shared.kernel_times {
+                    k.end(api, stream, &kernel.name, timing)?;
+                }
             }
         }
     }
     crate::channel::enqueue_batch(shared, &batch)?;
+    if let (true, Some(k)) = (timed, &shared.kernel_times) {
+        k.execution();
+    }
     Ok(None)
 }
 
