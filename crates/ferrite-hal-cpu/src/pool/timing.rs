@@ -16,6 +16,11 @@
 //!
 //! `busy / (wall × threads)` is how evenly the stage's work was spread:
 //! below one, some threads waited for others within the stage.
+//!
+//! Per thread (processor id) it also sums how long its tiles took against
+//! the mean tile of the same stage, so a thread that is persistently slow
+//! (a virtual CPU sharing its core with another guest, say) shows up as a
+//! ratio above one rather than as noise in the stage walls.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,7 +37,13 @@ struct StageClock {
     /// Processor ids that ran a tile (ids of 63 and above share bit 63).
     threads: AtomicU64,
     tiles: AtomicU64,
+    /// Per processor id (below [`THREAD_SLOTS`]): tile time and tiles.
+    per_thread: Box<[(AtomicU64, AtomicU64)]>,
 }
+
+/// Processor ids whose tile times are kept apart (larger ids are left out
+/// of the per-thread figures).
+const THREAD_SLOTS: usize = 64;
 
 /// A running region's stage clocks.
 pub(crate) struct RegionTiming {
@@ -53,6 +64,9 @@ impl RegionTiming {
                     busy: AtomicU64::new(0),
                     threads: AtomicU64::new(0),
                     tiles: AtomicU64::new(0),
+                    per_thread: (0..THREAD_SLOTS)
+                        .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
+                        .collect(),
                 })
                 .collect(),
         }
@@ -81,6 +95,10 @@ impl RegionTiming {
         s.threads
             .fetch_or(1 << processor_id.min(63), Ordering::Relaxed);
         s.tiles.fetch_add(1, Ordering::Relaxed);
+        if let Some((busy, tiles)) = s.per_thread.get(processor_id as usize) {
+            busy.fetch_add(end - start, Ordering::Relaxed);
+            tiles.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -93,6 +111,9 @@ pub(crate) struct StageSums {
     /// thread count × wall, publication to first tile start, first to
     /// last tile start), times in ns.
     pub per_stage: Vec<[u64; 8]>,
+    /// Per processor id: (sum over its tiles of tile time / its stage's
+    /// mean tile time, tiles), over stages of more than one tile.
+    pub per_thread: Vec<(f64, u64)>,
 }
 
 impl StageSums {
@@ -123,6 +144,19 @@ impl StageSums {
             row[6] += first.saturating_sub(s.published.load(Ordering::Relaxed));
             row[7] += s.last_start.load(Ordering::Relaxed).saturating_sub(first);
             prev_end = Some(last);
+            let mean = s.busy.load(Ordering::Relaxed) as f64 / tiles as f64;
+            if tiles > 1 && mean > 0.0 {
+                if self.per_thread.len() < THREAD_SLOTS {
+                    self.per_thread.resize(THREAD_SLOTS, (0.0, 0));
+                }
+                for (slot, (busy, n)) in self.per_thread.iter_mut().zip(s.per_thread.iter()) {
+                    let n_tiles = n.load(Ordering::Relaxed);
+                    if n_tiles > 0 {
+                        slot.0 += busy.load(Ordering::Relaxed) as f64 / mean;
+                        slot.1 += n_tiles;
+                    }
+                }
+            }
         }
     }
 
@@ -151,6 +185,19 @@ impl StageSums {
             ms(spread),
             100.0 * busy as f64 / capacity.max(1) as f64,
         );
+        let speeds: Vec<String> = self
+            .per_thread
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, n))| *n > 0)
+            .map(|(id, (sum, n))| format!("{id}:{:.2}", sum / *n as f64))
+            .collect();
+        if !speeds.is_empty() {
+            out.push_str(&format!(
+                "\n  tile time per thread against its stage's mean tile (processor id:ratio): {}",
+                speeds.join(" ")
+            ));
+        }
         out.push_str(
             "\n  stage  runs  tiles/run  wall_us  gap_us  notice_us  spread_us  busy_us  threads  balance",
         );
@@ -205,6 +252,16 @@ mod tests {
         assert_eq!(sums.totals(), [2, 3, 200, 30, 260, 300, 130, 0]);
         assert!(
             sums.describe().contains("balance 86.7%"),
+            "{}",
+            sums.describe()
+        );
+        // Per thread: stage 0's mean tile is 80 ns, so thread 0 took 1.25
+        // and thread 1 0.75 of it; the one-tile stage 2 is left out.
+        assert_eq!(sums.per_thread[0], (1.25, 1));
+        assert_eq!(sums.per_thread[1], (0.75, 1));
+        assert!(
+            sums.describe()
+                .contains("(processor id:ratio): 0:1.25 1:0.75\n"),
             "{}",
             sums.describe()
         );
