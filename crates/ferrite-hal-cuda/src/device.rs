@@ -74,6 +74,9 @@ pub struct Shared {
     pub(crate) words: WordPool,
     /// Idle device blocks for queue allocations.
     pub(crate) spare: SpareBlocks,
+    /// Idle pinned host blocks (host addresses) for host-visible
+    /// allocations ([`crate::memory::PINNED_SPARE_MAX_BYTES`]).
+    pub(crate) pinned_spare: SpareBlocks,
     transfer_lock: Mutex<()>,
     /// Recorded-and-reached blocking-sync events for reuse.
     events: Mutex<Vec<ffi::CUevent>>,
@@ -272,6 +275,11 @@ impl Drop for Shared {
             for p in self.spare.drain() {
                 // SAFETY: idle pool blocks of this context, freed once.
                 unsafe { (self.api.cuMemFreeAsync)(p, self.stream) };
+            }
+            for p in self.pinned_spare.drain() {
+                // SAFETY: idle cuMemHostAlloc blocks (host addresses) no
+                // buffer refers to any more, freed once.
+                unsafe { (self.api.cuMemFreeHost)(p as *mut c_void) };
             }
             // SAFETY: the queue stream of this context.
             unsafe { (self.api.cuStreamSynchronize)(self.stream) };
@@ -721,6 +729,7 @@ impl CudaDevice {
             events: Mutex::new(Vec::new()),
             probes: Mutex::new(Vec::new()),
             spare: SpareBlocks::default(),
+            pinned_spare: SpareBlocks::with_limit(crate::memory::PINNED_SPARE_MAX_BYTES),
             completions: Arc::new(Completions::new()),
             kernel_times: crate::kernel_times::enabled()
                 .then(crate::kernel_times::KernelTimes::default),
@@ -761,6 +770,12 @@ impl CudaDevice {
     /// the `deferral` module).
     pub fn kept_on_host(&self) -> u64 {
         self.kept_on_host.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of idle pinned host blocks kept for reuse (see the `memory`
+    /// module).
+    pub fn idle_pinned_bytes(&self) -> u64 {
+        self.shared.pinned_spare.bytes()
     }
 
     /// The device state (for tests and sibling modules).

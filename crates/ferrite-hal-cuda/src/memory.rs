@@ -4,7 +4,7 @@
 //! | request | memory |
 //! | --- | --- |
 //! | device-local, not host-visible | device memory from the device's stream-ordered pool (`cuMemAllocAsync`; queue `alloca` allocates on the queue's stream, the allocator on a transfer stream it then synchronizes) |
-//! | host-visible (any) | pinned, mapped host memory (`cuMemHostAlloc` with `DEVICEMAP`): the host maps it directly, kernels read it over the bus |
+//! | host-visible (any) | pinned, mapped host memory (`cuMemHostAlloc` with `DEVICEMAP`): the host maps it directly, kernels read it over the bus; idle blocks are kept for reuse by size (at most [`PINNED_SPARE_MAX_BYTES`]), never ones handed outside Ferrite |
 //! | import of host memory | read-only or at most 1 MiB: copied into device memory; larger writable memory: `cuMemHostRegister` (mapped) |
 //! | import of device memory ([`CudaDevice::import_device_memory`](crate::CudaDevice::import_device_memory)) | wrapped in place (no copy) after checking the pointer's device, context and allocation range; never freed by Ferrite: its owner is dropped (the release) with the last buffer |
 //!
@@ -113,10 +113,23 @@ impl Drop for CudaMemory {
                     unsafe { (api.cuMemFreeAsync)(self.dptr, self.shared.stream) };
                 }
             }
-            // SAFETY: the pointer came from cuMemHostAlloc; freed once.
-            Kind::Pinned(p) => unsafe {
-                (api.cuMemFreeHost)(p.as_ptr() as *mut c_void);
-            },
+            Kind::Pinned(p) => {
+                // Kept for the next allocation of this size: a pinned
+                // allocation is a driver call that, once no other pinned
+                // block keeps the driver's 2 MiB pinned chunk, pins a new
+                // one (about a millisecond), e.g. for every staging buffer
+                // of a device-to-host copy. Memory handed outside Ferrite
+                // is not kept: its users' streams may still read it.
+                let size = self.len.max(1);
+                if !self.exported.load(Ordering::Relaxed)
+                    && self.shared.pinned_spare.put(size, p.as_ptr() as u64)
+                {
+                    return;
+                }
+                // SAFETY: the pointer came from cuMemHostAlloc; freed once
+                // (it was not kept above).
+                unsafe { (api.cuMemFreeHost)(p.as_ptr() as *mut c_void) };
+            }
             // SAFETY: registered by cuMemHostRegister; unregistered once,
             // before the owner (a field) is dropped.
             Kind::Registered(p, _) => unsafe {
@@ -363,18 +376,23 @@ impl CudaAllocator {
     fn pinned_buffer(&self, params: &BufferParams, size: u64) -> Result<Buffer> {
         let (ty, usage, access) = Self::resolve(params);
         let api = self.shared.api;
-        let mut host: *mut c_void = std::ptr::null_mut();
-        ffi::check(
-            // SAFETY: valid out-pointer; a size of at least 1 byte.
-            unsafe {
-                (api.cuMemHostAlloc)(
-                    &mut host,
-                    size.max(1) as usize,
-                    ffi::CU_MEMHOSTALLOC_PORTABLE_DEVICEMAP,
-                )
-            },
-            &format!("allocating {size} bytes of pinned host memory"),
-        )?;
+        let mut host: *mut c_void = match self.shared.pinned_spare.take(size.max(1)) {
+            Some(p) => p as *mut c_void,
+            None => std::ptr::null_mut(),
+        };
+        if host.is_null() {
+            ffi::check(
+                // SAFETY: valid out-pointer; a size of at least 1 byte.
+                unsafe {
+                    (api.cuMemHostAlloc)(
+                        &mut host,
+                        size.max(1) as usize,
+                        ffi::CU_MEMHOSTALLOC_PORTABLE_DEVICEMAP,
+                    )
+                },
+                &format!("allocating {size} bytes of pinned host memory"),
+            )?;
+        }
         let Some(p) = NonNull::new(host as *mut u8) else {
             bail!(
                 ResourceExhausted,
@@ -545,9 +563,15 @@ impl Allocator for CudaAllocator {
 /// operation, no completion to report), which matters for programs that
 /// allocate transients on every call. Bounded to [`SPARE_MAX_BYTES`];
 /// beyond that blocks go back to the stream-ordered pool.
-#[derive(Default)]
 pub struct SpareBlocks {
     inner: Mutex<Spares>,
+    max_bytes: u64,
+}
+
+impl Default for SpareBlocks {
+    fn default() -> SpareBlocks {
+        SpareBlocks::with_limit(SPARE_MAX_BYTES)
+    }
 }
 
 #[derive(Default)]
@@ -559,16 +583,33 @@ struct Spares {
 /// At most this many bytes of idle device blocks are kept.
 pub const SPARE_MAX_BYTES: u64 = 256 << 20;
 
+/// At most this many bytes of idle pinned host blocks are kept (see
+/// [`CudaAllocator`]'s host-visible allocations).
+pub const PINNED_SPARE_MAX_BYTES: u64 = 16 << 20;
+
 impl SpareBlocks {
+    /// Keeps at most `max_bytes` of idle blocks.
+    pub fn with_limit(max_bytes: u64) -> SpareBlocks {
+        SpareBlocks {
+            inner: Mutex::new(Spares::default()),
+            max_bytes,
+        }
+    }
+
     /// Keeps the idle block `[dptr, dptr+len)`; false when full (free it).
     pub(crate) fn put(&self, len: u64, dptr: CUdeviceptr) -> bool {
         let mut s = self.inner.lock();
-        if s.bytes + len > SPARE_MAX_BYTES {
+        if s.bytes + len > self.max_bytes {
             return false;
         }
         s.bytes += len;
         s.by_size.entry(len).or_default().push(dptr);
         true
+    }
+
+    /// Bytes of idle blocks kept.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.inner.lock().bytes
     }
 
     /// An idle block of exactly `len` bytes.
