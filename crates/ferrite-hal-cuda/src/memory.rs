@@ -563,6 +563,10 @@ impl Allocator for CudaAllocator {
 /// operation, no completion to report), which matters for programs that
 /// allocate transients on every call. Bounded to [`SPARE_MAX_BYTES`];
 /// beyond that blocks go back to the stream-ordered pool.
+///
+/// The same structure, bounded to [`PINNED_SPARE_MAX_BYTES`], keeps idle
+/// pinned host blocks (by host address) for host-visible allocations,
+/// under the same rules.
 pub struct SpareBlocks {
     inner: Mutex<Spares>,
     max_bytes: u64,
