@@ -857,6 +857,42 @@ mod tests {
         assert_eq!(order, [5, 6, 7, 8, 9, 0, 1, 2, 3, 4]);
     }
 
+    /// Tiles that sleep, recording which thread ran each.
+    struct Long(Mutex<Vec<u32>>, u64);
+
+    impl RegionWork for Long {
+        fn stage_count(&self) -> usize {
+            1
+        }
+        fn begin_stage(&self, _: usize) -> Result<u64> {
+            Ok(self.1)
+        }
+        fn run_tile(&self, _: usize, _: u64, processor_id: u32) -> Result<u64> {
+            std::thread::sleep(Duration::from_millis(150));
+            self.0.lock().push(processor_id);
+            Ok(1)
+        }
+    }
+
+    /// A stage of as many long tiles as the region has threads runs one
+    /// tile on each: the last unclaimed tile is joined for, not left to
+    /// whichever thread finishes its own first (one tile late).
+    #[test]
+    fn as_many_long_tiles_as_threads_run_on_every_thread() {
+        let pool = WorkerPool::new(4).unwrap();
+        for _ in 0..3 {
+            // The caller leads and 3 workers may join: 4 threads.
+            let work = Long(Mutex::new(Vec::new()), 4);
+            let start = Instant::now();
+            pool.run_region(&work).unwrap();
+            let elapsed = start.elapsed();
+            let mut ran = work.0.into_inner();
+            ran.sort_unstable();
+            ran.dedup();
+            assert_eq!(ran.len(), 4, "4 tiles ran on threads {ran:?} in {elapsed:?}");
+        }
+    }
+
     struct Failing;
 
     impl RegionWork for Failing {
