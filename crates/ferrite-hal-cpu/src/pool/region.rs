@@ -610,7 +610,7 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
     }
     pool.stats.regions.fetch_add(1, Ordering::Relaxed);
     if let (Some(sums), Some(t)) = (&pool.timing, &region.timing) {
-        sums.lock().fold(t);
+        sums.lock().fold(t, region.max_helpers + 1);
     }
     let failure = region.failure.lock().take();
     match failure {

@@ -17,6 +17,12 @@
 //! `busy / (wall × threads)` is how evenly the stage's work was spread:
 //! below one, some threads waited for others within the stage.
 //!
+//! *Floor*: what the stage's wall would be for a perfect scheduler given
+//! its tiles as they ran: `ceil(tiles / threads the region may hold)`
+//! mean tiles, no gap, no thread slower than another. Summed over stages
+//! it bounds from below what any runtime running the same tiles (the
+//! same workgroups, when each tile is one) can reach on that many threads.
+//!
 //! Per thread (processor id) it also sums how long its tiles took against
 //! the mean tile of the same stage, so a thread that is persistently slow
 //! (a virtual CPU sharing its core with another guest, say) shows up as a
@@ -109,19 +115,20 @@ pub(crate) struct StageSums {
     pub regions: u64,
     /// Per stage index: (regions that ran it, tiles, wall, gap, busy,
     /// thread count × wall, publication to first tile start, first to
-    /// last tile start), times in ns.
-    pub per_stage: Vec<[u64; 8]>,
+    /// last tile start, floor), times in ns.
+    pub per_stage: Vec<[u64; 9]>,
     /// Per processor id: (sum over its tiles of tile time / its stage's
     /// mean tile time, tiles), over stages of more than one tile.
     pub per_thread: Vec<(f64, u64)>,
 }
 
 impl StageSums {
-    /// Adds a finished region's stages.
-    pub(crate) fn fold(&mut self, timing: &RegionTiming) {
+    /// Adds a finished region's stages; the region could hold at most
+    /// `max_threads` threads (its leader included).
+    pub(crate) fn fold(&mut self, timing: &RegionTiming, max_threads: usize) {
         self.regions += 1;
         if self.per_stage.len() < timing.stages.len() {
-            self.per_stage.resize(timing.stages.len(), [0; 8]);
+            self.per_stage.resize(timing.stages.len(), [0; 9]);
         }
         let mut prev_end: Option<u64> = None;
         for (i, s) in timing.stages.iter().enumerate() {
@@ -143,8 +150,9 @@ impl StageSums {
             row[5] += threads * wall;
             row[6] += first.saturating_sub(s.published.load(Ordering::Relaxed));
             row[7] += s.last_start.load(Ordering::Relaxed).saturating_sub(first);
-            prev_end = Some(last);
             let mean = s.busy.load(Ordering::Relaxed) as f64 / tiles as f64;
+            row[8] += (tiles.div_ceil(max_threads.max(1) as u64) as f64 * mean) as u64;
+            prev_end = Some(last);
             if tiles > 1 && mean > 0.0 {
                 if self.per_thread.len() < THREAD_SLOTS {
                     self.per_thread.resize(THREAD_SLOTS, (0.0, 0));
@@ -161,8 +169,8 @@ impl StageSums {
     }
 
     /// Totals over every stage (the columns of a stage's row, summed).
-    pub(crate) fn totals(&self) -> [u64; 8] {
-        let mut t = [0u64; 8];
+    pub(crate) fn totals(&self) -> [u64; 9] {
+        let mut t = [0u64; 9];
         for row in &self.per_stage {
             for (a, b) in t.iter_mut().zip(row) {
                 *a += b;
@@ -173,10 +181,10 @@ impl StageSums {
 
     /// The summary line and the per-stage table.
     pub(crate) fn describe(&self) -> String {
-        let [stages, tiles, wall, gap, busy, capacity, notice, spread] = self.totals();
+        let [stages, tiles, wall, gap, busy, capacity, notice, spread, floor] = self.totals();
         let ms = |ns: u64| ns as f64 / 1e6;
         let mut out = format!(
-            "local-task stages: {} regions, {stages} stages, {tiles} tiles; stage wall {:.3} ms, gaps between stages {:.3} ms (of which publication to first start {:.3} ms), tile time {:.3} ms, first to last tile start {:.3} ms; balance {:.1}% (tile time / (wall x threads))",
+            "local-task stages: {} regions, {stages} stages, {tiles} tiles; stage wall {:.3} ms, gaps between stages {:.3} ms (of which publication to first start {:.3} ms), tile time {:.3} ms, first to last tile start {:.3} ms; balance {:.1}% (tile time / (wall x threads)); floor {:.3} ms (stage walls of a perfect scheduler: ceil(tiles / threads) mean tiles each, no gaps), {:.3} ms per region against {:.3} ms of stage walls and gaps",
             self.regions,
             ms(wall),
             ms(gap),
@@ -184,6 +192,9 @@ impl StageSums {
             ms(busy),
             ms(spread),
             100.0 * busy as f64 / capacity.max(1) as f64,
+            ms(floor),
+            ms(floor) / self.regions.max(1) as f64,
+            ms(wall + gap) / self.regions.max(1) as f64,
         );
         let speeds: Vec<String> = self
             .per_thread
@@ -199,9 +210,9 @@ impl StageSums {
             ));
         }
         out.push_str(
-            "\n  stage  runs  tiles/run  wall_us  gap_us  notice_us  spread_us  busy_us  threads  balance",
+            "\n  stage  runs  tiles/run  wall_us  floor_us  gap_us  notice_us  spread_us  busy_us  threads  balance",
         );
-        for (i, [runs, tiles, wall, gap, busy, capacity, notice, spread]) in
+        for (i, [runs, tiles, wall, gap, busy, capacity, notice, spread, floor]) in
             self.per_stage.iter().enumerate()
         {
             if *runs == 0 {
@@ -209,9 +220,10 @@ impl StageSums {
             }
             let per = |v: u64| v as f64 / *runs as f64;
             out.push_str(&format!(
-                "\n  {i:5}  {runs:4}  {:9.1}  {:7.1}  {:6.1}  {:9.1}  {:9.1}  {:7.1}  {:7.1}  {:6.1}%",
+                "\n  {i:5}  {runs:4}  {:9.1}  {:7.1}  {:8.1}  {:6.1}  {:9.1}  {:9.1}  {:7.1}  {:7.1}  {:6.1}%",
                 per(*tiles),
                 per(*wall) / 1e3,
+                per(*floor) / 1e3,
                 per(*gap) / 1e3,
                 per(*notice) / 1e3,
                 per(*spread) / 1e3,
@@ -245,11 +257,22 @@ mod tests {
         // Stage 2 (stage 1 empty): starts 30 ns after stage 0 ended.
         t.tile(2, 130, 230, 1);
         let mut sums = StageSums::default();
-        sums.fold(&t);
-        assert_eq!(sums.per_stage[0], [1, 2, 100, 0, 160, 200, 0, 0]);
-        assert_eq!(sums.per_stage[1], [0; 8]);
-        assert_eq!(sums.per_stage[2], [1, 1, 100, 30, 100, 100, 130, 0]);
-        assert_eq!(sums.totals(), [2, 3, 200, 30, 260, 300, 130, 0]);
+        // At most 2 threads: stage 0's 2 tiles take one mean tile (80 ns)
+        // on a perfect scheduler, stage 2's single tile its 100 ns.
+        sums.fold(&t, 2);
+        assert_eq!(sums.per_stage[0], [1, 2, 100, 0, 160, 200, 0, 0, 80]);
+        assert_eq!(sums.per_stage[1], [0; 9]);
+        assert_eq!(sums.per_stage[2], [1, 1, 100, 30, 100, 100, 130, 0, 100]);
+        assert_eq!(sums.totals(), [2, 3, 200, 30, 260, 300, 130, 0, 180]);
+        assert!(
+            sums.describe().contains("floor 0.000 ms"),
+            "{}",
+            sums.describe()
+        );
+        // On one thread stage 0 needs both tiles one after the other.
+        let mut alone = StageSums::default();
+        alone.fold(&t, 1);
+        assert_eq!(alone.per_stage[0][8], 160);
         assert!(
             sums.describe().contains("balance 86.7%"),
             "{}",
