@@ -17,11 +17,12 @@
 //! `busy / (wall × threads)` is how evenly the stage's work was spread:
 //! below one, some threads waited for others within the stage.
 //!
-//! *Floor*: what the stage's wall would be for a perfect scheduler given
-//! its tiles as they ran: `ceil(tiles / threads the region may hold)`
-//! mean tiles, no gap, no thread slower than another. Summed over stages
-//! it bounds from below what any runtime running the same tiles (the
-//! same workgroups, when each tile is one) can reach on that many threads.
+//! *Floor*: a lower bound on the stage's wall for any schedule of its
+//! tiles as they ran: the larger of its busy time spread evenly over the
+//! threads the region may hold and its longest tile (a tile runs on one
+//! thread). Summed over stages, with no gaps, it bounds from below what
+//! a runtime running the same tiles (the same workgroups, where each tile
+//! is one) at the same speed can reach on that many threads.
 //!
 //! Per thread (processor id) it also sums how long its tiles took against
 //! the mean tile of the same stage, so a thread that is persistently slow
@@ -40,6 +41,8 @@ struct StageClock {
     last_start: AtomicU64,
     last_end: AtomicU64,
     busy: AtomicU64,
+    /// The longest tile's run time.
+    longest: AtomicU64,
     /// Processor ids that ran a tile (ids of 63 and above share bit 63).
     threads: AtomicU64,
     tiles: AtomicU64,
@@ -68,6 +71,7 @@ impl RegionTiming {
                     last_start: AtomicU64::new(0),
                     last_end: AtomicU64::new(0),
                     busy: AtomicU64::new(0),
+                    longest: AtomicU64::new(0),
                     threads: AtomicU64::new(0),
                     tiles: AtomicU64::new(0),
                     per_thread: (0..THREAD_SLOTS)
@@ -98,6 +102,7 @@ impl RegionTiming {
         s.last_start.fetch_max(start, Ordering::Relaxed);
         s.last_end.fetch_max(end, Ordering::Relaxed);
         s.busy.fetch_add(end - start, Ordering::Relaxed);
+        s.longest.fetch_max(end - start, Ordering::Relaxed);
         s.threads
             .fetch_or(1 << processor_id.min(63), Ordering::Relaxed);
         s.tiles.fetch_add(1, Ordering::Relaxed);
@@ -115,8 +120,8 @@ pub(crate) struct StageSums {
     pub regions: u64,
     /// Per stage index: (regions that ran it, tiles, wall, gap, busy,
     /// thread count × wall, publication to first tile start, first to
-    /// last tile start, floor), times in ns.
-    pub per_stage: Vec<[u64; 9]>,
+    /// last tile start, floor, longest tile), times in ns.
+    pub per_stage: Vec<[u64; 10]>,
     /// Per processor id: (sum over its tiles of tile time / its stage's
     /// mean tile time, tiles), over stages of more than one tile.
     pub per_thread: Vec<(f64, u64)>,
@@ -128,7 +133,7 @@ impl StageSums {
     pub(crate) fn fold(&mut self, timing: &RegionTiming, max_threads: usize) {
         self.regions += 1;
         if self.per_stage.len() < timing.stages.len() {
-            self.per_stage.resize(timing.stages.len(), [0; 9]);
+            self.per_stage.resize(timing.stages.len(), [0; 10]);
         }
         let mut prev_end: Option<u64> = None;
         for (i, s) in timing.stages.iter().enumerate() {
@@ -150,9 +155,12 @@ impl StageSums {
             row[5] += threads * wall;
             row[6] += first.saturating_sub(s.published.load(Ordering::Relaxed));
             row[7] += s.last_start.load(Ordering::Relaxed).saturating_sub(first);
-            let mean = s.busy.load(Ordering::Relaxed) as f64 / tiles as f64;
-            row[8] += (tiles.div_ceil(max_threads.max(1) as u64) as f64 * mean) as u64;
+            let busy = s.busy.load(Ordering::Relaxed);
+            let longest = s.longest.load(Ordering::Relaxed);
+            row[8] += busy.div_ceil(max_threads.max(1) as u64).max(longest);
+            row[9] += longest;
             prev_end = Some(last);
+            let mean = busy as f64 / tiles as f64;
             if tiles > 1 && mean > 0.0 {
                 if self.per_thread.len() < THREAD_SLOTS {
                     self.per_thread.resize(THREAD_SLOTS, (0.0, 0));
@@ -169,8 +177,8 @@ impl StageSums {
     }
 
     /// Totals over every stage (the columns of a stage's row, summed).
-    pub(crate) fn totals(&self) -> [u64; 9] {
-        let mut t = [0u64; 9];
+    pub(crate) fn totals(&self) -> [u64; 10] {
+        let mut t = [0u64; 10];
         for row in &self.per_stage {
             for (a, b) in t.iter_mut().zip(row) {
                 *a += b;
@@ -181,10 +189,10 @@ impl StageSums {
 
     /// The summary line and the per-stage table.
     pub(crate) fn describe(&self) -> String {
-        let [stages, tiles, wall, gap, busy, capacity, notice, spread, floor] = self.totals();
+        let [stages, tiles, wall, gap, busy, capacity, notice, spread, floor, _] = self.totals();
         let ms = |ns: u64| ns as f64 / 1e6;
         let mut out = format!(
-            "local-task stages: {} regions, {stages} stages, {tiles} tiles; stage wall {:.3} ms, gaps between stages {:.3} ms (of which publication to first start {:.3} ms), tile time {:.3} ms, first to last tile start {:.3} ms; balance {:.1}% (tile time / (wall x threads)); floor {:.3} ms (stage walls of a perfect scheduler: ceil(tiles / threads) mean tiles each, no gaps), {:.3} ms per region against {:.3} ms of stage walls and gaps",
+            "local-task stages: {} regions, {stages} stages, {tiles} tiles; stage wall {:.3} ms, gaps between stages {:.3} ms (of which publication to first start {:.3} ms), tile time {:.3} ms, first to last tile start {:.3} ms; balance {:.1}% (tile time / (wall x threads)); floor {:.3} ms (no schedule of these tiles is shorter: per stage the larger of its tile time over the threads and its longest tile, no gaps), {:.3} ms per region against {:.3} ms of stage walls and gaps",
             self.regions,
             ms(wall),
             ms(gap),
@@ -210,9 +218,9 @@ impl StageSums {
             ));
         }
         out.push_str(
-            "\n  stage  runs  tiles/run  wall_us  floor_us  gap_us  notice_us  spread_us  busy_us  threads  balance",
+            "\n  stage  runs  tiles/run  wall_us  floor_us  gap_us  notice_us  spread_us  busy_us  longest_us  threads  balance",
         );
-        for (i, [runs, tiles, wall, gap, busy, capacity, notice, spread, floor]) in
+        for (i, [runs, tiles, wall, gap, busy, capacity, notice, spread, floor, longest]) in
             self.per_stage.iter().enumerate()
         {
             if *runs == 0 {
@@ -220,7 +228,7 @@ impl StageSums {
             }
             let per = |v: u64| v as f64 / *runs as f64;
             out.push_str(&format!(
-                "\n  {i:5}  {runs:4}  {:9.1}  {:7.1}  {:8.1}  {:6.1}  {:9.1}  {:9.1}  {:7.1}  {:7.1}  {:6.1}%",
+                "\n  {i:5}  {runs:4}  {:9.1}  {:7.1}  {:8.1}  {:6.1}  {:9.1}  {:9.1}  {:7.1}  {:10.1}  {:7.1}  {:6.1}%",
                 per(*tiles),
                 per(*wall) / 1e3,
                 per(*floor) / 1e3,
@@ -228,6 +236,7 @@ impl StageSums {
                 per(*notice) / 1e3,
                 per(*spread) / 1e3,
                 per(*busy) / 1e3,
+                per(*longest) / 1e3,
                 *capacity as f64 / (*wall).max(1) as f64,
                 100.0 * *busy as f64 / (*capacity).max(1) as f64,
             ));
@@ -257,22 +266,35 @@ mod tests {
         // Stage 2 (stage 1 empty): starts 30 ns after stage 0 ended.
         t.tile(2, 130, 230, 1);
         let mut sums = StageSums::default();
-        // At most 2 threads: stage 0's 2 tiles take one mean tile (80 ns)
-        // on a perfect scheduler, stage 2's single tile its 100 ns.
+        // At most 2 threads: stage 0 can take no less than its longest
+        // tile (100 ns; its 160 ns over 2 threads is less), stage 2 its
+        // single tile's 100 ns.
         sums.fold(&t, 2);
-        assert_eq!(sums.per_stage[0], [1, 2, 100, 0, 160, 200, 0, 0, 80]);
-        assert_eq!(sums.per_stage[1], [0; 9]);
-        assert_eq!(sums.per_stage[2], [1, 1, 100, 30, 100, 100, 130, 0, 100]);
-        assert_eq!(sums.totals(), [2, 3, 200, 30, 260, 300, 130, 0, 180]);
+        assert_eq!(sums.per_stage[0], [1, 2, 100, 0, 160, 200, 0, 0, 100, 100]);
+        assert_eq!(sums.per_stage[1], [0; 10]);
+        assert_eq!(sums.per_stage[2], [1, 1, 100, 30, 100, 100, 130, 0, 100, 100]);
+        assert_eq!(sums.totals(), [2, 3, 200, 30, 260, 300, 130, 0, 200, 200]);
         assert!(
             sums.describe().contains("floor 0.000 ms"),
             "{}",
             sums.describe()
         );
-        // On one thread stage 0 needs both tiles one after the other.
+        // On one thread stage 0 needs both tiles one after the other; on
+        // 4 threads its longest tile still bounds it.
         let mut alone = StageSums::default();
         alone.fold(&t, 1);
         assert_eq!(alone.per_stage[0][8], 160);
+        let mut wide = StageSums::default();
+        wide.fold(&t, 4);
+        assert_eq!(wide.per_stage[0][8], 100);
+        // Many even tiles: their time spread over the threads.
+        let even = RegionTiming::new(1);
+        for i in 0..8 {
+            even.tile(0, 0, 50, i % 2);
+        }
+        let mut evens = StageSums::default();
+        evens.fold(&even, 2);
+        assert_eq!(evens.per_stage[0][8], 200);
         assert!(
             sums.describe().contains("balance 86.7%"),
             "{}",
