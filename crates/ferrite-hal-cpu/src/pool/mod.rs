@@ -889,7 +889,11 @@ mod tests {
             let mut ran = work.0.into_inner();
             ran.sort_unstable();
             ran.dedup();
-            assert_eq!(ran.len(), 4, "4 tiles ran on threads {ran:?} in {elapsed:?}");
+            assert_eq!(
+                ran.len(),
+                4,
+                "4 tiles ran on threads {ran:?} in {elapsed:?}"
+            );
         }
     }
 

@@ -272,7 +272,10 @@ mod tests {
         sums.fold(&t, 2);
         assert_eq!(sums.per_stage[0], [1, 2, 100, 0, 160, 200, 0, 0, 100, 100]);
         assert_eq!(sums.per_stage[1], [0; 10]);
-        assert_eq!(sums.per_stage[2], [1, 1, 100, 30, 100, 100, 130, 0, 100, 100]);
+        assert_eq!(
+            sums.per_stage[2],
+            [1, 1, 100, 30, 100, 100, 130, 0, 100, 100]
+        );
         assert_eq!(sums.totals(), [2, 3, 200, 30, 260, 300, 130, 0, 200, 200]);
         assert!(
             sums.describe().contains("floor 0.000 ms"),
