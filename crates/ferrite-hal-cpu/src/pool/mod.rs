@@ -827,18 +827,34 @@ mod tests {
         assert!(prepared > 0, "no stage was prepared ahead");
     }
 
-    /// Records the order in which tiles of one stage ran.
-    struct Order(Mutex<Vec<u64>>, u64);
+    /// One stage of `tiles` tiles, each taking `sleep`, recording which
+    /// tile ran on which processor id, in the order they finished.
+    struct OneStage {
+        tiles: u64,
+        sleep: Duration,
+        ran: Mutex<Vec<(u64, u32)>>,
+    }
 
-    impl RegionWork for Order {
+    impl OneStage {
+        fn new(tiles: u64, sleep: Duration) -> OneStage {
+            OneStage {
+                tiles,
+                sleep,
+                ran: Mutex::new(Vec::new()),
+            }
+        }
+    }
+
+    impl RegionWork for OneStage {
         fn stage_count(&self) -> usize {
             1
         }
         fn begin_stage(&self, _: usize) -> Result<u64> {
-            Ok(self.1)
+            Ok(self.tiles)
         }
-        fn run_tile(&self, _: usize, tile: u64, _: u32) -> Result<u64> {
-            self.0.lock().push(tile);
+        fn run_tile(&self, _: usize, tile: u64, processor_id: u32) -> Result<u64> {
+            std::thread::sleep(self.sleep);
+            self.ran.lock().push((tile, processor_id));
             Ok(1)
         }
     }
@@ -851,27 +867,10 @@ mod tests {
     fn a_thread_starts_with_its_own_range_then_takes_the_rest() {
         let pool = WorkerPool::new(1).unwrap();
         assert_eq!(pool.processor_id(), 1);
-        let work = Order(Mutex::new(Vec::new()), 10);
+        let work = OneStage::new(10, Duration::ZERO);
         pool.run_region(&work).unwrap();
-        let order = work.0.into_inner();
+        let order: Vec<u64> = work.ran.into_inner().into_iter().map(|(t, _)| t).collect();
         assert_eq!(order, [5, 6, 7, 8, 9, 0, 1, 2, 3, 4]);
-    }
-
-    /// Tiles that sleep, recording which thread ran each.
-    struct Long(Mutex<Vec<u32>>, u64);
-
-    impl RegionWork for Long {
-        fn stage_count(&self) -> usize {
-            1
-        }
-        fn begin_stage(&self, _: usize) -> Result<u64> {
-            Ok(self.1)
-        }
-        fn run_tile(&self, _: usize, _: u64, processor_id: u32) -> Result<u64> {
-            std::thread::sleep(Duration::from_millis(150));
-            self.0.lock().push(processor_id);
-            Ok(1)
-        }
     }
 
     /// A stage of as many long tiles as the region has threads runs one
@@ -882,11 +881,11 @@ mod tests {
         let pool = WorkerPool::new(4).unwrap();
         for _ in 0..3 {
             // The caller leads and 3 workers may join: 4 threads.
-            let work = Long(Mutex::new(Vec::new()), 4);
+            let work = OneStage::new(4, Duration::from_millis(150));
             let start = Instant::now();
             pool.run_region(&work).unwrap();
             let elapsed = start.elapsed();
-            let mut ran = work.0.into_inner();
+            let mut ran: Vec<u32> = work.ran.into_inner().into_iter().map(|(_, p)| p).collect();
             ran.sort_unstable();
             ran.dedup();
             assert_eq!(
