@@ -142,6 +142,32 @@ def test_bpe_encode_uses_merges_and_decodes_back(bpe):
     assert "BPE" in repr(tok) and str(n + 3) in repr(tok)
 
 
+def test_decode_takes_any_int_sequence(bpe):
+    """Lists and tuples, numpy arrays and array.array of 64- or 32-bit
+    ints, and other sequences all decode alike, with the same skipping of
+    negative ids and the same refusal past int32."""
+    import array
+
+    import numpy as np
+
+    tok, _, _ = bpe
+    # Long enough that the byte-level decoder copies in chunks.
+    ids = tok.encode("héllo wörld, 😀 hello world! " * 8) + [-1]
+    want = tok.decode(ids)
+    assert want.startswith("héllo wörld, 😀 hello world!")
+    forms = [tuple(ids), np.array(ids, dtype=np.int64), np.array(ids, dtype=np.int32),
+             array.array("q", ids), array.array("i", ids), range(0), memoryview(array.array("q", ids))]
+    for form in forms:
+        expected = "" if isinstance(form, range) else want
+        assert tok.decode(form) == expected, type(form)
+    # Every form refuses an id past int32 as a list does.
+    for form in ([2**31], np.array([2**31], dtype=np.int64), array.array("q", [2**31]), (2**31,)):
+        with pytest.raises(TypeError):
+            tok.decode(form)
+    with pytest.raises(TypeError):
+        tok.decode(np.array([1.0, 2.0]))
+
+
 def test_special_tokens_matching_and_skipping(bpe):
     tok, vocab, n = bpe
     ids = tok.encode("hello<|endoftext|>")

@@ -48,38 +48,65 @@ fn token_id(id: i64) -> PyResult<Option<u32>> {
 }
 
 /// Token ids from a sequence of Python ints (see [`token_id`]).
+///
+/// Lists and tuples are read item by item straight into the ids, and
+/// objects exposing a buffer of 64- or 32-bit integers (numpy arrays,
+/// `array.array`) are copied whole; any other sequence goes through
+/// pyo3's generic extraction. Decoding is a table lookup per id, so
+/// reading the ids is most of a `decode` call.
 fn token_ids(ids: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if ids.is_instance_of::<pyo3::types::PyString>() {
         return Err(PyTypeError::new_err(
             "token_ids must be a sequence of ints, not str",
         ));
     }
-    let ids: Vec<i64> = ids.extract().map_err(|e| {
-        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(ids.py()) {
-            id_out_of_range(&"(an int past 64 bits)")
-        } else {
-            e
-        }
-    })?;
-    let mut out = Vec::with_capacity(ids.len());
+    if let Ok(list) = ids.downcast::<pyo3::types::PyList>() {
+        return collect_ids(list.len(), list.iter().map(|item| item_id(&item)));
+    }
+    if let Ok(tuple) = ids.downcast::<pyo3::types::PyTuple>() {
+        return collect_ids(tuple.len(), tuple.iter().map(|item| item_id(&item)));
+    }
+    if let Ok(buffer) = pyo3::buffer::PyBuffer::<i64>::get(ids) {
+        let raw = buffer.to_vec(ids.py())?;
+        return collect_ids(raw.len(), raw.into_iter().map(Ok));
+    }
+    if let Ok(buffer) = pyo3::buffer::PyBuffer::<i32>::get(ids) {
+        let raw = buffer.to_vec(ids.py())?;
+        return collect_ids(raw.len(), raw.into_iter().map(|id| Ok(i64::from(id))));
+    }
+    let ids: Vec<i64> = ids.extract().map_err(|e| overflow_as_range(ids.py(), e))?;
+    collect_ids(ids.len(), ids.into_iter().map(Ok))
+}
+
+/// Keeps the ids [`token_id`] accepts, in order.
+fn collect_ids(len: usize, ids: impl Iterator<Item = PyResult<i64>>) -> PyResult<Vec<u32>> {
+    let mut out = Vec::with_capacity(len);
     for id in ids {
-        if let Some(id) = token_id(id)? {
+        if let Some(id) = token_id(id?)? {
             out.push(id);
         }
     }
     Ok(out)
 }
 
+/// One item of an id sequence as an `i64`.
+fn item_id(item: &Bound<'_, PyAny>) -> PyResult<i64> {
+    item.extract().map_err(|e| overflow_as_range(item.py(), e))
+}
+
+/// An int past 64 bits is reported as an id out of range, as one that
+/// fits 64 bits but not 32 is.
+fn overflow_as_range(py: Python<'_>, e: PyErr) -> PyErr {
+    if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+        id_out_of_range(&"(an int past 64 bits)")
+    } else {
+        e
+    }
+}
+
 /// One id argument: as [`token_id`], any int accepted before the range check.
 fn one_id(id: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
-    let id: i64 = id.extract().map_err(|e| {
-        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(id.py()) {
-            id_out_of_range(&"(an int past 64 bits)")
-        } else {
-            e
-        }
-    })?;
-    token_id(id)
+    token_id(item_id(id)?)
 }
 
 /// A text path from `str`, `bytes` or an `os.PathLike`.

@@ -75,27 +75,66 @@ impl ByteLevelTable {
             table.spans.push((start, end));
             table.special.push(added.is_special_token(&token));
         }
+        // Slack after the last token: `decode` copies CHUNK bytes from any
+        // token's start.
+        table.bytes.resize(table.bytes.len() + CHUNK, 0);
         Some(table)
     }
 
     /// The text of `ids`, as the crate's `Tokenizer::decode` gives it.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
-        let mut out = Vec::with_capacity(ids.len() * 4);
-        for &id in ids {
-            let Some(&(start, end)) = self.spans.get(id as usize) else {
-                continue;
-            };
+        // Most tokens are a few bytes: copying a fixed CHUNK from the
+        // token's start (the table and the output have slack for it) and
+        // advancing by the token's length compiles to a couple of vector
+        // moves, where an exact-length copy is a `memcpy` call per id,
+        // most of the time of a decode.
+        let span = |id: u32| -> Option<(usize, usize)> {
+            let &(start, end) = self.spans.get(id as usize)?;
             if start > end || (skip_special_tokens && self.special[id as usize]) {
-                continue;
+                return None;
             }
-            out.extend_from_slice(&self.bytes[start as usize..end as usize]);
-        }
+            Some((start as usize, end as usize))
+        };
+        let out = if ids.len() < CHUNKED_FROM {
+            // A handful of ids (a decode stream's window): sizing the
+            // output first would cost more than it saves.
+            let mut out = Vec::with_capacity(ids.len() * 4);
+            for (start, end) in ids.iter().filter_map(|&id| span(id)) {
+                out.extend_from_slice(&self.bytes[start..end]);
+            }
+            out
+        } else {
+            let total: usize = ids
+                .iter()
+                .filter_map(|&id| span(id).map(|(s, e)| e - s))
+                .sum();
+            let mut out = vec![0u8; total + CHUNK];
+            let mut at = 0;
+            for (start, end) in ids.iter().filter_map(|&id| span(id)) {
+                let len = end - start;
+                if len <= CHUNK {
+                    out[at..at + CHUNK].copy_from_slice(&self.bytes[start..start + CHUNK]);
+                } else {
+                    out[at..at + len].copy_from_slice(&self.bytes[start..end]);
+                }
+                at += len;
+            }
+            out.truncate(at);
+            out
+        };
         match String::from_utf8(out) {
             Ok(s) => s,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
         }
     }
 }
+
+/// Bytes `decode` copies at once for a token of at most that many bytes.
+const CHUNK: usize = 16;
+
+/// Fewest ids `decode` copies in chunks (the test decodes lengths on both
+/// sides of it).
+const CHUNKED_FROM: usize = 32;
 
 #[cfg(test)]
 mod tests {
@@ -126,7 +165,11 @@ mod tests {
         let doc = serde_json::json!({
             "version": "1.0",
             "added_tokens": [added(n, "<|endoftext|>", true), added(n + 1, "héllo😀", false),
-                             added(n + 2, "<|pad|>", true)],
+                             added(n + 2, "<|pad|>", true),
+                             // 16 and 29 bytes: at and past what `decode`
+                             // copies at once.
+                             added(n + 3, "<|sixteenbytes|>", false),
+                             added(n + 4, "<|a much longer added token|>", false)],
             "normalizer": null,
             "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
             "post_processor": null,
