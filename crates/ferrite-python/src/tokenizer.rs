@@ -333,12 +333,12 @@ impl PyTokenizerDecodeStream {
 
     /// Feeds one id (the per-token path of generation loops).
     fn feed_one(&self, token_id: &Bound<'_, PyAny>) -> PyResult<String> {
-        let ids: Vec<u32> = one_id(token_id)?.into_iter().collect();
+        let id = one_id(token_id)?;
         let mut g = self.state.lock();
         let state = g
             .as_mut()
             .ok_or_else(|| PyValueError::new_err("Cannot feed after finalize"))?;
-        state.push(&ids).map_err(to_py)
+        state.push(id.as_slice()).map_err(to_py)
     }
 
     fn finalize(&self) -> PyResult<String> {

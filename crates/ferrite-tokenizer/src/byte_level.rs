@@ -83,11 +83,36 @@ impl ByteLevelTable {
 
     /// The text of `ids`, as the crate's `Tokenizer::decode` gives it.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
-        // Most tokens are a few bytes: copying a fixed CHUNK from the
-        // token's start (the table and the output have slack for it) and
-        // advancing by the token's length compiles to a couple of vector
-        // moves, where an exact-length copy is a `memcpy` call per id,
-        // most of the time of a decode.
+        let out = if ids.len() >= CHUNKED_FROM {
+            self.bytes_chunked(ids, skip_special_tokens)
+        } else {
+            // A handful of ids (a decode stream's window, two decodes per
+            // id fed): the plain loop, small and inlined.
+            let mut out = Vec::with_capacity(ids.len() * 4);
+            for &id in ids {
+                let Some(&(start, end)) = self.spans.get(id as usize) else {
+                    continue;
+                };
+                if start > end || (skip_special_tokens && self.special[id as usize]) {
+                    continue;
+                }
+                out.extend_from_slice(&self.bytes[start as usize..end as usize]);
+            }
+            out
+        };
+        match String::from_utf8(out) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+
+    /// The bytes of many `ids`. Most tokens are a few bytes: copying a
+    /// fixed CHUNK from the token's start (the table and the output have
+    /// slack for it) and advancing by the token's length compiles to a
+    /// couple of vector moves, where an exact-length copy is a `memcpy`
+    /// call per id, most of the time of a long decode.
+    #[inline(never)]
+    fn bytes_chunked(&self, ids: &[u32], skip_special_tokens: bool) -> Vec<u8> {
         let span = |id: u32| -> Option<(usize, usize)> {
             let &(start, end) = self.spans.get(id as usize)?;
             if start > end || (skip_special_tokens && self.special[id as usize]) {
@@ -95,37 +120,23 @@ impl ByteLevelTable {
             }
             Some((start as usize, end as usize))
         };
-        let out = if ids.len() < CHUNKED_FROM {
-            // A handful of ids (a decode stream's window): sizing the
-            // output first would cost more than it saves.
-            let mut out = Vec::with_capacity(ids.len() * 4);
-            for (start, end) in ids.iter().filter_map(|&id| span(id)) {
-                out.extend_from_slice(&self.bytes[start..end]);
+        let total: usize = ids
+            .iter()
+            .filter_map(|&id| span(id).map(|(s, e)| e - s))
+            .sum();
+        let mut out = vec![0u8; total + CHUNK];
+        let mut at = 0;
+        for (start, end) in ids.iter().filter_map(|&id| span(id)) {
+            let len = end - start;
+            if len <= CHUNK {
+                out[at..at + CHUNK].copy_from_slice(&self.bytes[start..start + CHUNK]);
+            } else {
+                out[at..at + len].copy_from_slice(&self.bytes[start..end]);
             }
-            out
-        } else {
-            let total: usize = ids
-                .iter()
-                .filter_map(|&id| span(id).map(|(s, e)| e - s))
-                .sum();
-            let mut out = vec![0u8; total + CHUNK];
-            let mut at = 0;
-            for (start, end) in ids.iter().filter_map(|&id| span(id)) {
-                let len = end - start;
-                if len <= CHUNK {
-                    out[at..at + CHUNK].copy_from_slice(&self.bytes[start..start + CHUNK]);
-                } else {
-                    out[at..at + len].copy_from_slice(&self.bytes[start..end]);
-                }
-                at += len;
-            }
-            out.truncate(at);
-            out
-        };
-        match String::from_utf8(out) {
-            Ok(s) => s,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+            at += len;
         }
+        out.truncate(at);
+        out
     }
 }
 
