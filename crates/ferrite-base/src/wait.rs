@@ -364,13 +364,20 @@ mod tests {
         assert_eq!(err.code(), StatusCode::Aborted);
     }
 
-    /// A helper holding jobs that set events.
-    struct Jobs(Mutex<Vec<Arc<Event>>>);
+    /// A helper holding jobs that set events. The registry is process
+    /// wide and the tests of this binary run in parallel: a waiter of
+    /// another test that took its list of helpers while this one was
+    /// registered may still poll it afterwards, so only waiters on the
+    /// thread that made it run its jobs.
+    struct Jobs(Mutex<Vec<Arc<Event>>>, std::thread::ThreadId);
 
     impl Helper for Jobs {
         fn start_polling(&self) {}
         fn stop_polling(&self) {}
         fn help_one(&self) -> bool {
+            if std::thread::current().id() != self.1 {
+                return false;
+            }
             match self.0.lock().pop() {
                 Some(e) => {
                     e.set();
@@ -384,7 +391,10 @@ mod tests {
     #[test]
     fn a_waiter_runs_ready_work_it_waits_for() {
         let event = Event::new();
-        let jobs = Arc::new(Jobs(Mutex::new(vec![event.clone()])));
+        let jobs = Arc::new(Jobs(
+            Mutex::new(vec![event.clone()]),
+            std::thread::current().id(),
+        ));
         let weak: Weak<dyn Helper> = Arc::downgrade(&jobs) as Weak<dyn Helper>;
         let registration = register_helper(weak);
         // Nothing else sets the event: only the waiter running the job can
