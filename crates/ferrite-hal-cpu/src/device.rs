@@ -540,7 +540,7 @@ impl RegionWork for CommandsWork<'_> {
 fn read_workgroups(r: &BufferRef, table: &[Binding]) -> Result<[u32; 3]> {
     let (b, o, _) = r.resolve(table)?;
     let mut raw = [0u8; 12];
-    b.read(o, &mut raw)?;
+    b.device_read(o, &mut raw)?;
     let w =
         |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
     Ok([w(0), w(1), w(2)])
@@ -734,16 +734,16 @@ impl CpuDevice {
             }
             Command::Fill { target, pattern } => {
                 let (b, o, l) = target.resolve(table)?;
-                b.fill(o, l, pattern)
+                b.device_fill(o, l, pattern)
             }
             Command::Update { data, target } => {
                 let (b, o, _) = target.resolve(table)?;
-                b.write(o, data)
+                b.device_write(o, data)
             }
             Command::Copy { source, target } => {
                 let (s, so, sl) = source.resolve(table)?;
                 let (t, to, _) = target.resolve(table)?;
-                ferrite_hal::buffer::Buffer::copy(s, so, t, to, sl)
+                ferrite_hal::buffer::Buffer::device_copy(s, so, t, to, sl)
             }
             Command::Dispatch {
                 executable,

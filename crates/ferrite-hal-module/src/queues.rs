@@ -220,7 +220,7 @@ pub(super) fn register(
             signal,
             Box::new(move || {
                 let mut data = vec![0u8; length as usize];
-                source.read(source_offset, &mut data)?;
+                source.device_read(source_offset, &mut data)?;
                 as_vm_buffer(&memory, "file memory")?.write(at, &data)
             }),
         )?;

@@ -65,6 +65,8 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::memory::{BufferUsage, MemoryAccess, MemoryType};
 
+mod transfer;
+
 /// A length meaning "from the offset to the end of the buffer".
 pub const WHOLE_BUFFER: u64 = u64::MAX;
 
@@ -233,20 +235,26 @@ pub enum HostMemory {
 pub struct ConstantBytes(Arc<dyn AsRef<[u8]> + Send + Sync>);
 
 impl HostMemory {
-    /// Read-only bytes that a program declared constant: the `hal` module
-    /// imports module rodata, and `io_parameters` maps parameters, this way
-    /// when the program asks for `SHARING_IMMUTABLE` usage. Such memory may
-    /// be bound where the executable format cannot say whether a kernel
-    /// writes (every CPU binding), as upstream binds it.
+    /// Bytes that a program declared constant: the `hal` module imports
+    /// module rodata, and `io_parameters` maps parameters, this way when the
+    /// program asks for `SHARING_IMMUTABLE` usage. Such memory is read-only
+    /// to the host, but may be bound where the executable format cannot say
+    /// whether a kernel writes (every CPU binding), as upstream binds it;
+    /// such a binding counts as device work that may write it.
+    ///
+    /// Programs do write such storage in place: the compiler imports
+    /// `util.unfoldable_constant` storage from rodata with
+    /// `SHARING_IMMUTABLE | DISPATCH_STORAGE_WRITE` usage and dispatches
+    /// write into it (upstream's e2e `tensor_insert_slice`, `sort`,
+    /// `scatter`).
     ///
     /// # Safety
-    /// No dispatch may write the bytes while a buffer over them lives. The
-    /// program's `SHARING_IMMUTABLE` usage is that promise: the compiler
-    /// emits it only for constants its kernels never write, and executables
-    /// are trusted to honour their program's declarations (loading native
-    /// executable code is itself an `unsafe` act; see
-    /// `ferrite_hal_cpu`'s loaders). The owner must return the same slice
-    /// from every `as_ref()` call, as for [`HostMemory::ReadOnly`].
+    /// The memory must stay mapped writable for as long as a buffer over it
+    /// lives, and no one but device work bound to it may write it: module
+    /// bytes read into memory or mapped privately (copy-on-write, see
+    /// `ferrite_vm::ModuleBytes`), parameter files mapped the same way. The
+    /// owner must return the same slice from every `as_ref()` call, as for
+    /// [`HostMemory::ReadOnly`].
     // SAFETY: the body only wraps the owner; the contract above governs how
     // devices may bind it.
     pub unsafe fn program_constant(owner: Arc<dyn AsRef<[u8]> + Send + Sync>) -> HostMemory {
@@ -1182,9 +1190,10 @@ impl Buffer {
         access: MemoryAccess,
     ) -> Result<DeviceRange<'_>> {
         let (ptr, len) = self.checked_binding(offset, length, access)?;
-        // A program constant is never written (HostMemory::program_constant).
-        let write =
-            access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY) && !self.alloc.is_constant();
+        // A program constant bound where the kernel may write counts as
+        // written: programs do write their constants in place
+        // (HostMemory::program_constant).
+        let write = access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY);
         self.alloc.device.begin(&self.alloc.lock, write)?;
         Ok(DeviceRange {
             ptr,

@@ -382,7 +382,7 @@ pub mod queue {
             device.submit(
                 wait,
                 signal,
-                Box::new(move || target.fill(offset, length, &pattern)),
+                Box::new(move || target.device_fill(offset, length, &pattern)),
             )
         }
 
@@ -395,7 +395,11 @@ pub mod queue {
             target: Buffer,
             offset: u64,
         ) -> Result<()> {
-            device.submit(wait, signal, Box::new(move || target.write(offset, &data)))
+            device.submit(
+                wait,
+                signal,
+                Box::new(move || target.device_write(offset, &data)),
+            )
         }
 
         /// Copies `length` bytes between buffers.
@@ -414,7 +418,7 @@ pub mod queue {
                 wait,
                 signal,
                 Box::new(move || {
-                    Buffer::copy(&source, source_offset, &target, target_offset, length)
+                    Buffer::device_copy(&source, source_offset, &target, target_offset, length)
                 }),
             )
         }

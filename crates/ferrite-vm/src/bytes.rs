@@ -4,7 +4,15 @@
 //! (bytecode, rodata buffers, debug info) is in use. `ModuleBytes` is the one
 //! holder for those bytes: it is cheap to clone (an `Arc` inside) and can be
 //! backed by an owned vector, by static data compiled into the binary, or by a
-//! read-only memory map of a file.
+//! private (copy-on-write) memory map of a file.
+//!
+//! Why copy-on-write: a program may bind its own rodata to a kernel that
+//! writes it in place (the compiler imports `util.unfoldable_constant`
+//! storage from rodata and dispatches write into it). A read-only mapping
+//! would make that store fault; a private mapping keeps untouched pages
+//! shared with the page cache (no copy, no extra memory) and gives a written
+//! page a private copy, so the write never reaches the file and never
+//! faults, exactly as when the module is read into memory (`preload`).
 
 use std::fmt;
 use std::fs::File;
@@ -12,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ferrite_base::{Result, Status, StatusCode};
-use memmap2::Mmap;
+use memmap2::{MmapMut, MmapOptions};
 
 /// Immutable, cheaply clonable bytes of a module.
 ///
@@ -27,7 +35,7 @@ pub struct ModuleBytes {
 enum Repr {
     Owned(Arc<[u8]>),
     Static(&'static [u8]),
-    Mapped(Arc<Mmap>),
+    Mapped(Arc<MmapMut>),
 }
 
 impl ModuleBytes {
@@ -52,7 +60,9 @@ impl ModuleBytes {
         Ok(ModuleBytes::from_vec(bytes))
     }
 
-    /// Memory-maps the file at `path` read-only.
+    /// Memory-maps the file at `path` privately (copy-on-write; see the
+    /// module documentation): Ferrite reads it, and only a program's own
+    /// kernels may write the pages of constants it binds in place.
     ///
     /// The file must not be modified (or truncated) while any clone of the
     /// returned value is alive: as with upstream's mapped modules, changing a
@@ -66,13 +76,13 @@ impl ModuleBytes {
         if len == 0 {
             return Ok(ModuleBytes::from_static(&[]));
         }
-        // SAFETY: the mapping is created read-only and Ferrite only ever reads
-        // it through `&[u8]`. `Mmap::map` is unsafe because another process
-        // could modify or truncate the file while it is mapped; Ferrite treats
-        // the file as immutable for the lifetime of the mapping and documents
-        // (on this function) that mutating it underneath is the caller's
-        // problem, exactly as upstream does for its mapped modules.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_status(path, &e))?;
+        // SAFETY: mapping a file is unsafe because another process could
+        // modify or truncate it while it is mapped; Ferrite treats the file
+        // as immutable for the lifetime of the mapping and documents (on this
+        // function) that changing it underneath is the caller's problem,
+        // exactly as upstream does for its mapped modules. The mapping is
+        // private, so nothing written to it reaches the file.
+        let map = unsafe { MmapOptions::new().map_copy(&file) }.map_err(|e| io_status(path, &e))?;
         Ok(ModuleBytes {
             repr: Repr::Mapped(Arc::new(map)),
         })

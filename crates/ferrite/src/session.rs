@@ -122,10 +122,12 @@ impl Session {
         self.load_module_bytes(ModuleBytes::from_vec(bytes.into()))
     }
 
-    /// Loads a `.vmfb` embedded in the binary (`include_bytes!`) without
-    /// copying it. Returns the module's name.
+    /// Loads a `.vmfb` embedded in the binary (`include_bytes!`). Returns the
+    /// module's name. The bytes are copied once: static data lives in
+    /// read-only pages, and a program may write its constants in place
+    /// (see `ferrite_vm::ModuleBytes`).
     pub fn load_static(&mut self, bytes: &'static [u8]) -> Result<String> {
-        self.load_module_bytes(ModuleBytes::from_static(bytes))
+        self.load_module_bytes(ModuleBytes::from_vec(bytes.to_vec()))
     }
 
     /// Loads a `.vmfb` file, memory-mapped read-only. Returns the module's

@@ -68,9 +68,13 @@ impl std::fmt::Debug for FileHandle {
     }
 }
 
-/// The memory map of a whole file; an empty file maps to no bytes (mapping
-/// zero bytes is an error on most systems).
-struct MappedFile(Option<memmap2::Mmap>);
+/// The private (copy-on-write) memory map of a whole file; an empty file
+/// maps to no bytes (mapping zero bytes is an error on most systems).
+/// Private and writable because parameters are imported as program
+/// constants, which a program's kernels may write in place
+/// (`HostMemory::program_constant`): a written page becomes a private copy,
+/// never a fault and never a change to the file.
+struct MappedFile(Option<memmap2::MmapMut>);
 
 impl AsRef<[u8]> for MappedFile {
     fn as_ref(&self) -> &[u8] {
@@ -90,11 +94,11 @@ impl FileHandle {
     /// Maps an open file read-only; `name` says what it is in messages.
     pub fn map(file: &File, name: &str) -> Result<FileHandle> {
         let map = map_nonempty(file, name, |file| {
-            // SAFETY: the map is read-only and private to this process. Like
+            // SAFETY: the map is private to this process (copy-on-write). Like
             // every runtime that maps weights, we rely on the file not being
             // truncated or rewritten by another process while it is mapped
             // (the same contract upstream's mmap-backed file handles have).
-            unsafe { memmap2::Mmap::map(file) }
+            unsafe { memmap2::MmapOptions::new().map_copy(file) }
         })?;
         // A second descriptor of the same open file (for `copy_out`); when
         // the system has none to spare, copies read through the map.
