@@ -32,6 +32,14 @@
 //! allocation, however the program orders them; programs order them with
 //! fences, as upstream, and a missing wait is an error instead of a race.
 //!
+//! Queue transfers (a queue's fill, update, copy, and the same commands in
+//! a command buffer) are device work too, not host access:
+//! [`Buffer::device_fill`], [`Buffer::device_write`], [`Buffer::device_copy`]
+//! and [`Buffer::device_read`] count as device users while they move bytes,
+//! so they run beside other device work of the same program (ordered by the
+//! queue, as dispatches are) and are refused only while the host maps the
+//! allocation.
+//!
 //! What remains the pointer users' contract (the CPU driver is the only
 //! `unsafe` user): concurrent device writers (workgroups of one dispatch,
 //! or dispatches not ordered against each other) touch disjoint bytes, as

@@ -132,8 +132,8 @@ impl Buffer {
         }
         let from = src.binding_range_resolved(s_off, len, MemoryAccess::READ)?;
         let to = dst.binding_range_resolved(d_off, len, MemoryAccess::WRITE)?;
-        let n = usize::try_from(len)
-            .map_err(|_| status!(ResourceExhausted, "copy of {len} bytes"))?;
+        let n =
+            usize::try_from(len).map_err(|_| status!(ResourceExhausted, "copy of {len} bytes"))?;
         // SAFETY: both ranges were checked against their live allocations
         // (borrowed for the call) and count as device work, so no host
         // reference covers them; `ptr::copy` allows the ranges to overlap
@@ -146,5 +146,89 @@ impl Buffer {
     /// driver's device memory): transfers go through the driver instead.
     fn host_unaddressable(&self) -> bool {
         self.alloc.device_only().is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocator::{Allocator, BufferParams, HeapAllocator};
+
+    fn alloc(size: u64) -> Buffer {
+        HeapAllocator::new()
+            .allocate(&BufferParams::default(), size)
+            .unwrap()
+    }
+
+    /// The rule upstream's reusable command buffers broke on local-task:
+    /// while a dispatch of the same work is in flight on one allocation, a
+    /// transfer of that work (other bytes) runs, and host access is still
+    /// refused.
+    #[test]
+    fn transfers_run_beside_device_work_where_host_access_is_refused() {
+        let b = alloc(64);
+        let dispatch = b.binding_range(0, 16, MemoryAccess::ANY).unwrap();
+        b.device_fill(16, 16, &[7]).unwrap();
+        b.device_write(32, &[1, 2, 3, 4]).unwrap();
+        Buffer::device_copy(&b, 32, &b, 48, 4).unwrap();
+        let mut got = [0u8; 4];
+        b.device_read(48, &mut got).unwrap();
+        assert_eq!(got, [1, 2, 3, 4]);
+        let host = b.fill(16, 16, &[9]).unwrap_err();
+        assert!(host.to_string().contains("in use by device work"), "{host}");
+        assert!(b.map_read(0, 64).is_err());
+        drop(dispatch);
+        let all = b.to_vec().unwrap();
+        assert_eq!(&all[16..32], &[7; 16]);
+        assert_eq!(&all[32..36], &[1, 2, 3, 4]);
+        assert_eq!(&all[48..52], &[1, 2, 3, 4]);
+    }
+
+    /// A transfer is device work: refused while the host maps the
+    /// allocation, as a dispatch is.
+    #[test]
+    fn transfers_wait_for_no_host_mapping() {
+        let b = alloc(32);
+        let map = b.map_read(0, 8).unwrap();
+        assert!(b.device_fill(8, 8, &[1]).is_err());
+        let mut x = [0u8; 4];
+        // Reading beside a host reader is fine.
+        b.device_read(0, &mut x).unwrap();
+        drop(map);
+        b.device_fill(8, 8, &[1]).unwrap();
+    }
+
+    #[test]
+    fn fill_patterns_of_every_width_and_overlapping_copies() {
+        for pattern in [
+            &[0xA5u8][..],
+            &[1, 2],
+            &[1, 2, 3, 4],
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+        ] {
+            let b = alloc(200);
+            let p = pattern.len() as u64;
+            b.device_fill(p, 23 * p, pattern).unwrap();
+            let all = b.to_vec().unwrap();
+            let want: Vec<u8> = pattern
+                .iter()
+                .copied()
+                .cycle()
+                .take(23 * p as usize)
+                .collect();
+            assert_eq!(&all[p as usize..24 * p as usize], &want[..]);
+            assert!(all[..p as usize].iter().all(|&x| x == 0));
+            assert!(all[24 * p as usize..].iter().all(|&x| x == 0));
+        }
+        let b = alloc(16);
+        b.write(0, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        Buffer::device_copy(&b, 0, &b, 2, 8).unwrap();
+        assert_eq!(&b.to_vec().unwrap()[..10], &[1, 2, 1, 2, 3, 4, 5, 6, 7, 8]);
+        // Misaligned and out-of-range requests are errors, not writes.
+        assert!(b.device_fill(1, 4, &[0, 0]).is_err());
+        assert!(b.device_fill(0, 3, &[0, 0]).is_err());
+        assert!(b.device_fill(0, 32, &[0]).is_err());
+        assert!(b.device_write(14, &[0; 4]).is_err());
+        assert!(Buffer::device_copy(&b, 12, &b, 0, 8).is_err());
     }
 }
