@@ -3,7 +3,8 @@
 # build/gpu (git-ignored, carried to the GPU machine, which has no compiler
 # or registry): the release `ferrite` binary, the CUDA driver's test
 # executables (gpu, gpu_fault, nccl), the differential modules of
-# tests/cuda/cases.txt (each for cuda sm_80 and for the CPU), the bench
+# tests/cuda/cases.txt and the check programs of tests/cuda/checks (each
+# for cuda sm_80 and for the CPU), the bench
 # modules, upstream's e2e suites for cuda when IREE_MIRROR is set, and
 # upstream's cp312 runtime wheel (for its iree-run-module and
 # iree-benchmark-module) when pip can fetch it or UPSTREAM_WHEEL names it.
@@ -47,6 +48,14 @@ grep -v '^#' tests/cuda/cases.txt | awk 'NF {print $1}' | sort -u | while read -
   m=${module/\//_}
   $IC $CUDA "tests/$module.mlir" -o "$G/diff/$m.cuda.vmfb"
   $IC $CPU "tests/$module.mlir" -o "$G/diff/$m.cpu.vmfb"
+done
+
+echo "gpu-build: check programs (tests/cuda/checks)"
+rm -rf $G/checks && mkdir -p $G/checks
+for f in tests/cuda/checks/*.mlir; do
+  n=$(basename "$f" .mlir)
+  $IC $CUDA "$f" -o "$G/checks/$n.cuda.vmfb"
+  $IC $CPU "$f" -o "$G/checks/$n.cpu.vmfb"
 done
 
 echo "gpu-build: bench modules"
@@ -94,7 +103,7 @@ if ls $G/.whl/*.whl >/dev/null 2>&1; then
     export UPSTREAM_BIN=/tmp/upstream/iree/_runtime_libs UPSTREAM_PYTHONPATH=/tmp/upstream
 fi
 case ${1:-test} in
-  test) GPU_TESTS=$G/tests DIFF_DIR=$G/diff E2E_DIR=$G/e2e scripts/test-gpu.sh ;;
+  test) GPU_TESTS=$G/tests DIFF_DIR=$G/diff CHECK_DIR=$G/checks E2E_DIR=$G/e2e scripts/test-gpu.sh ;;
   bench)
     out=${BENCH_OUT:-/tmp/gpu-bench}
     mkdir -p "$out" && rm -f "$out/gpu-bench.json"

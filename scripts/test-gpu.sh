@@ -16,6 +16,10 @@
 #   FERRITE_NCCL_LIBRARY  libnccl.so.2 for the nccl tests (default: the copy
 #                 of python3's nvidia-nccl package, as PyTorch installs it)
 #   DIFF_DIR      <case>.cuda.vmfb/<case>.cpu.vmfb and cases.txt
+#   CHECK_DIR     <name>.cuda.vmfb/<name>.cpu.vmfb of tests/cuda/checks
+#                 (optional): check programs whose functions run after each
+#                 other in one process (what one leaves behind can affect
+#                 the next), each passing on cuda and on local-task
 #   E2E_DIR       <suite>/<name>.vmfb (optional)
 #   UPSTREAM_BIN  directory with upstream's iree-run-module (optional)
 #   UPSTREAM_PYTHONPATH  where upstream's `iree.runtime` imports from
@@ -30,6 +34,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 FERRITE=${FERRITE:-$ROOT/target/release/ferrite}
 GPU_TESTS=${GPU_TESTS:?set GPU_TESTS to the directory of the CUDA driver test executables}
 DIFF_DIR=${DIFF_DIR:?set DIFF_DIR to the compiled differential modules}
+CHECK_DIR=${CHECK_DIR:-}
 E2E_DIR=${E2E_DIR:-}
 UPSTREAM_BIN=${UPSTREAM_BIN:-}
 LOG=${LOG:-/dev/null}
@@ -90,6 +95,24 @@ while read -r module fn args; do
   fi
 done <"$DIFF_DIR/cases.txt"
 echo "after differential: $pass passed, $fail failed"
+
+if [ -n "$CHECK_DIR" ] && [ -d "$CHECK_DIR" ]; then
+  echo "== check programs (tests/cuda/checks), in one process each, on cuda and local-task"
+  for m in "$CHECK_DIR"/*.cuda.vmfb; do
+    [ -e "$m" ] || continue
+    n=$(basename "$m" .cuda.vmfb)
+    for dev in cuda local-task; do
+      mod=$m
+      [ $dev = cuda ] || mod=$CHECK_DIR/$n.cpu.vmfb
+      if out=$(timeout 120 "$FERRITE" check-module --device=$dev --module="$mod" 2>&1); then
+        ok
+        echo "ok   $n on $dev: $(echo "$out" | tail -1)"
+      else
+        bad "$n on $dev: $(echo "$out" | grep -E "FAILED|differs|Error|error" | head -4)"
+      fi
+    done
+  done
+fi
 
 echo "== kernel times (FERRITE_CUDA_KERNEL_TIMES=1)"
 read -r module fn args < <(grep -v '^#' "$DIFF_DIR/cases.txt" | grep . | head -1)

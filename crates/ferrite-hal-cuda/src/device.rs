@@ -1181,6 +1181,15 @@ pub(crate) fn dispatch_kernel<'a>(
     Ok(kernel)
 }
 
+/// Fills the whole of the new device buffer `b` with `byte` on `stream`.
+fn fill_new(shared: &Arc<Shared>, b: &Buffer, byte: u8, stream: ffi::CUstream) -> Result<()> {
+    if b.byte_length() == 0 {
+        return Ok(());
+    }
+    let p = crate::replay::device_ptr(shared, b, 0)?;
+    crate::replay::fill(shared, stream, p, b.byte_length(), &[byte])
+}
+
 /// The `hal.device.id` glob match (`*` and `?`).
 fn glob(pattern: &str, text: &str) -> bool {
     fn go(p: &[u8], t: &[u8]) -> bool {
@@ -1310,8 +1319,17 @@ impl Device for CudaDevice {
             .canonicalize()
             .memory_type
             .contains(ferrite_hal::MemoryType::HOST_VISIBLE);
+        // A queue allocation is filled (zeroed unless
+        // FERRITE_CUDA_ALLOCA_INIT says otherwise) before it is handed out:
+        // a reused block must not show its last user's bytes to a kernel
+        // that reads before it writes (see crate::diagnostics).
+        let init = crate::diagnostics::alloca_init().byte();
         let mut q = self.queue.lock();
-        if device_local && size > 0 && q.deferred.is_empty() && self.completes_at_once(wait, signal)
+        if init.is_none()
+            && device_local
+            && size > 0
+            && q.deferred.is_empty()
+            && self.completes_at_once(wait, signal)
         {
             if let Some(b) = CudaAllocator::spare_device_buffer(&self.shared, params, size) {
                 drop(q);
@@ -1331,6 +1349,9 @@ impl Device for CudaDevice {
                     size,
                     self.shared.transfer_stream,
                 )?;
+                if let Some(byte) = init {
+                    fill_new(&self.shared, &b, byte, self.shared.transfer_stream)?;
+                }
                 self.shared.sync_transfer()?;
                 b
             } else {
@@ -1359,12 +1380,22 @@ impl Device for CudaDevice {
             entries,
             |d, _| {
                 if device_local {
-                    out = Some(CudaAllocator::device_buffer(
-                        &d.shared,
-                        params,
-                        size,
-                        d.shared.stream,
-                    )?);
+                    let spare = match init {
+                        Some(_) if size > 0 => {
+                            CudaAllocator::spare_device_buffer(&d.shared, params, size)
+                        }
+                        _ => None,
+                    };
+                    let b = match spare {
+                        Some(b) => b,
+                        None => {
+                            CudaAllocator::device_buffer(&d.shared, params, size, d.shared.stream)?
+                        }
+                    };
+                    if let Some(byte) = init {
+                        fill_new(&d.shared, &b, byte, d.shared.stream)?;
+                    }
+                    out = Some(b);
                 } else {
                     out = Some(d.allocator.allocate(params, size)?);
                 }

@@ -209,6 +209,16 @@ impl CudaDevice {
             constants[..kernel.constant_count as usize].to_vec(),
         );
         let [bx, by, bz] = kernel.block_dims;
+        if crate::diagnostics::log_launches() {
+            crate::diagnostics::print_launch(
+                &kernel.name,
+                *workgroups,
+                kernel.block_dims,
+                kernel.shared_memory,
+                addresses,
+                &constants[..kernel.constant_count as usize],
+            );
+        }
         let p = ffi::CUDA_KERNEL_NODE_PARAMS {
             func: kernel.function,
             grid_dim_x: workgroups[0],

@@ -29,6 +29,7 @@
 pub mod channel;
 mod deferral;
 pub mod device;
+pub mod diagnostics;
 pub mod executable;
 pub mod ffi;
 mod flatbuffer;

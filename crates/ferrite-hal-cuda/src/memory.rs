@@ -141,7 +141,11 @@ impl Drop for CudaMemory {
     }
 }
 
-impl DeviceMemory for CudaMemory {
+// SAFETY: `len` is fixed at creation; `host_ptr` is the pinned or registered
+// host mapping of exactly `len` bytes, freed only in Drop (so valid while
+// `self` lives) and reached only through the HAL's checked accessors; `read`
+// and `write` check their ranges before any copy.
+unsafe impl DeviceMemory for CudaMemory {
     fn len(&self) -> u64 {
         self.len
     }
@@ -152,6 +156,7 @@ impl DeviceMemory for CudaMemory {
         }
     }
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        ferrite_hal::buffer::check_device_range(self.len, offset, dst.len())?;
         self.shared.copy_sync(
             dst.as_mut_ptr() as CUdeviceptr,
             self.dptr + offset,
@@ -159,6 +164,7 @@ impl DeviceMemory for CudaMemory {
         )
     }
     fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        ferrite_hal::buffer::check_device_range(self.len, offset, src.len())?;
         self.shared
             .copy_sync(self.dptr + offset, src.as_ptr() as CUdeviceptr, src.len())
     }
@@ -561,7 +567,10 @@ impl Allocator for CudaAllocator {
 /// its users' streams are not Ferrite's queue. A queue
 /// allocation served from here is therefore complete at once (no stream
 /// operation, no completion to report), which matters for programs that
-/// allocate transients on every call. Bounded to [`SPARE_MAX_BYTES`];
+/// allocate transients on every call. (Queue allocations are zeroed on the
+/// queue stream before use unless `FERRITE_CUDA_ALLOCA_INIT=none`, see
+/// [`crate::diagnostics`]: only then is a spare block handed out with no
+/// stream operation.) Bounded to [`SPARE_MAX_BYTES`];
 /// beyond that blocks go back to the stream-ordered pool.
 ///
 /// The same structure, bounded to [`PINNED_SPARE_MAX_BYTES`], keeps idle

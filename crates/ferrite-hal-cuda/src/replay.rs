@@ -221,6 +221,16 @@ pub(crate) fn replay(
                     params.push(c as *mut u32 as *mut c_void);
                 }
                 let [bx, by, bz] = kernel.block_dims;
+                if crate::diagnostics::log_launches() {
+                    crate::diagnostics::print_launch(
+                        &kernel.name,
+                        workgroups,
+                        kernel.block_dims,
+                        kernel.shared_memory,
+                        &words,
+                        &consts,
+                    );
+                }
                 let timing = match &shared.kernel_times {
                     Some(k) => {
                         timed = true;

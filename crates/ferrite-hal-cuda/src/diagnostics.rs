@@ -1,0 +1,85 @@
+//! Diagnostics for wrong results, chosen by environment variables:
+//!
+//! - `FERRITE_CUDA_ALLOCA_INIT=zero|poison|none`: what a queue allocation
+//!   (`hal.device.queue.alloca`) holds when handed out. `none` leaves it
+//!   as it is (a reused block keeps its last user's bytes); `poison`
+//!   fills it with 0xFF bytes (NaN as floats, -1 as integers), which
+//!   makes a kernel that reads memory it never wrote stand out.
+//! - `FERRITE_CUDA_LOG_LAUNCHES=1`: one line per kernel launch on stderr
+//!   (export, grid, block, dynamic shared memory, binding addresses,
+//!   push constants), for comparing launches with another runtime's.
+
+use std::sync::OnceLock;
+
+/// What a fresh queue allocation is filled with before it is handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocaInit {
+    /// Left as it is.
+    None,
+    /// Every byte 0.
+    Zero,
+    /// Every byte 0xFF.
+    Poison,
+}
+
+impl AllocaInit {
+    /// The byte to fill with, if any.
+    pub fn byte(self) -> Option<u8> {
+        match self {
+            AllocaInit::None => None,
+            AllocaInit::Zero => Some(0),
+            AllocaInit::Poison => Some(0xFF),
+        }
+    }
+
+    fn parse(v: Option<&str>) -> AllocaInit {
+        match v {
+            Some("none") => AllocaInit::None,
+            Some("poison") => AllocaInit::Poison,
+            _ => AllocaInit::Zero,
+        }
+    }
+}
+
+/// The mode `FERRITE_CUDA_ALLOCA_INIT` selects (zero when unset).
+pub fn alloca_init() -> AllocaInit {
+    static MODE: OnceLock<AllocaInit> = OnceLock::new();
+    *MODE.get_or_init(|| {
+        AllocaInit::parse(std::env::var("FERRITE_CUDA_ALLOCA_INIT").ok().as_deref())
+    })
+}
+
+/// Whether `FERRITE_CUDA_LOG_LAUNCHES` is set to something other than 0.
+pub fn log_launches() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRITE_CUDA_LOG_LAUNCHES").is_ok_and(|v| v != "0"))
+}
+
+/// Prints one launch (see the module docs).
+pub fn print_launch(
+    name: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_memory: u32,
+    bindings: &[u64],
+    constants: &[u32],
+) {
+    let b: Vec<String> = bindings.iter().map(|p| format!("{p:#x}")).collect();
+    eprintln!(
+        "cuda launch {name}: grid {grid:?} block {block:?} shared {shared_memory} bindings [{}] constants {constants:?}",
+        b.join(", ")
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_modes() {
+        assert_eq!(AllocaInit::parse(None), AllocaInit::Zero);
+        assert_eq!(AllocaInit::parse(Some("none")), AllocaInit::None);
+        assert_eq!(AllocaInit::parse(Some("poison")).byte(), Some(0xFF));
+        assert_eq!(AllocaInit::parse(Some("zero")).byte(), Some(0));
+    }
+}
