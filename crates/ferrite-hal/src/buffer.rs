@@ -381,7 +381,20 @@ impl Drop for BoxedBytes {
 
 /// Memory a driver owns (e.g. GPU memory), wrapped in a [`Buffer`] by
 /// [`Buffer::from_device_memory`]; dropped (freed) with the allocation.
-pub trait DeviceMemory: Send + Sync + 'static {
+///
+/// # Safety
+/// [`Buffer`] trusts what an implementation says of its memory, so an
+/// implementation that lied could make safe code reach undefined behaviour:
+/// - `len()` returns the same value for the whole life of the object;
+/// - `host_ptr()`, when `Some`, returns the same pointer every call, valid
+///   for reads and writes of `len()` bytes for as long as the object lives,
+///   and memory no one else accesses except through that pointer.
+///
+/// `read` and `write` are safe methods that anyone holding the memory can
+/// call ([`Buffer::device_memory`]) with any arguments: an implementation
+/// must check the range itself ([`check_device_range`]) and fail for one
+/// outside `[0, len())`, never touch memory outside it.
+pub unsafe trait DeviceMemory: Send + Sync + 'static {
     /// Bytes in the allocation.
     fn len(&self) -> u64;
     /// True when the allocation has no bytes.
@@ -390,17 +403,29 @@ pub trait DeviceMemory: Send + Sync + 'static {
     }
     /// A host mapping of all `len()` bytes, when the host can address the
     /// memory directly (pinned host memory); None for device-only memory.
-    /// When Some, the pointer must stay valid for reads and writes of
-    /// `len()` bytes while `self` lives.
+    /// See the trait's safety contract.
     fn host_ptr(&self) -> Option<NonNull<u8>>;
     /// Copies `dst.len()` bytes at `offset` to the host (synchronously);
-    /// the range is checked by the caller.
+    /// fails with `OUT_OF_RANGE` for a range outside the allocation.
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()>;
-    /// Copies `src` to `offset` (synchronously); the range is checked by
-    /// the caller.
+    /// Copies `src` to `offset` (synchronously); fails with `OUT_OF_RANGE`
+    /// for a range outside the allocation.
     fn write(&self, offset: u64, src: &[u8]) -> Result<()>;
     /// For drivers: downcast to the concrete type (device addresses).
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Checks that `[offset, offset + length)` lies within an allocation of
+/// `len` bytes (for [`DeviceMemory::read`]/[`DeviceMemory::write`]
+/// implementations).
+pub fn check_device_range(len: u64, offset: u64, length: usize) -> Result<()> {
+    match offset.checked_add(length as u64) {
+        Some(end) if end <= len => Ok(()),
+        _ => bail!(
+            OutOfRange,
+            "device memory access {offset}+{length} outside the allocation's {len} bytes"
+        ),
+    }
 }
 
 pub(crate) enum Storage {
@@ -1547,7 +1572,9 @@ mod tests {
     /// `read`/`write`, as a GPU's are.
     struct FarMemory(parking_lot::Mutex<Vec<u8>>);
 
-    impl DeviceMemory for FarMemory {
+    // SAFETY: no host mapping; `len` is the vector's, which never changes
+    // size; read/write check their ranges.
+    unsafe impl DeviceMemory for FarMemory {
         fn len(&self) -> u64 {
             self.0.lock().len() as u64
         }
@@ -1555,11 +1582,13 @@ mod tests {
             None
         }
         fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+            check_device_range(self.len(), offset, dst.len())?;
             let o = offset as usize;
             dst.copy_from_slice(&self.0.lock()[o..o + dst.len()]);
             Ok(())
         }
         fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+            check_device_range(self.len(), offset, src.len())?;
             let o = offset as usize;
             self.0.lock()[o..o + src.len()].copy_from_slice(src);
             Ok(())
@@ -1585,6 +1614,27 @@ mod tests {
         assert_eq!(back, [0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0]);
         // SAFETY: as above; the range is refused before any copy.
         assert!(unsafe { b.write_raw(12, src.as_ptr(), src.len()) }.is_err());
+    }
+
+    /// The device memory reachable through the safe `Buffer::device_memory`
+    /// refuses ranges outside it (the contract every implementation keeps;
+    /// the CUDA driver's is checked on a GPU by its own tests).
+    #[test]
+    fn device_memory_reached_safely_refuses_out_of_range_access() {
+        let b = Buffer::from_device_memory(
+            Box::new(FarMemory(parking_lot::Mutex::new(vec![0; 16]))),
+            MemoryType::DEVICE_LOCAL,
+            BufferUsage::DEFAULT,
+            MemoryAccess::ALL,
+        );
+        let d = b.device_memory().unwrap();
+        let e = d.write(1 << 20, &[1; 4]).unwrap_err();
+        assert_eq!(e.code(), StatusCode::OutOfRange, "{e}");
+        assert!(d.write(13, &[1; 4]).is_err());
+        assert!(d.read(u64::MAX - 1, &mut [0; 4]).is_err());
+        d.write(12, &[1; 4]).unwrap();
+        assert!(check_device_range(16, 16, 0).is_ok());
+        assert!(check_device_range(16, 17, 0).is_err());
     }
     use super::*;
     use crate::allocator::{Allocator, BufferParams, HeapAllocator};
