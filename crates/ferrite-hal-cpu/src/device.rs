@@ -30,7 +30,7 @@ use crate::cpu_executable::{CpuExecutable, FORMATS};
 use crate::executable::library::DispatchConfig;
 use crate::pool::region::RegionWork;
 use crate::pool::{PoolOptions, PoolStats, WorkerPool};
-use ferrite_base::{bail, Result, Status};
+use ferrite_base::{bail, Result, Status, StatusCode};
 use ferrite_hal::allocator::{Allocator, CachingAllocator, HeapAllocator};
 use ferrite_hal::buffer::DeviceRange;
 use ferrite_hal::channel::{ChannelParams, ChannelProvider, ChannelRef};
@@ -189,6 +189,21 @@ impl CpuDevice {
             &addrs.lens,
         )
     }
+}
+
+/// Runs a submission's work, a panic in it becoming an `INTERNAL` failure
+/// (which fails the submission's signal fence) instead of unwinding into
+/// the worker thread that runs it.
+fn run_caught(work: Work) -> Result<()> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|payload| {
+        Err(Status::new(
+            StatusCode::Internal,
+            format!(
+                "local-task: queue work panicked: {}",
+                crate::pool::region::panic_message(&*payload)
+            ),
+        ))
+    })
 }
 
 fn cpu_executable(exe: &Arc<dyn Executable>) -> Result<&CpuExecutable> {
@@ -635,7 +650,7 @@ impl Device for CpuDevice {
         let failed = signal.clone();
         let signal = signal.clone();
         let abort = self.abort_on_failure.load(Ordering::Relaxed);
-        let job: Box<dyn FnOnce() + Send> = Box::new(move || match work() {
+        let job: Box<dyn FnOnce() + Send> = Box::new(move || match run_caught(work) {
             // Signalling cannot fail for fresh values; a failure here means a
             // program bug already reported through the timeline.
             Ok(()) => drop(signal.signal()),

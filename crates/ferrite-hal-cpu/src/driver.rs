@@ -44,8 +44,8 @@ impl Driver for LocalSyncDriver {
 ///
 /// URI parameters: `workers=N` overrides `--task_topology_group_count`;
 /// `lend_to_waiters=true|false|auto` lets blocked waiters run the device's
-/// queued work, or not; `auto` (the default) lends only while there are
-/// fewer workers than available CPUs ([`crate::pool::lends_by_default`]).
+/// queued work, or not; `auto` (the default) is
+/// [`crate::pool::lends_by_default`] (on).
 ///
 /// Upstream's task flags, as this driver treats them:
 /// - `--task_topology_group_count=N` (N > 0): N unpinned workers (clamped
@@ -388,22 +388,18 @@ mod tests {
     }
 
     #[test]
-    fn lending_by_default_only_leaves_the_workers_their_cpus() {
+    fn lending_by_default_whatever_the_worker_count() {
         let cpus = std::thread::available_parallelism().unwrap().get();
-        // As many workers as CPUs (the default count) or more: no lending.
+        // The waiting caller runs its own submissions (issue 25): on by
+        // default with fewer, as many or more workers than CPUs.
         for uri in [
             "local-task".to_string(),
             format!("local-task://?workers={cpus}"),
             format!("local-task://?workers={}&lend_to_waiters=auto", cpus + 1),
+            "local-task://?workers=1".to_string(),
         ] {
             let p = pool(&uri, &[]).unwrap();
-            assert_eq!(p.workers.max(cpus), p.workers, "{uri}");
-            assert!(!p.lend_to_waiters, "{uri}: {cpus} CPUs");
-        }
-        // Fewer: the waiting thread gets a CPU of its own, so it lends.
-        if cpus > 1 {
-            let p = pool("local-task", &[("task_topology_group_count", "1")]).unwrap();
-            assert!(p.lend_to_waiters, "1 worker on {cpus} CPUs");
+            assert!(p.lend_to_waiters, "{uri}: {cpus} CPUs");
         }
         let p = pool("local-task://?workers=1&lend_to_waiters=false", &[]).unwrap();
         assert!(!p.lend_to_waiters);

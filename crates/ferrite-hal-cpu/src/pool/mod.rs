@@ -36,12 +36,15 @@
 //! smaller than the work expects). [`PoolStats`] reports the share of
 //! workgroups run by workers and by other threads.
 //!
-//! Lending is on by default only while the workers leave a CPU free
-//! ([`lends_by_default`]): a lending waiter is one more running thread,
-//! and with as many workers as CPUs it competes with them for the cores
-//! (idle workers poll for [`PoolOptions::idle_spin`] before they sleep),
-//! which on 2 CPUs made a 2-worker MiniLM call about 3% slower and a
-//! 4xf32 add up to twice as slow as without lending.
+//! Lending is on by default ([`lends_by_default`]), whatever the worker
+//! count: a program's synchronous call submits and then waits, and the
+//! waiter taking its own submission runs it at once on a thread that is
+//! already running. Left to a worker, the call needs that worker woken and
+//! then the waiter woken, and on a machine whose CPUs are all busy each
+//! wake-up waits for the scheduler to give the thread a time slice: a
+//! 4xf32 add took about 1 ms a call that way on 2 busy cores (issue 25).
+//! Waiters poll without yielding the CPU (`ferrite_base::wait`): a yield
+//! on a busy machine gives the CPU to another process for its whole slice.
 
 mod park;
 pub mod region;
@@ -102,13 +105,17 @@ impl PoolOptions {
     }
 }
 
-/// Whether a pool of `workers` threads (0: one per available CPU) lends
-/// to waiters unless told otherwise: when fewer workers than the CPUs
-/// this process may run on (affinity and CPU quota counted), so that a
-/// waiting thread that runs work takes a CPU no worker needs.
+/// Whether a pool of `workers` threads lends to waiters unless told
+/// otherwise: always. A thread waiting for a submission it just made runs
+/// that submission itself when no worker has taken it yet, so a call needs
+/// no worker to be woken and scheduled: on a machine whose CPUs are all
+/// busy, a woken thread waits for the scheduler (up to a time slice, about
+/// 1 ms per wake-up measured on 2 cores), which made a 4xf32 add on
+/// local-task take about 1 ms a call (issue 25). Idle, the waiter
+/// running the work instead of a woken worker costs nothing either.
 pub fn lends_by_default(workers: usize) -> bool {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    workers != 0 && workers < cpus
+    let _ = workers;
+    true
 }
 
 /// What a pool has done so far (monotonic counters).
@@ -284,7 +291,7 @@ impl Shared {
         let mut idle_since: Option<Instant> = None;
         loop {
             if let Some(job) = self.pop() {
-                job();
+                run_job(job);
                 idle_since = None;
                 continue;
             }
@@ -338,6 +345,19 @@ impl Shared {
     }
 }
 
+/// Runs a queued job, containing a panic: the worker (or lending waiter)
+/// lives on, and the panic is reported on stderr. Jobs that have an
+/// outcome to report (the device's submissions) catch their own panics
+/// and fail their fences with them; this is the backstop for any other.
+fn run_job(job: Job) {
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+        eprintln!(
+            "local-task: a queued job panicked: {}",
+            region::panic_message(&*payload)
+        );
+    }
+}
+
 /// A blocked waiter lends its thread to the pool's queued submissions.
 impl Helper for Shared {
     fn start_polling(&self) {
@@ -351,7 +371,7 @@ impl Helper for Shared {
             return false;
         };
         self.stop_polling();
-        job();
+        run_job(job);
         self.start_polling();
         true
     }
@@ -920,6 +940,92 @@ mod tests {
         let e = pool.run_region(&Failing).unwrap_err();
         assert_eq!(e.code(), StatusCode::Internal);
         assert!(e.to_string().contains("tile 5 failed"), "{e}");
+    }
+
+    /// Every tile of stage 0 panics, whichever thread runs it (the leader
+    /// or joined workers); the work is dropped right after `run_region`
+    /// returns. Before panics were caught, a panic on the leader unwound
+    /// out of `run_region` with the region still published (workers went
+    /// on calling `run_tile` on the dropped work: use after free) and a
+    /// panic on a worker killed the worker, its tile never counted done
+    /// (the leader waited forever).
+    struct Panicking {
+        calls: AtomicUsize,
+        /// Freed by drop: a call after the drop would read freed memory.
+        payload: Vec<u64>,
+    }
+
+    impl RegionWork for Panicking {
+        fn stage_count(&self) -> usize {
+            2
+        }
+        fn begin_stage(&self, stage: usize) -> Result<u64> {
+            assert_eq!(stage, 0, "the stage after the failing one was begun");
+            Ok(256)
+        }
+        fn run_tile(&self, _: usize, tile: u64, _: u32) -> Result<u64> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            assert_eq!(self.payload.len(), 64);
+            std::thread::sleep(Duration::from_micros(50));
+            panic!("tile {tile} panicked on purpose");
+        }
+    }
+
+    #[test]
+    fn a_panicking_tile_fails_the_region_and_the_workers_live_on() {
+        let pool = Arc::new(WorkerPool::new(4).unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = pool.clone();
+        // On a thread of its own: before the fix this hung (a worker died
+        // with its tile unfinished) or unwound.
+        std::thread::spawn(move || {
+            for _ in 0..20 {
+                let work = Box::new(Panicking {
+                    calls: AtomicUsize::new(0),
+                    payload: vec![7; 64],
+                });
+                let outcome =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.run_region(&*work)));
+                let calls = work.calls.load(Ordering::SeqCst);
+                drop(work);
+                tx.send((outcome.map_err(|_| ()), calls)).unwrap();
+            }
+        });
+        for _ in 0..20 {
+            let (outcome, calls) = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("run_region hung after a panicking tile");
+            let e = outcome
+                .expect("the panic unwound out of run_region")
+                .unwrap_err();
+            assert_eq!(e.code(), StatusCode::Internal);
+            assert!(e.to_string().contains("panicked on purpose"), "{e}");
+            // Tiles after the failure are skipped, not run.
+            assert!((1..256).contains(&calls), "{calls} tiles ran");
+        }
+        // Every worker lives on: a stage of as many long tiles as threads
+        // runs one tile on each of them.
+        let work = OneStage::new(4, Duration::from_millis(100));
+        pool.run_region(&work).unwrap();
+        let mut ran: Vec<u32> = work.ran.into_inner().into_iter().map(|(_, p)| p).collect();
+        ran.sort_unstable();
+        ran.dedup();
+        assert_eq!(ran.len(), 4, "tiles ran on {ran:?}");
+    }
+
+    /// A queued job that panics neither kills its worker nor the pool.
+    #[test]
+    fn a_panicking_job_leaves_its_worker_alive() {
+        let pool = WorkerPool::with_options(&PoolOptions {
+            lend_to_waiters: false,
+            ..PoolOptions::new(1)
+        })
+        .unwrap();
+        pool.spawn(Box::new(|| panic!("job panicked on purpose")));
+        let (tx, rx) = std::sync::mpsc::channel();
+        pool.spawn(Box::new(move || tx.send(()).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the only worker died with the panicking job");
     }
 
     #[test]

@@ -75,6 +75,32 @@ fn pause(polls: &mut u32) {
     }
 }
 
+/// Runs `f`, a call into the region's [`RegionWork`], turning a panic
+/// into an `INTERNAL` status naming `what`: a panic never unwinds through
+/// the region's machinery (which would leave the region published with
+/// its work gone, or a worker dead with its tile never counted done).
+fn guarded<T>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => Err(Status::new(
+            ferrite_base::StatusCode::Internal,
+            format!("{} panicked: {}", what(), panic_message(&*payload)),
+        )),
+    }
+}
+
+/// The message of a panic payload (a `&str` or `String`, else a
+/// placeholder).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(a non-string panic payload)".to_string()
+    }
+}
+
 const TILE_BITS: u32 = 40;
 const TILE_MASK: u64 = (1 << TILE_BITS) - 1;
 
@@ -315,7 +341,12 @@ impl Region {
         if !self.failed.load(Ordering::Acquire) {
             let start = self.timing.as_ref().map(RegionTiming::now);
             // SAFETY: this thread holds the claim of an unfinished tile.
-            match unsafe { self.work() }.run_tile(stage, tile, processor_id) {
+            let work = unsafe { self.work() };
+            let result = guarded(
+                || format!("tile {tile} of stage {stage}"),
+                || work.run_tile(stage, tile, processor_id),
+            );
+            match result {
                 Ok(n) => {
                     ran.fetch_add(n, Ordering::Relaxed);
                 }
@@ -360,7 +391,16 @@ impl Region {
         // SAFETY: `next` has not begun (its closing would have moved
         // `ahead` past the word replaced above), and the region cannot
         // finish before `next` begins, which waits for AHEAD_DONE below.
-        unsafe { self.work() }.prepare_ahead(next);
+        let work = unsafe { self.work() };
+        if let Err(e) = guarded(
+            || format!("preparing stage {next} ahead"),
+            || {
+                work.prepare_ahead(next);
+                Ok(())
+            },
+        ) {
+            self.record(e);
+        }
         self.ahead
             .store(pack_ahead(next, AHEAD_DONE), Ordering::Release);
     }
@@ -408,7 +448,11 @@ impl Region {
             self.close_ahead(next);
             // SAFETY: the region has not finished: it finishes in this
             // function, after this call.
-            match unsafe { self.work() }.begin_stage(next) {
+            let work = unsafe { self.work() };
+            match guarded(
+                || format!("beginning stage {next}"),
+                || work.begin_stage(next),
+            ) {
                 Ok(0) => next += 1,
                 Ok(n) => {
                     self.tiles[next].store(n, Ordering::Relaxed);
@@ -509,9 +553,11 @@ impl Region {
         false
     }
 
-    /// A joined worker leaves.
+    /// A joined worker leaves. Release: the leader's unwinding guard
+    /// ([`Unpublish`]) reads the count with Acquire, so a worker's last use
+    /// of the work happens before the leader gives the work back.
     pub(crate) fn leave(&self) {
-        self.participants.fetch_sub(1, Ordering::Relaxed);
+        self.participants.fetch_sub(1, Ordering::Release);
     }
 
     /// The leader runs tiles (counting workgroups in `ran`) until the
@@ -569,9 +615,13 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
         ));
     }
     // SAFETY: only the lifetime is erased (same fat-pointer layout). The
-    // region dereferences it only while unfinished (`Region::work`), and
-    // this function returns only after the region finished, so `work`
-    // outlives every use.
+    // region dereferences it only while unfinished (`Region::work`), by
+    // the leader or by a worker counted in `participants`. This function
+    // returns normally only after the region finished (`lead` returns only
+    // then; panics of the work are caught by `guarded` and end the region
+    // as a failure), and if it unwinds before that, the `Unpublish` guard
+    // takes the region off the pool and waits until no worker is inside,
+    // so `work` outlives every use either way.
     let work: *const (dyn RegionWork + 'static) = unsafe {
         std::mem::transmute::<*const (dyn RegionWork + '_), *const (dyn RegionWork + 'static)>(
             work as *const dyn RegionWork,
@@ -600,11 +650,20 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
     // nobody: the region is not published yet).
     region.advance(None);
     let published = region.max_helpers > 0 && !region.is_finished();
+    let mut guard = Unpublish {
+        pool,
+        region: &region,
+        published: false,
+    };
     if published {
         pool.publish(&region);
+        guard.published = true;
         region.call_helpers();
     }
     region.lead(processor_id, pool.counter_for_this_thread());
+    // Normal end: the region finished, so no thread uses `work` any more
+    // (see `Region::work`); workers still inside only poll its words.
+    std::mem::forget(guard);
     if published {
         pool.unpublish(&region);
     }
@@ -616,6 +675,41 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// Ends a region whose leader unwinds out of [`run`] before the region
+/// finished (a panic in the region's own code: panics of the work are
+/// caught as failures, see [`guarded`]). `run` must not return while any
+/// thread can still reach the caller's `work` through the region, so the
+/// drop marks the region failed (no tile runs any more), takes it off the
+/// pool's list (no worker joins any more) and waits until every joined
+/// worker has left. Forgotten on the normal path.
+struct Unpublish<'a> {
+    pool: &'a Arc<Shared>,
+    region: &'a Arc<Region>,
+    published: bool,
+}
+
+impl Drop for Unpublish<'_> {
+    fn drop(&mut self) {
+        let region = self.region;
+        region.record(Status::new(
+            ferrite_base::StatusCode::Internal,
+            "the command buffer's leading thread unwound",
+        ));
+        if self.published {
+            // Under the pool's region lock, as joins: after this no worker
+            // enters.
+            self.pool.unpublish(region);
+        }
+        // Workers inside finish the tile they run (no new tile runs: the
+        // region failed) and leave once they see the end or give up
+        // polling; `leave` is a Release decrement.
+        let mut polls = 0;
+        while region.participants.load(Ordering::Acquire) > 0 {
+            pause(&mut polls);
+        }
     }
 }
 

@@ -1,0 +1,170 @@
+//! `local-task` on a busy machine (issue 25): with every CPU kept busy by
+//! other processes, a call of a tiny program must not wait for the OS to
+//! give a parked worker (or the parked caller) a time slice, nor for any
+//! timeout: N calls under load finish within a generous multiple of the
+//! same calls run inline (local-sync) on the idle machine, and at least
+//! well under one scheduler tick a call.
+//!
+//! The test starts its own load: one busy process per CPU, each limited
+//! to 60 s by `timeout(1)` and killed (and reaped) when the test ends,
+//! passing or failing.
+
+mod common;
+
+use ferrite_base::Timeout;
+use ferrite_hal::allocator::BufferParams;
+use ferrite_hal::buffer::Buffer;
+use ferrite_hal::command_buffer::{BufferRef, CommandBuffer};
+use ferrite_hal::device::{queue, Device};
+use ferrite_hal::executable::ExecutableRef;
+use ferrite_hal::fence::Fence;
+use ferrite_hal::memory::{BufferUsage, MemoryType};
+use ferrite_hal::semaphore::Semaphore;
+use ferrite_hal_cpu::CpuDevice;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One busy process per CPU, killed and reaped on drop.
+struct Load(Vec<Child>);
+
+impl Load {
+    fn start() -> Load {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut load = Load(Vec::new());
+        for _ in 0..cpus {
+            // `timeout` bounds the load even if this process dies without
+            // unwinding (SIGKILL).
+            let child = Command::new("timeout")
+                .args(["60", "sh", "-c", "while :; do :; done"])
+                .spawn()
+                .expect("starting a busy process (timeout, sh)");
+            load.0.push(child);
+        }
+        // Let the busy loops reach the run queues.
+        std::thread::sleep(Duration::from_millis(200));
+        load
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            // SIGTERM to `timeout` is passed on to its child.
+            // SAFETY: kill(2) with a pid this process spawned and has not
+            // reaped yet (reaped below), so it names our own child.
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+            }
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A command buffer of one single-workgroup dispatch (4xf32 add).
+struct Tiny {
+    cb: CommandBuffer,
+    out: Buffer,
+}
+
+fn tiny(dev: &Arc<dyn Device>) -> Tiny {
+    let exe = common::executable("add4");
+    assert_eq!(exe.workgroups, [1, 1, 1], "add4 is one workgroup");
+    let loaded = dev.create_executable(&exe.format, &exe.data, &[]).unwrap();
+    let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
+    let buf = |v: &[f32]| {
+        let b = dev.allocator().allocate(&params, 16).unwrap();
+        b.write(0, &common::f32_bytes(v)).unwrap();
+        b
+    };
+    let a = buf(&[1.0, 2.0, 3.0, 4.0]);
+    let b = buf(&[10.0; 4]);
+    let out = buf(&[0.0; 4]);
+    let direct = |b: &Buffer| BufferRef::Direct {
+        buffer: b.clone(),
+        offset: 0,
+        length: 16,
+    };
+    let cb = CommandBuffer::new(0, 3, u64::MAX, 0);
+    cb.dispatch(
+        ExecutableRef(loaded),
+        0,
+        exe.workgroups,
+        None,
+        vec![],
+        vec![direct(&a), direct(&b), direct(&out)],
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    Tiny { cb, out }
+}
+
+/// `calls` executions, each waited for without a deadline by the calling
+/// thread (as a program's synchronous call waits); their total wall time.
+fn calls(dev: &Arc<dyn Device>, t: &Tiny, calls: u32) -> Duration {
+    let start = Instant::now();
+    for _ in 0..calls {
+        let done = Fence::create_at(Semaphore::new(0), 1);
+        queue::execute(dev, &Fence::new(), &done, Some(&t.cb), vec![]).unwrap();
+        assert!(done.wait(Timeout::INFINITE).unwrap());
+    }
+    start.elapsed()
+}
+
+#[test]
+fn tiny_calls_under_cpu_load_wait_for_no_time_slice() {
+    // The calls run on a thread of their own, watched: waits have no
+    // deadline (as a program's), so a lost wake-up would hang them.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let load: Arc<parking_lot::Mutex<Option<Load>>> = Default::default();
+    let load2 = load.clone();
+    std::thread::spawn(move || {
+        // The reference: the same calls run inline (local-sync), idle.
+        let sync: Arc<dyn Device> = CpuDevice::local_sync();
+        let t = tiny(&sync);
+        calls(&sync, &t, 50);
+        let reference = calls(&sync, &t, N);
+        // The default device: one worker per CPU, default policy.
+        let cpu = CpuDevice::local_task(0).unwrap();
+        let dev: Arc<dyn Device> = cpu.clone();
+        let t = tiny(&dev);
+        calls(&dev, &t, 50);
+        let idle = calls(&dev, &t, N);
+        assert_eq!(
+            common::bytes_f32(&t.out.to_vec().unwrap()),
+            [11.0, 12.0, 13.0, 14.0]
+        );
+        *load2.lock() = Some(Load::start());
+        let loaded = calls(&dev, &t, N);
+        load2.lock().take();
+        let _ = tx.send((reference, idle, loaded, cpu.scheduler_stats().unwrap()));
+    });
+    let outcome = rx.recv_timeout(Duration::from_secs(60));
+    // Stops the load also when the calls hung or failed.
+    load.lock().take();
+    let (reference, idle, loaded, stats) = outcome.expect("the calls hung or failed");
+    let bound = (reference * RATIO).max(FLOOR * N);
+    println!(
+        "{N} calls: local-sync idle {reference:?}; local-task idle {idle:?} ({:?}/call), loaded {loaded:?} ({:?}/call); bound {bound:?}; {stats:?}",
+        idle / N,
+        loaded / N
+    );
+    assert!(
+        loaded <= bound,
+        "{N} tiny calls took {loaded:?} under load against {idle:?} idle (bound {bound:?})"
+    );
+}
+
+/// Calls timed idle and under load.
+const N: u32 = 300;
+/// The bound on the loaded time, in multiples of the same calls' time on
+/// an idle local-sync device (the calls' own cost, no scheduling)...
+const RATIO: u32 = 20;
+/// ...and at least this much per call: a quarter of the time a thread
+/// woken on a busy CPU waited for the scheduler in every call before the
+/// fix (about 1 ms: the scheduler tick), so a call that waits for a
+/// sleeping thread to get a time slice, or for any timeout, blows
+/// through it.
+const FLOOR: Duration = Duration::from_micros(250);
