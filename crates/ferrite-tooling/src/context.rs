@@ -103,7 +103,7 @@ pub fn load_context_with_hal(
     let mut ctx = Context::new(instance);
     let mut hal_devices = Vec::new();
     if needs_hal {
-        hal_devices = devices.create_devices(DEFAULT_DEVICE)?;
+        hal_devices = crate::dispatch_diff::wrap_devices(devices.create_devices(DEFAULT_DEVICE)?);
         let hal = ferrite_hal_module::create_hal_module(hal_devices.clone(), hal_options)?;
         ctx.register(hal)?;
     }

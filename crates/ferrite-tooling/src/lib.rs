@@ -26,6 +26,7 @@
 pub mod benchmark;
 pub mod context;
 pub mod device_flags;
+pub mod dispatch_diff;
 pub mod flag_table;
 pub mod flagfile;
 pub mod format;

@@ -63,6 +63,23 @@ pub struct RunModuleArgs {
     /// rank's number; results are printed per rank under `rank R:`.
     #[arg(long = "spmd_ranks")]
     pub spmd_ranks: Option<u32>,
+    /// Dispatch-level differential run (Ferrite's flag): the function runs
+    /// on `--device`, then on this device, each executing every command
+    /// alone and recording what each dispatch wrote; prints the first
+    /// dispatch whose output differs (see `dispatch_diff`); exits 1 on a
+    /// difference.
+    #[arg(long = "compare_device")]
+    pub compare_device: Option<String>,
+    /// Modules for the `--compare_device` run (e.g. the program compiled
+    /// for the CPU); the `--module`s when none.
+    #[arg(long = "compare_module")]
+    pub compare_modules: Vec<String>,
+    /// Absolute tolerance of `--compare_device` (outputs read as f32).
+    #[arg(long = "compare_atol", default_value_t = 1e-5)]
+    pub compare_atol: f64,
+    /// Relative tolerance of `--compare_device`.
+    #[arg(long = "compare_rtol", default_value_t = 1e-4)]
+    pub compare_rtol: f64,
 }
 
 /// Runs the command. When an expected output does not match, the process
@@ -74,6 +91,9 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
     }
     if let Some(ranks) = args.spmd_ranks {
         return run_ranks(args, ranks);
+    }
+    if let Some(other) = &args.compare_device {
+        return crate::dispatch_diff::run::run_compare(args, other);
     }
     let function = args.function.as_deref().unwrap_or_default();
     let instance = Instance::default();
