@@ -25,6 +25,9 @@ fn expected_failure(module: &str, function: &str) -> Option<(StatusCode, &'stati
         ("calls", "fail_call_unresolved_import") => {
             (StatusCode::NotFound, "ferrite_absent.optional_fn")
         }
+        ("refs", "fail_select_ref_wrong_type") => {
+            (StatusCode::InvalidArgument, "ref type mismatch")
+        }
         _ => return None,
     })
 }
@@ -115,6 +118,7 @@ fn documented_failures_exist() {
         ("traps", "fail_deep_recursion"),
         ("calls", "fail_in_callee"),
         ("calls", "fail_call_unresolved_import"),
+        ("refs", "fail_select_ref_wrong_type"),
     ] {
         let module = common::load_fixture(&instance, m);
         assert!(

@@ -444,6 +444,9 @@ fn dispatch<const COVERAGE: bool>(
             Op::SelectRef => {
                 let (t, f) = (r[1], r[2]);
                 let chosen = if slot!(regs, r[0]) != 0 { t } else { f };
+                // The result's type is checked as upstream does (a ref of
+                // another type is a type mismatch, not a silent copy).
+                tri!(check_cast(&refs[ref_slot(chosen)], type_at(state, insn.imm)));
                 let v = take_ref(refs, chosen);
                 // The unchosen operand is released when marked move.
                 let other = if chosen == t { f } else { t };

@@ -408,6 +408,7 @@ pub(crate) extern "C" fn ref_insn(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64, b
             Op::SelectRef => {
                 let (t, f) = (r[1], r[2]);
                 let chosen = if a as u32 != 0 { t } else { f };
+                interp::check_cast(ctx.ref_slot(slot(chosen))?, ty())?;
                 let v = ctx.take_ref(base, chosen)?;
                 let other = if chosen == t { f } else { t };
                 if other & MOVE_BIT != 0 && other & REF_MASK != chosen & REF_MASK {
