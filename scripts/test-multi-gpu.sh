@@ -56,8 +56,9 @@ done
 
 echo "== 2. CLI: two ferrite run-module processes, and one process driving both GPUs"
 port=29533
+token=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')   # the job's secret for the TCP store
 for r in 0 1; do
-  RANK=$r WORLD_SIZE=2 FERRITE_STORE=tcp://127.0.0.1:$port FERRITE_STORE_TIMEOUT=30 \
+  RANK=$r WORLD_SIZE=2 FERRITE_STORE=tcp://127.0.0.1:$port FERRITE_STORE_TOKEN=$token FERRITE_STORE_TIMEOUT=30 \
     timeout 60 "$FERRITE" run-module --device=cuda://$r --module="$G/vmfb/two_ranks.cuda.vmfb" \
     --function=all_reduce_sum --input="4xf32=$((1 + r)),2,3,$((4 * r))" >/tmp/cli.$r 2>&1 &
 done

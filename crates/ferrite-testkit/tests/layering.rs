@@ -15,6 +15,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("ferrite-hal", 1),
     ("ferrite-tokenizer", 1),
     ("ferrite-hal-module", 2),
+    ("ferrite-launch", 2),
     ("ferrite-modules", 3),
     ("ferrite", 4),
     ("ferrite-tooling", 5),

@@ -31,7 +31,9 @@
 //!   own thread, devices and session; their collectives connect them).
 //! - [`rendezvous`]: one process per rank, started by a launcher (torchrun,
 //!   mpirun, Slurm): rank and world size from its environment variables,
-//!   the group identifier through the store `FERRITE_STORE` names.
+//!   the group identifier through the store `FERRITE_STORE` names (a TCP
+//!   store needs the job's secret in `FERRITE_STORE_TOKEN`); the
+//!   `ferrite-launch` crate, re-exported.
 #![deny(missing_docs)]
 
 pub mod device;

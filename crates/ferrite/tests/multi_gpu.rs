@@ -194,6 +194,11 @@ fn two_processes_all_reduce() {
         .local_addr()
         .unwrap()
         .port();
+    // The job's secret for the TCP store, the same for both ranks.
+    let token = ferrite::rendezvous::Secret::random()
+        .unwrap()
+        .token()
+        .to_string();
     let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..2)
         .map(|r| {
@@ -209,6 +214,7 @@ fn two_processes_all_reduce() {
                 .env("WORLD_SIZE", "2")
                 .env("FERRITE_STORE", format!("tcp://127.0.0.1:{port}"))
                 .env("FERRITE_STORE_TIMEOUT", "60")
+                .env("FERRITE_STORE_TOKEN", &token)
                 .env("FERRITE_CHILD_MODULE", &path)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
