@@ -361,7 +361,54 @@ fn wrong_input_count() {
         "dynamic",
         "fma1",
         &["5xf32=1".to_string()],
-        &["expected 2 arguments but passed 1"],
+        &[
+            "expected 2 arguments but passed 1",
+            // The signature, as upstream prints it.
+            "`sync func @fma1(",
+        ],
+    );
+}
+
+/// Without `--function`, a module with one exported function runs it (as
+/// upstream); with several, the error names them.
+#[test]
+fn run_module_without_function() {
+    let add = compile("add");
+    let inputs = ["100000xf32=1".to_string(), "100000xf32=2".to_string()];
+    let mut a = vec![
+        "run-module".to_string(),
+        format!("--module={}", add.display()),
+    ];
+    a.extend(inputs.iter().map(|i| format!("--input={i}")));
+    let up = run_program(
+        &venv_tool("iree-run-module"),
+        &a[1..],
+        Duration::from_secs(60),
+    );
+    let fe = run_program(
+        Path::new(env!("CARGO_BIN_EXE_ferrite")),
+        &a,
+        Duration::from_secs(60),
+    );
+    assert_eq!(up.code, Some(0), "{}", up.stderr);
+    assert_eq!(fe.code, Some(0), "{}", fe.stderr);
+    assert_eq!(fe.stdout, up.stdout);
+    let several = compile("fill");
+    let fe = run_program(
+        Path::new(env!("CARGO_BIN_EXE_ferrite")),
+        &[
+            "run-module".to_string(),
+            format!("--module={}", several.display()),
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(fe.code, Some(1), "{}", fe.stdout);
+    assert!(
+        fe.stderr.contains("--function= must be specified")
+            && fe.stderr.contains("splat")
+            && fe.stderr.contains("offset"),
+        "{}",
+        fe.stderr
     );
 }
 
@@ -418,6 +465,20 @@ fn unavailable_device_lists_available_ones() {
         );
         assert!(!fe.stderr.contains("panicked"), "{}", fe.stderr);
     }
+    // A typo gets a suggestion, and the context is said once.
+    let fe = ferrite(&module, "add", &inputs, Some("local-snyc"));
+    assert_eq!(fe.code, Some(1));
+    assert!(
+        fe.stderr.contains("did you mean 'local-sync'?"),
+        "{}",
+        fe.stderr
+    );
+    assert_eq!(
+        fe.stderr.matches("creating device").count(),
+        1,
+        "{}",
+        fe.stderr
+    );
     // A device URI with a suffix is still a device we lack.
     let fe = ferrite(&module, "add", &inputs, Some("vulkan://0"));
     assert_eq!(fe.code, Some(1));

@@ -106,7 +106,7 @@ fn lists_drivers_and_devices_as_upstream() {
     assert_eq!(o.code, Some(1));
     assert!(
         o.stderr
-            .contains("available devices: cuda, local-sync, local-task"),
+            .contains("Available drivers: cuda, local-sync, local-task"),
         "{}",
         o.stderr
     );

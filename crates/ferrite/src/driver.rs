@@ -44,16 +44,50 @@ pub fn available_drivers() -> Vec<&'static str> {
 }
 
 /// The driver called `name`; an unknown name is a NOT_FOUND error listing
-/// the available drivers.
+/// the available drivers and suggesting the closest one.
 pub fn find_driver(name: &str) -> Result<&'static dyn Driver> {
     match DRIVERS.iter().find(|d| d.name() == name) {
         Some(d) => Ok(*d),
-        None => bail!(
-            NotFound,
-            "device '{name}' is not available; available devices: {}",
-            available_drivers().join(", ")
-        ),
+        None => {
+            let hint = closest_driver(name)
+                .map(|d| format!("; did you mean '{d}'?"))
+                .unwrap_or_default();
+            bail!(
+                NotFound,
+                "no HAL driver named '{name}'{hint} Available drivers: {} (--list_devices lists their devices)",
+                available_drivers().join(", ")
+            )
+        }
     }
+}
+
+/// The driver name within two edits of `name`, if any (typos such as
+/// `local-snyc`).
+fn closest_driver(name: &str) -> Option<&'static str> {
+    fn distance(a: &str, b: &str) -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for (j, &cb) in b.iter().enumerate() {
+                let cur = row[j + 1];
+                row[j + 1] = if ca == cb {
+                    prev
+                } else {
+                    1 + prev.min(row[j]).min(row[j + 1])
+                };
+                prev = cur;
+            }
+        }
+        row[b.len()]
+    }
+    available_drivers()
+        .into_iter()
+        .map(|d| (distance(name, d), d))
+        .filter(|&(n, _)| n <= 2)
+        .min()
+        .map(|(_, d)| d)
 }
 
 /// Creates the HAL device `uri` names with the driver flags `options`.

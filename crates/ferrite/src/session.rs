@@ -53,7 +53,7 @@ impl Session {
     pub fn with_devices(instance: &Instance, devices: &[&str]) -> Result<Session> {
         let devices = devices
             .iter()
-            .map(|n| Device::create(n).annotate(|| format!("creating device '{n}'")))
+            .map(|n| Device::create(n))
             .collect::<Result<Vec<_>>>()?;
         let options = HalModuleOptions {
             channel_provider: crate::rendezvous::process_default(),
@@ -73,7 +73,7 @@ impl Session {
     ) -> Result<Session> {
         let devices = devices
             .iter()
-            .map(|n| Device::create(n).annotate(|| format!("creating device '{n}'")))
+            .map(|n| Device::create(n))
             .collect::<Result<Vec<_>>>()?;
         let options = HalModuleOptions {
             channel_provider: Some(provider),

@@ -17,7 +17,7 @@ pub struct RunModuleArgs {
     #[arg(long = "module_mode", value_enum, default_value_t = crate::context::ModuleMode::Mmap)]
     pub module_mode: crate::context::ModuleMode,
     /// Function to call (`name` or `module.name`).
-    #[arg(long, required_unless_present_any = LISTING)]
+    #[arg(long)]
     pub function: Option<String>,
     /// Function inputs in upstream's syntax: scalars (`42`, `1.5`), tensors
     /// (`2x2xi32=1 2 3 4`, `2x2xi32=@raw.bin`), numpy files (`@a.npy` from
@@ -95,7 +95,6 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
     if let Some(other) = &args.compare_device {
         return crate::dispatch_diff::run::run_compare(args, other);
     }
-    let function = args.function.as_deref().unwrap_or_default();
     let instance = Instance::default();
     let run = load_context_with(
         &instance,
@@ -107,6 +106,11 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
     )
     .annotate(|| "creating run context".to_string())?;
     let ctx = &run.context;
+    let function = match &args.function {
+        Some(f) => f.clone(),
+        None => only_export(ctx).annotate(|| "creating run context".to_string())?,
+    };
+    let function = function.as_str();
     let f = ctx
         .lookup_function(function)
         .annotate(|| format!("looking up function '{}'", function))?;
@@ -145,12 +149,25 @@ fn invoke_repeated(
     repeat: u64,
 ) -> Result<Vec<Variant>> {
     if inputs.len() != f.cconv.args.len() {
+        // The declaration says what the arguments are (upstream prints it).
+        let declaration = f
+            .state
+            .module()
+            .exports()
+            .get(f.ordinal as usize)
+            .and_then(|e| {
+                e.signature
+                    .attr("iree.abi.declaration")
+                    .map(|d| format!("; `{d}`"))
+            })
+            .unwrap_or_default();
         bail!(
             InvalidArgument,
-            "input list and function mismatch; expected {} arguments but passed {}; invoking function '{}'",
+            "input list and function mismatch; expected {} arguments but passed {}; invoking function '{}'{}",
             f.cconv.args.len(),
             inputs.len(),
-            function
+            function,
+            declaration
         );
     }
     let mut results = Vec::new();
@@ -160,6 +177,34 @@ fn invoke_repeated(
             .annotate(|| format!("invoking function '{}'", function))?;
     }
     Ok(results)
+}
+
+/// The function to run when `--function` is not given: the main (last)
+/// module's one exported function (internal `__`-prefixed exports such as
+/// `__init` aside), as upstream; an error naming the exports otherwise.
+fn only_export(ctx: &Context) -> Result<String> {
+    let Some(main) = ctx.modules().last() else {
+        bail!(InvalidArgument, "no module loaded (--module=FILE.vmfb)");
+    };
+    let exports: Vec<&str> = main
+        .exports()
+        .iter()
+        .map(|e| e.name.as_str())
+        .filter(|n| !n.starts_with("__"))
+        .collect();
+    match exports.as_slice() {
+        [one] => Ok(one.to_string()),
+        [] => bail!(
+            InvalidArgument,
+            "module '{}' exports no function; nothing to run",
+            main.name()
+        ),
+        many => bail!(
+            InvalidArgument,
+            "more than one exported function present; --function= must be specified explicitly (exports: {})",
+            many.join(", ")
+        ),
+    }
 }
 
 /// `{rank}` in each of `specs` replaced by `rank`.
@@ -178,7 +223,9 @@ fn run_ranks(args: &RunModuleArgs, ranks: u32) -> Result<()> {
     if ranks == 0 {
         bail!(InvalidArgument, "--spmd_ranks must be at least 1");
     }
-    let function = args.function.as_deref().unwrap_or_default();
+    let Some(function) = args.function.as_deref() else {
+        bail!(InvalidArgument, "--spmd_ranks needs --function=NAME");
+    };
     let instance = Instance::default();
     {
         use std::io::Write;
