@@ -28,11 +28,18 @@
 //! - `file:DIR`: a directory every rank sees (a shared file system); rank 0
 //!   writes each identifier there (mode 0600, in a directory no one else
 //!   can write), the others read it, and rank 0 removes the files once all
-//!   have. Use a fresh directory per job. See [`file`].
+//!   have. Use a fresh directory per job. See [`file`](mod@file).
 //!
 //! Not done: torchrun's own c10d store (`MASTER_ADDR`/`MASTER_PORT`) and
 //! MPI's or PMI's exchange are not used; a job under them still names a
-//! `FERRITE_STORE` of its own.
+//! `FERRITE_STORE` of its own. The c10d store's wire protocol is PyTorch's
+//! internal one and has changed between releases (its query codes were
+//! renumbered when a validation query was added first, and some releases
+//! put a magic number before every query), so a client here would have to
+//! track PyTorch's versions; that store also takes no secret, so anyone who
+//! reaches `MASTER_PORT` reads and writes it. MPI's and PMI's exchanges
+//! would mean loading `libmpi`/`libpmi` at run time (foreign calls) for
+//! one identifier.
 //!
 //! Each exchange is also a barrier: rank 0 returns once every rank has
 //! fetched the identifier, so NCCL's initialization, which waits for every

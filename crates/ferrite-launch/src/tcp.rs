@@ -27,8 +27,9 @@
 //! Rank 0 listens only while it publishes one key and closes the listener
 //! and every connection once ranks `1..size` all confirmed it (or at the
 //! deadline). Lines are at most [`MAX_LINE`] bytes; a connection must send
-//! its `HELLO` within [`HANDSHAKE_TIMEOUT`]; at most [`MAX_CONNECTIONS`]
-//! connections are open at once (a new one past that closes the oldest
+//! its `HELLO` within [`HANDSHAKE_TIMEOUT`]; at most [`connection_limit`]
+//! connections ([`MAX_CONNECTIONS`], or twice the group's size when that
+//! is more) are open at once (a new one past that closes the oldest
 //! connection that has not authenticated), each on a thread of its own
 //! that ends with it.
 
@@ -49,8 +50,14 @@ pub const MAX_ID_BYTES: usize = 4096;
 pub const MAX_KEY_BYTES: usize = 256;
 /// How long a connection may take to send its `HELLO`, and later its `OK`.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The most connections rank 0 keeps open at once.
+/// The most connections rank 0 keeps open at once for a group of up to 32
+/// ranks; larger groups get twice their size (see [`connection_limit`]).
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// The most connections rank 0 keeps open at once for a group of `size`.
+pub fn connection_limit(size: u32) -> usize {
+    MAX_CONNECTIONS.max(2 * size as usize)
+}
 
 const GREETING: &str = "FERRITE-STORE/1";
 
@@ -369,7 +376,7 @@ impl Server<'_> {
     /// when the limit is reached; `None` when it cannot be served.
     fn admit(&self, stream: TcpStream) -> Option<(u64, TcpStream)> {
         let mut st = self.lock();
-        if st.connections.len() >= MAX_CONNECTIONS {
+        if st.connections.len() >= connection_limit(self.size) {
             match st.connections.iter().position(|c| !c.authenticated) {
                 Some(i) => {
                     let old = st.connections.remove(i);
