@@ -114,6 +114,36 @@ if [ -n "$CHECK_DIR" ] && [ -d "$CHECK_DIR" ]; then
   done
 fi
 
+echo "== MiniLM on cuda against local-task (max |diff| <= 1e-6)"
+MINILM_DIR=${MINILM_DIR:-$ROOT/examples/minilm}
+W=${MINILM_WEIGHTS:-}
+if [ -z "$W" ]; then
+  W=${TMPDIR:-/tmp}/minilm-random.safetensors
+  python3 -c "import sys; sys.path.insert(0, '$MINILM_DIR'); import model; model.write_random_safetensors('$W')" || W=
+fi
+if [ -n "$W" ] && [ -f "$MINILM_DIR/minilm_cuda.vmfb" ]; then
+  MA="--function=embed --parameters=model=$W --input=1x128xi64=1 --input=1x128xi64=1"
+  T=${TMPDIR:-/tmp}
+  # shellcheck disable=SC2086
+  "$FERRITE" run-module --device=local-task --module="$MINILM_DIR/minilm.vmfb" $MA --output=@"$T/minilm_cpu.npy" >/dev/null 2>&1
+  # shellcheck disable=SC2086
+  "$FERRITE" run-module --device=cuda --module="$MINILM_DIR/minilm_cuda.vmfb" $MA --output=@"$T/minilm_cuda.npy" >/dev/null 2>&1
+  d=$(python3 -c "import numpy as np; print(float(np.max(np.abs(np.load('$T/minilm_cuda.npy').astype('f8') - np.load('$T/minilm_cpu.npy')))))" 2>&1)
+  if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) <= 1e-6 else 1)" "$d" 2>/dev/null; then
+    ok
+    echo "ok   minilm cuda vs local-task: max |diff| $d"
+  else
+    bad "minilm cuda vs local-task: max |diff| $d"
+    # Where it parts, dispatch by dispatch (serialized: may well agree,
+    # which points at ordering between submissions).
+    # shellcheck disable=SC2086
+    "$FERRITE" run-module --device=cuda --compare_device=local-task --module="$MINILM_DIR/minilm_cuda.vmfb" \
+      --compare_module="$MINILM_DIR/minilm.vmfb" $MA 2>&1 | grep -E "dispatch comparison|FIRST|binding" | head -6
+  fi
+else
+  echo "SKIPPED minilm (no weights: numpy missing)"
+fi
+
 echo "== kernel times (FERRITE_CUDA_KERNEL_TIMES=1)"
 read -r module fn args < <(grep -v '^#' "$DIFF_DIR/cases.txt" | grep . | head -1)
 m=${module/\//_}

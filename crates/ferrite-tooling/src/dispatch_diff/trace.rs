@@ -266,6 +266,29 @@ impl Device for TraceDevice {
         command_buffer: &CommandBuffer,
         bindings: BindingTable,
     ) -> Result<()> {
+        // FERRITE_DISPATCH_DIFF_SPLIT=0: whole command buffers, each
+        // waited for (records nothing; tells ordering problems between
+        // submissions from ones within a command buffer).
+        if std::env::var("FERRITE_DISPATCH_DIFF_SPLIT").is_ok_and(|v| v == "0") {
+            let outcome = wait.wait(Timeout::INFINITE).and_then(|_| {
+                let done = Fence::create_at(Semaphore::new(0), 1);
+                self.inner.queue_execute(
+                    &self.inner,
+                    Fence::empty(),
+                    &done,
+                    command_buffer,
+                    bindings,
+                )?;
+                done.wait(Timeout::INFINITE).map(|_| ())
+            });
+            return match outcome {
+                Ok(()) => signal.signal(),
+                Err(e) => {
+                    signal.fail(e);
+                    Ok(())
+                }
+            };
+        }
         // Serialized: the commands run one by one, on this thread, once
         // `wait` is reached.
         let outcome = wait.wait(Timeout::INFINITE).and_then(|_| {
