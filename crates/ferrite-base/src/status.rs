@@ -200,6 +200,11 @@ impl Status {
     }
 }
 
+/// Backtrace frames printed before and after the elided middle of a long
+/// backtrace.
+const BACKTRACE_HEAD: usize = 32;
+const BACKTRACE_TAIL: usize = 16;
+
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}; {}", self.0.code, self.0.message)?;
@@ -208,8 +213,18 @@ impl fmt::Display for Status {
         }
         if !self.0.backtrace.is_empty() {
             f.write_str("\nbacktrace:")?;
-            for (i, fr) in self.0.backtrace.iter().enumerate() {
-                write!(f, "\n  [{i}] {fr}")?;
+            // A deep recursion's backtrace has tens of thousands of frames:
+            // the innermost and outermost ones say where; the middle is
+            // counted, not printed ([`Status::backtrace`] keeps them all).
+            let bt = &self.0.backtrace;
+            let (head, tail) = (BACKTRACE_HEAD, BACKTRACE_TAIL);
+            for (i, fr) in bt.iter().enumerate() {
+                if bt.len() > head + tail && i == head {
+                    write!(f, "\n  ... {} frames elided", bt.len() - head - tail)?;
+                }
+                if bt.len() <= head + tail || i < head || i >= bt.len() - tail {
+                    write!(f, "\n  [{i}] {fr}")?;
+                }
             }
         }
         Ok(())

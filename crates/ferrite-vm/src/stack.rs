@@ -15,7 +15,16 @@ use std::sync::Arc;
 
 /// Default maximum number of frames before a call fails with
 /// `RESOURCE_EXHAUSTED`.
-pub const DEFAULT_MAX_DEPTH: usize = 1024;
+///
+/// Frames and their registers live on the heap (this stack), not on the
+/// thread's stack, so what bounds recursion is the memory they take: the
+/// register budget [`MAX_REGISTER_BYTES`] and this frame count (a frame's
+/// own bookkeeping is about a hundred bytes, so 65,536 frames take a few
+/// MB). Upstream's fixed-size stack admits about 5,000-6,500 frames of a
+/// small recursive function; a program upstream runs must run here too,
+/// so the limit is set well above that rather than at a round number
+/// below it.
+pub const DEFAULT_MAX_DEPTH: usize = 65_536;
 
 /// The most bytes of registers (i32 slots and ref slots together) one
 /// stack's frames may hold. A module picks its functions' register counts
