@@ -85,6 +85,19 @@ pub fn read_header(r: &mut dyn Read, source: &str) -> Result<NpyHeader> {
             header.len()
         );
     }
+    // The header is a Python literal (numpy reads it with
+    // `ast.literal_eval`, which refuses NUL and other control bytes): a
+    // NUL inside is a corrupt or truncated file, not padding.
+    if let Some(at) = header
+        .iter()
+        .position(|&b| b < 0x20 && !matches!(b, b'\n' | b'\r' | b'\t'))
+    {
+        bail!(
+            InvalidArgument,
+            "`{source}`: npy header has control byte {:#04x} at header offset {at} (a corrupt file?)",
+            header[at]
+        );
+    }
     let text = String::from_utf8_lossy(&header);
     parse_header_dict(&text)
         .map_err(|e| e.annotate(format!("parsing npy header of `{source}`: {}", text.trim())))
@@ -348,6 +361,19 @@ mod tests {
         let h = read_header(&mut &out[..], "t.npy").unwrap();
         assert_eq!(h.shape, vec![2, 3]);
         assert_eq!(h.element_type, ElementType::FLOAT_32);
+    }
+
+    #[test]
+    fn a_nul_byte_in_the_header_is_refused() {
+        let mut out = Vec::new();
+        write_array(&mut out, &[2], ElementType::FLOAT_32, &[0; 8]).unwrap();
+        // Inside the dict, and in the padding.
+        for at in [20, 100] {
+            let mut bad = out.clone();
+            bad[at] = 0;
+            let e = read_header(&mut &bad[..], "t.npy").unwrap_err();
+            assert!(e.to_string().contains("control byte 0x00"), "{e}");
+        }
     }
 
     #[test]
