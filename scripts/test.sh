@@ -3,11 +3,16 @@
 #   1. the pinned upstream tools in .venv (fixtures, differential tests),
 #   2. our fixture programs compiled with them,
 #   3. formatting and lint gates, the Rust test suites,
-#   4. upstream's own VM test programs under our runtime (from the upstream
-#      source mirror named by IREE_MIRROR).
+#   4. upstream's own VM test programs under our runtime, JIT on and off
+#      (read from ../shared/upstream-vm-tests, or UPSTREAM_VM_TESTS; without
+#      either, from the git mirror named by IREE_MIRROR),
+#   5. upstream's e2e check programs (../shared/upstream-e2e, or UPSTREAM_E2E)
+#      compiled for llvm-cpu and run on local-sync and local-task, compared
+#      with upstream's verdicts (scripts/upstream-e2e-check.sh; compiled
+#      modules are cached in build/upstream-e2e-cache).
 #
 # FERRITE_REQUIRE_UPSTREAM=1 (CI sets it) turns every skip for a missing
-# upstream prerequisite (pinned tools, upstream mirror) into a failure; a
+# upstream prerequisite (pinned tools, upstream test data) into a failure; a
 # skip is otherwise printed as "SKIPPED <what>: <why>".
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,15 +49,33 @@ step "our programs under upstream iree-run-module (differential baseline)"
 scripts/check-upstream.sh
 step "upstream VM test programs under ferrite"
 cargo build -q -p ferrite-cli
-if [[ -n "${IREE_MIRROR:-}" ]]; then
-  RUNNER="target/debug/ferrite run-module" scripts/upstream-vm-suite.sh
-  # The same programs with the compiling tier off: both tiers must pass.
-  RUNNER="target/debug/ferrite run-module --vm_jit=false" scripts/upstream-vm-suite.sh
-elif [[ "${FERRITE_REQUIRE_UPSTREAM:-}" == 1 && "${FERRITE_ALLOW_MISSING_MIRROR:-}" != 1 ]]; then
-  echo "IREE_MIRROR is not set, and FERRITE_REQUIRE_UPSTREAM=1 forbids skipping the upstream VM suite"
+VM_TESTS="${UPSTREAM_VM_TESTS:-$ROOT/../shared/upstream-vm-tests}"
+vm_src=()
+if [[ -d "$VM_TESTS" ]]; then
+  vm_src=(env UPSTREAM_VM_TESTS="$VM_TESTS")
+elif [[ -n "${IREE_MIRROR:-}" ]]; then
+  vm_src=(env -u UPSTREAM_VM_TESTS IREE_MIRROR="$IREE_MIRROR")
+elif [[ "${FERRITE_REQUIRE_UPSTREAM:-}" == 1 ]]; then
+  echo "no upstream VM test programs at $VM_TESTS (set UPSTREAM_VM_TESTS) and IREE_MIRROR is not set;" \
+    "FERRITE_REQUIRE_UPSTREAM=1 forbids skipping the upstream VM suite"
   exit 1
 else
-  echo "SKIPPED upstream VM suite: IREE_MIRROR is not set (point it at a clone or bare mirror of iree-org/iree)"
+  echo "SKIPPED upstream VM suite: no upstream VM test programs at $VM_TESTS (set UPSTREAM_VM_TESTS or IREE_MIRROR)"
+fi
+if [[ ${#vm_src[@]} -gt 0 ]]; then
+  "${vm_src[@]}" RUNNER="target/debug/ferrite run-module" scripts/upstream-vm-suite.sh
+  # The same programs with the compiling tier off: both tiers must pass.
+  "${vm_src[@]}" RUNNER="target/debug/ferrite run-module --vm_jit=false" scripts/upstream-vm-suite.sh
+fi
+step "upstream e2e programs (llvm-cpu) under ferrite on local-sync and local-task"
+E2E_DATA="${UPSTREAM_E2E:-$ROOT/../shared/upstream-e2e}"
+if [[ -d "$E2E_DATA" ]]; then
+  UPSTREAM_E2E="$E2E_DATA" FERRITE=target/debug/ferrite scripts/upstream-e2e-check.sh
+elif [[ "${FERRITE_REQUIRE_UPSTREAM:-}" == 1 ]]; then
+  echo "no upstream e2e test data at $E2E_DATA (set UPSTREAM_E2E); FERRITE_REQUIRE_UPSTREAM=1 forbids skipping it"
+  exit 1
+else
+  echo "SKIPPED upstream e2e check suites: no upstream e2e test data at $E2E_DATA (set UPSTREAM_E2E)"
 fi
 step "python package (ferrite.runtime) and its tests"
 .venv/bin/python -c "import maturin, pytest, numpy" 2>/dev/null || .venv/bin/pip install -q maturin pytest numpy

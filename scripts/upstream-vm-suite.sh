@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs upstream IREE's own VM test programs (runtime/src/iree/vm/test/*.vmasm)
-# through a runner. Nothing of upstream is committed here: the sources are
-# extracted from a local mirror at test time into build/upstream-vm/ (ignored),
+# through a runner. Nothing of upstream is committed here: the sources are read
+# at test time from a directory of test data (UPSTREAM_VM_TESTS, default
+# ../shared/upstream-vm-tests beside the repository; CI uses this) or, with
+# IREE_MIRROR set and UPSTREAM_VM_TESTS not, extracted from a git mirror of
+# iree-org/iree; either way they are copied into build/upstream-vm/ (ignored)
 # and assembled with the pinned iree-as-module.
 #
 #   test_*  must exit 0.
@@ -18,8 +21,10 @@
 # iree-run-module has no such module, so those functions have no reference.
 #
 # Environment:
-#   IREE_MIRROR  bare git mirror of iree-org/iree
-#                (required; no default)
+#   UPSTREAM_VM_TESTS  directory holding the *.vmasm files (default
+#                ../shared/upstream-vm-tests); wins over IREE_MIRROR
+#   IREE_MIRROR  clone or bare git mirror of iree-org/iree, read when
+#                UPSTREAM_VM_TESTS is not set
 #   RUNNER       runner under test (default: target/release/ferrite run-module)
 #   REFERENCE    upstream runner giving reference errors
 #                (default: .venv/bin/iree-run-module)
@@ -32,7 +37,14 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-MIRROR="${IREE_MIRROR:?set IREE_MIRROR to a clone or bare git mirror of iree-org/iree}"
+# Source: a directory of test data, or a git mirror (see above).
+if [[ -n "${UPSTREAM_VM_TESTS:-}" || -z "${IREE_MIRROR:-}" ]]; then
+  SRC_DIR="${UPSTREAM_VM_TESTS:-$ROOT/../shared/upstream-vm-tests}"
+  MIRROR=""
+else
+  SRC_DIR=""
+  MIRROR="$IREE_MIRROR"
+fi
 RUNNER="${RUNNER:-target/release/ferrite run-module}"
 REFERENCE="${REFERENCE:-.venv/bin/iree-run-module}"
 AS_MODULE="${AS_MODULE:-.venv/bin/iree-as-module}"
@@ -44,7 +56,13 @@ TEST_DIR="runtime/src/iree/vm/test"
 read -r -a runner_cmd <<<"$RUNNER"
 read -r -a reference_cmd <<<"$REFERENCE"
 
-if ! git -C "$MIRROR" rev-parse --verify -q HEAD >/dev/null; then
+if [[ -n "$SRC_DIR" ]]; then
+  if [[ ! -d "$SRC_DIR" ]]; then
+    echo "upstream-vm-suite: no upstream VM test programs at $SRC_DIR" \
+      "(set UPSTREAM_VM_TESTS to a directory of *.vmasm, or IREE_MIRROR to a git mirror of iree-org/iree)" >&2
+    exit 2
+  fi
+elif ! git -C "$MIRROR" rev-parse --verify -q HEAD >/dev/null; then
   echo "upstream-vm-suite: no git mirror at $MIRROR (set IREE_MIRROR)" >&2
   exit 2
 fi
@@ -58,13 +76,18 @@ done
 
 rm -rf "$OUT"
 mkdir -p "$OUT/src"
-commit="$(git -C "$MIRROR" rev-parse --short HEAD)"
-mapfile -t sources < <(git -C "$MIRROR" ls-tree --name-only HEAD "$TEST_DIR/" | grep '\.vmasm$')
+if [[ -n "$SRC_DIR" ]]; then
+  mapfile -t sources < <(cd "$SRC_DIR" && ls -1 -- *.vmasm 2>/dev/null)
+  origin="$SRC_DIR"
+else
+  mapfile -t sources < <(git -C "$MIRROR" ls-tree --name-only HEAD "$TEST_DIR/" | grep '\.vmasm$')
+  origin="$MIRROR @ $(git -C "$MIRROR" rev-parse --short HEAD)"
+fi
 if [[ ${#sources[@]} -eq 0 ]]; then
-  echo "upstream-vm-suite: no $TEST_DIR/*.vmasm in the mirror" >&2
+  echo "upstream-vm-suite: no *.vmasm in ${SRC_DIR:-$TEST_DIR of the mirror}" >&2
   exit 2
 fi
-echo "upstream-vm-suite: ${#sources[@]} programs from $MIRROR @ $commit"
+echo "upstream-vm-suite: ${#sources[@]} programs from $origin"
 echo "  runner:    $RUNNER"
 echo "  reference: $REFERENCE"
 
@@ -87,7 +110,11 @@ for path in "${sources[@]}"; do
   if [[ " ${SKIP:-} " == *" $name "* ]]; then echo "$name: skipped (SKIP)"; continue; fi
   src="$OUT/src/$name.vmasm"
   vmfb="$OUT/$name.vmfb"
-  git -C "$MIRROR" show "HEAD:$path" >"$src"
+  if [[ -n "$SRC_DIR" ]]; then
+    cp "$SRC_DIR/$path" "$src"
+  else
+    git -C "$MIRROR" show "HEAD:$path" >"$src"
+  fi
   if ! asm_err="$("$AS_MODULE" --output="$vmfb" "$src" 2>&1)"; then
     echo "$name: NOT ASSEMBLED by the pinned iree-as-module: $asm_err"
     t_noasm=$((t_noasm + 1))
