@@ -100,7 +100,8 @@ export BASE_FLAGS_STR="${BASE_FLAGS[*]}"
 # with the same flags, are left out. A suite with no llvm-cpu variant but
 # plain .mlir files lists them as variant `plain-llvm-cpu`.
 list_suite() {
-  python3 - "$@" <<'PY'
+  FERRITE_SCRIPTS="$ROOT/scripts" python3 - "$@" <<'PY'
+import os
 import re
 import subprocess
 import sys
@@ -115,33 +116,13 @@ text = subprocess.run(
     capture_output=True, text=True, check=True).stdout
 
 
+# CMakeLists.txt parsing shared with scripts/upstream-e2e-check.sh.
+sys.path.insert(0, os.environ["FERRITE_SCRIPTS"])
+from upstream_e2e_suites import blocks as blocks_of, fields  # noqa: E402
+
+
 def blocks(kind):
-    out, cur = [], None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if cur is None:
-            if line.startswith(kind + "("):
-                cur = []
-            continue
-        if line == ")":
-            out.append(cur)
-            cur = None
-            continue
-        if not line or line.startswith("#"):
-            continue
-        cur.append(line)
-    return out
-
-
-def fields(lines):
-    d, key = {}, None
-    for line in lines:
-        if re.fullmatch(r"[A-Z_]+", line):
-            key = line
-            d.setdefault(key, [])
-        elif key:
-            d[key].append(line.strip('"').replace("\\(", "(").replace("\\)", ")"))
-    return d
+    return blocks_of(text, kind)
 
 
 gens = {}

@@ -59,7 +59,7 @@ def host_cpu_id():
 TARGET_CPU = "--iree-llvmcpu-target-cpu="
 
 
-# CMakeLists.txt parsing (the same reading as scripts/upstream-e2e.sh's).
+# CMakeLists.txt parsing (scripts/upstream-e2e.sh imports these two too).
 def blocks(text, kind):
     out, cur = [], None
     for raw in text.splitlines():
