@@ -41,6 +41,8 @@ BENCHES = {
     "parameters": ("bench-parameters.py", ["--rounds", "3"], ["--rounds", "1"]),
     "tokenizer": ("bench-tokenizer.py", ["--rounds", "3"], ["--rounds", "1"]),
     "model": ("bench-model.py", [], ["--quick"]),
+    # Idle and with one busy process per CPU (issue 25), side by side.
+    "load": ("bench-load.py", ["--rounds", "3"], ["--rounds", "1", "--min-time", "0.2", "--only", "add", "mlp"]),
     # The committed benches/scaling.png comes from the 16-core device machine
     # (see the README); a sweep here draws its curves beside the build.
     "scaling": ("bench-scaling.py", ["--png", "build/bench/scaling-here.png"],

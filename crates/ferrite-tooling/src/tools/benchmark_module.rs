@@ -7,6 +7,9 @@
 //! arguments is timed. `--compare-upstream` also runs the pinned
 //! `iree-benchmark-module` on the same module, function, inputs and device
 //! and ends with `ratio: X` (Ferrite time / upstream time, lower is better).
+//! `--under-load` then times both again while one busy process per CPU
+//! runs (started and killed by the command, limited to `--load-seconds`)
+//! and adds `loaded ratio: Y` and an idle/loaded summary line.
 
 use crate::benchmark::{console_report, fmt_time, json_report, MinTime, Row};
 use crate::context::{load_context_with, parse_inputs};
@@ -74,6 +77,80 @@ pub struct BenchmarkModuleArgs {
     /// directory or this executable) and print `ratio: X`.
     #[arg(long = "compare-upstream")]
     pub compare_upstream: bool,
+    /// After the idle timing, time again (upstream too with
+    /// `--compare-upstream`) while one busy process per available CPU
+    /// runs, and print the loaded figures and ratio beside the idle ones.
+    /// The load is started here, limited to `--load-seconds`, and killed
+    /// as soon as the loaded timing ends (or fails).
+    #[arg(long = "under-load")]
+    pub under_load: bool,
+    /// Longest the `--under-load` busy processes may live, in seconds.
+    #[arg(long = "load-seconds", default_value_t = 120)]
+    pub load_seconds: u64,
+}
+
+/// One busy process (`sh` looping) per available CPU, each limited in
+/// time by `timeout(1)`, in a process group of their own that is killed
+/// (and reaped) on drop.
+struct CpuLoad {
+    children: Vec<std::process::Child>,
+}
+
+impl CpuLoad {
+    fn start(seconds: u64) -> Result<CpuLoad> {
+        use std::os::unix::process::CommandExt;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut load = CpuLoad {
+            children: Vec::with_capacity(cpus),
+        };
+        for _ in 0..cpus {
+            let child = Command::new("timeout")
+                .args([
+                    &seconds.max(1).to_string(),
+                    "sh",
+                    "-c",
+                    "while :; do :; done",
+                ])
+                .process_group(0)
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| status!(Unknown, "starting a busy process (timeout, sh): {e}"))?;
+            load.children.push(child);
+        }
+        // Let the busy loops reach the run queues.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        Ok(load)
+    }
+
+    fn len(&self) -> usize {
+        self.children.len()
+    }
+}
+
+impl Drop for CpuLoad {
+    fn drop(&mut self) {
+        for c in &self.children {
+            // SAFETY: killpg(2) on the process group of a child this
+            // process spawned with `process_group(0)` (its pid is the group
+            // id) and has not reaped yet (reaped below), so the group holds
+            // only that `timeout` and its `sh`.
+            unsafe {
+                libc::killpg(c.id() as libc::pid_t, libc::SIGKILL);
+            }
+        }
+        for c in &mut self.children {
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Ferrite's mean per-call wall time (ns) over the repetitions of `rows`.
+fn per_call(rows: &[Row], repetitions: usize) -> Option<f64> {
+    rows.iter()
+        .filter(|r| r.aggregate.is_none())
+        .map(|r| r.real)
+        .reduce(|a, b| a + b)
+        .map(|t| t / repetitions.max(1) as f64)
 }
 
 /// The name google benchmark gives `function`'s benchmark.
@@ -218,16 +295,11 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
             )
         })?;
     }
+    let mut idle = None;
     if args.compare_upstream {
-        let Some(ours) = rows
-            .iter()
-            .filter(|r| r.aggregate.is_none())
-            .map(|r| r.real)
-            .reduce(|a, b| a + b)
-        else {
+        let Some(ours) = per_call(&rows, args.repetitions) else {
             bail!(InvalidArgument, "--compare-upstream: nothing was timed");
         };
-        let ours = ours / args.repetitions.max(1) as f64;
         let up = run_upstream(args)?;
         println!(
             "upstream iree-benchmark-module: {} per call (mean of {} repetition(s))",
@@ -236,6 +308,51 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
         );
         println!("ferrite benchmark-module: {} per call", fmt_time(ours));
         println!("ratio: {:.3}", ours / up);
+        idle = Some((ours, Some(up)));
+    }
+    if args.under_load {
+        let Some(ours_idle) = idle.map(|i| i.0).or(per_call(&rows, args.repetitions)) else {
+            bail!(InvalidArgument, "--under-load: nothing was timed");
+        };
+        let load = CpuLoad::start(args.load_seconds)?;
+        let mut loaded = Vec::new();
+        for f in &functions {
+            loaded.extend(time_function(&rc.context, &rc.devices, f, args, min_time)?);
+        }
+        let up = if args.compare_upstream {
+            Some(run_upstream(args)?)
+        } else {
+            None
+        };
+        let busy = load.len();
+        drop(load);
+        let ours = per_call(&loaded, args.repetitions).unwrap_or(f64::NAN);
+        println!("under load ({busy} busy processes, one per CPU):");
+        println!("  ferrite benchmark-module: {} per call", fmt_time(ours));
+        let up_idle = idle.and_then(|i| i.1);
+        if let (Some(up), Some(up_idle)) = (up, up_idle) {
+            println!(
+                "  upstream iree-benchmark-module: {} per call",
+                fmt_time(up)
+            );
+            println!("loaded ratio: {:.3}", ours / up);
+            println!(
+                "idle vs loaded: ferrite {} / {}, upstream {} / {}, ratio {:.3} / {:.3}",
+                fmt_time(ours_idle),
+                fmt_time(ours),
+                fmt_time(up_idle),
+                fmt_time(up),
+                ours_idle / up_idle,
+                ours / up
+            );
+        } else {
+            println!(
+                "idle vs loaded: ferrite {} / {} ({:.2}x)",
+                fmt_time(ours_idle),
+                fmt_time(ours),
+                ours / ours_idle
+            );
+        }
     }
     Ok(())
 }
