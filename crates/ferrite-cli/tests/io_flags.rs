@@ -409,3 +409,58 @@ fn benchmark_module_compares_with_upstream() {
     let ratio: f64 = last.strip_prefix("ratio: ").expect(last).parse().unwrap();
     assert!(ratio > 0.0);
 }
+
+/// `--under-load` times again under one busy process per CPU, prints the
+/// idle and loaded figures side by side, and leaves no busy process behind.
+#[test]
+fn benchmark_module_under_load_reports_both_and_stops_its_load() {
+    let dir = workdir();
+    let o = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args([
+            "benchmark-module",
+            "--module=io.vmfb",
+            "--function=two",
+            "--input=2x3xf32=1",
+            "--input=@a.npy",
+            "--device=local-task",
+            "--benchmark_min_time=20x",
+            "--compare-upstream",
+            "--under-load",
+            "--load-seconds=37",
+        ])
+        .env("IREE_BENCHMARK_MODULE", venv_tool("iree-benchmark-module"))
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        out.contains(&format!("under load ({cpus} busy processes, one per CPU)")),
+        "{out}"
+    );
+    assert!(out.contains("idle vs loaded: ferrite "), "{out}");
+    let loaded = out
+        .lines()
+        .find_map(|l| l.strip_prefix("loaded ratio: "))
+        .expect(&out);
+    assert!(loaded.parse::<f64>().unwrap() > 0.0);
+    // The busy processes were killed: no `timeout 37 sh -c ...` (the
+    // unusual limit marks this test's) is left running.
+    let marker = b"timeout\x0037\x00sh\x00-c\x00while :; do :; done";
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            cmd.windows(marker.len())
+                .any(|w| w == marker)
+                .then(|| e.file_name().to_string_lossy().into_owned())
+        })
+        .collect();
+    assert!(left.is_empty(), "busy processes left running: {left:?}");
+}

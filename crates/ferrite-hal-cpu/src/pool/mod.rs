@@ -53,7 +53,7 @@ mod timing;
 use ferrite_base::wait::{register_helper, Helper, HelperRegistration};
 use ferrite_base::{Result, Status, StatusCode};
 use parking_lot::Mutex;
-use region::{Region, RegionWork};
+use region::{Region, RegionWork, Spin};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -137,6 +137,10 @@ pub struct PoolStats {
     pub leader_sleeps: u64,
     /// Total time workers spent polling for work while idle.
     pub idle_spin: Duration,
+    /// Spins (of workers or leaders) that ended because their thread was
+    /// descheduled (the machine was busy), each making the pool's spins
+    /// short for a while.
+    pub preempted_spins: u64,
     /// CPU time the worker threads have used (Linux; zero elsewhere).
     pub worker_cpu_time: Duration,
 }
@@ -150,6 +154,7 @@ struct Counters {
     joins: AtomicU64,
     leader_sleeps: AtomicU64,
     idle_spin_ns: AtomicU64,
+    preempted_spins: AtomicU64,
 }
 
 static NEXT_POOL_ID: AtomicUsize = AtomicUsize::new(1);
@@ -183,6 +188,14 @@ pub(crate) struct Shared {
     cpu_clocks: Mutex<Vec<CpuClock>>,
     /// Stage timing sums, when `FERRITE_LOCAL_TASK_STATS=stages`.
     timing: Option<timing::PoolTiming>,
+    /// The pool's clock origin (for `contended_until`).
+    clock: Instant,
+    /// Nanoseconds after `clock` until which the pool counts as contended
+    /// (see `region::Spin`).
+    contended_until: AtomicU64,
+    /// `FERRITE_LOCAL_TASK_SPIN_US`: a fixed bound for every spin of this
+    /// pool (stage waits and idle polls), contention ignored.
+    fixed_spin: Option<Duration>,
 }
 
 /// A thread's CPU-time clock id (valid while the thread lives).
@@ -269,6 +282,29 @@ impl Shared {
         true
     }
 
+    /// The bound of a spin that would last `bound` on an idle machine: at
+    /// most [`region::CONTENDED_SPIN`] while the pool is contended (see
+    /// `region::Spin`), or the fixed bound of `FERRITE_LOCAL_TASK_SPIN_US`.
+    pub(crate) fn spin_bound(&self, bound: Duration) -> Duration {
+        if let Some(fixed) = self.fixed_spin {
+            return fixed;
+        }
+        let now = self.clock.elapsed().as_nanos() as u64;
+        if now < self.contended_until.load(Ordering::Relaxed) {
+            bound.min(region::CONTENDED_SPIN)
+        } else {
+            bound
+        }
+    }
+
+    /// A spinner of this pool was descheduled: the machine has more
+    /// runnable threads than CPUs; spins stay short for a while.
+    pub(crate) fn note_preempted(&self) {
+        self.stats.preempted_spins.fetch_add(1, Ordering::Relaxed);
+        let until = (self.clock.elapsed() + region::CONTENDED_FOR).as_nanos() as u64;
+        self.contended_until.fetch_max(until, Ordering::Relaxed);
+    }
+
     /// The counter of workgroups run by the calling thread's kind.
     fn counter_for_this_thread(&self) -> &AtomicU64 {
         if self.current_worker().is_some() {
@@ -287,8 +323,9 @@ impl Shared {
 
     fn worker_main(&self, index: u32) {
         WORKER.with(|w| w.set(Some((self.id, index))));
-        // When this worker last found nothing to do (None: it just worked).
-        let mut idle_since: Option<Instant> = None;
+        // Its poll for work since it last found nothing to do (None: it
+        // just worked).
+        let mut idle_since: Option<Spin> = None;
         loop {
             if let Some(job) = self.pop() {
                 run_job(job);
@@ -310,21 +347,21 @@ impl Shared {
             // (see `push`); it leaves the count before looking at the
             // queue again, so a job pushed meanwhile is seen (SeqCst on
             // both sides, as with lending waiters).
-            let since = *idle_since.get_or_insert_with(Instant::now);
+            // A descheduled poller (see `region::Spin`) stops polling and
+            // sleeps at once.
+            let spin = idle_since.get_or_insert_with(|| Spin::start(self, self.idle_spin));
+            let since = spin.since();
             let seen = self.epoch.load(Ordering::SeqCst);
-            let mut polled = false;
+            let mut woke = false;
             self.pollers.fetch_add(1, Ordering::SeqCst);
-            while since.elapsed() < self.idle_spin {
-                polled = true;
+            while spin.poll(self) {
                 if self.epoch.load(Ordering::Relaxed) != seen {
+                    woke = true;
                     break;
-                }
-                for _ in 0..32 {
-                    std::hint::spin_loop();
                 }
             }
             self.pollers.fetch_sub(1, Ordering::SeqCst);
-            if polled && since.elapsed() < self.idle_spin {
+            if woke {
                 continue;
             }
             self.stats
@@ -419,6 +456,12 @@ impl WorkerPool {
             cpu_clocks: Mutex::new(Vec::with_capacity(count)),
             timing: timing::requested(std::env::var_os(STATS_VAR).as_deref())
                 .then(Default::default),
+            clock: Instant::now(),
+            contended_until: AtomicU64::new(0),
+            fixed_spin: std::env::var(SPIN_VAR)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .map(Duration::from_micros),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -513,6 +556,7 @@ impl Shared {
             joins: c.joins.load(Ordering::Relaxed),
             leader_sleeps: c.leader_sleeps.load(Ordering::Relaxed),
             idle_spin: Duration::from_nanos(c.idle_spin_ns.load(Ordering::Relaxed)),
+            preempted_spins: c.preempted_spins.load(Ordering::Relaxed),
             worker_cpu_time: self.cpu_clocks.lock().iter().map(cpu_time_of).sum(),
         }
     }
@@ -522,7 +566,7 @@ impl Shared {
         let s = self.stats();
         let total = (s.workgroups_on_workers + s.workgroups_on_callers).max(1) as f64;
         eprintln!(
-            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} joins; {} leader sleeps; {} worker sleeps; {:.3} ms idle polling; {:.3} ms worker CPU",
+            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} joins; {} leader sleeps; {} worker sleeps; {} spins cut short by preemption; {:.3} ms idle polling; {:.3} ms worker CPU",
             self.workers,
             s.workgroups_on_workers,
             100.0 * s.workgroups_on_workers as f64 / total,
@@ -532,6 +576,7 @@ impl Shared {
             s.joins,
             s.leader_sleeps,
             s.sleeps,
+            s.preempted_spins,
             s.idle_spin.as_secs_f64() * 1e3,
             s.worker_cpu_time.as_secs_f64() * 1e3,
         );
@@ -540,6 +585,12 @@ impl Shared {
         }
     }
 }
+
+/// A whole number of microseconds: every spin of a pool made afterwards
+/// (idle workers, stage waits) lasts that long at most, whether or not the
+/// machine is contended (a tuning and measuring aid; unset: adaptive, see
+/// `region::Spin`).
+const SPIN_VAR: &str = "FERRITE_LOCAL_TASK_SPIN_US";
 
 /// With this environment variable set, pools print their statistics when
 /// dropped or at process exit, whichever comes first.
@@ -1026,6 +1077,30 @@ mod tests {
         pool.spawn(Box::new(move || tx.send(()).unwrap()));
         rx.recv_timeout(Duration::from_secs(10))
             .expect("the only worker died with the panicking job");
+    }
+
+    /// A spinner that notices it was descheduled (a gap between polls)
+    /// ends its spin and makes the pool's later spins short.
+    #[test]
+    fn a_descheduled_spin_ends_and_shortens_later_spins() {
+        if std::env::var_os(SPIN_VAR).is_some() {
+            return; // A fixed bound was asked for.
+        }
+        let pool = WorkerPool::new(1).unwrap();
+        let shared = &pool.shared;
+        let bound = Duration::from_millis(50);
+        assert_eq!(shared.spin_bound(bound), bound);
+        let mut spin = Spin::start(shared, bound);
+        assert!(spin.poll(shared));
+        // As if the thread lost its CPU for a while.
+        std::thread::sleep(region::PREEMPTED_GAP * 2);
+        assert!(!spin.poll(shared), "a descheduled spin went on");
+        assert_eq!(pool.stats().preempted_spins, 1);
+        assert_eq!(shared.spin_bound(bound), region::CONTENDED_SPIN);
+        let start = Instant::now();
+        let mut spin = Spin::start(shared, bound);
+        while spin.poll(shared) {}
+        assert!(start.elapsed() < bound, "{:?}", start.elapsed());
     }
 
     #[test]

@@ -35,7 +35,8 @@
 //! ([`RegionWork::prepare_ahead`]; one thread per stage, and the stage
 //! change waits for it), which takes that work off the barrier.
 //! Participants out of tiles poll the stage word for at most
-//! [`STAGE_SPIN`]; then a worker leaves the region (to sleep in the pool)
+//! [`STAGE_SPIN`] (a [`Spin`]: shorter while the machine is contended, and
+//! never yielding); then a worker leaves the region (to sleep in the pool)
 //! and the leader sleeps on the region's own futex word until the next
 //! stage or the end.
 
@@ -49,21 +50,32 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a participant with no tile to claim polls for the next stage
-/// before it leaves (a worker) or sleeps (the leader). Within a command
-/// buffer the next stage usually comes within the last tile's run time
-/// (tens to hundreds of microseconds); a worker that slept must be woken,
-/// which costs far more on a virtual machine (the vCPU was halted), so
-/// participants stay for up to this long. Spinning happens only while a
-/// command buffer runs, on at most as many threads as the pool has workers.
+/// before it leaves (a worker) or sleeps (the leader), while the pool is
+/// not contended. Within a command buffer the next stage usually comes
+/// within the last tile's run time (tens to hundreds of microseconds); a
+/// worker that slept must be woken, which costs far more on a virtual
+/// machine (the vCPU was halted), so participants stay for up to this
+/// long. Spinning happens only while a command buffer runs, on at most as
+/// many threads as the pool has workers.
 pub const STAGE_SPIN: Duration = Duration::from_millis(1);
 
-/// Polls between two yields of the CPU while spinning: the spinner gives
-/// its core away now and then, in case a thread it waits for (or any
-/// other) is ready to run on it.
+/// The spin bound while the pool is contended (see [`Spin`]).
+pub const CONTENDED_SPIN: Duration = Duration::from_micros(20);
+
+/// A gap this long between two polls of a spin means the spinning thread
+/// was descheduled: some other runnable thread wanted its CPU.
+pub const PREEMPTED_GAP: Duration = Duration::from_micros(200);
+
+/// How long a pool counts as contended after a spinner noticed it was
+/// descheduled.
+pub const CONTENDED_FOR: Duration = Duration::from_millis(100);
+
+/// Polls between two yields of the CPU while the leader waits for
+/// workers to leave a region it is abandoning ([`Unpublish`]).
 const POLLS_PER_YIELD: u32 = 64;
 
-/// One poll of a spin loop: a short pause, and every [`POLLS_PER_YIELD`]th
-/// time a yield.
+/// One poll of the abandoning leader's wait: a short pause, and every
+/// [`POLLS_PER_YIELD`]th time a yield.
 fn pause(polls: &mut u32) {
     *polls += 1;
     if polls.is_multiple_of(POLLS_PER_YIELD) {
@@ -72,6 +84,62 @@ fn pause(polls: &mut u32) {
         for _ in 0..32 {
             std::hint::spin_loop();
         }
+    }
+}
+
+/// A bounded spin of a pool thread with nothing to do (a region's
+/// participant between stages, an idle worker): pauses without yielding,
+/// and ends at its bound or as soon as it notices that its thread was
+/// descheduled (a gap of [`PREEMPTED_GAP`] between two polls).
+///
+/// Why: on a machine whose CPUs are all busy, a spinning thread spends
+/// its fair share of CPU on nothing, and a yield hands its CPU to another
+/// process for a whole time slice; either way, when the work it waits for
+/// comes, the thread is queued behind other processes. A thread that
+/// sleeps instead keeps its share, and a wake-up gets it the CPU promptly.
+/// So a descheduled spinner stops spinning (the caller sleeps or leaves)
+/// and marks the pool contended for [`CONTENDED_FOR`]; while contended,
+/// spins last at most [`CONTENDED_SPIN`]. On an idle machine spins keep
+/// their full bound (a wake-up costs more than a spin there).
+pub(crate) struct Spin {
+    since: Instant,
+    last: Instant,
+    bound: Duration,
+}
+
+impl Spin {
+    /// A spin of at most `bound` (shortened while `pool` is contended).
+    pub(crate) fn start(pool: &Shared, bound: Duration) -> Spin {
+        let now = Instant::now();
+        Spin {
+            since: now,
+            last: now,
+            bound: pool.spin_bound(bound),
+        }
+    }
+
+    /// When the spin started.
+    pub(crate) fn since(&self) -> Instant {
+        self.since
+    }
+
+    /// Polls once more (true, after a pause) or ends the spin (false: the
+    /// bound passed, or the thread was descheduled, which marks `pool`
+    /// contended).
+    pub(crate) fn poll(&mut self, pool: &Shared) -> bool {
+        let now = Instant::now();
+        if now.duration_since(self.last) >= PREEMPTED_GAP {
+            pool.note_preempted();
+            return false;
+        }
+        if now.duration_since(self.since) >= self.bound {
+            return false;
+        }
+        self.last = now;
+        for _ in 0..32 {
+            std::hint::spin_loop();
+        }
+        true
     }
 }
 
@@ -505,29 +573,26 @@ impl Region {
     }
 
     /// A joined worker runs tiles (counting their workgroups in `ran`)
-    /// until the region finishes or it found nothing to claim for
-    /// [`STAGE_SPIN`]. The caller leaves afterwards ([`Region::leave`]).
+    /// until the region finishes or its [`Spin`] for the next stage ended.
+    /// The caller leaves afterwards ([`Region::leave`]).
     pub(crate) fn work_in(&self, processor_id: u32, ran: &AtomicU64) {
-        let mut idle_since: Option<Instant> = None;
+        let mut spin: Option<Spin> = None;
         // The stage this thread found nothing left to claim in: it polls
         // the stage word until that changes.
         let mut exhausted: Option<usize> = None;
-        let mut polls = 0;
         loop {
             let stage = self.current_stage();
             if stage >= self.stage_count() {
                 return;
             }
             if self.claim_or_prepare(stage, &mut exhausted, processor_id, ran) {
-                idle_since = None;
+                spin = None;
                 continue;
             }
-            match idle_since {
-                None => idle_since = Some(Instant::now()),
-                Some(t) if t.elapsed() >= STAGE_SPIN => return,
-                Some(_) => {}
+            let s = spin.get_or_insert_with(|| Spin::start(&self.pool, STAGE_SPIN));
+            if !s.poll(&self.pool) {
+                return;
             }
-            pause(&mut polls);
         }
     }
 
@@ -563,21 +628,19 @@ impl Region {
     /// The leader runs tiles (counting workgroups in `ran`) until the
     /// region finishes.
     fn lead(&self, processor_id: u32, ran: &AtomicU64) {
-        let mut idle_since: Option<Instant> = None;
+        let mut spin: Option<Spin> = None;
         let mut exhausted: Option<usize> = None;
-        let mut polls = 0;
         loop {
             let stage = self.current_stage();
             if stage >= self.stage_count() {
                 return;
             }
             if self.claim_or_prepare(stage, &mut exhausted, processor_id, ran) {
-                idle_since = None;
+                spin = None;
                 continue;
             }
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < STAGE_SPIN {
-                pause(&mut polls);
+            let s = spin.get_or_insert_with(|| Spin::start(&self.pool, STAGE_SPIN));
+            if s.poll(&self.pool) {
                 continue;
             }
             // Sleep until the stage changes: announce, re-check, sleep on
@@ -592,7 +655,7 @@ impl Region {
                 park::wait(&self.leader_epoch, epoch);
             }
             self.leader_sleeping.store(false, Ordering::SeqCst);
-            idle_since = None;
+            spin = None;
         }
     }
 }
