@@ -73,8 +73,24 @@ for t in "$GPU_TESTS"/*; do
 done
 
 echo "== CPU/GPU differential"
+# The parameter file of tests/cuda/params.mlir (@PARAMS@ in cases.txt):
+# model.w[i] = 1 + 0.5 * (i % 7), model.b[i] = 0.25 * (i % 5), 2^20 f32
+# each, as safetensors (python3's standard library only).
+PARAMS=${TMPDIR:-/tmp}/ferrite-cuda-params.safetensors
+python3 - "$PARAMS" <<'PY' || echo "could not write $PARAMS"
+import array, json, struct, sys
+n = 1 << 20
+w = array.array("f", [1 + 0.5 * (i % 7) for i in range(n)])
+b = array.array("f", [0.25 * (i % 5) for i in range(n)])
+h = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]},
+                "b": {"dtype": "F32", "shape": [n], "data_offsets": [4 * n, 8 * n]}}).encode()
+h += b" " * (-len(h) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + w.tobytes() + b.tobytes())
+PY
 while read -r module fn args; do
   case $module in '' | '#'*) continue ;; esac
+  args=${args//@PARAMS@/$PARAMS}
   m=${module/\//_}
   # shellcheck disable=SC2086
   gpu=$("$FERRITE" run-module --device=cuda --module="$DIFF_DIR/$m.cuda.vmfb" --function="$fn" $args 2>&1)

@@ -5,8 +5,8 @@
 //! # Queue operations and semaphores
 //!
 //! A queue operation is enqueued as: for each wait timepoint not already
-//! satisfied, either nothing (the semaphore is signalled by earlier work
-//! on this same stream, so stream order covers it) or a
+//! satisfied, either nothing (the semaphore is signalled by earlier GPU
+//! work on this same stream, so stream order covers it) or a
 //! `cuStreamWaitValue64` (GEQ) on the semaphore's pinned payload word
 //! (host- or CPU-signalled semaphores: their host signals write the word,
 //! which releases the GPU with no host thread involved); then the work
@@ -35,6 +35,16 @@
 //! A chain of dependent submissions on this device is therefore enqueued
 //! back to back without any host round trip: only the completion of each
 //! is reported to the host.
+//!
+//! Host work ordered on the queue (`Device::submit`: io_parameters' load,
+//! gather and scatter, `hal.device.queue.write`) is the exception: the
+//! stream reaching it only starts the work on the host, so its signals are
+//! not covered by stream order (`CudaTimeline::host_signaled`). Work
+//! waiting on them waits on the word on the GPU, which the report writes
+//! after the host work ran. (Until issue 24 such waits were skipped, and a
+//! dispatch reading freshly loaded parameters ran before the host had
+//! copied them.) Upstream's driver holds an operation on the host until
+//! each wait is either reached or signalled by GPU work already issued.
 
 use crate::deferral::{Body, Deferred, Queue};
 use crate::executable::CudaExecutable;
@@ -949,13 +959,26 @@ impl CudaDevice {
         body: impl FnOnce(&Self, &mut Keep) -> Result<()>,
     ) {
         let mut gated = false;
+        // Host work runs only once the stream has reached the operation
+        // (on the completion thread or a polling waiter), so its signals
+        // are not reached by stream order: later work on this stream that
+        // waits on them must wait on the words, which the report writes
+        // after the work ran.
+        let host_work = work.is_some();
+        let log = crate::diagnostics::log_queue();
+        let mut logged: Vec<String> = Vec::new();
         let outcome = (|| -> Result<()> {
             self.shared.make_current()?;
             let api = self.shared.api;
             let stream = self.shared.stream;
             for (sem, value) in wait.timepoints() {
                 match sem.query() {
-                    Ok(v) if v >= value => continue,
+                    Ok(v) if v >= value => {
+                        if log {
+                            logged.push(format!("wait >= {value}: reached"));
+                        }
+                        continue;
+                    }
                     Ok(_) => {}
                     Err(e) => return Err(e),
                 }
@@ -969,8 +992,15 @@ impl CudaDevice {
                 if Arc::ptr_eq(&ct.shared, &self.shared)
                     && ct.stream_signaled.load(Ordering::Acquire) >= value
                 {
-                    // Signalled by earlier work on this stream.
+                    // Signalled by earlier work on this stream (not host
+                    // work: see `host_work`).
+                    if log {
+                        logged.push(format!("wait >= {value}: stream order"));
+                    }
                     continue;
+                }
+                if log {
+                    logged.push(format!("wait >= {value}: GPU wait on the word"));
                 }
                 if !Arc::ptr_eq(&ct.shared, &self.shared) {
                     // Another device's stream signals it: from now on that
@@ -1003,7 +1033,21 @@ impl CudaDevice {
                 if !Arc::ptr_eq(&ct.shared, &self.shared) {
                     continue;
                 }
+                if host_work {
+                    // Reached when the host has run the work; the report
+                    // writes the word (also for other devices' waiters: a
+                    // stream write here would release them before the
+                    // work ran).
+                    ct.host_signaled.fetch_max(value, Ordering::AcqRel);
+                    if log {
+                        logged.push(format!("signal {value}: by the host after its work"));
+                    }
+                    continue;
+                }
                 ct.stream_signaled.fetch_max(value, Ordering::AcqRel);
+                if log {
+                    logged.push(format!("signal {value}: in stream order"));
+                }
                 if !ct.gpu_waiters.load(Ordering::Acquire) {
                     // Only this stream waits on the GPU (and skips waits
                     // stream order covers); host waiters and CPU devices
@@ -1073,6 +1117,13 @@ impl CudaDevice {
             return;
         }
         let seq = q.enqueued(entries, gated);
+        if log {
+            eprintln!(
+                "cuda queue op {seq}{}: {}",
+                if host_work { " (host work)" } else { "" },
+                logged.join(", ")
+            );
+        }
         self.shared.completions.push(
             Completion {
                 event,
@@ -1105,7 +1156,10 @@ impl CudaDevice {
             };
             s.attached_timeline()
                 .and_then(|t| t.as_any().downcast_ref::<CudaTimeline>())
-                .is_none_or(|t| t.stream_signaled.load(Ordering::Acquire) <= current)
+                .is_none_or(|t| {
+                    t.stream_signaled.load(Ordering::Acquire) <= current
+                        && t.host_signaled.load(Ordering::Acquire) <= current
+                })
         })
     }
 

@@ -8,6 +8,11 @@
 //! - `FERRITE_CUDA_LOG_LAUNCHES=1`: one line per kernel launch on stderr
 //!   (export, grid, block, dynamic shared memory, binding addresses,
 //!   push constants), for comparing launches with another runtime's.
+//! - `FERRITE_CUDA_LOG_QUEUE=1`: one line per queue operation enqueued on
+//!   the queue stream on stderr: its sequence number, whether it carries
+//!   host work, and for each wait and signal how it is ordered (already
+//!   reached, covered by stream order, a GPU wait on the semaphore's word;
+//!   signalled in stream order or by the host after its work).
 
 use std::sync::OnceLock;
 
@@ -53,6 +58,12 @@ pub fn alloca_init() -> AllocaInit {
 pub fn log_launches() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("FERRITE_CUDA_LOG_LAUNCHES").is_ok_and(|v| v != "0"))
+}
+
+/// Whether `FERRITE_CUDA_LOG_QUEUE` is set to something other than 0.
+pub fn log_queue() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRITE_CUDA_LOG_QUEUE").is_ok_and(|v| v != "0"))
 }
 
 /// Prints one launch (see the module docs).

@@ -773,8 +773,16 @@ pub struct CudaTimeline {
     host: NonNull<AtomicU64>,
     /// The word's device address.
     pub(crate) dptr: CUdeviceptr,
-    /// Highest value enqueued for signalling on the owner's queue stream.
+    /// Highest value enqueued for signalling on the owner's queue stream
+    /// by operations whose signal the stream's position alone gives: once
+    /// the stream passes such an operation, its values are reached for
+    /// later work on the same stream (waits on them are skipped).
     pub(crate) stream_signaled: AtomicU64,
+    /// Highest value enqueued for signalling by operations with host work
+    /// (`Device::submit`): the stream reaching them only starts that work,
+    /// and the value is reached when the host has run it (the report
+    /// writes the word). Later work on the stream waits on the word.
+    pub(crate) host_signaled: AtomicU64,
     /// Set once another device's stream has waited on the word: only then
     /// does the owner's stream write its signals into the word on the GPU
     /// (otherwise the host report writes it, see [`DeviceTimeline::advanced`]).
@@ -805,6 +813,7 @@ impl CudaTimeline {
             host,
             dptr,
             stream_signaled: AtomicU64::new(0),
+            host_signaled: AtomicU64::new(0),
             gpu_waiters: AtomicBool::new(false),
             slot: (page, word),
         })

@@ -1135,3 +1135,155 @@ fn indirect_dispatch_failures_fail_the_operation() {
     );
     assert_eq!(run([4, 2, 3], 12).unwrap(), vec![24, 4, 2, 3]);
 }
+
+/// Host work ordered on the queue (`Device::submit`: what io_parameters'
+/// load and gather, and `hal.device.queue.write`, run) signals its fence
+/// only once the host has run it, after the stream reached it: GPU work
+/// waiting on that fence must not start before (issue 24: MiniLM's
+/// initializer launched the dispatch that reads freshly loaded parameters
+/// as soon as the stream passed the load, before the host had copied
+/// them, because the wait was skipped as "covered by stream order").
+///
+/// Everything is enqueued behind a host gate first, so the submitting
+/// thread cannot run the host work itself while enqueueing (a polling
+/// query reports reached operations and runs their work), and the host
+/// work sleeps before writing: GPU work that does not wait for it always
+/// reads the old bytes.
+#[test]
+fn gpu_work_waits_for_host_work_it_depends_on() {
+    let Some(dev) = gpu() else { return };
+    const LEN: usize = 64 << 10;
+    let src = dev
+        .allocator()
+        .allocate(&device_params(), LEN as u64)
+        .unwrap();
+    let via_queue = dev
+        .allocator()
+        .allocate(&host_params(), LEN as u64)
+        .unwrap();
+    let via_cb = dev
+        .allocator()
+        .allocate(&host_params(), LEN as u64)
+        .unwrap();
+    let gate = Semaphore::new(0);
+    let s = Semaphore::new(0);
+    let written = src.clone();
+    dev.submit(
+        &at(&gate, 1),
+        &at(&s, 1),
+        Box::new(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            written.write(0, &[7; LEN])
+        }),
+    )
+    .unwrap();
+    // A queue copy and a command buffer both waiting on the host work.
+    queue::copy(
+        &dev,
+        &at(&s, 1),
+        &at(&s, 2),
+        src.clone(),
+        0,
+        via_queue.clone(),
+        0,
+        LEN as u64,
+    )
+    .unwrap();
+    let cb = CommandBuffer::new(1, 0, 0, 0);
+    cb.copy_buffer(
+        BufferRef::Direct {
+            buffer: src.clone(),
+            offset: 0,
+            length: LEN as u64,
+        },
+        BufferRef::Direct {
+            buffer: via_cb.clone(),
+            offset: 0,
+            length: LEN as u64,
+        },
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    let t = Semaphore::new(0);
+    queue::execute(&dev, &at(&s, 1), &at(&t, 1), Some(&cb), vec![]).unwrap();
+    gate.signal(1).unwrap();
+    s.wait(2, within(30)).unwrap();
+    t.wait(1, within(30)).unwrap();
+    let bad = |b: &ferrite_hal::Buffer| b.to_vec().unwrap().iter().filter(|&&x| x != 7).count();
+    assert_eq!(
+        (bad(&via_queue), bad(&via_cb)),
+        (0, 0),
+        "bytes copied before the host work they wait on had run (queue copy, command buffer)"
+    );
+}
+
+/// A chain through host work, behind a host gate: host work writing a
+/// buffer, GPU work waiting on it, GPU work waiting only on that GPU work
+/// (stream order covers this wait), then host work reading the result:
+/// every step sees the one before.
+#[test]
+fn chain_through_host_work_keeps_its_order() {
+    let Some(dev) = gpu() else { return };
+    const LEN: usize = 4096;
+    let a = dev
+        .allocator()
+        .allocate(&device_params(), LEN as u64)
+        .unwrap();
+    let b = dev
+        .allocator()
+        .allocate(&device_params(), LEN as u64)
+        .unwrap();
+    let out = dev
+        .allocator()
+        .allocate(&host_params(), LEN as u64)
+        .unwrap();
+    let gate = Semaphore::new(0);
+    let s = Semaphore::new(0);
+    let w = a.clone();
+    dev.submit(
+        &at(&gate, 1),
+        &at(&s, 1),
+        Box::new(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            w.write(0, &[3; LEN])
+        }),
+    )
+    .unwrap();
+    queue::copy(
+        &dev,
+        &at(&s, 1),
+        &at(&s, 2),
+        a.clone(),
+        0,
+        b.clone(),
+        0,
+        LEN as u64,
+    )
+    .unwrap();
+    queue::copy(
+        &dev,
+        &at(&s, 2),
+        &at(&s, 3),
+        b.clone(),
+        0,
+        out.clone(),
+        0,
+        LEN as u64,
+    )
+    .unwrap();
+    // Host work after GPU work: it runs once the stream got there.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (o, sn) = (out.clone(), seen.clone());
+    dev.submit(
+        &at(&s, 3),
+        &at(&s, 4),
+        Box::new(move || {
+            *sn.lock().unwrap() = o.to_vec()?;
+            Ok(())
+        }),
+    )
+    .unwrap();
+    gate.signal(1).unwrap();
+    s.wait(4, within(30)).unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![3; LEN]);
+}
