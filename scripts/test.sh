@@ -67,6 +67,10 @@ if [[ ${#vm_src[@]} -gt 0 ]]; then
   # The same programs with the compiling tier off: both tiers must pass.
   "${vm_src[@]}" RUNNER="target/debug/ferrite run-module --vm_jit=false" scripts/upstream-vm-suite.sh
 fi
+step "python package (ferrite.runtime) and its tests"
+.venv/bin/python -c "import maturin, pytest, numpy" 2>/dev/null || .venv/bin/pip install -q maturin pytest numpy
+.venv/bin/maturin develop --release -q
+.venv/bin/pytest -q -rs tests/python
 step "upstream e2e programs (llvm-cpu) under ferrite on local-sync and local-task"
 E2E_DATA="${UPSTREAM_E2E:-$ROOT/../shared/upstream-e2e}"
 if [[ -d "$E2E_DATA" ]]; then
@@ -77,9 +81,5 @@ elif [[ "${FERRITE_REQUIRE_UPSTREAM:-}" == 1 ]]; then
 else
   echo "SKIPPED upstream e2e check suites: no upstream e2e test data at $E2E_DATA (set UPSTREAM_E2E)"
 fi
-step "python package (ferrite.runtime) and its tests"
-.venv/bin/python -c "import maturin, pytest, numpy" 2>/dev/null || .venv/bin/pip install -q maturin pytest numpy
-.venv/bin/maturin develop --release -q
-.venv/bin/pytest -q -rs tests/python
 echo
 echo "all tests passed"
