@@ -9,9 +9,12 @@
 //! - `ferrite dump-module [--output=metadata|disassembly] m.vmfb`
 //! - `ferrite check-module --module=tests.vmfb [--device=local-sync]`
 //! - `ferrite e2e-matmul-test --module=matmul.vmfb --module=calls.vmfb`
+//! - `ferrite generate --gguf=model.gguf --chat="Hello"` (ferrite-llm)
 //!
 //! Every command reads `--flagfile=PATH` (flags from a file, in place) and
 //! keeps the last value of a flag given twice, as upstream's tools.
+
+pub mod generate;
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -39,6 +42,8 @@ enum Command {
     E2eConv2dTest(ferrite_e2e::runner::E2eTestArgs),
     /// Runs generated attention e2e tests with the `attention_test` module (like `iree-e2e-attention-test`).
     E2eAttentionTest(ferrite_e2e::runner::E2eTestArgs),
+    /// Generates text with a GGUF language model (ferrite-llm): `--gguf=PATH --chat=TEXT`.
+    Generate(generate::GenerateArgs),
 }
 
 /// Runs the command line `args` (program name first) and returns the exit
@@ -60,5 +65,6 @@ where
         Command::E2eAttentionTest(a) => {
             ferrite_e2e::runner::run(a, ferrite_e2e::attention::create_attention_test_module)
         }
+        Command::Generate(a) => generate::run(a),
     })
 }

@@ -1,0 +1,454 @@
+//! Text generation with GGUF language models on Ferrite.
+//!
+//! One implementation under the CLI (`ferrite generate`), Python
+//! (`ferrite.llm`) and Rust callers:
+//!
+//! - [`gguf`]: the file's metadata and tensor table; the architecture and
+//!   every tensor the program reads are checked against it before loading
+//!   (a missing tensor or one of an unexpected type is an error naming it);
+//! - [`tokenizer`]: the tokenizer from `tokenizer.ggml.*`;
+//! - [`chat`]: the chat template from `tokenizer.chat_template`;
+//! - [`sampling`]: greedy, temperature, top-k, top-p, seeded;
+//! - [`Llm`]: the compiled program (`examples/llm/smollm2.vmfb`, built into
+//!   this crate; its `prefill`/`decode` read the weights from the `.gguf`
+//!   by name, the KV cache is program state on the device) and the
+//!   generate loop with streaming and stop conditions.
+//!
+//! ```no_run
+//! # fn main() -> ferrite::Result<()> {
+//! let mut llm = ferrite_llm::Llm::load("SmolLM2-135M-Instruct.Q4_1.gguf", "local-task")?;
+//! let prompt = llm.chat_prompt("What is the capital of France?")?;
+//! let out = llm.generate(&prompt, &ferrite_llm::Options::default(), |_, text| {
+//!     print!("{text}");
+//!     true
+//! })?;
+//! eprintln!("{} tokens", out.ids.len());
+//! # Ok(())
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+pub mod chat;
+pub mod gguf;
+pub mod sampling;
+pub mod tokenizer;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrite::{Instance, Session, Tensor, Value};
+pub use ferrite::{Result, Status, StatusCode};
+use ferrite_tokenizer::{DecodeStream, Tokenizer};
+
+pub use sampling::Sampling;
+
+/// The committed program for SmolLM2-135M (llama architecture, Q4_1 matrices
+/// and a Q8_0 tied embedding), compiled from `examples/llm/model.py`.
+pub static SMOLLM2_VMFB: &[u8] = include_bytes!("../../../examples/llm/smollm2.vmfb");
+
+/// The shape the committed program was built for; a `.gguf` must match it.
+pub struct Architecture {
+    /// Transformer blocks.
+    pub layers: u64,
+    /// Embedding width.
+    pub dim: u64,
+    /// FFN width.
+    pub ffn: u64,
+    /// Query heads.
+    pub heads: u64,
+    /// KV heads.
+    pub kv_heads: u64,
+    /// Vocabulary size.
+    pub vocab: u64,
+}
+
+/// SmolLM2-135M's numbers.
+pub const SMOLLM2_135M: Architecture = Architecture {
+    layers: 30,
+    dim: 576,
+    ffn: 1536,
+    heads: 9,
+    kv_heads: 3,
+    vocab: 49152,
+};
+
+const F32: u32 = 0;
+const Q4_1: u32 = 3;
+const Q8_0: u32 = 8;
+
+/// Checks the file against the program: architecture numbers, then every
+/// tensor the program reads (name, GGML type, dims).
+pub fn check_model(file: &gguf::GgufFile, a: &Architecture) -> Result<()> {
+    let arch = file.str("general.architecture")?;
+    if arch != "llama" {
+        return Err(Status::new(
+            StatusCode::InvalidArgument,
+            format!("gguf general.architecture is '{arch}'; the program is for 'llama'"),
+        ));
+    }
+    for (key, want) in [
+        ("llama.block_count", a.layers),
+        ("llama.embedding_length", a.dim),
+        ("llama.feed_forward_length", a.ffn),
+        ("llama.attention.head_count", a.heads),
+        ("llama.attention.head_count_kv", a.kv_heads),
+    ] {
+        let got = file.int(key)?;
+        if got != want as i64 {
+            return Err(Status::new(
+                StatusCode::InvalidArgument,
+                format!("gguf {key} is {got}; the program was built for {want}"),
+            ));
+        }
+    }
+    let kv = a.kv_heads * (a.dim / a.heads);
+    file.expect_tensor("token_embd.weight", Q8_0, &[a.dim, a.vocab])?;
+    file.expect_tensor("output_norm.weight", F32, &[a.dim])?;
+    for i in 0..a.layers {
+        let p = |n: &str| format!("blk.{i}.{n}.weight");
+        file.expect_tensor(&p("attn_norm"), F32, &[a.dim])?;
+        file.expect_tensor(&p("ffn_norm"), F32, &[a.dim])?;
+        file.expect_tensor(&p("attn_q"), Q4_1, &[a.dim, a.dim])?;
+        file.expect_tensor(&p("attn_k"), Q4_1, &[a.dim, kv])?;
+        file.expect_tensor(&p("attn_v"), Q4_1, &[a.dim, kv])?;
+        file.expect_tensor(&p("attn_output"), Q4_1, &[a.dim, a.dim])?;
+        file.expect_tensor(&p("ffn_gate"), Q4_1, &[a.dim, a.ffn])?;
+        file.expect_tensor(&p("ffn_up"), Q4_1, &[a.dim, a.ffn])?;
+        file.expect_tensor(&p("ffn_down"), Q4_1, &[a.ffn, a.dim])?;
+    }
+    Ok(())
+}
+
+/// Options of one generation.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// How tokens are chosen.
+    pub sampling: Sampling,
+    /// Stop at the end-of-sequence token (on by default).
+    pub stop_at_eos: bool,
+    /// Stop when the generated text contains one of these (the text
+    /// returned ends before it).
+    pub stop: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_tokens: 128,
+            sampling: Sampling::default(),
+            stop_at_eos: true,
+            stop: Vec::new(),
+        }
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// The end-of-sequence token came (not included in the ids).
+    Eos,
+    /// `max_tokens` were generated.
+    Length,
+    /// A stop string appeared.
+    Stop,
+    /// The callback asked to stop.
+    Cancelled,
+}
+
+/// The result of [`Llm::generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// Generated token ids.
+    pub ids: Vec<u32>,
+    /// Their text (special tokens skipped; cut before a stop string).
+    pub text: String,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Time to the first token: prefill plus choosing it.
+    pub time_to_first_token: Duration,
+    /// Time of the decode steps (each step: one `decode` call and a choice).
+    pub decode_time: Duration,
+    /// Number of decode steps.
+    pub decode_steps: usize,
+}
+
+impl Generation {
+    /// Decode tokens per second.
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        if self.decode_steps == 0 {
+            return 0.0;
+        }
+        self.decode_steps as f64 / self.decode_time.as_secs_f64()
+    }
+}
+
+/// A loaded model: the program on a device with the `.gguf` as its
+/// parameters, the tokenizer and chat template from the same file.
+pub struct Llm {
+    session: Session,
+    tokenizer: Arc<Tokenizer>,
+    chat_template: Option<String>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    vocab: usize,
+    context: usize,
+    gguf_path: PathBuf,
+}
+
+fn token_text(t: &Tokenizer, id: Option<u32>) -> String {
+    id.and_then(|i| t.id_to_token(i)).unwrap_or_default()
+}
+
+impl Llm {
+    /// Loads the `.gguf` at `path` with the built-in program on `device`
+    /// (`local-sync`, `local-task`, `local-task://?workers=N`, ...).
+    pub fn load(path: impl AsRef<Path>, device: &str) -> Result<Llm> {
+        Llm::load_with_program(path, device, None)
+    }
+
+    /// As [`Llm::load`], with a program file instead of the built-in one
+    /// (the same entry points: `prefill`, `decode`, `context_length`).
+    pub fn load_with_program(
+        path: impl AsRef<Path>,
+        device: &str,
+        program: Option<&Path>,
+    ) -> Result<Llm> {
+        let path = path.as_ref();
+        let file = gguf::GgufFile::open(path)?;
+        check_model(&file, &SMOLLM2_135M)?;
+        let tokenizer = Arc::new(tokenizer::load(&file)?);
+        let chat_template = file.str("tokenizer.chat_template").ok().map(str::to_string);
+        let id = |k: &str| file.int(k).ok().and_then(|v| u32::try_from(v).ok());
+        let (bos, eos) = (
+            id("tokenizer.ggml.bos_token_id"),
+            id("tokenizer.ggml.eos_token_id"),
+        );
+        let instance = Instance::new();
+        let mut session = Session::new(&instance, device)?;
+        session.add_parameter_file("model", path)?;
+        match program {
+            Some(p) => session.load_file(p)?,
+            None => session.load_static(SMOLLM2_VMFB)?,
+        };
+        let context = session
+            .call("context_length", &[])?
+            .first()
+            .and_then(Value::as_i32)
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| Status::new(StatusCode::Internal, "context_length returned no i32"))?;
+        Ok(Llm {
+            session,
+            tokenizer,
+            chat_template,
+            bos,
+            eos,
+            vocab: SMOLLM2_135M.vocab as usize,
+            context,
+            gguf_path: path.to_path_buf(),
+        })
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The KV cache's capacity in positions (prompt plus generated tokens).
+    pub fn context_length(&self) -> usize {
+        self.context
+    }
+
+    /// The end-of-sequence id, if the file names one.
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// The `.gguf` this model was loaded from.
+    pub fn gguf_path(&self) -> &Path {
+        &self.gguf_path
+    }
+
+    /// Token ids of `text` (special tokens in the text are matched; no BOS
+    /// added, as `tokenizer.ggml.add_bos_token` says for SmolLM2).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.tokenizer.encode(text, false, false)
+    }
+
+    /// Text of `ids`, special tokens skipped.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer.decode(ids, true)
+    }
+
+    /// The file's chat template applied to one user message, with the
+    /// assistant's turn opened; returns its token ids.
+    pub fn chat_prompt(&self, user: &str) -> Result<Vec<u32>> {
+        self.chat_prompt_messages(&[chat::Message::new("user", user)])
+    }
+
+    /// The chat template over `messages`, generation prompt added.
+    pub fn chat_prompt_messages(&self, messages: &[chat::Message]) -> Result<Vec<u32>> {
+        let template = self.chat_template.as_deref().ok_or_else(|| {
+            Status::new(
+                StatusCode::InvalidArgument,
+                "gguf has no tokenizer.chat_template; use a plain prompt",
+            )
+        })?;
+        let text = chat::render(
+            template,
+            messages,
+            true,
+            &token_text(&self.tokenizer, self.bos),
+            &token_text(&self.tokenizer, self.eos),
+        )?;
+        self.encode(&text)
+    }
+
+    fn logits(results: Vec<Value>) -> Result<Vec<f32>> {
+        results
+            .into_iter()
+            .next()
+            .and_then(Value::into_tensor)
+            .ok_or_else(|| {
+                Status::new(
+                    StatusCode::Internal,
+                    "the program returned no logits tensor",
+                )
+            })?
+            .to_f32_vec()
+    }
+
+    /// Runs the prompt from position 0 and returns the logits after its
+    /// last token.
+    pub fn prefill(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(Status::new(
+                StatusCode::InvalidArgument,
+                "the prompt is empty",
+            ));
+        }
+        if ids.len() > self.context {
+            return Err(Status::new(
+                StatusCode::OutOfRange,
+                format!(
+                    "the prompt has {} tokens; the context holds {}",
+                    ids.len(),
+                    self.context
+                ),
+            ));
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.vocab) {
+            return Err(Status::new(
+                StatusCode::InvalidArgument,
+                format!("token id {bad} is outside the vocabulary of {}", self.vocab),
+            ));
+        }
+        let v: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        let t = Tensor::from_i32(&[v.len() as u64], &v)?;
+        Self::logits(
+            self.session
+                .call("prefill", &[Value::from(t), Value::I32(0)])?,
+        )
+    }
+
+    /// Appends token `id` at position `pos` (the cache holds positions
+    /// 0..pos) and returns the next logits.
+    pub fn decode_step(&self, id: u32, pos: usize) -> Result<Vec<f32>> {
+        if pos >= self.context {
+            return Err(Status::new(
+                StatusCode::OutOfRange,
+                format!(
+                    "position {pos} is past the context of {} positions",
+                    self.context
+                ),
+            ));
+        }
+        Self::logits(
+            self.session
+                .call("decode", &[Value::I32(id as i32), Value::I32(pos as i32)])?,
+        )
+    }
+
+    /// Generates after `prompt` (token ids). `on_token(id, text)` is called
+    /// for each generated token with the new text it completes (possibly
+    /// empty, mid-character); returning false stops.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &Options,
+        mut on_token: impl FnMut(u32, &str) -> bool,
+    ) -> Result<Generation> {
+        let start = Instant::now();
+        let mut rng = sampling::Rng::new(opts.sampling.seed);
+        let mut logits = self.prefill(prompt)?;
+        let mut stream = DecodeStream::new(self.tokenizer.clone(), true);
+        let mut out = Generation {
+            ids: Vec::new(),
+            text: String::new(),
+            finish: Finish::Length,
+            prompt_tokens: prompt.len(),
+            time_to_first_token: Duration::ZERO,
+            decode_time: Duration::ZERO,
+            decode_steps: 0,
+        };
+        let mut step_start = None;
+        for (n, pos) in (0..opts.max_tokens).zip(prompt.len()..) {
+            if n > 0 {
+                let t = Instant::now();
+                logits = self.decode_step(*out.ids.last().unwrap_or(&0), pos - 1)?;
+                out.decode_steps += 1;
+                step_start.get_or_insert(t);
+            }
+            let id = sampling::sample(&logits, &opts.sampling, &mut rng) as u32;
+            if n == 0 {
+                out.time_to_first_token = start.elapsed();
+            }
+            if opts.stop_at_eos && Some(id) == self.eos {
+                out.finish = Finish::Eos;
+                break;
+            }
+            out.ids.push(id);
+            let piece = stream.push(&[id])?;
+            let before = out.text.len();
+            out.text.push_str(&piece);
+            if let Some(cut) = opts
+                .stop
+                .iter()
+                .filter_map(|s| out.text.find(s.as_str()))
+                .min()
+            {
+                let shown = &out.text[before.min(cut)..cut];
+                if !shown.is_empty() {
+                    on_token(id, shown);
+                }
+                out.text.truncate(cut);
+                out.finish = Finish::Stop;
+                break;
+            }
+            if !on_token(id, &piece) {
+                out.finish = Finish::Cancelled;
+                break;
+            }
+            if n + 1 < opts.max_tokens && pos >= self.context {
+                return Err(Status::new(
+                    StatusCode::OutOfRange,
+                    format!(
+                        "generation reached the context of {} positions after {} tokens (prompt {} + {}); ask for fewer tokens",
+                        self.context,
+                        pos,
+                        prompt.len(),
+                        out.ids.len()
+                    ),
+                ));
+            }
+        }
+        if let Some(t) = step_start {
+            out.decode_time = t.elapsed();
+        }
+        Ok(out)
+    }
+}
