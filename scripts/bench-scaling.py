@@ -20,8 +20,8 @@ runtimes run the same kernels on any AVX-512 host):
   conv      a conv-net layer: 3x3 conv 128->128 channels on 56x56, bias, relu
   chain100  100 small dependent dispatches (benches/hal/chain100.mlir)
   encoder-lend  the encoder on Ferrite's local-task with lending to waiters
-            forced on (`local-task://?lend_to_waiters=true`); by default a
-            waiting caller lends only while the workers leave a CPU free
+            forced on (`local-task://?lend_to_waiters=true`; the default
+            since issue 25, so these rows now match the plain ones)
   chain100-lend  the same for the dispatch chain
 
 After each program, one more Ferrite run at the largest worker count with

@@ -14,8 +14,8 @@
 //!
 //! Helping: a thread blocked waiting for a `local-task` device's work runs
 //! its queued submissions itself (see [`crate::pool`], "Lending to
-//! waiters"), by default while the device has fewer workers than the
-//! process has CPUs; [`PoolOptions::lend_to_waiters`] (URI parameter
+//! waiters"), by default whatever the worker count;
+//! [`PoolOptions::lend_to_waiters`] (URI parameter
 //! `local-task://?lend_to_waiters=true|false|auto`) decides it, and
 //! [`CpuDevice::scheduler_stats`] reports how many workgroups ran on the
 //! workers and how many on other threads. With the environment variable
