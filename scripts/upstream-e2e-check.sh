@@ -80,7 +80,7 @@ if [[ "${1:-}" == --list ]]; then
   exit 0
 fi
 
-# Compile what the cache lacks, $JOBS at a time. A failed compile is cached
+# Compile what the cache lacks, $JOBS at a time. A compiler error is cached
 # too (<key>.failed with its log), as the same inputs fail the same way.
 t0=$(date +%s)
 export IREE_COMPILE CACHE COMPILE_TIMEOUT
@@ -100,8 +100,11 @@ tr '\n' '\0' <"$OUT/to-compile.tsv" | xargs -0 -r -P "$JOBS" -I{} bash -c '
     rc=$?
     rm -f "$tmp"
     echo "### exit $rc" >>"$CACHE/$key.log"
-    mv "$CACHE/$key.log" "$CACHE/$key.failed"
-    echo "  compile failed: $src ($(grep -m1 -o "error: .*" "$CACHE/$key.failed" | cut -c1-160))"
+    # A compiler error is cached; a timeout or a kill is not.
+    [[ $rc -eq 1 ]] && mv "$CACHE/$key.log" "$CACHE/$key.failed"
+    why=$(grep -m1 -o "error: .*" "$CACHE/$key".{failed,log} 2>/dev/null | head -1 | cut -d: -f2- | cut -c1-160)
+    [[ $rc -eq 124 ]] && why="timed out after $COMPILE_TIMEOUT s"
+    echo "  compile failed (exit $rc): $src ($why)"
   fi' _ {}
 t1=$(date +%s)
 echo "upstream-e2e-check: compiled in $((t1 - t0)) s"
@@ -110,8 +113,9 @@ echo "upstream-e2e-check: compiled in $((t1 - t0)) s"
 while IFS=$'\t' read -r suite file variant src key logbase flags; do
   mkdir -p "$(dirname "$logbase")"
   if [[ ! -f "$CACHE/$key.vmfb" ]]; then
-    cp "$CACHE/$key.failed" "$logbase.compile.log" 2>/dev/null
-    echo "  not compiled  $suite/$file [$variant]: $(grep -m1 -o 'error: .*' "$logbase.compile.log" | cut -c1-160)"
+    cat "$CACHE/$key.failed" "$CACHE/$key.log" >"$logbase.compile.log" 2>/dev/null
+    why=$(grep -m1 -o 'error: .*' "$logbase.compile.log" | cut -c1-160)
+    echo "  not compiled  $suite/$file [$variant]: ${why:-$(tail -1 "$logbase.compile.log")}"
     continue
   fi
   line="  ran  $suite/$file [$variant]"
