@@ -118,7 +118,8 @@ def test_context_invoke(instance, arith):
     device = rt.get_device("local-sync")
     hal = rt.create_hal_module(instance, device)
     m = rt.VmModule.mmap(instance, str(arith))
-    ctx = rt.VmContext(instance, modules=[hal])
+    ctx = rt.VmContext(instance)  # dynamic: a context made with modules is static
+    ctx.register_modules([hal])
     ctx.register_modules([m])
     assert ctx.context_id >= 1
     args = rt.VmVariantList(2)

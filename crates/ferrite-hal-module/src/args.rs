@@ -70,7 +70,7 @@ pub fn string(a: &mut ArgReader<'_>, what: &str) -> Result<String> {
             r.type_name()
         );
     };
-    Ok(b.with_bytes(|s| String::from_utf8_lossy(s).into_owned()))
+    b.with_bytes(|s| String::from_utf8_lossy(s).into_owned())
 }
 
 /// Reads a non-null `!vm.buffer`.

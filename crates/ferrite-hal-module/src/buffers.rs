@@ -109,7 +109,7 @@ pub(super) fn register(
         // Otherwise one copy, straight from the source's bytes into an
         // allocator block (64-byte aligned, as kernels expect).
         let imported = alloc.0.allocate(&p, length).and_then(|b| {
-            src.with_bytes(|bytes| b.write(0, &bytes[offset as usize..(offset + length) as usize]))?;
+            src.with_bytes(|bytes| b.write(0, &bytes[offset as usize..(offset + length) as usize]))??;
             Ok(b)
         });
         match imported {

@@ -237,13 +237,13 @@ pub(super) fn register(
                     s.chunks_exact(4)
                         .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
                         .collect()
-                })
+                })?
             }
             None => Vec::new(),
         };
         let data = as_vm_buffer(&data, "executable data")?;
         let exe =
-            data.with_bytes(|bytes| device.0.create_executable(&format, bytes, &constants))?;
+            data.with_bytes(|bytes| device.0.create_executable(&format, bytes, &constants))??;
         c.ready([Variant::Ref(Ref::new(ExecutableRef(exe)))])
     })?
     .function("executable.lookup.function", "0rr_I", |c| {

@@ -344,7 +344,7 @@ pub(super) fn register(
 fn opt_bytes(a: &mut ArgReader<'_>, what: &str) -> Result<Option<Vec<u8>>> {
     match a.opt_ref_borrowed()? {
         None => Ok(None),
-        Some(r) => Ok(Some(as_vm_buffer(r, what)?.with_bytes(|b| b.to_vec()))),
+        Some(r) => Ok(Some(as_vm_buffer(r, what)?.with_bytes(|b| b.to_vec())?)),
     }
 }
 

@@ -633,6 +633,77 @@ pub struct PyHalBuffer {
     pub buffer: Arc<Buffer>,
 }
 
+impl PyHalBuffer {
+    /// A dense row-major view of the whole buffer.
+    fn view_of(&self, shape: Vec<u64>, et: ElementType) -> PyResult<PyHalBufferView> {
+        let view = BufferView::new(
+            (*self.buffer).clone(),
+            &shape,
+            et,
+            EncodingType::DENSE_ROW_MAJOR,
+        )
+        .py_context("creating buffer view")?;
+        Ok(PyHalBufferView {
+            view: Arc::new(view),
+        })
+    }
+}
+
+/// Dimensions from a `Shape` (its `dims`) or a sequence of ints.
+fn shape_arg(shape: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let py = shape.py();
+    let is_shape = shape
+        .get_type()
+        .name()
+        .is_ok_and(|n| n == "Shape");
+    let dims = if is_shape {
+        shape.getattr(pyo3::intern!(py, "dims"))?
+    } else {
+        shape.clone()
+    };
+    dims.extract::<Vec<u64>>().map_err(|_| {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "shape must be a Shape or a sequence of non-negative ints, not {}",
+            shape
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })
+}
+
+/// The largest element size in bytes `create_view` takes (as upstream,
+/// the element type is the opaque type of `8 * size` bits, which must fit
+/// its 8-bit width field); larger ints are element type values.
+const MAX_ELEMENT_SIZE: u32 = 31;
+
+/// `create_view`'s element argument: a size in bytes (a plain int of at
+/// most [`MAX_ELEMENT_SIZE`], upstream's meaning) or an element type.
+fn element_type_arg(arg: &Bound<'_, PyAny>) -> PyResult<ElementType> {
+    if arg.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(
+            "element_size must be an int or a HalElementType, not bool",
+        ));
+    }
+    if arg.is_exact_instance_of::<pyo3::types::PyInt>() {
+        let v: u32 = arg.extract()?;
+        if (1..=MAX_ELEMENT_SIZE).contains(&v) {
+            return Ok(ElementType::new(
+                ferrite_hal::element_type::NumericalType::UNKNOWN,
+                (v * 8) as u8,
+            ));
+        }
+        if v == 0 {
+            return Err(PyValueError::new_err(
+                "element_size must be at least 1 byte",
+            ));
+        }
+        return Ok(ElementType(v));
+    }
+    Ok(ElementType(int_of::<u32>(arg)?))
+}
+
 #[pymethods]
 impl PyHalBuffer {
     fn byte_length(&self) -> u64 {
@@ -653,22 +724,18 @@ impl PyHalBuffer {
             .py_context("Error filling buffer")
     }
 
+    /// A view of the whole buffer. `shape` is a `Shape` (upstream's
+    /// signature) or a sequence of ints. `element_size` is, as upstream, a
+    /// size in bytes (1 to 31: an opaque element type of that width); a
+    /// `HalElementType` (or its int value, which is larger) names the
+    /// element type itself.
+    #[pyo3(signature = (shape, element_size))]
     fn create_view(
         &self,
-        shape: Vec<u64>,
-        element_type: &Bound<'_, PyAny>,
+        shape: &Bound<'_, PyAny>,
+        element_size: &Bound<'_, PyAny>,
     ) -> PyResult<PyHalBufferView> {
-        let et = ElementType(int_of::<u32>(element_type)?);
-        let view = BufferView::new(
-            (*self.buffer).clone(),
-            &shape,
-            et,
-            EncodingType::DENSE_ROW_MAJOR,
-        )
-        .py_context("creating buffer view")?;
-        Ok(PyHalBufferView {
-            view: Arc::new(view),
-        })
+        self.view_of(shape_arg(shape)?, element_type_arg(element_size)?)
     }
 
     fn map(&self) -> PyResult<PyMappedMemory> {
@@ -707,10 +774,10 @@ impl PyHalBufferView {
     #[new]
     fn new(
         buffer: &PyHalBuffer,
-        shape: Vec<u64>,
+        shape: &Bound<'_, PyAny>,
         element_type: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        buffer.create_view(shape, element_type)
+        buffer.view_of(shape_arg(shape)?, ElementType(int_of::<u32>(element_type)?))
     }
 
     /// DLPack export (protocol 1.0 when `max_version` allows, else

@@ -220,6 +220,10 @@ impl PyFunctionInvoker {
             check_scalar(obj, decl, name, false)?;
             return Ok(Variant::F64(f.value()));
         }
+        if obj.is_instance_of::<PyBool>() {
+            // As upstream: a bool is not an integer argument.
+            return Err(not_convertible(obj, name));
+        }
         if obj.is_instance_of::<PyInt>() {
             check_scalar(obj, decl, name, true)?;
             return Ok(Variant::I64(obj.extract()?));
@@ -251,8 +255,8 @@ impl PyFunctionInvoker {
         }
         if obj.is_instance(classes.np_generic.bind(py))? {
             if obj.is_instance(classes.np_bool.bind(py))? {
-                check_scalar(obj, decl, name, true)?;
-                return Ok(Variant::I64(obj.is_truthy()? as i64));
+                // Refused as Python's bool is (upstream refuses both).
+                return Err(not_convertible(obj, name));
             }
             if obj.is_instance(classes.np_integer.bind(py))? {
                 check_scalar(obj, decl, name, true)?;
@@ -321,12 +325,7 @@ impl PyFunctionInvoker {
         name: &str,
     ) -> PyResult<Variant> {
         let py = obj.py();
-        let unconvertible = || {
-            PyValueError::new_err(format!(
-                "{name}: could not convert python value to VM: {}",
-                obj.repr().map(|r| r.to_string()).unwrap_or_default()
-            ))
-        };
+        let unconvertible = || not_convertible(obj, name);
         let (mut host, named_type) = match HostBuffer::get_reinterpreting(obj) {
             Ok(h) => h,
             Err(_) => {
@@ -446,7 +445,36 @@ impl PyFunctionInvoker {
     }
 }
 
-/// `ndarray((2, 2), float32)`, `int 3`: what a message says was received.
+/// ValueError: `obj` has no VM form (upstream's words), shown bounded.
+fn not_convertible(obj: &Bound<'_, PyAny>, name: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "{name}: could not convert python value to VM: {}",
+        bounded_repr(obj)
+    ))
+}
+
+/// `obj` for an error message, bounded whatever its size: small values as
+/// `repr` prints them, large ones (a 1000x16 list) as their nested lengths
+/// and first few items (`ferrite.runtime._packing._shown`, the rule the
+/// Python invoker follows too).
+fn bounded_repr(obj: &Bound<'_, PyAny>) -> String {
+    let py = obj.py();
+    py.import("ferrite.runtime._packing")
+        .and_then(|m| m.getattr("_shown"))
+        .and_then(|f| f.call1((obj,)))
+        .and_then(|s| s.extract::<String>())
+        .unwrap_or_else(|_| format!("<{} object>", type_name(obj)))
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
+}
+
+/// `ndarray((2, 2), float32)`, `int 3`, `list 1000x16 of float [[1.0, ...],
+/// ...]`: what a message says was received, bounded whatever its size.
 fn describe(obj: &Bound<'_, PyAny>) -> String {
     let py = obj.py();
     let shape = obj.getattr(intern!(py, "shape")).and_then(|s| s.str());
@@ -456,13 +484,13 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
             return format!("ndarray({shape}, {dtype})");
         }
     }
-    let ty = obj
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_default();
-    let repr = obj.repr().map(|r| r.to_string()).unwrap_or_default();
-    format!("{ty} {repr}")
+    let ty = type_name(obj);
+    let shown = bounded_repr(obj);
+    // A large list already reads `list 1000x16 of float [[...], ...]`.
+    if shown.starts_with(&format!("{ty} ")) {
+        return shown;
+    }
+    format!("{ty} {shown}")
 }
 
 /// A scalar is fine for a scalar (or undeclared) argument, though a float

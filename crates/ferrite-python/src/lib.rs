@@ -39,6 +39,17 @@ fn _ferrite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tokenizer::register(m)?;
     tools::register(m)?;
     io::register(m)?;
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    let commit = option_env!("FERRITE_GIT_COMMIT").filter(|c| !c.is_empty());
+    m.add("__version__", version(env!("CARGO_PKG_VERSION"), commit))?;
+    m.add("__git_commit__", commit)?;
     Ok(())
+}
+
+/// The package version with the commit it was built from as a PEP 440 local
+/// version label (`0.1.0+g89ece87b8985`), or the plain version without one.
+fn version(package: &str, commit: Option<&str>) -> String {
+    match commit {
+        Some(c) => format!("{package}+g{}", &c[..c.len().min(12)]),
+        None => package.to_string(),
+    }
 }

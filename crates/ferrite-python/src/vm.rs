@@ -5,7 +5,7 @@ use crate::hal::{PyHalBuffer, PyHalBufferView};
 use crate::host_buffer::{fill_byte_view, HostBuffer};
 use crate::status::PyContext;
 use ferrite_base::{Status, StatusCode};
-use ferrite_vm::buffer::VmBuffer;
+use ferrite_vm::buffer::{HostExport, VmBuffer};
 use ferrite_vm::cconv::CconvType;
 use ferrite_vm::list::VmList;
 use ferrite_vm::types::TypeDef;
@@ -265,6 +265,14 @@ impl PyVmModule {
         linkage: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<PyVmFunction>> {
         let linkage: u32 = linkage.map(int_of).transpose()?.unwrap_or(LINKAGE_EXPORT);
+        if name.is_empty() {
+            // As upstream (whatever the linkage): ValueError, not None.
+            return Err(Status::new(
+                StatusCode::InvalidArgument,
+                "function name required for query",
+            ))
+            .py_context("Error looking up function");
+        }
         if linkage != LINKAGE_EXPORT {
             return Ok(None);
         }
@@ -369,6 +377,9 @@ static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct PyVmContext {
     pub(crate) context: RwLock<Context>,
     id: u64,
+    /// Made with a non-empty module list: as upstream's static contexts,
+    /// it refuses `register_modules` afterwards.
+    is_static: bool,
 }
 
 #[pymethods]
@@ -376,6 +387,7 @@ impl PyVmContext {
     #[new]
     #[pyo3(signature = (instance, modules = None))]
     fn new(instance: &PyVmInstance, modules: Option<Vec<PyRef<'_, PyVmModule>>>) -> PyResult<Self> {
+        let is_static = modules.as_ref().is_some_and(|m| !m.is_empty());
         let modules: Vec<Arc<dyn Module>> = modules
             .unwrap_or_default()
             .iter()
@@ -386,6 +398,7 @@ impl PyVmContext {
         Ok(PyVmContext {
             context: RwLock::new(context),
             id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
+            is_static,
         })
     }
 
@@ -399,6 +412,14 @@ impl PyVmContext {
         py: Python<'_>,
         modules: Vec<PyRef<'_, PyVmModule>>,
     ) -> PyResult<()> {
+        if self.is_static {
+            // Upstream's words and exception class (RuntimeError).
+            return Err(Status::new(
+                StatusCode::FailedPrecondition,
+                "context was allocated as static and cannot register modules after creation",
+            ))
+            .py_context("Error registering modules");
+        }
         let modules: Vec<Arc<dyn Module>> = modules.iter().map(|m| m.module.clone()).collect();
         py.allow_threads(|| {
             let mut ctx = self.context.write();
@@ -445,6 +466,9 @@ impl PyVmContext {
                 ctx.invoke(&f, args)
             })
             .py_context("Error invoking function")?;
+        // As upstream, the results replace what the list held (a failed call
+        // leaves it as it was).
+        outputs.list.clear();
         for r in results {
             outputs
                 .list
@@ -914,24 +938,53 @@ impl PyVmBuffer {
         )
     }
 
+    /// Exports the bytes (writable for a mutable buffer, as upstream). The
+    /// export holds the buffer's write lock until released: VM operations
+    /// on the buffer meanwhile fail with an error naming the live export,
+    /// so release it (`del` the array, `memoryview.release()`) before
+    /// invoking a function that uses the buffer.
     // SAFETY: CPython calls this with a `Py_buffer` to fill for `slf`; the
-    // body only hands it to `fill_byte_view` with memory `slf` keeps alive.
+    // body hands `fill_byte_view` memory that the export stored in
+    // `view.internal` keeps valid and unaliased until `__releasebuffer__`.
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
         view: *mut pyo3::ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
         let b = slf.get().buffer.clone();
-        let (ptr, len) = b.with_bytes(|s| (s.as_ptr() as *mut u8, s.len()));
-        // SAFETY: a VmBuffer's bytes are one heap allocation that never moves
-        // or changes length while the buffer lives, and `slf` (held by the
-        // view) keeps the buffer alive. Writes from Python are unsynchronized
-        // with VM use of the same buffer, the same host contract as device
-        // binding pointers: the program must not run on it meanwhile.
-        unsafe { fill_byte_view(slf.as_any(), view, flags, ptr, len, !b.is_mutable()) }
+        // The first export waits for VM operations in flight (each holds
+        // the lock for one operation); the GIL is released meanwhile.
+        let export = Box::new(slf.py().allow_threads(|| b.export_host()));
+        let (ptr, len, readonly) = (export.as_ptr(), export.len(), !export.is_writable());
+        // SAFETY: `export` holds the buffer's write lock (mutable buffers)
+        // or its immutable shared bytes (read-only ones), so `ptr` stays
+        // valid for `len` bytes, and no Rust reference to them exists, for
+        // as long as the export lives; it is stored in `view.internal`
+        // below and dropped only by `__releasebuffer__`, which CPython calls
+        // once, when the last consumer of this view is done with it. The
+        // view is writable only when the export is.
+        unsafe { fill_byte_view(slf.as_any(), view, flags, ptr, len, readonly)? };
+        // SAFETY: `fill_byte_view` succeeded, so `view` is CPython's
+        // non-null, filled `Py_buffer`; `internal` is the exporter's field.
+        unsafe { (*view).internal = Box::into_raw(export).cast() };
+        Ok(())
     }
 
-    // SAFETY: nothing to release: the view owns a reference to `self`, which
-    // keeps the memory alive until CPython drops the view.
-    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+    // SAFETY: CPython calls this once for each successful `__getbuffer__`
+    // with the same `view`, whose `internal` holds that call's export.
+    unsafe fn __releasebuffer__(&self, view: *mut pyo3::ffi::Py_buffer) {
+        // SAFETY: `view` is the buffer `__getbuffer__` filled (CPython's
+        // contract); `internal` is either null or the `Box<HostExport>` it
+        // leaked there, taken back exactly once here (and nulled).
+        unsafe {
+            if view.is_null() {
+                return;
+            }
+            let export = (*view).internal as *mut HostExport;
+            (*view).internal = std::ptr::null_mut();
+            if !export.is_null() {
+                drop(Box::from_raw(export));
+            }
+        }
+    }
 }

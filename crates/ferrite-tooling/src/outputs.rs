@@ -128,7 +128,7 @@ fn variant_contents(v: &Variant) -> Result<(Vec<u64>, ElementType, Vec<u8>)> {
                 let len = b.byte_length();
                 (vec![len], ElementType::INT_8, whole(b, len)?)
             } else if let Some(b) = r.downcast::<ferrite_vm::buffer::VmBuffer>() {
-                let data = b.to_vec();
+                let data = b.to_vec()?;
                 (vec![data.len() as u64], ElementType::INT_8, data)
             } else {
                 bail!(

@@ -17,12 +17,25 @@
 //! All multi-byte values are little-endian. Out-of-bounds accesses fail with
 //! `OUT_OF_RANGE`; any mutation of a read-only buffer fails with
 //! `PERMISSION_DENIED` (checked before the range, as upstream does).
+//!
+//! # Host exports
+//!
+//! [`VmBuffer::export_host`] hands the host (Python's buffer protocol) a raw
+//! pointer to an owned buffer's bytes. The export holds the buffer's write
+//! lock for as long as it lives, so no Rust reference to the bytes exists
+//! while the host may read or write them through that pointer; every VM-side
+//! access meanwhile fails with `FAILED_PRECONDITION` naming the live export
+//! instead of waiting for it (which would deadlock a caller that holds the
+//! export and runs the VM on the same thread).
 
 use crate::refs::RefObject;
 use ferrite_base::{bail, status, Result};
-use parking_lot::RwLock;
+use parking_lot::lock_api::ArcRwLockWriteGuard;
+use parking_lot::{Mutex, RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 /// The largest buffer [`VmBuffer::new`] and [`VmBuffer::clone_range`] will
 /// allocate (64 GiB); larger requests fail with `RESOURCE_EXHAUSTED`.
@@ -34,12 +47,160 @@ pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 enum Storage {
     /// Owned, mutable bytes.
-    Owned(RwLock<Box<[u8]>>),
+    Owned(Owned),
     /// A read-only view of `range` within shared bytes (no lock needed).
     Shared {
         bytes: SharedBytes,
         range: Range<usize>,
     },
+}
+
+/// Owned bytes, the lock that guards them, and the state of host exports.
+struct Owned {
+    /// The bytes. Reached only through this lock: VM accesses hold a guard
+    /// for the length of one operation; a host export holds the write guard
+    /// for its whole life.
+    bytes: Arc<RwLock<Box<[u8]>>>,
+    /// Length in bytes (fixed; read without the lock).
+    len: usize,
+    /// Export sessions alive or being set up. Non-zero means the write lock
+    /// is held, or about to be, by a host export: VM accesses that find the
+    /// lock taken fail instead of waiting.
+    exports: Arc<AtomicUsize>,
+    /// The live export session, shared by every concurrent export.
+    session: Mutex<Weak<ExportSession>>,
+}
+
+/// How long a VM access waits for the lock (held by another VM access)
+/// before it checks again whether a host export holds it.
+const LOCK_RETRY: Duration = Duration::from_millis(1);
+
+fn exported_error() -> ferrite_base::Status {
+    status!(
+        FailedPrecondition,
+        "vm.buffer is exported to the host through the buffer protocol (a live memoryview or \
+         numpy array over it); release the export (del the array, memoryview.release()) \
+         before the VM uses the buffer"
+    )
+}
+
+impl Owned {
+    fn new(bytes: Box<[u8]>) -> Owned {
+        Owned {
+            len: bytes.len(),
+            bytes: Arc::new(RwLock::new(bytes)),
+            exports: Arc::new(AtomicUsize::new(0)),
+            session: Mutex::new(Weak::new()),
+        }
+    }
+
+    /// A shared guard for one VM access; `FAILED_PRECONDITION` while a host
+    /// export holds the bytes (never waits for an export to end).
+    fn read(&self) -> Result<RwLockReadGuard<'_, Box<[u8]>>> {
+        loop {
+            if let Some(g) = self.bytes.try_read_for(LOCK_RETRY) {
+                return Ok(g);
+            }
+            if self.exports.load(Ordering::SeqCst) != 0 {
+                return Err(exported_error());
+            }
+        }
+    }
+
+    /// An exclusive guard for one VM access; as [`Owned::read`].
+    fn write(&self) -> Result<RwLockWriteGuard<'_, Box<[u8]>>> {
+        loop {
+            if let Some(g) = self.bytes.try_write_for(LOCK_RETRY) {
+                return Ok(g);
+            }
+            if self.exports.load(Ordering::SeqCst) != 0 {
+                return Err(exported_error());
+            }
+        }
+    }
+}
+
+/// An address that may cross threads: only ever handed out, never
+/// dereferenced by this module.
+struct ExportPtr(*mut u8);
+
+// SAFETY: `ExportPtr` is a plain address into bytes owned by the
+// `ExportSession` that holds it (through its write guard); this module never
+// dereferences it, and whoever does follows [`HostExport`]'s contract, which
+// does not depend on the thread.
+unsafe impl Send for ExportPtr {}
+// SAFETY: as for `Send`: a shared `ExportPtr` only yields the address.
+unsafe impl Sync for ExportPtr {}
+
+/// One host export of an owned buffer: holds its write lock throughout.
+struct ExportSession {
+    /// Held for the session's life: no VM access (and so no Rust reference
+    /// to the bytes) can exist while the host uses `ptr`.
+    _guard: ArcRwLockWriteGuard<RawRwLock, Box<[u8]>>,
+    /// The bytes' address, taken from the guard once, before the host saw it.
+    ptr: ExportPtr,
+    len: usize,
+    exports: Arc<AtomicUsize>,
+}
+
+impl Drop for ExportSession {
+    fn drop(&mut self) {
+        // Runs before the guard (a field) is released: a VM access that then
+        // finds the lock still taken waits for it rather than failing.
+        self.exports.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The bytes of a [`VmBuffer`] handed to the host (Python's buffer
+/// protocol), from [`VmBuffer::export_host`].
+///
+/// Contract: [`HostExport::as_ptr`] is valid for [`HostExport::len`] bytes
+/// while this value lives, and may be written only when
+/// [`HostExport::is_writable`]. For an owned buffer the export holds the
+/// buffer's write lock, so nothing in Rust reads or writes the bytes
+/// meanwhile (VM accesses fail with `FAILED_PRECONDITION`); the holder may
+/// read and write through the pointer from any thread, ordering its own
+/// accesses. A read-only (shared) buffer's bytes never change.
+pub struct HostExport {
+    inner: ExportInner,
+}
+
+enum ExportInner {
+    Owned(Arc<ExportSession>),
+    Shared {
+        bytes: SharedBytes,
+        range: Range<usize>,
+    },
+}
+
+impl HostExport {
+    /// The first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        match &self.inner {
+            ExportInner::Owned(s) => s.ptr.0,
+            ExportInner::Shared { bytes, range } => {
+                (**bytes).as_ref()[range.clone()].as_ptr() as *mut u8
+            }
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match &self.inner {
+            ExportInner::Owned(s) => s.len,
+            ExportInner::Shared { range, .. } => range.len(),
+        }
+    }
+
+    /// True for an empty buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True when the host may write through [`HostExport::as_ptr`].
+    pub fn is_writable(&self) -> bool {
+        matches!(self.inner, ExportInner::Owned(_))
+    }
 }
 
 /// A `!vm.buffer`: a fixed-length byte buffer, mutable or read-only.
@@ -49,6 +210,13 @@ enum Storage {
 pub struct VmBuffer {
     storage: Storage,
 }
+
+// A host export may be dropped on any thread (Python releases buffers
+// wherever the last reference goes): checked here, not assumed.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<HostExport>();
+};
 
 impl RefObject for VmBuffer {
     fn type_name(&self) -> &'static str {
@@ -151,7 +319,7 @@ macro_rules! typed_load {
                 let r = element_range("load", element_offset, 1, N as u64, bytes.len() as u64)?;
                 b.copy_from_slice(&bytes[r]);
                 Ok(())
-            })?;
+            })??;
             let conv: fn($ty) -> $out = $conv;
             Ok(conv(<$ty>::from_le_bytes(b)))
         }
@@ -205,7 +373,7 @@ impl VmBuffer {
     pub fn new(length: u64, alignment: u32) -> Result<VmBuffer> {
         check_alignment(alignment)?;
         Ok(VmBuffer {
-            storage: Storage::Owned(RwLock::new(alloc_zeroed(length)?)),
+            storage: Storage::Owned(Owned::new(alloc_zeroed(length)?)),
         })
     }
 
@@ -213,7 +381,7 @@ impl VmBuffer {
     /// stored without a lock.
     pub fn from_vec(data: Vec<u8>, mutable: bool) -> VmBuffer {
         let storage = if mutable {
-            Storage::Owned(RwLock::new(data.into_boxed_slice()))
+            Storage::Owned(Owned::new(data.into_boxed_slice()))
         } else {
             let len = data.len();
             Storage::Shared {
@@ -256,7 +424,7 @@ impl VmBuffer {
     /// Length in bytes.
     pub fn len(&self) -> u64 {
         match &self.storage {
-            Storage::Owned(b) => b.read().len() as u64,
+            Storage::Owned(o) => o.len as u64,
             Storage::Shared { range, .. } => (range.end - range.start) as u64,
         }
     }
@@ -273,24 +441,69 @@ impl VmBuffer {
 
     /// Runs `f` over the buffer's bytes (under a shared lock for owned
     /// buffers; do not call back into this buffer's mutating methods).
-    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+    /// `FAILED_PRECONDITION` while a host export of an owned buffer lives.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
         match &self.storage {
-            Storage::Owned(b) => f(&b.read()),
-            Storage::Shared { bytes, range } => f(&(**bytes).as_ref()[range.clone()]),
+            Storage::Owned(o) => Ok(f(&o.read()?)),
+            Storage::Shared { bytes, range } => Ok(f(&(**bytes).as_ref()[range.clone()])),
         }
     }
 
-    /// Runs `f` over the mutable bytes; `PERMISSION_DENIED` when read-only.
+    /// Runs `f` over the mutable bytes; `PERMISSION_DENIED` when read-only,
+    /// `FAILED_PRECONDITION` while a host export lives.
     fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> Result<R>) -> Result<R> {
         match &self.storage {
-            Storage::Owned(b) => f(&mut b.write()),
+            Storage::Owned(o) => f(&mut o.write()?),
             Storage::Shared { .. } => Err(read_only_error()),
         }
     }
 
-    /// A copy of all bytes.
-    pub fn to_vec(&self) -> Vec<u8> {
+    /// A copy of all bytes (`FAILED_PRECONDITION` while a host export of an
+    /// owned buffer lives).
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
         self.with_bytes(|b| b.to_vec())
+    }
+
+    /// Exports the bytes to the host (see [`HostExport`]): writable for an
+    /// owned buffer, read-only for a shared one. Concurrent exports share
+    /// one session; the first waits for VM accesses in flight (each holds
+    /// the lock for one operation) and, once it holds the lock, VM accesses
+    /// fail until the last export is dropped. Call it without holding
+    /// anything a VM access might wait for (for Python: with the GIL
+    /// released).
+    pub fn export_host(&self) -> HostExport {
+        let o = match &self.storage {
+            Storage::Shared { bytes, range } => {
+                return HostExport {
+                    inner: ExportInner::Shared {
+                        bytes: bytes.clone(),
+                        range: range.clone(),
+                    },
+                }
+            }
+            Storage::Owned(o) => o,
+        };
+        let mut slot = o.session.lock();
+        if let Some(session) = slot.upgrade() {
+            return HostExport {
+                inner: ExportInner::Owned(session),
+            };
+        }
+        // Counted before the lock is taken: VM accesses that queue behind
+        // this export fail rather than wait for it to end.
+        o.exports.fetch_add(1, Ordering::SeqCst);
+        let mut guard = o.bytes.write_arc();
+        let ptr = ExportPtr(guard.as_mut_ptr());
+        let session = Arc::new(ExportSession {
+            _guard: guard,
+            ptr,
+            len: o.len,
+            exports: o.exports.clone(),
+        });
+        *slot = Arc::downgrade(&session);
+        HostExport {
+            inner: ExportInner::Owned(session),
+        }
     }
 
     /// Copies `out.len()` bytes starting at byte `offset` into `out`.
@@ -299,7 +512,7 @@ impl VmBuffer {
             let r = byte_range("read", offset, out.len() as u64, b.len() as u64)?;
             out.copy_from_slice(&b[r]);
             Ok(())
-        })
+        })?
     }
 
     /// Writes `data` starting at byte `offset`.
@@ -332,7 +545,7 @@ impl VmBuffer {
             }
             v.extend_from_slice(&b[r]);
             Ok(v)
-        })?;
+        })??;
         check_alignment(alignment)?;
         data.shrink_to_fit();
         Ok(VmBuffer::from_vec(data, true))
@@ -358,7 +571,7 @@ impl VmBuffer {
             return Err(read_only_error());
         };
         if std::ptr::eq(src, dst) {
-            let mut b = dst_lock.write();
+            let mut b = dst_lock.write()?;
             let dr = byte_range("copy target", dst_offset, length, b.len() as u64)?;
             b.copy_within(sr, dr.start);
             return Ok(());
@@ -366,7 +579,7 @@ impl VmBuffer {
         match &src.storage {
             Storage::Shared { bytes, range } => {
                 let s = &(**bytes).as_ref()[range.clone()];
-                let mut d = dst_lock.write();
+                let mut d = dst_lock.write()?;
                 let dr = byte_range("copy target", dst_offset, length, d.len() as u64)?;
                 d[dr].copy_from_slice(&s[sr]);
             }
@@ -375,11 +588,11 @@ impl VmBuffer {
                 // concurrent copies A->B and B->A.
                 let (s, mut d);
                 if (src as *const VmBuffer) < (dst as *const VmBuffer) {
-                    s = src_lock.read();
-                    d = dst_lock.write();
+                    s = src_lock.read()?;
+                    d = dst_lock.write()?;
                 } else {
-                    d = dst_lock.write();
-                    s = src_lock.read();
+                    d = dst_lock.write()?;
+                    s = src_lock.read()?;
                 }
                 let dr = byte_range("copy target", dst_offset, length, d.len() as u64)?;
                 d[dr].copy_from_slice(&s[sr]);
@@ -403,7 +616,7 @@ impl VmBuffer {
                 let ar = byte_range("compare", a_offset, length, bytes.len() as u64)?;
                 let br = byte_range("compare", b_offset, length, bytes.len() as u64)?;
                 Ok(bytes[ar] == bytes[br])
-            });
+            })?;
         }
         // Both locks are shared; take them in address order anyway so a
         // queued writer can never interleave into a cycle.
@@ -418,8 +631,8 @@ impl VmBuffer {
                 let ar = byte_range("compare", a_offset, length, ab.len() as u64)?;
                 let br = byte_range("compare", b_offset, length, bb.len() as u64)?;
                 Ok(ab[ar] == bb[br])
-            })
-        })
+            })?
+        })?
     }
 
     /// `vm.buffer.hash`: SipHash-2-4 with key `00 01 .. 0f` over `length`
@@ -429,7 +642,7 @@ impl VmBuffer {
         self.with_bytes(|b| {
             let r = byte_range("hash", offset, length, b.len() as u64)?;
             Ok(siphash24(&b[r]) as i64)
-        })
+        })?
     }
 
     typed_load!(
@@ -593,7 +806,7 @@ mod tests {
         assert_eq!(b.len(), 16);
         assert!(!b.is_empty());
         assert!(b.is_mutable());
-        assert_eq!(b.to_vec(), vec![0; 16]);
+        assert_eq!(b.to_vec().unwrap(), vec![0; 16]);
         let e = VmBuffer::new(0, 0).unwrap();
         assert!(e.is_empty());
         assert_eq!(b.type_name(), "vm.buffer");
@@ -621,11 +834,11 @@ mod tests {
         let m = VmBuffer::from_vec(vec![1, 2, 3], true);
         assert!(m.is_mutable());
         m.write(1, &[9]).unwrap();
-        assert_eq!(m.to_vec(), vec![1, 9, 3]);
+        assert_eq!(m.to_vec().unwrap(), vec![1, 9, 3]);
         let r = VmBuffer::from_vec(vec![1, 2, 3], false);
         assert!(!r.is_mutable());
         assert_eq!(code(r.write(0, &[9])), StatusCode::PermissionDenied);
-        assert_eq!(r.to_vec(), vec![1, 2, 3]);
+        assert_eq!(r.to_vec().unwrap(), vec![1, 2, 3]);
     }
 
     #[test]
@@ -634,7 +847,7 @@ mod tests {
         let b = VmBuffer::from_shared(shared.clone(), 2..6).unwrap();
         assert_eq!(b.len(), 4);
         assert!(!b.is_mutable());
-        assert_eq!(b.to_vec(), vec![2, 3, 4, 5]);
+        assert_eq!(b.to_vec().unwrap(), vec![2, 3, 4, 5]);
         assert_eq!(b.load_i8u(0).unwrap(), 2);
         assert_eq!(b.load_i16u(1).unwrap(), 0x0504);
         let e = b.store_i8(0, 1).unwrap_err();
@@ -658,7 +871,7 @@ mod tests {
             code(VmBuffer::copy(&m, 0, &b, 0, 4)),
             StatusCode::PermissionDenied
         );
-        assert_eq!(b.to_vec(), vec![2, 3, 4, 5]);
+        assert_eq!(b.to_vec().unwrap(), vec![2, 3, 4, 5]);
         // Empty views and bad ranges.
         assert!(VmBuffer::from_shared(shared.clone(), 8..8)
             .unwrap()
@@ -749,11 +962,11 @@ mod tests {
         b.store_i8(1, 0x1FF).unwrap();
         assert_eq!(b.load_i8u(1).unwrap(), 0xFF);
         b.store_i16(1, 0x12345).unwrap();
-        assert_eq!(b.to_vec()[2..4], [0x45, 0x23]);
+        assert_eq!(b.to_vec().unwrap()[2..4], [0x45, 0x23]);
         b.store_i32(2, -2).unwrap();
-        assert_eq!(b.to_vec()[8..12], [0xFE, 0xFF, 0xFF, 0xFF]);
+        assert_eq!(b.to_vec().unwrap()[8..12], [0xFE, 0xFF, 0xFF, 0xFF]);
         b.store_i64(0, 0x0102030405060708).unwrap();
-        assert_eq!(b.to_vec()[0..8], [8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(b.to_vec().unwrap()[0..8], [8, 7, 6, 5, 4, 3, 2, 1]);
         assert_eq!(code(b.store_i8(14, 0)), StatusCode::OutOfRange);
         assert_eq!(code(b.store_i16(7, 0)), StatusCode::OutOfRange);
         assert_eq!(code(b.store_i64(1, 0)), StatusCode::OutOfRange);
@@ -769,13 +982,13 @@ mod tests {
     fn fills_use_element_offset_and_count() {
         let b = VmBuffer::new(16, 0).unwrap();
         b.fill_i8(1, 2, 0x1AB).unwrap();
-        assert_eq!(b.to_vec()[0..4], [0, 0xAB, 0xAB, 0]);
+        assert_eq!(b.to_vec().unwrap()[0..4], [0, 0xAB, 0xAB, 0]);
         b.fill_i16(2, 2, 0x0102).unwrap();
-        assert_eq!(b.to_vec()[4..8], [2, 1, 2, 1]);
+        assert_eq!(b.to_vec().unwrap()[4..8], [2, 1, 2, 1]);
         b.fill_i32(2, 2, -1).unwrap();
-        assert_eq!(b.to_vec()[8..16], [0xFF; 8]);
+        assert_eq!(b.to_vec().unwrap()[8..16], [0xFF; 8]);
         b.fill_i64(0, 2, 0).unwrap();
-        assert_eq!(b.to_vec(), vec![0; 16]);
+        assert_eq!(b.to_vec().unwrap(), vec![0; 16]);
         b.fill_f32(1, 3, 1.5).unwrap();
         assert_eq!(b.load_f32(0).unwrap(), 0.0);
         assert_eq!(b.load_f32(3).unwrap(), 1.5);
@@ -801,9 +1014,9 @@ mod tests {
         let src = ro(&[1, 2, 3, 4, 5, 6]);
         let c = src.clone_range(2, 3, 16).unwrap();
         assert!(c.is_mutable());
-        assert_eq!(c.to_vec(), vec![3, 4, 5]);
+        assert_eq!(c.to_vec().unwrap(), vec![3, 4, 5]);
         c.store_i8(0, 9).unwrap();
-        assert_eq!(src.to_vec(), vec![1, 2, 3, 4, 5, 6]);
+        assert_eq!(src.to_vec().unwrap(), vec![1, 2, 3, 4, 5, 6]);
         assert!(src.clone_range(6, 0, 0).unwrap().is_empty());
         assert_eq!(code(src.clone_range(4, 3, 0)), StatusCode::OutOfRange);
         assert_eq!(code(src.clone_range(7, 0, 0)), StatusCode::OutOfRange);
@@ -815,7 +1028,7 @@ mod tests {
         let a = VmBuffer::from_vec(vec![1, 2, 3, 4], true);
         let b = VmBuffer::new(6, 0).unwrap();
         VmBuffer::copy(&a, 1, &b, 2, 3).unwrap();
-        assert_eq!(b.to_vec(), vec![0, 0, 2, 3, 4, 0]);
+        assert_eq!(b.to_vec().unwrap(), vec![0, 0, 2, 3, 4, 0]);
         // Source range checked.
         assert_eq!(
             code(VmBuffer::copy(&a, 2, &b, 0, 3)),
@@ -838,18 +1051,18 @@ mod tests {
         let r = ro(&[7, 8]);
         VmBuffer::copy(&r, 0, &b, 0, 2).unwrap();
         VmBuffer::copy(&b, 0, &a, 0, 4).unwrap();
-        assert_eq!(a.to_vec(), vec![7, 8, 2, 3]);
+        assert_eq!(a.to_vec().unwrap(), vec![7, 8, 2, 3]);
         VmBuffer::copy(&a, 0, &b, 0, 4).unwrap();
-        assert_eq!(b.to_vec()[0..4], [7, 8, 2, 3]);
+        assert_eq!(b.to_vec().unwrap()[0..4], [7, 8, 2, 3]);
     }
 
     #[test]
     fn copy_within_same_buffer_is_memmove() {
         let b = VmBuffer::from_vec(vec![1, 2, 3, 4, 5, 6], true);
         VmBuffer::copy(&b, 0, &b, 2, 4).unwrap();
-        assert_eq!(b.to_vec(), vec![1, 2, 1, 2, 3, 4]);
+        assert_eq!(b.to_vec().unwrap(), vec![1, 2, 1, 2, 3, 4]);
         VmBuffer::copy(&b, 2, &b, 0, 4).unwrap();
-        assert_eq!(b.to_vec(), vec![1, 2, 3, 4, 3, 4]);
+        assert_eq!(b.to_vec().unwrap(), vec![1, 2, 3, 4, 3, 4]);
         assert_eq!(
             code(VmBuffer::copy(&b, 0, &b, 3, 4)),
             StatusCode::OutOfRange
@@ -936,10 +1149,81 @@ mod tests {
     }
 
     #[test]
+    fn host_export_holds_the_bytes_and_vm_access_fails_cleanly() {
+        let b = VmBuffer::from_vec(vec![1, 2, 3, 4], true);
+        let e = b.export_host();
+        assert!(e.is_writable());
+        assert_eq!(e.len(), 4);
+        // Every VM-side access fails (never waits) while the export lives.
+        assert_eq!(code(b.load_i8u(0)), StatusCode::FailedPrecondition);
+        assert_eq!(code(b.store_i8(0, 9)), StatusCode::FailedPrecondition);
+        assert_eq!(code(b.to_vec()), StatusCode::FailedPrecondition);
+        assert_eq!(code(b.hash(0, 4)), StatusCode::FailedPrecondition);
+        let other = VmBuffer::from_vec(vec![0; 4], true);
+        assert_eq!(
+            code(VmBuffer::copy(&other, 0, &b, 0, 4)),
+            StatusCode::FailedPrecondition
+        );
+        assert_eq!(
+            code(VmBuffer::copy(&b, 0, &other, 0, 4)),
+            StatusCode::FailedPrecondition
+        );
+        let err = b.to_vec().unwrap_err().to_string();
+        assert!(err.contains("exported"), "{err}");
+        assert_eq!(b.len(), 4); // the length needs no lock
+                                // A second export shares the session (same memory).
+        let e2 = b.export_host();
+        assert_eq!(e2.as_ptr(), e.as_ptr());
+        // SAFETY: the export holds the write lock; nothing else touches the
+        // 4 bytes at `as_ptr` while it lives.
+        unsafe { *e.as_ptr().add(1) = 7 };
+        drop(e);
+        assert_eq!(code(b.load_i8u(0)), StatusCode::FailedPrecondition);
+        // Dropped on another thread, as Python may release it.
+        std::thread::spawn(move || drop(e2)).join().unwrap();
+        assert_eq!(b.to_vec().unwrap(), vec![1, 7, 3, 4]);
+        b.store_i8(0, 5).unwrap();
+        assert_eq!(b.load_i8u(0).unwrap(), 5);
+    }
+
+    #[test]
+    fn host_export_of_read_only_bytes_takes_no_lock() {
+        let b = ro(&[1, 2, 3]);
+        let e = b.export_host();
+        assert!(!e.is_writable());
+        assert_eq!(b.to_vec().unwrap(), vec![1, 2, 3]);
+        assert_eq!(b.load_i8u(2).unwrap(), 3);
+        drop(e);
+    }
+
+    #[test]
+    fn host_export_waits_for_vm_access_in_flight() {
+        let b = Arc::new(VmBuffer::from_vec(vec![0; 8], true));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let vm = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                b.with_bytes(|_| {
+                    tx.send(()).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                })
+                .unwrap();
+            })
+        };
+        rx.recv().unwrap();
+        let e = b.export_host(); // waits for the read above to finish
+        vm.join().unwrap();
+        assert_eq!(code(b.load_i8u(0)), StatusCode::FailedPrecondition);
+        drop(e);
+        assert_eq!(b.load_i8u(0).unwrap(), 0);
+    }
+
+    #[test]
     fn with_bytes_and_debug() {
         let b = VmBuffer::from_vec(vec![1, 2, 3], true);
         assert_eq!(
-            b.with_bytes(|x| x.iter().map(|&v| v as u32).sum::<u32>()),
+            b.with_bytes(|x| x.iter().map(|&v| v as u32).sum::<u32>())
+                .unwrap(),
             6
         );
         assert_eq!(format!("{b:?}"), "VmBuffer { length: 3, mutable: true }");

@@ -7,6 +7,7 @@ upstream's native classes of the same names; `ReflectionInvoker` is built on
 them.
 """
 
+import reprlib
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -83,7 +84,7 @@ class ArgumentPacker:
             for arg in pos_args:
                 packer = _generic_packer(arg)
                 if packer is None:
-                    raise _argument_error(f"could not convert python value to VM: {arg!r}", arg, None)
+                    raise _argument_error(f"could not convert python value to VM: {_shown(arg)}", arg, None)
                 _run_packer(invoke_context, packer, arg_list, arg, None)
             return arg_list
 
@@ -127,10 +128,67 @@ def _argument_error(summary: str, arg, desc) -> ArgumentError:
     if isinstance(arg, np.ndarray):
         shown = f"ndarray({arg.shape}, {arg.dtype})"
     else:
-        shown = repr(arg)
+        shown = _shown(arg)
     return ArgumentError(
         f"Error passing argument: {summary} (while encoding argument {shown!r} with description {desc})"
     )
+
+
+# How much of an argument a message shows. Small values print as `repr`
+# prints them (upstream's messages); a large one, such as a 1000x16 list
+# (82,054 characters as a repr), prints as its nested lengths, the type of
+# its first item and the first few items at each level.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 4, 4, 4, 4
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 60, 60, 40
+_MAX_SHOWN = 200
+_MAX_SMALL_ITEMS = 64
+
+
+def _is_small(value) -> bool:
+    """True when `value` holds at most `_MAX_SMALL_ITEMS` items in all and
+    no long string, so that its repr is short."""
+    stack, seen = [value], 0
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > _MAX_SMALL_ITEMS:
+            return False
+        if isinstance(v, (list, tuple, set, frozenset)):
+            if len(v) > _MAX_SMALL_ITEMS:
+                return False
+            stack.extend(v)
+        elif isinstance(v, dict):
+            if len(v) > _MAX_SMALL_ITEMS:
+                return False
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (str, bytes, bytearray)) and len(v) > _MAX_SHOWN:
+            return False
+    return True
+
+
+def _shown(value) -> str:
+    """`value` for an error message, bounded whatever its size."""
+    try:
+        if _is_small(value):
+            text = repr(value)
+        else:
+            text = _REPR.repr(value)
+            if isinstance(value, (list, tuple)):
+                dims, item = [], value
+                while isinstance(item, (list, tuple)) and len(dims) < 32:
+                    dims.append(len(item))
+                    if not item:
+                        break
+                    item = item[0]
+                leaf = "" if isinstance(item, (list, tuple)) else f" of {type(item).__name__}"
+                text = f"{type(value).__name__} {'x'.join(map(str, dims))}{leaf} {text}"
+    except Exception:  # a repr that fails must not hide the error
+        text = f"<{type(value).__name__} object>"
+    if len(text) > 2 * _MAX_SHOWN:
+        text = text[: 2 * _MAX_SHOWN] + "..."
+    return text
 
 
 class _PackError(Exception):
@@ -183,7 +241,7 @@ def _int_packer(desc: str, low: int, high: int) -> _Packer:
         # Integers, including bools and numpy integer scalars, but not floats
         # (a fraction would be lost silently).
         if isinstance(value, (float, np.floating)) or not hasattr(value, "__index__"):
-            raise _PackError(f"expected an integer for {desc}, got {value!r}")
+            raise _PackError(f"expected an integer for {desc}, got {_shown(value)}")
         v = value.__index__()
         if not low <= v <= high:
             raise _PackError(f"value {v} out of range for {desc}")
@@ -195,7 +253,7 @@ def _int_packer(desc: str, low: int, high: int) -> _Packer:
 def _float_packer(desc: str) -> _Packer:
     def pack(context, arg_list, value):
         if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-            raise _PackError(f"expected a number for {desc}, got {value!r}")
+            raise _PackError(f"expected a number for {desc}, got {_shown(value)}")
         arg_list.push_float(float(value))
 
     return pack
@@ -226,7 +284,7 @@ def _ndarray_packer(desc) -> _Packer:
         except Exception as e:
             raise _PackError(
                 f"could not convert value to numpy array: dtype={dtype.type!r}, "
-                f"error='{e}', value={value!r}"
+                f"error='{e}', value={_shown(value)}"
             ) from e
         arg_list.push_ref(_copy_to_device(context.device, host, element_type))
 
@@ -238,15 +296,15 @@ def _sequence_packer(items: list) -> _Packer:
         try:
             n = len(value)
         except TypeError as e:
-            raise _PackError(f"expected a sequence with {len(items)} values. got: {value!r}") from e
+            raise _PackError(f"expected a sequence with {len(items)} values. got: {_shown(value)}") from e
         if n != len(items):
-            raise _PackError(f"expected a sequence with {len(items)} values. got: {value!r}")
+            raise _PackError(f"expected a sequence with {len(items)} values. got: {_shown(value)}")
         sub_list = VmVariantList(len(items))
         for i, packer in enumerate(items):
             try:
                 item = value[i]
             except Exception as e:
-                raise _PackError(f"could not get item {i} from: {value!r}: {e}") from e
+                raise _PackError(f"could not get item {i} from: {_shown(value)}: {e}") from e
             packer(context, sub_list, item)
         arg_list.push_list(sub_list)
 
@@ -258,15 +316,15 @@ def _dict_packer(items: list) -> _Packer:
         try:
             n = len(value)
         except TypeError as e:
-            raise _PackError(f"expected a dict with {len(items)} values. got: {value!r}") from e
+            raise _PackError(f"expected a dict with {len(items)} values. got: {_shown(value)}") from e
         if n != len(items):
-            raise _PackError(f"expected a dict with {len(items)} values. got: {value!r}")
+            raise _PackError(f"expected a dict with {len(items)} values. got: {_shown(value)}")
         sub_list = VmVariantList(len(items))
         for key, packer in items:
             try:
                 item = value[key]
             except Exception as e:
-                raise _PackError(f"could not get item {key!r} from: {value!r}: {e}") from e
+                raise _PackError(f"could not get item {key!r} from: {_shown(value)}: {e}") from e
             packer(context, sub_list, item)
         arg_list.push_list(sub_list)
 
@@ -291,7 +349,7 @@ def _generic_packer(value) -> Optional[_Packer]:
 def _pack_any(context, arg_list, value):
     packer = _generic_packer(value)
     if packer is None:
-        raise _PackError(f"could not convert python value to VM: {value!r}")
+        raise _PackError(f"could not convert python value to VM: {_shown(value)}")
     packer(context, arg_list, value)
 
 
@@ -340,7 +398,7 @@ def _pack_host_array(context, arg_list, value):
     try:
         host = np.asarray(value, None, "C")
     except Exception as e:
-        raise _PackError(f"could not convert value to numpy array: error='{e}', value={value!r}") from e
+        raise _PackError(f"could not convert value to numpy array: error='{e}', value={_shown(value)}") from e
     element_type = map_dtype_to_hal_element_type(host.dtype)
     if element_type is None:
         raise _PackError(f"could not map dtype {host.dtype!r} to element type: mapping not found")

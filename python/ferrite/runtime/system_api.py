@@ -1,5 +1,6 @@
 """The high-level API: configurations, system contexts and bound modules."""
 
+import difflib
 import os
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -82,21 +83,37 @@ class BoundModule:
             raise AttributeError(name)
         try:
             return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        except KeyError as e:
+            raise AttributeError(e.args[0] if e.args else name) from None
 
     def __getitem__(self, name):
         invoker = self._lazy.get(name)
         if invoker is None:
             f = self._vm_module.lookup_function(name)
             if f is None:
-                raise KeyError(name)
+                raise KeyError(_not_found_message(name, self))
             invoker = FunctionInvoker(self._context.vm_context, self._context.config.device, f)
             self._lazy[name] = invoker
         return invoker
 
     def __repr__(self):
         return f"<BoundModule {self._vm_module!r}>"
+
+
+def _not_found_message(name, bound: "BoundModule") -> str:
+    """Upstream's words, with the functions the module does have (bounded)."""
+    names = [n for n in bound.vm_module.function_names if not n.startswith("__")]
+    shown = ", ".join(names[:_MAX_LISTED_NAMES])
+    if len(names) > _MAX_LISTED_NAMES:
+        shown += f", ... ({len(names) - _MAX_LISTED_NAMES} more)"
+    close = difflib.get_close_matches(str(name), names, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return (f"Function '{name}' not found in module '{bound.name}'{hint} "
+            f"(functions: {shown or 'none'})")
+
+
+# The most function names a not-found message lists.
+_MAX_LISTED_NAMES = 20
 
 
 class Modules(dict):
@@ -116,9 +133,15 @@ class SystemContext:
         self._config = config if config is not None else Config()
         self._is_dynamic = vm_modules is None
         modules = list(self._config.default_vm_modules)
-        if vm_modules is not None:
+        if self._is_dynamic:
+            # As upstream: a dynamic context is made empty and registers
+            # the default modules (a context made with modules is static
+            # and refuses `register_modules`).
+            self._vm_context = VmContext(self._config.vm_instance)
+            self._vm_context.register_modules(modules)
+        else:
             modules.extend(vm_modules)
-        self._vm_context = VmContext(self._config.vm_instance, modules=modules)
+            self._vm_context = VmContext(self._config.vm_instance, modules=modules)
         self._bound = Modules((m.name, BoundModule(self, m)) for m in modules)
 
     @property

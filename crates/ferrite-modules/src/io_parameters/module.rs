@@ -119,18 +119,16 @@ fn queue_head(a: &mut ArgReader<'_>) -> Result<(DeviceRef, Fence, Fence)> {
 fn scope(a: &mut ArgReader<'_>, what: &str) -> Result<String> {
     match a.opt_ref()? {
         None => Ok(String::new()),
-        Some(r) => {
-            Ok(as_vm_buffer(&r, what)?.with_bytes(|b| String::from_utf8_lossy(b).into_owned()))
-        }
+        Some(r) => as_vm_buffer(&r, what)?.with_bytes(|b| String::from_utf8_lossy(b).into_owned()),
     }
 }
 
 /// Reads the key table, key data and span buffers into spans.
 fn spans(a: &mut ArgReader<'_>) -> Result<Vec<Span>> {
     let (table, data, spans) = (a.a_ref()?, a.a_ref()?, a.a_ref()?);
-    let table = as_vm_buffer(&table, "key table")?.to_vec();
-    let data = as_vm_buffer(&data, "key data")?.to_vec();
-    let spans = as_vm_buffer(&spans, "spans")?.to_vec();
+    let table = as_vm_buffer(&table, "key table")?.to_vec()?;
+    let data = as_vm_buffer(&data, "key data")?.to_vec()?;
+    let spans = as_vm_buffer(&spans, "spans")?.to_vec()?;
     if !(spans.len() as u64).is_multiple_of(SPAN_ENTRY_SIZE) {
         bail!(
             InvalidArgument,
