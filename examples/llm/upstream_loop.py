@@ -1,0 +1,82 @@
+"""The generate loop on upstream IREE's Python runtime (`iree.runtime`,
+iree-base-runtime 3.13) over the same program and `.gguf` as Ferrite's, so
+both runtimes are compared on identical programs: greedy ids, logits and
+timings.
+
+    .venv/bin/python examples/llm/upstream_loop.py --prompt_ids=1,2,3 [--max_tokens=16] [--device=local-task]
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+VMFB = HERE / "smollm2.vmfb"
+
+
+class UpstreamModel:
+    def __init__(self, gguf_path, device="local-sync", vmfb=VMFB):
+        import iree.runtime as rt
+
+        config = rt.Config(device)
+        index = rt.ParameterIndex()
+        index.load(str(gguf_path))
+        params = rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope="model"))
+        hal = rt.create_hal_module(config.vm_instance, config.device)
+        module = rt.VmModule.mmap(config.vm_instance, str(vmfb))
+        self.ctx = rt.SystemContext(vm_modules=[params, hal, module], config=config)
+        self.m = self.ctx.modules.smollm2
+        self.context = int(self.m.context_length())
+
+    def prefill(self, ids):
+        return self.m.prefill(np.asarray(ids, dtype=np.int32), 0).to_host()
+
+    def decode(self, token, pos):
+        return self.m.decode(int(token), int(pos)).to_host()
+
+    def greedy(self, prompt_ids, n, keep_logits=False):
+        """Greedy ids after the prompt (no EOS stop), the logits each was
+        picked from (when asked), time to first token and decode seconds."""
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt_ids)
+        ids, all_logits = [], []
+        pos = len(prompt_ids)
+        ttft = None
+        t1 = None
+        for i in range(n):
+            if i > 0:
+                if t1 is None:
+                    t1 = time.perf_counter()
+                logits = self.decode(ids[-1], pos)
+                pos += 1
+            nxt = int(np.argmax(logits))
+            if i == 0:
+                ttft = time.perf_counter() - t0
+            ids.append(nxt)
+            if keep_logits:
+                all_logits.append(logits)
+        decode_s = time.perf_counter() - t1 if t1 is not None else 0.0
+        return ids, (np.array(all_logits) if keep_logits else None), ttft, decode_s
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompt_ids", required=True)
+    ap.add_argument("--max_tokens", type=int, default=16)
+    ap.add_argument("--device", default="local-sync")
+    ap.add_argument("--gguf")
+    args = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    import assets
+
+    m = UpstreamModel(args.gguf or assets.ensure(), args.device)
+    ids, _, ttft, dec = m.greedy([int(s) for s in args.prompt_ids.split(",")], args.max_tokens)
+    print(" ".join(map(str, ids)))
+    print(f"ttft {ttft * 1e3:.1f} ms, decode {(args.max_tokens - 1) / dec if dec else 0:.2f} tok/s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
