@@ -1373,10 +1373,9 @@ impl Device for CudaDevice {
             .canonicalize()
             .memory_type
             .contains(ferrite_hal::MemoryType::HOST_VISIBLE);
-        // A queue allocation is filled (zeroed unless
-        // FERRITE_CUDA_ALLOCA_INIT says otherwise) before it is handed out:
-        // a reused block must not show its last user's bytes to a kernel
-        // that reads before it writes (see crate::diagnostics).
+        // A queue allocation's contents are undefined (as upstream); with
+        // FERRITE_CUDA_ALLOCA_INIT=zero|poison it is filled on the queue
+        // stream before it is handed out (see crate::diagnostics).
         let init = crate::diagnostics::alloca_init().byte();
         let mut q = self.queue.lock();
         if init.is_none()
