@@ -369,6 +369,19 @@ fn wrong_input_count() {
     );
 }
 
+/// A program that uses no HAL device still takes tensor inputs (upstream's
+/// e2e `regression/unused_args.mlir`; Ferrite refused them: "the program
+/// uses no HAL device").
+#[test]
+fn tensors_for_a_program_without_a_device() {
+    let out = differential(
+        "unused_arg",
+        "second",
+        &["4xf32=0".to_string(), "4xf32=1,2,3,4".to_string()],
+    );
+    assert!(out.contains("4xf32=1 2 3 4"), "{out}");
+}
+
 /// Without `--function`, a module with one exported function runs it (as
 /// upstream); with several, the error names them.
 #[test]

@@ -5,7 +5,7 @@
 use crate::device_flags::DeviceArgs;
 use crate::inputs::parse_scalar;
 use ferrite_base::status::ResultExt;
-use ferrite_base::{bail, Result};
+use ferrite_base::Result;
 use ferrite_hal::device::DeviceRef;
 use ferrite_hal_module::HalModuleOptions;
 use ferrite_vm::cconv::CconvType;
@@ -146,13 +146,14 @@ pub fn parse_input(
 ) -> Result<Variant> {
     match ty {
         CconvType::Ref => {
-            let Some(device) = devices.first() else {
-                bail!(
-                    InvalidArgument,
-                    "input {index} `{text}` is a tensor but the program uses no HAL device"
-                );
-            };
-            let view = ferrite_hal::buffer_view::parse_input(text, &*device.0.allocator())?;
+            // Host memory when the program uses no HAL device (see
+            // `parse_inputs`).
+            let allocator: std::sync::Arc<dyn ferrite_hal::allocator::Allocator> =
+                match devices.first() {
+                    Some(d) => d.0.allocator(),
+                    None => std::sync::Arc::new(ferrite_hal::allocator::HeapAllocator::new()),
+                };
+            let view = ferrite_hal::buffer_view::parse_input(text, &*allocator)?;
             Ok(Variant::Ref(Ref::new(view)))
         }
         ty => parse_scalar(text, ty, index),
@@ -166,7 +167,13 @@ pub fn parse_inputs(
     arg_types: &[CconvType],
     devices: &[DeviceRef],
 ) -> Result<Vec<Variant>> {
-    let allocator = devices.first().map(|d| d.0.allocator());
-    crate::inputs::parse_variants(arg_types, specs, allocator.as_deref(), "arguments")
+    // A program that uses no HAL device (e.g. one returning an argument
+    // unchanged) still takes tensors: they live in host memory, as
+    // upstream's tools give them a heap allocator then.
+    let allocator: std::sync::Arc<dyn ferrite_hal::allocator::Allocator> = match devices.first() {
+        Some(d) => d.0.allocator(),
+        None => std::sync::Arc::new(ferrite_hal::allocator::HeapAllocator::new()),
+    };
+    crate::inputs::parse_variants(arg_types, specs, Some(&*allocator), "arguments")
         .annotate(|| "parsing function inputs".to_string())
 }
