@@ -1373,9 +1373,10 @@ impl Device for CudaDevice {
             .canonicalize()
             .memory_type
             .contains(ferrite_hal::MemoryType::HOST_VISIBLE);
-        // A queue allocation's contents are undefined (as upstream); with
-        // FERRITE_CUDA_ALLOCA_INIT=zero|poison it is filled on the queue
-        // stream before it is handed out (see crate::diagnostics).
+        // A queue allocation's contents are undefined (as upstream), but it
+        // is zeroed on the queue stream before it is handed out unless
+        // FERRITE_CUDA_ALLOCA_INIT=none (see crate::diagnostics: a kernel of
+        // upstream's e2e suite reads outputs it never wrote).
         let init = crate::diagnostics::alloca_init().byte();
         let mut q = self.queue.lock();
         if init.is_none()

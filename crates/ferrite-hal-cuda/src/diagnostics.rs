@@ -1,21 +1,25 @@
 //! Diagnostics for wrong results, chosen by environment variables:
 //!
-//! - `FERRITE_CUDA_ALLOCA_INIT=none|zero|poison`: what a queue allocation
-//!   (`hal.device.queue.alloca`) holds when handed out. `none` (the
-//!   default, as upstream) leaves it as it is: a reused block keeps its
-//!   last user's bytes, and an idle block is handed out with no stream
-//!   operation. `zero` fills it with zeros on the queue stream, `poison`
-//!   with 0xFF bytes (NaN as floats, -1 as integers), which makes a kernel
-//!   that reads memory it never wrote stand out. Either costs a stream
-//!   operation per allocation: measured on an H200 (issue 24), zeroing
-//!   made `add` 40% and the chain of 100 dispatches 25-30% slower per call.
-//!   The HAL leaves a queue allocation's contents undefined; the one
-//!   program seen to depend on them is upstream's e2e `topk_2d_dim1_max`
-//!   (top-k.mlir, topk_v2.mlir), whose kernel from the pinned compiler
-//!   never writes row 0's initial outputs and has threads 1-63 read them
-//!   from memory: it passes zeroed, fails with whatever a reused block
-//!   held (a compiler bug; upstream's driver passes by what its pool hands
-//!   out).
+//! - `FERRITE_CUDA_ALLOCA_INIT=zero|none|poison`: what a queue allocation
+//!   (`hal.device.queue.alloca`) holds when handed out. `zero` (the
+//!   default) fills it with zeros on the queue stream; `none` leaves it as
+//!   it is (a reused block keeps its last user's bytes, and an idle block
+//!   is handed out with no stream operation); `poison` fills it with 0xFF
+//!   bytes (NaN as floats, -1 as integers), which makes a kernel that reads
+//!   memory it never wrote stand out.
+//!
+//!   Why zero by default: the HAL leaves a queue allocation's contents
+//!   undefined, but the pinned compiler's kernel for upstream's e2e
+//!   `topk_2d_dim1_max` (top-k.mlir, topk_v2.mlir) never writes row 0's
+//!   initial outputs and has threads 1-63 read them from memory: it passes
+//!   zeroed and with upstream's driver (by what its pool hands out), and
+//!   fails with whatever a reused block held. Programs upstream runs
+//!   correctly must run correctly here. The cost is one stream operation
+//!   per allocation: on an H200 (issue 24) `add` went from 12.5 to 17-18
+//!   µs per call (0.09x to 0.13x upstream) and the chain of 100 dispatches
+//!   from 1.1-1.2 to 1.4-1.6 ms (0.33x to 0.45x upstream); MiniLM and a
+//!   2048 matmul did not change. `none` buys that back for programs known
+//!   not to read memory they never wrote.
 //! - `FERRITE_CUDA_LOG_LAUNCHES=1`: one line per kernel launch on stderr
 //!   (export, grid, block, dynamic shared memory, binding addresses,
 //!   push constants), for comparing launches with another runtime's.
@@ -50,14 +54,14 @@ impl AllocaInit {
 
     fn parse(v: Option<&str>) -> AllocaInit {
         match v {
-            Some("zero") => AllocaInit::Zero,
+            Some("none") => AllocaInit::None,
             Some("poison") => AllocaInit::Poison,
-            _ => AllocaInit::None,
+            _ => AllocaInit::Zero,
         }
     }
 }
 
-/// The mode `FERRITE_CUDA_ALLOCA_INIT` selects (none when unset).
+/// The mode `FERRITE_CUDA_ALLOCA_INIT` selects (zero when unset).
 pub fn alloca_init() -> AllocaInit {
     static MODE: OnceLock<AllocaInit> = OnceLock::new();
     *MODE.get_or_init(|| {
@@ -99,7 +103,7 @@ mod tests {
 
     #[test]
     fn parses_modes() {
-        assert_eq!(AllocaInit::parse(None), AllocaInit::None);
+        assert_eq!(AllocaInit::parse(None), AllocaInit::Zero);
         assert_eq!(AllocaInit::parse(Some("none")).byte(), None);
         assert_eq!(AllocaInit::parse(Some("poison")).byte(), Some(0xFF));
         assert_eq!(AllocaInit::parse(Some("zero")).byte(), Some(0));

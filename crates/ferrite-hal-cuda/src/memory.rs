@@ -567,10 +567,10 @@ impl Allocator for CudaAllocator {
 /// its users' streams are not Ferrite's queue. A queue
 /// allocation served from here is therefore complete at once (no stream
 /// operation, no completion to report), which matters for programs that
-/// allocate transients on every call. (With `FERRITE_CUDA_ALLOCA_INIT=zero`
-/// or `poison`, see [`crate::diagnostics`], queue allocations are filled on
-/// the queue stream before use, and spare blocks are not handed out at
-/// once.) Bounded to [`SPARE_MAX_BYTES`];
+/// allocate transients on every call, with `FERRITE_CUDA_ALLOCA_INIT=none`.
+/// (By default, and with `poison`, see [`crate::diagnostics`], queue
+/// allocations are filled on the queue stream before use, and spare blocks
+/// are not handed out at once.) Bounded to [`SPARE_MAX_BYTES`];
 /// beyond that blocks go back to the stream-ordered pool.
 ///
 /// The same structure, bounded to [`PINNED_SPARE_MAX_BYTES`], keeps idle
