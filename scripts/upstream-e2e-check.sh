@@ -138,4 +138,5 @@ done <"$OUT/jobs.tsv"
 t2=$(date +%s)
 echo "upstream-e2e-check: ran in $((t2 - t1)) s"
 echo
-python3 "$HELPER" report --tsv "$TSV" --jobs "$OUT/jobs.tsv" --devices "$DEVICES"
+python3 "$HELPER" report --tsv "$TSV" --jobs "$OUT/jobs.tsv" --devices "$DEVICES" \
+  --cache "$CACHE" --python "${PYTHON:-$ROOT/.venv/bin/python}"

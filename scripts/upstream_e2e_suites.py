@@ -259,9 +259,36 @@ def cmd_report(args):
         for line in f:
             if line.startswith("#") or not line.strip():
                 continue
-            suite, file, variant, _src, _key, logbase, _flags = line.rstrip("\n").split("\t")
-            jobs[(suite, file)].append((variant, logbase))
+            suite, file, variant, _src, key, logbase, _flags = line.rstrip("\n").split("\t")
+            jobs[(suite, file)].append((variant, logbase, key))
     logs = {}
+    upstream_runs = {}
+
+    def upstream_fails(key, dev, fn):
+        """Whether upstream's own runtime (iree.runtime, checks evaluated by
+        scripts/check-with-python.py) fails `fn` of the same compiled module
+        on this machine too. expected-llvm-cpu.tsv holds upstream's verdicts
+        from its own build host; a float tolerance a reduction meets with one
+        host's vector width may fail with another's, for both runtimes."""
+        if not args.cache or not args.python:
+            return False
+        k = (key, dev)
+        if k not in upstream_runs:
+            module = os.path.join(args.cache, key + ".vmfb")
+            cmd = [args.python, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                             "check-with-python.py"),
+                   "--runtime", "iree", "--device", dev, module]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                out = ""
+            verdicts = {}
+            for ln in out.splitlines():
+                m = re.match(r"^\[ +(OK|FAILED) +\] \S+?\.([^\s.]+) \(", ln)
+                if m:
+                    verdicts[m.group(2)] = m.group(1)
+            upstream_runs[k] = verdicts
+        return upstream_runs[k].get(fn) == "FAILED"
 
     def log_of(logbase, dev):
         k = (logbase, dev)
@@ -270,7 +297,7 @@ def cmd_report(args):
         return logs[k]
 
     table = defaultdict(lambda: defaultdict(int))
-    regressions, extra = [], []
+    regressions, extra, upstream_too = [], [], []
     for suite, file, fn, verdict in rows:
         t = table[suite]
         t["up_" + verdict] += 1
@@ -280,7 +307,7 @@ def cmd_report(args):
             if not js:
                 why = "not run (not compiled: upstream skips this file)" if verdict == "skip" \
                     else "not run (no job for this file)"
-            for variant, logbase in js:
+            for variant, logbase, key in js:
                 res, rc, tail = log_of(logbase, dev)
                 if res is None:
                     why = f"[{variant}] not run: module did not compile (see {logbase}.compile.log)"
@@ -293,6 +320,9 @@ def cmd_report(args):
                     break
                 if r[0] != "ok":
                     why = f"[{variant}] FAILED: {r[1][:400]}"
+                    if verdict == "pass" and upstream_fails(key, dev, fn):
+                        upstream_too.append(f"{suite}/{file} {fn} [{dev}]: {r[1][:200]}")
+                        why = "upstream-fails-too"
                     break
             if why is None:
                 t[dev + "_pass"] += 1
@@ -300,6 +330,8 @@ def cmd_report(args):
                     t[dev + "_extra"] += 1
                     if dev == devices[0]:
                         extra.append(f"{suite}/{file} {fn}")
+            elif why == "upstream-fails-too":
+                t[dev + "_both"] += 1
             elif verdict == "pass":
                 t[dev + "_regress"] += 1
                 regressions.append(f"{suite}/{file} {fn} [{dev}]: {why}")
@@ -328,6 +360,11 @@ def cmd_report(args):
     if extra:
         print(f"\n=== {len(extra)} function(s) upstream skips that Ferrite passes (fine): "
               + ", ".join(extra[:20]) + (" ..." if len(extra) > 20 else ""))
+    if upstream_too:
+        print(f"\n=== {len(upstream_too)} failure(s) upstream's own runtime shares on this machine's"
+              " build of the same module (the tsv verdict is from upstream's host; not regressions)")
+        for r in upstream_too:
+            print("  " + r)
     if regressions:
         print(f"\n=== {len(regressions)} regression(s) against upstream's verdicts")
         for r in regressions:
@@ -427,6 +464,9 @@ def main():
     r.add_argument("--tsv", required=True)
     r.add_argument("--jobs", required=True)
     r.add_argument("--devices", required=True)
+    r.add_argument("--cache", help="folder of the compiled modules (<key>.vmfb), for the"
+                   " cross-check of failures under upstream's runtime")
+    r.add_argument("--python", help="interpreter with upstream's iree.runtime")
     lt = sub.add_parser("lit")
     for a in ("--log", "--module", "--device", "--src", "--ferrite", "--reference"):
         lt.add_argument(a, required=True)
