@@ -12,10 +12,9 @@
 //! `cargo +nightly fuzz run jit_diff`.
 #![no_main]
 
-use ferrite_vm::bytecode::isa::Op;
-use ferrite_vm::bytecode::verifier::{branch_targets, DecodedFunction, IMPORT_BIT};
 use ferrite_vm::cconv::{Cconv, CconvType};
 use ferrite_vm::instance::InstanceOptions;
+use ferrite_vm::testing::terminates;
 use ferrite_vm::{BytecodeModule, Context, Instance, Module, ModuleBytes, Variant};
 use libfuzzer_sys::fuzz_target;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,35 +33,6 @@ fn load(data: &[u8], jit: bool) -> Option<(Instance, Arc<BytecodeModule>)> {
     });
     let m = BytecodeModule::load(&instance, ModuleBytes::from_vec(data.to_vec())).ok()?;
     Some((instance, m))
-}
-
-/// Whether function `i` terminates: forward branches only, in it and in
-/// every internal function it reaches, and no call cycle.
-fn terminates(functions: &[DecodedFunction], i: usize, visiting: &mut Vec<usize>) -> bool {
-    if visiting.contains(&i) || visiting.len() > 16 {
-        return false;
-    }
-    let Some(f) = functions.get(i) else {
-        return false;
-    };
-    if !forward_only(f) {
-        return false;
-    }
-    visiting.push(i);
-    let ok = f.insns.iter().all(|insn| {
-        !matches!(insn.op, Op::Call | Op::CallYieldable)
-            || insn.a & IMPORT_BIT != 0
-            || terminates(functions, insn.a as usize, visiting)
-    });
-    visiting.pop();
-    ok
-}
-
-/// Forward branches only.
-fn forward_only(f: &DecodedFunction) -> bool {
-    f.insns.iter().enumerate().all(|(pc, insn)| {
-        branch_targets(&f.pool, insn).is_some_and(|targets| targets.iter().all(|&t| t > pc))
-    })
 }
 
 fn args_for(cconv: &Cconv, seed: &mut u64) -> Option<Vec<Variant>> {
@@ -123,18 +93,13 @@ fuzz_target!(|data: &[u8]| {
     ) else {
         return;
     };
-    let mut seed = data
-        .iter()
-        .fold(0x9E37_79B9_7F4A_7C15u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01B3))
-        | 1;
-    let internal = |name: &str| {
-        mj.function_names()
-            .iter()
-            .position(|n| n == name)
-    };
+    let mut seed = data.iter().fold(0x9E37_79B9_7F4A_7C15u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01B3)
+    }) | 1;
+    let internal = |name: &str| mj.function_names().iter().position(|n| n == name);
     for e in mj.exports() {
         match internal(&e.name) {
-            Some(i) if terminates(mj.functions(), i, &mut Vec::new()) => {}
+            Some(i) if terminates(mj.functions(), i) => {}
             _ => continue,
         }
         let Ok(cconv) = Cconv::parse(&e.signature.cconv) else {

@@ -58,3 +58,42 @@ pub fn yieldable_test_module() -> Result<Arc<NativeModule>> {
         });
     Ok(b?.build())
 }
+
+/// Whether internal function `i` of a verified module surely terminates:
+/// every branch in it and in the internal functions it reaches goes
+/// forward, and their calls form no cycle (imports aside). Differential
+/// runs of mutated bytecode (the `jit_diff` fuzz target, the mutants test)
+/// run only such functions, so a mutation that makes a loop cannot hang
+/// them.
+pub fn terminates(functions: &[crate::bytecode::verifier::DecodedFunction], i: usize) -> bool {
+    terminates_from(functions, i, &mut Vec::new())
+}
+
+fn terminates_from(
+    functions: &[crate::bytecode::verifier::DecodedFunction],
+    i: usize,
+    visiting: &mut Vec<usize>,
+) -> bool {
+    use crate::bytecode::isa::Op;
+    use crate::bytecode::verifier::{branch_targets, IMPORT_BIT};
+    if visiting.contains(&i) || visiting.len() > 16 {
+        return false;
+    }
+    let Some(f) = functions.get(i) else {
+        return false;
+    };
+    let forward = f.insns.iter().enumerate().all(|(pc, insn)| {
+        branch_targets(&f.pool, insn).is_some_and(|targets| targets.iter().all(|&t| t > pc))
+    });
+    if !forward {
+        return false;
+    }
+    visiting.push(i);
+    let ok = f.insns.iter().all(|insn| {
+        !matches!(insn.op, Op::Call | Op::CallYieldable)
+            || insn.a & IMPORT_BIT != 0
+            || terminates_from(functions, insn.a as usize, visiting)
+    });
+    visiting.pop();
+    ok
+}
