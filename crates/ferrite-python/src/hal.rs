@@ -652,10 +652,7 @@ impl PyHalBuffer {
 /// Dimensions from a `Shape` (its `dims`) or a sequence of ints.
 fn shape_arg(shape: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let py = shape.py();
-    let is_shape = shape
-        .get_type()
-        .name()
-        .is_ok_and(|n| n == "Shape");
+    let is_shape = shape.get_type().name().is_ok_and(|n| n == "Shape");
     let dims = if is_shape {
         shape.getattr(pyo3::intern!(py, "dims"))?
     } else {

@@ -65,7 +65,11 @@ fn args_for(cconv: &Cconv, rng: &mut Rng) -> Option<Vec<Variant>> {
         .map(|t| {
             let v = rng.next();
             // Small values mostly, extremes sometimes.
-            let x = if v.is_multiple_of(4) { v >> 3 } else { (v >> 8) % 9 };
+            let x = if v.is_multiple_of(4) {
+                v >> 3
+            } else {
+                (v >> 8) % 9
+            };
             Some(match t {
                 CconvType::I32 => Variant::I32(x as i32),
                 CconvType::I64 => Variant::I64(x as i64),
