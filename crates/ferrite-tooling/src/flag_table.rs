@@ -122,8 +122,8 @@ pub static FLAGS: &[FlagInfo] = &[
     flag("task_abort_on_failure", "RB", Implemented, "--task_abort_on_failure=false", "Aborts on the first task failure.", "A failure of local-task queue work aborts the process after printing its status."),
     flag("dump_task_topologies", "RB", Ignored, "--dump_task_topologies", "Prints the task topology.", "No topology printer yet."),
     flag("executable_plugin", "RB", Rejected, "--executable_plugin=p.so", "Loads an executable plugin resolving imports.", "Executable plugins are not supported."),
-    flag("trace_execution", "RB", Rejected, "--trace_execution=true", "Traces VM execution to stderr.", "The interpreter has no tracing."),
-    flag("print_statistics", "RB", Ignored, "--print_statistics=true", "Prints runtime statistics on exit.", "No statistics report yet."),
+    flag("trace_execution", "RB", Implemented, "--trace_execution=true", "Traces VM execution to stderr.", "One line per executed op, `[module.function+OFFSET]    op`; the op text is the disassembly's, without upstream's inline register values. Compiled functions are interpreted while tracing."),
+    flag("print_statistics", "RB", Implemented, "--print_statistics=true", "Prints runtime statistics on exit.", "Each device's allocator statistics, upstream's layout."),
     flag("instrument_file", "R", Rejected, "--instrument_file=i.bin", "File for the program's instrument data.", "Instrumented programs are not supported."),
     flag("agents_md", "RB", Rejected, "--agents_md", "Prints replay-capture guidance and exits.", "HAL replay capture is not supported."),
     flag("device_replay_output", "RB", Rejected, "--device_replay_output=r.ireereplay", "Records a HAL replay stream.", "HAL replay capture is not supported."),
@@ -330,9 +330,10 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(got, args(&["ferrite", "run-module", "--input=1"]));
-        let e = screen(args(&["ferrite", "run-module", "--trace_execution=true"])).unwrap_err();
+        let e = screen(args(&["ferrite", "run-module", "--executable_plugin=p.so"])).unwrap_err();
         assert!(
-            e.to_string().contains("--trace_execution is not supported"),
+            e.to_string()
+                .contains("--executable_plugin is not supported"),
             "{e}"
         );
         let got = screen(args(&["ferrite", "benchmark-module", "--batch_size=1"])).unwrap();

@@ -7,6 +7,7 @@
 //! - [`device_flags`]: `--device`, `--list_drivers`, `--list_devices`,
 //!   `--dump_devices` and the `--task_*` flags, over the facade's
 //!   [driver registry](ferrite::driver).
+//! - [`diagnostics`]: `--trace_execution` and `--print_statistics`.
 //! - [`inputs`]: `--input` parsing (scalars, `4xf32=1,2,3,4`, `@file.npy`).
 //! - [`outputs`], [`format`](mod@format): `--output` (`-`, `@file.npy`, `+file.bin`),
 //!   `--expected_output` comparison, printing values as upstream does.
@@ -26,6 +27,7 @@
 pub mod benchmark;
 pub mod context;
 pub mod device_flags;
+pub mod diagnostics;
 pub mod dispatch_diff;
 pub mod flag_table;
 pub mod flagfile;

@@ -27,6 +27,8 @@ pub struct Context {
     // Boxed: a kept stack moves into and out of an invocation as a pointer.
     #[allow(clippy::vec_box)]
     spare_stacks: parking_lot::Mutex<Vec<Box<crate::stack::Stack>>>,
+    /// Where calls trace their ops (`--trace_execution`), when on.
+    trace: Option<Arc<crate::bytecode::trace::ExecutionTrace>>,
 }
 
 impl Context {
@@ -36,6 +38,7 @@ impl Context {
             instance: instance.clone(),
             entries: Vec::new(),
             spare_stacks: parking_lot::Mutex::new(Vec::new()),
+            trace: None,
         }
     }
 
@@ -46,6 +49,16 @@ impl Context {
             c.register(m.clone())?;
         }
         Ok(c)
+    }
+
+    /// Traces every bytecode op later calls execute to `trace` (`None`:
+    /// off), as upstream's `--trace_execution`; while on, compiled
+    /// functions are interpreted (see [`crate::bytecode::trace`]).
+    pub fn set_trace_execution(
+        &mut self,
+        trace: Option<Arc<crate::bytecode::trace::ExecutionTrace>>,
+    ) {
+        self.trace = trace;
     }
 
     /// The instance this context belongs to.
@@ -178,11 +191,12 @@ impl Context {
     /// Calls a function synchronously (yields are waited on and resumed).
     pub fn invoke(&self, function: &FunctionRef, args: Vec<Variant>) -> Result<Vec<Variant>> {
         let stack = self.spare_stacks.lock().pop();
-        let stack = stack.unwrap_or_else(|| {
+        let mut stack = stack.unwrap_or_else(|| {
             Box::new(crate::stack::Stack::new(
                 self.instance.options().max_stack_depth,
             ))
         });
+        stack.set_trace(self.trace.clone());
         let mut invocation = Invocation::begin_on(function, args, stack)?;
         let result = invocation.run_to_end();
         let mut spare = self.spare_stacks.lock();
@@ -209,6 +223,7 @@ impl Context {
                 self.instance.options().max_stack_depth,
             ))
         });
+        stack.set_trace(self.trace.clone());
         let mut owned = stack.spare_values.pop().unwrap_or_default();
         owned.extend(args.iter().cloned());
         let mut invocation = Invocation::begin_on(function, owned, stack)?;
@@ -231,7 +246,11 @@ impl Context {
 
     /// Begins an invocation the caller drives with [`Invocation::step`].
     pub fn begin(&self, function: &FunctionRef, args: Vec<Variant>) -> Result<Invocation> {
-        Invocation::begin(function, args, self.instance.options().max_stack_depth)
+        let mut stack = Box::new(crate::stack::Stack::new(
+            self.instance.options().max_stack_depth,
+        ));
+        stack.set_trace(self.trace.clone());
+        Invocation::begin_on(function, args, stack)
     }
 }
 

@@ -308,6 +308,8 @@ pub struct Stack {
     pub(crate) native_results: Vec<Variant>,
     /// Per-op execution flags, when coverage recording is on.
     pub(crate) coverage: Option<Vec<bool>>,
+    /// Where executed ops are traced (`--trace_execution`), when on.
+    pub(crate) trace: Option<std::sync::Arc<crate::bytecode::trace::ExecutionTrace>>,
 }
 
 impl Default for Stack {
@@ -330,6 +332,7 @@ impl Stack {
             native_results: Vec::new(),
             max_depth,
             coverage: None,
+            trace: None,
         }
     }
 
@@ -341,6 +344,16 @@ impl Stack {
     /// Turns on recording of which ops ran (see [`Stack::take_coverage`]).
     pub fn record_coverage(&mut self) {
         self.coverage = Some(vec![false; crate::bytecode::isa::OP_VARIANTS]);
+    }
+
+    /// Traces every op this stack executes to `trace` (`None`: off). While
+    /// on, compiled functions are interpreted (see
+    /// [`crate::bytecode::trace`]).
+    pub fn set_trace(
+        &mut self,
+        trace: Option<std::sync::Arc<crate::bytecode::trace::ExecutionTrace>>,
+    ) {
+        self.trace = trace;
     }
 
     /// The ops executed since coverage recording began.

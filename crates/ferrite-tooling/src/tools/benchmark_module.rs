@@ -72,6 +72,9 @@ pub struct BenchmarkModuleArgs {
     /// Parameter files (`--parameters`, `--parameter_mode`).
     #[command(flatten)]
     pub params: crate::parameters::ParameterArgs,
+    /// `--trace_execution`, `--print_statistics`.
+    #[command(flatten)]
+    pub diagnostics: crate::diagnostics::DiagnosticArgs,
     /// Also run the pinned `iree-benchmark-module` (found as
     /// `$IREE_BENCHMARK_MODULE`, else `.venv/bin/` above the working
     /// directory or this executable) and print `ratio: X`.
@@ -236,7 +239,7 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
         }
     }
     let instance = Instance::default();
-    let rc = load_context_with(
+    let mut rc = load_context_with(
         &instance,
         &args.modules,
         args.module_mode,
@@ -245,6 +248,7 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
         args.params.modules()?,
     )
     .annotate(|| "creating run context".to_string())?;
+    args.diagnostics.apply(&mut rc);
     let functions = functions_to_run(&rc.context, args)?;
     if args.list_tests {
         for f in &functions {
@@ -354,6 +358,7 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
             );
         }
     }
+    args.diagnostics.finish(&rc);
     Ok(())
 }
 

@@ -52,6 +52,9 @@ pub struct RunModuleArgs {
     /// Parameter files (`--parameters`, `--parameter_mode`).
     #[command(flatten)]
     pub params: crate::parameters::ParameterArgs,
+    /// `--trace_execution`, `--print_statistics`.
+    #[command(flatten)]
+    pub diagnostics: crate::diagnostics::DiagnosticArgs,
     /// Number of times to run the function (for timing; results printed once).
     #[arg(long, default_value_t = 1)]
     pub repeat: u64,
@@ -96,7 +99,7 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
         return crate::dispatch_diff::run::run_compare(args, other);
     }
     let instance = Instance::default();
-    let run = load_context_with(
+    let mut run = load_context_with(
         &instance,
         &args.modules,
         args.module_mode,
@@ -105,6 +108,7 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
         args.params.modules()?,
     )
     .annotate(|| "creating run context".to_string())?;
+    args.diagnostics.apply(&mut run);
     let ctx = &run.context;
     let function = match &args.function {
         Some(f) => f.clone(),
@@ -132,8 +136,11 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
         args.print_max_element_count,
     )
     .annotate(|| "processing function outputs".to_string())?;
+    // Statistics are read once the program's buffers are released.
+    drop(results);
+    drop(inputs);
+    args.diagnostics.finish(&run);
     if !matched {
-        drop(results);
         std::process::exit(1);
     }
     Ok(())

@@ -718,6 +718,48 @@ pub fn disassemble_module(module: &BytecodeModule, opts: &DisasmOptions) -> Resu
     Ok(out)
 }
 
+/// One function's ops as `--trace_execution` prints them: the function's
+/// name (its first export, else its debug name, else `@N` as upstream
+/// prints unnamed functions) and each op's bytecode offset and text, in
+/// bytecode order. The text is the disassembly's (block markers as
+/// `^bbN:`).
+pub fn op_lines(module: &BytecodeModule, ordinal: usize) -> Result<(String, Vec<(u32, String)>)> {
+    let archive = module.archive();
+    let insns = decode_raw(archive.function_bytecode(ordinal))?;
+    let names = Names {
+        archive,
+        debug: debug_names(archive),
+        blocks: insns
+            .iter()
+            .filter(|i| i.op == Op::Block)
+            .map(|i| i.offset)
+            .collect(),
+    };
+    let exported = archive
+        .exports()
+        .iter()
+        .find(|e| e.internal_ordinal as usize == ordinal)
+        .map(|e| e.local_name.clone());
+    let name = match exported.or_else(|| names.debug.get(ordinal).cloned()) {
+        Some(n) if !n.is_empty() => format!(".{n}"),
+        _ => format!("@{ordinal}"),
+    };
+    let mut block = 0;
+    let lines = insns
+        .iter()
+        .map(|insn| {
+            let text = if insn.op == Op::Block {
+                block += 1;
+                format!("^bb{}:", block - 1)
+            } else {
+                format_insn(insn, &names)
+            };
+            (insn.offset, text)
+        })
+        .collect();
+    Ok((name, lines))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

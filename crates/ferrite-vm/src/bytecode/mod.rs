@@ -41,4 +41,5 @@ pub mod isa_types;
 #[cfg(feature = "jit")]
 pub mod jit;
 pub mod module;
+pub mod trace;
 pub mod verifier;

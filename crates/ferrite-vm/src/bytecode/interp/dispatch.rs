@@ -6,6 +6,7 @@
 
 use super::super::isa::Op;
 use super::super::module::{BytecodeModule, BytecodeState};
+use super::super::trace::{ExecutionTrace, TracedFunction};
 use super::super::verifier::{
     call_operands, pool_list, DecodedFunction, Insn, IMPORT_BIT, MOVE_BIT, REF_BIT,
 };
@@ -56,6 +57,11 @@ pub(super) fn exec<const COVERAGE: bool>(
                 }
             }
         }
+        // The traced lines of this function, on the instrumented path only.
+        let traced = match &stack.trace {
+            Some(t) if COVERAGE => Some((t.clone(), t.function(&state.module, cur.function)?)),
+            _ => None,
+        };
         let func = &module.functions[cur.function];
         let rc = func.ref_count as usize;
         let (ib, rb) = (cur.i32_base, cur.ref_base);
@@ -86,7 +92,10 @@ pub(super) fn exec<const COVERAGE: bool>(
             &mut regs,
             refs,
             &mut cur.pc,
-            coverage.as_deref_mut(),
+            Instrument {
+                coverage: coverage.as_deref_mut(),
+                trace: traced.as_ref().map(|(t, f)| (&**t, &**f)),
+            },
             &mut scratch,
         )?;
         match flow {
@@ -124,6 +133,13 @@ enum Flow {
     Exit(Action),
 }
 
+/// What the instrumented dispatch loop records per executed instruction:
+/// which ops ran (coverage) and the execution trace.
+struct Instrument<'a> {
+    coverage: Option<&'a mut [bool]>,
+    trace: Option<(&'a ExecutionTrace, &'a TracedFunction)>,
+}
+
 /// The dispatch loop over one function's instructions. Kept apart from the
 /// frame handling so its hot loop keeps its values in registers.
 #[inline(never)]
@@ -133,7 +149,7 @@ fn dispatch<const COVERAGE: bool>(
     regs: &mut Registers<'_>,
     refs: &mut [Option<Ref>],
     pc_out: &mut usize,
-    mut coverage: Option<&mut [bool]>,
+    mut instrument: Instrument<'_>,
     scratch: &mut NativeScratch<'_>,
 ) -> Result<Flow> {
     let insns: &[Insn] = &func.insns;
@@ -291,7 +307,10 @@ fn dispatch<const COVERAGE: bool>(
         let insn = unsafe { insns.get_unchecked(pc) };
         pc += 1;
         if COVERAGE {
-            if let Some(cov) = coverage.as_deref_mut() {
+            if let Some((t, f)) = instrument.trace {
+                f.emit(t, pc - 1);
+            }
+            if let Some(cov) = instrument.coverage.as_deref_mut() {
                 for c in insn.op.components() {
                     cov[*c as usize] = true;
                 }

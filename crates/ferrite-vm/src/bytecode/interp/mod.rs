@@ -154,7 +154,7 @@ fn run_with(state: &Arc<BytecodeState>, stack: &mut Stack) -> Result<Step> {
         ref_base: top.ref_base as usize,
     };
     let module = &*state.module;
-    let result = if stack.coverage.is_some() {
+    let result = if stack.coverage.is_some() || stack.trace.is_some() {
         exec::<true>(state, stack, &mut cur)
     } else {
         exec::<false>(state, stack, &mut cur)
