@@ -45,6 +45,10 @@ else
   tail -80 build/cargo-test.log
   exit 1
 fi
+step "the ferrite crate's optional ndarray feature (not in the default build)"
+cargo clippy -q -p ferrite --all-targets --features ndarray -- -D warnings
+cargo test -q -p ferrite --features ndarray --lib ndarray_interop
+cargo test -q -p ferrite --features ndarray --doc ndarray_interop
 step "our programs under upstream iree-run-module (differential baseline)"
 scripts/check-upstream.sh
 step "upstream VM test programs under ferrite"

@@ -27,6 +27,16 @@
 //! - [`Function`]: an exported function; [`Function::call`] takes and
 //!   returns [`Value`]s: scalars and [`Tensor`]s (host data, copied to and
 //!   from device buffers at the call boundary).
+//! - [`OwnedFunction`] ([`Session::function_owned`]): the same, borrowing
+//!   nothing (`Send + Sync`, `Clone`), for structs that keep a function.
+//! - [`DeviceTensor`] ([`Session::upload`]) and [`IoBinding`]
+//!   ([`Session::io_binding`]): tensors kept in device buffers across
+//!   calls, inputs bound once and outputs left on the device, as `ort`'s
+//!   `IoBinding`.
+//! - [`tokenizer`] (default feature `tokenizer`): HuggingFace
+//!   `tokenizer.json` and tiktoken files, the `ferrite-tokenizer` crate.
+//! - `Tensor::from_array` / `Tensor::to_array` (feature `ndarray`):
+//!   tensors to and from `ndarray` arrays.
 //! - [`spmd`]: one program on several ranks in one process (each rank its
 //!   own thread, devices and session; their collectives connect them).
 //! - [`rendezvous`]: one process per rank, started by a launcher (torchrun,
@@ -34,11 +44,17 @@
 //!   the group identifier through the store `FERRITE_STORE` names (a TCP
 //!   store needs the job's secret in `FERRITE_STORE_TOKEN`); the
 //!   `ferrite-launch` crate, re-exported.
+//!
+//! The Rust snippets of the README are [`guide`]'s, compiled as doc tests
+//! (`cargo test -p ferrite --doc`); a test keeps the README's copies equal
+//! to them.
 #![deny(missing_docs)]
 
 pub mod device;
 pub mod driver;
 mod instance;
+#[cfg(feature = "ndarray")]
+mod ndarray_interop;
 pub mod rendezvous;
 mod session;
 pub mod spmd;
@@ -50,5 +66,39 @@ pub use ferrite_hal::ElementType;
 /// Parameter files, indexes and providers (see [`Session::add_parameter_file`]).
 pub use ferrite_modules::io_parameters as parameters;
 pub use instance::Instance;
-pub use session::{Function, Session};
-pub use value::{Element, Tensor, Value};
+pub use session::{Function, IoBinding, OwnedFunction, Session};
+pub use value::{DeviceTensor, Element, Tensor, Value};
+
+/// Text to token ids and back: HuggingFace `tokenizer.json` and tiktoken
+/// files with upstream `iree.runtime.Tokenizer`'s semantics (the
+/// `ferrite-tokenizer` crate; default feature `tokenizer`).
+///
+/// ```
+/// use ferrite::tokenizer::Tokenizer;
+///
+/// # fn main() -> ferrite::Result<()> {
+/// // Usually std::fs::read_to_string("tokenizer.json")?
+/// let json = r#"{
+///   "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+///   "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+///   "post_processor": null, "decoder": null,
+///   "model": {"type": "WordLevel", "unk_token": "[UNK]",
+///             "vocab": {"[UNK]": 0, "hello": 1, "world": 2}}
+/// }"#;
+/// let tokenizer = Tokenizer::from_json(json)?;
+/// let ids = tokenizer.encode("hello world again", true, false)?;
+/// assert_eq!(ids, [1, 2, 0]);
+/// let (padded, mask) = Tokenizer::pad(&ids, 5, 0);
+/// assert_eq!((padded, mask), (vec![1, 2, 0, 0, 0], vec![1, 1, 1, 0, 0]));
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "tokenizer")]
+pub mod tokenizer {
+    pub use ferrite_tokenizer::*;
+}
+
+/// The Rust usage of the README (`docs/rust-api.md`), compiled as doc tests
+/// so that it cannot go stale.
+#[doc = include_str!("../../../docs/rust-api.md")]
+pub mod guide {}

@@ -1,4 +1,5 @@
-//! [`Session`] and [`Function`]: loaded programs and calling them.
+//! [`Session`], [`Function`] and [`OwnedFunction`]: loaded programs and
+//! calling them.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,18 +15,22 @@ use ferrite_vm::{BytecodeModule, Context, FunctionRef, Module, ModuleBytes, Ref,
 
 use crate::device::Device;
 use crate::instance::Instance;
-use crate::value::Value;
+use crate::value::{DeviceTensor, Tensor, Value};
 
 /// Devices plus loaded modules in one VM context.
 ///
 /// A session with devices registers the `hal` module over them first, then
 /// each program module in the order it is loaded, so later modules may
 /// import from earlier ones. Functions are looked up by name with
-/// [`Session::function`].
+/// [`Session::function`] (a handle borrowing the session) or
+/// [`Session::function_owned`] (a handle that keeps what it needs alive, for
+/// structs that hold it beside or instead of the session).
 pub struct Session {
     instance: Instance,
     devices: Vec<Device>,
-    context: Context,
+    /// Shared with the [`OwnedFunction`]s taken from the session: the
+    /// context (and its modules' states) lives until the last of them.
+    context: Arc<Context>,
     parameters: Parameters,
 }
 
@@ -100,7 +105,7 @@ impl Session {
         Ok(Session {
             instance: instance.clone(),
             devices,
-            context,
+            context: Arc::new(context),
             parameters: Parameters::default(),
         })
     }
@@ -111,7 +116,7 @@ impl Session {
         Session {
             instance: instance.clone(),
             devices: Vec::new(),
-            context: Context::new(instance.vm()),
+            context: Arc::new(Context::new(instance.vm())),
             parameters: Parameters::default(),
         }
     }
@@ -218,9 +223,20 @@ impl Session {
 
     /// Registers any VM module (a native module, a module loaded by hand)
     /// after the modules already loaded.
+    ///
+    /// Fails with `FAILED_PRECONDITION` while owned handles of the session
+    /// ([`OwnedFunction`], [`IoBinding`]) are alive: they share the context,
+    /// which only changes while nothing else holds it. Load every module
+    /// before taking owned handles.
     pub fn register(&mut self, module: Arc<dyn Module>) -> Result<()> {
         let name = module.name().to_string();
-        self.context
+        let Some(context) = Arc::get_mut(&mut self.context) else {
+            bail!(
+                FailedPrecondition,
+                "registering module '{name}': owned function handles of this session (OwnedFunction, IoBinding) are alive; load every module before taking them"
+            );
+        };
+        context
             .register(module)
             .annotate(|| format!("registering module '{name}'"))
     }
@@ -233,6 +249,54 @@ impl Session {
             .lookup_function(name)
             .annotate(|| format!("looking up function '{name}'"))?;
         Ok(Function { session: self, f })
+    }
+
+    /// [`Session::function`] as a handle that borrows nothing: it holds the
+    /// session's context (shared) and first device, so a struct can keep it
+    /// with or without the session, and it is `Send + Sync` and cheap to
+    /// clone. Modules cannot be loaded into the session while owned handles
+    /// are alive (see [`Session::register`]).
+    ///
+    /// ```no_run
+    /// use ferrite::{Instance, OwnedFunction, Session, Tensor, Value};
+    ///
+    /// struct Classifier {
+    ///     predict: OwnedFunction,
+    /// }
+    ///
+    /// impl Classifier {
+    ///     fn new(path: &str) -> ferrite::Result<Classifier> {
+    ///         let mut session = Session::new(&Instance::new(), "local-task")?;
+    ///         session.load_file(path)?;
+    ///         Ok(Classifier { predict: session.function_owned("predict")? })
+    ///     }
+    ///
+    ///     fn classify(&self, x: Tensor) -> ferrite::Result<Vec<i32>> {
+    ///         let out = self.predict.call(&[Value::from(x)])?;
+    ///         out[0].as_tensor().unwrap().to_i32_vec()
+    ///     }
+    /// }
+    /// # fn main() -> ferrite::Result<()> {
+    /// # let c = Classifier::new("model.vmfb")?;
+    /// # let _ = c.classify(Tensor::from_f32(&[1, 4], &[0.0; 4])?)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn function_owned(&self, name: &str) -> Result<OwnedFunction> {
+        Ok(self.function(name)?.to_owned())
+    }
+
+    /// An [`IoBinding`] of `name`: inputs and outputs kept as device
+    /// buffers between calls.
+    pub fn io_binding(&self, name: &str) -> Result<IoBinding> {
+        Ok(IoBinding::new(self.function_owned(name)?))
+    }
+
+    /// Copies `tensor` into a new buffer of the session's first device.
+    /// Pass the result ([`Value::from`]) to calls as often as needed without
+    /// copying again; update it in place with [`DeviceTensor::write`].
+    pub fn upload(&self, tensor: &Tensor) -> Result<DeviceTensor> {
+        DeviceTensor::upload(self.devices.first(), tensor)
     }
 
     /// Looks up and calls `name` once: shorthand for
@@ -254,6 +318,11 @@ impl Session {
     /// The underlying VM context, for code that works at the VM layer.
     pub fn context(&self) -> &Context {
         &self.context
+    }
+
+    /// The context shared with owned handles.
+    fn shared_context(&self) -> Arc<Context> {
+        self.context.clone()
     }
 }
 
@@ -285,6 +354,14 @@ fn type_name(t: &CconvType) -> String {
 }
 
 impl<'s> Function<'s> {
+    fn target(&self) -> Target<'_> {
+        Target {
+            context: &self.session.context,
+            device: self.session.devices.first(),
+            f: &self.f,
+        }
+    }
+
     /// `module.function`.
     pub fn name(&self) -> &str {
         &self.f.name
@@ -310,6 +387,35 @@ impl<'s> Function<'s> {
     /// are checked against the function's signature first: a wrong count
     /// or kind fails with `INVALID_ARGUMENT` naming the argument.
     pub fn call(&self, args: &[Value]) -> Result<Vec<Value>> {
+        self.target().call(args)
+    }
+
+    /// Calls the function with VM values as they are (no conversion).
+    pub fn call_variants(&self, args: Vec<Variant>) -> Result<Vec<Variant>> {
+        self.target().call_variants(args)
+    }
+
+    /// The same function as a handle that borrows nothing (see
+    /// [`Session::function_owned`]).
+    pub fn to_owned(&self) -> OwnedFunction {
+        OwnedFunction {
+            context: self.session.shared_context(),
+            device: self.session.devices.first().cloned(),
+            f: self.f.clone(),
+        }
+    }
+}
+
+/// What calling a function needs: the context, the device tensors go to,
+/// the function.
+struct Target<'a> {
+    context: &'a Context,
+    device: Option<&'a Device>,
+    f: &'a FunctionRef,
+}
+
+impl Target<'_> {
+    fn call(&self, args: &[Value]) -> Result<Vec<Value>> {
         let variants = self.convert_args(args)?;
         let results = self.call_variants(variants)?;
         results
@@ -319,23 +425,33 @@ impl<'s> Function<'s> {
             .annotate(|| format!("reading results of '{}'", self.f.name))
     }
 
-    /// Calls the function with VM values as they are (no conversion).
-    pub fn call_variants(&self, args: Vec<Variant>) -> Result<Vec<Variant>> {
-        self.session
-            .context
-            .invoke(&self.f, args)
+    fn call_variants(&self, args: Vec<Variant>) -> Result<Vec<Variant>> {
+        self.context
+            .invoke(self.f, args)
             .annotate(|| format!("invoking function '{}'", self.f.name))
+    }
+
+    fn check_fixed_arity(&self) -> Result<()> {
+        if self
+            .f
+            .cconv
+            .args
+            .iter()
+            .any(|t| matches!(t, CconvType::Span(_)))
+        {
+            bail!(
+                Unimplemented,
+                "'{}' takes variadic arguments; use Function::call_variants",
+                self.f.name
+            );
+        }
+        Ok(())
     }
 
     fn convert_args(&self, args: &[Value]) -> Result<Vec<Variant>> {
         let types = &self.f.cconv.args;
         let name = &self.f.name;
-        if types.iter().any(|t| matches!(t, CconvType::Span(_))) {
-            bail!(
-                Unimplemented,
-                "'{name}' takes variadic arguments; use Function::call_variants"
-            );
-        }
+        self.check_fixed_arity()?;
         if args.len() != types.len() {
             bail!(
                 InvalidArgument,
@@ -345,41 +461,303 @@ impl<'s> Function<'s> {
                 args.len()
             );
         }
-        let mut out = Vec::with_capacity(args.len());
-        for (i, (arg, ty)) in args.iter().zip(types).enumerate() {
-            let v = match (ty, arg) {
-                (CconvType::I32, Value::I32(x)) => Variant::I32(*x),
-                (CconvType::I64, Value::I64(x)) => Variant::I64(*x),
-                (CconvType::I64, Value::I32(x)) => Variant::I64(*x as i64),
-                (CconvType::F32, Value::F32(x)) => Variant::F32(*x),
-                (CconvType::F64, Value::F64(x)) => Variant::F64(*x),
-                (CconvType::Ref, Value::Null) => Variant::Null,
-                (CconvType::Ref, Value::Ref(r)) => Variant::Ref(r.clone()),
-                (CconvType::Ref, Value::Tensor(t)) => {
-                    let Some(device) = self.session.devices.first() else {
-                        bail!(
-                            FailedPrecondition,
-                            "argument {i} of '{name}' is a tensor but the session has no device"
-                        );
-                    };
-                    let view = t
-                        .to_buffer_view(&*device.hal().0.allocator())
-                        .annotate(|| format!("argument {i} of '{name}'"))?;
-                    Variant::Ref(Ref::new(view))
-                }
-                (ty, arg) => bail!(
-                    InvalidArgument,
-                    "argument {i} of '{name}' must be {} but a {} was passed",
-                    match ty {
-                        CconvType::Ref => "a tensor or ref".to_string(),
-                        t => format!("an {}", type_name(t)),
-                    },
-                    arg.kind_name()
-                ),
-            };
-            out.push(v);
+        args.iter()
+            .enumerate()
+            .map(|(i, arg)| self.convert_arg(i, arg))
+            .collect()
+    }
+
+    fn convert_arg(&self, i: usize, arg: &Value) -> Result<Variant> {
+        let name = &self.f.name;
+        let Some(ty) = self.f.cconv.args.get(i) else {
+            bail!(
+                OutOfRange,
+                "'{name}' takes {} argument(s); there is no argument {i}",
+                self.f.cconv.args.len()
+            );
+        };
+        Ok(match (ty, arg) {
+            (CconvType::I32, Value::I32(x)) => Variant::I32(*x),
+            (CconvType::I64, Value::I64(x)) => Variant::I64(*x),
+            (CconvType::I64, Value::I32(x)) => Variant::I64(*x as i64),
+            (CconvType::F32, Value::F32(x)) => Variant::F32(*x),
+            (CconvType::F64, Value::F64(x)) => Variant::F64(*x),
+            (CconvType::Ref, Value::Null) => Variant::Null,
+            (CconvType::Ref, Value::Ref(r)) => Variant::Ref(r.clone()),
+            (CconvType::Ref, Value::Tensor(t)) => {
+                let Some(device) = self.device else {
+                    bail!(
+                        FailedPrecondition,
+                        "argument {i} of '{name}' is a tensor but the session has no device"
+                    );
+                };
+                let view = t
+                    .to_buffer_view(&*device.hal().0.allocator())
+                    .annotate(|| format!("argument {i} of '{name}'"))?;
+                Variant::Ref(Ref::new(view))
+            }
+            (ty, arg) => bail!(
+                InvalidArgument,
+                "argument {i} of '{name}' must be {} but a {} was passed",
+                match ty {
+                    CconvType::Ref => "a tensor or ref".to_string(),
+                    t => format!("an {}", type_name(t)),
+                },
+                arg.kind_name()
+            ),
+        })
+    }
+}
+
+/// An exported function as a handle that borrows nothing: it holds the
+/// session's VM context (shared; the modules' states live until the last
+/// holder goes) and the device tensors are copied to. `Send + Sync`, cheap
+/// to clone. Made by [`Session::function_owned`] or [`Function::to_owned`].
+#[derive(Clone)]
+pub struct OwnedFunction {
+    context: Arc<Context>,
+    device: Option<Device>,
+    f: FunctionRef,
+}
+
+impl OwnedFunction {
+    fn target(&self) -> Target<'_> {
+        Target {
+            context: &self.context,
+            device: self.device.as_ref(),
+            f: &self.f,
         }
-        Ok(out)
+    }
+
+    /// `module.function`.
+    pub fn name(&self) -> &str {
+        &self.f.name
+    }
+
+    /// Number of arguments the function takes.
+    pub fn arg_count(&self) -> usize {
+        self.f.cconv.args.len()
+    }
+
+    /// Number of results the function returns.
+    pub fn result_count(&self) -> usize {
+        self.f.cconv.results.len()
+    }
+
+    /// The VM function, for code that works at the VM layer.
+    pub fn vm_function(&self) -> &FunctionRef {
+        &self.f
+    }
+
+    /// As [`Function::call`].
+    pub fn call(&self, args: &[Value]) -> Result<Vec<Value>> {
+        self.target().call(args)
+    }
+
+    /// As [`Function::call_variants`].
+    pub fn call_variants(&self, args: Vec<Variant>) -> Result<Vec<Variant>> {
+        self.target().call_variants(args)
+    }
+
+    /// Copies `tensor` into a new buffer of the function's device (see
+    /// [`Session::upload`]).
+    pub fn upload(&self, tensor: &Tensor) -> Result<DeviceTensor> {
+        DeviceTensor::upload(self.device.as_ref(), tensor)
+    }
+
+    /// An [`IoBinding`] of this function.
+    pub fn io_binding(&self) -> IoBinding {
+        IoBinding::new(self.clone())
+    }
+}
+
+impl std::fmt::Debug for OwnedFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OwnedFunction({})", self.f.name)
+    }
+}
+
+/// Inputs and outputs of one function kept as device buffers between calls,
+/// as `ort`'s `IoBinding`: a host tensor bound as an input is copied to the
+/// device once, not at every call; outputs stay on the device until read
+/// ([`IoBinding::output`] to host, [`IoBinding::output_tensor`] on device);
+/// an output can become an input of the next call without leaving the
+/// device ([`IoBinding::bind_output_to_input`]).
+///
+/// ```no_run
+/// use ferrite::{Instance, Session, Tensor, Value};
+///
+/// # fn main() -> ferrite::Result<()> {
+/// let mut session = Session::new(&Instance::new(), "local-task")?;
+/// session.load_file("step.vmfb")?;
+/// // step(state: tensor<4xf32>, x: f32) -> tensor<4xf32>
+/// let mut binding = session.io_binding("step")?;
+/// binding.bind_input(0, Tensor::from_f32(&[4], &[0.0; 4])?)?; // copied once
+/// for i in 0..10 {
+///     binding.bind_input(1, i as f32)?;
+///     binding.run()?;
+///     binding.bind_output_to_input(0, 0)?; // the new state stays on the device
+/// }
+/// let state = binding.output(0)?.into_tensor().unwrap().to_f32_vec()?;
+/// # let _ = state;
+/// # Ok(())
+/// # }
+/// ```
+pub struct IoBinding {
+    function: OwnedFunction,
+    inputs: Vec<Variant>,
+    bound: Vec<bool>,
+    outputs: Vec<Variant>,
+    runs: u64,
+}
+
+impl IoBinding {
+    /// A binding of `function` with no input bound yet.
+    pub fn new(function: OwnedFunction) -> IoBinding {
+        let n = function.arg_count();
+        IoBinding {
+            function,
+            inputs: vec![Variant::Null; n],
+            bound: vec![false; n],
+            outputs: Vec::new(),
+            runs: 0,
+        }
+    }
+
+    /// The function bound.
+    pub fn function(&self) -> &OwnedFunction {
+        &self.function
+    }
+
+    /// Binds argument `index`: a host [`Tensor`] is copied to the device now
+    /// (and not again at each [`IoBinding::run`]); a [`DeviceTensor`]
+    /// (`Value::from(device_tensor)`) is bound as it is, so changes written
+    /// to it later are seen by later runs; scalars are checked against the
+    /// signature as in [`Function::call`].
+    pub fn bind_input(&mut self, index: usize, value: impl Into<Value>) -> Result<()> {
+        let target = self.function.target();
+        target.check_fixed_arity()?;
+        let v = target.convert_arg(index, &value.into())?;
+        self.inputs[index] = v;
+        self.bound[index] = true;
+        Ok(())
+    }
+
+    /// Binds the output `output` of the last run as argument `input`,
+    /// without copying it off the device (a state carried from call to call).
+    pub fn bind_output_to_input(&mut self, output: usize, input: usize) -> Result<()> {
+        let Some(v) = self.outputs.get(output) else {
+            bail!(
+                OutOfRange,
+                "output {output} of '{}': the last run returned {} output(s){}",
+                self.function.name(),
+                self.outputs.len(),
+                if self.runs == 0 {
+                    " (nothing has run yet)"
+                } else {
+                    ""
+                }
+            );
+        };
+        let v = v.clone();
+        if input >= self.inputs.len() {
+            bail!(
+                OutOfRange,
+                "'{}' takes {} argument(s); there is no argument {input}",
+                self.function.name(),
+                self.inputs.len()
+            );
+        }
+        if let (CconvType::Ref, Variant::Ref(_) | Variant::Null)
+        | (CconvType::I32, Variant::I32(_))
+        | (CconvType::I64, Variant::I64(_))
+        | (CconvType::F32, Variant::F32(_))
+        | (CconvType::F64, Variant::F64(_)) = (&self.function.f.cconv.args[input], &v)
+        {
+            self.inputs[input] = v;
+            self.bound[input] = true;
+            Ok(())
+        } else {
+            bail!(
+                InvalidArgument,
+                "output {output} of '{}' cannot be argument {input}: the argument is {}",
+                self.function.name(),
+                type_name(&self.function.f.cconv.args[input])
+            )
+        }
+    }
+
+    /// Calls the function on the bound inputs; the outputs replace those
+    /// of the previous run and stay on the device. Fails with
+    /// `FAILED_PRECONDITION` naming the first argument not bound.
+    pub fn run(&mut self) -> Result<()> {
+        if let Some(i) = self.bound.iter().position(|b| !b) {
+            bail!(
+                FailedPrecondition,
+                "argument {i} of '{}' is not bound (IoBinding::bind_input)",
+                self.function.name()
+            );
+        }
+        let f = &self.function;
+        f.context
+            .invoke_into(&f.f, &self.inputs, &mut self.outputs)
+            .annotate(|| format!("invoking function '{}'", f.f.name))?;
+        self.runs += 1;
+        Ok(())
+    }
+
+    /// Number of outputs of the last run (0 before the first).
+    pub fn output_count(&self) -> usize {
+        self.outputs.len()
+    }
+
+    fn output_variant(&self, index: usize) -> Result<&Variant> {
+        self.outputs.get(index).ok_or_else(|| {
+            ferrite_base::status!(
+                OutOfRange,
+                "output {index} of '{}': the last run returned {} output(s){}",
+                self.function.name(),
+                self.outputs.len(),
+                if self.runs == 0 {
+                    " (nothing has run yet)"
+                } else {
+                    ""
+                }
+            )
+        })
+    }
+
+    /// Output `index` of the last run, tensors copied to the host.
+    pub fn output(&self, index: usize) -> Result<Value> {
+        Value::from_variant(self.output_variant(index)?.clone())
+    }
+
+    /// Output `index` of the last run as the device tensor it is (no copy).
+    /// Fails with `INVALID_ARGUMENT` when the output is not a tensor.
+    pub fn output_tensor(&self, index: usize) -> Result<DeviceTensor> {
+        match self.output_variant(index)? {
+            Variant::Ref(r) => DeviceTensor::from_ref(r.clone()),
+            v => bail!(
+                InvalidArgument,
+                "output {index} of '{}' is not a tensor ({v:?})",
+                self.function.name()
+            ),
+        }
+    }
+
+    /// Every output of the last run, tensors copied to the host.
+    pub fn outputs(&self) -> Result<Vec<Value>> {
+        (0..self.outputs.len()).map(|i| self.output(i)).collect()
+    }
+}
+
+impl std::fmt::Debug for IoBinding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoBinding")
+            .field("function", &self.function.name())
+            .field("bound", &self.bound)
+            .field("outputs", &self.outputs.len())
+            .finish()
     }
 }
 

@@ -232,6 +232,119 @@ impl std::fmt::Debug for Tensor {
     }
 }
 
+/// A tensor in a device buffer (a `hal.buffer_view`): what
+/// [`crate::Session::upload`] makes and [`crate::IoBinding::output_tensor`]
+/// returns. Passing it to a call ([`Value::from`]) passes the buffer itself,
+/// no copy; cheap to clone (clones share the buffer).
+#[derive(Clone)]
+pub struct DeviceTensor {
+    view: ferrite_vm::Ref,
+}
+
+impl DeviceTensor {
+    /// Copies `tensor` into a new buffer from `device`'s allocator.
+    pub(crate) fn upload(device: Option<&crate::Device>, tensor: &Tensor) -> Result<DeviceTensor> {
+        let Some(device) = device else {
+            bail!(
+                FailedPrecondition,
+                "uploading a tensor needs a device but the session has none"
+            );
+        };
+        let view = tensor.to_buffer_view(&*device.hal().0.allocator())?;
+        Ok(DeviceTensor {
+            view: ferrite_vm::Ref::new(view),
+        })
+    }
+
+    /// Wraps a VM reference to a buffer view. Fails with `INVALID_ARGUMENT`
+    /// for any other object.
+    pub fn from_ref(r: ferrite_vm::Ref) -> Result<DeviceTensor> {
+        if r.downcast::<BufferView>().is_none() {
+            bail!(InvalidArgument, "the reference is not a buffer view");
+        }
+        Ok(DeviceTensor { view: r })
+    }
+
+    /// The buffer view.
+    pub fn view(&self) -> &BufferView {
+        self.view
+            .downcast::<BufferView>()
+            .expect("DeviceTensor holds a buffer view")
+    }
+
+    /// The VM reference (to pass it at the VM layer).
+    pub fn vm_ref(&self) -> &ferrite_vm::Ref {
+        &self.view
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[u64] {
+        self.view().shape()
+    }
+
+    /// The element type.
+    pub fn element_type(&self) -> ElementType {
+        self.view().element_type()
+    }
+
+    /// Copies the elements to the host.
+    pub fn to_host(&self) -> Result<Tensor> {
+        Tensor::from_buffer_view(self.view())
+    }
+
+    /// Overwrites the elements in place with `tensor`'s, which must have the
+    /// same shape and element type: every call or binding holding this
+    /// tensor sees the new values, and nothing is allocated.
+    pub fn write(&self, tensor: &Tensor) -> Result<()> {
+        let view = self.view();
+        if view.shape() != tensor.shape() || view.element_type() != tensor.element_type() {
+            bail!(
+                InvalidArgument,
+                "writing a {}x{} tensor into a {}x{} device tensor",
+                ferrite_hal::buffer_view::format_shape(tensor.shape()),
+                tensor.element_type(),
+                ferrite_hal::buffer_view::format_shape(view.shape()),
+                view.element_type()
+            );
+        }
+        if view.encoding_type() != EncodingType::DENSE_ROW_MAJOR {
+            bail!(
+                Unimplemented,
+                "writing buffer views of encoding {:?} is not supported",
+                view.encoding_type()
+            );
+        }
+        if tensor.data().is_empty() {
+            return Ok(());
+        }
+        view.buffer().write(0, tensor.data())
+    }
+}
+
+impl std::fmt::Debug for DeviceTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceTensor({}x{})",
+            ferrite_hal::buffer_view::format_shape(self.shape()),
+            self.element_type()
+        )
+    }
+}
+
+impl From<DeviceTensor> for Value {
+    /// A [`Value::Ref`] to the buffer view: calls take it as it is.
+    fn from(t: DeviceTensor) -> Value {
+        Value::Ref(t.view)
+    }
+}
+
+impl From<&DeviceTensor> for Value {
+    fn from(t: &DeviceTensor) -> Value {
+        Value::Ref(t.view.clone())
+    }
+}
+
 /// A function argument or result.
 #[derive(Clone, Debug)]
 pub enum Value {
