@@ -487,32 +487,52 @@ class Fn:
         return out
 
     def logits(self, x):
-        """x: [1, 576] (normed) -> [VOCAB] through the tied Q8_0 token_embd."""
+        """x: [1, 576] (normed) -> [VOCAB] through the tied Q8_0 token_embd.
+
+        The 32 values of a block are read as two halves of 16 (one generic
+        over (v, block, j < 16) with both halves in its body): the same
+        16-lane shape as the Q4_1 matvec, which the pinned compiler
+        vectorizes; one reduction over j < 32 ran 2.5x slower (6.0 against
+        2.5 ms for 8192 rows, 2 loaded cores)."""
         b = DIM // 32
         wty = _global_type("Q8_0", (VOCAB, DIM))
         w = self.fresh("w")
         self.emit(f"{w} = util.global.load @{_sym('token_embd.weight')} : {wty}")
         xe = self.fresh("x")
         self.emit(f"{xe} = tensor.expand_shape {x} [[0], [1, 2]] output_shape [1, {b}, 32] : tensor<1x{DIM}xf32> into tensor<1x{b}x32xf32>")
-        qs, qty = self.slice_bytes(w, wty, VOCAB, b, 34, 2, 32)
+        halves = []
+        for h in range(2):
+            v = self.fresh("x")
+            self.emit(
+                f"{v} = tensor.extract_slice {xe}[0, 0, {16 * h}] [1, {b}, 16] [1, 1, 1] : tensor<1x{b}x32xf32> to tensor<1x{b}x16xf32>"
+            )
+            halves.append(v)
+        q0, qty = self.slice_bytes(w, wty, VOCAB, b, 34, 2, 16)
+        q1, _ = self.slice_bytes(w, wty, VOCAB, b, 34, 18, 16)
         dl, dlty = self.slice_bytes(w, wty, VOCAB, b, 34, 0, 1)
         dh, _ = self.slice_bytes(w, wty, VOCAB, b, 34, 1, 1)
+        xty = f"tensor<1x{b}x16xf32>"
         return self.generic(
             ["v", "b", "j"],
             ["parallel", "reduction", "reduction"],
             [
-                (xe, f"tensor<1x{b}x32xf32>", ["0", "b", "j"], "f32"),
-                (qs, qty, ["v", "b", "j"], "i8"),
+                (halves[0], xty, ["0", "b", "j"], "f32"),
+                (halves[1], xty, ["0", "b", "j"], "f32"),
+                (q0, qty, ["v", "b", "j"], "i8"),
+                (q1, qty, ["v", "b", "j"], "i8"),
                 (dl, dlty, ["v", "b"], "i8"),
                 (dh, dlty, ["v", "b"], "i8"),
             ],
             (self.empty([VOCAB], fill="0.0"), [VOCAB], ["v"]),
             lambda a: [
-                *self.f16_lines(a[2], a[3], "%d"),
-                f"%qf = arith.sitofp {a[1]} : i8 to f32",
-                f"%xq = arith.mulf {a[0]}, %qf : f32",
-                "%p = arith.mulf %xq, %d : f32",
-                f"%r = arith.addf {a[4]}, %p : f32",
+                *self.f16_lines(a[4], a[5], "%d"),
+                f"%fa = arith.sitofp {a[2]} : i8 to f32",
+                f"%fb = arith.sitofp {a[3]} : i8 to f32",
+                f"%pa = arith.mulf {a[0]}, %fa : f32",
+                f"%pb = arith.mulf {a[1]}, %fb : f32",
+                "%s = arith.addf %pa, %pb : f32",
+                "%p = arith.mulf %s, %d : f32",
+                f"%r = arith.addf {a[6]}, %p : f32",
                 "linalg.yield %r : f32",
             ],
         )

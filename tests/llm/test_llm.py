@@ -26,7 +26,9 @@ sys.path.insert(0, str(ROOT / "examples" / "llm"))
 import assets  # noqa: E402
 
 FERRITE = Path(os.environ.get("FERRITE_BIN", ROOT / "target" / "debug" / "ferrite"))
-N = 16
+# Greedy tokens per prompt: 16 in CI (scripts/test.sh); FERRITE_LLM_TOKENS=64
+# by hand for a longer comparison.
+N = int(os.environ.get("FERRITE_LLM_TOKENS", "16"))
 # "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 # and a plain-text prompt, as ids (the reference has no tokenizer of its own).
 PROMPTS = {

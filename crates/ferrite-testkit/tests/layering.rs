@@ -19,6 +19,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("ferrite-modules", 3),
     ("ferrite", 4),
     ("ferrite-tooling", 5),
+    // Text generation (issue 27): above the facade, below the CLI and Python.
+    ("ferrite-llm", 5),
     ("ferrite-e2e", 6),
     ("ferrite-python", 6),
     ("ferrite-cli", 7),
