@@ -11,8 +11,11 @@
 # Inputs (built elsewhere and carried to the GPU machine):
 #   FERRITE       the ferrite binary                 (default target/release/ferrite)
 #   GPU_TESTS     directory of the driver's test executables (gpu, gpu_fault,
-#                 nccl; multi_gpu is skipped here: scripts/test-multi-gpu.sh
-#                 runs it on 2 GPUs)
+#                 nccl, cts: the HAL conformance suite on cuda; multi_gpu is
+#                 skipped here: scripts/test-multi-gpu.sh runs it on 2 GPUs)
+#   FERRITE_CTS_MODULES  the conformance suite's modules compiled for cuda
+#                 (`cargo run -p ferrite-hal-cts --bin cts-modules DIR`);
+#                 default $GPU_TESTS/cts-modules
 #   FERRITE_NCCL_LIBRARY  libnccl.so.2 for the nccl tests (default: the copy
 #                 of python3's nvidia-nccl package, as PyTorch installs it)
 #   DIFF_DIR      <case>.cuda.vmfb/<case>.cpu.vmfb and cases.txt
@@ -55,9 +58,13 @@ print(hits[0] if hits else "")' 2>/dev/null || true)
 fi
 
 if [ "${E2E_ONLY:-}" != 1 ]; then
+export FERRITE_CTS_MODULES=${FERRITE_CTS_MODULES:-$GPU_TESTS/cts-modules}
 echo "== Rust GPU tests (each alone, 60 s limit)"
 for t in "$GPU_TESTS"/*; do
+  [ -f "$t" ] && [ -x "$t" ] || continue
   case $(basename "$t") in *multi_gpu*) continue ;; esac
+  tp=$pass
+  tf=$fail
   for name in $("$t" --list 2>/dev/null | grep ": test$" | sed 's/: test$//'); do
     out=$(FERRITE_REQUIRE_GPU=1 timeout 60 "$t" --exact "$name" --test-threads=1 --nocapture 2>&1)
     rc=$?
@@ -70,6 +77,8 @@ for t in "$GPU_TESTS"/*; do
       bad "$(basename "$t")::$name (rc $rc): $(echo "$out" | grep -E "panicked|SKIPPED|Error|error" | head -3)"
     fi
   done
+  # Per test executable (cts: the HAL conformance suite's count on cuda).
+  echo "$(basename "$t"): $((pass - tp)) passed, $((fail - tf)) failed"
 done
 
 echo "== CPU/GPU differential"

@@ -64,7 +64,7 @@
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferrite_base::RefObject;
@@ -884,6 +884,7 @@ impl Buffer {
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         let (off, len) = self.check_host(MemoryAccess::READ, offset, dst.len() as u64)?;
         if let Some(d) = self.alloc.device_only() {
+            self.alloc.device.host_may_read()?;
             return d.read(off, dst);
         }
         let g = LockHeld(self.alloc.lock.read());
@@ -928,6 +929,7 @@ impl Buffer {
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         let (off, len) = self.check_host(MemoryAccess::WRITE, offset, src.len() as u64)?;
         if let Some(d) = self.alloc.device_only() {
+            self.alloc.device.host_may_write()?;
             return d.write(off, src);
         }
         let g = self.alloc.lock.write();
@@ -1104,6 +1106,7 @@ impl Buffer {
         self.refuse_foreign_mapping()?;
         let guard = LockHeld(self.alloc.lock.read());
         if let Some(d) = self.alloc.device_only() {
+            self.alloc.device.host_may_read()?;
             let mut staged = vec![0u8; len as usize];
             d.read(off, &mut staged)?;
             return Ok(MappedRead {
@@ -1129,6 +1132,7 @@ impl Buffer {
         self.refuse_foreign_mapping()?;
         let guard = self.alloc.lock.write();
         if let Some(d) = self.alloc.device_only() {
+            self.alloc.device.host_may_write()?;
             // Staged: read now (the caller may write part of it), written
             // back when the mapping is dropped.
             let mut staged = vec![0u8; len as usize];
@@ -1233,6 +1237,21 @@ impl Buffer {
             len,
             write,
             users: &self.alloc.device,
+        })
+    }
+
+    /// Counts device work on this buffer's allocation (`write`: the work
+    /// may write it) until the returned use ends: the HAL holds one per
+    /// bound buffer for the life of a submission, so host access racing it
+    /// is refused on every driver, including those whose kernels reach the
+    /// memory without a host pointer (a GPU writing pinned memory).
+    /// `FAILED_PRECONDITION` while the host holds a conflicting mapping.
+    pub fn begin_device_use(&self, write: bool) -> Result<DeviceUse> {
+        self.alloc.device.begin(&self.alloc.lock, write)?;
+        Ok(DeviceUse {
+            alloc: self.alloc.clone(),
+            write,
+            ended: AtomicBool::new(false),
         })
     }
 
@@ -1481,6 +1500,45 @@ impl DeviceUsers {
             );
         }
         Ok(())
+    }
+}
+
+/// A device use of a buffer's allocation held for a whole submission
+/// (from [`Buffer::begin_device_use`]): while it is held, host access that
+/// would race the work is refused, as for a [`BindingPtr`] from
+/// [`Buffer::device_binding`]. It ends at [`DeviceUse::end`] or on drop,
+/// whichever comes first.
+pub struct DeviceUse {
+    alloc: Arc<Allocation>,
+    write: bool,
+    ended: AtomicBool,
+}
+
+impl DeviceUse {
+    /// Ends the use (idempotent): host access is allowed again once no other
+    /// device use remains. Only atomics: callable under other locks.
+    pub fn end(&self) {
+        if !self.ended.swap(true, Ordering::SeqCst) {
+            self.alloc.device.end(self.write);
+        }
+    }
+}
+
+impl Drop for DeviceUse {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+impl fmt::Debug for DeviceUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DeviceUse({} bytes, write={}, ended={})",
+            self.alloc.len,
+            self.write,
+            self.ended.load(Ordering::Relaxed)
+        )
     }
 }
 

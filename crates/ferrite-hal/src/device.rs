@@ -30,6 +30,8 @@ use crate::command_buffer::CommandBuffer;
 use crate::command_buffer::{Binding, BindingTable, Command};
 use crate::executable::Executable;
 use crate::fence::Fence;
+use crate::inflight::SubmissionUses;
+use crate::semaphore::Semaphore;
 use ferrite_base::RefObject;
 use ferrite_base::Result;
 use std::any::Any;
@@ -320,10 +322,35 @@ pub mod queue {
         command_buffer: Option<&CommandBuffer>,
         bindings: impl Into<BindingTable>,
     ) -> Result<()> {
-        match command_buffer {
-            Some(cb) => device.queue_execute(device, wait, signal, cb, bindings.into()),
-            None => device.queue_barrier(device, wait, signal),
+        let Some(cb) = command_buffer else {
+            return device.queue_barrier(device, wait, signal);
+        };
+        let bindings = bindings.into();
+        // Every buffer the work reaches counts as in device use from now
+        // until the signal fence is reached or failed, whatever the driver
+        // (see `crate::inflight`).
+        let uses = SubmissionUses::register(cb.finalized_commands()?, &bindings)?;
+        if uses.is_empty() {
+            return device.queue_execute(device, wait, signal, cb, bindings);
         }
+        let mut timepoints = signal.timepoints();
+        let private;
+        let signal = if timepoints.is_empty() {
+            // Nothing the caller could see says when the work ends: a
+            // semaphore of our own does.
+            let s = Semaphore::new(0);
+            timepoints.push((s.clone(), 1));
+            private = Fence::create_at(s, 1);
+            &private
+        } else {
+            signal
+        };
+        device.queue_execute(device, wait, signal, cb, bindings)?;
+        let uses = Arc::new(uses);
+        for (semaphore, value) in timepoints {
+            semaphore.hold_until(value, uses.clone());
+        }
+        Ok(())
     }
 
     /// The host path: every queue operation as host work through

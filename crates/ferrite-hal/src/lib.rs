@@ -37,6 +37,7 @@ pub mod driver;
 pub mod element_type;
 pub mod executable;
 pub mod fence;
+mod inflight;
 pub mod memory;
 pub mod numerics;
 pub mod semaphore;

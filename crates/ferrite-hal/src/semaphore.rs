@@ -44,6 +44,8 @@ use ferrite_base::RefObject;
 use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
 use parking_lot::{Condvar, Mutex};
 
+use crate::inflight::SubmissionUses;
+
 /// A device's copy of a semaphore's payload (see the module docs).
 pub trait DeviceTimeline: Send + Sync + 'static {
     /// The host payload advanced to `value` (called on the signalling
@@ -82,6 +84,10 @@ struct State {
     callbacks: Vec<(u64, TimepointCallback)>,
     /// Threads asleep in [`Semaphore::wait_until`].
     sleeping: u32,
+    /// Device uses of submissions this semaphore signals, with the value
+    /// that ends them: settled under the lock before a reached value (or
+    /// the failure) is published (see [`crate::inflight`]).
+    held: Vec<(u64, Arc<SubmissionUses>)>,
 }
 
 /// A semaphore timepoint exported as a host wait primitive (see
@@ -164,6 +170,7 @@ impl Semaphore {
                 notifiers: Vec::new(),
                 callbacks: Vec::new(),
                 sleeping: 0,
+                held: Vec::new(),
             }),
             cond: Condvar::new(),
             published: AtomicU64::new(initial_value),
@@ -190,6 +197,9 @@ impl Semaphore {
         state.notifiers.clear();
         state.sleeping = 0;
         state.callbacks.clear();
+        for (_, h) in state.held.drain(..) {
+            h.settled();
+        }
         self.timeline = std::sync::OnceLock::new();
     }
 
@@ -268,6 +278,17 @@ impl Semaphore {
             if value <= s.value {
                 bail!(InvalidArgument, "semaphore already signaled past {value}");
             }
+            // Device uses of the work signalling `value` end before anyone
+            // can see it reached; the Arcs are dropped after the lock.
+            let released = if s.held.is_empty() {
+                Vec::new()
+            } else {
+                let r = take_where(&mut s.held, |(v, _)| *v <= value);
+                for (_, h) in &r {
+                    h.settled();
+                }
+                r
+            };
             s.value = value;
             self.published.store(value, Ordering::Release);
             if let Some(t) = self.timeline.get() {
@@ -277,6 +298,7 @@ impl Semaphore {
                 // Nobody scheduled on this semaphore: only blocked waiters
                 // (if any) need waking.
                 drop(s);
+                drop(released);
                 self.cond.notify_all();
                 return Ok(());
             }
@@ -287,6 +309,8 @@ impl Semaphore {
                 .filter(|(v, _)| *v <= value)
                 .map(|(_, n)| n.clone())
                 .collect();
+            drop(s);
+            drop(released);
             (ready, notify)
         };
         self.cond.notify_all();
@@ -310,6 +334,7 @@ impl Semaphore {
             || value <= s.value
             || !s.callbacks.is_empty()
             || !s.notifiers.is_empty()
+            || !s.held.is_empty()
         {
             return None;
         }
@@ -342,10 +367,16 @@ impl Semaphore {
             } else {
                 status
             };
+            let released = std::mem::take(&mut s.held);
+            for (_, h) in &released {
+                h.settled();
+            }
             s.failure = Some(status.clone());
             self.failed.store(true, Ordering::Release);
             let callbacks = std::mem::take(&mut s.callbacks);
             let notify: Vec<Arc<Notifier>> = s.notifiers.iter().map(|(_, n)| n.clone()).collect();
+            drop(s);
+            drop(released);
             (callbacks, notify, status)
         };
         if let Some(t) = self.timeline.get() {
@@ -500,6 +531,24 @@ impl Semaphore {
         if let Some(r) = immediate {
             callback(r);
         }
+    }
+
+    /// Keeps a submission's device uses until the payload reaches `value`
+    /// or the semaphore fails; settles them at once when either has
+    /// already happened. Settling happens under the lock, before the
+    /// reached value is published.
+    pub(crate) fn hold_until(&self, value: u64, uses: Arc<SubmissionUses>) {
+        {
+            let mut s = self.state.lock();
+            if s.failure.is_none() && s.value < value {
+                s.held.push((value, uses));
+                drop(s);
+                // The device must report the signal without a host waiter.
+                self.watch_device();
+                return;
+            }
+        }
+        uses.settled();
     }
 
     /// A wait source for `self` reaching `value`.

@@ -15,6 +15,9 @@ const LAYERS: &[(&str, u32)] = &[
     ("ferrite-hal", 1),
     ("ferrite-tokenizer", 1),
     ("ferrite-hal-module", 2),
+    // Test tooling (the HAL conformance suite): a dev-dependency of the
+    // drivers' tests, never of runtime crates.
+    ("ferrite-hal-cts", 2),
     ("ferrite-launch", 2),
     ("ferrite-modules", 3),
     ("ferrite", 4),
@@ -35,7 +38,7 @@ fn workspace_root() -> PathBuf {
 }
 
 fn is_driver(name: &str) -> bool {
-    name.starts_with("ferrite-hal-") && name != "ferrite-hal-module"
+    name.starts_with("ferrite-hal-") && name != "ferrite-hal-module" && name != "ferrite-hal-cts"
 }
 
 fn layer(name: &str) -> Option<u32> {
