@@ -84,6 +84,7 @@ pub fn run(args: &E2eTestArgs, create: fn(E2eOptions) -> Result<Arc<NativeModule
         filter: args.filter.as_deref(),
         expect_failure: false,
         extra: &extra,
+        compare: None,
     })
 }
 

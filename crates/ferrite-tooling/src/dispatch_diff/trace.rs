@@ -85,7 +85,10 @@ impl TraceDevice {
             .map(|r| {
                 let (b, off, len) = r.resolve(table)?;
                 let mut v = vec![0u8; len as usize];
-                b.read(off, &mut v)?;
+                // A device read: the snapshot is taken inside the traced
+                // submission, whose buffers count as in use by device work
+                // (host reads are refused meanwhile).
+                b.device_read(off, &mut v)?;
                 Ok(v)
             })
             .collect()

@@ -42,6 +42,34 @@ pub struct CheckModuleArgs {
     /// Succeeds only when some test fails (as upstream's flag).
     #[arg(long = "expect_failure")]
     pub expect_failure: bool,
+    /// Ferrite's differential mode: runs each test on `--device` and again
+    /// on this device, every dispatch alone, and fails the test at the
+    /// first dispatch whose written outputs differ (see `run-module
+    /// --compare_device`).
+    #[arg(long = "compare_device")]
+    pub compare_device: Option<String>,
+    /// Modules for the `--compare_device` run (e.g. the program compiled
+    /// for the CPU; default: the same modules).
+    #[arg(long = "compare_module")]
+    pub compare_modules: Vec<String>,
+    /// Absolute tolerance of `--compare_device` (outputs read as f32).
+    #[arg(long = "compare_atol", default_value_t = 1e-5)]
+    pub compare_atol: f64,
+    /// Relative tolerance of `--compare_device`.
+    #[arg(long = "compare_rtol", default_value_t = 1e-5)]
+    pub compare_rtol: f64,
+}
+
+/// The second run of each test in differential mode.
+pub struct CompareRun<'a> {
+    /// The device to compare with.
+    pub device: DeviceArgs,
+    /// Its modules (the program compiled for it).
+    pub modules: &'a [String],
+    /// Tolerances for outputs read as f32.
+    pub atol: f64,
+    /// Relative tolerance.
+    pub rtol: f64,
 }
 
 /// One test: the function's local name.
@@ -106,25 +134,61 @@ pub struct TestRun<'a> {
     pub expect_failure: bool,
     /// Makes a fresh set of native modules for one test.
     pub extra: &'a dyn Fn() -> Result<ExtraModules>,
+    /// Differential mode: each test also runs on another device and the
+    /// two runs are compared dispatch by dispatch.
+    pub compare: Option<CompareRun<'a>>,
 }
 
 /// Runs one test in its own context; the failure messages (empty: passed).
+/// In differential mode the test runs on both devices, each dispatch
+/// traced, and a dispatch whose outputs differ is a failure too.
 fn run_test(run: &TestRun<'_>, module_name: &str, test: &Test) -> Vec<String> {
+    let Some(cmp) = &run.compare else {
+        return run_test_on(run, run.device, run.modules, module_name, test);
+    };
+    use crate::dispatch_diff::{compare::compare, set_recorder, trace::Recorder};
+    let traced = |device: &DeviceArgs, modules: &[String]| {
+        let rec = Arc::new(Recorder::default());
+        set_recorder(Some(rec.clone()));
+        let failures = run_test_on(run, device, modules, module_name, test);
+        set_recorder(None);
+        (failures, rec.take())
+    };
+    let (mut failures, a) = traced(run.device, run.modules);
+    let (other_failures, b) = traced(&cmp.device, cmp.modules);
+    let other = cmp.device.devices.first().map_or("?", |s| s.as_str());
+    let first = run
+        .device
+        .devices
+        .first()
+        .map_or("the default device", |s| s.as_str());
+    failures.extend(
+        other_failures
+            .into_iter()
+            .map(|f| format!("on {other}: {f}")),
+    );
+    let report = compare(&a, &b, cmp.atol, cmp.rtol);
+    if !report.differing.is_empty() || !report.unmatched.is_empty() {
+        failures.push(report.text(first, other, 3));
+    }
+    failures
+}
+
+fn run_test_on(
+    run: &TestRun<'_>,
+    device: &DeviceArgs,
+    modules: &[String],
+    module_name: &str,
+    test: &Test,
+) -> Vec<String> {
     let instance = Instance::default();
     let (extra, log) = match (run.extra)() {
         Ok(x) => x,
         Err(e) => return vec![e.to_string()],
     };
     let outcome = (|| -> Result<()> {
-        let ctx = load_context_with(
-            &instance,
-            run.modules,
-            run.module_mode,
-            run.device,
-            false,
-            extra,
-        )
-        .annotate(|| "creating the test context".to_string())?;
+        let ctx = load_context_with(&instance, modules, run.module_mode, device, false, extra)
+            .annotate(|| "creating the test context".to_string())?;
         let name = format!("{module_name}.{}", test.name);
         let f = ctx.context.lookup_function(&name)?;
         ctx.context
@@ -161,6 +225,20 @@ pub fn run(args: &CheckModuleArgs) -> Result<()> {
         extra.extend(args.params.modules()?);
         Ok((extra, log))
     };
+    let compare = args.compare_device.as_ref().map(|d| {
+        let mut device = args.device.clone();
+        device.devices = vec![d.clone()];
+        CompareRun {
+            device,
+            modules: if args.compare_modules.is_empty() {
+                &args.modules
+            } else {
+                &args.compare_modules
+            },
+            atol: args.compare_atol,
+            rtol: args.compare_rtol,
+        }
+    });
     run_tests(&TestRun {
         modules: &args.modules,
         module_mode: args.module_mode,
@@ -168,6 +246,7 @@ pub fn run(args: &CheckModuleArgs) -> Result<()> {
         filter: args.filter.as_deref(),
         expect_failure: args.expect_failure,
         extra: &extra,
+        compare,
     })
 }
 
