@@ -1,4 +1,4 @@
-//! The crate graph keeps the shape the README's "Layout" draws: arrows
+//! The crate graph keeps the shape docs/design.md's "Layout" draws: arrows
 //! point down only, the VM knows nothing of the HAL, the HAL core and the
 //! drivers know nothing of the VM (only `ferrite-hal-module` binds them),
 //! and nothing below the tools depends on the tools. Each workspace crate's
