@@ -154,10 +154,10 @@ pub fn executable(name: &str, target: Target) -> Exe {
             (data, format)
         }
         Target::Cuda => {
-            // A flatbuffer with the CUDA executable's identifier.
+            // The CUDA executable header starts with its identifier.
             let data = rodata
                 .iter()
-                .find(|r| r.len() > 8 && &r[4..8] == b"CDA1")
+                .find(|r| r.starts_with(b"CDA1"))
                 .expect("module holds no CUDA (CDA1) executable")
                 .clone();
             (data, "cuda-nvptx-fb".to_string())
