@@ -164,7 +164,10 @@ pub trait Device: Send + Sync + 'static {
     }
     /// True when [`Device::submit`] always runs work inline, as
     /// [`run_inline`] does: queue operations then call it themselves and
-    /// skip boxing their work.
+    /// skip boxing their work. Such a device's queue operations have
+    /// finished when they return, and its dispatches and transfers count
+    /// their own device uses while they run, so `queue::execute` does not
+    /// register the submission's buffers for it.
     fn runs_inline(&self) -> bool {
         false
     }
@@ -326,6 +329,16 @@ pub mod queue {
             return device.queue_barrier(device, wait, signal);
         };
         let bindings = bindings.into();
+        if device.runs_inline() && wait.query().unwrap_or(false) {
+            // Nothing to wait for: the work runs to its end inside this call
+            // (`run_inline`), its dispatches and transfers counting their
+            // own device uses while they run (a host mapping makes them
+            // fail the signal fence). There is no later moment for host
+            // access to race, and registering every buffer would only cost
+            // each call. An inline submission that must first wait (on
+            // another thread) registers, so the host is refused meanwhile.
+            return device.queue_execute(device, wait, signal, cb, bindings);
+        }
         // Every buffer the work reaches counts as in device use from now
         // until the signal fence is reached or failed, whatever the driver
         // (see `crate::inflight`).
