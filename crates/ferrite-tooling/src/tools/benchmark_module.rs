@@ -76,8 +76,10 @@ pub struct BenchmarkModuleArgs {
     #[command(flatten)]
     pub diagnostics: crate::diagnostics::DiagnosticArgs,
     /// Also run the pinned `iree-benchmark-module` (found as
-    /// `$IREE_BENCHMARK_MODULE`, else `.venv/bin/` above the working
-    /// directory or this executable) and print `ratio: X`.
+    /// `$IREE_BENCHMARK_MODULE`, else beside this executable, in the Python
+    /// environment of the pip-installed `ferrite`, in `.venv/bin/` above the
+    /// working directory or this executable, else on `PATH`) and print
+    /// `ratio: X`.
     #[arg(long = "compare-upstream")]
     pub compare_upstream: bool,
     /// After the idle timing, time again (upstream too with
@@ -362,29 +364,64 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
     Ok(())
 }
 
+const UPSTREAM_TOOL: &str = "iree-benchmark-module";
+
+/// Set by the Python package's `ferrite` console command (`ferrite._cli`) to
+/// its environment's script directories (`os.pathsep`-separated): there pip
+/// installs `iree-benchmark-module` beside `ferrite`, while this process's
+/// executable is the Python interpreter.
+const PYTHON_SCRIPTS_ENV: &str = "FERRITE_PYTHON_SCRIPTS";
+
+/// Where `iree-benchmark-module` is looked for, in order: beside the
+/// running executable (as installed by `cargo install` or a release
+/// archive next to upstream's tools), the Python environment's script
+/// directories, `.venv/bin` in or above the working directory and the
+/// executable (a repository checkout), then `PATH`.
+fn upstream_search_dirs(
+    exe: Option<PathBuf>,
+    python_scripts: Option<std::ffi::OsString>,
+    cwd: Option<PathBuf>,
+    path: Option<std::ffi::OsString>,
+) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(dir) = exe.as_deref().and_then(|e| e.parent()) {
+        dirs.push(dir.to_path_buf());
+    }
+    if let Some(p) = &python_scripts {
+        dirs.extend(std::env::split_paths(p).filter(|d| !d.as_os_str().is_empty()));
+    }
+    for start in cwd.iter().chain(exe.iter()) {
+        dirs.extend(start.ancestors().map(|d| d.join(".venv/bin")));
+    }
+    if let Some(p) = &path {
+        dirs.extend(std::env::split_paths(p).filter(|d| !d.as_os_str().is_empty()));
+    }
+    dirs
+}
+
+fn find_upstream_tool(dirs: &[PathBuf]) -> Option<PathBuf> {
+    dirs.iter()
+        .map(|d| d.join(UPSTREAM_TOOL))
+        .find(|p| p.is_file())
+}
+
 fn upstream_tool() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("IREE_BENCHMARK_MODULE") {
         return Ok(PathBuf::from(p));
     }
-    let mut starts = Vec::new();
-    if let Ok(d) = std::env::current_dir() {
-        starts.push(d);
+    let dirs = upstream_search_dirs(
+        std::env::current_exe().ok(),
+        std::env::var_os(PYTHON_SCRIPTS_ENV),
+        std::env::current_dir().ok(),
+        std::env::var_os("PATH"),
+    );
+    match find_upstream_tool(&dirs) {
+        Some(p) => Ok(p),
+        None => bail!(
+            NotFound,
+            "{UPSTREAM_TOOL} not found beside this executable, in the Python environment, in .venv/bin or on PATH: install iree-base-runtime (pip) or set IREE_BENCHMARK_MODULE"
+        ),
     }
-    if let Ok(e) = std::env::current_exe() {
-        starts.push(e);
-    }
-    for s in starts {
-        for dir in s.ancestors() {
-            let p = dir.join(".venv/bin/iree-benchmark-module");
-            if p.is_file() {
-                return Ok(p);
-            }
-        }
-    }
-    bail!(
-        NotFound,
-        "iree-benchmark-module not found: set IREE_BENCHMARK_MODULE or run from the repository (.venv/bin)"
-    )
 }
 
 /// Runs upstream's tool with the same flags; returns its mean per-call
@@ -467,4 +504,62 @@ pub fn parse_upstream_json(text: &str) -> Result<f64> {
         );
     }
     Ok(times.iter().sum::<f64>() / times.len() as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory tree for one test: `venv/bin` (the Python
+    /// environment), `cargo/bin` (the executable's directory), `path/bin`
+    /// (on PATH) and `work` (the working directory).
+    fn tree(name: &str) -> PathBuf {
+        let root =
+            std::env::temp_dir().join(format!("ferrite-upstream-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["venv/bin", "cargo/bin", "path/bin", "work"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        root
+    }
+
+    fn put_tool(dir: &std::path::Path) -> PathBuf {
+        let p = dir.join(UPSTREAM_TOOL);
+        std::fs::write(&p, "").unwrap();
+        p
+    }
+
+    fn search(root: &std::path::Path, exe_dir: &str) -> Option<PathBuf> {
+        let dirs = upstream_search_dirs(
+            Some(root.join(exe_dir).join("ferrite")),
+            Some(std::env::join_paths([root.join("venv/bin")]).unwrap()),
+            Some(root.join("work")),
+            Some(std::env::join_paths([root.join("path/bin")]).unwrap()),
+        );
+        find_upstream_tool(&dirs)
+    }
+
+    #[test]
+    fn finds_upstream_tool_in_order() {
+        let root = tree("order");
+        // Nothing installed anywhere: not found.
+        assert_eq!(search(&root, "cargo/bin"), None);
+        // Only on PATH.
+        let on_path = put_tool(&root.join("path/bin"));
+        assert_eq!(search(&root, "cargo/bin"), Some(on_path));
+        // The pip-installed `ferrite` runs inside Python: the environment's
+        // script directory comes before PATH.
+        let in_venv = put_tool(&root.join("venv/bin"));
+        assert_eq!(search(&root, "python-elsewhere"), Some(in_venv.clone()));
+        // Beside the running executable first of all.
+        let beside = put_tool(&root.join("cargo/bin"));
+        assert_eq!(search(&root, "cargo/bin"), Some(beside));
+        // A repository checkout: .venv/bin above the working directory,
+        // before PATH.
+        std::fs::remove_file(&in_venv).unwrap();
+        std::fs::create_dir_all(root.join(".venv/bin")).unwrap();
+        let checkout = put_tool(&root.join(".venv/bin"));
+        assert_eq!(search(&root, "python-elsewhere"), Some(checkout));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
