@@ -25,8 +25,10 @@ const LAYERS: &[(&str, u32)] = &[
     // Text generation (issue 27): above the facade, below the CLI and Python.
     ("ferrite-llm", 5),
     ("ferrite-e2e", 6),
-    ("ferrite-python", 6),
     ("ferrite-cli", 7),
+    // The Python package carries the CLI too (the pip `ferrite` command
+    // runs `ferrite_cli::main_with_args`), so it sits above it.
+    ("ferrite-python", 8),
 ];
 
 /// Drivers (`ferrite-hal-<name>` other than the VM module) sit at layer 2
