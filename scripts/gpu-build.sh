@@ -26,11 +26,19 @@ CUDA="--iree-hal-target-device=cuda --iree-cuda-target=sm_80"
 CPU="--iree-hal-target-device=local --iree-hal-local-target-device-backends=llvm-cpu --iree-llvmcpu-target-cpu=generic"
 rm -rf $G/bin $G/tests $G/diff $G/bench && mkdir -p $G/bin $G/tests $G/diff $G/bench
 
-echo "gpu-build: release binary and the driver's test executables"
-locked nice cargo build -q --release -p ferrite-cli
-cp target/release/ferrite $G/bin/
-locked nice cargo test -q --release -p ferrite-hal-cuda \
-  --test gpu --test gpu_fault --test nccl --no-run --message-format=json 2>/dev/null |
+# GPU_BUILD_PROFILE=debug builds without optimisation (minutes instead of
+# a fat-LTO link; for correctness runs, not for figures).
+PROFILE=${GPU_BUILD_PROFILE:-release}
+case $PROFILE in
+  release) cargo_profile=(--release) ;;
+  debug) cargo_profile=() ;;
+  *) echo "gpu-build: GPU_BUILD_PROFILE must be release or debug"; exit 1 ;;
+esac
+echo "gpu-build: $PROFILE binary and the driver's test executables (gpu, gpu_fault, nccl, the HAL CTS)"
+locked nice cargo build -q "${cargo_profile[@]}" -p ferrite-cli
+cp target/$PROFILE/ferrite $G/bin/
+locked nice cargo test -q "${cargo_profile[@]}" -p ferrite-hal-cuda \
+  --test gpu --test gpu_fault --test nccl --test cts --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
     try: m=json.loads(l)
@@ -41,6 +49,8 @@ for l in sys.stdin:
     cp "$exe" "$G/tests/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
   done
 strip $G/bin/* $G/tests/* 2>/dev/null || true
+# The CTS's executables (no compiler on the GPU machine): FERRITE_CTS_MODULES.
+locked nice cargo run -q "${cargo_profile[@]}" -p ferrite-hal-cts --bin cts-modules "$G/tests/cts-modules"
 
 echo "gpu-build: differential modules (tests/cuda/cases.txt)"
 cp tests/cuda/cases.txt $G/diff/
