@@ -43,8 +43,11 @@ impl Buffer {
                 "attempting to fill a range with {p} byte values that is not aligned (offset={offset}, length={len})"
             );
         }
-        if self.host_unaddressable() {
-            return self.fill(offset, length, pattern);
+        if let Some(d) = self.alloc.device_only() {
+            // The driver's own synchronous transfer (no host access rule:
+            // this is device work).
+            let bytes: Vec<u8> = pattern.iter().copied().cycle().take(len as usize).collect();
+            return d.write(self.offset + off, &bytes);
         }
         if len == 0 {
             return Ok(());
@@ -79,8 +82,8 @@ impl Buffer {
     /// Writes `src` at `offset`, as device work (a queue update).
     pub fn device_write(&self, offset: u64, src: &[u8]) -> Result<()> {
         let (off, len) = self.resolve_range(offset, src.len() as u64)?;
-        if self.host_unaddressable() {
-            return self.write(offset, src);
+        if let Some(d) = self.alloc.device_only() {
+            return d.write(self.offset + off, src);
         }
         if len == 0 {
             return Ok(());
@@ -97,8 +100,8 @@ impl Buffer {
     /// an indirect dispatch's workgroup count, written by an earlier stage).
     pub fn device_read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         let (off, len) = self.resolve_range(offset, dst.len() as u64)?;
-        if self.host_unaddressable() {
-            return self.read(offset, dst);
+        if let Some(d) = self.alloc.device_only() {
+            return d.read(self.offset + off, dst);
         }
         if len == 0 {
             return Ok(());
@@ -125,7 +128,12 @@ impl Buffer {
         let (s_off, len) = src.resolve_range(src_offset, length)?;
         let (d_off, _) = dst.resolve_range(dst_offset, len)?;
         if src.host_unaddressable() || dst.host_unaddressable() {
-            return Buffer::copy(src, src_offset, dst, dst_offset, len);
+            // Staged through the host with each side's device transfer.
+            let n = usize::try_from(len)
+                .map_err(|_| status!(ResourceExhausted, "copy of {len} bytes"))?;
+            let mut staged = vec![0u8; n];
+            src.device_read(s_off, &mut staged)?;
+            return dst.device_write(d_off, &staged);
         }
         if len == 0 {
             return Ok(());

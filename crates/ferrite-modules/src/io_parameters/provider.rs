@@ -18,7 +18,7 @@ use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::{Buffer, HostMemory};
 use ferrite_hal::device::Device;
-use ferrite_hal::{BufferUsage, Fence, MemoryType};
+use ferrite_hal::{BufferUsage, Fence};
 
 use super::file_handle::SharedBytes;
 use super::index::{Entry, ParameterIndex, Storage};
@@ -117,19 +117,18 @@ impl Transfer {
                         entry.key
                     );
                 };
-                if target.memory_type().contains(MemoryType::HOST_VISIBLE) {
-                    return handle.read_into(base + from, &mut target.map_write(offset, length)?);
-                }
-                // Device-only memory (a GPU's): read through a bounded
-                // host buffer rather than staging the whole range, so a
-                // model's weights never sit in host memory all at once.
+                // Queue work: written as device work (`device_write`), never
+                // through a host mapping, which device work submitted after
+                // this load (and waiting for it) would refuse. Read through a
+                // bounded host buffer rather than staging the whole range, so
+                // a model's weights never sit in host memory all at once.
                 const CHUNK: u64 = 8 << 20;
                 let mut chunk = vec![0u8; length.min(CHUNK) as usize];
                 let mut done = 0u64;
                 while done < length {
                     let n = (length - done).min(CHUNK) as usize;
                     handle.read_into(base + from + done, &mut chunk[..n])?;
-                    target.write(offset + done, &chunk[..n])?;
+                    target.device_write(offset + done, &chunk[..n])?;
                     done += n as u64;
                 }
                 Ok(())
@@ -153,7 +152,7 @@ impl Transfer {
                     );
                 };
                 let mut data = vec![0u8; length as usize];
-                source.read(offset, &mut data)?;
+                source.device_read(offset, &mut data)?;
                 handle.write(base + to, &data)
             }
         }
@@ -164,7 +163,7 @@ impl Transfer {
 /// most 8 bytes; 16-byte patterns are written as repeated chunks).
 fn fill(target: &Buffer, offset: u64, length: u64, pattern: &[u8]) -> Result<()> {
     if pattern.len() <= 8 {
-        return target.fill(offset, length, pattern);
+        return target.device_fill(offset, length, pattern);
     }
     const CHUNK: usize = 64 * 1024;
     let chunk: Vec<u8> = pattern
@@ -176,7 +175,7 @@ fn fill(target: &Buffer, offset: u64, length: u64, pattern: &[u8]) -> Result<()>
     let mut done = 0u64;
     while done < length {
         let n = (length - done).min(chunk.len() as u64);
-        target.write(offset + done, &chunk[..n as usize])?;
+        target.device_write(offset + done, &chunk[..n as usize])?;
         done += n;
     }
     Ok(())
