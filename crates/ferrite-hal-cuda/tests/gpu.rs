@@ -1173,7 +1173,10 @@ fn gpu_work_waits_for_host_work_it_depends_on() {
         &at(&s, 1),
         Box::new(move || {
             std::thread::sleep(std::time::Duration::from_millis(100));
-            written.write(0, &[7; LEN])
+            // Queue work writes as device work (as io_parameters' loads
+            // do): a host write would be refused while the submissions
+            // below, registered when submitted, hold the buffers.
+            written.device_write(0, &[7; LEN])
         }),
     )
     .unwrap();
