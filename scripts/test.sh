@@ -73,7 +73,14 @@ if [[ ${#vm_src[@]} -gt 0 ]]; then
 fi
 step "python package (ferrite.runtime) and its tests"
 .venv/bin/python -c "import maturin, pytest, numpy" 2>/dev/null || .venv/bin/pip install -q maturin pytest numpy
-.venv/bin/maturin develop --release -q
+# The wheel users install, built once here (fat LTO) and tested as installed:
+# target/wheels/ferrite_runtime-*.whl is the build's artifact (pip install it
+# instead of building locally).
+rm -f target/wheels/ferrite_runtime-*.whl
+.venv/bin/maturin build --release -q -i .venv/bin/python -o target/wheels
+.venv/bin/pip uninstall -q -y ferrite-runtime 2>/dev/null || true
+.venv/bin/pip install -q target/wheels/ferrite_runtime-*.whl
+echo "wheel: $(ls target/wheels/ferrite_runtime-*.whl)"
 .venv/bin/pytest -q -rs tests/python
 # ---- LLM generation (issue 27) -------------------------------------------
 # SmolLM2-135M (examples/llm): greedy ids of 2 prompts x 16 tokens on
