@@ -196,6 +196,9 @@ pub(crate) struct Shared {
     /// `FERRITE_LOCAL_TASK_SPIN_US`: a fixed bound for every spin of this
     /// pool (stage waits and idle polls), contention ignored.
     fixed_spin: Option<Duration>,
+    /// `FERRITE_LOCAL_TASK_CONTENDED_HELPERS`: how many workers may join a
+    /// region started while the pool is contended (unset: all of them).
+    contended_helpers: Option<usize>,
 }
 
 /// A thread's CPU-time clock id (valid while the thread lives).
@@ -289,12 +292,28 @@ impl Shared {
         if let Some(fixed) = self.fixed_spin {
             return fixed;
         }
-        let now = self.clock.elapsed().as_nanos() as u64;
-        if now < self.contended_until.load(Ordering::Relaxed) {
+        if self.is_contended() {
             bound.min(region::CONTENDED_SPIN)
         } else {
             bound
         }
+    }
+
+    /// How many workers may join a region that starts now: all but one
+    /// (the leader runs tiles too), or fewer while the pool is contended
+    /// and `FERRITE_LOCAL_TASK_CONTENDED_HELPERS` caps it.
+    pub(crate) fn region_helpers(&self) -> usize {
+        let all = self.workers.saturating_sub(1);
+        match self.contended_helpers {
+            Some(cap) if self.is_contended() => all.min(cap),
+            _ => all,
+        }
+    }
+
+    /// Whether a spinner noticed preemption within [`region::CONTENDED_FOR`].
+    fn is_contended(&self) -> bool {
+        let now = self.clock.elapsed().as_nanos() as u64;
+        now < self.contended_until.load(Ordering::Relaxed)
     }
 
     /// A spinner of this pool was descheduled: the machine has more
@@ -462,6 +481,9 @@ impl WorkerPool {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .map(Duration::from_micros),
+            contended_helpers: std::env::var(CONTENDED_HELPERS_VAR)
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -595,6 +617,11 @@ const SPIN_VAR: &str = "FERRITE_LOCAL_TASK_SPIN_US";
 /// With this environment variable set, pools print their statistics when
 /// dropped or at process exit, whichever comes first.
 const STATS_VAR: &str = "FERRITE_LOCAL_TASK_STATS";
+
+/// A whole number: while the pool is contended (a spinner was descheduled
+/// within the last [`region::CONTENDED_FOR`]), at most this many workers
+/// join a region beside its leader (a tuning and measuring aid; unset: all).
+const CONTENDED_HELPERS_VAR: &str = "FERRITE_LOCAL_TASK_CONTENDED_HELPERS";
 
 /// Pools to report at exit (dropped ones are removed).
 static REPORT_AT_EXIT: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());

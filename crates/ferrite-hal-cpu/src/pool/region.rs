@@ -700,7 +700,7 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
         ahead: AtomicU64::new(0),
         tiles: (0..stages).map(|_| AtomicU64::new(0)).collect(),
         participants: AtomicUsize::new(0),
-        max_helpers: pool.workers.saturating_sub(1),
+        max_helpers: pool.region_helpers(),
         leader_epoch: AtomicU32::new(0),
         leader_sleeping: AtomicBool::new(false),
         failed: AtomicBool::new(false),
