@@ -1,24 +1,28 @@
-//! Host deferral: queue operations kept on the host while the queue
-//! stream is blocked behind a wait it cannot pass by itself.
+//! Host deferral: queue operations kept on the host until they may be
+//! enqueued on the queue stream.
 //!
-//! A wait on a semaphore that the host, a CPU device or another GPU
-//! signals is enqueued as `cuStreamWaitValue64`: the stream stops there
-//! until the word is written. Everything enqueued after it stays in the
-//! stream's command queue, and that queue is small: on an H100 the
-//! enqueueing thread blocked inside the driver after roughly 150 entries
-//! (kernels, memory operations, events). A thread that submits more than
-//! that and only then signals the awaited semaphore would never return.
+//! An operation waiting on a semaphore that the host, a CPU device,
+//! another GPU or host work signals is kept here until its waits are
+//! reached; then it is enqueued, or, when a wait failed, its signals fail
+//! with that status and its work never runs. (Enqueuing it behind a
+//! `cuStreamWaitValue64` on the semaphore's word would let the GPU run it
+//! once a failure released the word: the GPU cannot skip work.) Waits on
+//! work already enqueued on this stream are covered by stream order and
+//! never kept. Upstream's CUDA driver keeps such operations on the host
+//! the same way.
 //!
-//! So the device counts the stream entries enqueued behind the oldest
-//! such wait still in flight (a *gate*). An operation that would take that
-//! count over [`GATED_ENTRIES`] is not enqueued but kept here, in
-//! submission order, and every later operation queues up behind it (stream
-//! order stays submission order). A drain thread, started while
-//! operations are kept, enqueues them once the gates they are behind have
-//! been passed (their operations reported), each through the same check.
-//! An operation that gates itself and is larger than the limit on its own
-//! waits here until its waits are reached. Upstream's CUDA driver defers
-//! every such wait on the host; here only the overflow is.
+//! The stream may still wait on the host inside an operation: an indirect
+//! dispatch's continuation gate ([`crate::indirect`]). Everything enqueued
+//! after such a gate stays in the stream's command queue, which is small
+//! (on an H100 the enqueueing thread blocked inside the driver after
+//! roughly 150 entries), so the device counts the stream entries enqueued
+//! behind the oldest gate still in flight; an operation that would take
+//! that count over [`GATED_ENTRIES`] is kept here too.
+//!
+//! Kept operations stay in submission order (every later operation queues
+//! up behind them, so stream order stays submission order). A drain
+//! thread, started while operations are kept, enqueues them as their
+//! waits are reached and gates are passed, each through the same check.
 
 use crate::device::{CudaDevice, Keep};
 use ferrite_base::{status, Result, Timeout};
@@ -79,15 +83,14 @@ pub(crate) struct Queue {
 
 impl Queue {
     /// Whether an operation of `entries` may be enqueued now, given that
-    /// the operations before sequence number `reported` were reported and
-    /// whether it enqueues a gate itself.
-    pub(crate) fn fits(&mut self, reported: u64, entries: u64, gates_itself: bool) -> bool {
+    /// the operations before sequence number `reported` were reported.
+    pub(crate) fn fits(&mut self, reported: u64, entries: u64) -> bool {
         while self.gates.front().is_some_and(|&(seq, _)| seq < reported) {
             self.gates.pop_front();
         }
         match self.gates.front() {
             Some(&(_, before)) => self.entries - before + entries <= GATED_ENTRIES,
-            None => !gates_itself || entries <= GATED_ENTRIES,
+            None => true,
         }
     }
 
@@ -123,7 +126,7 @@ impl Queue {
 enum Blocked {
     /// The report of the operation with this sequence number (a gate).
     Report(u64),
-    /// Its own waits (it gates itself and is larger than the limit).
+    /// Its own waits (not reached, not covered by stream order).
     Wait(Fence),
 }
 
@@ -143,13 +146,16 @@ pub(crate) fn drain(device: Weak<CudaDevice>) {
                     q.draining = false;
                     return;
                 };
-                let (entries, gates_itself) =
+                let (entries, waits_on_host) =
                     dev.entries(&front.wait, &front.signal, front.work_entries);
-                if !q.fits(reported, entries, gates_itself) {
-                    break match q.oldest_gate() {
-                        Some(seq) => Blocked::Report(seq),
-                        None => Blocked::Wait(q.deferred[0].wait.clone()),
-                    };
+                if waits_on_host {
+                    break Blocked::Wait(front.wait.clone());
+                }
+                if !q.fits(reported, entries) {
+                    // Not fitting means a gate is in flight.
+                    if let Some(seq) = q.oldest_gate() {
+                        break Blocked::Report(seq);
+                    }
                 }
                 let Some(op) = q.deferred.pop_front() else {
                     continue;
@@ -176,7 +182,8 @@ pub(crate) fn drain(device: Weak<CudaDevice>) {
                     .into_iter()
                     .find(|(s, v)| s.query().is_ok_and(|c| c < *v));
                 if let Some((sem, value)) = pending {
-                    // Its failure fails the operation once enqueued.
+                    // Reached: enqueued; failed: its signals fail when it
+                    // is taken up (the wait's status), its work not run.
                     let _ = sem.wait(value, Timeout::from_duration(nap));
                 }
             }
@@ -192,19 +199,16 @@ mod tests {
     fn entries_behind_the_oldest_gate_are_limited() {
         let mut q = Queue::default();
         // Ungated work never counts.
-        assert!(q.fits(0, 1000, false));
+        assert!(q.fits(0, 1000));
         q.enqueued(1000, false);
         // A gate and what follows it, up to the limit.
-        assert!(q.fits(0, 4, true));
+        assert!(q.fits(0, 4));
         let gate = q.enqueued(4, true);
-        assert!(q.fits(0, GATED_ENTRIES - 4, false));
+        assert!(q.fits(0, GATED_ENTRIES - 4));
         q.enqueued(GATED_ENTRIES - 4, false);
-        assert!(!q.fits(0, 1, false));
+        assert!(!q.fits(0, 1));
         // Once the gate's operation is reported, the stream drains itself.
-        assert!(q.fits(gate + 1, GATED_ENTRIES, false));
-        // An operation gating itself that is larger than the limit waits
-        // on the host.
-        assert!(!q.fits(gate + 1, GATED_ENTRIES + 1, true));
+        assert!(q.fits(gate + 1, GATED_ENTRIES));
     }
 
     #[test]
@@ -214,13 +218,13 @@ mod tests {
         let second = q.enqueued(10, true);
         q.enqueued(40, false);
         // 60 behind the first gate.
-        assert!(q.fits(0, 4, false));
-        assert!(!q.fits(0, 5, false));
+        assert!(q.fits(0, 4));
+        assert!(!q.fits(0, 5));
         // The first passed: 50 behind the second.
-        assert!(q.fits(first + 1, 14, false));
-        assert!(!q.fits(first + 1, 15, false));
+        assert!(q.fits(first + 1, 14));
+        assert!(!q.fits(first + 1, 15));
         assert_eq!(q.oldest_gate(), Some(second));
-        assert!(q.fits(second + 1, GATED_ENTRIES, false));
+        assert!(q.fits(second + 1, GATED_ENTRIES));
         assert_eq!(q.oldest_gate(), None);
     }
 }

@@ -4,33 +4,25 @@
 //!
 //! # Queue operations and semaphores
 //!
-//! A queue operation is enqueued as: for each wait timepoint not already
-//! satisfied, either nothing (the semaphore is signalled by earlier GPU
-//! work on this same stream, so stream order covers it) or a
-//! `cuStreamWaitValue64` (GEQ) on the semaphore's pinned payload word
-//! (host- or CPU-signalled semaphores: their host signals write the word,
-//! which releases the GPU with no host thread involved); then the work
-//! (kernel launches, copies, fills); then, for each signalled semaphore
-//! another device's stream has waited on, a `cuStreamWriteValue64` of the
-//! value into its word (so that stream proceeds on the GPU; for the others
-//! the host report writes the word); then two events (recorded without
-//! stalling the stream, unlike a host callback) queued for the host to
-//! report (`Completions`): a plain one and a `CU_EVENT_BLOCKING_SYNC` one.
-//! The device's completion thread sleeps in `cuEventSynchronize` (no
-//! spinning) on the oldest blocking one; a host thread waiting on one of
-//! the device's semaphores also queries, while it polls before sleeping,
-//! whether the oldest plain events are reached and reports them itself (a
-//! blocking-sync event is seen reached about a microsecond later). Reporting signals
-//! the semaphores on the host (waking host waiters and CPU-device work)
-//! or fails them: with the CUDA error text when the stream faulted (the
-//! event wait returns the error), or with a wait semaphore's failure when
-//! a wait failed (a failed semaphore's word is set to its failure value so
-//! the GPU never blocks on it).
-//!
-//! Work enqueued behind a wait that only the host can release occupies the
-//! stream's command queue, which is small; beyond a bound, operations are
-//! kept on the host until the wait is passed (module `deferral`), so the
-//! submitting thread never blocks inside the driver.
+//! A queue operation is enqueued once each of its wait timepoints is
+//! either reached or signalled by earlier work on this same stream (stream
+//! order covers it): then the work (kernel launches, copies, fills), then
+//! two events (recorded without stalling the stream, unlike a host
+//! callback) queued for the host to report (`Completions`): a plain one
+//! and a `CU_EVENT_BLOCKING_SYNC` one. An operation with any other wait
+//! (a semaphore the host, a CPU device, another GPU or host work signals)
+//! is kept on the host until that wait is reached, and is failed without
+//! running when it fails (module `deferral`): the GPU cannot skip work, so
+//! a stream wait on the semaphore's word would let the work run once a
+//! failure released it. The device's completion thread sleeps in
+//! `cuEventSynchronize` (no spinning) on the oldest blocking one; a host
+//! thread waiting on one of the device's semaphores also queries, while it
+//! polls before sleeping, whether the oldest plain events are reached and
+//! reports them itself (a blocking-sync event is seen reached about a
+//! microsecond later). Reporting signals the semaphores on the host
+//! (waking host waiters, CPU-device work and kept operations) or fails
+//! them: with the CUDA error text when the stream faulted (the event wait
+//! returns the error), or with a wait semaphore's failure.
 //!
 //! A chain of dependent submissions on this device is therefore enqueued
 //! back to back without any host round trip: only the completion of each
@@ -39,17 +31,15 @@
 //! Host work ordered on the queue (`Device::submit`: io_parameters' load,
 //! gather and scatter, `hal.device.queue.write`) is the exception: the
 //! stream reaching it only starts the work on the host, so its signals are
-//! not covered by stream order (`CudaTimeline::host_signaled`). Work
-//! waiting on them waits on the word on the GPU, which the report writes
-//! after the host work ran. (Until issue 24 such waits were skipped, and a
-//! dispatch reading freshly loaded parameters ran before the host had
-//! copied them.) Upstream's driver holds an operation on the host until
-//! each wait is either reached or signalled by GPU work already issued.
+//! not covered by stream order (`CudaTimeline::host_signaled`), and work
+//! waiting on them is kept on the host until the host work ran. (Until
+//! issue 24 such waits were skipped, and a dispatch reading freshly loaded
+//! parameters ran before the host had copied them.)
 
 use crate::deferral::{Body, Deferred, Queue};
 use crate::executable::CudaExecutable;
 use crate::ffi::{self, Api, CUcontext, CUdevice, CUdeviceptr, CUstream};
-use crate::memory::{CudaAllocator, CudaTimeline, SpareBlocks, WordPool};
+use crate::memory::{AllocationStats, CudaAllocator, CudaTimeline, SpareBlocks, WordPool};
 use crate::replay::AtIndirect;
 use ferrite_base::{bail, status, Result, Status};
 use ferrite_hal::allocator::{Allocator, BufferParams};
@@ -87,6 +77,9 @@ pub struct Shared {
     /// Idle pinned host blocks (host addresses) for host-visible
     /// allocations ([`crate::memory::PINNED_SPARE_MAX_BYTES`]).
     pub(crate) pinned_spare: SpareBlocks,
+    /// Allocation statistics of every allocator of the device (device
+    /// and queue allocations alike).
+    pub(crate) stats: AllocationStats,
     transfer_lock: Mutex<()>,
     /// Recorded-and-reached blocking-sync events for reuse.
     events: Mutex<Vec<ffi::CUevent>>,
@@ -740,6 +733,7 @@ impl CudaDevice {
             probes: Mutex::new(Vec::new()),
             spare: SpareBlocks::default(),
             pinned_spare: SpareBlocks::with_limit(crate::memory::PINNED_SPARE_MAX_BYTES),
+            stats: AllocationStats::default(),
             completions: Arc::new(Completions::new()),
             kernel_times: crate::kernel_times::enabled()
                 .then(crate::kernel_times::KernelTimes::default),
@@ -872,38 +866,38 @@ impl CudaDevice {
     }
 
     /// The stream entries of an operation waiting on `wait`, signalling
-    /// `signal`, with `work` entries of work: the waits it would enqueue,
-    /// its signals and completion event besides. And whether it enqueues
-    /// a gate: a wait the stream cannot pass by itself (a timepoint not
-    /// reached and not signalled by earlier work on this stream).
+    /// `signal`, with `work` entries of work (its signals and completion
+    /// event besides), and whether it must wait on the host: a wait
+    /// timepoint neither reached (or failed) nor signalled by earlier work
+    /// on this stream.
+    ///
+    /// Such an operation is never enqueued behind a stream wait on the
+    /// semaphore's word: the GPU cannot skip work, so a wait released by a
+    /// failure would let the work run. It is kept on the host until its
+    /// waits are reached, then enqueued, or failed with the wait's status
+    /// without running ([`crate::deferral`]), as upstream's driver does.
     pub(crate) fn entries(&self, wait: &Fence, signal: &Fence, work: u64) -> (u64, bool) {
-        let gating = wait
-            .timepoints()
-            .iter()
-            .filter(|(sem, value)| {
-                if sem.query().map_or(true, |v| v >= *value) {
-                    return false;
-                }
-                !sem.attached_timeline()
-                    .and_then(|t| t.as_any().downcast_ref::<CudaTimeline>())
-                    .is_some_and(|t| {
-                        Arc::ptr_eq(&t.shared, &self.shared)
-                            && t.stream_signaled.load(Ordering::Acquire) >= *value
-                    })
-            })
-            .count() as u64;
-        (
-            work + gating + signal.timepoints().len() as u64 + 1,
-            gating > 0,
-        )
+        let waits_on_host = wait.timepoints().iter().any(|(sem, value)| {
+            if sem.query().map_or(true, |v| v >= *value) {
+                return false;
+            }
+            !sem.attached_timeline()
+                .and_then(|t| t.as_any().downcast_ref::<CudaTimeline>())
+                .is_some_and(|t| {
+                    Arc::ptr_eq(&t.shared, &self.shared)
+                        && t.stream_signaled.load(Ordering::Acquire) >= *value
+                })
+        });
+        (work + signal.timepoints().len() as u64 + 1, waits_on_host)
     }
 
     /// Whether an operation (see [`Self::entries`]) must be kept on the
     /// host ([`crate::deferral`]), and its stream entries.
     fn defers(&self, q: &mut Queue, wait: &Fence, signal: &Fence, work: u64) -> (bool, u64) {
-        let (entries, gates) = self.entries(wait, signal, work);
-        let defers =
-            !q.deferred.is_empty() || !q.fits(self.shared.completions.reported(), entries, gates);
+        let (entries, waits_on_host) = self.entries(wait, signal, work);
+        let defers = waits_on_host
+            || !q.deferred.is_empty()
+            || !q.fits(self.shared.completions.reported(), entries);
         (defers, entries)
     }
 
@@ -962,15 +956,12 @@ impl CudaDevice {
         // Host work runs only once the stream has reached the operation
         // (on the completion thread or a polling waiter), so its signals
         // are not reached by stream order: later work on this stream that
-        // waits on them must wait on the words, which the report writes
-        // after the work ran.
+        // waits on them is kept on the host until the report.
         let host_work = work.is_some();
         let log = crate::diagnostics::log_queue();
         let mut logged: Vec<String> = Vec::new();
         let outcome = (|| -> Result<()> {
             self.shared.make_current()?;
-            let api = self.shared.api;
-            let stream = self.shared.stream;
             for (sem, value) in wait.timepoints() {
                 match sem.query() {
                     Ok(v) if v >= value => {
@@ -982,49 +973,37 @@ impl CudaDevice {
                     Ok(_) => {}
                     Err(e) => return Err(e),
                 }
-                let t = self.timeline(&sem)?;
-                let Some(ct) = t.as_any().downcast_ref::<CudaTimeline>() else {
+                // Not reached: enqueued only when earlier work on this
+                // stream signals it (the operation is kept on the host
+                // until then otherwise, see `defers`), so stream order
+                // covers it and a failure of that work is known before
+                // this operation's report (a failed stream faults every
+                // later operation).
+                let covered = sem
+                    .attached_timeline()
+                    .and_then(|t| {
+                        t.as_any().downcast_ref::<CudaTimeline>().map(|ct| {
+                            Arc::ptr_eq(&ct.shared, &self.shared)
+                                && ct.stream_signaled.load(Ordering::Acquire) >= value
+                        })
+                    })
+                    .unwrap_or(false);
+                if !covered {
                     bail!(
-                        Unimplemented,
-                        "semaphore's device timeline belongs to a non-CUDA device"
+                        Internal,
+                        "queue operation enqueued before its wait (>= {value}) was reached"
                     );
-                };
-                if Arc::ptr_eq(&ct.shared, &self.shared)
-                    && ct.stream_signaled.load(Ordering::Acquire) >= value
-                {
-                    // Signalled by earlier work on this stream (not host
-                    // work: see `host_work`).
-                    if log {
-                        logged.push(format!("wait >= {value}: stream order"));
-                    }
-                    continue;
                 }
                 if log {
-                    logged.push(format!("wait >= {value}: GPU wait on the word"));
+                    logged.push(format!("wait >= {value}: stream order"));
                 }
-                if !Arc::ptr_eq(&ct.shared, &self.shared) {
-                    // Another device's stream signals it: from now on that
-                    // stream writes the word itself (`gpu_waiters`); a
-                    // signal it already enqueued reaches the word through
-                    // its host report.
-                    ct.gpu_waiters.store(true, Ordering::Release);
-                }
-                ffi::check(
-                    // SAFETY: `dptr` is the device address of a pinned word
-                    // that lives while `sem` (kept in `waits`) lives.
-                    unsafe {
-                        (api.cuStreamWaitValue64_v2)(
-                            stream,
-                            ct.dptr,
-                            value,
-                            ffi::CU_STREAM_WAIT_VALUE_GEQ,
-                        )
-                    },
-                    "enqueueing a semaphore wait",
-                )?;
-                gated = true;
             }
             body(self, &mut keep)?;
+            // Whether the stream passing this operation reaches its
+            // signals: not for host work, and not for work a
+            // continuation finishes (an indirect dispatch's gate), whose
+            // outcome is known only when it is reported.
+            let reached_by_stream = !host_work && keep.gates.is_empty();
             for (sem, value) in signal.timepoints() {
                 let t = self.timeline(&sem)?;
                 let Some(ct) = t.as_any().downcast_ref::<CudaTimeline>() else {
@@ -1033,41 +1012,22 @@ impl CudaDevice {
                 if !Arc::ptr_eq(&ct.shared, &self.shared) {
                     continue;
                 }
-                if host_work {
-                    // Reached when the host has run the work; the report
-                    // writes the word (also for other devices' waiters: a
-                    // stream write here would release them before the
-                    // work ran).
+                if !reached_by_stream {
+                    // Reached when reported (the host work ran, the
+                    // continuation succeeded): later work waiting on it
+                    // is kept on the host until then.
                     ct.host_signaled.fetch_max(value, Ordering::AcqRel);
                     if log {
-                        logged.push(format!("signal {value}: by the host after its work"));
+                        logged.push(format!("signal {value}: when reported"));
                     }
                     continue;
                 }
+                // Host waiters and other devices see the value when the
+                // operation is reported.
                 ct.stream_signaled.fetch_max(value, Ordering::AcqRel);
                 if log {
                     logged.push(format!("signal {value}: in stream order"));
                 }
-                if !ct.gpu_waiters.load(Ordering::Acquire) {
-                    // Only this stream waits on the GPU (and skips waits
-                    // stream order covers); host waiters and CPU devices
-                    // see the value when the operation is reported, which
-                    // also writes the word. A stream memory operation per
-                    // signal is saved.
-                    continue;
-                }
-                ffi::check(
-                    // SAFETY: as above, for the signalled semaphore's word.
-                    unsafe {
-                        (api.cuStreamWriteValue64_v2)(
-                            stream,
-                            ct.dptr,
-                            value,
-                            ffi::CU_STREAM_WRITE_VALUE_DEFAULT,
-                        )
-                    },
-                    "enqueueing a semaphore signal",
-                )?;
             }
             Ok(())
         })();

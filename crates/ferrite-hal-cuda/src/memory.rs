@@ -94,6 +94,11 @@ impl CudaMemory {
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
+        match self.kind {
+            Kind::Device => self.shared.stats.record_free(false, self.len),
+            Kind::Pinned(_) => self.shared.stats.record_free(true, self.len),
+            Kind::Registered(..) | Kind::External(_) => {}
+        }
         let api = self.shared.api;
         if matches!(self.kind, Kind::External(_)) || self.shared.make_current().is_err() {
             return;
@@ -288,19 +293,53 @@ pub(crate) unsafe fn external_buffer(
     ))
 }
 
+/// A device's allocation statistics: every device block (allocations,
+/// queue allocations, spare blocks handed out again) and pinned host block
+/// counts from its creation until its last user drops it, as the CPU
+/// drivers count heap and pool blocks. Imported memory is not counted.
+#[derive(Default)]
+pub(crate) struct AllocationStats(Mutex<AllocatorStatistics>);
+
+impl AllocationStats {
+    /// `bytes` more are live (`host`: pinned host memory).
+    pub(crate) fn record_alloc(&self, host: bool, bytes: u64) {
+        let mut s = self.0.lock();
+        if host {
+            s.host_bytes_allocated += bytes;
+            let live = s.host_bytes_allocated - s.host_bytes_freed;
+            s.host_bytes_peak = s.host_bytes_peak.max(live);
+        } else {
+            s.device_bytes_allocated += bytes;
+            let live = s.device_bytes_allocated - s.device_bytes_freed;
+            s.device_bytes_peak = s.device_bytes_peak.max(live);
+        }
+    }
+
+    /// `bytes` are no longer used by anyone.
+    pub(crate) fn record_free(&self, host: bool, bytes: u64) {
+        let mut s = self.0.lock();
+        if host {
+            s.host_bytes_freed += bytes;
+        } else {
+            s.device_bytes_freed += bytes;
+        }
+    }
+
+    /// The statistics so far.
+    pub(crate) fn get(&self) -> AllocatorStatistics {
+        *self.0.lock()
+    }
+}
+
 /// The CUDA allocator of one device.
 pub struct CudaAllocator {
     shared: Arc<Shared>,
-    stats: Mutex<AllocatorStatistics>,
 }
 
 impl CudaAllocator {
     /// The allocator of the device `shared`.
     pub fn new(shared: Arc<Shared>) -> CudaAllocator {
-        CudaAllocator {
-            shared,
-            stats: Mutex::new(AllocatorStatistics::default()),
-        }
+        CudaAllocator { shared }
     }
 
     fn resolve(params: &BufferParams) -> (MemoryType, BufferUsage, MemoryAccess) {
@@ -336,6 +375,7 @@ impl CudaAllocator {
         size: u64,
     ) -> Buffer {
         let (_, usage, access) = Self::resolve(params);
+        shared.stats.record_alloc(false, size);
         Buffer::from_device_memory(
             Box::new(CudaMemory {
                 shared: shared.clone(),
@@ -411,6 +451,9 @@ impl CudaAllocator {
         let mut dptr: CUdeviceptr = 0;
         // SAFETY: `host` is a pinned, mapped allocation.
         let r = unsafe { (api.cuMemHostGetDevicePointer_v2)(&mut dptr, host, 0) };
+        // Counted from here: dropping `mem` (also on the error below)
+        // records the free.
+        self.shared.stats.record_alloc(true, size);
         let mem = CudaMemory {
             shared: self.shared.clone(),
             dptr,
@@ -479,12 +522,6 @@ impl Allocator for CudaAllocator {
             self.shared.sync_transfer()?;
             b
         };
-        let mut s = self.stats.lock();
-        if ty.contains(MemoryType::HOST_VISIBLE) {
-            s.host_bytes_allocated += size;
-        } else {
-            s.device_bytes_allocated += size;
-        }
         Ok(b)
     }
 
@@ -553,7 +590,7 @@ impl Allocator for CudaAllocator {
     }
 
     fn statistics(&self) -> AllocatorStatistics {
-        *self.stats.lock()
+        self.shared.stats.get()
     }
 }
 
@@ -763,11 +800,13 @@ impl Default for WordPool {
 }
 
 /// A semaphore's payload as the GPU sees it (see
-/// [`ferrite_hal::semaphore`]'s device timelines): a pinned word the queue
-/// stream waits on (`cuStreamWaitValue64` GEQ) and writes
-/// (`cuStreamWriteValue64`), plus the highest value this device's queue
-/// stream will write, which lets waits that stream order already satisfies
-/// be skipped.
+/// [`ferrite_hal::semaphore`]'s device timelines): a pinned word the host
+/// keeps at the semaphore's value (an indirect dispatch's continuation
+/// gate is such a word the queue stream waits on, `cuStreamWaitValue64`
+/// GEQ), plus the highest value this device's queue stream will reach by
+/// its own order, which lets waits that stream order already satisfies be
+/// enqueued at once (other waits keep the operation on the host:
+/// [`crate::deferral`]).
 pub struct CudaTimeline {
     pub(crate) shared: Arc<Shared>,
     host: NonNull<AtomicU64>,
@@ -778,15 +817,12 @@ pub struct CudaTimeline {
     /// the stream passes such an operation, its values are reached for
     /// later work on the same stream (waits on them are skipped).
     pub(crate) stream_signaled: AtomicU64,
-    /// Highest value enqueued for signalling by operations with host work
-    /// (`Device::submit`): the stream reaching them only starts that work,
-    /// and the value is reached when the host has run it (the report
-    /// writes the word). Later work on the stream waits on the word.
+    /// Highest value enqueued for signalling by operations whose signal
+    /// is reached only when they are reported: host work
+    /// (`Device::submit`), which the stream reaching it only starts, and
+    /// work an indirect dispatch's continuation finishes. Later work
+    /// waiting on it is kept on the host until then.
     pub(crate) host_signaled: AtomicU64,
-    /// Set once another device's stream has waited on the word: only then
-    /// does the owner's stream write its signals into the word on the GPU
-    /// (otherwise the host report writes it, see [`DeviceTimeline::advanced`]).
-    pub(crate) gpu_waiters: AtomicBool,
     slot: (usize, usize),
 }
 
@@ -796,7 +832,8 @@ unsafe impl Send for CudaTimeline {}
 // SAFETY: see above.
 unsafe impl Sync for CudaTimeline {}
 
-/// The value written on failure: releases every device waiter. The GPU's
+/// The value written on failure: releases every device waiter (a
+/// continuation gate's stream wait). The GPU's
 /// GEQ compares `(int64_t)(*addr - value) >= 0`, so the value must be at
 /// most 2^63 ahead of every awaited value: 2^62 is above any payload a
 /// program reaches and releases them all (u64::MAX would not).
@@ -814,7 +851,6 @@ impl CudaTimeline {
             dptr,
             stream_signaled: AtomicU64::new(0),
             host_signaled: AtomicU64::new(0),
-            gpu_waiters: AtomicBool::new(false),
             slot: (page, word),
         })
     }

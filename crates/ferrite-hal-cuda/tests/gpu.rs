@@ -514,12 +514,15 @@ fn deadline_on_gpu_work_waiting_for_the_host() {
     done.wait(1, within(10)).unwrap();
 }
 
+/// A chain of dependent submissions behind a host gate: kept on the host
+/// while the gate is closed (nothing is enqueued behind a wait the GPU
+/// would pass on failure), then enqueued back to back by one host round
+/// trip once it opens (each link waits on the one before, which stream
+/// order covers).
 #[test]
-fn dependent_chain_has_no_host_round_trips() {
+fn dependent_chain_behind_a_host_gate_has_one_host_round_trip() {
     let Some(gpu) = gpu() else { return };
     let x = gpu.allocator().allocate(&device_params(), 4).unwrap();
-    // Short enough to stay on the stream behind the host gate (longer
-    // chains are partly kept on the host: see the test after this one).
     let n = 20u64;
     let gate = Semaphore::new(0);
     let sems: Vec<Arc<Semaphore>> = (0..n).map(|_| Semaphore::new(0)).collect();
@@ -533,19 +536,53 @@ fn dependent_chain_has_no_host_round_trips() {
     let enqueue = t.elapsed();
     let cpu_per = (cpu_time() - cpu0) / n as f64;
     let kept = as_cuda(&gpu).kept_on_host();
-    assert_eq!(kept, 0, "the chain must be enqueued on the stream");
-    // Nothing ran: the whole chain is on the stream behind the gate.
+    assert_eq!(kept, n, "the chain waits on the host behind the gate");
     assert!(sems.iter().all(|s| s.query().unwrap() == 0));
     let t = Instant::now();
     gate.signal(1).unwrap();
     sems[n as usize - 1].wait(1, within(30)).unwrap();
     let run = t.elapsed();
     println!(
-        "chain: {n} dependent submissions enqueued in {enqueue:?} ({:.1} us host CPU each) before any ran; all ran in {run:?} ({:.1} us each) after the gate opened",
+        "chain: {n} dependent submissions kept in {enqueue:?} ({:.1} us host CPU each) before any ran; all ran in {run:?} ({:.1} us each) after the gate opened",
         cpu_per * 1e6,
         run.as_secs_f64() * 1e6 / n as f64
     );
     assert_eq!(u32s(&x), vec![2]);
+    // Without a gate the same chain goes to the stream directly.
+    let start = Semaphore::new(0);
+    start.signal(1).unwrap();
+    let links: Vec<Arc<Semaphore>> = (0..n).map(|_| Semaphore::new(0)).collect();
+    for i in 0..n as usize {
+        let wait = link_wait(i, &start, &links);
+        queue::execute(&gpu, &wait, &at(&links[i], 1), Some(&cb), vec![]).unwrap();
+    }
+    assert_eq!(
+        as_cuda(&gpu).kept_on_host(),
+        kept,
+        "waits covered by stream order keep nothing on the host"
+    );
+    links[n as usize - 1].wait(1, within(30)).unwrap();
+}
+
+/// Work waiting on a semaphore that fails never runs on the GPU, also
+/// when the failure comes after the submission; its signals carry the
+/// failure, and so do those of the work after it.
+#[test]
+fn work_behind_a_failed_wait_never_runs() {
+    let Some(gpu) = gpu() else { return };
+    let x = gpu.allocator().allocate(&device_params(), 16).unwrap();
+    let (gate, s) = (Semaphore::new(0), Semaphore::new(0));
+    queue::fill(&gpu, &at(&gate, 1), &at(&s, 1), x.clone(), 0, 16, vec![1]).unwrap();
+    let cb = store_once(&gpu, 1, 6, &x);
+    queue::execute(&gpu, &at(&s, 1), &at(&s, 2), Some(&cb), vec![]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    gate.fail(ferrite_base::Status::new(
+        ferrite_base::StatusCode::Aborted,
+        "producer failed",
+    ));
+    let e = s.wait(2, within(10)).unwrap_err();
+    assert!(e.to_string().contains("producer failed"), "{e}");
+    assert_eq!(u32s(&x), vec![0; 4], "work behind a failed wait ran");
 }
 
 /// Far more host-gated submissions than the stream's command queue holds:
@@ -659,8 +696,8 @@ fn a_large_command_buffer_behind_a_host_gate_waits_on_the_host() {
 }
 
 /// Operations kept on the host when the device is released fail their
-/// signals (nothing is lost silently); what was on the stream still
-/// completes once its gate opens.
+/// signals (nothing is lost silently); opening the gate afterwards runs
+/// nothing.
 #[test]
 fn kept_operations_fail_when_the_device_is_released() {
     let Some(gpu) = gpu() else { return };
@@ -670,16 +707,17 @@ fn kept_operations_fail_when_the_device_is_released() {
     let sems: Vec<Arc<Semaphore>> = (0..n).map(|_| Semaphore::new(0)).collect();
     for i in 0..n {
         let wait = link_wait(i, &gate, &sems);
-        let v = (i as u32).to_le_bytes().to_vec();
+        let v = (i as u32 + 1).to_le_bytes().to_vec();
         queue::fill(&gpu, &wait, &at(&sems[i], 1), y.clone(), 0, 4, v).unwrap();
     }
-    let kept = as_cuda(&gpu).kept_on_host();
-    assert!(kept > 0);
+    assert_eq!(as_cuda(&gpu).kept_on_host(), n as u64);
     drop(gpu);
-    let e = sems[n - 1].wait(1, within(10)).unwrap_err();
-    assert!(e.to_string().contains("released"), "{e}");
+    for s in [&sems[0], &sems[n - 1]] {
+        let e = s.wait(1, within(10)).unwrap_err();
+        assert!(e.to_string().contains("released"), "{e}");
+    }
     gate.signal(1).unwrap();
-    sems[0].wait(1, within(10)).unwrap();
+    assert_eq!(u32s(&y), vec![0]);
 }
 
 /// Where a submit-then-wait step's time goes: the same one-block kernel
