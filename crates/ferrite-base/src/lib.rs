@@ -8,6 +8,7 @@ pub mod cfmt;
 pub mod object;
 pub mod status;
 pub mod time;
+pub mod trace;
 pub mod wait;
 
 pub use object::RefObject;

@@ -30,6 +30,7 @@ use crate::cpu_executable::{CpuExecutable, FORMATS};
 use crate::executable::library::DispatchConfig;
 use crate::pool::region::RegionWork;
 use crate::pool::{PoolOptions, PoolStats, WorkerPool};
+use ferrite_base::trace::{self, Arg};
 use ferrite_base::{bail, Result, Status, StatusCode};
 use ferrite_hal::allocator::{Allocator, CachingAllocator, HeapAllocator};
 use ferrite_hal::buffer::DeviceRange;
@@ -44,7 +45,7 @@ use smallvec::SmallVec;
 use std::any::Any;
 use std::ffi::c_void;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Tiles a dispatch is cut into per thread that may run it: enough that a
@@ -177,7 +178,8 @@ impl CpuDevice {
         // `addrs` holds the bindings' in-flight marks until the dispatch
         // returns: host access to the bound allocations is refused meanwhile.
         let addrs = BindingAddrs::resolve(cpu, function, bindings, table)?;
-        run_slice(
+        let start = trace::enabled().then(trace::now_ns);
+        let outcome = run_slice(
             cpu,
             function,
             workgroups,
@@ -187,7 +189,13 @@ impl CpuDevice {
             constants,
             &addrs.ptrs,
             &addrs.lens,
-        )
+        );
+        if let Some(start) = start {
+            let args = dispatch_args(workgroups, &addrs.lens, &outcome);
+            let track = trace::device_track(self.id);
+            trace::complete("dispatch", export_name(cpu, function), track, start, args);
+        }
+        outcome
     }
 }
 
@@ -204,6 +212,33 @@ fn run_caught(work: Work) -> Result<()> {
             ),
         ))
     })
+}
+
+/// The name of export `function` (`?` when the library has none there).
+fn export_name(cpu: &CpuExecutable, function: u32) -> String {
+    cpu.library()
+        .export(function)
+        .map_or_else(|| format!("export {function}"), |e| e.name.clone())
+}
+
+/// A dispatch span's values: workgroup counts, the bytes its bindings
+/// span, and its failure if it failed.
+fn dispatch_args(
+    workgroups: [u32; 3],
+    lens: &[usize],
+    outcome: &Result<()>,
+) -> Vec<(&'static str, Arg)> {
+    let mut args = vec![
+        (
+            "workgroups",
+            Arg::List(workgroups.iter().map(|&w| w as u64).collect()),
+        ),
+        ("bytes", Arg::U64(lens.iter().map(|&l| l as u64).sum())),
+    ];
+    if let Err(e) = outcome {
+        args.push(("failed", Arg::Str(e.to_string())));
+    }
+    args
 }
 
 fn cpu_executable(exe: &Arc<dyn Executable>) -> Result<&CpuExecutable> {
@@ -331,6 +366,11 @@ struct PreparedDispatch<'a> {
     /// Bindings; their in-flight marks are taken out when the next stage
     /// begins (see `CommandsWork::in_flight`).
     addrs: BindingAddrs<'a>,
+    /// While a trace is recorded: when its first tile began and its last
+    /// tile ended (trace clock), and its first failure.
+    first_ns: AtomicU64,
+    last_ns: AtomicU64,
+    failure: Mutex<Option<String>>,
 }
 
 impl<'a> CommandsWork<'a> {
@@ -466,10 +506,57 @@ impl<'a> CommandsWork<'a> {
                 per_tile,
                 constants,
                 addrs,
+                first_ns: AtomicU64::new(u64::MAX),
+                last_ns: AtomicU64::new(0),
+                failure: Mutex::new(None),
             }),
         }))
     }
+
+    /// Records each dispatch that ran as one span from its first tile's
+    /// start to its last tile's end. Dispatches of one stage may overlap,
+    /// so each takes the lane (a trace thread of the device) of its place
+    /// in the stage.
+    fn trace_dispatches(&self) {
+        let track = trace::device_track(self.device.id);
+        for items in self.prepared.iter().filter_map(|p| p.get()) {
+            let mut lane = 0u32;
+            for item in items {
+                let Some(d) = &item.dispatch else {
+                    continue;
+                };
+                let first = d.first_ns.load(Ordering::Relaxed);
+                if first == u64::MAX {
+                    continue;
+                }
+                let last = d.last_ns.load(Ordering::Relaxed);
+                let outcome = match d.failure.lock().clone() {
+                    Some(e) => Err(Status::new(StatusCode::Unknown, e)),
+                    None => Ok(()),
+                };
+                let mut args = dispatch_args(d.workgroups, &d.addrs.lens, &outcome);
+                args.push(("command", Arg::U64(item.command as u64)));
+                args.push(("tiles", Arg::U64(item.tiles)));
+                trace::record(trace::Event {
+                    phase: trace::Phase::Complete,
+                    cat: "dispatch",
+                    name: export_name(d.cpu, d.function),
+                    ts_ns: first,
+                    dur_ns: last.saturating_sub(first),
+                    track,
+                    thread: DISPATCH_LANES + lane,
+                    args,
+                });
+                trace::name_thread(DISPATCH_LANES + lane, format!("dispatches (lane {lane})"));
+                lane += 1;
+            }
+        }
+    }
 }
+
+/// Trace thread numbers from here on are a `local-task` device's dispatch
+/// lanes (real threads are numbered from 1 upward, far below).
+const DISPATCH_LANES: u32 = 1 << 30;
 
 impl RegionWork for CommandsWork<'_> {
     fn stage_count(&self) -> usize {
@@ -535,7 +622,8 @@ impl RegionWork for CommandsWork<'_> {
         };
         let start = (tile - item.first_tile) * d.per_tile;
         let end = (start + d.per_tile).min(d.total);
-        run_slice(
+        let t0 = trace::enabled().then(trace::now_ns);
+        let outcome = run_slice(
             d.cpu,
             d.function,
             d.workgroups,
@@ -545,9 +633,48 @@ impl RegionWork for CommandsWork<'_> {
             d.constants,
             &d.addrs.ptrs,
             &d.addrs.lens,
-        )
-        .map_err(|e| annotate(e.annotate(format!("dispatch of function {}", d.function))))?;
+        );
+        if let Some(t0) = t0 {
+            self.trace_tile(d, t0, start..end, processor_id, &outcome);
+        }
+        outcome
+            .map_err(|e| annotate(e.annotate(format!("dispatch of function {}", d.function))))?;
         Ok(end - start)
+    }
+}
+
+impl CommandsWork<'_> {
+    /// Records one tile on the running thread (which worker, or which
+    /// lending caller, ran which workgroups) and widens its dispatch's span.
+    fn trace_tile(
+        &self,
+        d: &PreparedDispatch<'_>,
+        t0: u64,
+        range: Range<u64>,
+        processor_id: u32,
+        outcome: &Result<()>,
+    ) {
+        let t1 = trace::now_ns();
+        d.first_ns.fetch_min(t0, Ordering::Relaxed);
+        d.last_ns.fetch_max(t1, Ordering::Relaxed);
+        let mut args = vec![
+            ("workgroup_range", Arg::List(vec![range.start, range.end])),
+            ("processor_id", Arg::U64(processor_id as u64)),
+        ];
+        if let Err(e) = outcome {
+            d.failure.lock().get_or_insert_with(|| e.to_string());
+            args.push(("failed", Arg::Str(e.to_string())));
+        }
+        trace::record(trace::Event {
+            phase: trace::Phase::Complete,
+            cat: "tile",
+            name: export_name(d.cpu, d.function),
+            ts_ns: t0,
+            dur_ns: t1.saturating_sub(t0),
+            track: trace::device_track(self.device.id),
+            thread: trace::thread_id(),
+            args,
+        });
     }
 }
 
@@ -696,7 +823,11 @@ impl Device for CpuDevice {
     fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()> {
         if let Mode::Task(pool) = &self.mode {
             let work = CommandsWork::new(self, commands, bindings, pool.worker_count());
-            return pool.run_region(&work);
+            let outcome = pool.run_region(&work);
+            if trace::enabled() {
+                work.trace_dispatches();
+            }
+            return outcome;
         }
         for (i, c) in commands.iter().enumerate() {
             self.execute_one(c, bindings)

@@ -372,6 +372,7 @@ pub mod queue {
     /// above); the buffer operations check them again when the work runs.
     pub mod host {
         use super::*;
+        use ferrite_base::trace::Arg;
 
         /// Allocates a buffer whose contents are usable once `signal` is reached.
         /// Host memory is available at once; the returned buffer is usable by
@@ -384,6 +385,14 @@ pub mod queue {
             size: u64,
         ) -> Result<Buffer> {
             let buffer = device.queue_allocator().allocate(params, size)?;
+            if ferrite_base::trace::enabled() {
+                ferrite_base::trace::instant(
+                    "queue",
+                    "alloca",
+                    ferrite_base::trace::device_track(device.id()),
+                    vec![("bytes", ferrite_base::trace::Arg::U64(size))],
+                );
+            }
             if device.runs_inline() {
                 run_inline(wait, signal, || Ok(()))?;
             } else {
@@ -399,14 +408,11 @@ pub mod queue {
             signal: &Fence,
             buffer: Buffer,
         ) -> Result<()> {
-            device.submit(
-                wait,
-                signal,
-                Box::new(move || {
-                    drop(buffer);
-                    Ok(())
-                }),
-            )
+            let work = traced(device, "dealloca", Vec::new(), move || {
+                drop(buffer);
+                Ok(())
+            });
+            device.submit(wait, signal, work)
         }
 
         /// Fills `target[offset..offset+length]` with `pattern`.
@@ -419,11 +425,11 @@ pub mod queue {
             length: u64,
             pattern: Vec<u8>,
         ) -> Result<()> {
-            device.submit(
-                wait,
-                signal,
-                Box::new(move || target.device_fill(offset, length, &pattern)),
-            )
+            let args = vec![("bytes", Arg::U64(length))];
+            let work = traced(device, "fill", args, move || {
+                target.device_fill(offset, length, &pattern)
+            });
+            device.submit(wait, signal, work)
         }
 
         /// Writes `data` at `offset` of `target`.
@@ -435,11 +441,11 @@ pub mod queue {
             target: Buffer,
             offset: u64,
         ) -> Result<()> {
-            device.submit(
-                wait,
-                signal,
-                Box::new(move || target.device_write(offset, &data)),
-            )
+            let args = vec![("bytes", Arg::U64(data.len() as u64))];
+            let work = traced(device, "update", args, move || {
+                target.device_write(offset, &data)
+            });
+            device.submit(wait, signal, work)
         }
 
         /// Copies `length` bytes between buffers.
@@ -454,18 +460,20 @@ pub mod queue {
             target_offset: u64,
             length: u64,
         ) -> Result<()> {
-            device.submit(
-                wait,
-                signal,
-                Box::new(move || {
-                    Buffer::device_copy(&source, source_offset, &target, target_offset, length)
-                }),
-            )
+            let args = vec![("bytes", Arg::U64(length))];
+            let work = traced(device, "copy", args, move || {
+                Buffer::device_copy(&source, source_offset, &target, target_offset, length)
+            });
+            device.submit(wait, signal, work)
         }
 
         /// Orders nothing but the fences: `signal` is reached after `wait`.
         pub fn barrier(device: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
-            device.submit(wait, signal, Box::new(|| Ok(())))
+            device.submit(
+                wait,
+                signal,
+                traced(device, "barrier", Vec::new(), || Ok(())),
+            )
         }
 
         /// Executes a finalized command buffer with an optional binding table.
@@ -479,16 +487,51 @@ pub mod queue {
             if device.runs_inline() {
                 let commands = cb.finalized_commands()?;
                 return run_inline(wait, signal, || {
+                    if ferrite_base::trace::enabled() {
+                        let args = vec![("commands", Arg::U64(commands.len() as u64))];
+                        return traced(device, "execute", args, || {
+                            device.execute_commands(commands, &bindings)
+                        })();
+                    }
                     device.execute_commands(commands, &bindings)
                 });
             }
             let commands = cb.commands()?;
             let d = device.clone();
-            device.submit(
-                wait,
-                signal,
-                Box::new(move || d.execute_commands(&commands, &bindings)),
-            )
+            let args = vec![("commands", Arg::U64(commands.len() as u64))];
+            let work = traced(device, "execute", args, move || {
+                d.execute_commands(&commands, &bindings)
+            });
+            device.submit(wait, signal, work)
+        }
+
+        /// `work` as queue work; while a trace is recorded, a span named
+        /// after the queue operation `op` on the device's track around it
+        /// (its failure noted), and the thread noted as running `op`, so
+        /// waiters its signals wake name it.
+        pub(crate) fn traced<'a>(
+            device: &Arc<dyn Device>,
+            op: &'static str,
+            args: Vec<(&'static str, Arg)>,
+            work: impl FnOnce() -> Result<()> + Send + 'a,
+        ) -> Box<dyn FnOnce() -> Result<()> + Send + 'a> {
+            if !ferrite_base::trace::enabled() {
+                return Box::new(work);
+            }
+            let track = ferrite_base::trace::device_track(device.id());
+            let label = format!("{} queue {op}", device.id());
+            Box::new(move || {
+                let start = ferrite_base::trace::now_ns();
+                let guard = ferrite_base::trace::set_doing(label);
+                let outcome = work();
+                drop(guard);
+                let mut args = args;
+                if let Err(e) = &outcome {
+                    args.push(("failed", Arg::Str(e.to_string())));
+                }
+                ferrite_base::trace::complete("queue", op, track, start, args);
+                outcome
+            })
         }
     }
 }

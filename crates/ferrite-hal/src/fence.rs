@@ -241,6 +241,7 @@ impl Fence {
         };
         let result = match single {
             Some((s, v)) => s.wait_until(v, deadline),
+            None if ferrite_base::trace::enabled() => self.wait_all_traced(deadline),
             None => wait_sources(&self.wait_sources(), WaitMode::All, deadline),
         };
         match result {
@@ -248,6 +249,31 @@ impl Fence {
             Err(e) if e.code() == StatusCode::DeadlineExceeded && !self.any_failed() => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// The multi-semaphore wait while a trace is recorded: a span on the
+    /// waiting thread naming the timepoints and who reached each last.
+    fn wait_all_traced(&self, deadline: ferrite_base::Deadline) -> Result<()> {
+        use ferrite_base::trace::{self, Arg};
+        let start = trace::now_ns();
+        let outcome = wait_sources(&self.wait_sources(), WaitMode::All, deadline);
+        let timepoints = self.timepoints();
+        let mut args = vec![(
+            "values",
+            Arg::List(timepoints.iter().map(|(_, v)| *v).collect()),
+        )];
+        let woken: Vec<String> = timepoints
+            .iter()
+            .filter_map(|(s, _)| s.woken_by())
+            .collect();
+        if !woken.is_empty() {
+            args.push(("woken_by", Arg::Str(woken.join("; "))));
+        }
+        if let Err(e) = &outcome {
+            args.push(("failed", Arg::Str(e.to_string())));
+        }
+        trace::complete("wait", "fence wait", trace::HOST_TRACK, start, args);
+        outcome
     }
 
     fn any_failed(&self) -> bool {

@@ -88,6 +88,9 @@ struct State {
     /// that ends them: settled under the lock before a reached value (or
     /// the failure) is published (see [`crate::inflight`]).
     held: Vec<(u64, Arc<SubmissionUses>)>,
+    /// While a trace is recorded: who last advanced or failed the
+    /// semaphore (thread and queue operation), for waiters' trace spans.
+    woken_by: Option<String>,
 }
 
 /// A semaphore timepoint exported as a host wait primitive (see
@@ -171,6 +174,7 @@ impl Semaphore {
                 callbacks: Vec::new(),
                 sleeping: 0,
                 held: Vec::new(),
+                woken_by: None,
             }),
             cond: Condvar::new(),
             published: AtomicU64::new(initial_value),
@@ -197,6 +201,7 @@ impl Semaphore {
         state.notifiers.clear();
         state.sleeping = 0;
         state.callbacks.clear();
+        state.woken_by = None;
         for (_, h) in state.held.drain(..) {
             h.settled();
         }
@@ -290,6 +295,9 @@ impl Semaphore {
                 r
             };
             s.value = value;
+            if ferrite_base::trace::enabled() {
+                s.woken_by = Some(ferrite_base::trace::doing());
+            }
             self.published.store(value, Ordering::Release);
             if let Some(t) = self.timeline.get() {
                 t.advanced(value);
@@ -339,6 +347,9 @@ impl Semaphore {
             return None;
         }
         s.value = value;
+        if ferrite_base::trace::enabled() {
+            s.woken_by = Some(ferrite_base::trace::doing());
+        }
         self.published.store(value, Ordering::Release);
         if let Some(t) = self.timeline.get() {
             t.advanced(value);
@@ -372,6 +383,9 @@ impl Semaphore {
                 h.settled();
             }
             s.failure = Some(status.clone());
+            if ferrite_base::trace::enabled() {
+                s.woken_by = Some(ferrite_base::trace::doing());
+            }
             self.failed.store(true, Ordering::Release);
             let callbacks = std::mem::take(&mut s.callbacks);
             let notify: Vec<Arc<Notifier>> = s.notifiers.iter().map(|(_, n)| n.clone()).collect();
@@ -412,6 +426,44 @@ impl Semaphore {
                 return Ok(());
             }
         }
+        if ferrite_base::trace::enabled() {
+            let start = ferrite_base::trace::now_ns();
+            let outcome = self.wait_blocking(value, deadline);
+            self.trace_wait(start, value, &outcome);
+            return outcome;
+        }
+        self.wait_blocking(value, deadline)
+    }
+
+    /// Who last advanced or failed this semaphore while a trace was
+    /// recorded (thread and queue operation).
+    pub(crate) fn woken_by(&self) -> Option<String> {
+        self.state.lock().woken_by.clone()
+    }
+
+    /// Records a wait that blocked: how long, for what, and who woke it.
+    fn trace_wait(&self, start: u64, value: u64, outcome: &Result<()>) {
+        use ferrite_base::trace::Arg;
+        let woken_by = self.woken_by();
+        let mut args = vec![("value", Arg::U64(value))];
+        if let Some(w) = woken_by {
+            args.push(("woken_by", Arg::Str(w)));
+        }
+        if let Err(e) = outcome {
+            args.push(("failed", Arg::Str(e.to_string())));
+        }
+        ferrite_base::trace::complete(
+            "wait",
+            "semaphore wait",
+            ferrite_base::trace::HOST_TRACK,
+            start,
+            args,
+        );
+    }
+
+    /// The blocking part of [`Semaphore::wait_until`] (the value was not
+    /// reached when it was first checked).
+    fn wait_blocking(&self, value: u64, deadline: Deadline) -> Result<()> {
         ferrite_base::wait::spin_until(deadline, || {
             self.poll_device();
             let s = self.state.lock();

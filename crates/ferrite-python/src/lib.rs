@@ -27,6 +27,7 @@ mod semaphore;
 mod status;
 mod tokenizer;
 mod tools;
+mod trace;
 mod vm;
 
 #[pymodule]
@@ -39,6 +40,7 @@ fn _ferrite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tokenizer::register(m)?;
     tools::register(m)?;
     io::register(m)?;
+    trace::register(m)?;
     let commit = option_env!("FERRITE_GIT_COMMIT").filter(|c| !c.is_empty());
     m.add("__version__", version(env!("CARGO_PKG_VERSION"), commit))?;
     m.add("__git_commit__", commit)?;

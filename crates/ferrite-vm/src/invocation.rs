@@ -133,12 +133,49 @@ impl Invocation {
 
     /// Runs to completion, keeping the invocation (and its stack).
     pub fn run_to_end(&mut self) -> Result<Vec<Variant>> {
+        if ferrite_base::trace::enabled() {
+            return self.run_to_end_traced();
+        }
+        self.run_to_end_untraced()
+    }
+
+    /// [`Invocation::run_to_end`] while a trace is recorded: the call as an
+    /// `invocation` span (its failure noted), and each wait for a yield as
+    /// a `wait` span.
+    fn run_to_end_traced(&mut self) -> Result<Vec<Variant>> {
+        use ferrite_base::trace::{self, Arg};
+        let start = trace::now_ns();
+        let name = self.function.name.to_string();
+        let outcome = self.run_to_end_untraced();
+        let mut args = Vec::new();
+        if let Err(e) = &outcome {
+            args.push(("failed", Arg::Str(e.to_string())));
+        }
+        trace::complete("invocation", name, trace::HOST_TRACK, start, args);
+        outcome
+    }
+
+    fn run_to_end_untraced(&mut self) -> Result<Vec<Variant>> {
         loop {
             match self.step()? {
                 Poll::Done(v) => return Ok(v),
                 Poll::Pending(w) => {
                     let outcome = if w.sources.is_empty() {
                         Ok(())
+                    } else if ferrite_base::trace::enabled() {
+                        let start = ferrite_base::trace::now_ns();
+                        let outcome = wait_sources(&w.sources, w.mode, w.deadline);
+                        ferrite_base::trace::complete(
+                            "wait",
+                            "invocation wait (yield)",
+                            ferrite_base::trace::HOST_TRACK,
+                            start,
+                            vec![(
+                                "sources",
+                                ferrite_base::trace::Arg::U64(w.sources.len() as u64),
+                            )],
+                        );
+                        outcome
                     } else {
                         wait_sources(&w.sources, w.mode, w.deadline)
                     };

@@ -310,6 +310,20 @@ pub struct Stack {
     pub(crate) coverage: Option<Vec<bool>>,
     /// Where executed ops are traced (`--trace_execution`), when on.
     pub(crate) trace: Option<std::sync::Arc<crate::bytecode::trace::ExecutionTrace>>,
+    /// Bytecode functions entered and not yet returned while a trace
+    /// (`ferrite_base::trace`) is recorded: each becomes a span at its
+    /// return.
+    pub(crate) spans: Vec<FunctionSpan>,
+}
+
+/// A bytecode function call in progress, for the trace.
+pub(crate) struct FunctionSpan {
+    /// When it was entered (trace clock).
+    pub(crate) start_ns: u64,
+    /// `module.function`.
+    pub(crate) name: String,
+    /// Whether the compiling tier runs it.
+    pub(crate) compiled: bool,
 }
 
 impl Default for Stack {
@@ -333,6 +347,7 @@ impl Stack {
             max_depth,
             coverage: None,
             trace: None,
+            spans: Vec::new(),
         }
     }
 
@@ -483,6 +498,7 @@ impl Stack {
 
     /// Drops every frame and clears registers (after a failure).
     pub(crate) fn unwind(&mut self) {
+        self.spans.clear();
         self.frames.clear();
         self.i32_regs.clear();
         self.ref_regs.clear();

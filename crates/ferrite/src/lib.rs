@@ -69,6 +69,25 @@ pub use instance::Instance;
 pub use session::{Function, IoBinding, OwnedFunction, Session};
 pub use value::{DeviceTensor, Element, Tensor, Value};
 
+/// Execution traces in the Chrome/Perfetto JSON format: invocations, VM
+/// function spans (interpreted or compiled), dispatches named by their
+/// executable export with workgroup counts (on `local-task`, the tiles each
+/// worker thread ran), queue operations and semaphore waits with what woke
+/// them, per thread and device. One recording per process; off, it costs a
+/// relaxed atomic load where an event could be recorded.
+///
+/// ```no_run
+/// # fn main() -> ferrite::Result<()> {
+/// ferrite::trace::start()?;
+/// // ... calls to trace ...
+/// if let Some(trace) = ferrite::trace::stop() {
+///     trace.write_chrome_json(std::path::Path::new("trace.json"))?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub use ferrite_base::trace;
+
 /// Text to token ids and back: HuggingFace `tokenizer.json` and tiktoken
 /// files with upstream `iree.runtime.Tokenizer`'s semantics (the
 /// `ferrite-tokenizer` crate; default feature `tokenizer`).

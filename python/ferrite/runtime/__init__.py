@@ -101,3 +101,4 @@ from .system_setup import (
 from .function import *
 from . import dtypes
 from . import flags
+from .trace import start_trace, stop_trace, is_tracing, tracing

@@ -250,7 +250,7 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
         args.params.modules()?,
     )
     .annotate(|| "creating run context".to_string())?;
-    args.diagnostics.apply(&mut rc);
+    let trace = args.diagnostics.apply(&mut rc)?;
     let functions = functions_to_run(&rc.context, args)?;
     if args.list_tests {
         for f in &functions {
@@ -360,6 +360,7 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
             );
         }
     }
+    trace.finish()?;
     args.diagnostics.finish(&rc);
     Ok(())
 }

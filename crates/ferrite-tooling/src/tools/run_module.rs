@@ -108,7 +108,7 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
         args.params.modules()?,
     )
     .annotate(|| "creating run context".to_string())?;
-    args.diagnostics.apply(&mut run);
+    let trace = args.diagnostics.apply(&mut run)?;
     let ctx = &run.context;
     let function = match &args.function {
         Some(f) => f.clone(),
@@ -139,6 +139,7 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
     // Statistics are read once the program's buffers are released.
     drop(results);
     drop(inputs);
+    trace.finish()?;
     args.diagnostics.finish(&run);
     if !matched {
         std::process::exit(1);

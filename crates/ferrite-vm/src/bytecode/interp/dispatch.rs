@@ -37,6 +37,9 @@ pub(super) fn exec<const COVERAGE: bool>(
 ) -> Result<Action> {
     let module: &BytecodeModule = &state.module;
     loop {
+        if cur.pc == 0 && ferrite_base::trace::enabled() {
+            super::frames::begin_span::<COVERAGE>(module, stack, cur.function);
+        }
         // A function the compiling tier compiled runs natively from its
         // first instruction and comes back at its `vm.return`.
         #[cfg(feature = "jit")]

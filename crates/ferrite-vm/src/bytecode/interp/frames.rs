@@ -173,6 +173,9 @@ pub(super) fn leave_call(
     cur: &mut Cursor,
     list: usize,
 ) -> bool {
+    if ferrite_base::trace::enabled() {
+        end_span(stack);
+    }
     let n = stack.frames.len();
     let internal = matches!(stack.frames.last(), Some(Frame::Bytecode(f)) if !f.external);
     let caller = if internal {
@@ -277,4 +280,55 @@ fn copy_results(
             }
         }
     }
+}
+
+/// Notes that bytecode function `function` was entered (a trace is being
+/// recorded); its span is recorded when it returns ([`end_span`]).
+/// `INSTRUMENTED` is the dispatch loop's coverage/trace path, on which the
+/// compiling tier steps aside.
+pub(super) fn begin_span<const INSTRUMENTED: bool>(
+    module: &BytecodeModule,
+    stack: &mut Stack,
+    function: usize,
+) {
+    #[cfg(feature = "jit")]
+    let compiled = !INSTRUMENTED
+        && module
+            .jit
+            .as_ref()
+            .and_then(|j| j.entry(function))
+            .is_some();
+    #[cfg(not(feature = "jit"))]
+    let compiled = false;
+    let name = module
+        .function_names
+        .get(function)
+        .map_or_else(|| format!("@{function}"), String::clone);
+    stack.spans.push(crate::stack::FunctionSpan {
+        start_ns: ferrite_base::trace::now_ns(),
+        name: format!("{}.{name}", module.archive().name()),
+        compiled,
+    });
+}
+
+/// Records the span of the function returning now (entered while a trace
+/// was being recorded), with the tier that ran it. Calls the compiling
+/// tier made inside compiled code are part of their caller's span.
+pub(super) fn end_span(stack: &mut Stack) {
+    use ferrite_base::trace::{self, Arg};
+    let Some(span) = stack.spans.pop() else {
+        return;
+    };
+    let tier = if span.compiled {
+        "compiled"
+    } else {
+        "interpreted"
+    };
+    trace::complete(
+        "vm",
+        span.name,
+        trace::HOST_TRACK,
+        span.start_ns,
+        vec![("tier", Arg::Str(tier.to_string()))],
+    );
 }

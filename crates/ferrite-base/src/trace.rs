@@ -1,0 +1,423 @@
+//! The execution trace recorder: one process-wide recording of what the
+//! runtime did, written as a Chrome/Perfetto JSON trace (`--trace=FILE.json`,
+//! `ferrite.runtime.start_trace`, `ferrite::trace`).
+//!
+//! Every layer writes its own events here: the VM its invocations and
+//! function spans, the HAL its queue operations and semaphore waits, the
+//! drivers their dispatches and the tiles each worker thread ran. The
+//! recorder sits in the base layer because all of those layers share it and
+//! none may depend on another for it.
+//!
+//! Off, the cost is one relaxed atomic load per place that could record
+//! ([`enabled`]); nothing is allocated and no clock is read. On, events go
+//! to one mutex-guarded list (a tracing run measures where time goes, not
+//! the last nanosecond).
+//!
+//! Events are grouped into tracks the way the Chrome trace format groups
+//! them: a *process* per device (plus one for the host's VM work, see
+//! [`HOST_TRACK`]) and a *thread* per OS thread that recorded something,
+//! named after the thread (`local-task worker 1`, `main`, ...).
+
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// The track (Chrome "process") of host-side VM work: invocations and VM
+/// function spans. Devices get tracks numbered from 2 ([`device_track`]).
+pub const HOST_TRACK: u32 = 1;
+
+/// A value attached to an event (shown in the viewer's detail pane).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Arg {
+    /// An unsigned integer.
+    U64(u64),
+    /// Text.
+    Str(String),
+    /// A list of unsigned integers (workgroup counts, ranges).
+    List(Vec<u64>),
+}
+
+/// How an event is drawn: a span with a duration, or an instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// A span (`"ph": "X"`): `ts_ns` to `ts_ns + dur_ns`.
+    Complete,
+    /// A point in time (`"ph": "i"`).
+    Instant,
+}
+
+/// One recorded event.
+#[derive(Clone, Debug)]
+pub struct Event {
+    /// Span or instant.
+    pub phase: Phase,
+    /// Category: `invocation`, `vm`, `dispatch`, `tile`, `queue`, `wait`, ...
+    pub cat: &'static str,
+    /// What the viewer shows on the span (a function or export name).
+    pub name: String,
+    /// Start, in nanoseconds since the process's trace epoch.
+    pub ts_ns: u64,
+    /// Duration in nanoseconds (0 for instants).
+    pub dur_ns: u64,
+    /// The track: [`HOST_TRACK`] or a device's ([`device_track`]).
+    pub track: u32,
+    /// The recording thread ([`thread_id`]).
+    pub thread: u32,
+    /// Named values.
+    pub args: Vec<(&'static str, Arg)>,
+}
+
+/// A finished recording: its events and the names of its tracks and
+/// threads.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    /// Events in the order they were recorded (spans at their end).
+    pub events: Vec<Event>,
+    /// Track number to name (`host`, `device local-task`).
+    pub tracks: BTreeMap<u32, String>,
+    /// Thread number to name.
+    pub threads: BTreeMap<u32, String>,
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static RECORDING: Mutex<Option<Trace>> = Mutex::new(None);
+static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
+/// Device names in track order (track = index + 2).
+static DEVICE_TRACKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+thread_local! {
+    static THREAD: u32 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+    /// What this thread is doing for the trace's "woken by" notes (the
+    /// queue operation it runs), when recording.
+    static DOING: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// True while a trace is being recorded. The one check every recording
+/// site makes first (a relaxed load).
+#[inline(always)]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Nanoseconds since the process's trace epoch (fixed at the first use).
+pub fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// This thread's number in traces.
+pub fn thread_id() -> u32 {
+    THREAD.try_with(|t| *t).unwrap_or(0)
+}
+
+/// The track of the device called `name` (one per distinct name).
+pub fn device_track(name: &str) -> u32 {
+    let mut tracks = DEVICE_TRACKS.lock();
+    let index = match tracks.iter().position(|t| t == name) {
+        Some(i) => i,
+        None => {
+            tracks.push(name.to_string());
+            tracks.len() - 1
+        }
+    };
+    index as u32 + 2
+}
+
+/// Starts recording. `FAILED_PRECONDITION` when a recording is already
+/// running (one per process: the tools and bindings start and stop it
+/// around the work they trace).
+pub fn start() -> crate::Result<()> {
+    let mut r = RECORDING.lock();
+    if r.is_some() {
+        crate::bail!(
+            FailedPrecondition,
+            "a trace is already being recorded in this process"
+        );
+    }
+    now_ns();
+    *r = Some(Trace::default());
+    ENABLED.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Stops recording and returns what was recorded (None when no recording
+/// was running).
+pub fn stop() -> Option<Trace> {
+    ENABLED.store(false, Ordering::Release);
+    let mut trace = RECORDING.lock().take()?;
+    trace.tracks.insert(HOST_TRACK, "host (VM)".to_string());
+    for (i, name) in DEVICE_TRACKS.lock().iter().enumerate() {
+        trace.tracks.insert(i as u32 + 2, format!("device {name}"));
+    }
+    Some(trace)
+}
+
+/// Records `event` when a recording is running (ignored otherwise); the
+/// recording thread's name is noted the first time it records.
+pub fn record(event: Event) {
+    let mut r = RECORDING.lock();
+    let Some(trace) = r.as_mut() else {
+        return;
+    };
+    if event.thread == thread_id() {
+        trace.threads.entry(event.thread).or_insert_with(|| {
+            let t = std::thread::current();
+            match t.name() {
+                Some(n) => n.to_string(),
+                None => format!("thread {}", event.thread),
+            }
+        });
+    }
+    trace.events.push(event);
+}
+
+/// Names trace thread `thread` (a virtual lane a recorder fills with
+/// events of its own, such as a device's dispatch lanes).
+pub fn name_thread(thread: u32, name: impl Into<String>) {
+    if let Some(trace) = RECORDING.lock().as_mut() {
+        trace.threads.entry(thread).or_insert_with(|| name.into());
+    }
+}
+
+/// Records a span from `start_ns` to now on this thread.
+pub fn complete(
+    cat: &'static str,
+    name: impl Into<String>,
+    track: u32,
+    start_ns: u64,
+    args: Vec<(&'static str, Arg)>,
+) {
+    let end = now_ns();
+    record(Event {
+        phase: Phase::Complete,
+        cat,
+        name: name.into(),
+        ts_ns: start_ns,
+        dur_ns: end.saturating_sub(start_ns),
+        track,
+        thread: thread_id(),
+        args,
+    });
+}
+
+/// Records an instant on this thread.
+pub fn instant(
+    cat: &'static str,
+    name: impl Into<String>,
+    track: u32,
+    args: Vec<(&'static str, Arg)>,
+) {
+    record(Event {
+        phase: Phase::Instant,
+        cat,
+        name: name.into(),
+        ts_ns: now_ns(),
+        dur_ns: 0,
+        track,
+        thread: thread_id(),
+        args,
+    });
+}
+
+/// Notes what this thread is doing (e.g. `local-task: queue execute`) until
+/// the returned guard is dropped; semaphores it signals meanwhile name it
+/// as what woke their waiters ([`doing`]).
+pub fn set_doing(what: String) -> DoingGuard {
+    let previous = DOING
+        .try_with(|d| d.borrow_mut().replace(what))
+        .ok()
+        .flatten();
+    DoingGuard { previous }
+}
+
+/// Restores the previous [`set_doing`] note when dropped.
+pub struct DoingGuard {
+    previous: Option<String>,
+}
+
+impl Drop for DoingGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        let _ = DOING.try_with(|d| *d.borrow_mut() = previous);
+    }
+}
+
+/// Who this thread is and what it is doing, for "woken by" notes:
+/// `thread NAME: WHAT` (or just the thread's name).
+pub fn doing() -> String {
+    let t = std::thread::current();
+    let who = t
+        .name()
+        .map_or_else(|| format!("thread {}", thread_id()), str::to_string);
+    match DOING.try_with(|d| d.borrow().clone()).ok().flatten() {
+        Some(what) => format!("{who}: {what}"),
+        None => who,
+    }
+}
+
+impl Trace {
+    /// The Chrome trace-event JSON (an object with `traceEvents`, as
+    /// Perfetto and `chrome://tracing` load it); times in microseconds.
+    pub fn to_chrome_json(&self) -> String {
+        let mut out = String::from("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
+        let mut first = true;
+        let mut sep = |out: &mut String| {
+            if !first {
+                out.push_str(",\n");
+            }
+            first = false;
+        };
+        // Which threads appear on which tracks: each gets its name there.
+        let mut seen: BTreeMap<(u32, u32), ()> = BTreeMap::new();
+        for e in &self.events {
+            seen.insert((e.track, e.thread), ());
+        }
+        for (track, name) in &self.tracks {
+            sep(&mut out);
+            let _ = write!(
+                out,
+                "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{track},\"tid\":0,\"args\":{{\"name\":{}}}}}",
+                json_string(name)
+            );
+        }
+        for (track, thread) in seen.keys() {
+            let name = self
+                .threads
+                .get(thread)
+                .cloned()
+                .unwrap_or_else(|| format!("thread {thread}"));
+            sep(&mut out);
+            let _ = write!(
+                out,
+                "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{track},\"tid\":{thread},\"args\":{{\"name\":{}}}}}",
+                json_string(&name)
+            );
+        }
+        for e in &self.events {
+            sep(&mut out);
+            let _ = write!(
+                out,
+                "{{\"ph\":\"{}\",\"cat\":{},\"name\":{},\"pid\":{},\"tid\":{},\"ts\":{}",
+                match e.phase {
+                    Phase::Complete => "X",
+                    Phase::Instant => "i",
+                },
+                json_string(e.cat),
+                json_string(&e.name),
+                e.track,
+                e.thread,
+                micros(e.ts_ns)
+            );
+            match e.phase {
+                Phase::Complete => {
+                    let _ = write!(out, ",\"dur\":{}", micros(e.dur_ns));
+                }
+                Phase::Instant => out.push_str(",\"s\":\"t\""),
+            }
+            if !e.args.is_empty() {
+                out.push_str(",\"args\":{");
+                for (i, (k, v)) in e.args.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    let _ = write!(out, "{}:", json_string(k));
+                    match v {
+                        Arg::U64(n) => {
+                            let _ = write!(out, "{n}");
+                        }
+                        Arg::Str(s) => out.push_str(&json_string(s)),
+                        Arg::List(l) => {
+                            out.push('[');
+                            for (j, n) in l.iter().enumerate() {
+                                if j > 0 {
+                                    out.push(',');
+                                }
+                                let _ = write!(out, "{n}");
+                            }
+                            out.push(']');
+                        }
+                    }
+                }
+                out.push('}');
+            }
+            out.push('}');
+        }
+        out.push_str("\n]}\n");
+        out
+    }
+
+    /// Writes [`Trace::to_chrome_json`] to `path`.
+    pub fn write_chrome_json(&self, path: &std::path::Path) -> crate::Result<()> {
+        std::fs::write(path, self.to_chrome_json()).map_err(|e| {
+            crate::Status::new(
+                crate::StatusCode::Unavailable,
+                format!("writing trace '{}': {e}", path.display()),
+            )
+        })
+    }
+}
+
+/// Nanoseconds as microseconds with three decimals (the format's unit).
+fn micros(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+/// `s` as a JSON string literal.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_only_while_started_and_escapes_names() {
+        // Other tests of this crate do not record; this is the only user.
+        complete("vm", "before", HOST_TRACK, now_ns(), Vec::new());
+        start().unwrap();
+        assert!(start().is_err(), "a second recording is refused");
+        let t0 = now_ns();
+        complete(
+            "dispatch",
+            "quote\"d\n",
+            device_track("test-device"),
+            t0,
+            vec![
+                ("workgroups", Arg::List(vec![4, 1, 1])),
+                ("note", Arg::Str("a\\b".into())),
+            ],
+        );
+        instant("queue", "submit", HOST_TRACK, vec![("n", Arg::U64(3))]);
+        let trace = stop().unwrap();
+        assert!(!enabled());
+        assert_eq!(trace.events.len(), 2);
+        let json = trace.to_chrome_json();
+        assert!(json.contains(r#""name":"quote\"d\n""#), "{json}");
+        assert!(json.contains(r#""workgroups":[4,1,1]"#), "{json}");
+        assert!(json.contains(r#""note":"a\\b""#), "{json}");
+        assert!(json.contains(r#""name":"device test-device""#), "{json}");
+        assert!(!json.contains("before"));
+        assert!(stop().is_none());
+    }
+}
