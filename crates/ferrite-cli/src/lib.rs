@@ -10,6 +10,8 @@
 //! - `ferrite check-module --module=tests.vmfb [--device=local-sync]`
 //! - `ferrite e2e-matmul-test --module=matmul.vmfb --module=calls.vmfb`
 //! - `ferrite generate --gguf=model.gguf --chat="Hello"` (ferrite-llm)
+//! - `ferrite serve --gguf=model.gguf [--port=8000]` (ferrite-serve: an
+//!   OpenAI-compatible server)
 //!
 //! Every command reads `--flagfile=PATH` (flags from a file, in place) and
 //! keeps the last value of a flag given twice, as upstream's tools.
@@ -45,6 +47,8 @@ enum Command {
     E2eAttentionTest(ferrite_e2e::runner::E2eTestArgs),
     /// Generates text with a GGUF language model (ferrite-llm): `--gguf=PATH --chat=TEXT`.
     Generate(generate::GenerateArgs),
+    /// Serves a GGUF language model over an OpenAI-compatible HTTP API (ferrite-serve): `--gguf=PATH [--port=N]`.
+    Serve(ferrite_serve::ServeArgs),
 }
 
 /// Runs the command line `args` (program name first) and returns the exit
@@ -67,5 +71,6 @@ where
             ferrite_e2e::runner::run(a, ferrite_e2e::attention::create_attention_test_module)
         }
         Command::Generate(a) => generate::run(a),
+        Command::Serve(a) => ferrite_serve::run(a),
     })
 }

@@ -25,6 +25,8 @@ const LAYERS: &[(&str, u32)] = &[
     // Text generation (issue 27): above the facade, below the CLI and Python.
     ("ferrite-llm", 5),
     ("ferrite-e2e", 6),
+    // The OpenAI-compatible server (issue 29): over ferrite-llm, under the CLI.
+    ("ferrite-serve", 6),
     ("ferrite-cli", 7),
     // The Python package carries the CLI too (the pip `ferrite` command
     // runs `ferrite_cli::main_with_args`), so it sits above it.

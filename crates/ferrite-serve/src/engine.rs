@@ -1,0 +1,121 @@
+//! What the scheduler drives: a model with KV-cache slots, a prefill of a
+//! prompt piece into one slot and one decode step for several slots at
+//! once. The single-sequence [`ferrite_llm::Llm`] is such an engine with
+//! one slot (its program has one KV cache); a batched program fills more
+//! slots per step through the same trait.
+
+use std::sync::Arc;
+
+use ferrite_llm::{Llm, Result, Status, StatusCode};
+use ferrite_tokenizer::Tokenizer;
+
+/// One sequence's step in a batched decode: its slot, the token to append
+/// and that token's position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// KV-cache slot.
+    pub slot: usize,
+    /// Token appended at `pos`.
+    pub token: u32,
+    /// Its position (the slot's cache holds positions `0..pos`).
+    pub pos: usize,
+}
+
+/// A model the scheduler can run. Owned by the engine thread alone, so it
+/// need not be `Send` after creation.
+pub trait Engine {
+    /// Sequences that can be in flight at once.
+    fn slots(&self) -> usize;
+    /// Positions a slot holds (prompt plus generated tokens).
+    fn context_length(&self) -> usize;
+    /// The end-of-sequence id, if any.
+    fn eos(&self) -> Option<u32>;
+    /// Vocabulary size (token ids are below it).
+    fn vocab(&self) -> usize;
+    /// The tokenizer, shared with the HTTP side (prompts, detokenizing).
+    fn tokenizer(&self) -> Arc<Tokenizer>;
+    /// The most prompt tokens one [`Engine::prefill`] call may take when it
+    /// does not start at position 0; `None` when a prompt must be
+    /// prefilled whole from position 0 (no chunking).
+    fn prefill_chunk(&self) -> Option<usize>;
+    /// Runs `ids` at positions `pos..` of `slot` and returns the logits
+    /// after the last one.
+    fn prefill(&mut self, slot: usize, ids: &[u32], pos: usize) -> Result<Vec<f32>>;
+    /// One token for each entry (distinct slots); the logits per entry in
+    /// order.
+    fn decode(&mut self, steps: &[Step]) -> Result<Vec<Vec<f32>>>;
+    /// Current device memory in use, per device name, when the engine can
+    /// tell (for `/metrics`).
+    fn device_memory(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+}
+
+/// [`Llm`] as a one-slot engine.
+pub struct LlmEngine {
+    llm: Llm,
+}
+
+impl LlmEngine {
+    /// Wraps a loaded model.
+    pub fn new(llm: Llm) -> LlmEngine {
+        LlmEngine { llm }
+    }
+}
+
+fn only_slot_zero(slot: usize) -> Result<()> {
+    if slot != 0 {
+        return Err(Status::new(
+            StatusCode::InvalidArgument,
+            format!("slot {slot} does not exist: the single-sequence program has one KV cache"),
+        ));
+    }
+    Ok(())
+}
+
+impl Engine for LlmEngine {
+    fn slots(&self) -> usize {
+        1
+    }
+
+    fn context_length(&self) -> usize {
+        self.llm.context_length()
+    }
+
+    fn eos(&self) -> Option<u32> {
+        self.llm.eos()
+    }
+
+    fn vocab(&self) -> usize {
+        ferrite_llm::SMOLLM2_135M.vocab as usize
+    }
+
+    fn tokenizer(&self) -> Arc<Tokenizer> {
+        self.llm.tokenizer().clone()
+    }
+
+    fn prefill_chunk(&self) -> Option<usize> {
+        None
+    }
+
+    fn prefill(&mut self, slot: usize, ids: &[u32], pos: usize) -> Result<Vec<f32>> {
+        only_slot_zero(slot)?;
+        if pos != 0 {
+            return Err(Status::new(
+                StatusCode::InvalidArgument,
+                "the single-sequence engine prefills whole prompts from position 0",
+            ));
+        }
+        self.llm.prefill(ids)
+    }
+
+    fn decode(&mut self, steps: &[Step]) -> Result<Vec<Vec<f32>>> {
+        steps
+            .iter()
+            .map(|s| {
+                only_slot_zero(s.slot)?;
+                self.llm.decode_step(s.token, s.pos)
+            })
+            .collect()
+    }
+}
