@@ -1,8 +1,13 @@
-"""Regenerates the LLM example's committed program from `model.py`:
-`smollm2.vmfb` (llvm-cpu, `--iree-llvmcpu-target-cpu=x86-64-v3`), weights as
-named parameters of scope `model` (the GGUF's own tensor names).
+"""Regenerates the LLM example's committed programs from `model.py`:
+`smollm2.vmfb` (one sequence) and `smollm2_batch.vmfb` (KV-cache slots for
+continuous batching), llvm-cpu, `--iree-llvmcpu-target-cpu=x86-64-v3`,
+weights as named parameters of scope `model` (the GGUF's own tensor names).
 
-    .venv/bin/python examples/llm/generate.py [--out-dir DIR] [--keep-mlir]
+    .venv/bin/python examples/llm/generate.py [--out-dir DIR] [--keep-mlir] [--only single|batch]
+
+For a GPU, the same MLIR (`python examples/llm/model.py [--batch]`) compiles
+with `--iree-hal-target-device=cuda --iree-cuda-target=sm_90` instead of the
+CPU flags below.
 
 Needs only the pinned compiler (`iree-base-compiler==3.13.0`) in the venv;
 the weights are not read at compile time.
@@ -28,23 +33,27 @@ CPU_FLAGS = [
     # without it a decode step is several times slower (model.py).
     "--iree-llvmcpu-reassociate-fp-reductions=true",
 ]
+PROGRAMS = {"single": ("smollm2", model.build_mlir), "batch": ("smollm2_batch", model.build_batch_mlir)}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", type=Path, default=HERE)
-    ap.add_argument("--keep-mlir", action="store_true", help="also write smollm2.mlir there")
+    ap.add_argument("--keep-mlir", action="store_true", help="also write the .mlir files there")
+    ap.add_argument("--only", choices=sorted(PROGRAMS), help="build one program (default: both)")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    mlir = args.out_dir / "smollm2.mlir"
-    mlir.write_text(model.build_mlir())
-    cmd = [str(BIN / "iree-compile"), *CPU_FLAGS, str(mlir), "-o", str(args.out_dir / "smollm2.vmfb")]
-    print("generate:", " ".join(cmd), flush=True)
-    try:
-        subprocess.run(cmd, check=True)
-    finally:
-        if not args.keep_mlir:
-            mlir.unlink()
+    for key in [args.only] if args.only else sorted(PROGRAMS, reverse=True):
+        stem, build = PROGRAMS[key]
+        mlir = args.out_dir / f"{stem}.mlir"
+        mlir.write_text(build())
+        cmd = [str(BIN / "iree-compile"), *CPU_FLAGS, str(mlir), "-o", str(args.out_dir / f"{stem}.vmfb")]
+        print("generate:", " ".join(cmd), flush=True)
+        try:
+            subprocess.run(cmd, check=True)
+        finally:
+            if not args.keep_mlir:
+                mlir.unlink()
 
 
 if __name__ == "__main__":

@@ -92,8 +92,13 @@ class Fn:
     """Emits one function body. `t` is the token count: an int (static) or
     None (dynamic, the SSA index %T)."""
 
-    def __init__(self, t):
+    def __init__(self, t, mode="single"):
         self.t = t
+        # "single": the one-sequence program (cache `@kv<layer>`, rows at
+        # positions %pos + t); "slot": prefill of one slot of the batch
+        # program (%slot, positions %pos + t); "batch": decode_batch, row t
+        # is its own sequence (slot %slotv[t], position %posv[t]).
+        self.mode = mode
         self.lines = []
         self.n = 0
 
@@ -311,18 +316,30 @@ class Fn:
                 f"{v} = tensor.extract_slice {xe}[0, 0, 0, {c}] [{self.tsize()}, {heads}, {half}, 1] [1, 1, 1, 1] : {self.ty(['T', heads, half, 2])} to {self.ty(['T', heads, half])}"
             )
             parts.append(v)
-        r = self.generic(
-            ["t", "h", "i", "c"],
-            ["parallel"] * 4,
-            [(p, self.ty(["T", heads, half]), ["t", "h", "i"], "f32") for p in parts],
-            (self.empty(["T", heads, half, 2]), ["T", heads, half, 2], ["t", "h", "i", "c"]),
-            lambda a: [
+        ins = [(p, self.ty(["T", heads, half]), ["t", "h", "i"], "f32") for p in parts]
+        if self.mode == "batch":
+            ins.append(("%posv", self.ty(["T"], "i32"), ["t"], "i32"))
+            where = lambda a: [  # noqa: E731
+                "%i = linalg.index 2 : index",
+                "%c = linalg.index 3 : index",
+                f"%tf = arith.sitofp {a[2]} : i32 to f32",
+            ]
+        else:
+            where = lambda a: [  # noqa: E731
                 "%t = linalg.index 0 : index",
                 "%i = linalg.index 2 : index",
                 "%c = linalg.index 3 : index",
                 "%tp = arith.addi %t, %pos : index",
                 "%tpi = arith.index_cast %tp : index to i64",
                 "%tf = arith.sitofp %tpi : i64 to f32",
+            ]
+        r = self.generic(
+            ["t", "h", "i", "c"],
+            ["parallel"] * 4,
+            ins,
+            (self.empty(["T", heads, half, 2]), ["T", heads, half, 2], ["t", "h", "i", "c"]),
+            lambda a: [
+                *where(a),
                 "%ii = arith.index_cast %i : index to i64",
                 "%if = arith.sitofp %ii : i64 to f32",
                 f"%k = arith.constant {-2.0 / HEAD_DIM * math.log(ROPE_BASE):.9e} : f32",
@@ -350,6 +367,81 @@ class Fn:
         return out
 
     def cache_update(self, layer, k, v):
+        if self.mode == "slot":
+            return self.slot_cache_update(layer, k, v)
+        if self.mode == "batch":
+            return self.batch_cache_update(layer, k, v)
+        return self.single_cache_update(layer, k, v)
+
+    def slot_cache_update(self, layer, k, v):
+        """The batch program's prefill: writes k and v [T, 3, 64] at
+        positions pos.. of slot %slot in `@kv<layer>` ([SLOTS, SLOT_CONTEXT,
+        2, 3, 64]) and returns that slot's first L positions of K and V."""
+        cty = KVB_TYPE
+        c = self.fresh("kv")
+        self.emit(f"{c} = util.global.load @kv{layer} : {cty}")
+        for which, new in ((0, k), (1, v)):
+            u = self.fresh("kv")
+            self.emit(
+                f"{u} = tensor.insert_slice {new} into {c}[%slot, %pos, {which}, 0, 0] [1, {self.tsize()}, 1, {KV_HEADS}, {HEAD_DIM}] [1, 1, 1, 1, 1] : {self.ty(['T', KV_HEADS, HEAD_DIM])} into {cty}"
+            )
+            c = u
+        self.emit(f"util.global.store {c}, @kv{layer} : {cty}")
+        out = []
+        for which in (0, 1):
+            s = self.fresh("kv")
+            self.emit(
+                f"{s} = tensor.extract_slice {c}[%slot, 0, {which}, 0, 0] [1, %L, 1, {KV_HEADS}, {HEAD_DIM}] [1, 1, 1, 1, 1] : {cty} to {self.ty(['L', KV_HEADS, HEAD_DIM])}"
+            )
+            out.append(s)
+        return out
+
+    def batch_cache_update(self, layer, k, v):
+        """decode_batch: row t's k and v [3, 64] go to slot %slotv[t],
+        position %posv[t] of `@kv<layer>` (one `iree_linalg_ext.scatter` of
+        the rows, in place on the global); returns each row's K and V
+        gathered from its own slot: [T, L, 3, 64] each, L the longest row's
+        length (positions past a row's own are masked in attention)."""
+        cty = KVB_TYPE
+        c = self.fresh("kv")
+        self.emit(f"{c} = util.global.load @kv{layer} : {cty}")
+        uty = self.ty(["T", 2, KV_HEADS, HEAD_DIM])
+        upd = self.empty(["T", 2, KV_HEADS, HEAD_DIM])
+        for which, new in ((0, k), (1, v)):
+            u = self.fresh("u")
+            self.emit(
+                f"{u} = tensor.insert_slice {new} into {upd}[0, {which}, 0, 0] [{self.tsize()}, 1, {KV_HEADS}, {HEAD_DIM}] [1, 1, 1, 1] : {self.ty(['T', KV_HEADS, HEAD_DIM])} into {uty}"
+            )
+            upd = u
+        w = self.fresh("kv")
+        self.emit(
+            f"{w} = iree_linalg_ext.scatter dimension_map = [0, 1] unique_indices(true) ins({upd}, {self.kvidx} : {uty}, {self.ty(['T', 2], 'i32')}) outs({c} : {cty}) {{"
+        )
+        self.emit("^bb0(%su: f32, %so: f32):")
+        self.emit("  iree_linalg_ext.yield %su : f32")
+        self.emit(f"}} -> {cty}")
+        self.emit(f"util.global.store {w}, @kv{layer} : {cty}")
+        out = []
+        for which in (0, 1):
+            g = self.generic(
+                ["t", "l", "g", "d"],
+                ["parallel"] * 4,
+                [("%slotv", self.ty(["T"], "i32"), ["t"], "i32")],
+                (self.empty(["T", "L", KV_HEADS, HEAD_DIM]), ["T", "L", KV_HEADS, HEAD_DIM], ["t", "l", "g", "d"]),
+                lambda a, which=which: [
+                    f"%s = arith.index_cast {a[0]} : i32 to index",
+                    "%l = linalg.index 1 : index",
+                    "%g = linalg.index 2 : index",
+                    "%d = linalg.index 3 : index",
+                    f"%wh = arith.constant {which} : index",
+                    f"%e = tensor.extract {w}[%s, %l, %wh, %g, %d] : {cty}",
+                    "linalg.yield %e : f32",
+                ],
+            )
+            out.append(g)
+        return out
+
+    def single_cache_update(self, layer, k, v):
         """Writes k and v [T, 3, 64] at positions pos.. of the layer's cache
         global `@kv<layer>` ([2, CONTEXT, 3, 64]: K then V) and returns the
         first L positions of K and of V: [L, 3, 64] each. Both writes come
@@ -381,25 +473,37 @@ class Fn:
         self.emit(
             f"{qg} = tensor.expand_shape {q} [[0], [1, 2], [3]] output_shape [{self.tsize()}, {KV_HEADS}, {GROUP}, {HEAD_DIM}] : {self.ty(['T', HEADS, HEAD_DIM])} into {self.ty(['T', KV_HEADS, GROUP, HEAD_DIM])}"
         )
-        kvty = self.ty(["L", KV_HEADS, HEAD_DIM])
+        batch = self.mode == "batch"
+        kvty = self.ty(["T", "L", KV_HEADS, HEAD_DIM] if batch else ["L", KV_HEADS, HEAD_DIM])
+        kvmap = ["t", "l", "g", "d"] if batch else ["l", "g", "d"]
         sshape = [KV_HEADS, GROUP, "T", "L"]
         s = self.generic(
             ["g", "r", "t", "l", "d"],
             ["parallel"] * 4 + ["reduction"],
-            [(qg, self.ty(["T", KV_HEADS, GROUP, HEAD_DIM]), ["t", "g", "r", "d"], "f32"), (k, kvty, ["l", "g", "d"], "f32")],
+            [(qg, self.ty(["T", KV_HEADS, GROUP, HEAD_DIM]), ["t", "g", "r", "d"], "f32"), (k, kvty, kvmap, "f32")],
             (self.empty(sshape, fill="0.0"), sshape, ["g", "r", "t", "l"]),
             lambda a: [f"%p = arith.mulf {a[0]}, {a[1]} : f32", f"%r = arith.addf {a[2]}, %p : f32", "linalg.yield %r : f32"],
         )
         # Scale and causal mask.
-        sm = self.generic(
-            ["g", "r", "t", "l"],
-            ["parallel"] * 4,
-            [(s, self.ty(sshape), ["g", "r", "t", "l"], "f32")],
-            (self.empty(sshape), sshape, ["g", "r", "t", "l"]),
-            lambda a: [
+        mins = [(s, self.ty(sshape), ["g", "r", "t", "l"], "f32")]
+        if batch:
+            # Row t sees positions 0..posv[t] of its own slot (the gathered
+            # rows are padded to the longest one).
+            mins.append(("%posv", self.ty(["T"], "i32"), ["t"], "i32"))
+            last = lambda a: ["%l = linalg.index 3 : index", f"%tp = arith.index_cast {a[1]} : i32 to index"]  # noqa: E731
+        else:
+            last = lambda a: [  # noqa: E731
                 "%t = linalg.index 2 : index",
                 "%l = linalg.index 3 : index",
                 "%tp = arith.addi %t, %pos : index",
+            ]
+        sm = self.generic(
+            ["g", "r", "t", "l"],
+            ["parallel"] * 4,
+            mins,
+            (self.empty(sshape), sshape, ["g", "r", "t", "l"]),
+            lambda a: [
+                *last(a),
                 "%future = arith.cmpi ugt, %l, %tp : index",
                 f"%scale = arith.constant {1.0 / HEAD_DIM ** 0.5:.9e} : f32",
                 f"%y = arith.mulf {a[0]}, %scale : f32",
@@ -434,7 +538,7 @@ class Fn:
         o = self.generic(
             ["t", "g", "r", "d", "l"],
             ["parallel"] * 4 + ["reduction"],
-            [(e, self.ty(sshape), ["g", "r", "t", "l"], "f32"), (v, kvty, ["l", "g", "d"], "f32")],
+            [(e, self.ty(sshape), ["g", "r", "t", "l"], "f32"), (v, kvty, kvmap, "f32")],
             (self.empty(oshape, fill="0.0"), oshape, ["t", "g", "r", "d"]),
             lambda a: [f"%p = arith.mulf {a[0]}, {a[1]} : f32", f"%r = arith.addf {a[2]}, %p : f32", "linalg.yield %r : f32"],
         )
@@ -537,6 +641,53 @@ class Fn:
             ],
         )
 
+    def logits_rows(self, x):
+        """x: [T, 576] (normed) -> [T, VOCAB]: `logits` for every row (the
+        same two-halves Q8_0 kernel with a row dimension)."""
+        b = DIM // 32
+        wty = _global_type("Q8_0", (VOCAB, DIM))
+        w = self.fresh("w")
+        self.emit(f"{w} = util.global.load @{_sym('token_embd.weight')} : {wty}")
+        xe = self.fresh("x")
+        xety = self.ty(["T", b, 32])
+        self.emit(f"{xe} = tensor.expand_shape {x} [[0], [1, 2]] output_shape [{self.tsize()}, {b}, 32] : {self.ty(['T', DIM])} into {xety}")
+        halves = []
+        for h in range(2):
+            v = self.fresh("x")
+            self.emit(
+                f"{v} = tensor.extract_slice {xe}[0, 0, {16 * h}] [{self.tsize()}, {b}, 16] [1, 1, 1] : {xety} to {self.ty(['T', b, 16])}"
+            )
+            halves.append(v)
+        q0, qty = self.slice_bytes(w, wty, VOCAB, b, 34, 2, 16)
+        q1, _ = self.slice_bytes(w, wty, VOCAB, b, 34, 18, 16)
+        dl, dlty = self.slice_bytes(w, wty, VOCAB, b, 34, 0, 1)
+        dh, _ = self.slice_bytes(w, wty, VOCAB, b, 34, 1, 1)
+        xty = self.ty(["T", b, 16])
+        return self.generic(
+            ["t", "v", "b", "j"],
+            ["parallel", "parallel", "reduction", "reduction"],
+            [
+                (halves[0], xty, ["t", "b", "j"], "f32"),
+                (halves[1], xty, ["t", "b", "j"], "f32"),
+                (q0, qty, ["v", "b", "j"], "i8"),
+                (q1, qty, ["v", "b", "j"], "i8"),
+                (dl, dlty, ["v", "b"], "i8"),
+                (dh, dlty, ["v", "b"], "i8"),
+            ],
+            (self.empty(["T", VOCAB], fill="0.0"), ["T", VOCAB], ["t", "v"]),
+            lambda a: [
+                *self.f16_lines(a[4], a[5], "%d"),
+                f"%fa = arith.sitofp {a[2]} : i8 to f32",
+                f"%fb = arith.sitofp {a[3]} : i8 to f32",
+                f"%pa = arith.mulf {a[0]}, %fa : f32",
+                f"%pb = arith.mulf {a[1]}, %fb : f32",
+                "%s = arith.addf %pa, %pb : f32",
+                "%p = arith.mulf %s, %d : f32",
+                f"%r = arith.addf {a[6]}, %p : f32",
+                "linalg.yield %r : f32",
+            ],
+        )
+
     def forward(self, ids):
         """The whole model over ids [T] at positions pos..; returns the
         logits of the last token."""
@@ -574,6 +725,9 @@ class Fn:
                 ],
             )
             x = self.add(x, self.matmul_q4_1(act, p + "ffn_down.weight", DIM, FFN), ["T", DIM])
+        if self.mode == "batch":
+            # Every row is its own sequence: logits for all of them.
+            return self.logits_rows(self.rmsnorm(x, "output_norm.weight"))
         last = self.fresh("x")
         if self.t == 1:
             self.emit(f"{last} = tensor.extract_slice {x}[0, 0] [1, {DIM}] [1, 1] : {self.ty(['T', DIM])} to tensor<1x{DIM}xf32>")
@@ -650,7 +804,161 @@ def build_mlir():
     return "\n".join(out) + "\n"
 
 
+# ---------------------------------------------------------------- batch program
+#
+# The program for continuous batching (issue 29): SLOTS independent sequences,
+# each with its own KV cache of SLOT_CONTEXT positions, in one mutable global
+# per layer `@kv<layer>`: [SLOTS, SLOT_CONTEXT, 2 (K, V), 3, 64] f32.
+#
+#     prefill_slot(slot: i32, ids: tensor<?xi32>, pos: i32) -> tensor<VOCAB x f32>
+#         the single program's prefill on one slot;
+#     decode_batch(slots, toks, pos: tensor<?xi32>) -> tensor<? x VOCAB x f32>
+#         one token for each of B sequences (1 <= B <= SLOTS): row b is
+#         token toks[b] at position pos[b] of slot slots[b]; its K/V are
+#         scattered into that slot and its attention reads that slot's
+#         positions 0..pos[b] only, so rows never see each other;
+#     slots() -> i32, context_length() -> i32 (per slot).
+#
+# Slot ids out of 0..SLOTS, a slot twice in one batch, positions past
+# SLOT_CONTEXT and token ids outside the vocabulary fail with a clear error
+# (`cf.assert`, checked on the host before any dispatch).
+
+SLOTS = 16
+SLOT_CONTEXT = 1024
+KVB_TYPE = f"tensor<{SLOTS}x{SLOT_CONTEXT}x2x{KV_HEADS}x{HEAD_DIM}xf32>"
+
+
+def kv_bytes_batch():
+    """Bytes of the batch program's KV caches (all layers and slots)."""
+    return LAYERS * SLOTS * SLOT_CONTEXT * 2 * KV_HEADS * HEAD_DIM * 4
+
+
+def _batch_checks(f):
+    """decode_batch's argument checks and bookkeeping: equal lengths, 1 <= B
+    <= SLOTS, every slot, position and token in range, no slot twice; %L is
+    the longest row's attended length (max pos + 1) and `f.kvidx` the
+    [B, 2] (slot, position) scatter indices."""
+    f.emit("%bz0 = arith.constant 0 : index")
+    f.emit("%one_idx = arith.constant 1 : index")
+    f.emit("%T = tensor.dim %slotv, %bz0 : tensor<?xi32>")
+    f.emit("%T_toks = tensor.dim %toks, %bz0 : tensor<?xi32>")
+    f.emit("%T_pos = tensor.dim %posv, %bz0 : tensor<?xi32>")
+    f.emit("%same1 = arith.cmpi eq, %T, %T_toks : index")
+    f.emit("%same2 = arith.cmpi eq, %T, %T_pos : index")
+    f.emit("%same = arith.andi %same1, %same2 : i1")
+    f.emit('cf.assert %same, "slots, toks and pos must have the same length"')
+    f.emit("%has = arith.cmpi uge, %T, %one_idx : index")
+    f.emit('cf.assert %has, "at least one sequence is needed"')
+    f.emit(f"%nslots = arith.constant {SLOTS} : index")
+    f.emit("%fits_b = arith.cmpi ule, %T, %nslots : index")
+    f.emit(f'cf.assert %fits_b, "more sequences than the {SLOTS} slots"')
+    f.emit("%zero_i32 = arith.constant 0 : i32")
+    f.emit("%zero_i64 = arith.constant 0 : i64")
+    f.emit("%one_i64 = arith.constant 1 : i64")
+    f.emit(f"%slots_i32 = arith.constant {SLOTS} : i32")
+    f.emit(f"%cap_i32 = arith.constant {SLOT_CONTEXT} : i32")
+    f.emit(f"%vocab_i32 = arith.constant {VOCAB} : i32")
+    f.emit("%scan:2 = scf.for %b = %bz0 to %T step %one_idx iter_args(%seen = %zero_i64, %mx = %zero_i32) -> (i64, i32) {")
+    f.emit("  %s = tensor.extract %slotv[%b] : tensor<?xi32>")
+    f.emit("  %p = tensor.extract %posv[%b] : tensor<?xi32>")
+    f.emit("  %k = tensor.extract %toks[%b] : tensor<?xi32>")
+    f.emit("  %s_lo = arith.cmpi sge, %s, %zero_i32 : i32")
+    f.emit("  %s_hi = arith.cmpi slt, %s, %slots_i32 : i32")
+    f.emit("  %s_ok = arith.andi %s_lo, %s_hi : i1")
+    f.emit(f'  cf.assert %s_ok, "slot id out of range 0..{SLOTS} (slots)"')
+    f.emit("  %p_lo = arith.cmpi sge, %p, %zero_i32 : i32")
+    f.emit('  cf.assert %p_lo, "position must not be negative"')
+    f.emit("  %p_hi = arith.cmpi slt, %p, %cap_i32 : i32")
+    f.emit(f'  cf.assert %p_hi, "position past the KV cache capacity of {SLOT_CONTEXT} per slot (context_length)"')
+    f.emit("  %k_lo = arith.cmpi sge, %k, %zero_i32 : i32")
+    f.emit("  %k_hi = arith.cmpi slt, %k, %vocab_i32 : i32")
+    f.emit("  %k_ok = arith.andi %k_lo, %k_hi : i1")
+    f.emit(f'  cf.assert %k_ok, "token id out of range 0..{VOCAB}"')
+    f.emit("  %s64 = arith.extui %s : i32 to i64")
+    f.emit("  %bit = arith.shli %one_i64, %s64 : i64")
+    f.emit("  %hit = arith.andi %seen, %bit : i64")
+    f.emit("  %fresh = arith.cmpi eq, %hit, %zero_i64 : i64")
+    f.emit('  cf.assert %fresh, "a slot appears twice in one decode_batch"')
+    f.emit("  %seen2 = arith.ori %seen, %bit : i64")
+    f.emit("  %mx2 = arith.maxsi %mx, %p : i32")
+    f.emit("  scf.yield %seen2, %mx2 : i64, i32")
+    f.emit("}")
+    f.emit("%mxi = arith.index_cast %scan#1 : i32 to index")
+    f.emit("%L = arith.addi %mxi, %one_idx : index")
+    idx = f.generic(
+        ["t", "c"],
+        ["parallel", "parallel"],
+        [("%slotv", f.ty(["T"], "i32"), ["t"], "i32"), ("%posv", f.ty(["T"], "i32"), ["t"], "i32")],
+        (f.empty(["T", 2], "i32"), ["T", 2], ["t", "c"]),
+        lambda a: [
+            "%c = linalg.index 1 : index",
+            "%z = arith.constant 0 : index",
+            "%is0 = arith.cmpi eq, %c, %z : index",
+            f"%r = arith.select %is0, {a[0]}, {a[1]} : i32",
+            "linalg.yield %r : i32",
+        ],
+        out_et="i32",
+    )
+    f.kvidx = idx
+
+
+def build_batch_mlir():
+    out = ["// Generated by examples/llm/model.py (batch program); do not edit.", "module @smollm2_batch {"]
+    for name, kind, shape in weight_specs():
+        out.append(
+            f'  util.global private @{_sym(name)} = #stream.parameter.named<"model"::"{name}"> : {_global_type(kind, shape)}'
+        )
+    # Distinct initial values per layer, as in build_mlir (the compiler
+    # merges mutable globals with one shared initial value).
+    for i in range(LAYERS):
+        out.append(f"  util.global private mutable @kv{i} : {KVB_TYPE} = dense<{float(i)}> : {KVB_TYPE}")
+
+    f = Fn(None, "slot")
+    f.emit("%dim0 = arith.constant 0 : index")
+    f.emit("%T = tensor.dim %ids, %dim0 : tensor<?xi32>")
+    f.emit("%pos = arith.index_cast %pos_i32 : i32 to index")
+    f.emit("%slot = arith.index_cast %slot_i32 : i32 to index")
+    f.emit("%one_idx = arith.constant 1 : index")
+    f.emit("%L = arith.addi %pos, %T : index")
+    f.emit("%zero_i32 = arith.constant 0 : i32")
+    f.emit(f"%slots_i32 = arith.constant {SLOTS} : i32")
+    f.emit("%s_lo = arith.cmpi sge, %slot_i32, %zero_i32 : i32")
+    f.emit("%s_hi = arith.cmpi slt, %slot_i32, %slots_i32 : i32")
+    f.emit("%s_ok = arith.andi %s_lo, %s_hi : i1")
+    f.emit(f'cf.assert %s_ok, "slot id out of range 0..{SLOTS} (slots)"')
+    f.emit("%pos_ok = arith.cmpi sge, %pos_i32, %zero_i32 : i32")
+    f.emit('cf.assert %pos_ok, "position must not be negative"')
+    f.emit(f"%cap = arith.constant {SLOT_CONTEXT} : index")
+    f.emit("%fits = arith.cmpi ule, %L, %cap : index")
+    f.emit(f'cf.assert %fits, "positions pass the KV cache capacity of {SLOT_CONTEXT} per slot (context_length)"')
+    f.emit("%has = arith.cmpi uge, %T, %one_idx : index")
+    f.emit('cf.assert %has, "at least one token is needed"')
+    r = f.forward("%ids")
+    f.emit(f"return {r} : tensor<{VOCAB}xf32>")
+    out.append(f"  func.func @prefill_slot(%slot_i32: i32, %ids: tensor<?xi32>, %pos_i32: i32) -> tensor<{VOCAB}xf32> {{")
+    out += f.lines
+    out.append("  }")
+
+    f = Fn(None, "batch")
+    _batch_checks(f)
+    r = f.forward("%toks")
+    f.emit(f"return {r} : tensor<?x{VOCAB}xf32>")
+    out.append(
+        f"  func.func @decode_batch(%slotv: tensor<?xi32>, %toks: tensor<?xi32>, %posv: tensor<?xi32>) -> tensor<?x{VOCAB}xf32> {{"
+    )
+    out += f.lines
+    out.append("  }")
+
+    for name, value in (("slots", SLOTS), ("context_length", SLOT_CONTEXT)):
+        out.append(f"  func.func @{name}() -> i32 {{")
+        out.append(f"    %c = arith.constant {value} : i32")
+        out.append("    return %c : i32")
+        out.append("  }")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
 if __name__ == "__main__":
     import sys
 
-    sys.stdout.write(build_mlir())
+    sys.stdout.write(build_batch_mlir() if "--batch" in sys.argv[1:] else build_mlir())

@@ -28,6 +28,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod batch;
 pub mod chat;
 pub mod gguf;
 pub mod sampling;
@@ -41,6 +42,7 @@ use ferrite::{Instance, Session, Tensor, Value};
 pub use ferrite::{Result, Status, StatusCode};
 use ferrite_tokenizer::{DecodeStream, Tokenizer};
 
+pub use batch::{BatchLlm, SMOLLM2_BATCH_VMFB};
 pub use sampling::Sampling;
 
 /// The committed program for SmolLM2-135M (llama architecture, Q4_1 matrices
@@ -204,6 +206,65 @@ fn token_text(t: &Tokenizer, id: Option<u32>) -> String {
     id.and_then(|i| t.id_to_token(i)).unwrap_or_default()
 }
 
+/// What both programs' hosts read from the file besides the weights: the
+/// tokenizer, the chat template, BOS and EOS.
+pub(crate) struct TextSide {
+    pub(crate) tokenizer: Arc<Tokenizer>,
+    pub(crate) chat_template: Option<String>,
+    pub(crate) bos: Option<u32>,
+    pub(crate) eos: Option<u32>,
+}
+
+impl TextSide {
+    pub(crate) fn load(file: &gguf::GgufFile) -> Result<TextSide> {
+        let tokenizer = Arc::new(tokenizer::load(file)?);
+        let chat_template = file.str("tokenizer.chat_template").ok().map(str::to_string);
+        let id = |k: &str| file.int(k).ok().and_then(|v| u32::try_from(v).ok());
+        Ok(TextSide {
+            tokenizer,
+            chat_template,
+            bos: id("tokenizer.ggml.bos_token_id"),
+            eos: id("tokenizer.ggml.eos_token_id"),
+        })
+    }
+
+    /// The chat template over `messages`, generation prompt added, as ids.
+    pub(crate) fn chat_prompt_messages(&self, messages: &[chat::Message]) -> Result<Vec<u32>> {
+        chat_ids(
+            &self.tokenizer,
+            self.chat_template.as_deref(),
+            self.bos,
+            self.eos,
+            messages,
+        )
+    }
+}
+
+/// `template` (the file's chat template) over `messages`, generation prompt
+/// added, encoded as [`Llm::encode`] does.
+fn chat_ids(
+    tokenizer: &Tokenizer,
+    template: Option<&str>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    messages: &[chat::Message],
+) -> Result<Vec<u32>> {
+    let template = template.ok_or_else(|| {
+        Status::new(
+            StatusCode::InvalidArgument,
+            "gguf has no tokenizer.chat_template; use a plain prompt",
+        )
+    })?;
+    let text = chat::render(
+        template,
+        messages,
+        true,
+        &token_text(tokenizer, bos),
+        &token_text(tokenizer, eos),
+    )?;
+    tokenizer.encode(&text, false, false)
+}
+
 impl Llm {
     /// Loads the `.gguf` at `path` with the built-in program on `device`
     /// (`local-sync`, `local-task`, `local-task://?workers=N`, ...).
@@ -221,13 +282,12 @@ impl Llm {
         let path = path.as_ref();
         let file = gguf::GgufFile::open(path)?;
         check_model(&file, &SMOLLM2_135M)?;
-        let tokenizer = Arc::new(tokenizer::load(&file)?);
-        let chat_template = file.str("tokenizer.chat_template").ok().map(str::to_string);
-        let id = |k: &str| file.int(k).ok().and_then(|v| u32::try_from(v).ok());
-        let (bos, eos) = (
-            id("tokenizer.ggml.bos_token_id"),
-            id("tokenizer.ggml.eos_token_id"),
-        );
+        let TextSide {
+            tokenizer,
+            chat_template,
+            bos,
+            eos,
+        } = TextSide::load(&file)?;
         let instance = Instance::new();
         let mut session = Session::new(&instance, device)?;
         session.add_parameter_file("model", path)?;
@@ -292,20 +352,13 @@ impl Llm {
 
     /// The chat template over `messages`, generation prompt added.
     pub fn chat_prompt_messages(&self, messages: &[chat::Message]) -> Result<Vec<u32>> {
-        let template = self.chat_template.as_deref().ok_or_else(|| {
-            Status::new(
-                StatusCode::InvalidArgument,
-                "gguf has no tokenizer.chat_template; use a plain prompt",
-            )
-        })?;
-        let text = chat::render(
-            template,
+        chat_ids(
+            &self.tokenizer,
+            self.chat_template.as_deref(),
+            self.bos,
+            self.eos,
             messages,
-            true,
-            &token_text(&self.tokenizer, self.bos),
-            &token_text(&self.tokenizer, self.eos),
-        )?;
-        self.encode(&text)
+        )
     }
 
     fn logits(results: Vec<Value>) -> Result<Vec<f32>> {
