@@ -183,3 +183,64 @@ def test_program_rejects_positions_past_its_cache(gguf_path):
     m = upstream_loop.UpstreamModel(gguf_path, "local-sync")
     with pytest.raises(Exception, match="KV cache capacity"):
         m.decode(504, m.context)
+
+
+# ------------------------------------------------------------ batch program (issue 29)
+
+BATCH_VMFB = ROOT / "examples" / "llm" / "smollm2_batch.vmfb"
+# (slots, toks, pos) of decode_batch calls the program itself must refuse,
+# and the words its error names (the Rust host checks these before calling;
+# here the program is called directly). 16 slots of 1024 positions.
+BATCH_REFUSALS = [
+    ([16], [504], [0], "slot id out of range"),
+    ([-1], [504], [0], "slot id out of range"),
+    ([3, 3], [504, 504], [0, 1], "a slot appears twice"),
+    ([2], [504], [1024], "KV cache capacity of 1024 per slot"),
+    ([2], [504], [-1], "position must not be negative"),
+    ([2], [49152], [0], "token id out of range"),
+    ([1, 2], [504], [0, 0], "the same length"),
+    (list(range(17)), [504] * 17, [0] * 17, "more sequences than the 16 slots"),
+]
+
+
+def _i32s(v):
+    return f"{len(v)}xi32=" + " ".join(map(str, v))
+
+
+@pytest.fixture(scope="module")
+def upstream_batch(gguf_path):
+    """The batch program on upstream iree.runtime (loaded once: each load
+    fills the 755 MB of KV-cache slots)."""
+    import iree.runtime as rt
+
+    config = rt.Config("local-sync")
+    index = rt.ParameterIndex()
+    index.load(str(gguf_path))
+    params = rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope="model"))
+    hal = rt.create_hal_module(config.vm_instance, config.device)
+    module = rt.VmModule.mmap(config.vm_instance, str(BATCH_VMFB))
+    return rt.SystemContext(vm_modules=[params, hal, module], config=config).modules.smollm2_batch
+
+
+@pytest.mark.parametrize("slots,toks,pos,words", BATCH_REFUSALS)
+def test_batch_program_refuses_bad_input_upstream(upstream_batch, slots, toks, pos, words):
+    """decode_batch's own checks (the Rust host checks the same before
+    calling): a clear error naming the problem, never garbage."""
+    with pytest.raises(Exception, match=words):
+        upstream_batch.decode_batch(*(np.asarray(v, dtype=np.int32) for v in (slots, toks, pos)))
+
+
+def test_batch_program_refuses_bad_input_ferrite(gguf_path):
+    """The same checks under Ferrite (run-module), decode_batch and
+    prefill_slot."""
+    base = [str(FERRITE), "run-module", f"--module={BATCH_VMFB}", f"--parameters=model={gguf_path}",
+            "--device=local-sync"]
+    cases = [(["--function=decode_batch"] + [f"--input={_i32s(v)}" for v in c[:3]], c[3])
+             for c in (BATCH_REFUSALS[0], BATCH_REFUSALS[2], BATCH_REFUSALS[3])]
+    cases.append((["--function=prefill_slot", "--input=5", "--input=2xi32=504 3575", "--input=1023"],
+                  "KV cache capacity of 1024 per slot"))
+    cases.append((["--function=prefill_slot", "--input=16", "--input=1xi32=504", "--input=0"], "slot id out of range"))
+    for args, words in cases:
+        r = subprocess.run(base + args, capture_output=True, text=True, timeout=120)
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and words in out and "panicked" not in out, (args, out)
