@@ -15,13 +15,22 @@
 //! cores, the waiter running the submission it waits for itself beats
 //! handing it to a worker that must first be woken, and the thread would
 //! otherwise only yield.
+//!
+//! Asynchronous waiters use the same subscription path without a thread:
+//! a [`Notifier`] also holds a task's [`Waker`], woken by the same
+//! [`Notifier::notify`] that wakes sleeping threads; [`future::SourcesWait`]
+//! is the wait as a future (see its module).
 
 use crate::status::{Result, Status, StatusCode};
 use crate::time::Deadline;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
+use std::task::Waker;
 use std::time::{Duration, Instant};
+
+pub mod future;
+mod timer;
 
 /// How long a blocking wait keeps polling before it sleeps.
 pub const SPIN: Duration = Duration::from_micros(50);
@@ -158,11 +167,17 @@ pub enum WaitMode {
     Any,
 }
 
-/// Wakes a sleeping waiter when a subscribed source changes state.
+/// Wakes a sleeping waiter when a subscribed source changes state: a
+/// thread asleep in [`Notifier::wait_for_change`], or a task whose
+/// [`Waker`] was left with [`Notifier::set_waker`].
 #[derive(Default, Debug)]
 pub struct Notifier {
     generation: Mutex<u64>,
     cond: Condvar,
+    /// The waker of the task waiting through this notifier, taken (and
+    /// woken) by the next notification; the task leaves a new one each
+    /// time it finds its wait still pending.
+    waker: Mutex<Option<Waker>>,
 }
 
 impl Notifier {
@@ -171,11 +186,37 @@ impl Notifier {
         Arc::new(Notifier::default())
     }
 
-    /// Signals that some subscribed source changed state.
+    /// Signals that some subscribed source changed state: wakes sleeping
+    /// threads and the task whose waker is held. Sources call it outside
+    /// their own locks, because a waker may run arbitrary code (an executor
+    /// that polls the task on the spot).
     pub fn notify(&self) {
-        let mut g = self.generation.lock();
-        *g = g.wrapping_add(1);
-        self.cond.notify_all();
+        {
+            let mut g = self.generation.lock();
+            *g = g.wrapping_add(1);
+            self.cond.notify_all();
+        }
+        let waker = self.waker.lock().take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Leaves `waker` to be woken by the next [`Notifier::notify`]
+    /// (replacing any earlier one). A task sets it before it re-checks its
+    /// sources, so a change that lands in between still wakes it.
+    pub fn set_waker(&self, waker: &Waker) {
+        let mut slot = self.waker.lock();
+        match &*slot {
+            Some(w) if w.will_wake(waker) => {}
+            _ => *slot = Some(waker.clone()),
+        }
+    }
+
+    /// Drops the waker left by [`Notifier::set_waker`], if any.
+    pub fn clear_waker(&self) {
+        let old = self.waker.lock().take();
+        drop(old);
     }
 
     /// The current generation; pass it to [`Notifier::wait_for_change`].

@@ -73,7 +73,10 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::memory::{BufferUsage, MemoryAccess, MemoryType};
 
+mod host_mapping;
 mod transfer;
+
+pub use host_mapping::HostMapping;
 
 /// A length meaning "from the offset to the end of the buffer".
 pub const WHOLE_BUFFER: u64 = u64::MAX;
@@ -1438,10 +1441,17 @@ impl Drop for BindingPtr {
 /// the lock. Both sides put a sequentially consistent fence between their
 /// own step and the check, so of a host access and a device use that start
 /// together at least one sees the other and is refused: they never overlap.
+///
+/// Owned host mappings ([`Buffer::map_host`], handed to Python and other
+/// foreign holders that cannot keep a lock guard) are counted here too:
+/// `host_mapped` of any access and `host_mapped_writable` of those that may
+/// write, checked by device uses in the same fenced way.
 #[derive(Default)]
 struct DeviceUsers {
     writers: AtomicUsize,
     readers: AtomicUsize,
+    host_mapped: AtomicUsize,
+    host_mapped_writable: AtomicUsize,
 }
 
 impl DeviceUsers {
@@ -1459,9 +1469,9 @@ impl DeviceUsers {
         self.counter(write).fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         let conflict = if write {
-            lock.is_locked()
+            lock.is_locked() || self.host_mapped.load(Ordering::SeqCst) != 0
         } else {
-            lock.is_locked_exclusive()
+            lock.is_locked_exclusive() || self.host_mapped_writable.load(Ordering::SeqCst) != 0
         };
         if conflict {
             self.end(write);

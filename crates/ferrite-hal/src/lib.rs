@@ -11,7 +11,8 @@
 //! - [`buffer_view`]: shaped views of buffers and upstream's text form
 //!   (`2x3xf32=[1 2 3][4 5 6]`) for printing and `--input` parsing.
 //! - [`semaphore`], [`fence`]: timeline semaphores and fences, usable as
-//!   [`ferrite_base::wait::WaitSource`]s.
+//!   [`ferrite_base::wait::WaitSource`]s; [`wait_async`]: their waits as
+//!   futures (`Semaphore::wait_async`, `Fence::wait_async`).
 //! - [`numerics`]: narrow-float conversions and C-compatible number
 //!   formatting/parsing.
 //! - [`command_buffer`], [`executable`], [`device`]: recorded commands,
@@ -41,14 +42,16 @@ mod inflight;
 pub mod memory;
 pub mod numerics;
 pub mod semaphore;
+pub mod wait_async;
 
 pub use allocator::{
     Allocator, AllocatorStatistics, BufferParams, CachingAllocator, HeapAllocator,
 };
-pub use buffer::{BindingPtr, Buffer, DeviceMemory, HostMemory, WHOLE_BUFFER};
+pub use buffer::{BindingPtr, Buffer, DeviceMemory, HostMapping, HostMemory, WHOLE_BUFFER};
 pub use buffer_view::BufferView;
 pub use channel::{Channel, ChannelParams, ChannelProvider, ChannelRef, CollectiveOp};
 pub use element_type::{ElementType, EncodingType, NumericalType};
 pub use fence::Fence;
 pub use memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
 pub use semaphore::{wait_multi, Semaphore, Timepoint};
+pub use wait_async::{wait_multi_async, TimepointWait};

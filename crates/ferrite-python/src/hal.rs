@@ -10,7 +10,7 @@ use crate::status::PyContext;
 use crate::vm::{int_of, PyVmInstance, PyVmModule, PyVmRef};
 use ferrite::driver::{self, DeviceInfo, DeviceSpec, Driver};
 use ferrite_hal::allocator::{Allocator, BufferParams};
-use ferrite_hal::buffer::{BindingPtr, Buffer, WHOLE_BUFFER};
+use ferrite_hal::buffer::{Buffer, HostMapping, WHOLE_BUFFER};
 use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::device::{queue, DeviceRef};
 use ferrite_hal::element_type::{ElementType, EncodingType};
@@ -615,16 +615,21 @@ fn format_buffer(b: &Buffer) -> String {
     )
 }
 
+/// Maps the whole buffer as an owned host mapping (writable when the
+/// buffer allows writes): refused while device work uses it in a
+/// conflicting way, and counted by the HAL while the `MappedMemory` lives,
+/// so device work submitted meanwhile is refused instead of racing the
+/// Python views.
 fn map_buffer(b: &Buffer) -> PyResult<PyMappedMemory> {
-    let access = if b.allowed_access().contains(MemoryAccess::WRITE) {
+    let access = if b.host_writable() {
         MemoryAccess::READ | MemoryAccess::WRITE
     } else {
         MemoryAccess::READ
     };
-    let ptr = b
-        .binding_ptr(0, WHOLE_BUFFER, access)
+    let mapping = b
+        .map_host(0, WHOLE_BUFFER, access)
         .py_context("Could not map memory")?;
-    Ok(PyMappedMemory { ptr })
+    Ok(PyMappedMemory { mapping })
 }
 
 /// A HAL buffer.
@@ -861,7 +866,7 @@ impl PyHalBufferView {
 /// Host-mapped memory of a buffer; `asarray` views it as a numpy array.
 #[pyclass(name = "MappedMemory", module = "ferrite._ferrite", frozen)]
 pub struct PyMappedMemory {
-    ptr: BindingPtr,
+    mapping: HostMapping,
 }
 
 #[pymethods]
@@ -898,11 +903,13 @@ impl PyMappedMemory {
         view: *mut pyo3::ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        let p = &slf.get().ptr;
+        let p = &slf.get().mapping;
         let (ptr, len, writable) = (p.as_ptr(), p.len(), p.is_writable());
-        // SAFETY: the binding pointer is valid for `len` bytes while `slf`
-        // lives (it holds the allocation), and writable only when the buffer
-        // allows writes; host/device ordering is the caller's, as upstream.
+        // SAFETY: the mapping is valid for `len` bytes while `slf` lives
+        // (it holds the allocation), writable only when mapped so, and
+        // device work that would conflict with it is refused while it
+        // lives (the HAL counts it); host-to-host ordering is the caller's,
+        // as upstream.
         unsafe { fill_byte_view(slf.as_any(), view, flags, ptr, len, !writable) }
     }
 

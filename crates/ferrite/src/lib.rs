@@ -37,6 +37,12 @@
 //!   `tokenizer.json` and tiktoken files, the `ferrite-tokenizer` crate.
 //! - `Tensor::from_array` / `Tensor::to_array` (feature `ndarray`):
 //!   tensors to and from `ndarray` arrays.
+//! - Calls as futures: [`Function::call_async`] (also on [`Session`] and
+//!   [`OwnedFunction`]) returns a [`CallFuture`] resolved when the call's
+//!   work is done, with no thread blocked per call; functions compiled
+//!   with `--iree-execution-model=async-external` get their fences added.
+//!   [`Semaphore::wait_async`] and [`Fence::wait_async`] are the HAL's
+//!   waits as futures. Any executor drives them (see [`async_call`]).
 //! - [`spmd`]: one program on several ranks in one process (each rank its
 //!   own thread, devices and session; their collectives connect them).
 //! - [`rendezvous`]: one process per rank, started by a launcher (torchrun,
@@ -50,6 +56,7 @@
 //! to them.
 #![deny(missing_docs)]
 
+pub mod async_call;
 pub mod device;
 pub mod driver;
 mod instance;
@@ -60,9 +67,10 @@ mod session;
 pub mod spmd;
 mod value;
 
+pub use async_call::{CallFuture, VariantCallFuture};
 pub use device::Device;
 pub use ferrite_base::{Result, Status, StatusCode};
-pub use ferrite_hal::ElementType;
+pub use ferrite_hal::{ElementType, Fence, Semaphore, TimepointWait};
 /// Parameter files, indexes and providers (see [`Session::add_parameter_file`]).
 pub use ferrite_modules::io_parameters as parameters;
 pub use instance::Instance;

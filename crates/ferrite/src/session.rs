@@ -4,6 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use ferrite_hal::fence::Fence;
+
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, Result};
 use ferrite_hal_module::HalModuleOptions;
@@ -13,6 +15,7 @@ use ferrite_modules::io_parameters::{
 use ferrite_vm::cconv::CconvType;
 use ferrite_vm::{BytecodeModule, Context, FunctionRef, Module, ModuleBytes, Ref, Variant};
 
+use crate::async_call::{self, CallFuture, VariantCallFuture};
 use crate::device::Device;
 use crate::instance::Instance;
 use crate::value::{DeviceTensor, Tensor, Value};
@@ -305,6 +308,16 @@ impl Session {
         self.function(name)?.call(args)
     }
 
+    /// Looks up and calls `name`, returning a future of the results:
+    /// shorthand for `session.function(name)?.call_async(args)`, with a
+    /// lookup failure delivered by the future. See [`Function::call_async`].
+    pub fn call_async(&self, name: &str, args: &[Value]) -> CallFuture {
+        match self.function(name) {
+            Ok(f) => f.call_async(args),
+            Err(e) => CallFuture::new(async_call::failed(self.shared_context(), name, e)),
+        }
+    }
+
     /// The session's devices, in `hal.devices.get` order.
     pub fn devices(&self) -> &[Device] {
         &self.devices
@@ -395,6 +408,48 @@ impl<'s> Function<'s> {
         self.target().call_variants(args)
     }
 
+    /// Issues the call now and returns a future of its results (tensors
+    /// copied to the host, as [`Function::call`]), resolved once the call's
+    /// work is done, without a thread blocked for it; any executor drives
+    /// it. For a function compiled with
+    /// `--iree-execution-model=async-external`, pass only its own
+    /// arguments: the wait and signal fences are added (or pass both
+    /// yourself). Dropping the future gives up the results, not the call.
+    /// See the [`async_call`](crate::async_call) module for the details.
+    /// Errors (arguments, the program, the device) come out of the future.
+    ///
+    /// The future holds the session's context: the session cannot load
+    /// modules until it is gone (see [`Session::register`]).
+    pub fn call_async(&self, args: &[Value]) -> CallFuture {
+        CallFuture::new(
+            self.target()
+                .call_async(self.session.shared_context(), args, None),
+        )
+    }
+
+    /// [`Function::call_async`] ordered after `wait`: an async-external
+    /// function gets `wait` as its wait fence (its device work starts once
+    /// `wait` is reached; the call returns at once); any other function
+    /// begins once `wait` is reached. A failed `wait` fails the call. Pass
+    /// the [`CallFuture::signal_fence`] of an earlier call to chain calls
+    /// on the device.
+    pub fn call_async_after(&self, args: &[Value], wait: &Arc<Fence>) -> CallFuture {
+        CallFuture::new(self.target().call_async(
+            self.session.shared_context(),
+            args,
+            Some(wait.clone()),
+        ))
+    }
+
+    /// [`Function::call_async`] with VM values as they are: no conversion
+    /// of the arguments (beyond adding the fences of an async-external
+    /// function) and none of the results, whose tensors stay in their
+    /// device buffers.
+    pub fn call_async_variants(&self, args: Vec<Variant>) -> VariantCallFuture {
+        let inline = self.target().inline();
+        async_call::start(self.session.shared_context(), &self.f, args, None, inline)
+    }
+
     /// The same function as a handle that borrows nothing (see
     /// [`Session::function_owned`]).
     pub fn to_owned(&self) -> OwnedFunction {
@@ -429,6 +484,50 @@ impl Target<'_> {
         self.context
             .invoke(self.f, args)
             .annotate(|| format!("invoking function '{}'", self.f.name))
+    }
+
+    /// Converts `args` (the function's own arguments; for an
+    /// async-external function optionally followed by its two fences) and
+    /// starts the call.
+    fn call_async(
+        &self,
+        context: Arc<Context>,
+        args: &[Value],
+        after: Option<Arc<Fence>>,
+    ) -> VariantCallFuture {
+        match self.convert_async_args(args) {
+            Ok(variants) => async_call::start(context, self.f, variants, after, self.inline()),
+            Err(e) => async_call::failed(context, &self.f.name, e),
+        }
+    }
+
+    /// Whether the device runs queue work on the submitting thread
+    /// (`local-sync`): such a device blocks a submission until its wait
+    /// fence is reached, so calls wait for their fence on the host.
+    fn inline(&self) -> bool {
+        self.device.is_some_and(|d| d.hal().0.runs_inline())
+    }
+
+    fn convert_async_args(&self, args: &[Value]) -> Result<Vec<Variant>> {
+        let types = &self.f.cconv.args;
+        if !async_call::is_coarse_fences(self.f) {
+            return self.convert_args(args);
+        }
+        self.check_fixed_arity()?;
+        let own = types.len() - 2;
+        if args.len() != own && args.len() != types.len() {
+            bail!(
+                InvalidArgument,
+                "'{}' takes {own} argument(s) ({}) before its wait and signal fences (async-external), but {} were passed",
+                self.f.name,
+                types[..own].iter().map(type_name).collect::<Vec<_>>().join(", "),
+                args.len()
+            );
+        }
+        args.iter()
+            .enumerate()
+            .map(|(i, arg)| self.convert_arg(i, arg))
+            .collect()
     }
 
     fn check_fixed_arity(&self) -> Result<()> {
@@ -557,6 +656,25 @@ impl OwnedFunction {
     /// As [`Function::call_variants`].
     pub fn call_variants(&self, args: Vec<Variant>) -> Result<Vec<Variant>> {
         self.target().call_variants(args)
+    }
+
+    /// As [`Function::call_async`].
+    pub fn call_async(&self, args: &[Value]) -> CallFuture {
+        CallFuture::new(self.target().call_async(self.context.clone(), args, None))
+    }
+
+    /// As [`Function::call_async_after`].
+    pub fn call_async_after(&self, args: &[Value], wait: &Arc<Fence>) -> CallFuture {
+        CallFuture::new(
+            self.target()
+                .call_async(self.context.clone(), args, Some(wait.clone())),
+        )
+    }
+
+    /// As [`Function::call_async_variants`].
+    pub fn call_async_variants(&self, args: Vec<Variant>) -> VariantCallFuture {
+        let inline = self.target().inline();
+        async_call::start(self.context.clone(), &self.f, args, None, inline)
     }
 
     /// Copies `tensor` into a new buffer of the function's device (see
