@@ -470,3 +470,63 @@ class ParameterIndex:
     def items(self) -> list[tuple[str, ParameterIndexEntry]]: ...
 
 class ParameterProvider: ...
+
+# Text generation (crates/ferrite-python/src/llm.rs; python/ferrite/llm.py is
+# the user-facing wrapper)
+
+class Llm:
+    """`ferrite_llm::Llm`: a `.gguf` on a device with the generate loop."""
+    @staticmethod
+    def load(
+        gguf: Union[str, bytes, os.PathLike[str]],
+        device: str = "local-task",
+        program: Optional[Union[str, bytes, os.PathLike[str]]] = None,
+    ) -> Llm: ...
+    @property
+    def context_length(self) -> int: ...
+    @property
+    def eos_token_id(self) -> Optional[int]: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def gguf_path(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def chat_prompt(self, messages: list[tuple[str, str]]) -> list[int]: ...
+    def generate(
+        self,
+        ids: list[int],
+        max_tokens: int,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        seed: int,
+        stop: list[str],
+        ignore_eos: bool,
+    ) -> dict[str, Any]:
+        """Keys: text, ids, finish_reason, prompt_tokens, time_to_first_token,
+        decode_seconds, decode_steps."""
+        ...
+    def stream(
+        self,
+        ids: list[int],
+        max_tokens: int,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        seed: int,
+        stop: list[str],
+        ignore_eos: bool,
+    ) -> LlmStream: ...
+
+class LlmStream:
+    def __iter__(self) -> LlmStream: ...
+    def __next__(self) -> str: ...
+    def close(self) -> None: ...
+    @property
+    def ids(self) -> list[int]: ...
+    @property
+    def text(self) -> str: ...
+    def result(self) -> Optional[dict[str, Any]]: ...

@@ -21,6 +21,7 @@ mod hal;
 mod host_buffer;
 mod invoke;
 mod io;
+mod llm;
 mod loop_bridge;
 mod pymodule;
 mod semaphore;
@@ -40,6 +41,7 @@ fn _ferrite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tokenizer::register(m)?;
     tools::register(m)?;
     io::register(m)?;
+    llm::register(m)?;
     trace::register(m)?;
     let commit = option_env!("FERRITE_GIT_COMMIT").filter(|c| !c.is_empty());
     m.add("__version__", version(env!("CARGO_PKG_VERSION"), commit))?;
