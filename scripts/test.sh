@@ -110,6 +110,18 @@ else
   echo "SKIPPED LLM generation tests: missing $llm_missing"
 fi
 # ---- end of the LLM step ---------------------------------------------------
+# ---- OpenAI-compatible server (issue 29) -----------------------------------
+# `ferrite serve` (target/debug/ferrite, and `python -m ferrite.serve` from the
+# wheel installed above) on 127.0.0.1 with the SmolLM2 .gguf and MiniLM:
+# the PyPI openai client (chat, streaming, completions, embeddings, greedy
+# text equal to `ferrite generate`), 16 concurrent streams, and the trouble
+# cases (401, 400, 413, 429, disconnect, SIGTERM); about 1-1.5 min on 2 cores.
+step "ferrite serve (tests/serve): openai client, concurrent streams, trouble cases"
+.venv/bin/python -c "import openai" 2>/dev/null || .venv/bin/pip install -q openai
+.venv/bin/python examples/llm/assets.py >/dev/null
+.venv/bin/python examples/minilm/assets.py >/dev/null
+cargo build -q -p ferrite-cli
+FERRITE_BIN=target/debug/ferrite timeout 600 .venv/bin/pytest -q -rs tests/serve
 step "upstream e2e programs (llvm-cpu) under ferrite on local-sync and local-task"
 E2E_DATA="${UPSTREAM_E2E:-$ROOT/../shared/upstream-e2e}"
 if [[ -d "$E2E_DATA" ]]; then
