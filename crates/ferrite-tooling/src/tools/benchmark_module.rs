@@ -84,7 +84,9 @@ pub struct BenchmarkModuleArgs {
     pub compare_upstream: bool,
     /// After the idle timing, time again (upstream too with
     /// `--compare-upstream`) while one busy process per available CPU
-    /// runs, and print the loaded figures and ratio beside the idle ones.
+    /// runs, and print the loaded figures and ratio beside the idle ones
+    /// (with `--compare-upstream` the two runtimes alternate twice under
+    /// the load; each loaded figure is the mean of its two timings).
     /// The load is started here, limited to `--load-seconds`, and killed
     /// as soon as the loaded timing ends (or fails).
     #[arg(long = "under-load")]
@@ -321,19 +323,44 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
             bail!(InvalidArgument, "--under-load: nothing was timed");
         };
         let load = CpuLoad::start(args.load_seconds)?;
-        let mut loaded = Vec::new();
-        for f in &functions {
-            loaded.extend(time_function(&rc.context, &rc.devices, f, args, min_time)?);
+        // Under load, where a thread lands decides much of its share of a
+        // CPU, and the scheduler keeps moving the busy processes around for
+        // a while after they start: whichever runtime is timed first would
+        // meet a different machine. With `--compare-upstream` the two
+        // alternate (ours, upstream, ours, upstream) and each figure is
+        // the mean of its two timings.
+        let rounds = if args.compare_upstream { 2 } else { 1 };
+        let mut ours_runs = Vec::with_capacity(rounds);
+        let mut up_runs = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let mut loaded = Vec::new();
+            for f in &functions {
+                loaded.extend(time_function(&rc.context, &rc.devices, f, args, min_time)?);
+            }
+            ours_runs.push(per_call(&loaded, args.repetitions).unwrap_or(f64::NAN));
+            if args.compare_upstream {
+                up_runs.push(run_upstream(args)?);
+            }
         }
-        let up = if args.compare_upstream {
-            Some(run_upstream(args)?)
-        } else {
-            None
-        };
         let busy = load.len();
         drop(load);
-        let ours = per_call(&loaded, args.repetitions).unwrap_or(f64::NAN);
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let ours = mean(&ours_runs);
+        let up = (!up_runs.is_empty()).then(|| mean(&up_runs));
         println!("under load ({busy} busy processes, one per CPU):");
+        if rounds > 1 {
+            let list = |v: &[f64]| {
+                v.iter()
+                    .map(|t| fmt_time(*t))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            println!(
+                "  alternating timings: ferrite {}; upstream {}",
+                list(&ours_runs),
+                list(&up_runs)
+            );
+        }
         println!("  ferrite benchmark-module: {} per call", fmt_time(ours));
         let up_idle = idle.and_then(|i| i.1);
         if let (Some(up), Some(up_idle)) = (up, up_idle) {
