@@ -32,10 +32,11 @@ fn inputs() -> Vec<String> {
     ]
 }
 
-/// Runs `tool` on `device` with `--trace` and returns the parsed file.
-fn traced(tool: &str, device: &str, extra: &[&str]) -> Value {
+/// Runs `tool` on `device` with `--trace` to `trace_TAG.json` and returns
+/// the parsed file.
+fn traced(tag: &str, tool: &str, device: &str, extra: &[&str]) -> Value {
     let dir = workspace_root().join("target/test-programs");
-    let path = dir.join(format!("trace_{tool}_{device}.json"));
+    let path = dir.join(format!("trace_{tag}.json"));
     let _ = std::fs::remove_file(&path);
     let mut args = vec![
         tool.to_string(),
@@ -145,7 +146,7 @@ fn check_common(trace: &Value, calls: usize) {
 
 #[test]
 fn local_sync_trace_has_invocation_vm_dispatch_and_queue_events() {
-    let trace = traced("run-module", "local-sync", &["--output="]);
+    let trace = traced("sync", "run-module", "local-sync", &["--output="]);
     check_common(&trace, 1);
     assert!(
         events(&trace, "tile").is_empty(),
@@ -158,6 +159,7 @@ fn local_sync_trace_has_invocation_vm_dispatch_and_queue_events() {
 #[test]
 fn local_task_trace_shows_which_thread_ran_which_tiles() {
     let trace = traced(
+        "task",
         "run-module",
         "local-task",
         &["--output=", "--task_topology_group_count=2"],
@@ -205,6 +207,7 @@ fn local_task_trace_shows_which_thread_ran_which_tiles() {
 #[test]
 fn benchmark_module_traces_every_call() {
     let trace = traced(
+        "bench",
         "benchmark-module",
         "local-sync",
         &["--benchmark_min_time=3x", "--benchmark_repetitions=1"],
@@ -227,4 +230,52 @@ fn unwritable_trace_path_is_an_error_naming_it() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--trace=/nonexistent-dir/t.json"), "{err}");
+}
+
+#[test]
+fn profile_summarizes_a_trace_and_draws_its_timeline() {
+    let _ = traced(
+        "profile",
+        "run-module",
+        "local-task",
+        &["--output=", "--repeat=3"],
+    );
+    let dir = workspace_root().join("target/test-programs");
+    let json = dir.join("trace_profile.json");
+    let png = dir.join("trace_profile.png");
+    let _ = std::fs::remove_file(&png);
+    let o = ferrite(&[
+        "profile".into(),
+        json.display().to_string(),
+        format!("--png={}", png.display()),
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("3 invocation(s)"), "{out}");
+    assert!(out.contains("dispatches: 6 in"), "{out}");
+    for export in [
+        "two_matmuls_dispatch_0_matmul_32x16x64_f32",
+        "two_matmuls_dispatch_1_matmul_32x8x16_f32",
+    ] {
+        let row = out
+            .lines()
+            .find(|l| l.ends_with(export))
+            .unwrap_or_else(|| panic!("a row for {export}:\n{out}"));
+        assert!(row.contains("      3 "), "three calls of {export}: {row}");
+    }
+    assert!(out.contains("execute"), "{out}");
+    assert!(out.contains("threads running tiles"), "{out}");
+    // A PNG of the documented width.
+    let bytes = std::fs::read(&png).expect("the PNG was written");
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(&bytes[12..16], b"IHDR");
+    assert_eq!(u32::from_be_bytes(bytes[16..20].try_into().unwrap()), 1600);
+
+    let o = ferrite(&["profile".into(), "/nonexistent/t.json".into()]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("reading trace '/nonexistent/t.json'"));
 }

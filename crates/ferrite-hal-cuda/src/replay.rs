@@ -264,6 +264,21 @@ pub(crate) fn replay(
                 if let Some(k) = &shared.kernel_times {
                     k.end(api, stream, &kernel.name, timing)?;
                 }
+                if ferrite_base::trace::enabled() {
+                    // The host's enqueue of the launch (the GPU runs it
+                    // later, on the stream): an instant on the device's
+                    // track, named by the kernel's export.
+                    use ferrite_base::trace::{self, Arg};
+                    let track = trace::device_track(&format!("cuda://{}", shared.ordinal));
+                    let args = vec![
+                        (
+                            "workgroups",
+                            Arg::List(workgroups.iter().map(|&w| w as u64).collect()),
+                        ),
+                        ("command", Arg::U64(index as u64)),
+                    ];
+                    trace::instant("dispatch enqueue", kernel.name.to_string(), track, args);
+                }
             }
         }
     }

@@ -36,6 +36,7 @@ pub mod inputs;
 pub mod npy;
 pub mod outputs;
 pub mod parameters;
+pub mod profile_png;
 pub mod tools;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -56,6 +57,8 @@ pub enum Tool {
     BenchmarkModule(tools::benchmark_module::BenchmarkModuleArgs),
     /// Runs each test function of a self-checking program (like `iree-check-module`).
     CheckModule(tools::check_module::CheckModuleArgs),
+    /// Summarizes a `--trace=FILE.json` trace: top dispatches by time, queue operations, waits; `--png=OUT.png` draws the timeline.
+    Profile(tools::profile::ProfileArgs),
 }
 
 impl Tool {
@@ -66,6 +69,7 @@ impl Tool {
             Tool::DumpModule(a) => tools::dump_module::run(a),
             Tool::BenchmarkModule(a) => tools::benchmark_module::run(a),
             Tool::CheckModule(a) => tools::check_module::run(a),
+            Tool::Profile(a) => tools::profile::run(a),
         }
     }
 }

@@ -3,4 +3,5 @@
 pub mod benchmark_module;
 pub mod check_module;
 pub mod dump_module;
+pub mod profile;
 pub mod run_module;
