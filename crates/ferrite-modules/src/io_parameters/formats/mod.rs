@@ -11,6 +11,7 @@
 pub mod gguf;
 pub mod irpa;
 pub mod safetensors;
+mod safetensors_header;
 
 use ferrite_base::{bail, Result};
 
