@@ -47,7 +47,8 @@
 //! Dropping a future gives up its results, never the call: work already
 //! enqueued completes, and an invocation that was waiting (or a call still
 //! waiting for its `call_async_after` fence) goes on without the future,
-//! driven from the thread that signals what it waits for, until it returns
+//! polled by one process-wide thread when what it waits for is signalled
+//! (never inside the signalling thread's own code), until it returns
 //! (so a program's state never stays half-updated); its results and
 //! buffers are then released. A dropped future never leaves a fence
 //! unsignalled or a subscription behind on a semaphore.
@@ -468,17 +469,18 @@ impl Future for CallFuture {
 }
 
 /// A call whose future was dropped while it was still running: it drives
-/// itself to the end, polled by whoever wakes it (the thread that signals
-/// what it waits for), then drops its results.
+/// itself to the end on the [runner](runner) thread, polled again each
+/// time what it waits for wakes it, then drops its results.
 struct Detached {
     driver: std::sync::Mutex<Option<Driver>>,
-    /// IDLE, RUNNING, or RUNNING with a wake that came meanwhile.
+    /// IDLE, QUEUED, RUNNING, or RUNNING with a wake that came meanwhile.
     state: AtomicU8,
 }
 
 const IDLE: u8 = 0;
-const RUNNING: u8 = 1;
-const NOTIFIED: u8 = 2;
+const QUEUED: u8 = 1;
+const RUNNING: u8 = 2;
+const NOTIFIED: u8 = 3;
 
 impl Detached {
     fn run_to_end(driver: Driver) {
@@ -487,74 +489,139 @@ impl Detached {
             driver: std::sync::Mutex::new(Some(driver)),
             state: AtomicU8::new(IDLE),
         });
-        task.run();
+        task.schedule();
     }
 
-    /// Polls the call unless another thread is polling it now (that
-    /// thread then polls once more for this wake).
-    fn run(self: &Arc<Self>) {
+    /// Queues the task for the runner unless it is queued already, or
+    /// marks a running task to be polled once more.
+    fn schedule(self: &Arc<Self>) {
         loop {
-            match self
-                .state
-                .compare_exchange(IDLE, RUNNING, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(NOTIFIED) => return,
-                Err(_) => {
-                    if self
-                        .state
-                        .compare_exchange(RUNNING, NOTIFIED, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        return;
-                    }
-                }
-            }
-        }
-        let waker = Waker::from(self.clone());
-        loop {
-            let finished = {
-                // Only the thread in RUNNING takes the lock; a poisoned lock (a
-                // panic inside a poll) still holds a usable driver.
-                let mut slot = self.driver.lock().unwrap_or_else(|e| e.into_inner());
-                match slot.as_mut() {
-                    Some(d) => {
-                        let done = d.poll(&mut TaskContext::from_waker(&waker)).is_ready()
-                            || d.is_finished();
-                        if done {
-                            slot.take()
-                        } else {
-                            None
-                        }
-                    }
-                    None => None,
-                }
+            let (from, to) = match self.state.load(Ordering::Acquire) {
+                IDLE => (IDLE, QUEUED),
+                RUNNING => (RUNNING, NOTIFIED),
+                _ => return,
             };
-            if let Some(driver) = finished {
-                // Results and buffers go here, outside the lock.
-                drop(driver);
-                DETACHED.fetch_sub(1, Ordering::AcqRel);
-            }
             if self
                 .state
-                .compare_exchange(RUNNING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
+                if to == QUEUED {
+                    runner::submit(self.clone());
+                }
                 return;
             }
-            // A wake came while polling: poll again.
-            self.state.store(RUNNING, Ordering::Release);
+        }
+    }
+
+    /// Polls the call once (on the runner thread).
+    fn run(self: Arc<Self>) {
+        self.state.store(RUNNING, Ordering::Release);
+        let waker = Waker::from(self.clone());
+        let finished = {
+            // Only the runner polls; a poisoned lock (a panic inside an
+            // earlier poll) still holds a usable driver.
+            let mut slot = self.driver.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.as_mut() {
+                Some(d) => {
+                    let done =
+                        d.poll(&mut TaskContext::from_waker(&waker)).is_ready() || d.is_finished();
+                    if done {
+                        slot.take()
+                    } else {
+                        None
+                    }
+                }
+                None => None,
+            }
+        };
+        if let Some(driver) = finished {
+            // Results and buffers go here, outside the lock.
+            drop(driver);
+            DETACHED.fetch_sub(1, Ordering::AcqRel);
+        }
+        if self
+            .state
+            .compare_exchange(RUNNING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // Woken while polling: poll again.
+            self.state.store(QUEUED, Ordering::Release);
+            runner::submit(self);
         }
     }
 }
 
 impl Wake for Detached {
     fn wake(self: Arc<Self>) {
-        self.run();
+        self.schedule();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.run();
+        self.schedule();
+    }
+}
+
+/// The one thread that polls calls whose futures were dropped. Wakers run
+/// on whatever thread signals a semaphore (a device's worker or completion
+/// thread, inside its signal path): a detached call is only queued there,
+/// and its program code runs here instead. Started at the first dropped
+/// call; it sleeps while nothing is queued.
+mod runner {
+    use super::Detached;
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+    struct Queue {
+        tasks: Mutex<VecDeque<Arc<Detached>>>,
+        ready: Condvar,
+        /// Whether the thread is running (it could not be started when not).
+        started: bool,
+    }
+
+    fn queue() -> &'static Queue {
+        static QUEUE: OnceLock<Queue> = OnceLock::new();
+        QUEUE.get_or_init(|| {
+            let started = std::thread::Builder::new()
+                .name("ferrite-detached-calls".into())
+                .spawn(run)
+                .is_ok();
+            Queue {
+                tasks: Mutex::new(VecDeque::new()),
+                ready: Condvar::new(),
+                started,
+            }
+        })
+    }
+
+    pub(super) fn submit(task: Arc<Detached>) {
+        let q = queue();
+        if !q.started {
+            // No thread to hand it to: poll it here rather than never.
+            task.run();
+            return;
+        }
+        q.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(task);
+        q.ready.notify_one();
+    }
+
+    fn run() {
+        let q = queue();
+        loop {
+            let task = {
+                let mut tasks = q.tasks.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(t) = tasks.pop_front() {
+                        break t;
+                    }
+                    tasks = q.ready.wait(tasks).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            task.run();
+        }
     }
 }
 
