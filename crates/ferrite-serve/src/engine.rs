@@ -1,12 +1,15 @@
 //! What the scheduler drives: a model with KV-cache slots, a prefill of a
 //! prompt piece into one slot and one decode step for several slots at
-//! once. The single-sequence [`ferrite_llm::Llm`] is such an engine with
-//! one slot (its program has one KV cache); a batched program fills more
-//! slots per step through the same trait.
+//! once. [`BatchEngine`] is the batch program (`ferrite_llm::BatchLlm`:
+//! 16 slots, prompts prefilled whole or in chunks at any position, one
+//! `decode_batch` call per step for every running sequence); the
+//! single-sequence [`ferrite_llm::Llm`] is such an engine with one slot
+//! ([`LlmEngine`], for a program file given with `--module`).
 
 use std::sync::Arc;
 
-use ferrite_llm::{Llm, Result, Status, StatusCode};
+use ferrite::Session;
+use ferrite_llm::{BatchLlm, Llm, Result, Status, StatusCode};
 use ferrite_tokenizer::Tokenizer;
 
 /// One sequence's step in a batched decode: its slot, the token to append
@@ -44,10 +47,83 @@ pub trait Engine {
     /// One token for each entry (distinct slots); the logits per entry in
     /// order.
     fn decode(&mut self, steps: &[Step]) -> Result<Vec<Vec<f32>>>;
-    /// Current device memory in use, per device name, when the engine can
-    /// tell (for `/metrics`).
-    fn device_memory(&self) -> Vec<(String, u64)> {
+    /// Live allocator bytes per device and memory kind (`device_local`,
+    /// `host_local`), when the engine can tell (for `/metrics`).
+    fn device_memory(&self) -> Vec<(String, &'static str, u64)> {
         Vec::new()
+    }
+}
+
+/// Live bytes of each device's allocator in `session`.
+fn session_memory(session: &Session) -> Vec<(String, &'static str, u64)> {
+    let mut out = Vec::new();
+    for d in session.devices() {
+        let s = d.hal().0.allocator().statistics();
+        out.push((
+            d.name().to_string(),
+            "device_local",
+            s.device_bytes_allocated
+                .saturating_sub(s.device_bytes_freed),
+        ));
+        out.push((
+            d.name().to_string(),
+            "host_local",
+            s.host_bytes_allocated.saturating_sub(s.host_bytes_freed),
+        ));
+    }
+    out
+}
+
+/// The batch program as an engine: one slot per KV cache of the program.
+pub struct BatchEngine {
+    llm: BatchLlm,
+}
+
+impl BatchEngine {
+    /// Wraps a loaded batch program.
+    pub fn new(llm: BatchLlm) -> BatchEngine {
+        BatchEngine { llm }
+    }
+}
+
+impl Engine for BatchEngine {
+    fn slots(&self) -> usize {
+        self.llm.slots()
+    }
+
+    fn context_length(&self) -> usize {
+        self.llm.context_length()
+    }
+
+    fn eos(&self) -> Option<u32> {
+        self.llm.eos()
+    }
+
+    fn vocab(&self) -> usize {
+        self.llm.vocab_size()
+    }
+
+    fn tokenizer(&self) -> Arc<Tokenizer> {
+        self.llm.tokenizer().clone()
+    }
+
+    fn prefill_chunk(&self) -> Option<usize> {
+        // Any piece at any position: the scheduler's budget bounds it.
+        Some(usize::MAX)
+    }
+
+    fn prefill(&mut self, slot: usize, ids: &[u32], pos: usize) -> Result<Vec<f32>> {
+        self.llm.prefill(slot, ids, pos)
+    }
+
+    fn decode(&mut self, steps: &[Step]) -> Result<Vec<Vec<f32>>> {
+        let items: Vec<(usize, u32, usize)> =
+            steps.iter().map(|s| (s.slot, s.token, s.pos)).collect();
+        self.llm.decode_batch(&items)
+    }
+
+    fn device_memory(&self) -> Vec<(String, &'static str, u64)> {
+        session_memory(self.llm.session())
     }
 }
 

@@ -44,10 +44,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferrite_llm::{Llm, Result, Status, StatusCode};
+use ferrite_llm::{BatchLlm, Llm, Result, Status, StatusCode};
 use tokio::sync::Notify;
 
-use crate::engine::{Engine, LlmEngine};
+use crate::engine::{BatchEngine, Engine, LlmEngine};
 use crate::http::{AppState, ModelInfo};
 use crate::metrics::Metrics;
 use crate::scheduler::{Queue, Scheduler, SchedulerConfig};
@@ -93,8 +93,13 @@ pub struct ServeArgs {
     /// Seconds running generations may go on after SIGTERM.
     #[arg(long = "shutdown_timeout", default_value_t = 10.0)]
     pub shutdown_timeout: f64,
-    /// A program to use instead of the built-in one (single-sequence
-    /// entry points, as `ferrite generate --module`).
+    /// A batch program to use instead of the built-in one (entry points
+    /// `prefill_slot`, `decode_batch`, `slots`, `context_length`; e.g. one
+    /// compiled for cuda).
+    #[arg(long = "batch_module", conflicts_with = "module")]
+    pub batch_module: Option<PathBuf>,
+    /// A single-sequence program instead (entry points `prefill`, `decode`,
+    /// as `ferrite generate --module`): one sequence at a time.
     #[arg(long)]
     pub module: Option<PathBuf>,
 }
@@ -112,16 +117,21 @@ pub fn model_name(path: &Path) -> String {
     name.strip_suffix(".gguf").unwrap_or(&name).to_string()
 }
 
-/// Loads the engine named by the arguments.
+/// Loads the engine named by the arguments: the batch program unless a
+/// single-sequence program is given with `--module`.
 fn load_engine(args: &ServeArgs) -> Result<Box<dyn Engine>> {
-    let llm = Llm::load_with_program(&args.gguf, &args.device, args.module.as_deref())?;
-    if args.max_batch > 1 {
-        eprintln!(
-            "ferrite serve: the single-sequence program runs one sequence at a time (--max_batch={} capped to 1)",
-            args.max_batch
-        );
+    if let Some(module) = &args.module {
+        let llm = Llm::load_with_program(&args.gguf, &args.device, Some(module))?;
+        if args.max_batch > 1 {
+            eprintln!(
+                "ferrite serve: the single-sequence program runs one sequence at a time (--max_batch={} capped to 1)",
+                args.max_batch
+            );
+        }
+        return Ok(Box::new(LlmEngine::new(llm)));
     }
-    Ok(Box::new(LlmEngine::new(llm)))
+    let llm = BatchLlm::load_with_program(&args.gguf, &args.device, args.batch_module.as_deref())?;
+    Ok(Box::new(BatchEngine::new(llm)))
 }
 
 /// What the HTTP side needs of the model: tokenizer and context from the

@@ -29,6 +29,8 @@ pub struct RequestLabels {
 pub struct DeviceLabels {
     /// The device's name.
     pub device: String,
+    /// `device_local` or `host_local` (the allocator's two heaps).
+    pub memory: String,
 }
 
 /// Every metric the server exports.
@@ -54,7 +56,7 @@ pub struct Metrics {
     pub inter_token_latency: Histogram,
     /// Generations ended because their client went away.
     pub cancelled: Counter,
-    /// Device memory in use, bytes.
+    /// Live allocator bytes per device and heap.
     pub device_memory: Family<DeviceLabels, Gauge>,
     /// Resident memory of the process, bytes.
     pub resident_memory: Gauge,
@@ -137,7 +139,7 @@ impl Metrics {
         );
         registry.register(
             "device_memory_bytes",
-            "device memory in use, by device (where the engine reports it)",
+            "live allocator bytes per device and heap (device_local, host_local)",
             m.device_memory.clone(),
         );
         registry.register(

@@ -22,7 +22,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::engine::{Engine, Step};
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::{DeviceLabels, Metrics};
 use crate::stop::StopText;
 
 /// Why a generation ended, as OpenAI names it.
@@ -266,6 +266,7 @@ impl<'e> Scheduler<'e> {
     /// (or the shutdown grace has passed and they were cancelled).
     /// `stop_now` cancels the running ones at the next boundary.
     pub fn run(&mut self, stop_now: &AtomicBool) {
+        self.update_memory();
         let mut deadline: Option<Instant> = None;
         loop {
             self.drop_cancelled();
@@ -457,6 +458,8 @@ impl<'e> Scheduler<'e> {
         }
     }
 
+    /// Counts decoded tokens; once a second updates the rate and the
+    /// device memory gauges.
     fn count_tokens(&mut self, n: u64) {
         self.window_tokens += n;
         let elapsed = self.window_start.elapsed();
@@ -466,6 +469,19 @@ impl<'e> Scheduler<'e> {
                 .set(self.window_tokens as f64 / elapsed.as_secs_f64());
             self.window_start = Instant::now();
             self.window_tokens = 0;
+            self.update_memory();
+        }
+    }
+
+    fn update_memory(&self) {
+        for (device, memory, bytes) in self.engine.device_memory() {
+            self.metrics
+                .device_memory
+                .get_or_create(&DeviceLabels {
+                    device,
+                    memory: memory.to_string(),
+                })
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
     }
 
