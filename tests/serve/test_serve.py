@@ -325,6 +325,9 @@ def test_embeddings(server):
 
 
 def test_models_health_and_metrics(server):
+    server.client().chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0
+    )
     models = [m.id for m in server.client().models.list()]
     assert models == [llm_assets.NAME.removesuffix(".gguf"), "all-MiniLM-L6-v2"]
     assert raw("GET", server.url + "/health").json() == {"status": "ok"}

@@ -8,18 +8,20 @@
 //! examples/minilm/assets.py` puts them in `.cache/minilm`); a program file
 //! may replace the built-in one (`--embeddings_module=PATH`).
 //!
-//! One worker thread owns the session and embeds texts one at a time (the
-//! program takes one `[1, 128]` sequence per call); handlers await its
-//! answer without blocking the async runtime.
+//! Calls are futures ([`ferrite::OwnedFunction::call_async`], resolved when
+//! the call's device work is done): a request awaits its embeddings on the
+//! async runtime with no thread parked per call, and concurrent requests
+//! share the one loaded program. On `local-sync`, which runs device work on
+//! the submitting thread, the call is started inside
+//! `tokio::task::block_in_place` so the computation does not stall the
+//! runtime's other tasks.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::Arc;
 
-use ferrite::{Instance, Session, Tensor, Value};
+use ferrite::{Instance, OwnedFunction, Session, Tensor, Value};
 use ferrite_llm::{Result, Status, StatusCode};
 use ferrite_tokenizer::Tokenizer;
-use tokio::sync::oneshot;
 
 /// The program's sequence length: ids are padded (or truncated) to it.
 pub const SEQ: usize = 128;
@@ -39,15 +41,12 @@ pub struct Embedded {
     pub tokens: usize,
 }
 
-struct EmbedJob {
-    texts: Vec<String>,
-    reply: oneshot::Sender<Result<Embedded>>,
-}
-
-/// A handle on the embeddings worker.
-#[derive(Clone)]
+/// The loaded embeddings program: `Send + Sync`, shared by every request.
 pub struct Embedder {
-    jobs: mpsc::Sender<EmbedJob>,
+    embed: OwnedFunction,
+    tokenizer: Arc<Tokenizer>,
+    /// The device runs work on the submitting thread (`local-sync`).
+    inline: bool,
 }
 
 fn need(path: PathBuf) -> Result<PathBuf> {
@@ -89,16 +88,7 @@ fn encode(tokenizer: &Tokenizer, text: &str) -> Result<(Vec<i64>, Vec<i64>, usiz
     Ok((ids, mask, n))
 }
 
-fn embed_one(session: &Session, tokenizer: &Tokenizer, text: &str) -> Result<(Vec<f32>, usize)> {
-    let (ids, mask, n) = encode(tokenizer, text)?;
-    let shape = [1, SEQ as u64];
-    let out = session.call(
-        "embed",
-        &[
-            Value::from(Tensor::from_slice(&shape, &ids)?),
-            Value::from(Tensor::from_slice(&shape, &mask)?),
-        ],
-    )?;
+fn vector(out: Vec<Value>) -> Result<Vec<f32>> {
     let v = out
         .first()
         .and_then(Value::as_tensor)
@@ -110,13 +100,13 @@ fn embed_one(session: &Session, tokenizer: &Tokenizer, text: &str) -> Result<(Ve
             format!("embed returned {} values, expected {WIDTH}", v.len()),
         ));
     }
-    Ok((v, n))
+    Ok(v)
 }
 
 impl Embedder {
-    /// Starts the worker: loads the program and weights from `dir` on
-    /// `device`; returns once loaded (or with the loading error).
-    pub fn start(dir: &Path, module: Option<&Path>, device: &str) -> Result<Embedder> {
+    /// Loads the program and weights from `dir` on `device` (blocking: call
+    /// it off the async runtime).
+    pub fn load(dir: &Path, module: Option<&Path>, device: &str) -> Result<Embedder> {
         let weights = need(dir.join("model.safetensors"))?;
         let tokenizer_path = need(dir.join("tokenizer.json"))?;
         let module = module.map(|m| need(m.to_path_buf())).transpose()?;
@@ -127,89 +117,46 @@ impl Embedder {
             )
         })?;
         let tokenizer = Arc::new(Tokenizer::from_json(&json)?);
-        let (jobs, rx) = mpsc::channel::<EmbedJob>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
-        let device = device.to_string();
-        std::thread::Builder::new()
-            .name("ferrite-embeddings".into())
-            .spawn(move || {
-                let load = || -> Result<Session> {
-                    let instance = Instance::new();
-                    let mut session = Session::new(&instance, &device)?;
-                    session.add_parameter_file("model", &weights)?;
-                    match &module {
-                        Some(m) => session.load_file(m)?,
-                        None if device.starts_with("cuda") => {
-                            session.load_static(MINILM_CUDA_VMFB)?
-                        }
-                        None => session.load_static(MINILM_VMFB)?,
-                    };
-                    Ok(session)
-                };
-                let session = match load() {
-                    Ok(s) => {
-                        let _ = ready_tx.send(Ok(()));
-                        s
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                for job in rx {
-                    if job.reply.is_closed() {
-                        continue;
-                    }
-                    let mut out = Embedded {
-                        vectors: Vec::with_capacity(job.texts.len()),
-                        tokens: 0,
-                    };
-                    let mut result = Ok(());
-                    for text in &job.texts {
-                        match embed_one(&session, &tokenizer, text) {
-                            Ok((v, n)) => {
-                                out.vectors.push(v);
-                                out.tokens += n;
-                            }
-                            Err(e) => {
-                                result = Err(e);
-                                break;
-                            }
-                        }
-                        if job.reply.is_closed() {
-                            break;
-                        }
-                    }
-                    let _ = job.reply.send(result.map(|()| out));
-                }
-            })
-            .map_err(|e| {
-                Status::new(
-                    StatusCode::Internal,
-                    format!("starting the embeddings thread: {e}"),
-                )
-            })?;
-        ready_rx.recv().map_err(|_| {
-            Status::new(
-                StatusCode::Internal,
-                "the embeddings thread ended while loading",
-            )
-        })??;
-        Ok(Embedder { jobs })
+        let instance = Instance::new();
+        let mut session = Session::new(&instance, device)?;
+        session.add_parameter_file("model", &weights)?;
+        match &module {
+            Some(m) => session.load_file(m)?,
+            None if device.starts_with("cuda") => session.load_static(MINILM_CUDA_VMFB)?,
+            None => session.load_static(MINILM_VMFB)?,
+        };
+        // The owned handle keeps the program's context (and devices) alive
+        // without the session.
+        let embed = session.function_owned("embed")?;
+        Ok(Embedder {
+            embed,
+            tokenizer,
+            inline: device.starts_with("local-sync"),
+        })
     }
 
     /// Embeds `texts` (in order).
     pub async fn embed(&self, texts: Vec<String>) -> Result<Embedded> {
-        let (reply, rx) = oneshot::channel();
-        self.jobs.send(EmbedJob { texts, reply }).map_err(|_| {
-            Status::new(StatusCode::Unavailable, "the embeddings worker has stopped")
-        })?;
-        rx.await.map_err(|_| {
-            Status::new(
-                StatusCode::Internal,
-                "the embeddings worker dropped a request",
-            )
-        })?
+        let mut out = Embedded {
+            vectors: Vec::with_capacity(texts.len()),
+            tokens: 0,
+        };
+        let shape = [1, SEQ as u64];
+        for text in &texts {
+            let (ids, mask, n) = encode(&self.tokenizer, text)?;
+            let args = [
+                Value::from(Tensor::from_slice(&shape, &ids)?),
+                Value::from(Tensor::from_slice(&shape, &mask)?),
+            ];
+            let call = if self.inline {
+                tokio::task::block_in_place(|| self.embed.call_async(&args))
+            } else {
+                self.embed.call_async(&args)
+            };
+            out.vectors.push(vector(call.await?)?);
+            out.tokens += n;
+        }
+        Ok(out)
     }
 }
 

@@ -18,7 +18,7 @@
 //! - [`scheduler`]: the queue and the engine thread's continuous batching;
 //! - [`engine`]: the model interface the scheduler drives;
 //! - [`stop`]: stop strings over streamed text;
-//! - [`embeddings`]: the MiniLM worker;
+//! - [`embeddings`]: MiniLM, called as futures;
 //! - [`metrics`]: the Prometheus registry.
 //!
 //! The server binds 127.0.0.1 unless `--host` says otherwise, prints
@@ -267,7 +267,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         let (state, report) = (state.clone(), report.clone());
         let (module, device) = (args.embeddings_module.clone(), args.device.clone());
         tokio::task::spawn_blocking(move || {
-            match embeddings::Embedder::start(&dir, module.as_deref(), &device) {
+            match embeddings::Embedder::load(&dir, module.as_deref(), &device) {
                 Ok(e) => {
                     let _ = state.embedder.set(e);
                     eprintln!(
