@@ -18,12 +18,21 @@
 //! unprivileged processes) [`DemandPaged::new`] returns None and callers
 //! copy eagerly. The limits are those of a memory-mapped parameter file,
 //! plus one:
-//! - the file must not shrink while a copy lives: a failed read aborts the
-//!   process (touching a truncated map raises SIGBUS);
-//! - the memory is not inherited by `fork` (`MADV_DONTFORK`): a child that
-//!   touches it faults rather than reading zeros. The descriptor belongs to
-//!   the parent's address space, so a forked child makes no demand-paged
-//!   copies (it copies eagerly) and leaves the parent's registrations alone;
+//! - the file must not shrink while a copy lives. Where it does (or a read
+//!   fails otherwise), the process neither aborts nor hangs nor takes a
+//!   SIGBUS (what touching a truncated map does): the chunk is installed
+//!   zero-filled so the faulting thread goes on, the failure is printed
+//!   once and recorded ([`failures`], [`DemandPaged::failure`]), and
+//!   parameter operations after it fail with `DATA_LOSS`; results computed
+//!   from the zeros are wrong, and the error says so;
+//! - a forked child (a Python `DataLoader` worker) gets copies of its own:
+//!   the parent's mappings are not inherited (`MADV_DONTFORK`: an
+//!   inherited one would read zeros where the parent had not filled it,
+//!   since the parent's descriptor serves only the parent), and a fork
+//!   handler in the child maps fresh ones at the same addresses and starts
+//!   the child's own pager for them (or, where it cannot, fills them
+//!   eagerly from the files), so objects the child inherited read the
+//!   file's bytes;
 //! - without the privilege to handle kernel-mode faults, the descriptor is
 //!   user-mode only, and a system call that reads a chunk not yet present
 //!   straight from the buffer (`write(2)` of its bytes) fails with EFAULT.
@@ -33,7 +42,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -97,6 +106,16 @@ struct UffdioCopy {
     copy: i64,
 }
 
+/// Read failures of the pager so far (file, offset, error), in order.
+static FAILURES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Every read failure the process's pager met so far (a parameter file
+/// truncated or unreadable while a demand-paged copy of it lived): the
+/// chunks concerned read as zeros.
+pub fn failures() -> Vec<String> {
+    FAILURES.lock().clone()
+}
+
 /// Where the bytes of one registered buffer come from.
 struct Region {
     /// Length of the mapping (the bytes rounded up to whole pages).
@@ -106,6 +125,8 @@ struct Region {
     file: Arc<File>,
     offset: u64,
     name: Arc<str>,
+    /// The first read failure for this buffer.
+    failure: Arc<Mutex<Option<String>>>,
 }
 
 /// The process's userfaultfd and the buffers registered with it, served by
@@ -118,17 +139,48 @@ struct Pager {
     /// Registered buffers by start address. The helper holds the lock while
     /// it fills a chunk, so a buffer is never unmapped under a fill.
     regions: Mutex<BTreeMap<usize, Region>>,
+    /// The helper stopped (the descriptor failed): no new registrations.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
-static PAGER: OnceLock<Option<Arc<Pager>>> = OnceLock::new();
+/// The pager of this process.
+enum PagerState {
+    Unstarted,
+    /// userfaultfd is unavailable (copies are made eagerly).
+    Unavailable,
+    Running(&'static Pager),
+}
+
+static PAGER: Mutex<PagerState> = Mutex::new(PagerState::Unstarted);
 
 /// The process's pager, started on first use; None where userfaultfd is
-/// unavailable, and in a process forked from the one that started it.
-fn pager() -> Option<&'static Arc<Pager>> {
-    PAGER
-        .get_or_init(Pager::start)
-        .as_ref()
-        .filter(|p| p.pid == std::process::id())
+/// unavailable or the pager stopped.
+fn pager() -> Option<&'static Pager> {
+    let mut state = PAGER.lock();
+    if matches!(*state, PagerState::Unstarted) {
+        *state = match Pager::start() {
+            Some(p) => PagerState::Running(p),
+            None => PagerState::Unavailable,
+        };
+        fork::register_handlers();
+    }
+    match *state {
+        PagerState::Running(p)
+            if p.pid == std::process::id()
+                && !p.stopped.load(std::sync::atomic::Ordering::Acquire) =>
+        {
+            Some(p)
+        }
+        _ => None,
+    }
+}
+
+/// The process's pager, stopped or not (for unregistering).
+fn current_pager() -> Option<&'static Pager> {
+    match *PAGER.lock() {
+        PagerState::Running(p) if p.pid == std::process::id() => Some(p),
+        _ => None,
+    }
 }
 
 /// `ioctl(fd, request, arg)`, as an io::Result.
@@ -146,7 +198,9 @@ unsafe fn uffd_ioctl<T>(fd: &OwnedFd, request: u64, arg: *mut T) -> std::io::Res
 }
 
 impl Pager {
-    fn start() -> Option<Arc<Pager>> {
+    /// A new descriptor for this process's address space and its
+    /// serving thread (the pager lives as long as the process).
+    fn start() -> Option<&'static Pager> {
         // Privileged descriptors also serve faults taken inside system
         // calls; unprivileged processes get a user-mode-only one.
         let uffd = [0, UFFD_USER_MODE_ONLY].into_iter().find_map(|mode| {
@@ -164,16 +218,21 @@ impl Pager {
         };
         // SAFETY: UFFDIO_API reads and writes a `struct uffdio_api`.
         unsafe { uffd_ioctl(&uffd, UFFDIO_API, &mut api) }.ok()?;
-        let pager = Arc::new(Pager {
+        let pager: &'static Pager = Box::leak(Box::new(Pager {
             uffd,
             pid: std::process::id(),
             regions: Mutex::new(BTreeMap::new()),
-        });
-        let serving = pager.clone();
-        std::thread::Builder::new()
+            stopped: std::sync::atomic::AtomicBool::new(false),
+        }));
+        let started = std::thread::Builder::new()
             .name("ferrite-param-pager".into())
-            .spawn(move || serving.serve())
-            .ok()?;
+            .spawn(move || pager.serve());
+        if started.is_err() {
+            pager
+                .stopped
+                .store(true, std::sync::atomic::Ordering::Release);
+            return None;
+        }
         Some(pager)
     }
 
@@ -190,8 +249,10 @@ impl Pager {
                 if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
                     continue;
                 }
-                // Threads waiting on a fault would wait forever.
-                fatal(format_args!("reading userfaultfd events: {e}"));
+                // Nothing would serve faults any more: every buffer is
+                // handed back to the kernel, so waiting threads go on.
+                self.stop(&format!("reading userfaultfd events: {e}"));
+                return;
             }
             if n as usize != MSG_SIZE || msg[0] != UFFD_EVENT_PAGEFAULT {
                 continue;
@@ -222,19 +283,83 @@ impl Pager {
             .file
             .read_exact_at(&mut bounce[..data], region.offset + at as u64)
         {
-            fatal(format_args!(
-                "reading {data} bytes at offset {} of parameter file '{}': {e} (was the file truncated while in use?)",
+            // The faulting thread cannot be handed an error: it gets
+            // zeros, and the failure is recorded for the next parameter
+            // operation to report.
+            let what = format!(
+                "reading {data} bytes at offset {} of parameter file '{}': {e} (was the file truncated while in use?); those bytes read as zeros",
                 region.offset + at as u64,
                 region.name
-            ));
+            );
+            record(region, what);
+            bounce[..data].fill(0);
         }
         bounce[data..length].fill(0);
-        self.install(start + at, &bounce[..length]);
+        if let Err(e) = self.install(start + at, &bounce[..length]) {
+            // The bytes cannot be installed: the buffer is handed back to
+            // the kernel, so the faulting thread (and later ones) read the
+            // mapping's zero pages instead of waiting forever.
+            let what = format!(
+                "installing bytes of parameter file '{}' (UFFDIO_COPY): {e}; its copy reads as zeros from here on",
+                region.name
+            );
+            record(region, what);
+            self.unregister(start, region.mapped_len);
+        }
+    }
+
+    /// Registers the mapping `[start, start+len)` (missing-page faults);
+    /// false where that fails or UFFDIO_COPY would not work on it.
+    fn register(&self, start: usize, len: usize) -> bool {
+        let mut register = UffdioRegister {
+            range: UffdioRange {
+                start: start as u64,
+                len: len as u64,
+            },
+            mode: UFFDIO_REGISTER_MODE_MISSING,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER reads and writes a `struct
+        // uffdio_register`; the range is a mapping of this process the
+        // caller made for this.
+        let registered = unsafe { uffd_ioctl(&self.uffd, UFFDIO_REGISTER, &mut register) };
+        registered.is_ok() && register.ioctls & UFFDIO_COPY_BIT != 0
+    }
+
+    /// Hands `[start, start+len)` back to the kernel: faults on it are no
+    /// longer reported to this descriptor (threads waiting are woken and
+    /// retry without it).
+    fn unregister(&self, start: usize, len: usize) {
+        let mut range = UffdioRange {
+            start: start as u64,
+            len: len as u64,
+        };
+        // SAFETY: UFFDIO_UNREGISTER reads a `struct uffdio_range` of a
+        // mapping this pager registered.
+        let _ = unsafe { uffd_ioctl(&self.uffd, UFFDIO_UNREGISTER, &mut range) };
+    }
+
+    /// The descriptor failed: every buffer is handed back to the kernel
+    /// (and marked failed), and no new ones are registered.
+    fn stop(&self, what: &str) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::Release);
+        let regions = self.regions.lock();
+        for (&start, region) in regions.iter() {
+            record(
+                region,
+                format!(
+                    "{what}; parameter file '{}' copy reads as zeros from here on",
+                    region.name
+                ),
+            );
+            self.unregister(start, region.mapped_len);
+        }
     }
 
     /// Copies `bytes` to the missing pages at `dst` and wakes the threads
     /// waiting on them.
-    fn install(&self, dst: usize, bytes: &[u8]) {
+    fn install(&self, dst: usize, bytes: &[u8]) -> std::io::Result<()> {
         let mut done = 0usize;
         while done < bytes.len() {
             let mut copy = UffdioCopy {
@@ -248,7 +373,7 @@ impl Pager {
             // `bytes`) and installs them at `dst`, a range of a registered
             // mapping this pager owns (its lock is held by the caller).
             match unsafe { uffd_ioctl(&self.uffd, UFFDIO_COPY, &mut copy) } {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
                 Err(e) => match e.raw_os_error() {
                     // Interrupted by a change of the address space: go on
                     // after what was copied.
@@ -256,16 +381,15 @@ impl Pager {
                     // Already present: wake whoever waits.
                     Some(libc::EEXIST) => {
                         self.wake(dst, bytes.len());
-                        return;
+                        return Ok(());
                     }
                     // The mapping is gone: no one can be waiting on it.
-                    Some(libc::ENOENT | libc::ESRCH) => return,
-                    _ => fatal(format_args!(
-                        "installing parameter bytes (UFFDIO_COPY): {e}"
-                    )),
+                    Some(libc::ENOENT | libc::ESRCH) => return Ok(()),
+                    _ => return Err(e),
                 },
             }
         }
+        Ok(())
     }
 
     fn wake(&self, start: usize, len: usize) {
@@ -279,11 +403,12 @@ impl Pager {
     }
 }
 
-/// Ends the process: a thread waiting on a chunk the pager cannot install
-/// would otherwise wait forever (the memory-mapped equivalent is SIGBUS).
-fn fatal(what: std::fmt::Arguments<'_>) -> ! {
+/// Records a failure of `region` (its first one) and the process's list,
+/// and says it once on stderr.
+fn record(region: &Region, what: String) {
     eprintln!("ferrite: demand-paged parameters: {what}");
-    std::process::abort()
+    region.failure.lock().get_or_insert_with(|| what.clone());
+    FAILURES.lock().push(what);
 }
 
 /// An aligned, read-only copy of `len` bytes of a file, filled on first
@@ -292,7 +417,7 @@ pub struct DemandPaged {
     ptr: NonNull<u8>,
     len: usize,
     mapped_len: usize,
-    pager: &'static Pager,
+    failure: Arc<Mutex<Option<String>>>,
 }
 
 // SAFETY: the memory is read-only for its whole life (pages are installed
@@ -339,25 +464,15 @@ impl DemandPaged {
             unmap();
             return None;
         }
-        let mut register = UffdioRegister {
-            range: UffdioRange {
-                start: raw as u64,
-                len: mapped_len as u64,
-            },
-            mode: UFFDIO_REGISTER_MODE_MISSING,
-            ioctls: 0,
-        };
         // Registered under the lock so that a fault (none can come before
         // the pointer is handed out) always finds the region.
         let mut regions = pager.regions.lock();
-        // SAFETY: UFFDIO_REGISTER reads and writes a `struct
-        // uffdio_register`; the range is the mapping made above.
-        let registered = unsafe { uffd_ioctl(&pager.uffd, UFFDIO_REGISTER, &mut register) };
-        if registered.is_err() || register.ioctls & UFFDIO_COPY_BIT == 0 {
+        if !pager.register(raw as usize, mapped_len) {
             drop(regions);
             unmap();
             return None;
         }
+        let failure = Arc::new(Mutex::new(None));
         regions.insert(
             raw as usize,
             Region {
@@ -366,14 +481,21 @@ impl DemandPaged {
                 file: file.clone(),
                 offset,
                 name: name.into(),
+                failure: failure.clone(),
             },
         );
         Some(DemandPaged {
             ptr,
             len,
             mapped_len,
-            pager,
+            failure,
         })
+    }
+
+    /// The first failure to read this buffer's bytes from its file (those
+    /// chunks read as zeros), if any.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
     }
 
     /// Which of the buffer's pages are resident (`mincore`), for tests and
@@ -401,27 +523,156 @@ impl AsRef<[u8]> for DemandPaged {
 
 impl Drop for DemandPaged {
     fn drop(&mut self) {
-        if self.pager.pid != std::process::id() {
-            // A forked child: the mapping was not inherited, and the
-            // descriptor's registrations are the parent's to undo.
-            return;
-        }
         let start = self.ptr.as_ptr() as usize;
         // Under the lock: the pager is not filling this buffer, and will
-        // find no region for any fault still queued for it.
-        let mut regions = self.pager.regions.lock();
-        regions.remove(&start);
-        let mut range = UffdioRange {
-            start: start as u64,
-            len: self.mapped_len as u64,
-        };
-        // SAFETY: UFFDIO_UNREGISTER reads a `struct uffdio_range` (munmap
-        // would unregister too; this keeps the descriptor's view exact).
-        let _ = unsafe { uffd_ioctl(&self.pager.uffd, UFFDIO_UNREGISTER, &mut range) };
-        // SAFETY: the mapping made in `new`; no reference into it outlives
-        // `self` (slices borrow `self`).
+        // find no region for any fault still queued for it. (In a forked
+        // child the pager is the child's, which adopted the region.)
+        let pager = current_pager();
+        let regions = pager.map(|p| {
+            let mut regions = p.regions.lock();
+            if regions.remove(&start).is_some() {
+                p.unregister(start, self.mapped_len);
+            }
+            regions
+        });
+        // SAFETY: the mapping made in `new` (or remade at the same address
+        // in a forked child); no reference into it outlives `self` (slices
+        // borrow `self`). Unmapping an address range with no mapping is
+        // harmless.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped_len) };
         drop(regions);
+    }
+}
+
+/// Demand-paged copies across `fork` (see the module documentation).
+mod fork {
+    use super::{page_size, PagerState, Region, PAGER};
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::FileExt;
+
+    /// Registers the fork handlers once per process (children inherit them).
+    pub(super) fn register_handlers() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: the three handlers are `extern "C"` functions that
+            // live for the process.
+            unsafe { libc::pthread_atfork(Some(before), Some(in_parent), Some(in_child)) };
+        });
+    }
+
+    /// Before `fork`, in the forking thread: the pager state and its
+    /// regions are locked so the child's image of them is consistent (no
+    /// other thread of the parent is halfway through them).
+    extern "C" fn before() {
+        std::mem::forget(PAGER.lock());
+        // SAFETY: locked just above by this thread.
+        if let PagerState::Running(p) = unsafe { &*PAGER.data_ptr() } {
+            std::mem::forget(p.regions.lock());
+        }
+    }
+
+    /// After `fork`, in the parent: unlocks what [`before`] locked.
+    extern "C" fn in_parent() {
+        // SAFETY: [`before`] locked both in this thread and forgot the
+        // guards; nothing else unlocks them.
+        unsafe {
+            if let PagerState::Running(p) = &*PAGER.data_ptr() {
+                p.regions.force_unlock();
+            }
+            PAGER.force_unlock();
+        }
+    }
+
+    /// After `fork`, in the child (one thread, holding what [`before`]
+    /// locked): the parent's buffers were not inherited (MADV_DONTFORK),
+    /// so their addresses are free; each is mapped again there and served
+    /// by the child's own pager, or filled from its file at once where that
+    /// cannot be. Nothing here prints or takes a lock another thread of the
+    /// parent may have held at the fork.
+    extern "C" fn in_child() {
+        // SAFETY: [`before`] locked both in the forking thread, which is
+        // this thread in the child; no other thread exists here.
+        unsafe {
+            let state = &mut *PAGER.data_ptr();
+            if let PagerState::Running(parent) = *state {
+                let regions = std::mem::take(&mut *parent.regions.data_ptr());
+                parent.regions.force_unlock();
+                *state = adopt(regions);
+            }
+            PAGER.force_unlock();
+        }
+    }
+
+    /// Maps the parent's buffers again in this (child) process.
+    fn adopt(regions: BTreeMap<usize, Region>) -> PagerState {
+        let pager = super::Pager::start();
+        for (start, region) in regions {
+            if !map_at(start, region.mapped_len) {
+                // Left unmapped: touching it faults, as before.
+                continue;
+            }
+            let served = pager.filter(|p| p.register(start, region.mapped_len));
+            if served.is_none() {
+                fill_now(start, &region);
+            }
+            protect_read_only(start, region.mapped_len);
+            if let Some(p) = served {
+                // No fault can come before this: the child's one thread is
+                // here.
+                p.regions.lock().insert(start, region);
+            }
+        }
+        match pager {
+            Some(p) => PagerState::Running(p),
+            None => PagerState::Unavailable,
+        }
+    }
+
+    /// A writable private anonymous mapping of `len` bytes at exactly
+    /// `start`, not inherited by further forks.
+    fn map_at(start: usize, len: usize) -> bool {
+        // SAFETY: a fresh anonymous mapping at an address range no mapping
+        // of this process holds (MAP_FIXED_NOREPLACE fails otherwise).
+        let raw = unsafe {
+            libc::mmap(
+                start as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE
+                    | libc::MAP_ANONYMOUS
+                    | libc::MAP_NORESERVE
+                    | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return false;
+        }
+        if raw as usize != start {
+            // SAFETY: the mapping just made elsewhere, unused.
+            unsafe { libc::munmap(raw, len) };
+            return false;
+        }
+        // SAFETY: advice on the mapping just made.
+        unsafe { libc::madvise(raw, len, libc::MADV_DONTFORK) };
+        true
+    }
+
+    /// Reads the region's bytes from its file into its mapping now; bytes
+    /// that cannot be read stay zero.
+    fn fill_now(start: usize, region: &Region) {
+        // SAFETY: `[start, start + mapped_len)` is the writable mapping
+        // `map_at` just made, referenced by nothing yet in this process
+        // but the inherited buffer object, which no thread uses here.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, region.len) };
+        let _ = region.file.read_exact_at(bytes, region.offset);
+    }
+
+    fn protect_read_only(start: usize, len: usize) {
+        debug_assert_eq!(len % page_size(), 0);
+        // SAFETY: changes the protection of the mapping made by `map_at`.
+        unsafe { libc::mprotect(start as *mut libc::c_void, len, libc::PROT_READ) };
     }
 }
 
@@ -477,18 +728,23 @@ mod tests {
         let again = DemandPaged::new(&file, 3, 100, "p.bin").unwrap();
         assert_eq!(again.as_ref(), &data[3..103]);
 
-        // A forked child makes no demand-paged copies, and dropping its
-        // image of the parent's buffer leaves the parent's one served.
+        // A forked child reads the parent's buffer (chunks the parent
+        // filled and chunks it did not), makes copies of its own, and
+        // dropping its image of the parent's buffer leaves the parent's
+        // one served.
         let fresh = DemandPaged::new(&file, 5, 3 * chunk_size(), "p.bin").unwrap();
-        // SAFETY: the child only makes calls that allocate nothing and take
-        // no locks (a pid check, an atomic load) before `_exit`.
+        assert_eq!(fresh.as_ref()[10], data[15]);
+        // SAFETY: the child reads memory, makes and drops buffers (its own
+        // pager serves them) and ends with `_exit`.
         let child = unsafe { libc::fork() };
         assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
         if child == 0 {
-            let refused = DemandPaged::new(&file, 0, 100, "p.bin").is_none();
+            let inherited = fresh.as_ref() == &data[5..5 + 3 * chunk_size()];
+            let own = DemandPaged::new(&file, 7, 2 * chunk_size(), "p.bin")
+                .is_some_and(|c| c.as_ref() == &data[7..7 + 2 * chunk_size()]);
             drop(fresh);
             // SAFETY: ends the child without running the parent's exit hooks.
-            unsafe { libc::_exit(if refused { 0 } else { 1 }) };
+            unsafe { libc::_exit(if inherited && own { 0 } else { 1 }) };
         }
         let mut status = 0;
         // SAFETY: waits for the child forked above.
@@ -498,6 +754,41 @@ mod tests {
             "child status {status:#x}"
         );
         assert_eq!(fresh.as_ref(), &data[5..5 + 3 * chunk_size()]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_file_truncated_under_a_copy_reads_zeros_and_records_the_failure() {
+        let dir = std::env::temp_dir().join(format!("ferrite-dp-trunc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.bin");
+        let data = vec![7u8; 4 * chunk_size()];
+        std::fs::write(&path, &data).unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
+        let Some(copy) = DemandPaged::new(&file, 8, 3 * chunk_size(), "t.bin") else {
+            ferrite_testkit::skip_or_fail(
+                "a_file_truncated_under_a_copy_reads_zeros_and_records_the_failure",
+                "userfaultfd is unavailable here",
+            );
+            return;
+        };
+        assert_eq!(copy.as_ref()[0], 7);
+        assert_eq!(copy.failure(), None);
+        // Another process shrinks the file: the next chunk cannot be read.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(chunk_size() as u64)
+            .unwrap();
+        // The faulting read returns (no abort, no hang, no SIGBUS).
+        assert_eq!(copy.as_ref()[2 * chunk_size()], 0);
+        let why = copy.failure().expect("the failure is recorded");
+        assert!(
+            why.contains("'t.bin'") && why.contains("truncated"),
+            "{why}"
+        );
+        assert!(failures().iter().any(|f| f == &why));
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -307,6 +307,7 @@ impl ParameterProvider {
         params: &BufferParams,
         spans: &[Span],
     ) -> Result<Vec<Buffer>> {
+        demand_paging_intact()?;
         let mut buffers = Vec::with_capacity(spans.len());
         let mut transfers = Vec::new();
         for span in spans {
@@ -332,6 +333,7 @@ impl ParameterProvider {
         target: &Buffer,
         spans: &[Span],
     ) -> Result<()> {
+        demand_paging_intact()?;
         let transfers = spans
             .iter()
             .map(|span| Self::read_transfer(self.resolve(span, false)?, span, target.clone()))
@@ -348,6 +350,7 @@ impl ParameterProvider {
         source: &Buffer,
         spans: &[Span],
     ) -> Result<()> {
+        demand_paging_intact()?;
         let transfers = spans
             .iter()
             .map(|span| {
@@ -364,6 +367,20 @@ impl ParameterProvider {
             .collect::<Result<Vec<_>>>()?;
         submit(device, wait, signal, transfers)
     }
+}
+
+/// Fails with `DATA_LOSS` once a demand-paged parameter copy could not be
+/// read from its file (it was truncated under the process): the chunks
+/// concerned read as zeros, so results computed since are wrong
+/// ([`super::demand_paged`]).
+fn demand_paging_intact() -> Result<()> {
+    if let Some(f) = super::demand_paged::failures().first() {
+        bail!(
+            DataLoss,
+            "parameters read as zeros earlier because their file could not be read: {f}"
+        );
+    }
+    Ok(())
 }
 
 /// Runs all `transfers` as one queue operation between `wait` and `signal`.
