@@ -2,7 +2,8 @@
 # Builds what scripts/test-gpu.sh and scripts/bench-gpu.sh need into
 # build/gpu (git-ignored, carried to the GPU machine, which has no compiler
 # or registry): the release `ferrite` binary, the CUDA driver's test
-# executables (gpu, gpu_fault, nccl), the differential modules of
+# executables (gpu, gpu_fault, nccl), the facade's async_calls_gpu test
+# (calls as futures on cuda) with its module, the differential modules of
 # tests/cuda/cases.txt and the check programs of tests/cuda/checks (each
 # for cuda sm_80 and for the CPU), the bench
 # modules, upstream's e2e suites for cuda (from ../shared/upstream-e2e), and
@@ -48,6 +49,20 @@ for l in sys.stdin:
   while read -r exe; do
     cp "$exe" "$G/tests/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
   done
+# The facade's calls as futures on cuda, with its module beside it (the
+# GPU machine has no compiler).
+locked nice cargo test -q "${cargo_profile[@]}" -p ferrite --test async_calls_gpu \
+  --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except Exception: continue
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]:
+        print(m["executable"])' |
+  while read -r exe; do cp "$exe" "$G/tests/async_calls_gpu"; done
+mkdir -p $G/tests/async-modules
+$IC $CUDA --iree-execution-model=async-external tests/hal/async_axpy.mlir \
+  -o $G/tests/async-modules/async_axpy.cuda.vmfb
 strip $G/bin/* $G/tests/* 2>/dev/null || true
 # The CTS's executables (no compiler on the GPU machine): FERRITE_CTS_MODULES.
 locked nice cargo run -q "${cargo_profile[@]}" -p ferrite-hal-cts --bin cts-modules "$G/tests/cts-modules"

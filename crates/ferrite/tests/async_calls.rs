@@ -4,40 +4,28 @@
 //! the signal; dropped futures leave nothing behind; errors reach the
 //! future; `futures::executor::block_on` and tokio both drive them.
 //!
-//! One source is compiled twice by the pinned compiler: with
-//! `--iree-execution-model=async-external` (the function takes a wait and a
-//! signal fence and returns after enqueueing) and with the default
-//! synchronous model (the function awaits its own work, which yields to
-//! the future).
+//! One source (`tests/hal/async_axpy.mlir`) is compiled twice by the
+//! pinned compiler: with `--iree-execution-model=async-external` (the
+//! function takes a wait and a signal fence and returns after enqueueing)
+//! and with the default synchronous model (the function awaits its own
+//! work, which yields to the future). `async_calls_gpu.rs` runs the same on
+//! `cuda`.
 
+mod async_common;
 mod common;
 
 use std::path::PathBuf;
-use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use ferrite::{CallFuture, Fence, Instance, Semaphore, Session, StatusCode, Tensor, Value};
+use async_common::{args, bounded, eventually, f32s, formula, gate, live_bytes, N};
+use ferrite::{CallFuture, Fence, Instance, Semaphore, Session, StatusCode, Tensor};
 use futures::future::join_all;
 use futures::FutureExt;
 
-const PROGRAM: &str = r#"
-func.func @axpy(%a: f32, %x: tensor<256xf32>, %y: tensor<256xf32>) -> tensor<256xf32> {
-  %init = tensor.empty() : tensor<256xf32>
-  %r = linalg.generic {
-      indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> (i)>, affine_map<(i) -> (i)>],
-      iterator_types = ["parallel"]}
-      ins(%x, %y : tensor<256xf32>, tensor<256xf32>) outs(%init : tensor<256xf32>) {
-    ^bb0(%xi: f32, %yi: f32, %o: f32):
-      %m = arith.mulf %a, %xi : f32
-      %s = arith.addf %m, %yi : f32
-      linalg.yield %s : f32
-  } -> tensor<256xf32>
-  return %r : tensor<256xf32>
+fn source() -> PathBuf {
+    common::root().join("tests/hal/async_axpy.mlir")
 }
-"#;
-
-const N: usize = 256;
 
 fn async_program() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
@@ -45,13 +33,16 @@ fn async_program() -> &'static PathBuf {
         let out = ferrite_testkit::target_tmpdir!("ferrite-facade").join("async_axpy.vmfb");
         let mut flags = ferrite_testkit::GENERIC_CPU.to_vec();
         flags.push("--iree-execution-model=async-external");
-        ferrite_testkit::compile_source(PROGRAM, &out, &flags)
+        ferrite_testkit::compile_file(&source(), &out, &flags)
     })
 }
 
 fn sync_program() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| common::compile("sync_axpy", PROGRAM))
+    PATH.get_or_init(|| {
+        let out = ferrite_testkit::target_tmpdir!("ferrite-facade").join("sync_axpy.vmfb");
+        ferrite_testkit::compile_file(&source(), &out, ferrite_testkit::GENERIC_CPU)
+    })
 }
 
 fn session(device: &str, program: &PathBuf) -> Session {
@@ -60,78 +51,18 @@ fn session(device: &str, program: &PathBuf) -> Session {
     s
 }
 
-/// The arguments of call `i`: distinct per call, so mixed-up results show.
-fn args(i: usize) -> Vec<Value> {
-    let x: Vec<f32> = (0..N).map(|k| (k + i) as f32 * 0.5).collect();
-    let y: Vec<f32> = (0..N).map(|k| (k * 3 + 7 * i) as f32).collect();
-    vec![
-        Value::F32(1.0 + i as f32),
-        Tensor::from_f32(&[N as u64], &x).unwrap().into(),
-        Tensor::from_f32(&[N as u64], &y).unwrap().into(),
-    ]
-}
-
-fn f32s(out: &[Value]) -> Vec<f32> {
-    assert_eq!(out.len(), 1);
-    out[0].as_tensor().unwrap().to_f32_vec().unwrap()
-}
-
 /// What the synchronous call of the synchronous-model program answers
 /// for call `i` (the reference every asynchronous result must equal).
 fn expected(reference: &Session, i: usize) -> Vec<f32> {
     let out = f32s(&reference.call("axpy", &args(i)).unwrap());
-    // Spot-check the reference itself against the formula.
-    let (a, x, y) = (1.0 + i as f32, i as f32 * 0.5, (7 * i) as f32);
-    assert_eq!(out[0], a * x + y, "reference call {i} is wrong");
+    // The reference itself against the formula worked out here.
+    assert_eq!(out, formula(i), "reference call {i} is wrong");
     out
-}
-
-/// Runs `f` on a thread and fails the test if it takes longer than
-/// `limit` (a lost wake-up would otherwise hang the test forever).
-fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit)
-        .unwrap_or_else(|_| panic!("did not finish within {limit:?}: a wake-up was lost"))
-}
-
-/// A semaphore at 0 and a fence at its value 1: a gate to hold calls
-/// behind.
-fn gate() -> (Arc<Semaphore>, Arc<Fence>) {
-    let s = Semaphore::new(0);
-    (s.clone(), Arc::new(Fence::create_at(s, 1)))
-}
-
-/// Live bytes of the device's allocators (arguments, and results the
-/// program allocates on the queue).
-fn live_bytes(session: &Session) -> u64 {
-    let d = &session.devices()[0].hal().0;
-    [d.allocator().statistics(), d.queue_allocator().statistics()]
-        .iter()
-        .map(|s| {
-            (s.host_bytes_allocated + s.device_bytes_allocated)
-                - (s.host_bytes_freed + s.device_bytes_freed)
-        })
-        .sum()
-}
-
-/// Waits (bounded) until `done` holds, polling.
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting until {what}"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 #[test]
 fn the_program_is_async_external() {
-    // The fixture really is what the tests claim: four arguments, the last
+    // The fixture really is what the tests claim: five arguments, the last
     // two fences, and the coarse-fences model in its reflection.
     let s = session("local-sync", async_program());
     let f = s.function("axpy").unwrap();
