@@ -279,3 +279,96 @@ fn profile_summarizes_a_trace_and_draws_its_timeline() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("reading trace '/nonexistent/t.json'"));
 }
+
+/// Runs the program with `env` set; (exit code, stdout, stderr).
+fn run_with_env(device: &str, extra: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ferrite"));
+    cmd.arg("run-module")
+        .arg(format!("--module={}", two_matmuls().display()))
+        .arg(format!("--device={device}"))
+        .args(inputs())
+        .args(extra);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().expect("running ferrite");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_failed_dispatch_reaches_the_waiter_with_its_origin() {
+    // FERRITE_FAIL_DISPATCH makes the second dispatch fail inside the
+    // queue work; the program's fence wait must report that status, with
+    // the export, the queue operation and the device, not a bare abort.
+    for device in ["local-sync", "local-task"] {
+        let (code, _, err) = run_with_env(
+            device,
+            &["--output=", "--trace=/dev/null"],
+            &[("FERRITE_FAIL_DISPATCH", "*dispatch_1*")],
+        );
+        assert_eq!(code, 1, "{err}");
+        for want in [
+            "INTERNAL; injected dispatch failure (FERRITE_FAIL_DISPATCH=*dispatch_1*)",
+            "dispatch 'two_matmuls_dispatch_1_matmul_32x8x16_f32' (workgroups ",
+            "queue execute",
+            &format!("on device '{device}'"),
+            "in native function 'hal.fence.await'",
+        ] {
+            assert!(err.contains(want), "{device}: '{want}' in:\n{err}");
+        }
+        assert!(!err.contains("ABORTED"), "{err}");
+    }
+    // Unset, the same run succeeds (the failure was the injected one).
+    let (code, _, err) = run_with_env("local-task", &["--output="], &[]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn print_device_statistics_has_upstream_heading_and_rows_per_export() {
+    let (code, _, err) = run_with_env(
+        "local-task",
+        &[
+            "--output=",
+            "--print_device_statistics",
+            "--task_topology_group_count=2",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| *l == "IREE HAL device statistics:")
+        .unwrap_or_else(|| panic!("upstream's heading in:\n{err}"));
+    assert_eq!(lines[at + 1], "  aggregate_rows=5", "{err}");
+    assert!(
+        lines[at + 2].starts_with("  dispatch_function_total="),
+        "{err}"
+    );
+    for export in [
+        "two_matmuls_dispatch_0_matmul_32x16x64_f32",
+        "two_matmuls_dispatch_1_matmul_32x8x16_f32",
+    ] {
+        let row = lines
+            .iter()
+            .find(|l| l.starts_with(&format!("  host_execute p=0 {export}  count=1 total=")))
+            .unwrap_or_else(|| panic!("a row for {export} in:\n{err}"));
+        assert!(row.contains(" tiles="), "{row}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("  host_execute_queue p=0 q=0 execute  count=1 total=")),
+        "{err}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| *l == "  host_execute_queue p=0 q=0 alloca  count=2 payload=3072B"),
+        "{err}"
+    );
+}

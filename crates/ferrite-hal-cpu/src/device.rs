@@ -74,6 +74,9 @@ pub struct CpuDevice {
     /// Abort the process when queue work fails (upstream's
     /// `--task_abort_on_failure`), instead of failing the signal fence.
     abort_on_failure: AtomicBool,
+    /// Exports whose dispatches fail on purpose ([`FAIL_DISPATCH_VAR`],
+    /// read when the device is created).
+    fail_dispatch: Option<String>,
 }
 
 impl CpuDevice {
@@ -85,6 +88,7 @@ impl CpuDevice {
             queue_pool: Arc::new(CachingAllocator::new(QUEUE_POOL_BYTES)),
             mode: Mode::Sync,
             abort_on_failure: AtomicBool::new(false),
+            fail_dispatch: fail_dispatch_pattern(),
         })
     }
 
@@ -121,6 +125,7 @@ impl CpuDevice {
             queue_pool: Arc::new(CachingAllocator::new(QUEUE_POOL_BYTES)),
             mode: Mode::Task(Arc::new(pool)),
             abort_on_failure: AtomicBool::new(false),
+            fail_dispatch: fail_dispatch_pattern(),
         }))
     }
 
@@ -160,6 +165,25 @@ impl CpuDevice {
         }
     }
 
+    /// Fails a dispatch of an export that [`FAIL_DISPATCH_VAR`] names (a
+    /// glob), with `INTERNAL` and a message saying so: a way to see how a
+    /// device failure reaches the program's waiters (the status, its
+    /// message and where it arose), which correct programs on a CPU
+    /// otherwise never show. Unset, nothing fails.
+    fn injected_failure(&self, cpu: &CpuExecutable, function: u32) -> Result<()> {
+        let Some(pattern) = &self.fail_dispatch else {
+            return Ok(());
+        };
+        let name = export_name(cpu, function);
+        if glob(pattern, &name) {
+            bail!(
+                Internal,
+                "injected dispatch failure ({FAIL_DISPATCH_VAR}={pattern})"
+            );
+        }
+        Ok(())
+    }
+
     /// Runs a dispatch here and now (`local-sync`): the caller holds every
     /// bound buffer for the whole call, so plain addresses do.
     fn dispatch_inline(
@@ -179,17 +203,19 @@ impl CpuDevice {
         // returns: host access to the bound allocations is refused meanwhile.
         let addrs = BindingAddrs::resolve(cpu, function, bindings, table)?;
         let start = trace::enabled().then(trace::now_ns);
-        let outcome = run_slice(
-            cpu,
-            function,
-            workgroups,
-            None,
-            0,
-            1,
-            constants,
-            &addrs.ptrs,
-            &addrs.lens,
-        );
+        let outcome = self.injected_failure(cpu, function).and_then(|()| {
+            run_slice(
+                cpu,
+                function,
+                workgroups,
+                None,
+                0,
+                1,
+                constants,
+                &addrs.ptrs,
+                &addrs.lens,
+            )
+        });
         if let Some(start) = start {
             let args = dispatch_args(workgroups, &addrs.lens, &outcome);
             let track = trace::device_track(self.id);
@@ -221,6 +247,27 @@ fn export_name(cpu: &CpuExecutable, function: u32) -> String {
         .map_or_else(|| format!("export {function}"), |e| e.name.clone())
 }
 
+/// Where a dispatch failure arose, for its status: the export by name and
+/// the workgroup counts (the queue operation and the device are added by
+/// the queue work that ran it).
+fn dispatch_context(cpu: &CpuExecutable, function: u32, workgroups: [u32; 3]) -> String {
+    let [x, y, z] = workgroups;
+    format!(
+        "dispatch '{}' (workgroups {x}x{y}x{z})",
+        export_name(cpu, function)
+    )
+}
+
+/// Adds the device to a failure of queue work it ran, so every waiter on
+/// the failed semaphores sees where the failure arose.
+fn on_device(e: Status, id: &str) -> Status {
+    e.annotate(format!("on device '{id}'"))
+}
+
+/// The environment variable naming exports (`*` wildcards) whose dispatches
+/// fail on purpose (see `CpuDevice::injected_failure`).
+pub const FAIL_DISPATCH_VAR: &str = "FERRITE_FAIL_DISPATCH";
+
 /// A dispatch span's values: workgroup counts, the bytes its bindings
 /// span, and its failure if it failed.
 fn dispatch_args(
@@ -239,6 +286,13 @@ fn dispatch_args(
         args.push(("failed", Arg::Str(e.to_string())));
     }
     args
+}
+
+/// The [`FAIL_DISPATCH_VAR`] pattern, if set and not empty.
+fn fail_dispatch_pattern() -> Option<String> {
+    std::env::var(FAIL_DISPATCH_VAR)
+        .ok()
+        .filter(|g| !g.is_empty())
 }
 
 fn cpu_executable(exe: &Arc<dyn Executable>) -> Result<&CpuExecutable> {
@@ -470,6 +524,7 @@ impl<'a> CommandsWork<'a> {
             Some(r) => read_workgroups(r, self.table).map_err(annotate)?,
         };
         let cpu = cpu_executable(&executable.0).map_err(annotate)?;
+        let annotate = |e: Status| e.annotate(dispatch_context(cpu, *function, workgroups));
         let Some(total) = workgroups
             .iter()
             .try_fold(1u64, |n, &c| n.checked_mul(c as u64))
@@ -623,22 +678,27 @@ impl RegionWork for CommandsWork<'_> {
         let start = (tile - item.first_tile) * d.per_tile;
         let end = (start + d.per_tile).min(d.total);
         let t0 = trace::enabled().then(trace::now_ns);
-        let outcome = run_slice(
-            d.cpu,
-            d.function,
-            d.workgroups,
-            Some(start..end),
-            processor_id,
-            self.concurrency,
-            d.constants,
-            &d.addrs.ptrs,
-            &d.addrs.lens,
-        );
+        let outcome = self
+            .device
+            .injected_failure(d.cpu, d.function)
+            .and_then(|()| {
+                run_slice(
+                    d.cpu,
+                    d.function,
+                    d.workgroups,
+                    Some(start..end),
+                    processor_id,
+                    self.concurrency,
+                    d.constants,
+                    &d.addrs.ptrs,
+                    &d.addrs.lens,
+                )
+            });
         if let Some(t0) = t0 {
             self.trace_tile(d, t0, start..end, processor_id, &outcome);
         }
         outcome
-            .map_err(|e| annotate(e.annotate(format!("dispatch of function {}", d.function))))?;
+            .map_err(|e| annotate(e.annotate(dispatch_context(d.cpu, d.function, d.workgroups))))?;
         Ok(end - start)
     }
 }
@@ -770,8 +830,9 @@ impl Device for CpuDevice {
     }
 
     fn submit(&self, wait: &Fence, signal: &Fence, work: Work) -> Result<()> {
+        let id = self.id;
         let pool = match &self.mode {
-            Mode::Sync => return run_inline(wait, signal, work),
+            Mode::Sync => return run_inline(wait, signal, || work().map_err(|e| on_device(e, id))),
             Mode::Task(p) => p.clone(),
         };
         let failed = signal.clone();
@@ -785,7 +846,7 @@ impl Device for CpuDevice {
                 eprintln!("local-task: queue work failed (--task_abort_on_failure): {e}");
                 std::process::abort();
             }
-            Err(e) => signal.fail(e),
+            Err(e) => signal.fail(on_device(e, id)),
         });
         let timepoints = wait.timepoints();
         if timepoints.is_empty() {
@@ -911,7 +972,10 @@ impl CpuDevice {
                     bindings,
                     table,
                 )
-                .map_err(|e| e.annotate(format!("dispatch of function {function}")))
+                .map_err(|e| match cpu_executable(&executable.0) {
+                    Ok(cpu) => e.annotate(dispatch_context(cpu, *function, workgroups)),
+                    Err(_) => e.annotate(format!("dispatch of function {function}")),
+                })
             }
         }
     }

@@ -491,9 +491,12 @@ pub mod queue {
                         let args = vec![("commands", Arg::U64(commands.len() as u64))];
                         return traced(device, "execute", args, || {
                             device.execute_commands(commands, &bindings)
-                        })();
+                        })()
+                        .map_err(|e| e.annotate(format!("on device '{}'", device.id())));
                     }
-                    device.execute_commands(commands, &bindings)
+                    device.execute_commands(commands, &bindings).map_err(|e| {
+                        e.annotate(format!("queue execute on device '{}'", device.id()))
+                    })
                 });
             }
             let commands = cb.commands()?;
@@ -516,14 +519,17 @@ pub mod queue {
             work: impl FnOnce() -> Result<()> + Send + 'a,
         ) -> Box<dyn FnOnce() -> Result<()> + Send + 'a> {
             if !ferrite_base::trace::enabled() {
-                return Box::new(work);
+                // Every waiter on the failed semaphores sees the failure
+                // with the queue operation it arose in (the driver adds
+                // its device).
+                return Box::new(move || work().map_err(|e| e.annotate(format!("queue {op}"))));
             }
             let track = ferrite_base::trace::device_track(device.id());
             let label = format!("{} queue {op}", device.id());
             Box::new(move || {
                 let start = ferrite_base::trace::now_ns();
                 let guard = ferrite_base::trace::set_doing(label);
-                let outcome = work();
+                let outcome = work().map_err(|e| e.annotate(format!("queue {op}")));
                 drop(guard);
                 let mut args = args;
                 if let Err(e) = &outcome {

@@ -33,12 +33,21 @@ pub struct DiagnosticArgs {
     /// woke them, per thread and device. Module loading is not traced.
     #[arg(long = "trace", value_name = "FILE.json")]
     pub trace: Option<std::path::PathBuf>,
+    /// Prints aggregate device statistics to stderr when the tool ends
+    /// (upstream's flag and heading): per device, each queue operation's
+    /// count, total and mean time and bytes, and each dispatch export's
+    /// count, total and mean time, tiles and time in tiles.
+    #[arg(long = "print_device_statistics", num_args = 0..=1, default_missing_value = "true",
+          require_equals = true, default_value_t = false, action = clap::ArgAction::Set)]
+    pub print_device_statistics: bool,
 }
 
 /// A trace being recorded for `--trace`: written to its file when dropped
 /// (also when the run failed: that is when a trace helps most).
 pub struct TraceRecording {
     path: Option<std::path::PathBuf>,
+    /// Print `--print_device_statistics` from the recording.
+    statistics: bool,
 }
 
 impl TraceRecording {
@@ -49,11 +58,19 @@ impl TraceRecording {
     }
 
     fn write(&mut self) -> ferrite_base::Result<()> {
-        let Some(path) = self.path.take() else {
+        let path = self.path.take();
+        let statistics = std::mem::take(&mut self.statistics);
+        if path.is_none() && !statistics {
+            return Ok(());
+        }
+        let Some(trace) = ferrite_base::trace::stop() else {
             return Ok(());
         };
-        match ferrite_base::trace::stop() {
-            Some(trace) => trace.write_chrome_json(&path),
+        if statistics {
+            eprint!("{}", device_statistics_report(&trace));
+        }
+        match path {
+            Some(path) => trace.write_chrome_json(&path),
             None => Ok(()),
         }
     }
@@ -86,10 +103,14 @@ impl DiagnosticArgs {
                     path.display()
                 )
             })?;
+        }
+        // One recording serves both the trace file and the statistics.
+        if self.trace.is_some() || self.print_device_statistics {
             ferrite_base::trace::start()?;
         }
         Ok(TraceRecording {
             path: self.trace.clone(),
+            statistics: self.print_device_statistics,
         })
     }
 
@@ -110,6 +131,134 @@ pub fn statistics_report(devices: &[DeviceRef]) -> String {
         let _ = writeln!(out, "Device: {}", d.0.id());
         let _ = writeln!(out, "[[ iree_hal_allocator_t memory statistics ]]");
         let _ = writeln!(out, "{}", d.0.allocator().statistics());
+        out.push('\n');
+    }
+    out
+}
+
+/// A duration as upstream's statistics print it: `413 ns`, `4.500 us`,
+/// `1.250 ms`, `2.000 s`.
+fn fmt_ns(ns: u64) -> String {
+    match ns {
+        n if n < 1_000 => format!("{n} ns"),
+        n if n < 1_000_000 => format!("{:.3} us", n as f64 / 1e3),
+        n if n < 1_000_000_000 => format!("{:.3} ms", n as f64 / 1e6),
+        n => format!("{:.3} s", n as f64 / 1e9),
+    }
+}
+
+/// `--print_device_statistics`: upstream's heading and total lines, then
+/// one row per (device, queue operation) and per dispatch export, from the
+/// events of a recording (see `ferrite_base::trace`). `p=` is the device's
+/// place among the devices that recorded (upstream's physical device), and
+/// every CPU queue is `q=0`.
+pub fn device_statistics_report(trace: &ferrite_base::trace::Trace) -> String {
+    use ferrite_base::trace::{Arg, Phase};
+    use std::collections::BTreeMap;
+    #[derive(Default)]
+    struct Row {
+        count: u64,
+        total_ns: u64,
+        bytes: u64,
+        tiles: u64,
+        tile_ns: u64,
+        failed: u64,
+        /// Whether the rows' events are spans (alloca is an instant).
+        timed: bool,
+    }
+    let bytes = |e: &ferrite_base::trace::Event| {
+        e.args
+            .iter()
+            .find_map(|(k, v)| match (*k, v) {
+                ("bytes", Arg::U64(b)) => Some(*b),
+                _ => None,
+            })
+            .unwrap_or(0)
+    };
+    let device_of = |track: u32| track.saturating_sub(2);
+    let mut queue: BTreeMap<(u32, String), Row> = BTreeMap::new();
+    let mut dispatch: BTreeMap<(u32, String), Row> = BTreeMap::new();
+    let (mut dispatch_total, mut queue_total) = (0u64, 0u64);
+    for e in &trace.events {
+        let failed = e.args.iter().any(|(k, _)| *k == "failed") as u64;
+        match e.cat {
+            "queue" => {
+                let r = queue
+                    .entry((device_of(e.track), e.name.clone()))
+                    .or_default();
+                r.count += 1;
+                r.bytes += bytes(e);
+                r.failed += failed;
+                if e.phase == Phase::Complete {
+                    r.timed = true;
+                    r.total_ns += e.dur_ns;
+                    queue_total += e.dur_ns;
+                }
+            }
+            "dispatch" => {
+                let r = dispatch
+                    .entry((device_of(e.track), e.name.clone()))
+                    .or_default();
+                r.count += 1;
+                r.total_ns += e.dur_ns;
+                r.failed += failed;
+                dispatch_total += e.dur_ns;
+            }
+            "tile" => {
+                let r = dispatch
+                    .entry((device_of(e.track), e.name.clone()))
+                    .or_default();
+                r.tiles += 1;
+                r.tile_ns += e.dur_ns;
+            }
+            _ => {}
+        }
+    }
+    let mut out = String::from("\nIREE HAL device statistics:\n");
+    let _ = writeln!(out, "  aggregate_rows={}", queue.len() + dispatch.len());
+    let _ = writeln!(out, "  dispatch_function_total={}", fmt_ns(dispatch_total));
+    let _ = writeln!(out, "  host_execution_queue_total={}", fmt_ns(queue_total));
+    let devices: BTreeMap<u32, &String> = trace
+        .tracks
+        .iter()
+        .filter(|(t, _)| **t >= 2)
+        .map(|(t, n)| (device_of(*t), n))
+        .collect();
+    for (p, name) in &devices {
+        let _ = writeln!(out, "  p={p}: {name}");
+    }
+    let avg = |r: &Row| fmt_ns(r.total_ns / r.count.max(1));
+    for ((p, op), r) in &queue {
+        let _ = write!(
+            out,
+            "  host_execute_queue p={p} q=0 {op}  count={}",
+            r.count
+        );
+        if r.timed {
+            let _ = write!(out, " total={} avg={}", fmt_ns(r.total_ns), avg(r));
+        }
+        if r.bytes > 0 {
+            let _ = write!(out, " payload={}B", r.bytes);
+        }
+        if r.failed > 0 {
+            let _ = write!(out, " failed={}", r.failed);
+        }
+        out.push('\n');
+    }
+    for ((p, export), r) in &dispatch {
+        let _ = write!(
+            out,
+            "  host_execute p={p} {export}  count={} total={} avg={}",
+            r.count,
+            fmt_ns(r.total_ns),
+            avg(r)
+        );
+        if r.tiles > 0 {
+            let _ = write!(out, " tiles={} tile_sum={}", r.tiles, fmt_ns(r.tile_ns));
+        }
+        if r.failed > 0 {
+            let _ = write!(out, " failed={}", r.failed);
+        }
         out.push('\n');
     }
     out
