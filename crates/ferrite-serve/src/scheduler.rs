@@ -557,3 +557,408 @@ impl<'e> Scheduler<'e> {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Step;
+    use ferrite_llm::{Result, Status, StatusCode as Code};
+    use serde_json::json;
+    use std::thread;
+    use tokio::sync::mpsc::UnboundedReceiver;
+
+    /// Letters a..z are ids 0..26 (byte-level BPE without merges), id 26
+    /// is `<eos>`.
+    fn letters() -> Arc<Tokenizer> {
+        let mut vocab = serde_json::Map::new();
+        for (i, c) in ('a'..='z').enumerate() {
+            vocab.insert(c.to_string(), json!(i));
+        }
+        vocab.insert("<eos>".into(), json!(26));
+        let doc = json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 26, "content": "<eos>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": false, "vocab": vocab, "merges": []}
+        });
+        Arc::new(Tokenizer::from_json(&doc.to_string()).unwrap())
+    }
+
+    /// The next token of a sequence depends on that sequence's whole
+    /// history only, so a slot given another sequence's tokens (or a wrong
+    /// position) changes the text. EOS after 12 tokens of history.
+    fn next(history: &[u32]) -> u32 {
+        if history.len() >= 12 {
+            return 26;
+        }
+        let h = history.iter().enumerate().fold(7u32, |a, (i, &t)| {
+            a.wrapping_mul(31).wrapping_add(t + i as u32)
+        });
+        h % 26
+    }
+
+    fn one_hot(id: u32) -> Vec<f32> {
+        let mut l = vec![0.0; 27];
+        l[id as usize] = 1.0;
+        l
+    }
+
+    #[derive(Default)]
+    struct Record {
+        prefills: Vec<(usize, usize, usize)>,
+        batches: Vec<usize>,
+    }
+
+    struct Fake {
+        slots: Vec<Vec<u32>>,
+        tokenizer: Arc<Tokenizer>,
+        record: Arc<Mutex<Record>>,
+    }
+
+    impl Engine for Fake {
+        fn slots(&self) -> usize {
+            self.slots.len()
+        }
+        fn context_length(&self) -> usize {
+            64
+        }
+        fn eos(&self) -> Option<u32> {
+            Some(26)
+        }
+        fn vocab(&self) -> usize {
+            27
+        }
+        fn tokenizer(&self) -> Arc<Tokenizer> {
+            self.tokenizer.clone()
+        }
+        fn prefill_chunk(&self) -> Option<usize> {
+            Some(usize::MAX)
+        }
+        fn prefill(&mut self, slot: usize, ids: &[u32], pos: usize) -> Result<Vec<f32>> {
+            self.record
+                .lock()
+                .unwrap()
+                .prefills
+                .push((slot, ids.len(), pos));
+            let h = &mut self.slots[slot];
+            h.truncate(pos);
+            if h.len() != pos {
+                return Err(Status::new(Code::Internal, "prefill past the history"));
+            }
+            h.extend_from_slice(ids);
+            Ok(one_hot(next(h)))
+        }
+        fn decode(&mut self, steps: &[Step]) -> Result<Vec<Vec<f32>>> {
+            self.record.lock().unwrap().batches.push(steps.len());
+            steps
+                .iter()
+                .map(|s| {
+                    let h = &mut self.slots[s.slot];
+                    if h.len() != s.pos {
+                        return Err(Status::new(Code::Internal, "decode at a wrong position"));
+                    }
+                    h.push(s.token);
+                    Ok(one_hot(next(h)))
+                })
+                .collect()
+        }
+    }
+
+    fn expected(prompt: &[u32], max_tokens: usize) -> String {
+        let mut h = prompt.to_vec();
+        let mut out = String::new();
+        while out.len() < max_tokens {
+            let t = next(&h);
+            if t == 26 {
+                break;
+            }
+            out.push((b'a' + t as u8) as char);
+            h.push(t);
+        }
+        out
+    }
+
+    struct Run {
+        texts: Vec<(String, Option<FinishReason>)>,
+        record: Record,
+    }
+
+    /// Runs `jobs` (prompt, max_tokens) through a scheduler over a fake
+    /// engine of `slots` slots, all queued before the engine starts.
+    fn run(slots: usize, jobs: &[(Vec<u32>, usize)], prefill_chunk: usize) -> Run {
+        let metrics = Arc::new(Metrics::new());
+        let queue = Arc::new(Queue::new(64, metrics.clone()));
+        let mut rxs = Vec::new();
+        for (prompt, max_tokens) in jobs {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            queue
+                .submit(Job {
+                    prompt: prompt.clone(),
+                    max_tokens: *max_tokens,
+                    sampling: Sampling::default(),
+                    stop: Vec::new(),
+                    ignore_eos: false,
+                    events: tx,
+                    arrived: Instant::now(),
+                })
+                .unwrap();
+            rxs.push(rx);
+        }
+        let record = Arc::new(Mutex::new(Record::default()));
+        let engine_record = record.clone();
+        let q = queue.clone();
+        let engine = thread::spawn(move || {
+            let mut fake = Fake {
+                slots: vec![Vec::new(); slots],
+                tokenizer: letters(),
+                record: engine_record,
+            };
+            let config = SchedulerConfig {
+                max_batch: slots,
+                prefill_chunk,
+                shutdown_grace: Duration::from_secs(5),
+            };
+            Scheduler::new(&mut fake, q, metrics, config).run(&AtomicBool::new(false));
+        });
+        let texts = rxs
+            .into_iter()
+            .map(|mut rx| {
+                let mut text = String::new();
+                let mut finish = None;
+                while let Some(ev) = rx.blocking_recv() {
+                    match ev {
+                        Event::Text(t) => text.push_str(&t),
+                        Event::Done { finish: f, .. } => {
+                            finish = Some(f);
+                            break;
+                        }
+                        Event::Error(e) => panic!("{e}"),
+                    }
+                }
+                (text, finish)
+            })
+            .collect();
+        queue.close();
+        engine.join().unwrap();
+        let record = std::mem::take(&mut *record.lock().unwrap());
+        Run { texts, record }
+    }
+
+    fn jobs() -> Vec<(Vec<u32>, usize)> {
+        (0..10u32)
+            .map(|i| {
+                (
+                    (0..(3 + i % 4 * 5)).map(|j| (i * 7 + j) % 26).collect(),
+                    4 + i as usize,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batched_sequences_never_mix_and_match_one_at_a_time() {
+        let jobs = jobs();
+        let batched = run(4, &jobs, 4);
+        for ((prompt, max_tokens), (text, finish)) in jobs.iter().zip(&batched.texts) {
+            let want = expected(prompt, *max_tokens);
+            assert_eq!(text, &want, "prompt {prompt:?}");
+            let reason = if want.len() == *max_tokens {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            };
+            assert_eq!(*finish, Some(reason));
+        }
+        assert!(batched.record.batches.iter().any(|&b| b > 1));
+        assert!(batched.record.batches.iter().all(|&b| b <= 4));
+        let single = run(1, &jobs, 4);
+        assert_eq!(single.texts, batched.texts);
+        assert!(single.record.batches.iter().all(|&b| b == 1));
+    }
+
+    fn submit(queue: &Queue, prompt: Vec<u32>, max_tokens: usize) -> UnboundedReceiver<Event> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        queue
+            .submit(Job {
+                prompt,
+                max_tokens,
+                sampling: Sampling::default(),
+                stop: Vec::new(),
+                ignore_eos: false,
+                events: tx,
+                arrived: Instant::now(),
+            })
+            .unwrap();
+        rx
+    }
+
+    fn collect(rx: &mut UnboundedReceiver<Event>) -> String {
+        let mut text = String::new();
+        while let Some(ev) = rx.blocking_recv() {
+            match ev {
+                Event::Text(t) => text.push_str(&t),
+                Event::Done { .. } => break,
+                Event::Error(e) => panic!("{e}"),
+            }
+        }
+        text
+    }
+
+    #[test]
+    fn prompts_are_prefilled_in_bounded_chunks_while_others_decode() {
+        let metrics = Arc::new(Metrics::new());
+        let queue = Arc::new(Queue::new(8, metrics.clone()));
+        let record = Arc::new(Mutex::new(Record::default()));
+        let (q, r) = (queue.clone(), record.clone());
+        let engine = thread::spawn(move || {
+            let mut fake = Fake {
+                slots: vec![Vec::new(); 2],
+                tokenizer: letters(),
+                record: r,
+            };
+            let config = SchedulerConfig {
+                max_batch: 2,
+                prefill_chunk: 4,
+                shutdown_grace: Duration::from_secs(5),
+            };
+            Scheduler::new(&mut fake, q, metrics, config).run(&AtomicBool::new(false));
+        });
+        let mut a = submit(&queue, vec![1, 2], 8);
+        // Once the first sequence is decoding, a long prompt arrives.
+        assert!(matches!(a.blocking_recv(), Some(Event::Text(_))));
+        let long: Vec<u32> = (0..20).map(|j| j % 26).collect();
+        let mut b = submit(&queue, long.clone(), 3);
+        collect(&mut a);
+        assert_eq!(collect(&mut b), expected(&long, 3));
+        queue.close();
+        engine.join().unwrap();
+        let record = record.lock().unwrap();
+        let first_slot = record.prefills[0].0;
+        let pieces: Vec<_> = record.prefills[1..].to_vec();
+        assert!(
+            pieces.iter().all(|p| p.0 != first_slot && p.1 <= 4),
+            "{pieces:?}"
+        );
+        let mut pos = 0;
+        for p in &pieces {
+            assert_eq!(p.2, pos);
+            pos += p.1;
+        }
+        assert_eq!(pos, long.len());
+    }
+
+    #[test]
+    fn a_full_queue_refuses_with_retry_after_and_a_closed_one_with_503() {
+        let queue = Queue::new(1, Arc::new(Metrics::new()));
+        let job = || {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let job = Job {
+                prompt: vec![1],
+                max_tokens: 1,
+                sampling: Sampling::default(),
+                stop: Vec::new(),
+                ignore_eos: false,
+                events: tx,
+                arrived: Instant::now(),
+            };
+            (job, rx)
+        };
+        let (a, mut a_rx) = job();
+        queue.submit(a).unwrap();
+        let (b, _b_rx) = job();
+        let e = queue.submit(b).unwrap_err();
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.retry_after, Some(1));
+        queue.close();
+        match a_rx.try_recv() {
+            Ok(Event::Error(e)) => assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE),
+            other => panic!("queued job got {other:?}"),
+        }
+        let (c, _c_rx) = job();
+        assert_eq!(
+            queue.submit(c).unwrap_err().status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+
+    #[test]
+    fn a_closed_channel_cancels_and_frees_the_slot() {
+        let metrics = Arc::new(Metrics::new());
+        let queue = Arc::new(Queue::new(8, metrics.clone()));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        queue
+            .submit(Job {
+                prompt: vec![1, 2, 3],
+                max_tokens: 50,
+                sampling: Sampling::default(),
+                stop: Vec::new(),
+                ignore_eos: true,
+                events: tx,
+                arrived: Instant::now(),
+            })
+            .unwrap();
+        drop(rx);
+        let r = run_with_queue(1, queue.clone(), metrics.clone(), vec![(vec![4, 5], 3)]);
+        assert_eq!(r[0].0, expected(&[4, 5], 3));
+        assert_eq!(metrics.cancelled.get(), 1);
+    }
+
+    fn run_with_queue(
+        slots: usize,
+        queue: Arc<Queue>,
+        metrics: Arc<Metrics>,
+        jobs: Vec<(Vec<u32>, usize)>,
+    ) -> Vec<(String, Option<FinishReason>)> {
+        let q = queue.clone();
+        let engine = thread::spawn(move || {
+            let mut fake = Fake {
+                slots: vec![Vec::new(); slots],
+                tokenizer: letters(),
+                record: Arc::default(),
+            };
+            let config = SchedulerConfig {
+                max_batch: slots,
+                prefill_chunk: 64,
+                shutdown_grace: Duration::from_secs(5),
+            };
+            Scheduler::new(&mut fake, q, metrics, config).run(&AtomicBool::new(false));
+        });
+        let mut out = Vec::new();
+        for (prompt, max_tokens) in jobs {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            queue
+                .submit(Job {
+                    prompt,
+                    max_tokens,
+                    sampling: Sampling::default(),
+                    stop: Vec::new(),
+                    ignore_eos: false,
+                    events: tx,
+                    arrived: Instant::now(),
+                })
+                .unwrap();
+            let mut text = String::new();
+            let mut finish = None;
+            while let Some(ev) = rx.blocking_recv() {
+                match ev {
+                    Event::Text(t) => text.push_str(&t),
+                    Event::Done { finish: f, .. } => {
+                        finish = Some(f);
+                        break;
+                    }
+                    Event::Error(e) => panic!("{e}"),
+                }
+            }
+            out.push((text, finish));
+        }
+        queue.close();
+        engine.join().unwrap();
+        out
+    }
+}
