@@ -354,3 +354,52 @@ async fn tokio_tasks_drive_calls_and_cancel_them_with_timeouts() {
     assert!(r.is_err());
     assert!(!never.has_sleepers());
 }
+
+/// Threads of this process now (Linux: one entry per thread in
+/// `/proc/self/task`).
+#[cfg(target_os = "linux")]
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("reading /proc/self/task")
+        .count()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn calls_in_flight_park_no_threads() {
+    // 512 calls waiting on a gate, on a device with its own queue threads
+    // and on one without (where the call waits for the gate as a future):
+    // if any wait parked a thread per call, the process would hold
+    // hundreds more threads. Other tests of this binary run meanwhile and
+    // start a few threads of their own; the bound leaves room for them.
+    let reference = session("local-sync", sync_program());
+    let expected: Vec<Vec<f32>> = (0..8).map(|i| expected(&reference, i)).collect();
+    for (device, program) in [
+        ("local-task", async_program()),
+        ("local-sync", async_program()),
+        ("local-task", sync_program()),
+    ] {
+        let s = session(device, program);
+        let f = s.function_owned("axpy").unwrap();
+        let (sem, fence) = gate();
+        let before = thread_count();
+        let mut calls: Vec<CallFuture> = (0..512)
+            .map(|i| f.call_async_after(&args(i % 8), &fence))
+            .collect();
+        for c in &mut calls {
+            assert!(c.now_or_never().is_none());
+        }
+        let during = thread_count();
+        assert!(
+            during < before + 128,
+            "{device}: {before} threads before, {during} with 512 calls in flight"
+        );
+        sem.signal(1).unwrap();
+        let results = bounded(Duration::from_secs(120), move || {
+            futures::executor::block_on(join_all(calls))
+        });
+        for (i, r) in results.into_iter().enumerate() {
+            assert_eq!(f32s(&r.unwrap()), expected[i % 8], "{device} call {i}");
+        }
+    }
+}
