@@ -106,8 +106,9 @@ pub fn calls_in_flight() -> usize {
 
 /// Where a call stands.
 enum Stage {
-    /// A synchronous-model function given a wait fence: the invocation
-    /// begins once the fence is reached.
+    /// A call given an unreached wait fence that the host waits for (a
+    /// synchronous-model function, or any function on a device that runs
+    /// queue work inline): the invocation begins once the fence is reached.
     Gate {
         wait: TimepointWait,
         function: FunctionRef,
