@@ -503,3 +503,21 @@ def test_sigterm_finishes_or_cancels_streams_and_exits(tmp_path):
     assert "SIGTERM" in "".join(s.log)
     with pytest.raises(OSError):
         raw("GET", s.url + "/health", timeout=2)
+
+
+def test_a_bad_model_file_fails_with_its_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    r = subprocess.run(
+        [str(FERRITE), "serve", f"--gguf={bad}", "--port=0"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 1
+    assert "not a GGUF file" in r.stderr
+    r = subprocess.run(
+        [str(FERRITE), "serve", f"--gguf={llm_assets.ensure(quiet=True)}", "--port=0", f"--embeddings={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1
+    assert "model.safetensors not found" in r.stderr

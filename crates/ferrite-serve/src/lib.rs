@@ -259,7 +259,18 @@ async fn serve(args: ServeArgs) -> Result<()> {
                     prefill_chunk: args.prefill_chunk,
                     shutdown_grace: Duration::from_secs_f64(args.shutdown_timeout),
                 };
-                Scheduler::new(engine.as_mut(), queue, metrics, config).run(&stop_now);
+                // A bug that panics here must not leave requests waiting on
+                // a queue nobody serves: close it and shut the server down.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    Scheduler::new(engine.as_mut(), queue.clone(), metrics, config).run(&stop_now)
+                }));
+                if ran.is_err() {
+                    queue.close();
+                    report(Status::new(
+                        StatusCode::Internal,
+                        "the engine thread panicked; shutting down",
+                    ));
+                }
             })
             .map_err(|e| io_error("starting the engine thread", e))?
     };
