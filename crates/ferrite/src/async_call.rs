@@ -621,7 +621,9 @@ mod runner {
                     tasks = q.ready.wait(tasks).unwrap_or_else(|e| e.into_inner());
                 }
             };
-            task.run();
+            // A panic inside one call's program must not stop the thread
+            // that finishes every other dropped call.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.run()));
         }
     }
 }

@@ -355,6 +355,30 @@ async fn tokio_tasks_drive_calls_and_cancel_them_with_timeouts() {
     assert!(!never.has_sleepers());
 }
 
+#[tokio::test]
+async fn a_current_thread_runtime_is_woken_from_device_threads() {
+    // One thread polls everything; the wakes come from local-task's
+    // workers and from the thread that opens the gate.
+    let s = session("local-task", async_program());
+    let f = s.function_owned("axpy").unwrap();
+    let (sem, fence) = gate();
+    let gated = f.call_async_after(&args(2), &fence);
+    let calls: Vec<CallFuture> = (0..16).map(|i| f.call_async(&args(i))).collect();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(10));
+        sem.signal(1).unwrap();
+    });
+    let all = tokio::time::timeout(Duration::from_secs(60), async {
+        (gated.await, join_all(calls).await)
+    })
+    .await
+    .expect("a wake-up was lost");
+    assert_eq!(f32s(&all.0.unwrap()), formula(2));
+    for (i, r) in all.1.into_iter().enumerate() {
+        assert_eq!(f32s(&r.unwrap()), formula(i), "call {i}");
+    }
+}
+
 /// Threads of this process now (Linux: one entry per thread in
 /// `/proc/self/task`).
 #[cfg(target_os = "linux")]
