@@ -8,7 +8,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
 PINS=(iree-base-compiler==3.13.0 iree-base-runtime==3.13.0)
-EXTRA=(numpy)
+# perfetto + protobuf: iree-profile-render (Perfetto output of .ireeprof bundles, tested).
+EXTRA=(numpy perfetto protobuf)
 
 if [[ ! -x "$VENV/bin/python" ]]; then
   echo "setup-venv: creating $VENV with $($PYTHON --version 2>&1)"

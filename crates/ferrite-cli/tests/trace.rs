@@ -366,9 +366,7 @@ fn print_device_statistics_has_upstream_heading_and_rows_per_export() {
         "{err}"
     );
     assert!(
-        lines
-            .iter()
-            .any(|l| *l == "  host_execute_queue p=0 q=0 alloca  count=2 payload=3072B"),
+        lines.contains(&"  host_execute_queue p=0 q=0 alloca  count=2 payload=3072B"),
         "{err}"
     );
 }

@@ -217,7 +217,11 @@ impl CpuDevice {
             )
         });
         if let Some(start) = start {
-            let args = dispatch_args(workgroups, &addrs.lens, &outcome);
+            let mut args = dispatch_args(workgroups, &addrs.lens, &outcome);
+            args.extend(executable_args(cpu, function));
+            let took = trace::now_ns().saturating_sub(start);
+            args.push(("tiles", Arg::U64(1)));
+            args.push(("tile_ns", Arg::U64(took)));
             let track = trace::device_track(self.id);
             trace::complete("dispatch", export_name(cpu, function), track, start, args);
         }
@@ -245,6 +249,31 @@ fn export_name(cpu: &CpuExecutable, function: u32) -> String {
     cpu.library()
         .export(function)
         .map_or_else(|| format!("export {function}"), |e| e.name.clone())
+}
+
+/// What a profile bundle needs to know of a dispatch's executable: an
+/// identifier (the loaded executable's address, unique while it lives),
+/// the function's ordinal, and the export's shape (workgroup size,
+/// constant and binding counts, the library's export count).
+fn executable_args(cpu: &CpuExecutable, function: u32) -> Vec<(&'static str, Arg)> {
+    let library = cpu.library();
+    let mut args = vec![
+        (
+            "executable",
+            Arg::U64(cpu as *const CpuExecutable as usize as u64),
+        ),
+        ("function", Arg::U64(function as u64)),
+        ("functions", Arg::U64(library.exports().len() as u64)),
+    ];
+    if let Some(e) = library.export(function) {
+        args.push((
+            "workgroup_size",
+            Arg::List(e.workgroup_size.iter().map(|&w| w as u64).collect()),
+        ));
+        args.push(("constants", Arg::U64(e.constant_count as u64)));
+        args.push(("bindings", Arg::U64(e.binding_count as u64)));
+    }
+    args
 }
 
 /// Where a dispatch failure arose, for its status: the export by name and
@@ -424,6 +453,8 @@ struct PreparedDispatch<'a> {
     /// tile ended (trace clock), and its first failure.
     first_ns: AtomicU64,
     last_ns: AtomicU64,
+    /// The sum of its tiles' times.
+    tile_ns: AtomicU64,
     failure: Mutex<Option<String>>,
 }
 
@@ -563,6 +594,7 @@ impl<'a> CommandsWork<'a> {
                 addrs,
                 first_ns: AtomicU64::new(u64::MAX),
                 last_ns: AtomicU64::new(0),
+                tile_ns: AtomicU64::new(0),
                 failure: Mutex::new(None),
             }),
         }))
@@ -590,8 +622,10 @@ impl<'a> CommandsWork<'a> {
                     None => Ok(()),
                 };
                 let mut args = dispatch_args(d.workgroups, &d.addrs.lens, &outcome);
+                args.extend(executable_args(d.cpu, d.function));
                 args.push(("command", Arg::U64(item.command as u64)));
                 args.push(("tiles", Arg::U64(item.tiles)));
+                args.push(("tile_ns", Arg::U64(d.tile_ns.load(Ordering::Relaxed))));
                 trace::record(trace::Event {
                     phase: trace::Phase::Complete,
                     cat: "dispatch",
@@ -717,6 +751,8 @@ impl CommandsWork<'_> {
         let t1 = trace::now_ns();
         d.first_ns.fetch_min(t0, Ordering::Relaxed);
         d.last_ns.fetch_max(t1, Ordering::Relaxed);
+        d.tile_ns
+            .fetch_add(t1.saturating_sub(t0), Ordering::Relaxed);
         let mut args = vec![
             ("workgroup_range", Arg::List(vec![range.start, range.end])),
             ("processor_id", Arg::U64(processor_id as u64)),

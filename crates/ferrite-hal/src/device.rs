@@ -408,10 +408,15 @@ pub mod queue {
             signal: &Fence,
             buffer: Buffer,
         ) -> Result<()> {
-            let work = traced(device, "dealloca", Vec::new(), move || {
-                drop(buffer);
-                Ok(())
-            });
+            let work = traced(
+                device,
+                "dealloca",
+                Some(("bytes", buffer.byte_length())),
+                move || {
+                    drop(buffer);
+                    Ok(())
+                },
+            );
             device.submit(wait, signal, work)
         }
 
@@ -425,7 +430,7 @@ pub mod queue {
             length: u64,
             pattern: Vec<u8>,
         ) -> Result<()> {
-            let args = vec![("bytes", Arg::U64(length))];
+            let args = Some(("bytes", length));
             let work = traced(device, "fill", args, move || {
                 target.device_fill(offset, length, &pattern)
             });
@@ -441,7 +446,7 @@ pub mod queue {
             target: Buffer,
             offset: u64,
         ) -> Result<()> {
-            let args = vec![("bytes", Arg::U64(data.len() as u64))];
+            let args = Some(("bytes", data.len() as u64));
             let work = traced(device, "update", args, move || {
                 target.device_write(offset, &data)
             });
@@ -460,7 +465,7 @@ pub mod queue {
             target_offset: u64,
             length: u64,
         ) -> Result<()> {
-            let args = vec![("bytes", Arg::U64(length))];
+            let args = Some(("bytes", length));
             let work = traced(device, "copy", args, move || {
                 Buffer::device_copy(&source, source_offset, &target, target_offset, length)
             });
@@ -469,11 +474,7 @@ pub mod queue {
 
         /// Orders nothing but the fences: `signal` is reached after `wait`.
         pub fn barrier(device: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
-            device.submit(
-                wait,
-                signal,
-                traced(device, "barrier", Vec::new(), || Ok(())),
-            )
+            device.submit(wait, signal, traced(device, "barrier", None, || Ok(())))
         }
 
         /// Executes a finalized command buffer with an optional binding table.
@@ -488,7 +489,7 @@ pub mod queue {
                 let commands = cb.finalized_commands()?;
                 return run_inline(wait, signal, || {
                     if ferrite_base::trace::enabled() {
-                        let args = vec![("commands", Arg::U64(commands.len() as u64))];
+                        let args = Some(("commands", commands.len() as u64));
                         return traced(device, "execute", args, || {
                             device.execute_commands(commands, &bindings)
                         })()
@@ -501,7 +502,7 @@ pub mod queue {
             }
             let commands = cb.commands()?;
             let d = device.clone();
-            let args = vec![("commands", Arg::U64(commands.len() as u64))];
+            let args = Some(("commands", commands.len() as u64));
             let work = traced(device, "execute", args, move || {
                 d.execute_commands(&commands, &bindings)
             });
@@ -515,7 +516,7 @@ pub mod queue {
         pub(crate) fn traced<'a>(
             device: &Arc<dyn Device>,
             op: &'static str,
-            args: Vec<(&'static str, Arg)>,
+            arg: Option<(&'static str, u64)>,
             work: impl FnOnce() -> Result<()> + Send + 'a,
         ) -> Box<dyn FnOnce() -> Result<()> + Send + 'a> {
             if !ferrite_base::trace::enabled() {
@@ -531,7 +532,8 @@ pub mod queue {
                 let guard = ferrite_base::trace::set_doing(label);
                 let outcome = work().map_err(|e| e.annotate(format!("queue {op}")));
                 drop(guard);
-                let mut args = args;
+                let mut args: Vec<(&'static str, Arg)> =
+                    arg.map(|(k, v)| (k, Arg::U64(v))).into_iter().collect();
                 if let Err(e) = &outcome {
                     args.push(("failed", Arg::Str(e.to_string())));
                 }

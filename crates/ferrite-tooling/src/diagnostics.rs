@@ -40,6 +40,16 @@ pub struct DiagnosticArgs {
     #[arg(long = "print_device_statistics", num_args = 0..=1, default_missing_value = "true",
           require_equals = true, default_value_t = false, action = clap::ArgAction::Set)]
     pub print_device_statistics: bool,
+    /// HAL profiling data families to record, comma-separated (upstream's
+    /// flag): `queue-events`, `host-execution`, `dispatch-events`
+    /// (per-dispatch timings, which upstream's CPU devices refuse),
+    /// `memory-events`. Needs `--device_profiling_output`.
+    #[arg(long = "device_profiling_mode", value_name = "FAMILIES")]
+    pub device_profiling_mode: Option<String>,
+    /// Where the `.ireeprof` bundle goes (upstream 3.13's format, read by
+    /// `iree-profile` and `iree-profile-render`).
+    #[arg(long = "device_profiling_output", value_name = "FILE.ireeprof")]
+    pub device_profiling_output: Option<std::path::PathBuf>,
 }
 
 /// A trace being recorded for `--trace`: written to its file when dropped
@@ -48,6 +58,8 @@ pub struct TraceRecording {
     path: Option<std::path::PathBuf>,
     /// Print `--print_device_statistics` from the recording.
     statistics: bool,
+    /// `--device_profiling_output` and the families to write there.
+    bundle: Option<(std::path::PathBuf, crate::ireeprof::Families)>,
 }
 
 impl TraceRecording {
@@ -60,7 +72,8 @@ impl TraceRecording {
     fn write(&mut self) -> ferrite_base::Result<()> {
         let path = self.path.take();
         let statistics = std::mem::take(&mut self.statistics);
-        if path.is_none() && !statistics {
+        let bundle = self.bundle.take();
+        if path.is_none() && !statistics && bundle.is_none() {
             return Ok(());
         }
         let Some(trace) = ferrite_base::trace::stop() else {
@@ -68,6 +81,15 @@ impl TraceRecording {
         };
         if statistics {
             eprint!("{}", device_statistics_report(&trace));
+        }
+        if let Some((file, families)) = bundle {
+            std::fs::write(&file, crate::ireeprof::bundle(&trace, families)).map_err(|e| {
+                ferrite_base::status!(
+                    Unavailable,
+                    "writing --device_profiling_output={}: {e}",
+                    file.display()
+                )
+            })?;
         }
         match path {
             Some(path) => trace.write_chrome_json(&path),
@@ -104,13 +126,36 @@ impl DiagnosticArgs {
                 )
             })?;
         }
-        // One recording serves both the trace file and the statistics.
-        if self.trace.is_some() || self.print_device_statistics {
+        let bundle = match (&self.device_profiling_mode, &self.device_profiling_output) {
+            (Some(mode), Some(out)) => {
+                let families = crate::ireeprof::Families::parse(mode)?;
+                std::fs::write(out, b"").map_err(|e| {
+                    ferrite_base::status!(
+                        InvalidArgument,
+                        "--device_profiling_output={}: cannot write the file: {e}",
+                        out.display()
+                    )
+                })?;
+                Some((out.clone(), families))
+            }
+            (Some(_), None) => ferrite_base::bail!(
+                InvalidArgument,
+                "--device_profiling_mode needs --device_profiling_output=FILE.ireeprof (Ferrite has no other profile sink)"
+            ),
+            (None, Some(_)) => ferrite_base::bail!(
+                InvalidArgument,
+                "--device_profiling_output needs --device_profiling_mode (e.g. queue-events,host-execution)"
+            ),
+            (None, None) => None,
+        };
+        // One recording serves the trace file, the statistics and the bundle.
+        if self.trace.is_some() || self.print_device_statistics || bundle.is_some() {
             ferrite_base::trace::start()?;
         }
         Ok(TraceRecording {
             path: self.trace.clone(),
             statistics: self.print_device_statistics,
+            bundle,
         })
     }
 

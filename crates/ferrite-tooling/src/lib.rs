@@ -33,6 +33,7 @@ pub mod flag_table;
 pub mod flagfile;
 pub mod format;
 pub mod inputs;
+pub mod ireeprof;
 pub mod npy;
 pub mod outputs;
 pub mod parameters;

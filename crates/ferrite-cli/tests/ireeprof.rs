@@ -1,0 +1,204 @@
+//! `--device_profiling_mode` / `--device_profiling_output`: `.ireeprof`
+//! bundles from local-sync and local-task, read back by the pinned
+//! `iree-profile` (summary, dispatch, queue, command, memory, export) and
+//! rendered to Perfetto by the pinned `iree-profile-render`; the counts
+//! equal what ran (two dispatches, one execute, two allocas).
+
+use ferrite_testkit::{compile_file, venv_tool, workspace_root, GENERIC_CPU};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn program() -> PathBuf {
+    let root = workspace_root();
+    compile_file(
+        &root.join("tests/trace/two_matmuls.mlir"),
+        &root.join("target/test-programs/trace_two_matmuls.vmfb"),
+        GENERIC_CPU,
+    )
+}
+
+/// Runs `cmd`, failing the test with its output unless it succeeds; stdout
+/// then stderr.
+fn ok(cmd: &mut Command) -> String {
+    let o = cmd.output().expect("running a tool");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "{cmd:?}\n{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+fn bundle(device: &str, extra: &[&str]) -> PathBuf {
+    let path = workspace_root().join(format!("target/test-programs/profile_{device}.ireeprof"));
+    let _ = std::fs::remove_file(&path);
+    ok(Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .arg("run-module")
+        .arg(format!("--module={}", program().display()))
+        .arg(format!("--device={device}"))
+        .args([
+            "--function=two_matmuls",
+            "--input=32x64xf32=1",
+            "--input=64x16xf32=1",
+            "--input=16x8xf32=1",
+            "--output=",
+            "--device_profiling_mode=queue-events,host-execution,dispatch-events,memory-events",
+        ])
+        .arg(format!("--device_profiling_output={}", path.display()))
+        .args(extra));
+    path
+}
+
+fn profile(command: &str, file: &Path) -> String {
+    ok(Command::new(venv_tool("iree-profile"))
+        .arg(command)
+        .arg(file))
+}
+
+/// The `key=value` after `prefix` on the line that starts with it.
+fn field(text: &str, line_start: &str, key: &str) -> String {
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(line_start))
+        .unwrap_or_else(|| panic!("no line '{line_start}' in:\n{text}"));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in '{line}'"))
+        .to_string()
+}
+
+fn check(device: &str, workers: &[&str]) {
+    let file = bundle(device, workers);
+    let summary = profile("summary", &file);
+    assert_eq!(field(&summary, "records:", "session_end"), "1");
+    assert_eq!(field(&summary, "records:", "non_ok_session_end"), "0");
+    assert_eq!(field(&summary, "records:", "unknown"), "0");
+    assert_eq!(
+        field(&summary, "event_records:", "host_execution_events"),
+        "4"
+    );
+    assert_eq!(
+        field(&summary, "event_records:", "invalid_host_execution_events"),
+        "0"
+    );
+    assert_eq!(
+        field(&summary, "metadata_records:", "executable_functions"),
+        "2"
+    );
+
+    let dispatch = profile("dispatch", &file);
+    assert_eq!(
+        field(&dispatch, "host_dispatches:", "total"),
+        "2",
+        "{dispatch}"
+    );
+    assert_eq!(
+        field(&dispatch, "host_dispatches:", "valid"),
+        "2",
+        "{dispatch}"
+    );
+    for export in [
+        "two_matmuls_dispatch_0_matmul_32x16x64_f32",
+        "two_matmuls_dispatch_1_matmul_32x8x16_f32",
+    ] {
+        assert!(
+            dispatch.lines().any(|l| l.trim() == export),
+            "{export} in:\n{dispatch}"
+        );
+    }
+    assert!(dispatch.contains("workgroup_count=4x1x1"), "{dispatch}");
+
+    let queue = profile("queue", &file);
+    assert_eq!(field(&queue, "queues=", "queue_events"), "4", "{queue}");
+    assert!(queue.contains("type=execute"), "{queue}");
+    assert!(queue.contains("type=alloca"), "{queue}");
+
+    let command = profile("command", &file);
+    assert_eq!(
+        field(&command, "command_buffers=", "host_valid"),
+        "2",
+        "{command}"
+    );
+
+    let memory = profile("memory", &file);
+    assert!(memory.contains("queue_alloca/dealloca=2/1"), "{memory}");
+
+    let jsonl = file.with_extension("ireeperf.jsonl");
+    ok(Command::new(venv_tool("iree-profile"))
+        .args(["export", "--format=ireeperf-jsonl"])
+        .arg(format!("--output={}", jsonl.display()))
+        .arg(&file));
+    let text = std::fs::read_to_string(&jsonl).unwrap();
+    assert!(text.lines().count() > 10, "{text}");
+    let pftrace = file.with_extension("pftrace");
+    let rendered = ok(Command::new(venv_tool("iree-profile-render"))
+        .arg("--format=perfetto")
+        .arg("-o")
+        .arg(&pftrace)
+        .arg(&jsonl));
+    assert!(rendered.contains("host_execution_slices=4"), "{rendered}");
+    assert!(std::fs::metadata(&pftrace).unwrap().len() > 0);
+}
+
+#[test]
+fn local_sync_bundle_reads_back_in_upstreams_tools() {
+    check("local-sync", &[]);
+}
+
+#[test]
+fn local_task_bundle_reads_back_in_upstreams_tools() {
+    check("local-task", &["--task_topology_group_count=2"]);
+    // Per-dispatch tiles (upstream's CPU devices refuse dispatch-events).
+    let dispatch = profile(
+        "dispatch",
+        &bundle("local-task", &["--task_topology_group_count=2"]),
+    );
+    let tiles: Vec<u64> = dispatch
+        .lines()
+        .filter(|l| l.contains("tile_count="))
+        .map(|l| field(l, "time_ns:", "tile_count").parse().unwrap())
+        .collect();
+    assert_eq!(tiles.len(), 2, "{dispatch}");
+    assert!(tiles.iter().all(|&t| t >= 1), "{dispatch}");
+}
+
+#[test]
+fn profiling_flags_are_checked() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ferrite"))
+            .arg("run-module")
+            .arg(format!("--module={}", program().display()))
+            .args([
+                "--function=two_matmuls",
+                "--input=32x64xf32=1",
+                "--input=64x16xf32=1",
+                "--input=16x8xf32=1",
+            ])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for (args, want) in [
+        (
+            &["--device_profiling_mode=queue-events"][..],
+            "needs --device_profiling_output",
+        ),
+        (
+            &["--device_profiling_output=/tmp/x.ireeprof"][..],
+            "needs --device_profiling_mode",
+        ),
+        (
+            &[
+                "--device_profiling_mode=device-metrics",
+                "--device_profiling_output=/tmp/x.ireeprof",
+            ][..],
+            "'device-metrics'",
+        ),
+    ] {
+        let o = run(args);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

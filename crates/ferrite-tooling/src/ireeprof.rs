@@ -1,0 +1,538 @@
+//! `.ireeprof` bundles in upstream IREE 3.13's HAL profile format (file
+//! format 1.6), written from a recording of `ferrite_base::trace` so that
+//! the pinned `iree-profile` (summary, dispatch, queue, command, memory,
+//! export) and `iree-profile-render` read them.
+//!
+//! The layout is upstream's, as its profile file and schema headers define
+//! it (facts, not code): a 24-byte file header (magic `IRPF`, version,
+//! header length, flags, logical file length), then records, each a
+//! 104-byte little-endian record header followed by a content-type string,
+//! a name string and a payload. A session-begin record, one chunk record
+//! per content type (devices, queues, executables, executable functions,
+//! queue events, host execution events, memory events), and a session-end
+//! record. Chunk payloads are packed arrays of fixed-size records that
+//! start with their own length.
+//!
+//! What Ferrite's CPU devices record maps onto upstream's families:
+//! - `queue-events`: each queue operation (submission order, bytes,
+//!   operations).
+//! - `host-execution`: each queue operation's run on the host, and each
+//!   dispatch with its workgroup counts, tiles and time in tiles (upstream's
+//!   CPU devices report dispatches this way too).
+//! - `dispatch-events`: upstream's CPU devices refuse it; Ferrite records
+//!   every dispatch (with its tiles on `local-task`), written as host
+//!   execution events, which is how `iree-profile dispatch` reads CPU
+//!   dispatch timings.
+//! - `memory-events`: queue allocations and releases.
+//!
+//! Times are the recording's clock (nanoseconds since the process's trace
+//! epoch), which upstream's tools only compare with each other.
+
+use ferrite_base::trace::{Arg, Event, Phase, Trace};
+use ferrite_base::{bail, Result};
+use std::collections::BTreeMap;
+
+/// `IRPF`, little-endian.
+const MAGIC: u32 = 0x4650_5249;
+const VERSION_MAJOR: u16 = 1;
+const VERSION_MINOR: u16 = 6;
+const FILE_HEADER_LEN: u32 = 24;
+const RECORD_HEADER_LEN: u32 = 104;
+
+const RECORD_SESSION_BEGIN: u16 = 1;
+const RECORD_CHUNK: u16 = 2;
+const RECORD_SESSION_END: u16 = 3;
+
+const CT_SESSION: &str = "application/vnd.iree.hal.profile.session";
+const CT_DEVICES: &str = "application/vnd.iree.hal.profile.devices";
+const CT_QUEUES: &str = "application/vnd.iree.hal.profile.queues";
+const CT_EXECUTABLES: &str = "application/vnd.iree.hal.profile.executables";
+const CT_FUNCTIONS: &str = "application/vnd.iree.hal.profile.executable-functions";
+const CT_QUEUE_EVENTS: &str = "application/vnd.iree.hal.profile.queue-events";
+const CT_HOST_EXECUTION: &str = "application/vnd.iree.hal.profile.host-execution-events";
+const CT_MEMORY_EVENTS: &str = "application/vnd.iree.hal.profile.memory-events";
+
+/// Queue event types (upstream's numbering).
+fn queue_event_type(op: &str) -> u32 {
+    match op {
+        "barrier" => 1,
+        "dispatch" => 2,
+        "execute" => 3,
+        "copy" => 4,
+        "fill" => 5,
+        "update" => 6,
+        "read" => 7,
+        "write" => 8,
+        "alloca" => 9,
+        "dealloca" => 10,
+        _ => 11,
+    }
+}
+
+const MEMORY_QUEUE_ALLOCA: u32 = 7;
+const MEMORY_QUEUE_DEALLOCA: u32 = 8;
+const MEMORY_FLAG_QUEUE_OPERATION: u32 = 1;
+/// `DEVICE_LOCAL | HOST_VISIBLE`-style CPU memory, as upstream's CPU
+/// devices report their queue pool.
+const CPU_MEMORY_TYPE: u64 = 0x32;
+
+/// A function's metadata: name, workgroup size, constant and binding
+/// counts.
+type FunctionInfo = (String, [u32; 3], u64, u64);
+
+/// The data families of `--device_profiling_mode` Ferrite writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Families {
+    /// `queue-events`.
+    pub queue_events: bool,
+    /// `host-execution`.
+    pub host_execution: bool,
+    /// `dispatch-events` (written as host execution events of dispatches).
+    pub dispatch_events: bool,
+    /// `memory-events`.
+    pub memory_events: bool,
+}
+
+impl Families {
+    /// Parses upstream's comma-separated mode list; an error naming a
+    /// family Ferrite does not record.
+    pub fn parse(mode: &str) -> Result<Families> {
+        let mut f = Families::default();
+        for name in mode.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match name {
+                "queue-events" => f.queue_events = true,
+                "host-execution" => f.host_execution = true,
+                "dispatch-events" => f.dispatch_events = true,
+                "memory-events" => f.memory_events = true,
+                "device-queue-events" | "device-metrics" | "executable-traces" | "counters" => bail!(
+                    Unimplemented,
+                    "--device_profiling_mode: '{name}' needs device timestamps or counters, which Ferrite's devices do not record (recorded: queue-events, host-execution, dispatch-events, memory-events)"
+                ),
+                other => bail!(
+                    InvalidArgument,
+                    "--device_profiling_mode: unknown data family '{other}' (known: queue-events, host-execution, dispatch-events, memory-events, device-queue-events, device-metrics, executable-traces, counters)"
+                ),
+            }
+        }
+        if f == Families::default() {
+            bail!(
+                InvalidArgument,
+                "--device_profiling_mode names no data family"
+            );
+        }
+        Ok(f)
+    }
+}
+
+fn u64_arg(e: &Event, key: &str) -> Option<u64> {
+    e.args.iter().find_map(|(k, v)| match v {
+        Arg::U64(n) if *k == key => Some(*n),
+        _ => None,
+    })
+}
+
+fn list_arg(e: &Event, key: &str) -> Option<[u32; 3]> {
+    e.args.iter().find_map(|(k, v)| match v {
+        Arg::List(l) if *k == key && l.len() == 3 => Some([l[0] as u32, l[1] as u32, l[2] as u32]),
+        _ => None,
+    })
+}
+
+fn failed(e: &Event) -> bool {
+    e.args.iter().any(|(k, _)| *k == "failed")
+}
+
+/// Little-endian field appends.
+struct Bytes(Vec<u8>);
+
+impl Bytes {
+    fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+}
+
+/// Appends one record: its 104-byte header, content type, name, payload.
+fn record(out: &mut Vec<u8>, kind: u16, content_type: &str, name: &str, payload: &[u8]) {
+    let total = RECORD_HEADER_LEN as u64 + (content_type.len() + name.len() + payload.len()) as u64;
+    let mut h = Bytes(Vec::with_capacity(RECORD_HEADER_LEN as usize));
+    h.u64(total)
+        .u64(payload.len() as u64)
+        .u64(1) // session id
+        .u64(0) // stream id
+        .u64(0) // event id
+        .u64(0) // executable id
+        .u64(0) // command buffer id
+        .u32(RECORD_HEADER_LEN)
+        .u32(content_type.len() as u32)
+        .u32(name.len() as u32)
+        .u32(u32::MAX) // physical device ordinal: the chunk spans devices
+        .u32(u32::MAX) // queue ordinal
+        .u32(0) // padding before the 64-bit chunk flags
+        .u64(0) // chunk flags
+        .u64(0) // dropped records
+        .u32(0) // session status code
+        .u16(kind)
+        .u16(0);
+    debug_assert_eq!(h.0.len(), RECORD_HEADER_LEN as usize);
+    out.extend_from_slice(&h.0);
+    out.extend_from_slice(content_type.as_bytes());
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Writes the bundle of `trace` with the `families` asked for.
+pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
+    // Devices: the trace's device tracks, numbered from 0.
+    let devices: Vec<(u32, String)> = trace
+        .tracks
+        .iter()
+        .filter(|(t, _)| **t >= 2)
+        .map(|(t, n)| (t - 2, n.strip_prefix("device ").unwrap_or(n).to_string()))
+        .collect();
+    let device_of = |e: &Event| e.track.saturating_sub(2);
+    let name = devices
+        .iter()
+        .map(|(_, n)| n.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+
+    // Executables by their recorded identity, numbered from 1 in order of
+    // first use; functions seen per executable.
+    let mut executables: BTreeMap<u64, (u64, u64)> = BTreeMap::new(); // raw -> (id, function count)
+    let mut functions: BTreeMap<(u64, u64), FunctionInfo> = BTreeMap::new();
+    let dispatches: Vec<&Event> = trace
+        .events
+        .iter()
+        .filter(|e| e.cat == "dispatch" && e.phase == Phase::Complete)
+        .collect();
+    for d in &dispatches {
+        let Some(raw) = u64_arg(d, "executable") else {
+            continue;
+        };
+        let next = executables.len() as u64 + 1;
+        let id = executables
+            .entry(raw)
+            .or_insert((next, u64_arg(d, "functions").unwrap_or(1)))
+            .0;
+        let f = u64_arg(d, "function").unwrap_or(0);
+        functions.entry((id, f)).or_insert_with(|| {
+            (
+                d.name.clone(),
+                list_arg(d, "workgroup_size").unwrap_or([1, 1, 1]),
+                u64_arg(d, "constants").unwrap_or(0),
+                u64_arg(d, "bindings").unwrap_or(0),
+            )
+        });
+    }
+
+    // Queue operations in time order, each its own submission.
+    let mut queue_ops: Vec<&Event> = trace.events.iter().filter(|e| e.cat == "queue").collect();
+    queue_ops.sort_by_key(|e| e.ts_ns);
+
+    let mut out = Vec::new();
+    let mut h = Bytes(Vec::new());
+    h.u32(MAGIC)
+        .u16(VERSION_MAJOR)
+        .u16(VERSION_MINOR)
+        .u32(FILE_HEADER_LEN)
+        .u32(0)
+        .u64(0); // patched below
+    out.extend_from_slice(&h.0);
+    record(&mut out, RECORD_SESSION_BEGIN, CT_SESSION, &name, &[]);
+
+    let mut p = Bytes(Vec::new());
+    for (ordinal, _) in &devices {
+        p.u32(32).u32(0).u32(*ordinal).u32(1);
+        p.0.extend_from_slice(&[0u8; 16]);
+    }
+    record(&mut out, RECORD_CHUNK, CT_DEVICES, &name, &p.0);
+
+    let mut p = Bytes(Vec::new());
+    for (ordinal, _) in &devices {
+        p.u32(24).u32(*ordinal).u32(0).u32(0).u64(*ordinal as u64);
+    }
+    record(&mut out, RECORD_CHUNK, CT_QUEUES, &name, &p.0);
+
+    if !executables.is_empty() {
+        let mut p = Bytes(Vec::new());
+        let mut by_id: Vec<(u64, u64)> = executables.values().copied().collect();
+        by_id.sort();
+        for (id, count) in by_id {
+            p.u32(40)
+                .u32(0)
+                .u64(id)
+                .u32(count as u32)
+                .u32(0)
+                .u64(0)
+                .u64(0);
+        }
+        record(&mut out, RECORD_CHUNK, CT_EXECUTABLES, &name, &p.0);
+        let mut p = Bytes(Vec::new());
+        for ((id, ordinal), (fname, size, constants, bindings)) in &functions {
+            p.u32(64 + fname.len() as u32)
+                .u32(0)
+                .u64(*id)
+                .u32(*ordinal as u32)
+                .u32(*constants as u32)
+                .u32(*bindings as u32)
+                .u32(0)
+                .u32(size[0])
+                .u32(size[1])
+                .u32(size[2])
+                .u32(fname.len() as u32)
+                .u64(0)
+                .u64(0);
+            p.0.extend_from_slice(fname.as_bytes());
+        }
+        record(&mut out, RECORD_CHUNK, CT_FUNCTIONS, &name, &p.0);
+    }
+
+    // Submission of each queue operation: its place in time order.
+    let submission = |i: usize| i as u64 + 1;
+    if families.queue_events {
+        let mut p = Bytes(Vec::new());
+        for (i, e) in queue_ops.iter().enumerate() {
+            let ops = match e.name.as_str() {
+                "execute" => u64_arg(e, "commands").unwrap_or(1),
+                "barrier" => 0,
+                _ => 1,
+            };
+            let dev = device_of(e);
+            p.u32(104)
+                .u32(queue_event_type(&e.name))
+                .u32(0)
+                .u32(0)
+                .u64(i as u64 + 1)
+                .u64(e.ts_ns)
+                .u64(submission(i))
+                .u64(0)
+                .u64(0)
+                .u64(dev as u64)
+                .u32(dev)
+                .u32(0)
+                .u32(0)
+                .u32(1)
+                .u32(0)
+                .u32(ops as u32)
+                .u64(u64_arg(e, "bytes").unwrap_or(0))
+                .u64(e.ts_ns);
+        }
+        record(&mut out, RECORD_CHUNK, CT_QUEUE_EVENTS, &name, &p.0);
+    }
+
+    if families.host_execution || families.dispatch_events {
+        let mut p = Bytes(Vec::new());
+        let mut event_id = 0u64;
+        // A dispatch belongs to the execute whose span holds it.
+        let submission_of = |d: &Event| {
+            queue_ops
+                .iter()
+                .position(|q| {
+                    q.name == "execute"
+                        && q.track == d.track
+                        && q.ts_ns <= d.ts_ns
+                        && d.ts_ns + d.dur_ns <= q.ts_ns + q.dur_ns
+                })
+                .map_or(0, submission)
+        };
+        if families.host_execution {
+            for (i, e) in queue_ops.iter().enumerate() {
+                if e.phase != Phase::Complete {
+                    continue;
+                }
+                event_id += 1;
+                let dev = device_of(e);
+                let ops = match e.name.as_str() {
+                    "execute" => u64_arg(e, "commands").unwrap_or(1),
+                    "barrier" => 0,
+                    _ => 1,
+                };
+                host_execution(
+                    &mut p,
+                    queue_event_type(&e.name),
+                    if failed(e) { 13 } else { 0 },
+                    event_id,
+                    submission(i),
+                    0,
+                    dev,
+                    u32::MAX,
+                    0,
+                    [0; 3],
+                    [0; 3],
+                    (e.ts_ns, e.ts_ns + e.dur_ns),
+                    u64_arg(e, "bytes").unwrap_or(0),
+                    (0, 0),
+                    ops as u32,
+                );
+            }
+        }
+        for d in &dispatches {
+            event_id += 1;
+            let exe = u64_arg(d, "executable")
+                .and_then(|raw| executables.get(&raw))
+                .map_or(0, |x| x.0);
+            host_execution(
+                &mut p,
+                queue_event_type("dispatch"),
+                if failed(d) { 13 } else { 0 },
+                event_id,
+                submission_of(d),
+                exe,
+                device_of(d),
+                u64_arg(d, "command").map_or(u32::MAX, |c| c as u32),
+                u64_arg(d, "function").unwrap_or(0) as u32,
+                list_arg(d, "workgroups").unwrap_or([0; 3]),
+                list_arg(d, "workgroup_size").unwrap_or([1, 1, 1]),
+                (d.ts_ns, d.ts_ns + d.dur_ns),
+                0,
+                (
+                    u64_arg(d, "tiles").unwrap_or(1),
+                    u64_arg(d, "tile_ns").unwrap_or(d.dur_ns),
+                ),
+                1,
+            );
+        }
+        record(&mut out, RECORD_CHUNK, CT_HOST_EXECUTION, &name, &p.0);
+    }
+
+    if families.memory_events {
+        let mut p = Bytes(Vec::new());
+        let mut event_id = 0u64;
+        for (i, e) in queue_ops.iter().enumerate() {
+            let kind = match e.name.as_str() {
+                "alloca" => MEMORY_QUEUE_ALLOCA,
+                "dealloca" => MEMORY_QUEUE_DEALLOCA,
+                _ => continue,
+            };
+            event_id += 1;
+            let dev = device_of(e);
+            p.u32(160)
+                .u32(kind)
+                .u32(MEMORY_FLAG_QUEUE_OPERATION)
+                .u32(0)
+                .u64(event_id)
+                .u64(e.ts_ns)
+                .u64(u64_arg(e, "allocation").unwrap_or(0))
+                .u64(0)
+                .u64(0)
+                .u64(submission(i))
+                .u32(dev)
+                .u32(0)
+                .u32(0)
+                .u32(0)
+                .u64(CPU_MEMORY_TYPE)
+                .u64(0)
+                .u64(0)
+                .u64(u64_arg(e, "bytes").unwrap_or(0))
+                .u64(0)
+                .u64(0)
+                .u64(0)
+                .u64(0)
+                .u64(0)
+                .u32(0)
+                .u32(0);
+        }
+        record(&mut out, RECORD_CHUNK, CT_MEMORY_EVENTS, &name, &p.0);
+    }
+
+    record(&mut out, RECORD_SESSION_END, CT_SESSION, &name, &[]);
+    let len = out.len() as u64;
+    out[16..24].copy_from_slice(&len.to_le_bytes());
+    out
+}
+
+/// One host execution event (152 bytes, upstream's layout).
+#[allow(clippy::too_many_arguments)]
+fn host_execution(
+    p: &mut Bytes,
+    kind: u32,
+    status: u32,
+    event_id: u64,
+    submission: u64,
+    executable: u64,
+    device: u32,
+    command_index: u32,
+    function: u32,
+    workgroups: [u32; 3],
+    workgroup_size: [u32; 3],
+    (start, end): (u64, u64),
+    payload: u64,
+    (tiles, tile_ns): (u64, u64),
+    operations: u32,
+) {
+    p.u32(152)
+        .u32(kind)
+        .u32(0)
+        .u32(status)
+        .u64(event_id)
+        .u64(submission)
+        .u64(0)
+        .u64(executable)
+        .u64(0)
+        .u64(device as u64)
+        .u32(device)
+        .u32(0)
+        .u32(command_index)
+        .u32(function)
+        .u32(workgroups[0])
+        .u32(workgroups[1])
+        .u32(workgroups[2])
+        .u32(workgroup_size[0])
+        .u32(workgroup_size[1])
+        .u32(workgroup_size[2])
+        .u64(start)
+        .u64(end)
+        .u64(payload)
+        .u64(tiles)
+        .u64(tile_ns)
+        .u32(operations)
+        .u32(0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_parse_and_refuse_what_is_not_recorded() {
+        let f = Families::parse("queue-events,host-execution").unwrap();
+        assert!(f.queue_events && f.host_execution && !f.memory_events);
+        let e = Families::parse("device-metrics").unwrap_err();
+        assert!(e.to_string().contains("'device-metrics'"), "{e}");
+        let e = Families::parse("bogus").unwrap_err();
+        assert!(e.to_string().contains("unknown data family 'bogus'"), "{e}");
+        assert!(Families::parse("").is_err());
+    }
+
+    #[test]
+    fn empty_recording_is_a_well_formed_bundle() {
+        let b = bundle(&Trace::default(), Families::parse("queue-events").unwrap());
+        assert_eq!(&b[..4], b"IRPF");
+        assert_eq!(
+            u64::from_le_bytes(b[16..24].try_into().unwrap()),
+            b.len() as u64
+        );
+        // Records chain exactly to the end, the first a session begin.
+        let mut off = 24usize;
+        let mut kinds = Vec::new();
+        while off < b.len() {
+            let len = u64::from_le_bytes(b[off..off + 8].try_into().unwrap()) as usize;
+            kinds.push(u16::from_le_bytes(
+                b[off + 100..off + 102].try_into().unwrap(),
+            ));
+            off += len;
+        }
+        assert_eq!(off, b.len());
+        assert_eq!(kinds.first(), Some(&RECORD_SESSION_BEGIN));
+        assert_eq!(kinds.last(), Some(&RECORD_SESSION_END));
+    }
+}
