@@ -43,7 +43,8 @@ use crate::{chat, check_model, gguf, Result, Status, StatusCode, TextSide, SMOLL
 
 /// The committed batch program for SmolLM2-135M, compiled from
 /// `examples/llm/model.py` (`build_batch_mlir`): entry points
-/// `prefill_slot`, `decode_batch`, `slots`, `context_length`.
+/// `prefill_slot`, `decode_batch`, `decode_batch_wide`, `slots`,
+/// `context_length`, `wide_batch_min`.
 pub static SMOLLM2_BATCH_VMFB: &[u8] = include_bytes!("../../../examples/llm/smollm2_batch.vmfb");
 
 /// One row of a [`BatchLlm::decode_batch`] call: `(slot, token, position)`,
@@ -57,11 +58,13 @@ pub struct BatchLlm {
     // Field order: the function handles go before the session they call.
     prefill_slot: OwnedFunction,
     decode_batch: OwnedFunction,
+    decode_batch_wide: OwnedFunction,
     session: Session,
     text: TextSide,
     vocab: usize,
     slots: usize,
     context: usize,
+    wide_min: usize,
     gguf_path: PathBuf,
 }
 
@@ -106,14 +109,17 @@ impl BatchLlm {
         };
         let slots = query_i32(&session, "slots")?;
         let context = query_i32(&session, "context_length")?;
+        let wide_min = query_i32(&session, "wide_batch_min")?;
         Ok(BatchLlm {
             prefill_slot: session.function_owned("prefill_slot")?,
             decode_batch: session.function_owned("decode_batch")?,
+            decode_batch_wide: session.function_owned("decode_batch_wide")?,
             session,
             text,
             vocab: SMOLLM2_135M.vocab as usize,
             slots,
             context,
+            wide_min,
             gguf_path: path.to_path_buf(),
         })
     }
@@ -127,6 +133,14 @@ impl BatchLlm {
     /// Positions per slot (prompt plus generated tokens of one sequence).
     pub fn context_length(&self) -> usize {
         self.context
+    }
+
+    /// The row count from which [`BatchLlm::decode_batch`] calls the
+    /// program's `decode_batch_wide` (each matrix dequantized once per step
+    /// and shared by the rows) instead of `decode_batch` (fused kernels,
+    /// cheaper for a few rows); both give the same tokens.
+    pub fn wide_batch_min(&self) -> usize {
+        self.wide_min
     }
 
     /// Logits per row (the vocabulary size).
@@ -247,7 +261,9 @@ impl BatchLlm {
     /// One decode step for every item: appends `token` at `position` of
     /// `slot`'s sequence (the slot holds that sequence's positions
     /// `0..position`) and returns each item's next logits, in order. Every
-    /// slot appears at most once; 1 to `slots()` items.
+    /// slot appears at most once; 1 to `slots()` items. From
+    /// [`BatchLlm::wide_batch_min`] items on it runs the program's
+    /// `decode_batch_wide`.
     pub fn decode_batch(&self, items: &[BatchItem]) -> Result<Vec<Vec<f32>>> {
         if items.is_empty() || items.len() > self.slots {
             return Err(Status::new(
@@ -284,7 +300,12 @@ impl BatchLlm {
             pos.push(p as i32);
         }
         let n = items.len() as u64;
-        let out = self.decode_batch.call(&[
+        let entry = if items.len() >= self.wide_min {
+            &self.decode_batch_wide
+        } else {
+            &self.decode_batch
+        };
+        let out = entry.call(&[
             Value::from(Tensor::from_i32(&[n], &slots)?),
             Value::from(Tensor::from_i32(&[n], &toks)?),
             Value::from(Tensor::from_i32(&[n], &pos)?),

@@ -1,8 +1,10 @@
 //! The batch program (issue 29) against the single-sequence program: three
 //! prompts of different lengths in three slots, decoded together in one
 //! batch (joining at different steps, so positions differ), give the same
-//! greedy ids as `Llm::generate` gives each prompt alone; bad slots,
-//! positions and batches are clear errors.
+//! greedy ids as `Llm::generate` gives each prompt alone, both with the
+//! batch small (`decode_batch`) and with filler sequences making it wide
+//! enough for `decode_batch_wide` from the step the last one joins; bad
+//! slots, positions and batches are clear errors.
 //!
 //! Needs the SmolLM2 `.gguf`: `FERRITE_LLM_GGUF` names it (scripts/test.sh
 //! sets it from examples/llm/assets.py, which fetches it with pip). The
@@ -76,9 +78,10 @@ struct Seq {
     pos: usize,
 }
 
-fn batched_greedy(device: &str) -> Vec<Vec<u32>> {
-    let llm = BatchLlm::load(gguf(), device).expect("load the batch program");
-    assert!(llm.slots() >= 3);
+/// The three prompts' greedy ids decoded in one batch, with `fillers`
+/// more sequences (other prompts, in other slots) running from step 0.
+fn batched_greedy(llm: &BatchLlm, fillers: usize) -> Vec<Vec<u32>> {
+    assert!(llm.slots() > 3 + fillers);
     // Slots far apart, and a stale sequence left in slot 7 first: its
     // cache rows must not leak into the new one that reuses the slot.
     let stale = llm
@@ -96,9 +99,21 @@ fn batched_greedy(device: &str) -> Vec<Vec<u32>> {
             pos: 0,
         })
         .collect();
-    // The sequences join at steps 0, 2 and 5; the first prompt is
-    // prefilled in two chunks (positions 0..10 and 10..16).
-    let joins = [0, 2, 5];
+    // Fillers in slots 1, 2, ...: prompts of 2 + i tokens.
+    for i in 0..fillers {
+        seqs.push(Seq {
+            slot: 1 + i,
+            prompt: vec![504, 3575, 282, 4649, 314, 7042, 30, 378][..(2 + i).min(8)].to_vec(),
+            ids: Vec::new(),
+            pos: 0,
+        });
+    }
+    // The sequences join at steps 0, 2 and 5 (fillers at 0); the first
+    // prompt is prefilled in two chunks (positions 0..10 and 10..16).
+    let joins: Vec<usize> = [0, 2, 5]
+        .into_iter()
+        .chain(std::iter::repeat_n(0, fillers))
+        .collect();
     let mut step = 0;
     while seqs.iter().any(|s| s.ids.len() < TOKENS) {
         for (s, &join) in seqs.iter_mut().zip(&joins) {
@@ -131,30 +146,39 @@ fn batched_greedy(device: &str) -> Vec<Vec<u32>> {
         }
         step += 1;
     }
-    seqs.into_iter().map(|s| s.ids).collect()
+    seqs.into_iter().take(3).map(|s| s.ids).collect()
 }
 
-fn batch_equals_single(device: &str) {
-    let got = batched_greedy(device);
-    for (i, prompt) in prompts().iter().enumerate() {
-        let want = single_greedy(device, prompt);
-        assert_eq!(
-            got[i], want,
-            "{device}: prompt {i}: batched ids differ from Llm::generate's"
-        );
+/// `wide`: also a run wide enough for `decode_batch_wide` (on one device
+/// only, to keep CI short).
+fn batch_equals_single(device: &str, wide: bool) {
+    let want: Vec<Vec<u32>> = prompts().iter().map(|p| single_greedy(device, p)).collect();
+    let llm = BatchLlm::load(gguf(), device).expect("load the batch program");
+    // 3 rows at most: decode_batch; 3 + fillers rows from step 5 on:
+    // decode_batch_wide (fewer before, as sequences join).
+    let wide_fillers = llm.wide_batch_min().saturating_sub(3);
+    let runs: &[usize] = if wide { &[0, wide_fillers] } else { &[0] };
+    for &fillers in runs {
+        let got = batched_greedy(&llm, fillers);
+        for (i, want) in want.iter().enumerate() {
+            assert_eq!(
+                &got[i], want,
+                "{device}, {fillers} fillers: prompt {i}: batched ids differ from Llm::generate's"
+            );
+        }
     }
 }
 
 #[test]
 #[ignore = "needs the .gguf (FERRITE_LLM_GGUF); scripts/test.sh runs it with --ignored"]
 fn batched_greedy_equals_single_local_sync() {
-    batch_equals_single("local-sync");
+    batch_equals_single("local-sync", false);
 }
 
 #[test]
 #[ignore = "needs the .gguf (FERRITE_LLM_GGUF); scripts/test.sh runs it with --ignored"]
 fn batched_greedy_equals_single_local_task() {
-    batch_equals_single("local-task");
+    batch_equals_single("local-task", true);
 }
 
 fn err<T>(r: ferrite_llm::Result<T>) -> String {
