@@ -56,3 +56,37 @@ def test_stop_without_start_and_double_start():
     finally:
         text = frt.stop_trace()
     assert json.loads(text)["traceEvents"] is not None
+
+
+def _iree_profile():
+    import shutil
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for c in (Path(sys.executable).parent / "iree-profile", root / ".venv/bin/iree-profile"):
+        if c.exists():
+            return str(c)
+    found = shutil.which("iree-profile")
+    if found is None:
+        pytest.skip("iree-profile (pinned iree-base-runtime) not installed")
+    return found
+
+
+@pytest.mark.parametrize("driver", ["local-sync", "local-task"])
+def test_begin_profiling_writes_a_bundle_upstream_reads(two_matmuls, tmp_path, driver):
+    import subprocess
+
+    m = frt.load_vm_flatbuffer_file(str(two_matmuls), driver=driver)
+    device = frt.get_device(driver)  # the device load_vm_flatbuffer_file used
+    path = tmp_path / "p.ireeprof"
+    device.begin_profiling("queue-events,host-execution,memory-events", str(path))
+    m.two_matmuls(*_args())
+    device.end_profiling()
+    out = subprocess.run([_iree_profile(), "dispatch", str(path)], capture_output=True, text=True, check=True).stdout
+    assert "host_dispatches: total=2 matched=2 valid=2" in out, out
+    assert "two_matmuls_dispatch_1_matmul_32x8x16_f32" in out, out
+    with pytest.raises(ValueError, match="requires a profile sink"):
+        device.begin_profiling("queue-events")
+    with pytest.raises(Exception, match="unknown data family 'bogus'"):
+        device.begin_profiling("bogus", str(path))

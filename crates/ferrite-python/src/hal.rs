@@ -347,18 +347,42 @@ impl PyHalDevice {
             .py_context("Copying buffer on queue")
     }
 
-    /// Starts a profiling capture. CPU devices record nothing (as
-    /// upstream's local devices without a profile sink); a `mode` needs a
-    /// sink, which the bindings do not expose (upstream's message).
-    #[pyo3(signature = (mode = None))]
-    fn begin_profiling(&self, mode: Option<&str>) -> PyResult<()> {
-        if mode.is_some() {
-            return Err(PyValueError::new_err(
+    /// Starts a profiling capture. Without arguments nothing is recorded
+    /// (as upstream's devices without a profile sink). With `mode`
+    /// (upstream's data families, comma-separated) and `file_path`
+    /// (Ferrite's), the process's work is recorded until `end_profiling`,
+    /// which writes an `.ireeprof` bundle in upstream 3.13's format there;
+    /// a `mode` alone needs a sink, which upstream's bindings do not expose
+    /// (upstream's message).
+    #[pyo3(signature = (mode = None, file_path = None))]
+    fn begin_profiling(
+        &self,
+        mode: Option<&str>,
+        file_path: Option<std::path::PathBuf>,
+    ) -> PyResult<()> {
+        match (mode, file_path) {
+            (None, None) => Ok(()),
+            (Some(mode), Some(path)) => {
+                let families = ferrite_tooling::ireeprof::Families::parse(mode)
+                    .py_context("Error starting profiling")?;
+                let mut pending = PROFILING.lock();
+                if pending.is_some() {
+                    return Err(PyValueError::new_err(
+                        "a profiling capture is already running",
+                    ));
+                }
+                ferrite_base::trace::start().py_context("Error starting profiling")?;
+                *pending = Some((path, families));
+                Ok(())
+            }
+            (Some(_), None) => Err(PyValueError::new_err(
                 "Python HAL native profiling requires a profile sink and is not exposed by the \
-                 runtime bindings",
-            ));
+                 runtime bindings (Ferrite: pass file_path= to write an .ireeprof bundle)",
+            )),
+            (None, Some(_)) => Err(PyValueError::new_err(
+                "begin_profiling(file_path=...) needs a mode, e.g. 'queue-events,host-execution'",
+            )),
         }
-        Ok(())
     }
 
     fn flush_profiling(&self) {}
@@ -411,7 +435,22 @@ impl PyHalDevice {
         })
     }
 
-    fn end_profiling(&self) {}
+    /// Ends the capture `begin_profiling(mode, file_path)` started and
+    /// writes its bundle (nothing when none is running).
+    fn end_profiling(&self) -> PyResult<()> {
+        let Some((path, families)) = PROFILING.lock().take() else {
+            return Ok(());
+        };
+        let Some(trace) = ferrite_base::trace::stop() else {
+            return Ok(());
+        };
+        std::fs::write(&path, ferrite_tooling::ireeprof::bundle(&trace, families)).map_err(|e| {
+            pyo3::exceptions::PyOSError::new_err(format!(
+                "writing profile bundle '{}': {e}",
+                path.display()
+            ))
+        })
+    }
 
     fn __repr__(&self) -> String {
         self.device.0.id().to_string()
@@ -631,6 +670,12 @@ fn map_buffer(b: &Buffer) -> PyResult<PyMappedMemory> {
         .py_context("Could not map memory")?;
     Ok(PyMappedMemory { mapping })
 }
+
+/// The bundle a `begin_profiling(mode, file_path)` capture writes at
+/// `end_profiling` (one capture per process, as the recorder).
+static PROFILING: parking_lot::Mutex<
+    Option<(std::path::PathBuf, ferrite_tooling::ireeprof::Families)>,
+> = parking_lot::Mutex::new(None);
 
 /// A HAL buffer.
 #[pyclass(name = "HalBuffer", module = "ferrite._ferrite", frozen)]
