@@ -54,22 +54,25 @@ pub trait Engine {
     }
 }
 
-/// Live bytes of each device's allocator in `session`.
+/// Live bytes of each device's allocators in `session` (the device
+/// allocator and the queue-ordered pool, which holds the program's
+/// transient and global buffers).
 fn session_memory(session: &Session) -> Vec<(String, &'static str, u64)> {
     let mut out = Vec::new();
     for d in session.devices() {
-        let s = d.hal().0.allocator().statistics();
-        out.push((
-            d.name().to_string(),
-            "device_local",
-            s.device_bytes_allocated
-                .saturating_sub(s.device_bytes_freed),
-        ));
-        out.push((
-            d.name().to_string(),
-            "host_local",
-            s.host_bytes_allocated.saturating_sub(s.host_bytes_freed),
-        ));
+        let hal = &d.hal().0;
+        let (mut device, mut host) = (0u64, 0u64);
+        for s in [
+            hal.allocator().statistics(),
+            hal.queue_allocator().statistics(),
+        ] {
+            device += s
+                .device_bytes_allocated
+                .saturating_sub(s.device_bytes_freed);
+            host += s.host_bytes_allocated.saturating_sub(s.host_bytes_freed);
+        }
+        out.push((d.name().to_string(), "device_local", device));
+        out.push((d.name().to_string(), "host_local", host));
     }
     out
 }
