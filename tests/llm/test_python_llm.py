@@ -179,3 +179,9 @@ def test_bad_prompts_and_options(llm):
         llm.chat([{"role": "user"}])
     with pytest.raises(TypeError, match="message 1"):
         llm.chat([("user", "hi"), 3])
+
+
+def test_cuda_needs_a_cuda_program(gguf_path):
+    # Refused before any device is opened: no GPU needed to check it.
+    with pytest.raises(ValueError, match="build_cuda.py"):
+        ferrite.llm.load(gguf_path, device="cuda")

@@ -280,6 +280,17 @@ impl Llm {
         program: Option<&Path>,
     ) -> Result<Llm> {
         let path = path.as_ref();
+        if program.is_none() && device.starts_with("cuda") {
+            // The built-in program holds only llvm-cpu executables.
+            return Err(Status::new(
+                StatusCode::InvalidArgument,
+                format!(
+                    "the built-in program is compiled for the CPU; device '{device}' needs a program \
+                     compiled for cuda: examples/llm/build_cuda.py writes \
+                     build/llm/smollm2-cuda.vmfb (ferrite generate --module=PATH, ferrite.llm.load(..., program=PATH))"
+                ),
+            ));
+        }
         let file = gguf::GgufFile::open(path)?;
         check_model(&file, &SMOLLM2_135M)?;
         let TextSide {
