@@ -43,7 +43,10 @@
 //! a chain of compiled calls may use at most 1 MiB of native stack below the
 //! point the interpreter entered it (the thread running an invocation needs
 //! that much headroom; deeper chains fail with `RESOURCE_EXHAUSTED` before
-//! reaching it), besides the frame limit both tiers share.
+//! reaching it), besides the frame limit both tiers share. Frames larger
+//! than a page are probed page by page (Cranelift inline stack probes), so
+//! on a thread with less headroom than that a chain stops at the thread's
+//! guard page (Rust's stack-overflow report) instead of writing past it.
 //!
 //! # Switch
 //! [`crate::instance::InstanceOptions::jit`] (default: on unless the
@@ -305,6 +308,12 @@ fn compile_inner(functions: &[DecodedFunction]) -> Result<JitCode, String> {
     set(&mut flag_builder, "use_colocated_libcalls", "false")?;
     set(&mut flag_builder, "is_pic", "false")?;
     set(&mut flag_builder, "opt_level", "speed")?;
+    // Frames larger than a page touch each page in order (inline probes):
+    // the per-call budget check bounds how deep compiled calls go, not how
+    // large one frame is, and a frame that moved the stack pointer past
+    // the thread's guard page in one step would write beyond it.
+    set(&mut flag_builder, "enable_probestack", "true")?;
+    set(&mut flag_builder, "probestack_strategy", "inline")?;
     let isa_builder =
         cranelift_native::builder().map_err(|e| format!("host not supported: {e}"))?;
     let isa = isa_builder
