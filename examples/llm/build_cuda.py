@@ -1,0 +1,61 @@
+"""Compiles the LLM example's program (examples/llm/model.py, the same MLIR
+as the committed CPU `smollm2.vmfb`) for NVIDIA GPUs with the pinned
+compiler: `build/llm/smollm2-cuda.vmfb` (not committed; built where it is
+used). Weights stay named parameters of scope `model`, read from the `.gguf`.
+
+    .venv/bin/python examples/llm/build_cuda.py [--sm sm_80] [--out build/llm/smollm2-cuda.vmfb]
+
+The default target is sm_80, as every cuda module of this project: the
+pinned compiler (3.13.0) refuses sm_90 ("missing GPU target"), and the
+driver runs sm_80 code on Hopper (H100, H200).
+
+Then, on a machine with the GPU:
+
+    ferrite generate --gguf=PATH.gguf --device=cuda --module=build/llm/smollm2-cuda.vmfb --chat="Hi"
+    python -c "import ferrite.llm as l; m = l.load('PATH.gguf', 'cuda', program='build/llm/smollm2-cuda.vmfb'); print(m.chat('Hi'))"
+    .venv/bin/python scripts/bench-llm.py --device cuda      (upstream iree.runtime on the same vmfb too)
+"""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+import model  # noqa: E402
+
+BIN = Path(sys.executable).parent
+DEFAULT_OUT = ROOT / "build" / "llm" / "smollm2-cuda.vmfb"
+
+
+def cuda_flags(sm):
+    return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={sm}"]
+
+
+def build(out=DEFAULT_OUT, sm="sm_80", quiet=False):
+    """Writes the cuda program to `out` (and its MLIR beside it, for
+    inspection) and returns `out`."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    mlir = out.with_suffix(".mlir")
+    mlir.write_text(model.build_mlir())
+    cmd = [str(BIN / "iree-compile"), *cuda_flags(sm), str(mlir), "-o", str(out)]
+    if not quiet:
+        print("build_cuda:", " ".join(cmd), file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sm", default="sm_80", help="CUDA target (sm_80 runs on A100, H100 and H200)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args()
+    print(build(args.out, args.sm))
+
+
+if __name__ == "__main__":
+    main()
