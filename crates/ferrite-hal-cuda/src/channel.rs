@@ -47,8 +47,8 @@ pub struct NcclChannel {
 
 // SAFETY: an NCCL communicator may be used from any thread as long as
 // calls on it are not concurrent; every call on `comm` after creation is
-// made under the owning device's submission lock (collectives), or by the
-// last owner (drop), or is a collective split every rank makes in turn.
+// made under the owning device's `nccl_calls` lock (collectives, splits),
+// or by the last owner (drop).
 unsafe impl Send for NcclChannel {}
 // SAFETY: see above.
 unsafe impl Sync for NcclChannel {}
@@ -116,6 +116,10 @@ impl Channel for NcclChannel {
             );
         }
         self.shared.make_current()?;
+        // Not concurrently with collectives another thread enqueues on
+        // this communicator (NCCL calls on one communicator must not
+        // overlap).
+        let _calls = self.shared.nccl_calls.lock();
         let mut comm: ncclComm_t = std::ptr::null_mut();
         let c = if color == NO_COLOR {
             nccl::NCCL_SPLIT_NOCOLOR
@@ -298,6 +302,7 @@ pub(crate) fn enqueue_batch(shared: &Shared, batch: &[Resolved<'_>]) -> Result<(
     };
     let nccl = first.channel.nccl;
     let stream = shared.stream as nccl::cudaStream_t;
+    let _calls = shared.nccl_calls.lock();
     // SAFETY: ncclGroupStart has no preconditions.
     let started = unsafe { (nccl.ncclGroupStart)() };
     nccl.check(started, std::ptr::null_mut(), "ncclGroupStart")?;

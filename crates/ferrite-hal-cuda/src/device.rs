@@ -52,7 +52,6 @@ use ferrite_hal::fence::Fence;
 use ferrite_hal::semaphore::DeviceTimeline;
 use parking_lot::{Condvar, Mutex};
 use std::any::Any;
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,6 +79,11 @@ pub struct Shared {
     /// Allocation statistics of every allocator of the device (device
     /// and queue allocations alike).
     pub(crate) stats: AllocationStats,
+    /// Held around every NCCL call on this device's communicators after
+    /// their creation (a batch of collectives, a split): NCCL requires calls
+    /// on one communicator not to overlap, and a split may come from any
+    /// thread while another enqueues collectives.
+    pub(crate) nccl_calls: Mutex<()>,
     transfer_lock: Mutex<()>,
     /// Recorded-and-reached blocking-sync events for reuse.
     events: Mutex<Vec<ffi::CUevent>>,
@@ -99,23 +103,25 @@ unsafe impl Send for Shared {}
 // SAFETY: see above.
 unsafe impl Sync for Shared {}
 
-thread_local! {
-    static CURRENT: Cell<CUcontext> = const { Cell::new(std::ptr::null_mut()) };
-}
-
 impl Shared {
-    /// Makes the device's context current on this thread (cached).
+    /// Makes the device's context current on this thread. The driver's own
+    /// notion of the current context is asked each time (a thread-local
+    /// read inside the driver), not a cache of ours: another library on
+    /// the same thread (PyTorch, CuPy) may have made its own context
+    /// current meanwhile, and a cache would then leave ours unset while
+    /// believing it set.
     pub fn make_current(&self) -> Result<()> {
-        if CURRENT.with(|c| c.get()) == self.ctx {
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let r = unsafe { (self.api.cuCtxGetCurrent)(&mut current) };
+        if r == ffi::CUDA_SUCCESS && current == self.ctx {
             return Ok(());
         }
         ffi::check(
             // SAFETY: `ctx` is the retained primary context.
             unsafe { (self.api.cuCtxSetCurrent)(self.ctx) },
             "cuCtxSetCurrent",
-        )?;
-        CURRENT.with(|c| c.set(self.ctx));
-        Ok(())
+        )
     }
 
     /// Copies `len` bytes between unified addresses (device or host) on
@@ -691,7 +697,6 @@ impl CudaDevice {
         )?;
         // SAFETY: retained just above.
         ffi::check(unsafe { (api.cuCtxSetCurrent)(ctx) }, "cuCtxSetCurrent")?;
-        CURRENT.with(|c| c.set(ctx));
         let mut stream: CUstream = std::ptr::null_mut();
         let mut transfer: CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointers in the current context.
@@ -734,6 +739,7 @@ impl CudaDevice {
             spare: SpareBlocks::default(),
             pinned_spare: SpareBlocks::with_limit(crate::memory::PINNED_SPARE_MAX_BYTES),
             stats: AllocationStats::default(),
+            nccl_calls: Mutex::new(()),
             completions: Arc::new(Completions::new()),
             kernel_times: crate::kernel_times::enabled()
                 .then(crate::kernel_times::KernelTimes::default),

@@ -182,6 +182,7 @@ cuda_api! {
     cuDeviceGetDefaultMemPool: fn(*mut CUmemoryPool, CUdevice);
     cuMemPoolSetAttribute: fn(CUmemoryPool, c_int, *mut c_void);
     cuCtxSetCurrent: fn(CUcontext);
+    cuCtxGetCurrent: fn(*mut CUcontext);
     cuStreamCreate: fn(*mut CUstream, c_uint);
     cuStreamDestroy_v2: fn(CUstream);
     cuStreamSynchronize: fn(CUstream);

@@ -532,8 +532,8 @@ impl Allocator for CudaAllocator {
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
         self.shared.make_current()?;
         let p = params.canonicalize();
-        let bytes = memory.bytes();
-        let (bytes_ptr, len) = (bytes.as_ptr() as *mut u8, bytes.len());
+        let (bytes_ptr, len) = memory.raw_parts();
+        let bytes_ptr = bytes_ptr as *mut u8;
         // Read-only and small memory is copied into device memory (kernels
         // read it at full speed, and registering costs more than copying a
         // small input); large writable memory is registered and mapped.
@@ -544,12 +544,16 @@ impl Allocator for CudaAllocator {
                 len as u64,
             )?;
             if len > 0 {
-                // SAFETY: the owner keeps `len` bytes at `bytes_ptr` alive
-                // for this call.
-                let src = unsafe { std::slice::from_raw_parts(bytes_ptr, len) };
-                b.device_memory()
-                    .ok_or_else(|| status!(Internal, "device allocation without device memory"))?
-                    .write(0, src)?;
+                let dptr = b
+                    .device_memory()
+                    .and_then(|m| m.as_any().downcast_ref::<CudaMemory>())
+                    .map(|m| m.dptr)
+                    .ok_or_else(|| status!(Internal, "device allocation without device memory"))?;
+                // A driver copy from the raw address: foreign memory (a
+                // numpy array Python may write) is never viewed as a Rust
+                // slice; `memory` keeps the `len` bytes alive for this call,
+                // and `dptr` is a fresh allocation of `len` bytes.
+                self.shared.copy_sync(dptr, bytes_ptr as CUdeviceptr, len)?;
             }
             return Ok(b);
         }

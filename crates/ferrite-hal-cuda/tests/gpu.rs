@@ -1328,3 +1328,28 @@ fn chain_through_host_work_keeps_its_order() {
     s.wait(4, within(30)).unwrap();
     assert_eq!(*seen.lock().unwrap(), vec![3; LEN]);
 }
+
+/// Another library on the same thread (PyTorch, CuPy) making its own
+/// context current (here: none) between two uses of the device: the device
+/// notices and makes its context current again (a per-thread cache of
+/// ours believed it still was, and the next driver call failed with an
+/// invalid context).
+#[test]
+fn a_context_changed_by_another_library_is_noticed() {
+    let Some(dev) = gpu() else { return };
+    let b = dev.allocator().allocate(&device_params(), 16).unwrap();
+    b.write(0, &[1; 16]).unwrap();
+    let api = ferrite_hal_cuda::ffi::api().unwrap();
+    // SAFETY: clearing the thread's current context, as another library
+    // switching to its own would.
+    let r = unsafe { (api.cuCtxSetCurrent)(std::ptr::null_mut()) };
+    assert_eq!(r, ferrite_hal_cuda::ffi::CUDA_SUCCESS);
+    b.write(0, &[2; 16]).unwrap();
+    assert_eq!(b.to_vec().unwrap(), vec![2; 16]);
+    let s = Semaphore::new(0);
+    // SAFETY: as above.
+    unsafe { (api.cuCtxSetCurrent)(std::ptr::null_mut()) };
+    queue::fill(&dev, &Fence::new(), &at(&s, 1), b.clone(), 0, 16, vec![3]).unwrap();
+    s.wait(1, within(10)).unwrap();
+    assert_eq!(b.to_vec().unwrap(), vec![3; 16]);
+}

@@ -323,15 +323,20 @@ impl HostMemory {
         })
     }
 
-    /// The bytes, whatever the kind (for drivers that copy or register
-    /// imported memory).
-    pub fn bytes(&self) -> &[u8] {
+    /// The address and length of the bytes, whatever the kind (for
+    /// drivers that copy or register imported memory). Foreign memory is
+    /// never viewed as a Rust slice (its owner, e.g. Python code holding a
+    /// numpy array, may write it at any time): copy it through the raw
+    /// pointer (`std::ptr::copy_nonoverlapping`, a driver's copy), valid
+    /// for `len` bytes while `self` lives.
+    pub fn raw_parts(&self) -> (*const u8, usize) {
         match self {
-            HostMemory::ReadOnly(o) | HostMemory::Constant(ConstantBytes(o)) => (**o).as_ref(),
-            HostMemory::Owned(v) => v,
-            // SAFETY: `foreign`'s contract: `ptr` is valid for reads of
-            // `len` bytes while the owner (held in `b`) lives.
-            HostMemory::Foreign(b) => unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), b.len) },
+            HostMemory::ReadOnly(o) | HostMemory::Constant(ConstantBytes(o)) => {
+                let b = (**o).as_ref();
+                (b.as_ptr(), b.len())
+            }
+            HostMemory::Owned(v) => (v.as_ptr(), v.len()),
+            HostMemory::Foreign(b) => (b.ptr.as_ptr(), b.len),
         }
     }
 
