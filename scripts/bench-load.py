@@ -121,7 +121,7 @@ class ScriptLoad:
     def __enter__(self):
         self.procs = [subprocess.Popen(["timeout", str(self.seconds), "sh", "-c", "while :; do :; done"],
                                        start_new_session=True) for _ in range(os.cpu_count())]
-        time.sleep(0.3)
+        time.sleep(3)  # let the scheduler spread the load first (as --under-load does)
         return self
 
     def __exit__(self, *exc):
