@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
 use ferrite_tokenizer::Tokenizer;
-use serde_json::{json, Value as Json_};
+use serde_json::{json, Value as JsonValue};
 use tokio::sync::mpsc;
 
 use crate::api::{self, ChatRequest, CompletionRequest, EmbeddingRequest, GenParams, PromptInput};
@@ -255,7 +255,7 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-async fn models(State(s): State<Arc<AppState>>) -> Json<Json_> {
+async fn models(State(s): State<Arc<AppState>>) -> Json<JsonValue> {
     let mut data = vec![json!({
         "id": s.model_name, "object": "model", "created": s.started, "owned_by": "ferrite"
     })];
@@ -298,7 +298,7 @@ impl Shape {
         }
     }
 
-    fn envelope(&self, chunk: bool, choices: Json_) -> Json_ {
+    fn envelope(&self, chunk: bool, choices: JsonValue) -> JsonValue {
         json!({
             "id": self.id,
             "object": self.object(chunk),
@@ -309,7 +309,7 @@ impl Shape {
         })
     }
 
-    fn choice(&self, text: Option<&str>, role: bool, finish: Option<FinishReason>) -> Json_ {
+    fn choice(&self, text: Option<&str>, role: bool, finish: Option<FinishReason>) -> JsonValue {
         let finish = finish.map(FinishReason::as_str);
         if self.chat {
             let mut delta = serde_json::Map::new();
@@ -330,7 +330,7 @@ impl Shape {
             .to_string()
     }
 
-    fn usage(prompt: usize, completion: usize) -> Json_ {
+    fn usage(prompt: usize, completion: usize) -> JsonValue {
         json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
     }
 
@@ -340,7 +340,13 @@ impl Shape {
         v.to_string()
     }
 
-    fn whole(&self, text: &str, finish: FinishReason, prompt: usize, completion: usize) -> Json_ {
+    fn whole(
+        &self,
+        text: &str,
+        finish: FinishReason,
+        prompt: usize,
+        completion: usize,
+    ) -> JsonValue {
         let choice = if self.chat {
             json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish.as_str()})
         } else {
@@ -604,7 +610,7 @@ async fn embeddings(
         .await
         .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let b64 = req.base64();
-    let data: Vec<Json_> = out
+    let data: Vec<JsonValue> = out
         .vectors
         .iter()
         .enumerate()
@@ -646,15 +652,15 @@ mod tests {
             created: 5,
             model: "m".into(),
         };
-        let first: Json_ = serde_json::from_str(&shape.chunk(Some(""), true, None)).unwrap();
+        let first: JsonValue = serde_json::from_str(&shape.chunk(Some(""), true, None)).unwrap();
         assert_eq!(first["object"], "chat.completion.chunk");
         assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
         assert!(first["choices"][0]["finish_reason"].is_null());
-        let last: Json_ =
+        let last: JsonValue =
             serde_json::from_str(&shape.chunk(None, false, Some(FinishReason::Length))).unwrap();
         assert_eq!(last["choices"][0]["finish_reason"], "length");
         assert_eq!(last["choices"][0]["delta"], json!({}));
-        let usage: Json_ = serde_json::from_str(&shape.usage_chunk(3, 4)).unwrap();
+        let usage: JsonValue = serde_json::from_str(&shape.usage_chunk(3, 4)).unwrap();
         assert_eq!(usage["choices"], json!([]));
         assert_eq!(usage["usage"]["total_tokens"], 7);
         let text = Shape {

@@ -217,6 +217,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         }
     };
 
+    let mut signals = Signals::new();
     eprintln!("ferrite serve: listening on http://{bound}");
     eprintln!(
         "ferrite serve: loading {} on {}",
@@ -295,13 +296,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
         let (queue, stop_now, fail) = (queue.clone(), stop_now.clone(), fail.clone());
         async move {
             let why = tokio::select! {
-                s = terminate() => s,
-                _ = fail.notified() => "a model failed to load",
+                s = signals.next() => s,
+                _ = fail.notified() => "fatal error",
             };
             eprintln!("ferrite serve: {why}: shutting down");
             queue.close();
             tokio::spawn(async move {
-                let s = terminate().await;
+                let s = signals.next().await;
                 eprintln!("ferrite serve: {s} again: cancelling running generations");
                 stop_now.store(true, Ordering::Relaxed);
             });
@@ -328,25 +329,32 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Resolves on SIGTERM or Ctrl-C (SIGINT); says which.
-async fn terminate() -> &'static str {
+/// SIGTERM and Ctrl-C (SIGINT). The SIGTERM handler is installed when this
+/// is made (before the server says it is listening), so a SIGTERM that
+/// comes early still shuts down cleanly instead of killing the process.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                "SIGINT"
-            }
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Signals {
+        Signals {
+            #[cfg(unix)]
+            term: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
         }
     }
-    #[cfg(not(unix))]
-    {
+
+    /// Resolves at the next SIGTERM or SIGINT; says which.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        if let Some(term) = &mut self.term {
+            return tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+            };
+        }
         let _ = tokio::signal::ctrl_c().await;
-        "Ctrl-C"
+        "SIGINT"
     }
 }

@@ -619,6 +619,9 @@ mod tests {
         slots: Vec<Vec<u32>>,
         tokenizer: Arc<Tokenizer>,
         record: Arc<Mutex<Record>>,
+        /// When set, decode steps wait until it turns true (lets a test
+        /// queue a request while a sequence is known to be decoding).
+        gate: Option<Arc<AtomicBool>>,
     }
 
     impl Engine for Fake {
@@ -655,6 +658,11 @@ mod tests {
             Ok(one_hot(next(h)))
         }
         fn decode(&mut self, steps: &[Step]) -> Result<Vec<Vec<f32>>> {
+            if let Some(gate) = &self.gate {
+                while !gate.load(Ordering::Acquire) {
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
             self.record.lock().unwrap().batches.push(steps.len());
             steps
                 .iter()
@@ -718,6 +726,7 @@ mod tests {
                 slots: vec![Vec::new(); slots],
                 tokenizer: letters(),
                 record: engine_record,
+                gate: None,
             };
             let config = SchedulerConfig {
                 max_batch: slots,
@@ -815,12 +824,14 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let queue = Arc::new(Queue::new(8, metrics.clone()));
         let record = Arc::new(Mutex::new(Record::default()));
-        let (q, r) = (queue.clone(), record.clone());
+        let gate = Arc::new(AtomicBool::new(false));
+        let (q, r, g) = (queue.clone(), record.clone(), gate.clone());
         let engine = thread::spawn(move || {
             let mut fake = Fake {
                 slots: vec![Vec::new(); 2],
                 tokenizer: letters(),
                 record: r,
+                gate: Some(g),
             };
             let config = SchedulerConfig {
                 max_batch: 2,
@@ -830,10 +841,12 @@ mod tests {
             Scheduler::new(&mut fake, q, metrics, config).run(&AtomicBool::new(false));
         });
         let mut a = submit(&queue, vec![1, 2], 8);
-        // Once the first sequence is decoding, a long prompt arrives.
+        // Once the first sequence is decoding (its first token out, its
+        // decode steps held at the gate), a long prompt arrives.
         assert!(matches!(a.blocking_recv(), Some(Event::Text(_))));
         let long: Vec<u32> = (0..20).map(|j| j % 26).collect();
         let mut b = submit(&queue, long.clone(), 3);
+        gate.store(true, Ordering::Release);
         collect(&mut a);
         assert_eq!(collect(&mut b), expected(&long, 3));
         queue.close();
@@ -921,6 +934,7 @@ mod tests {
                 slots: vec![Vec::new(); slots],
                 tokenizer: letters(),
                 record: Arc::default(),
+                gate: None,
             };
             let config = SchedulerConfig {
                 max_batch: slots,
