@@ -43,8 +43,8 @@ use crate::{chat, check_model, gguf, Result, Status, StatusCode, TextSide, SMOLL
 
 /// The committed batch program for SmolLM2-135M, compiled from
 /// `examples/llm/model.py` (`build_batch_mlir`): entry points
-/// `prefill_slot`, `decode_batch`, `decode_batch_wide`, `slots`,
-/// `context_length`, `wide_batch_min`.
+/// `prefill_slot`, `decode_slot`, `decode_batch`, `decode_batch_wide`,
+/// `slots`, `context_length`, `wide_batch_min`.
 pub static SMOLLM2_BATCH_VMFB: &[u8] = include_bytes!("../../../examples/llm/smollm2_batch.vmfb");
 
 /// One row of a [`BatchLlm::decode_batch`] call: `(slot, token, position)`,
@@ -57,6 +57,7 @@ pub type BatchItem = (usize, u32, usize);
 pub struct BatchLlm {
     // Field order: the function handles go before the session they call.
     prefill_slot: OwnedFunction,
+    decode_slot: OwnedFunction,
     decode_batch: OwnedFunction,
     decode_batch_wide: OwnedFunction,
     session: Session,
@@ -112,6 +113,7 @@ impl BatchLlm {
         let wide_min = query_i32(&session, "wide_batch_min")?;
         Ok(BatchLlm {
             prefill_slot: session.function_owned("prefill_slot")?,
+            decode_slot: session.function_owned("decode_slot")?,
             decode_batch: session.function_owned("decode_batch")?,
             decode_batch_wide: session.function_owned("decode_batch_wide")?,
             session,
@@ -261,9 +263,9 @@ impl BatchLlm {
     /// One decode step for every item: appends `token` at `position` of
     /// `slot`'s sequence (the slot holds that sequence's positions
     /// `0..position`) and returns each item's next logits, in order. Every
-    /// slot appears at most once; 1 to `slots()` items. From
-    /// [`BatchLlm::wide_batch_min`] items on it runs the program's
-    /// `decode_batch_wide`.
+    /// slot appears at most once; 1 to `slots()` items. One item runs the
+    /// program's `decode_slot`, from [`BatchLlm::wide_batch_min`] items on
+    /// `decode_batch_wide`, `decode_batch` between.
     pub fn decode_batch(&self, items: &[BatchItem]) -> Result<Vec<Vec<f32>>> {
         if items.is_empty() || items.len() > self.slots {
             return Err(Status::new(
@@ -298,6 +300,26 @@ impl BatchLlm {
             slots.push(slot as i32);
             toks.push(tok as i32);
             pos.push(p as i32);
+        }
+        if let [(slot, tok, p)] = *items {
+            // One row: the program's static one-row kernels.
+            let out = self.decode_slot.call(&[
+                Value::I32(slot as i32),
+                Value::I32(tok as i32),
+                Value::I32(p as i32),
+            ])?;
+            let logits = first_tensor(out)?.to_f32_vec()?;
+            if logits.len() != self.vocab {
+                return Err(Status::new(
+                    StatusCode::Internal,
+                    format!(
+                        "decode_slot returned {} logits, not {}",
+                        logits.len(),
+                        self.vocab
+                    ),
+                ));
+            }
+            return Ok(vec![logits]);
         }
         let n = items.len() as u64;
         let entry = if items.len() >= self.wide_min {
