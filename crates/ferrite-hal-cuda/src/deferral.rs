@@ -161,6 +161,10 @@ pub(crate) fn drain(device: Weak<CudaDevice>) {
                     continue;
                 };
                 dev.enqueue_deferred(&mut q, op);
+                // Its submitter may be long gone (a dropped call) and
+                // nobody may ever wait on its signals: the completion
+                // thread reports it, which releases what it keeps.
+                dev.shared().completions.watch();
             }
         };
         let completions = dev.shared().completions.clone();

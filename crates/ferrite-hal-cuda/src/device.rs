@@ -94,6 +94,12 @@ pub struct Shared {
     /// Per-kernel GPU times, with `FERRITE_CUDA_KERNEL_TIMES` set
     /// ([`crate::kernel_times`]).
     pub(crate) kernel_times: Option<crate::kernel_times::KernelTimes>,
+    /// Release words foreign streams wait on ([`crate::consumer`]).
+    pub(crate) consumer_waits: crate::consumer::ConsumerWaits,
+    /// The device over this state, whose queue may keep operations on the
+    /// host ([`Shared::order_queue_before`] orders those too). Weak: the
+    /// device holds this state.
+    queue_device: std::sync::OnceLock<Weak<CudaDevice>>,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is
@@ -200,20 +206,31 @@ impl Shared {
         self.stream as usize
     }
 
-    /// Orders everything enqueued on the queue stream so far before
-    /// `consumer`'s later work: records an event on the queue stream and
-    /// makes `consumer` wait for it on the GPU (the host never blocks, so
-    /// a queue waiting on a semaphore the host signals later cannot
-    /// deadlock this). `consumer` of `None` waits on the host instead.
+    /// Orders every queue operation submitted so far before `consumer`'s
+    /// later work, without blocking the host: `consumer` waits on the GPU
+    /// for an event recorded on the queue stream, and, while operations
+    /// are kept on the host ([`crate::deferral`]), for a word the queue
+    /// stream writes once those have been enqueued and run
+    /// ([`crate::consumer`]). So a queue waiting on a semaphore the host
+    /// signals later cannot deadlock this. When kept work fails (its wait
+    /// failed) it never runs and the consumer is released after the work
+    /// that did run; the failure is reported through the operations'
+    /// semaphores. `consumer` of `None` waits on the host instead, for
+    /// kept operations too.
     ///
     /// # Safety
     /// `consumer` is `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a live
-    /// stream handle of a context of this process (the driver dereferences
+    /// stream handle of this device's context (the driver dereferences
     /// it; no API can check a handle first).
     pub unsafe fn order_queue_before(&self, consumer: Option<usize>) -> Result<()> {
+        let consumer = consumer.map(|s| s as CUstream);
+        if let Some(device) = self.queue_device.get().and_then(Weak::upgrade) {
+            // SAFETY: the caller vouches for `consumer`.
+            return unsafe { device.order_before_consumer(consumer) };
+        }
         // SAFETY: the queue stream is ours; the caller vouches for
         // `consumer`.
-        unsafe { self.order(self.stream, consumer.map(|s| s as CUstream)) }
+        unsafe { self.order(self.stream, consumer) }
     }
 
     /// Orders `producer`'s work so far before everything enqueued on the
@@ -309,6 +326,9 @@ impl Drop for Shared {
                     (self.api.cuEventDestroy_v2)(e);
                 }
             }
+            // Consumers still waiting on release words are released (and
+            // waited for) before the words are freed.
+            self.consumer_waits.release(self.api);
             self.words.release(self.api);
             // SAFETY: retained when the device was opened; released once.
             unsafe {
@@ -431,8 +451,10 @@ impl Completions {
     /// appears ([`Completions::watch`], through
     /// [`DeviceTimeline::watch`](ferrite_hal::semaphore::DeviceTimeline::watch))
     /// or another completion is queued; until then polling waiters and
-    /// `query` report it. A chain of submit-then-wait calls thus never
-    /// wakes the thread.
+    /// `query` report it. A chain of submit-then-wait calls thus wakes the
+    /// thread at most every [`UNWATCHED_REPORT_DELAY`], when the thread
+    /// looks for work queued unwatched (whose report releases what it
+    /// keeps even when nobody ever waits on it).
     fn push(&self, c: Completion, shared: &Arc<Shared>) {
         // Host work must run; a semaphore whose timeline is not this
         // device's would tell another device when a waiter appears.
@@ -562,6 +584,10 @@ impl Completions {
     }
 }
 
+/// How long operations queued without waking the completion thread may go
+/// unreported when nobody waits on them (see [`Completions::push`]).
+const UNWATCHED_REPORT_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The completion thread's loop: sleep until operations are pending, then
 /// in `cuEventSynchronize` on the oldest (holding the device only for that
 /// wait, so dropping the device ends the loop), and report.
@@ -580,7 +606,11 @@ fn completion_loop(completions: Arc<Completions>, shared: Weak<Shared>) {
                 if completions.closed.load(Ordering::Acquire) {
                     return;
                 }
-                completions.arrived.wait(&mut q);
+                // Bounded: operations queued unwatched (nobody waits on
+                // them, e.g. the work of a dropped call) are reported
+                // within this time even if no waiter ever appears, so
+                // what they keep (buffers) is released.
+                completions.arrived.wait_for(&mut q, UNWATCHED_REPORT_DELAY);
             }
         };
         let Some(shared) = shared.upgrade() else {
@@ -743,6 +773,8 @@ impl CudaDevice {
             completions: Arc::new(Completions::new()),
             kernel_times: crate::kernel_times::enabled()
                 .then(crate::kernel_times::KernelTimes::default),
+            consumer_waits: crate::consumer::ConsumerWaits::default(),
+            queue_device: std::sync::OnceLock::new(),
         });
         let completions = shared.completions.clone();
         let weak = Arc::downgrade(&shared);
@@ -755,17 +787,20 @@ impl CudaDevice {
                     "starting the CUDA completion thread: {e}"
                 )
             })?;
-        Ok(Arc::new_cyclic(|me| CudaDevice {
-            id: "cuda".to_string(),
-            allocator: Arc::new(CudaAllocator::new(shared.clone())),
-            shared,
-            queue: Mutex::new(Queue::default()),
-            me: me.clone(),
-            cc,
-            sm_count,
-            channels_created: AtomicU64::new(0),
-            graph_launches: AtomicU64::new(0),
-            kept_on_host: AtomicU64::new(0),
+        Ok(Arc::new_cyclic(|me| {
+            let _ = shared.queue_device.set(me.clone());
+            CudaDevice {
+                id: "cuda".to_string(),
+                allocator: Arc::new(CudaAllocator::new(shared.clone())),
+                shared,
+                queue: Mutex::new(Queue::default()),
+                me: me.clone(),
+                cc,
+                sm_count,
+                channels_created: AtomicU64::new(0),
+                graph_launches: AtomicU64::new(0),
+                kept_on_host: AtomicU64::new(0),
+            }
         }))
     }
 
@@ -909,8 +944,64 @@ impl CudaDevice {
 
     /// Keeps `op` on the host until the drain thread enqueues it.
     fn defer(&self, q: &mut Queue, op: Deferred) {
-        q.deferred.push_back(op);
         self.kept_on_host.fetch_add(1, Ordering::Relaxed);
+        self.hold(q, op);
+    }
+
+    /// Orders every queue operation submitted so far before `consumer`
+    /// (see [`Shared::order_queue_before`]): operations kept on the host
+    /// get a marker behind them that releases the consumer once the queue
+    /// stream has run them.
+    ///
+    /// # Safety
+    /// As [`Shared::order_queue_before`].
+    unsafe fn order_before_consumer(&self, consumer: Option<CUstream>) -> Result<()> {
+        self.shared.make_current()?;
+        let mut q = self.queue.lock();
+        if q.deferred.is_empty() {
+            drop(q);
+            // SAFETY: the queue stream is ours; the caller vouches for
+            // `consumer`.
+            return unsafe { self.shared.order(self.shared.stream, consumer) };
+        }
+        // The marker has no waits, so it is enqueued right after the last
+        // operation kept now, also when some of them fail; it signals
+        // nothing but `signal`.
+        let marker = |signal: Fence, body: Body| Deferred {
+            wait: Fence::new(),
+            signal,
+            keep: Keep::default(),
+            work: None,
+            work_entries: 1,
+            body: Some(body),
+        };
+        match consumer {
+            Some(stream) => {
+                // SAFETY: the context is current; the caller vouches for
+                // `stream`.
+                let release = unsafe { self.shared.consumer_waits.add(&self.shared, stream) }?;
+                // Dropped unrun (the device released first), the release
+                // writes the word from the host.
+                let body: Body = Box::new(move |d, _| release.enqueue(d.shared.stream));
+                self.hold(&mut q, marker(Fence::new(), body));
+                Ok(())
+            }
+            None => {
+                // Its report comes after every earlier operation's (reports
+                // keep stream order) and after the stream reached it.
+                let reached = ferrite_hal::Semaphore::new(0);
+                let body: Body = Box::new(|_, _| Ok(()));
+                self.hold(&mut q, marker(Fence::create_at(reached.clone(), 1), body));
+                drop(q);
+                reached.wait(1, ferrite_base::Timeout::INFINITE)
+            }
+        }
+    }
+
+    /// Keeps `op` (a queue operation or a marker) on the host, in order
+    /// behind what is kept already, and makes sure a drain thread runs.
+    fn hold(&self, q: &mut Queue, op: Deferred) {
+        q.deferred.push_back(op);
         // The gates' operations must be reported for the drain to go on,
         // also when nobody waits on them.
         self.shared.completions.watch();

@@ -27,6 +27,7 @@
 //! memory.
 
 pub mod channel;
+mod consumer;
 mod deferral;
 pub mod device;
 pub mod diagnostics;

@@ -713,7 +713,12 @@ impl WordPool {
         }
     }
 
-    fn take(&self, shared: &Shared) -> Result<(usize, usize, NonNull<AtomicU64>, CUdeviceptr)> {
+    /// A word of the pool: (page, slot, host address, device address).
+    /// Its value is whatever its last user left.
+    pub(crate) fn take(
+        &self,
+        shared: &Shared,
+    ) -> Result<(usize, usize, NonNull<AtomicU64>, CUdeviceptr)> {
         let mut g = self.pages.lock();
         if g.1.is_empty() {
             let api = shared.api;
@@ -768,7 +773,8 @@ impl WordPool {
         Ok((page, word, host, p.dptr + 8 * word as u64))
     }
 
-    fn give_back(&self, page: usize, word: usize) {
+    /// Returns a word taken with [`Self::take`]; nothing may use it after.
+    pub(crate) fn give_back(&self, page: usize, word: usize) {
         self.pages.lock().1.push((page, word));
     }
 

@@ -984,16 +984,68 @@ fn import_device_memory_wraps_in_place_and_releases_once() {
     }
 }
 
+/// The device address of a buffer of CUDA memory.
+fn device_address(b: &ferrite_hal::Buffer) -> u64 {
+    b.device_memory()
+        .and_then(|m| {
+            m.as_any()
+                .downcast_ref::<ferrite_hal_cuda::memory::CudaMemory>()
+        })
+        .map(|m| m.device_ptr())
+        .unwrap()
+}
+
+/// A new stream of `cuda`'s (primary) context, as a DLPack consumer
+/// would pass; the caller destroys it.
+fn consumer_stream(cuda: &ferrite_hal_cuda::CudaDevice) -> ferrite_hal_cuda::ffi::CUstream {
+    cuda.shared().make_current().unwrap();
+    let mut stream: ferrite_hal_cuda::ffi::CUstream = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the context is current.
+    let r = unsafe {
+        (cuda.shared().api.cuStreamCreate)(
+            &mut stream,
+            ferrite_hal_cuda::ffi::CU_STREAM_NON_BLOCKING,
+        )
+    };
+    assert_eq!(r, 0, "creating a consumer stream");
+    stream
+}
+
+/// Polls `stream` until its work is done or 10 s passed; the last
+/// `cuStreamQuery` status (0 once done, 600 while still waiting).
+fn drained(api: &ferrite_hal_cuda::ffi::Api, stream: ferrite_hal_cuda::ffi::CUstream) -> i32 {
+    let start = Instant::now();
+    loop {
+        // SAFETY: a live stream handle (or a stream handle constant) of
+        // the current context.
+        let r = unsafe { (api.cuStreamQuery)(stream) };
+        if r != 600 || start.elapsed() > std::time::Duration::from_secs(10) {
+            return r;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// A queue operation kept on the host (its wait is a host semaphore not
+/// reached yet): ordering the queue before a consumer stream makes that
+/// stream wait on the GPU, without blocking the host, until the kept work
+/// has run; work the consumer enqueues afterwards sees its result.
 #[test]
 fn queue_is_ordered_before_a_consumer_stream() {
     use ferrite_hal_cuda::{ffi, CudaDevice};
     let Some(dev) = gpu() else { return };
     let cuda = dev.as_any().downcast_ref::<CudaDevice>().unwrap();
-    // A queue blocked on a host semaphore: the consumer's stream waits on
-    // the GPU, and the host is not blocked by the ordering call.
     let s = Semaphore::new(0);
     let b = dev.allocator().allocate(&device_params(), 16).unwrap();
+    let copy = dev.allocator().allocate(&device_params(), 16).unwrap();
+    copy.write(0, &[0; 16]).unwrap();
+    let kept = cuda.kept_on_host();
     queue::fill(&dev, &at(&s, 1), &at(&s, 2), b.clone(), 0, 16, vec![5]).unwrap();
+    assert_eq!(
+        cuda.kept_on_host(),
+        kept + 1,
+        "the fill is kept on the host"
+    );
     // SAFETY: the legacy default stream handle is always valid.
     unsafe {
         cuda.shared()
@@ -1001,21 +1053,121 @@ fn queue_is_ordered_before_a_consumer_stream() {
     }
     .unwrap();
     let api = cuda.shared().api;
+    let legacy = ffi::CU_STREAM_LEGACY as ffi::CUstream;
+    // The consumer reads the kept fill's target on its stream.
+    // SAFETY: both ranges are 16 bytes of live device buffers (kept alive
+    // until the stream is synchronized below).
+    let r = unsafe { (api.cuMemcpyAsync)(device_address(&copy), device_address(&b), 16, legacy) };
+    assert_eq!(r, 0);
     // SAFETY: a stream handle constant of the current context.
-    let pending = unsafe { (api.cuStreamQuery)(ffi::CU_STREAM_LEGACY as ffi::CUstream) };
+    let pending = unsafe { (api.cuStreamQuery)(legacy) };
     assert_eq!(
         pending, 600,
         "legacy stream should wait for the blocked queue (CUDA_ERROR_NOT_READY)"
     );
     s.signal(1).unwrap();
-    s.wait(2, Timeout::INFINITE).unwrap();
+    s.wait(2, within(10)).unwrap();
     let synced =
         // SAFETY: as above.
-        unsafe { (api.cuStreamSynchronize)(ffi::CU_STREAM_LEGACY as ffi::CUstream) };
+        unsafe { (api.cuStreamSynchronize)(legacy) };
     assert_eq!(synced, 0);
     assert_eq!(b.to_vec().unwrap(), vec![5u8; 16]);
+    assert_eq!(
+        copy.to_vec().unwrap(),
+        vec![5u8; 16],
+        "the consumer's copy ran after the kept fill"
+    );
     // SAFETY: as above.
     unsafe { cuda.shared().order_before_queue(ffi::CU_STREAM_LEGACY) }.unwrap();
+}
+
+/// A consumer ordered after kept work whose wait then fails is released
+/// (never left waiting); the kept work never runs and its signal carries
+/// the failure.
+#[test]
+fn a_consumer_ordered_after_failed_kept_work_is_released() {
+    let Some(dev) = gpu() else { return };
+    let cuda = as_cuda(&dev);
+    let api = cuda.shared().api;
+    let b = dev.allocator().allocate(&device_params(), 16).unwrap();
+    b.write(0, &[0; 16]).unwrap();
+    let s = Semaphore::new(0);
+    let done = Semaphore::new(0);
+    queue::fill(&dev, &at(&s, 1), &at(&done, 1), b.clone(), 0, 16, vec![5]).unwrap();
+    let consumer = consumer_stream(cuda);
+    // SAFETY: a live stream of the device's context.
+    unsafe { cuda.shared().order_queue_before(Some(consumer as usize)) }.unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { (api.cuStreamQuery)(consumer) }, 600, "waits");
+    s.fail(ferrite_base::Status::new(
+        ferrite_base::StatusCode::Aborted,
+        "the producer failed",
+    ));
+    assert_eq!(drained(api, consumer), 0, "the consumer was released");
+    let e = done.wait(1, within(10)).unwrap_err();
+    assert!(e.to_string().contains("the producer failed"), "{e}");
+    assert_eq!(b.to_vec().unwrap(), vec![0u8; 16], "the fill never ran");
+    // SAFETY: created above; its work is done.
+    assert_eq!(unsafe { (api.cuStreamDestroy_v2)(consumer) }, 0);
+}
+
+/// A consumer ordered after kept work is released when the device is
+/// released before that work could be enqueued (the kept work fails).
+#[test]
+fn a_consumer_ordered_after_kept_work_is_released_with_the_device() {
+    // Keeps the primary context (and so the consumer's stream) alive once
+    // `dev` is gone.
+    let Some(other) = gpu() else { return };
+    let dev = gpu().unwrap();
+    let cuda = as_cuda(&dev);
+    let api = cuda.shared().api;
+    let b = dev.allocator().allocate(&device_params(), 16).unwrap();
+    let s = Semaphore::new(0);
+    let done = Semaphore::new(0);
+    queue::fill(&dev, &at(&s, 1), &at(&done, 1), b, 0, 16, vec![5]).unwrap();
+    let consumer = consumer_stream(cuda);
+    // SAFETY: a live stream of the device's context.
+    unsafe { cuda.shared().order_queue_before(Some(consumer as usize)) }.unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { (api.cuStreamQuery)(consumer) }, 600, "waits");
+    drop(dev);
+    as_cuda(&other).shared().make_current().unwrap();
+    assert_eq!(drained(api, consumer), 0, "the consumer was released");
+    let e = done.wait(1, within(10)).unwrap_err();
+    assert!(e.to_string().contains("released"), "{e}");
+    s.signal(1).unwrap();
+    // SAFETY: created above; its work is done.
+    assert_eq!(unsafe { (api.cuStreamDestroy_v2)(consumer) }, 0);
+}
+
+/// Ordering the queue before the host (`None`: exporting to host memory)
+/// waits for kept work too, not only for what the stream holds.
+#[test]
+fn the_host_is_ordered_after_kept_queue_work() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(dev) = gpu() else { return };
+    let cuda = as_cuda(&dev);
+    let b = dev.allocator().allocate(&device_params(), 16).unwrap();
+    b.write(0, &[0; 16]).unwrap();
+    let s = Semaphore::new(0);
+    queue::fill(&dev, &at(&s, 1), &at(&s, 2), b.clone(), 0, 16, vec![5]).unwrap();
+    let signalled = Arc::new(AtomicBool::new(false));
+    let signaller = {
+        let (s, signalled) = (s.clone(), signalled.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            signalled.store(true, Ordering::SeqCst);
+            s.signal(1).unwrap();
+        })
+    };
+    // SAFETY: `None` waits on the host.
+    unsafe { cuda.shared().order_queue_before(None) }.unwrap();
+    assert!(
+        signalled.load(Ordering::SeqCst),
+        "returned before the kept fill could run"
+    );
+    assert_eq!(b.to_vec().unwrap(), vec![5u8; 16]);
+    signaller.join().unwrap();
 }
 
 /// Indirect dispatches read workgroup counts that GPU work before them in

@@ -140,7 +140,16 @@ fn dropped_and_failed_calls_on_cuda() {
     }
     drop(calls);
     sem.signal(1).unwrap();
+    // Nobody waits on the device after this: the kept work is enqueued
+    // once the gate opens, and its reports (which release its buffers)
+    // must come without a waiter asking for them.
     eventually("dropped cuda calls release their buffers", || {
+        live_bytes(&s) == baseline
+    });
+    // The same for a call enqueued at once and dropped (no host wait at
+    // all follows it).
+    drop(s.call_async("axpy", &args(2)));
+    eventually("a dropped cuda call releases its buffers unwatched", || {
         live_bytes(&s) == baseline
     });
     // A failed wait fence fails the call's signal fence on the device.
