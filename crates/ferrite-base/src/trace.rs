@@ -370,6 +370,12 @@ fn micros(ns: u64) -> String {
 fn json_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
+    // Names are plain ASCII almost always: copied whole.
+    if !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        out.push_str(s);
+        out.push('"');
+        return out;
+    }
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),

@@ -332,17 +332,28 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
     if families.host_execution || families.dispatch_events {
         let mut p = Bytes(Vec::new());
         let mut event_id = 0u64;
-        // A dispatch belongs to the execute whose span holds it.
+        // A dispatch belongs to the execute whose span holds it: the last
+        // execute of its device that began before it (executes of one
+        // queue do not overlap), found by binary search.
+        let mut executes: BTreeMap<u32, Vec<(u64, u64, u64)>> = BTreeMap::new();
+        for (i, q) in queue_ops.iter().enumerate() {
+            if q.name == "execute" && q.phase == Phase::Complete {
+                executes.entry(q.track).or_default().push((
+                    q.ts_ns,
+                    q.ts_ns + q.dur_ns,
+                    submission(i),
+                ));
+            }
+        }
         let submission_of = |d: &Event| {
-            queue_ops
-                .iter()
-                .position(|q| {
-                    q.name == "execute"
-                        && q.track == d.track
-                        && q.ts_ns <= d.ts_ns
-                        && d.ts_ns + d.dur_ns <= q.ts_ns + q.dur_ns
-                })
-                .map_or(0, submission)
+            let Some(list) = executes.get(&d.track) else {
+                return 0;
+            };
+            let at = list.partition_point(|(start, _, _)| *start <= d.ts_ns);
+            match at.checked_sub(1).map(|i| list[i]) {
+                Some((_, end, s)) if d.ts_ns + d.dur_ns <= end => s,
+                _ => 0,
+            }
         };
         if families.host_execution {
             for (i, e) in queue_ops.iter().enumerate() {
