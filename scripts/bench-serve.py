@@ -36,7 +36,6 @@ import os
 import platform
 import re
 import socket
-import statistics
 import subprocess
 import sys
 import threading
