@@ -6,7 +6,8 @@ streams over loopback.
 
     .venv/bin/python scripts/bench-serve.py [--concurrency 1,4,16,64]
         [--max-tokens 32] [--targets ferrite,llama.cpp] [--device local-task]
-        [--ferrite-bin target/release/ferrite] [--out build/bench-serve]
+        [--ferrite-bin target/release/ferrite] [--ferrite-flag=--batch_module=P]
+        [--out build/bench-serve]
 
 Each level runs max(c, --min-requests) streaming completions (greedy, one
 of four fixed story prompts each) from c client threads, and reports:
@@ -243,6 +244,7 @@ def start_ferrite(args, gguf):
     if not exe.exists():
         sys.exit(f"bench-serve: {exe} is missing: cargo build --release -p ferrite-cli (or pass --ferrite-bin)")
     cmd = [str(exe), "serve", f"--gguf={gguf}", "--port=0", f"--device={args.device}", "--max_queue=1024"]
+    cmd += args.ferrite_flag
     return Server("ferrite", cmd, ready_path="/health"), Path(gguf).name.removesuffix(".gguf")
 
 
@@ -305,6 +307,12 @@ def main():
     ap.add_argument("--min-requests", type=int, default=4, help="requests per level at least (default 4)")
     ap.add_argument("--targets", default="ferrite,llama.cpp")
     ap.add_argument("--device", default="local-task", help="Ferrite's device")
+    ap.add_argument(
+        "--ferrite-flag",
+        action="append",
+        default=[],
+        help="an extra flag for `ferrite serve` (repeatable), e.g. --ferrite-flag=--batch_module=PATH for cuda",
+    )
     ap.add_argument("--ferrite-bin", default=str(ROOT / "target" / "release" / "ferrite"))
     ap.add_argument("--llama-threads", type=int, default=0, help="llama.cpp threads (default: all cores)")
     ap.add_argument("--out", default=str(ROOT / "build" / "bench-serve"))
