@@ -77,7 +77,9 @@ fn main() -> ferrite_llm::Result<()> {
     );
     for (i, &b) in sizes.iter().enumerate() {
         let (step, fastest) = stats(&mut times[1 + i]);
-        let entry = if b >= llm.wide_batch_min() {
+        let entry = if b == 1 {
+            "decode_slot"
+        } else if b >= llm.wide_batch_min() {
             "decode_batch_wide"
         } else {
             "decode_batch"
