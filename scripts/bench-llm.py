@@ -79,7 +79,7 @@ def ensure_peer_packages(peers, allow_install):
                      "PyTorch's Linux wheel brings its CUDA libraries: a few GB"))
     if "upstream" in peers and not _importable("iree.runtime"):
         need.append(("iree.runtime", ["iree-base-runtime==3.13.0"], "upstream's runtime, the pinned version"))
-    if not _importable("gguf"):
+    if "torch" in peers and not _importable("gguf"):
         need.append(("gguf", ["gguf"], "transformers reads .gguf files with it"))
     for what, pkgs, why in need:
         if not allow_install:
