@@ -117,11 +117,26 @@ def main():
         module = compile_chain("x86-64-v3")
         before = instructions(args.before, module)
         after = instructions(args.after, module)
+        want = result([os.path.join(VENV, "bin", "iree-run-module"), f"--module={module}",
+                       "--function=chain", f"--input={INPUT}"])
+        for binary in (args.before, args.after):
+            got = result([binary, "run-module", f"--module={module}", "--function=chain",
+                          f"--input={INPUT}"])
+            if got != want:
+                sys.exit(f"{binary}: result {got!r} differs from upstream's {want!r}")
+        before = instructions(args.before, module)
+        after = instructions(args.after, module)
+        # Recording on, output cheap: --print_device_statistics records the
+        # same events as --trace and only sums them at exit (--trace also
+        # formats every event as JSON at exit, which the second line counts).
+        recorded = instructions(args.after, module, ["--print_device_statistics"])
         traced = instructions(args.after, module, [f"--trace={os.path.join(BUILD, 'vg.trace.json')}"])
         print(f"local-sync instructions per call: before {before:,.0f}, after {after:,.0f} "
               f"(after/before = {after / before:.4f}, {(after / before - 1) * 100:+.2f}%)")
+        print(f"  recording on (--print_device_statistics): {recorded:,.0f} per call, "
+              f"{(recorded - after) / DISPATCHES:,.0f} more per dispatch")
         print(f"  with --trace: {traced:,.0f} per call, {(traced - after) / DISPATCHES:,.0f} more per dispatch "
-              f"(includes writing the JSON at exit, proportional to the calls)")
+              f"(with writing the JSON at exit, proportional to the calls)")
         return
     module = compile_chain()
     want = result([os.path.join(VENV, "bin", "iree-run-module"), f"--module={module}",
