@@ -1,7 +1,7 @@
 //! `hal.allocator.*`, `hal.buffer.*` and `hal.buffer_view.*`.
 
 use super::args::{as_vm_buffer, cast, cast_ref, obj, obj_ref, span, span_into, string, vm_buffer};
-use super::Shared;
+use super::ModuleState;
 use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::{Buffer, HostMemory};
@@ -64,7 +64,7 @@ fn params(memory_types: i32, usage: i32, affinity: i64) -> BufferParams {
 
 pub(super) fn register(
     b: NativeModuleBuilder,
-    shared: &Arc<Shared>,
+    shared: &Arc<ModuleState>,
 ) -> Result<NativeModuleBuilder> {
     let _ = shared;
     b.function("allocator.allocate", "0rIiiI_r", |c| {

@@ -1,7 +1,7 @@
 //! `hal.command_buffer.*` and `hal.executable.*`.
 
 use super::args::{as_vm_buffer, obj, opt_obj, span, string, vm_buffer};
-use super::Shared;
+use super::ModuleState;
 use ferrite_base::{bail, Result};
 use ferrite_hal::buffer::Buffer;
 use ferrite_hal::channel::{ChannelRef, CollectiveOp};
@@ -68,7 +68,7 @@ fn coherent_range(c: &mut NativeCall<'_>) -> Result<NativePoll> {
 
 pub(super) fn register(
     b: NativeModuleBuilder,
-    shared: &Arc<Shared>,
+    shared: &Arc<ModuleState>,
 ) -> Result<NativeModuleBuilder> {
     let _ = shared;
     b.function("command_buffer.create", "0riiIi_r", |c| {

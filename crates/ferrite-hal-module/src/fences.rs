@@ -2,7 +2,7 @@
 //! coroutine yield otherwise.
 
 use super::args::{obj_ref, span};
-use super::Shared;
+use super::ModuleState;
 use ferrite_base::wait::{WaitMode, WaitSource};
 use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
 use ferrite_hal::device::DeviceRef;
@@ -39,7 +39,7 @@ fn await_result(c: &mut NativeCall, outcome: Result<()>) -> Result<NativePoll> {
 
 pub(super) fn register(
     b: NativeModuleBuilder,
-    shared: &Arc<Shared>,
+    shared: &Arc<ModuleState>,
 ) -> Result<NativeModuleBuilder> {
     let synchronous = shared.options.synchronous;
     b.function("fence.create", "0rI_r", |c| {

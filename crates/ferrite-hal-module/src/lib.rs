@@ -74,8 +74,9 @@ pub struct HalModuleOptions {
     pub channel_provider: Option<Arc<dyn ferrite_hal::channel::ChannelProvider>>,
 }
 
-/// State shared by the module's functions.
-pub(crate) struct Shared {
+/// What every function of the `hal` module reads: its devices, options and
+/// their allocator refs (one `Arc` shared by all registered closures).
+pub(crate) struct ModuleState {
     pub devices: Vec<DeviceRef>,
     pub options: HalModuleOptions,
     /// `hal.allocator` refs of `devices`, in the same order: programs ask
@@ -83,13 +84,13 @@ pub(crate) struct Shared {
     allocator_refs: Vec<Ref>,
 }
 
-impl Shared {
-    fn new(devices: Vec<DeviceRef>, options: HalModuleOptions) -> Shared {
+impl ModuleState {
+    fn new(devices: Vec<DeviceRef>, options: HalModuleOptions) -> ModuleState {
         let allocator_refs = devices
             .iter()
             .map(|d| Ref::new(ferrite_hal::device::AllocatorRef(d.0.allocator())))
             .collect();
-        Shared {
+        ModuleState {
             devices,
             options,
             allocator_refs,
@@ -115,7 +116,7 @@ pub fn create_hal_module(
     devices: Vec<DeviceRef>,
     options: HalModuleOptions,
 ) -> Result<Arc<NativeModule>> {
-    let shared = Arc::new(Shared::new(devices, options));
+    let shared = Arc::new(ModuleState::new(devices, options));
     let b = NativeModuleBuilder::new("hal", HAL_MODULE_VERSION);
     let b = buffers::register(b, &shared)?;
     let b = commands::register(b, &shared)?;
