@@ -4,8 +4,8 @@
 //! Nothing here knows about the VM or the HAL; both build on these types.
 #![deny(missing_docs)]
 
-pub mod cfmt;
 pub mod object;
+pub mod printf_float;
 pub mod status;
 pub mod time;
 pub mod trace;

@@ -19,7 +19,7 @@ pub mod conv2d;
 pub mod matmul;
 pub mod runner;
 
-use ferrite_base::cfmt::format_g;
+use ferrite_base::printf_float::format_g;
 use ferrite_base::{bail, status, Result};
 use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::device::DeviceRef;

@@ -293,7 +293,7 @@ fn frexp(x: f64) -> (f64, i32) {
 
 /// Formats like C's `printf("%g")` (6 significant digits).
 pub fn format_g(x: f64) -> String {
-    ferrite_base::cfmt::format_g(x, 6)
+    ferrite_base::printf_float::format_g(x, 6)
 }
 
 /// Formats like C's `printf("%G")` (upper-case `E`, `INF`, `NAN`), which is

@@ -5,7 +5,7 @@ use ferrite_vm::Variant;
 /// Formats like C's `printf("%g")` (6 significant digits), as upstream's
 /// tools print scalar floats.
 pub fn format_g(x: f64) -> String {
-    ferrite_base::cfmt::format_g(x, 6)
+    ferrite_base::printf_float::format_g(x, 6)
 }
 
 /// Formats one function result as `i32=42`, `f32=2.5`, or for tensors

@@ -212,7 +212,7 @@ pub fn decode_raw(code: &[u8]) -> Result<Vec<RawInsn>> {
     Ok(out)
 }
 
-pub use ferrite_base::cfmt::format_g;
+pub use ferrite_base::printf_float::format_g;
 
 /// Name of a register as upstream prints it (`%i3`, `%i4:5`, `%r2`, `%R2`
 /// for a ref moved out of its register).

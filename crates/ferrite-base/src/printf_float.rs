@@ -1,4 +1,4 @@
-//! C-compatible number formatting: upstream's tools print floats with
+//! printf-compatible float formatting: upstream's tools print floats with
 //! `printf("%g")`-style formats, so Ferrite's output matches theirs byte for
 //! byte only if it formats the same way.
 
