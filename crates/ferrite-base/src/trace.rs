@@ -13,6 +13,13 @@
 //! to one mutex-guarded list (a tracing run measures where time goes, not
 //! the last nanosecond).
 //!
+//! Besides spans and instants of work, some events carry metadata a
+//! reader needs once per recording: `command_buffer` / `command` instants
+//! describe a command buffer and its operations the first time it is
+//! executed while recording ([`session`] tells a recorder whether it has
+//! described something in this recording), and `load` spans time loading a
+//! module, verifying it, compiling it, opening a parameter file.
+//!
 //! Events are grouped into tracks the way the Chrome trace format groups
 //! them: a *process* per device (plus one for the host's VM work, see
 //! [`HOST_TRACK`]) and a *thread* per OS thread that recorded something,
@@ -21,7 +28,7 @@
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -84,6 +91,8 @@ pub struct Trace {
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static RECORDING: Mutex<Option<Trace>> = Mutex::new(None);
+/// The number of the current (or last) recording, from 1.
+static SESSION: AtomicU64 = AtomicU64::new(0);
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
 /// Device names in track order (track = index + 2).
 static DEVICE_TRACKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -100,6 +109,13 @@ thread_local! {
 #[inline(always)]
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
+}
+
+/// The number of the recording running now (from 1; 0 before the first).
+/// A recorder that writes metadata once per recording (a command buffer's
+/// description) keeps the number it last wrote it in and compares.
+pub fn session() -> u64 {
+    SESSION.load(Ordering::Relaxed)
 }
 
 /// Nanoseconds since the process's trace epoch (fixed at the first use).
@@ -139,6 +155,7 @@ pub fn start() -> crate::Result<()> {
         );
     }
     now_ns();
+    SESSION.fetch_add(1, Ordering::Relaxed);
     *r = Some(Trace::default());
     ENABLED.store(true, Ordering::Release);
     Ok(())

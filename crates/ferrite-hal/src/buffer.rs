@@ -747,6 +747,12 @@ impl Buffer {
         self.alloc.access
     }
 
+    /// An identity of the underlying allocation, unique while it lives
+    /// (its address; profiles pair a queue allocation with its release).
+    pub fn allocation_id(&self) -> u64 {
+        Arc::as_ptr(&self.alloc) as usize as u64
+    }
+
     /// True when both buffers share one allocation.
     pub fn same_allocation(&self, other: &Buffer) -> bool {
         Arc::ptr_eq(&self.alloc, &other.alloc)

@@ -173,6 +173,11 @@ struct State {
 
 /// A command buffer (VM ref type `hal.command_buffer`).
 pub struct CommandBuffer {
+    /// Process-unique number, from 1 (profiles name command buffers by it).
+    id: u64,
+    /// The trace recording this buffer was last described in
+    /// ([`crate::command_trace`]).
+    described: std::sync::atomic::AtomicU64,
     mode: u32,
     categories: u32,
     queue_affinity: u64,
@@ -219,7 +224,10 @@ impl CommandBuffer {
         queue_affinity: u64,
         binding_capacity: u32,
     ) -> CommandBuffer {
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         CommandBuffer {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            described: std::sync::atomic::AtomicU64::new(0),
             mode,
             categories,
             queue_affinity,
@@ -230,6 +238,19 @@ impl CommandBuffer {
             prepared: OnceLock::new(),
             finalized: OnceLock::new(),
         }
+    }
+
+    /// The process-unique number of this command buffer (from 1).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// True the first time it is asked during trace recording `session`
+    /// (so a recording describes each command buffer once).
+    pub(crate) fn first_use_in(&self, session: u64) -> bool {
+        self.described
+            .swap(session, std::sync::atomic::Ordering::Relaxed)
+            != session
     }
 
     /// Mode bits.

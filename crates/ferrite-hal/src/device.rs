@@ -390,7 +390,10 @@ pub mod queue {
                     "queue",
                     "alloca",
                     ferrite_base::trace::device_track(device.id()),
-                    vec![("bytes", ferrite_base::trace::Arg::U64(size))],
+                    vec![
+                        ("bytes", Arg::U64(size)),
+                        ("allocation", Arg::U64(buffer.allocation_id())),
+                    ],
                 );
             }
             if device.runs_inline() {
@@ -411,7 +414,10 @@ pub mod queue {
             let work = traced(
                 device,
                 "dealloca",
-                Some(("bytes", buffer.byte_length())),
+                &[
+                    ("bytes", buffer.byte_length()),
+                    ("allocation", buffer.allocation_id()),
+                ],
                 move || {
                     drop(buffer);
                     Ok(())
@@ -430,7 +436,7 @@ pub mod queue {
             length: u64,
             pattern: Vec<u8>,
         ) -> Result<()> {
-            let args = Some(("bytes", length));
+            let args = &[("bytes", length)];
             let work = traced(device, "fill", args, move || {
                 target.device_fill(offset, length, &pattern)
             });
@@ -446,7 +452,7 @@ pub mod queue {
             target: Buffer,
             offset: u64,
         ) -> Result<()> {
-            let args = Some(("bytes", data.len() as u64));
+            let args = &[("bytes", data.len() as u64)];
             let work = traced(device, "update", args, move || {
                 target.device_write(offset, &data)
             });
@@ -465,7 +471,7 @@ pub mod queue {
             target_offset: u64,
             length: u64,
         ) -> Result<()> {
-            let args = Some(("bytes", length));
+            let args = &[("bytes", length)];
             let work = traced(device, "copy", args, move || {
                 Buffer::device_copy(&source, source_offset, &target, target_offset, length)
             });
@@ -474,7 +480,7 @@ pub mod queue {
 
         /// Orders nothing but the fences: `signal` is reached after `wait`.
         pub fn barrier(device: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
-            device.submit(wait, signal, traced(device, "barrier", None, || Ok(())))
+            device.submit(wait, signal, traced(device, "barrier", &[], || Ok(())))
         }
 
         /// Executes a finalized command buffer with an optional binding table.
@@ -489,7 +495,8 @@ pub mod queue {
                 let commands = cb.finalized_commands()?;
                 return run_inline(wait, signal, || {
                     if ferrite_base::trace::enabled() {
-                        let args = Some(("commands", commands.len() as u64));
+                        let id = crate::command_trace::describe(cb, device.id());
+                        let args = &[("command_buffer", id)];
                         return traced(device, "execute", args, || {
                             device.execute_commands(commands, &bindings)
                         })()
@@ -502,7 +509,10 @@ pub mod queue {
             }
             let commands = cb.commands()?;
             let d = device.clone();
-            let args = Some(("commands", commands.len() as u64));
+            let args = &[(
+                "command_buffer",
+                crate::command_trace::describe(cb, device.id()),
+            )];
             let work = traced(device, "execute", args, move || {
                 d.execute_commands(&commands, &bindings)
             });
@@ -511,12 +521,12 @@ pub mod queue {
 
         /// `work` as queue work; while a trace is recorded, a span named
         /// after the queue operation `op` on the device's track around it
-        /// (its failure noted), and the thread noted as running `op`, so
+        /// (its failure noted, `args` attached), and the thread noted as running `op`, so
         /// waiters its signals wake name it.
         pub(crate) fn traced<'a>(
             device: &Arc<dyn Device>,
             op: &'static str,
-            arg: Option<(&'static str, u64)>,
+            args: &[(&'static str, u64)],
             work: impl FnOnce() -> Result<()> + Send + 'a,
         ) -> Box<dyn FnOnce() -> Result<()> + Send + 'a> {
             if !ferrite_base::trace::enabled() {
@@ -527,13 +537,14 @@ pub mod queue {
             }
             let track = ferrite_base::trace::device_track(device.id());
             let label = format!("{} queue {op}", device.id());
+            let args = args.to_vec();
             Box::new(move || {
                 let start = ferrite_base::trace::now_ns();
                 let guard = ferrite_base::trace::set_doing(label);
                 let outcome = work().map_err(|e| e.annotate(format!("queue {op}")));
                 drop(guard);
                 let mut args: Vec<(&'static str, Arg)> =
-                    arg.map(|(k, v)| (k, Arg::U64(v))).into_iter().collect();
+                    args.iter().map(|&(k, v)| (k, Arg::U64(v))).collect();
                 if let Err(e) = &outcome {
                     args.push(("failed", Arg::Str(e.to_string())));
                 }

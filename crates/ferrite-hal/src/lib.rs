@@ -33,6 +33,7 @@ pub mod buffer;
 pub mod buffer_view;
 pub mod channel;
 pub mod command_buffer;
+pub mod command_trace;
 pub mod device;
 pub mod driver;
 pub mod element_type;
