@@ -690,6 +690,13 @@ pub struct CudaDevice {
     channels_created: AtomicU64,
     /// Command buffer executions launched as CUDA graphs.
     pub(crate) graph_launches: AtomicU64,
+    /// Of those, one-shot command buffers launched as their shape's graph
+    /// ([`crate::graph::oneshot_shape`]).
+    pub(crate) oneshot_graph_launches: AtomicU64,
+    /// Graph nodes whose parameters were updated before a launch.
+    pub(crate) graph_node_updates: AtomicU64,
+    /// One-shot command buffer shapes seen lately, with their graphs.
+    pub(crate) shapes: Mutex<crate::graph::ShapeCache>,
     /// Queue operations kept on the host for a while ([`crate::deferral`]).
     kept_on_host: AtomicU64,
 }
@@ -799,15 +806,32 @@ impl CudaDevice {
                 sm_count,
                 channels_created: AtomicU64::new(0),
                 graph_launches: AtomicU64::new(0),
+                oneshot_graph_launches: AtomicU64::new(0),
+                graph_node_updates: AtomicU64::new(0),
+                shapes: Mutex::new(crate::graph::ShapeCache::default()),
                 kept_on_host: AtomicU64::new(0),
             }
         }))
     }
 
     /// How many command buffer executions ran as CUDA graphs so far (see
-    /// the `graph` module: reusable command buffers).
+    /// the `graph` module: reusable command buffers, and one-shot ones
+    /// whose shape repeats).
     pub fn graph_launches(&self) -> u64 {
         self.graph_launches.load(Ordering::Relaxed)
+    }
+
+    /// How many of [`Self::graph_launches`] were one-shot command buffers
+    /// launched as the graph of a shape submitted before
+    /// (`FERRITE_CUDA_ONESHOT_GRAPHS=0` turns that off).
+    pub fn oneshot_graph_launches(&self) -> u64 {
+        self.oneshot_graph_launches.load(Ordering::Relaxed)
+    }
+
+    /// How many graph nodes had their parameters (addresses, constants,
+    /// workgroup counts, fill ranges) updated before a launch so far.
+    pub fn graph_node_updates(&self) -> u64 {
+        self.graph_node_updates.load(Ordering::Relaxed)
     }
 
     /// How many queue operations were kept on the host so far because the
@@ -1234,7 +1258,7 @@ impl CudaDevice {
     /// Enqueues recorded commands on the queue stream ([`crate::replay`]);
     /// from the first indirect dispatch on, a continuation runs them
     /// ([`crate::indirect`]).
-    fn enqueue_commands(
+    pub(crate) fn enqueue_commands(
         &self,
         commands: &[Command],
         table: &[Binding],
@@ -1631,15 +1655,27 @@ impl Device for CudaDevice {
     ) -> Result<()> {
         let commands = cb.commands()?;
         let graph = crate::graph::eligible(cb, &commands);
-        let work = if graph { 1 } else { commands.len() as u64 };
+        // A one-shot command buffer whose shape repeats runs as that
+        // shape's graph (module `graph`); it needs no `cb`, so also when
+        // kept on the host.
+        let shape = if graph {
+            None
+        } else {
+            crate::graph::oneshot_shape(cb, &commands)
+        };
         let mut q = self.queue.lock();
+        let as_graph = graph || shape.as_ref().is_some_and(|s| self.shape_is_known(s));
+        let work = if as_graph { 1 } else { commands.len() as u64 };
         let (defers, entries) = self.defers(&mut q, wait, signal, work);
         if defers {
-            // Kept on the host without `cb` (borrowed): replayed on the
-            // stream when enqueued, not launched as a graph.
+            // Kept on the host without `cb` (borrowed): a reusable one is
+            // replayed on the stream when enqueued, not launched as a
+            // graph.
             let work_entries = commands.len() as u64;
-            let body: Body =
-                Box::new(move |d, keep| d.enqueue_commands(&commands, &bindings, keep));
+            let body: Body = Box::new(move |d, keep| match &shape {
+                Some(shape) => d.execute_oneshot(shape, &commands, &bindings, keep),
+                None => d.enqueue_commands(&commands, &bindings, keep),
+            });
             let op = Deferred {
                 wait: wait.clone(),
                 signal: signal.clone(),
@@ -1659,6 +1695,9 @@ impl Device for CudaDevice {
             None,
             entries,
             |d, keep| {
+                if let Some(shape) = &shape {
+                    return d.execute_oneshot(shape, &commands, &bindings, keep);
+                }
                 if graph {
                     for b in &bindings {
                         keep.buffers.push(b.buffer.clone());

@@ -21,8 +21,12 @@
 //!   2048 matmul did not change. `none` buys that back for programs known
 //!   not to read memory they never wrote.
 //! - `FERRITE_CUDA_LOG_LAUNCHES=1`: one line per kernel launch on stderr
-//!   (export, grid, block, dynamic shared memory, binding addresses,
-//!   push constants), for comparing launches with another runtime's.
+//!   (`cuda launch`: export, grid, block, dynamic shared memory, binding
+//!   addresses, push constants), for comparing launches with another
+//!   runtime's. Graphs (module `graph`) print `cuda graph node` per node
+//!   when built, `cuda graph node update` per node whose parameters
+//!   changed, and one `cuda graph launch: N nodes, U updated` line per
+//!   launch.
 //! - `FERRITE_CUDA_LOG_QUEUE=1`: one line per queue operation enqueued on
 //!   the queue stream on stderr: its sequence number, whether it carries
 //!   host work, and for each wait and signal how it is ordered (already
@@ -81,8 +85,10 @@ pub fn log_queue() -> bool {
     *ON.get_or_init(|| std::env::var("FERRITE_CUDA_LOG_QUEUE").is_ok_and(|v| v != "0"))
 }
 
-/// Prints one launch (see the module docs).
+/// Prints one launch, or one graph node's parameters (`what`: `launch`,
+/// `graph node`, `graph node update`; see the module docs).
 pub fn print_launch(
+    what: &str,
     name: &str,
     grid: [u32; 3],
     block: [u32; 3],
@@ -92,7 +98,7 @@ pub fn print_launch(
 ) {
     let b: Vec<String> = bindings.iter().map(|p| format!("{p:#x}")).collect();
     eprintln!(
-        "cuda launch {name}: grid {grid:?} block {block:?} shared {shared_memory} bindings [{}] constants {constants:?}",
+        "cuda {what} {name}: grid {grid:?} block {block:?} shared {shared_memory} bindings [{}] constants {constants:?}",
         b.join(", ")
     );
 }

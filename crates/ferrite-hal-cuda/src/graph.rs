@@ -1,4 +1,4 @@
-//! Reusable command buffers as CUDA graphs.
+//! Command buffers as CUDA graphs.
 //!
 //! A command buffer recorded once and executed many times (the compiler
 //! records such buffers in initializers and executes them on every call)
@@ -13,22 +13,39 @@
 //! queue allocations): each execution resolves the table-dependent
 //! bindings again (with the same range checks as a stream replay) and
 //! updates in place, with `cuGraphExec*SetParams`, only the nodes whose
-//! device addresses changed. Updates affect only later launches, so a
-//! launch still in flight keeps the addresses it was launched with.
+//! parameters changed. Updates affect only later launches, so a launch
+//! still in flight keeps the parameters it was launched with.
+//!
+//! One-shot command buffers: the pinned compiler records a function's
+//! command buffer anew, one-shot, at every call (an LLM's decode step: ~515
+//! dispatches), so there is no buffer to hang a graph on. Instead each
+//! device remembers the last few [`Shape`]s of one-shot command buffers
+//! it ran (the sequence of commands with their executables, exports,
+//! binding and constant counts, barriers, fills; not their buffers,
+//! constants or workgroup counts). The first of a shape is replayed on the
+//! stream; the second builds and instantiates the shape's graph; from then
+//! on every command buffer of that shape updates the nodes whose
+//! parameters differ (addresses, push constants, workgroup counts, fill
+//! ranges) and launches the graph. Everything is resolved and range
+//! checked at submission as a replay does; a failure on the graph path
+//! (a bad range, a driver refusal) falls back to the replay, which reports
+//! it as before. `FERRITE_CUDA_ONESHOT_GRAPHS=0` turns this off.
 //!
 //! Command buffers holding anything else (updates of host bytes, copies,
-//! collectives, indirect dispatches), one-shot ones and ones of a single
-//! command are replayed on the stream instead; so is every command buffer
-//! when `FERRITE_CUDA_GRAPHS=0` or kernels are timed
-//! ([`crate::kernel_times`]), and one whose graph the driver refused
-//! to build (remembered, so the refusal is paid once).
+//! collectives, indirect dispatches) and ones of a single command are
+//! replayed on the stream instead; so is every command buffer when
+//! `FERRITE_CUDA_GRAPHS=0` or kernels are timed ([`crate::kernel_times`]),
+//! and one whose graph the driver refused to build (remembered, so the
+//! refusal is paid once).
 
-use crate::device::{dispatch_kernel, CudaDevice, Shared};
+use crate::device::{dispatch_kernel, CudaDevice, Keep, Shared};
 use crate::ffi::{self, CUdeviceptr, CUgraph, CUgraphExec, CUgraphNode};
 use ferrite_base::{bail, Result};
 use ferrite_hal::command_buffer::{Binding, BufferRef, Command, CommandBuffer};
+use ferrite_hal::executable::Executable;
 use parking_lot::Mutex;
 use std::ffi::c_void;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 /// Whether graphs are enabled (`FERRITE_CUDA_GRAPHS=0` turns them off).
@@ -57,14 +74,25 @@ pub(crate) fn eligible(cb: &CommandBuffer, commands: &[Command]) -> bool {
     work >= 2
 }
 
-/// A node whose parameters depend on the binding table.
-struct TableNode {
+/// What a graph node was last set with; compared at each execution so
+/// that only nodes whose parameters changed are updated.
+#[derive(PartialEq, Eq)]
+struct NodeState {
+    /// Device addresses: one per kernel binding, or the fill target.
+    addresses: Vec<CUdeviceptr>,
+    /// A dispatch's push constants then its three workgroup counts; a
+    /// fill's element size, element count (low and high word) and pattern
+    /// value.
+    words: Vec<u32>,
+}
+
+/// A node re-checked at each execution.
+struct UpdatableNode {
     node: CUgraphNode,
     /// Index of its command.
     command: usize,
-    /// The device addresses it was last set with (one per binding, or the
-    /// fill target).
-    addresses: Vec<CUdeviceptr>,
+    /// What it is set with now.
+    state: NodeState,
 }
 
 /// An instantiated graph of one command buffer on one device.
@@ -72,8 +100,12 @@ pub(crate) struct CommandGraph {
     shared: Arc<Shared>,
     graph: CUgraph,
     exec: CUgraphExec,
-    /// Nodes to re-check at each execution, with their last addresses.
-    table_nodes: Mutex<Vec<TableNode>>,
+    /// Kernel and memset nodes in the graph (for the launch log).
+    node_count: usize,
+    /// Nodes to re-check at each execution, with what they are set with:
+    /// those depending on the binding table for a reusable command
+    /// buffer's graph, every node for a one-shot shape's.
+    nodes: Mutex<Vec<UpdatableNode>>,
 }
 
 // SAFETY: the graph handles are used only with the device's context
@@ -129,14 +161,10 @@ impl KernelArgs {
 }
 
 impl CudaDevice {
-    /// Resolves the device addresses a graph node uses under `table`:
-    /// `(addresses, depends on the table)`; `None` for commands that make
-    /// no node (barriers, empty dispatches).
-    fn node_addresses(
-        &self,
-        cmd: &Command,
-        table: &[Binding],
-    ) -> Result<Option<(Vec<CUdeviceptr>, bool)>> {
+    /// What the graph node of `cmd` is set with under `table`, and whether
+    /// that depends on the table; `None` for commands that make no node
+    /// (barriers, empty dispatches). Checks ranges as a stream replay does.
+    fn node_state(&self, cmd: &Command, table: &[Binding]) -> Result<Option<(NodeState, bool)>> {
         match cmd {
             Command::Dispatch {
                 executable,
@@ -151,17 +179,34 @@ impl CudaDevice {
                     return Ok(None);
                 }
                 let refs = &bindings[..kernel.binding_count as usize];
-                let mut out = Vec::with_capacity(refs.len());
+                let mut addresses = Vec::with_capacity(refs.len());
                 for r in refs {
-                    out.push(self.resolve_address(r, table)?);
+                    addresses.push(self.resolve_address(r, table)?);
                 }
+                let cc = kernel.constant_count as usize;
+                let mut words = Vec::with_capacity(cc + 3);
+                words.extend_from_slice(&constants[..cc]);
+                words.extend_from_slice(workgroups);
                 let slots = refs.iter().any(|r| matches!(r, BufferRef::Slot { .. }));
-                Ok(Some((out, slots)))
+                Ok(Some((NodeState { addresses, words }, slots)))
             }
             Command::Fill { target, pattern } => {
-                self.fill_geometry(target, table, pattern.len())?;
+                let (size, count) = self.fill_geometry(target, table, pattern.len())?;
+                let value = match pattern.len() {
+                    1 => pattern[0] as u32,
+                    2 => u16::from_le_bytes([pattern[0], pattern[1]]) as u32,
+                    4 => u32::from_le_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]),
+                    n => bail!(
+                        Unimplemented,
+                        "CUDA fills take 1, 2 or 4-byte patterns (got {n})"
+                    ),
+                };
+                let count = count as u64;
                 Ok(Some((
-                    vec![self.resolve_address(target, table)?],
+                    NodeState {
+                        addresses: vec![self.resolve_address(target, table)?],
+                        words: vec![size, count as u32, (count >> 32) as u32, value],
+                    },
                     matches!(target, BufferRef::Slot { .. }),
                 )))
             }
@@ -187,15 +232,17 @@ impl CudaDevice {
         Ok((n as u32, (len / n as u64) as usize))
     }
 
+    /// The kernel node parameters of dispatch `cmd` set with `state`;
+    /// `what` names the node in the launch log.
     fn kernel_params(
         &self,
         cmd: &Command,
-        addresses: &[CUdeviceptr],
+        state: &NodeState,
+        what: &str,
     ) -> Result<(ffi::CUDA_KERNEL_NODE_PARAMS, KernelArgs)> {
         let Command::Dispatch {
             executable,
             function,
-            workgroups,
             constants,
             bindings,
             ..
@@ -204,19 +251,20 @@ impl CudaDevice {
             bail!(Internal, "not a dispatch");
         };
         let kernel = dispatch_kernel(executable, *function, bindings, constants)?;
-        let mut args = KernelArgs::new(
-            addresses.to_vec(),
-            constants[..kernel.constant_count as usize].to_vec(),
-        );
+        let cc = kernel.constant_count as usize;
+        let (consts, grid) = state.words.split_at(cc);
+        let workgroups = [grid[0], grid[1], grid[2]];
+        let mut args = KernelArgs::new(state.addresses.clone(), consts.to_vec());
         let [bx, by, bz] = kernel.block_dims;
         if crate::diagnostics::log_launches() {
             crate::diagnostics::print_launch(
+                what,
                 &kernel.name,
-                *workgroups,
+                workgroups,
                 kernel.block_dims,
                 kernel.shared_memory,
-                addresses,
-                &constants[..kernel.constant_count as usize],
+                &state.addresses,
+                consts,
             );
         }
         let p = ffi::CUDA_KERNEL_NODE_PARAMS {
@@ -234,36 +282,29 @@ impl CudaDevice {
         Ok((p, args))
     }
 
-    fn memset_params(
-        &self,
-        cmd: &Command,
-        table: &[Binding],
-        address: CUdeviceptr,
-    ) -> Result<ffi::CUDA_MEMSET_NODE_PARAMS> {
-        let Command::Fill { target, pattern } = cmd else {
-            bail!(Internal, "not a fill");
-        };
-        let (size, count) = self.fill_geometry(target, table, pattern.len())?;
-        let mut value = [0u8; 4];
-        value[..pattern.len()].copy_from_slice(pattern);
-        let value = match size {
-            1 => pattern[0] as u32,
-            2 => u16::from_le_bytes([pattern[0], pattern[1]]) as u32,
-            _ => u32::from_le_bytes(value),
-        };
-        Ok(ffi::CUDA_MEMSET_NODE_PARAMS {
-            dst: address,
+    /// The memset node parameters of a fill set with `state`.
+    fn memset_params(state: &NodeState) -> ffi::CUDA_MEMSET_NODE_PARAMS {
+        let w = &state.words;
+        ffi::CUDA_MEMSET_NODE_PARAMS {
+            dst: state.addresses[0],
             pitch: 0,
-            value,
-            element_size: size,
-            width: count,
+            value: w[3],
+            element_size: w[0],
+            width: (w[1] as u64 | (w[2] as u64) << 32) as usize,
             height: 1,
-        })
+        }
     }
 
     /// Builds and instantiates the graph of `commands` with `table`'s
-    /// addresses.
-    fn build_graph(&self, commands: &[Command], table: &[Binding]) -> Result<CommandGraph> {
+    /// addresses. `update_all`: every node is re-checked at each execution
+    /// (a one-shot shape's graph, whose commands change), else only those
+    /// depending on the table.
+    fn build_graph(
+        &self,
+        commands: &[Command],
+        table: &[Binding],
+        update_all: bool,
+    ) -> Result<CommandGraph> {
         let shared = self.shared().clone();
         let api = shared.api;
         let mut graph: CUgraph = std::ptr::null_mut();
@@ -276,13 +317,14 @@ impl CudaDevice {
             shared: shared.clone(),
             graph,
             exec: std::ptr::null_mut(),
-            table_nodes: Mutex::new(Vec::new()),
+            node_count: 0,
+            nodes: Mutex::new(Vec::new()),
         };
         // Nodes of the last non-empty stage, and of the stage being built.
         let mut previous: Vec<CUgraphNode> = Vec::new();
         let mut current: Vec<CUgraphNode> = Vec::new();
         let mut join: Option<CUgraphNode> = None;
-        let mut table_nodes = Vec::new();
+        let mut nodes = Vec::new();
         for (i, cmd) in commands.iter().enumerate() {
             if let Command::Barrier = cmd {
                 if !current.is_empty() {
@@ -291,7 +333,7 @@ impl CudaDevice {
                 }
                 continue;
             }
-            let Some((addresses, from_table)) = self.node_addresses(cmd, table)? else {
+            let Some((state, from_table)) = self.node_state(cmd, table)? else {
                 continue;
             };
             // Dependencies: the previous stage, through one empty join
@@ -321,7 +363,7 @@ impl CudaDevice {
             let mut node: CUgraphNode = std::ptr::null_mut();
             match cmd {
                 Command::Dispatch { .. } => {
-                    let (p, _args) = self.kernel_params(cmd, &addresses)?;
+                    let (p, _args) = self.kernel_params(cmd, &state, "graph node")?;
                     ffi::check(
                         // SAFETY: `p` points at `_args`' parameter pointers,
                         // laid out as the kernel expects; the driver copies
@@ -339,7 +381,7 @@ impl CudaDevice {
                     )?;
                 }
                 Command::Fill { .. } => {
-                    let p = self.memset_params(cmd, table, addresses[0])?;
+                    let p = Self::memset_params(&state);
                     ffi::check(
                         // SAFETY: a checked device range; deps are nodes of
                         // `graph`; the context is the device's.
@@ -359,11 +401,12 @@ impl CudaDevice {
                 _ => bail!(Internal, "command not eligible for a graph"),
             }
             current.push(node);
-            if from_table {
-                table_nodes.push(TableNode {
+            g.node_count += 1;
+            if from_table || update_all {
+                nodes.push(UpdatableNode {
                     node,
                     command: i,
-                    addresses,
+                    state,
                 });
             }
         }
@@ -374,8 +417,75 @@ impl CudaDevice {
             "instantiating a CUDA graph",
         )?;
         g.exec = exec;
-        *g.table_nodes.get_mut() = table_nodes;
+        *g.nodes.get_mut() = nodes;
         Ok(g)
+    }
+
+    /// Updates the nodes of `g` whose parameters differ under `commands`
+    /// and `table` (checking every range again), then launches it on the
+    /// queue stream. `commands` must have the structure `g` was built from.
+    fn update_and_launch(
+        &self,
+        g: &CommandGraph,
+        commands: &[Command],
+        table: &[Binding],
+        oneshot: bool,
+    ) -> Result<()> {
+        let api = g.shared.api;
+        let mut updated = 0u64;
+        {
+            let mut nodes = g.nodes.lock();
+            for n in nodes.iter_mut() {
+                let cmd = &commands[n.command];
+                let Some((state, _)) = self.node_state(cmd, table)? else {
+                    bail!(Internal, "a graph node's command no longer makes a node");
+                };
+                if state == n.state {
+                    continue;
+                }
+                let r = match cmd {
+                    Command::Dispatch { .. } => {
+                        let (p, _args) = self.kernel_params(cmd, &state, "graph node update")?;
+                        // SAFETY: a kernel node of this executable graph,
+                        // with the same function; `p` as in `build_graph`
+                        // (copied by the driver).
+                        unsafe { (api.cuGraphExecKernelNodeSetParams)(g.exec, n.node, &p) }
+                    }
+                    _ => {
+                        let p = Self::memset_params(&state);
+                        // SAFETY: a memset node of this graph; a checked range
+                        // of this context's memory.
+                        unsafe {
+                            (api.cuGraphExecMemsetNodeSetParams)(g.exec, n.node, &p, g.shared.ctx)
+                        }
+                    }
+                };
+                ffi::check(r, "updating a graph node's parameters")?;
+                n.state = state;
+                updated += 1;
+            }
+        }
+        ffi::check(
+            // SAFETY: an instantiated graph of this context, launched on its
+            // queue stream under the submission lock; every address it uses
+            // was checked against this execution's commands and bindings.
+            unsafe { (api.cuGraphLaunch)(g.exec, g.shared.stream) },
+            "launching a CUDA graph",
+        )?;
+        if crate::diagnostics::log_launches() {
+            eprintln!(
+                "cuda graph launch: {} nodes, {updated} updated{}",
+                g.node_count,
+                if oneshot { " (one-shot shape)" } else { "" }
+            );
+        }
+        self.graph_launches.fetch_add(1, Ordering::Relaxed);
+        self.graph_node_updates
+            .fetch_add(updated, Ordering::Relaxed);
+        if oneshot {
+            self.oneshot_graph_launches.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Enqueues `commands` (eligible, see [`eligible`]) as `cb`'s graph,
@@ -388,7 +498,7 @@ impl CudaDevice {
         commands: &[Command],
         table: &[Binding],
     ) -> Result<bool> {
-        let prepared = cb.prepared(|| match self.build_graph(commands, table) {
+        let prepared = cb.prepared(|| match self.build_graph(commands, table, false) {
             Ok(g) => Box::new(Prepared::Graph(g)),
             Err(_) => Box::new(Prepared::Refused),
         });
@@ -398,45 +508,338 @@ impl CudaDevice {
         if !Arc::ptr_eq(&g.shared, self.shared()) {
             return Ok(false);
         }
-        let api = g.shared.api;
-        {
-            let mut nodes = g.table_nodes.lock();
-            for n in nodes.iter_mut() {
-                let cmd = &commands[n.command];
-                let Some((addresses, _)) = self.node_addresses(cmd, table)? else {
-                    continue;
-                };
-                if addresses == n.addresses {
-                    continue;
+        self.update_and_launch(g, commands, table, false)?;
+        Ok(true)
+    }
+
+    /// Whether a one-shot command buffer of `shape` would be launched as a
+    /// graph now (its shape was submitted before and not refused).
+    pub(crate) fn shape_is_known(&self, shape: &Shape) -> bool {
+        self.shapes
+            .lock()
+            .entries
+            .iter()
+            .any(|e| !e.refused && e.shape == *shape)
+    }
+
+    /// Enqueues the commands of a one-shot command buffer of `shape` (see
+    /// [`oneshot_shape`]): replayed on the stream the first time its shape
+    /// is seen (the shape is remembered), launched as the shape's graph
+    /// (built at the second time, updated where the commands differ)
+    /// afterwards. Anything the graph path cannot do (a range check that
+    /// fails, a driver refusal) falls back to the stream replay, which
+    /// reports failures as it always does.
+    pub(crate) fn execute_oneshot(
+        &self,
+        shape: &Shape,
+        commands: &Arc<[Command]>,
+        table: &[Binding],
+        keep: &mut Keep,
+    ) -> Result<()> {
+        let mut cache = self.shapes.lock();
+        let Some(i) = cache.entries.iter().position(|e| e.shape == *shape) else {
+            cache.remember(shape.clone(), commands);
+            drop(cache);
+            return self.enqueue_commands(commands, table, keep);
+        };
+        // Most recently used last.
+        let entry = cache.entries.remove(i);
+        cache.entries.push(entry);
+        let last = cache.entries.len() - 1;
+        let entry = &mut cache.entries[last];
+        if entry.refused {
+            drop(cache);
+            return self.enqueue_commands(commands, table, keep);
+        }
+        if entry.graph.is_none() {
+            // Range checks first: a bad submission is reported by the
+            // replay and does not make the driver's refusal stick.
+            let checked = commands
+                .iter()
+                .try_for_each(|c| self.node_state(c, table).map(|_| ()));
+            if checked.is_err() {
+                drop(cache);
+                return self.enqueue_commands(commands, table, keep);
+            }
+            match self.build_graph(commands, table, true) {
+                Ok(g) => entry.graph = Some(g),
+                Err(_) => {
+                    entry.refused = true;
+                    drop(cache);
+                    return self.enqueue_commands(commands, table, keep);
                 }
-                let r = match cmd {
-                    Command::Dispatch { .. } => {
-                        let (p, _args) = self.kernel_params(cmd, &addresses)?;
-                        // SAFETY: a node of this executable graph; `p` as in
-                        // `build_graph` (copied by the driver).
-                        unsafe { (api.cuGraphExecKernelNodeSetParams)(g.exec, n.node, &p) }
-                    }
-                    _ => {
-                        let p = self.memset_params(cmd, table, addresses[0])?;
-                        // SAFETY: a memset node of this graph; a checked range.
-                        unsafe {
-                            (api.cuGraphExecMemsetNodeSetParams)(g.exec, n.node, &p, g.shared.ctx)
-                        }
-                    }
-                };
-                ffi::check(r, "updating a graph node's bindings")?;
-                n.addresses = addresses;
             }
         }
-        ffi::check(
-            // SAFETY: an instantiated graph of this context, launched on its
-            // queue stream under the submission lock; every address it uses
-            // was checked against this execution's bindings (or at build).
-            unsafe { (api.cuGraphLaunch)(g.exec, g.shared.stream) },
-            "launching a CUDA graph",
-        )?;
-        self.graph_launches
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(true)
+        let Some(g) = &entry.graph else {
+            bail!(Internal, "a one-shot shape's graph vanished");
+        };
+        match self.update_and_launch(g, commands, table, true) {
+            Ok(()) => {
+                // The commands hold their direct buffers and executables
+                // until the launch completes.
+                for b in table {
+                    keep.buffers.push(b.buffer.clone());
+                }
+                keep.commands.push(commands.clone());
+                Ok(())
+            }
+            Err(_) => {
+                // Possibly half updated: forget the graph.
+                cache.entries.pop();
+                drop(cache);
+                self.enqueue_commands(commands, table, keep)
+            }
+        }
+    }
+}
+
+/// Whether one-shot command buffers may run as graphs
+/// (`FERRITE_CUDA_ONESHOT_GRAPHS=0` turns it off).
+fn oneshot_graphs_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRITE_CUDA_ONESHOT_GRAPHS").map_or(true, |v| v != "0"))
+}
+
+/// The structure of a one-shot command buffer's commands: per command its
+/// kind, and for a dispatch the executable (by identity), export, binding
+/// and constant counts and whether it is empty, for a fill the pattern
+/// length. Two command buffers of one shape make the same graph nodes with
+/// the same dependencies; only parameters (addresses, constants, workgroup
+/// counts, fill ranges and values) differ.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Shape {
+    hash: u64,
+    words: Vec<u64>,
+}
+
+/// The shape of `commands` when `cb` is one-shot and could run as a graph
+/// (the commands [`eligible`] takes, graphs enabled), else `None`.
+pub(crate) fn oneshot_shape(cb: &CommandBuffer, commands: &[Command]) -> Option<Shape> {
+    if !graphs_enabled()
+        || !oneshot_graphs_enabled()
+        || crate::kernel_times::enabled()
+        || cb.mode() & ferrite_hal::command_buffer::mode::ONE_SHOT == 0
+    {
+        return None;
+    }
+    let mut words = Vec::with_capacity(commands.len() * 4);
+    let mut work = 0;
+    for c in commands {
+        match c {
+            Command::Barrier => words.push(1),
+            Command::Dispatch {
+                executable,
+                function,
+                workgroups,
+                indirect: None,
+                constants,
+                bindings,
+            } => {
+                work += 1;
+                words.push(2);
+                words.push(Arc::as_ptr(&executable.0) as *const () as usize as u64);
+                words.push(*function as u64 | (workgroups.contains(&0) as u64) << 32);
+                words.push(bindings.len() as u64 | (constants.len() as u64) << 32);
+            }
+            Command::Fill { pattern, .. } if matches!(pattern.len(), 1 | 2 | 4) => {
+                work += 1;
+                words.push(3 | (pattern.len() as u64) << 8);
+            }
+            _ => return None,
+        }
+    }
+    if work < 2 {
+        return None;
+    }
+    // FNV-1a over the words: compared first, so most mismatches cost one
+    // comparison.
+    let hash = words.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, w| {
+        (h ^ w).wrapping_mul(0x0100_0000_01b3)
+    });
+    Some(Shape { hash, words })
+}
+
+/// One-shot shapes remembered per device.
+const SHAPES_KEPT: usize = 4;
+
+/// A one-shot shape seen on a device, and its graph once it was seen
+/// twice.
+struct ShapeEntry {
+    shape: Shape,
+    /// The shape's executables, kept alive so that no other executable
+    /// can take one's address (the shape compares them by identity) while
+    /// the graph holds their functions.
+    _executables: Vec<Arc<dyn Executable>>,
+    graph: Option<CommandGraph>,
+    /// The driver refused to build the graph: always replay.
+    refused: bool,
+}
+
+/// The device's one-shot shapes, least recently used first, at most
+/// [`SHAPES_KEPT`].
+#[derive(Default)]
+pub(crate) struct ShapeCache {
+    entries: Vec<ShapeEntry>,
+}
+
+impl ShapeCache {
+    /// Remembers a shape seen for the first time (forgetting the least
+    /// recently used one when full).
+    fn remember(&mut self, shape: Shape, commands: &[Command]) {
+        if self.entries.len() >= SHAPES_KEPT {
+            self.entries.remove(0);
+        }
+        let mut executables: Vec<Arc<dyn Executable>> = Vec::new();
+        for c in commands {
+            if let Command::Dispatch { executable, .. } = c {
+                if !executables.iter().any(|e| Arc::ptr_eq(e, &executable.0)) {
+                    executables.push(executable.0.clone());
+                }
+            }
+        }
+        self.entries.push(ShapeEntry {
+            shape,
+            _executables: executables,
+            graph: None,
+            refused: false,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrite_hal::command_buffer::mode::ONE_SHOT;
+    use ferrite_hal::executable::{ExecutableRef, ExportInfo};
+    use std::any::Any;
+
+    /// An executable with two exports, enough to record dispatches.
+    struct Exports(Vec<ExportInfo>);
+    impl Executable for Exports {
+        fn exports(&self) -> &[ExportInfo] {
+            &self.0
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+    fn executable() -> Arc<dyn Executable> {
+        let export = |name: &str| ExportInfo {
+            name: name.to_string(),
+            workgroup_size: [1, 1, 1],
+            constant_count: 1,
+            binding_count: 1,
+        };
+        Arc::new(Exports(vec![export("a"), export("b")]))
+    }
+    fn slot(slot: u32, offset: u64) -> BufferRef {
+        BufferRef::Slot {
+            slot,
+            offset,
+            length: 4,
+        }
+    }
+
+    /// A finalized command buffer: a fill, a barrier, then one dispatch of
+    /// `exe` per entry of `dispatches` (export, workgroups, constant,
+    /// binding offset).
+    fn record(
+        mode: u32,
+        exe: &Arc<dyn Executable>,
+        dispatches: &[(u32, [u32; 3], u32, u64)],
+    ) -> CommandBuffer {
+        let cb = CommandBuffer::new(mode, 0, 0, 2);
+        cb.fill_buffer(slot(1, 0), 9, 4).unwrap();
+        cb.execution_barrier().unwrap();
+        for &(export, grid, constant, offset) in dispatches {
+            cb.dispatch(
+                ExecutableRef(exe.clone()),
+                export,
+                grid,
+                None,
+                vec![constant],
+                vec![slot(0, offset)],
+            )
+            .unwrap();
+        }
+        cb.finalize().unwrap();
+        cb
+    }
+    fn shape(cb: &CommandBuffer) -> Option<Shape> {
+        oneshot_shape(cb, cb.finalized_commands().unwrap())
+    }
+
+    #[test]
+    fn shapes_ignore_parameters_and_see_structure() {
+        let exe = executable();
+        let base = shape(&record(
+            ONE_SHOT,
+            &exe,
+            &[(0, [4, 1, 1], 1, 0), (1, [2, 1, 1], 2, 4)],
+        ))
+        .expect("a one-shot buffer of three commands has a shape");
+        // Other constants, workgroup counts and binding offsets: same shape.
+        let same = shape(&record(
+            ONE_SHOT,
+            &exe,
+            &[(0, [8, 2, 1], 7, 8), (1, [1, 1, 1], 3, 0)],
+        ));
+        assert!(same.as_ref() == Some(&base));
+        // Other exports, another executable, an empty grid, one more
+        // dispatch: other shapes.
+        for other in [
+            shape(&record(
+                ONE_SHOT,
+                &exe,
+                &[(1, [4, 1, 1], 1, 0), (1, [2, 1, 1], 2, 4)],
+            )),
+            shape(&record(
+                ONE_SHOT,
+                &executable(),
+                &[(0, [4, 1, 1], 1, 0), (1, [2, 1, 1], 2, 4)],
+            )),
+            shape(&record(
+                ONE_SHOT,
+                &exe,
+                &[(0, [0, 1, 1], 1, 0), (1, [2, 1, 1], 2, 4)],
+            )),
+            shape(&record(
+                ONE_SHOT,
+                &exe,
+                &[
+                    (0, [4, 1, 1], 1, 0),
+                    (1, [2, 1, 1], 2, 4),
+                    (0, [1, 1, 1], 1, 0),
+                ],
+            )),
+        ] {
+            assert!(other.is_some() && other.as_ref() != Some(&base));
+        }
+        // Reusable buffers have their own graphs; a lone command, an
+        // update of host bytes or an indirect dispatch is replayed.
+        assert!(shape(&record(0, &exe, &[(0, [4, 1, 1], 1, 0)])).is_none());
+        let lone = CommandBuffer::new(ONE_SHOT, 0, 0, 1);
+        lone.fill_buffer(slot(0, 0), 1, 4).unwrap();
+        lone.finalize().unwrap();
+        assert!(shape(&lone).is_none());
+        let update = CommandBuffer::new(ONE_SHOT, 0, 0, 1);
+        update.fill_buffer(slot(0, 0), 1, 4).unwrap();
+        update.update_buffer(vec![1, 2, 3, 4], slot(0, 4)).unwrap();
+        update.finalize().unwrap();
+        assert!(shape(&update).is_none());
+        let indirect = CommandBuffer::new(ONE_SHOT, 0, 0, 2);
+        indirect.fill_buffer(slot(0, 0), 1, 4).unwrap();
+        indirect
+            .dispatch(
+                ExecutableRef(exe.clone()),
+                0,
+                [0, 0, 0],
+                Some(slot(1, 0)),
+                vec![1],
+                vec![slot(0, 0)],
+            )
+            .unwrap();
+        indirect.finalize().unwrap();
+        assert!(shape(&indirect).is_none());
     }
 }

@@ -18,10 +18,12 @@
 //! - Collective channels: NCCL communicators ([`channel`]), NCCL loaded at
 //!   run time ([`nccl`]); collectives run on the queue stream.
 //!
-//! - Command buffers: reusable ones run as CUDA graphs (module `graph`), the
-//!   others are replayed on the stream (module `replay`); an indirect dispatch
-//!   hands the rest of its command buffer to a continuation that reads the
-//!   workgroup counts once the work before them is done (module `indirect`).
+//! - Command buffers: reusable ones run as CUDA graphs (module `graph`), and
+//!   so do one-shot ones whose shape (commands without their parameters)
+//!   repeats; the others are replayed on the stream (module `replay`); an
+//!   indirect dispatch hands the rest of its command buffer to a
+//!   continuation that reads the workgroup counts once the work before
+//!   them is done (module `indirect`).
 //!
 //! Not yet implemented: 8-byte fill patterns, import of foreign host
 //! memory.

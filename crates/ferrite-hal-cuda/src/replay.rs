@@ -223,6 +223,7 @@ pub(crate) fn replay(
                 let [bx, by, bz] = kernel.block_dims;
                 if crate::diagnostics::log_launches() {
                     crate::diagnostics::print_launch(
+                        "launch",
                         &kernel.name,
                         workgroups,
                         kernel.block_dims,

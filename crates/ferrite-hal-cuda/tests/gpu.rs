@@ -1505,3 +1505,183 @@ fn a_context_changed_by_another_library_is_noticed() {
     s.wait(1, within(10)).unwrap();
     assert_eq!(b.to_vec().unwrap(), vec![3; 16]);
 }
+
+/// One-shot command buffers recorded anew with the same shape (the
+/// compiler's per-call command buffers, an LLM's decode step) run as one
+/// graph from the second time on, updated with each one's buffers,
+/// binding table, push constants, workgroup counts and fill patterns; a
+/// different shape is replayed on the stream, a range failure is reported
+/// as by the replay, and updates never reach a launch still in flight.
+#[test]
+fn repeated_one_shot_shapes_run_as_an_updated_graph() {
+    let Some(dev) = gpu() else { return };
+    let cuda = as_cuda(&dev);
+    let store = store_kernel(&dev);
+    let grid = dev
+        .create_executable("cuda-nvptx-fb", &cda1(GRID_PTX, "k", 1, 0), &[])
+        .unwrap();
+    let one_shot = ferrite_hal::command_buffer::mode::ONE_SHOT;
+    let direct = |b: &ferrite_hal::Buffer, offset, length| BufferRef::Direct {
+        buffer: b.clone(),
+        offset,
+        length,
+    };
+    // Round r: slot 0 (`a`, 16 bytes) filled with 3r, then two stores into
+    // it (10r + 1 at word 1, 10r + 6 at word 2); `g` (direct) zeroed, then
+    // counted into by a grid of (r + 1) x 2 x 1 blocks. `extra` adds a
+    // store into word 3 of `a` after the others: another shape.
+    let record = |r: u32, g: &ferrite_hal::Buffer, extra: bool| {
+        let cb = CommandBuffer::new(one_shot, 0, 0, 1);
+        let slot = |offset| BufferRef::Slot {
+            slot: 0,
+            offset,
+            length: 4,
+        };
+        cb.fill_buffer(
+            BufferRef::Slot {
+                slot: 0,
+                offset: 0,
+                length: 16,
+            },
+            3 * r as u64,
+            4,
+        )
+        .unwrap();
+        cb.execution_barrier().unwrap();
+        for (offset, value) in [(4, 10 * r), (8, 10 * r + 5)] {
+            cb.dispatch(
+                ExecutableRef(store.clone()),
+                0,
+                [1, 1, 1],
+                None,
+                vec![value],
+                vec![slot(offset)],
+            )
+            .unwrap();
+        }
+        cb.execution_barrier().unwrap();
+        cb.fill_buffer(direct(g, 0, 16), 0, 4).unwrap();
+        cb.execution_barrier().unwrap();
+        cb.dispatch(
+            ExecutableRef(grid.clone()),
+            0,
+            [r + 1, 2, 1],
+            None,
+            vec![],
+            vec![direct(g, 0, 16)],
+        )
+        .unwrap();
+        if extra {
+            cb.execution_barrier().unwrap();
+            cb.dispatch(
+                ExecutableRef(store.clone()),
+                0,
+                [1, 1, 1],
+                None,
+                vec![7],
+                vec![slot(12)],
+            )
+            .unwrap();
+        }
+        cb.finalize().unwrap();
+        cb
+    };
+    let alloc = |n| dev.allocator().allocate(&device_params(), n).unwrap();
+    let binding = |b: &ferrite_hal::Buffer| ferrite_hal::command_buffer::Binding {
+        buffer: b.clone(),
+        offset: 0,
+        length: WHOLE_BUFFER,
+    };
+    let expect = |r: u32, a: &ferrite_hal::Buffer, g: &ferrite_hal::Buffer, extra: bool| {
+        let last = if extra { 8 } else { 3 * r };
+        assert_eq!(
+            u32s(a),
+            vec![3 * r, 10 * r + 1, 10 * r + 6, last],
+            "round {r}"
+        );
+        assert_eq!(u32s(g), vec![(r + 1) * 2, r + 1, 2, 1], "round {r}");
+    };
+    let s = Semaphore::new(0);
+    let mut v = 0;
+    let mut run = |r: u32, a: &ferrite_hal::Buffer, g: &ferrite_hal::Buffer, extra: bool| {
+        let cb = record(r, g, extra);
+        v += 1;
+        queue::execute(
+            &dev,
+            &at(&s, v - 1),
+            &at(&s, v),
+            Some(&cb),
+            vec![binding(a)],
+        )
+        .unwrap();
+        s.wait(v, within(30)).unwrap();
+        expect(r, a, g, extra);
+    };
+    let launches = || cuda.oneshot_graph_launches();
+    let (a0, g0, a1, g1) = (alloc(16), alloc(16), alloc(16), alloc(16));
+    // First of the shape: replayed. Second: the graph is built and
+    // launched. Then updated (new buffers, constants, grids, patterns).
+    run(0, &a0, &g0, false);
+    assert_eq!(launches(), 0, "the first of a shape is replayed");
+    run(1, &a1, &g1, false);
+    assert_eq!(launches(), 1, "the second of a shape is a graph launch");
+    let updates = cuda.graph_node_updates();
+    run(2, &a0, &g1, false);
+    run(3, &a1, &g0, false);
+    assert_eq!(launches(), 3);
+    assert!(
+        cuda.graph_node_updates() > updates,
+        "changed parameters update nodes"
+    );
+    // Another shape: replayed (then remembered), correct.
+    run(4, &a0, &g0, true);
+    assert_eq!(launches(), 3, "a new shape is replayed");
+    // The first shape again: still a graph.
+    run(5, &a1, &g1, false);
+    assert_eq!(launches(), 4);
+    // A table too small for the fill: the range failure is reported as
+    // the replay reports it, and the shape starts over.
+    let small = alloc(8);
+    let t = Semaphore::new(0);
+    let cb = record(6, &g0, false);
+    queue::execute(
+        &dev,
+        &Fence::new(),
+        &at(&t, 1),
+        Some(&cb),
+        vec![binding(&small)],
+    )
+    .unwrap();
+    let err = t.wait(1, within(30)).unwrap_err();
+    assert!(
+        err.to_string().contains("range") || err.to_string().contains("length"),
+        "{err}"
+    );
+    assert_eq!(launches(), 4, "a failing submission is no graph launch");
+    run(7, &a0, &g0, false);
+    run(8, &a1, &g1, false);
+    assert_eq!(launches(), 5, "the shape is a graph again");
+    // A chain submitted back to back, each round with its own buffers:
+    // updating the graph for a later round never changes an earlier
+    // round's launch still queued or running.
+    let rounds: Vec<(u32, ferrite_hal::Buffer, ferrite_hal::Buffer)> =
+        (10..16).map(|r| (r, alloc(16), alloc(16))).collect();
+    let c = Semaphore::new(0);
+    for (i, (r, a, g)) in rounds.iter().enumerate() {
+        let cb = record(*r, g, false);
+        let i = i as u64;
+        queue::execute(
+            &dev,
+            &at(&c, i),
+            &at(&c, i + 1),
+            Some(&cb),
+            vec![binding(a)],
+        )
+        .unwrap();
+    }
+    c.wait(rounds.len() as u64, within(30)).unwrap();
+    for (r, a, g) in &rounds {
+        expect(*r, a, g, false);
+    }
+    assert_eq!(launches(), 5 + rounds.len() as u64);
+}
