@@ -2,7 +2,9 @@
 //! bundles from local-sync and local-task, read back by the pinned
 //! `iree-profile` (summary, dispatch, queue, command, memory, export) and
 //! rendered to Perfetto by the pinned `iree-profile-render`; the counts
-//! equal what ran (two dispatches, one execute, two allocas).
+//! equal what ran (two dispatches, one execute, two allocas), the command
+//! buffer's commands are listed with their exports, and allocations pair
+//! with their release.
 
 use ferrite_testkit::{compile_file, venv_tool, workspace_root, GENERIC_CPU};
 use std::path::{Path, PathBuf};
@@ -114,15 +116,78 @@ fn check(device: &str, workers: &[&str]) {
     assert!(queue.contains("type=execute"), "{queue}");
     assert!(queue.contains("type=alloca"), "{queue}");
 
+    // The program's one command buffer: its four commands (two dispatches,
+    // each followed by a barrier) with the exports and workgroup counts
+    // recorded, and both dispatches that ran joined to their commands.
     let command = profile("command", &file);
     assert_eq!(
         field(&command, "command_buffers=", "host_valid"),
         "2",
         "{command}"
     );
+    assert_eq!(field(&command, "command_buffers=", "command_buffers"), "1");
+    assert_eq!(
+        field(&command, "command_buffers=", "command_operations"),
+        "4"
+    );
+    assert_eq!(
+        field(&command, "command_buffers=", "matched_host_dispatches"),
+        "2"
+    );
+    let ops: Vec<String> = command
+        .lines()
+        .filter(|l| l.trim_start().starts_with("command["))
+        .map(|l| {
+            let op = field(l, "command[", "op");
+            match op.as_str() {
+                "dispatch" => format!(
+                    "{op} {} {}",
+                    field(l, "command[", "key"),
+                    field(l, "command[", "workgroups")
+                ),
+                _ => op,
+            }
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "dispatch two_matmuls_dispatch_0_matmul_32x16x64_f32 [4,1,1]",
+            "barrier",
+            "dispatch two_matmuls_dispatch_1_matmul_32x8x16_f32 [4,1,1]",
+            "barrier"
+        ],
+        "{command}"
+    );
+    assert_eq!(
+        field(&command, "host_submission=", "dispatches"),
+        "2",
+        "{command}"
+    );
 
+    // Two queue allocations (1 KiB, 2 KiB), the 2 KiB one released by the
+    // program: paired into two lifetimes, one still open at the end.
     let memory = profile("memory", &file);
     assert!(memory.contains("queue_alloca/dealloca=2/1"), "{memory}");
+    assert_eq!(
+        field(&memory, "events:", "allocation_lifecycles"),
+        "2",
+        "{memory}"
+    );
+    assert_eq!(field(&memory, "events:", "open_lifecycles"), "1");
+    for (key, want) in [
+        ("open_at_end", "1"),
+        ("peak_open", "2"),
+        ("current_bytes", "1024"),
+        ("high_water_bytes", "3072"),
+        ("closed_bytes", "2048"),
+    ] {
+        assert_eq!(
+            field(&memory, "queue_inflight_allocations:", key),
+            want,
+            "{key}: {memory}"
+        );
+    }
 
     let jsonl = file.with_extension("ireeperf.jsonl");
     ok(Command::new(venv_tool("iree-profile"))
@@ -131,6 +196,19 @@ fn check(device: &str, workers: &[&str]) {
         .arg(&file));
     let text = std::fs::read_to_string(&jsonl).unwrap();
     assert!(text.lines().count() > 10, "{text}");
+    // Dispatch events name their command buffer and command (0 and 2).
+    let mut indices: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains(r#""record_type":"host_execution_event""#))
+        .filter(|l| l.contains(r#""op":"dispatch""#))
+        .map(|l| {
+            assert!(!l.contains(r#""command_buffer_id":0,"#), "{l}");
+            let at = l.find(r#""command_index":"#).expect(l) + 16;
+            l[at..].split(',').next().unwrap().to_string()
+        })
+        .collect();
+    indices.sort();
+    assert_eq!(indices, ["0", "2"], "{text}");
     let pftrace = file.with_extension("pftrace");
     let rendered = ok(Command::new(venv_tool("iree-profile-render"))
         .arg("--format=perfetto")

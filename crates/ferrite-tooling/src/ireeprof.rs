@@ -10,7 +10,8 @@
 //! a name string and a payload. A session-begin record, one chunk record
 //! per content type (devices, queues, executables, executable functions,
 //! queue events, host execution events, memory events), and a session-end
-//! record. Chunk payloads are packed arrays of fixed-size records that
+//! record (plus command buffers and their operations when the recording
+//! described any). Chunk payloads are packed arrays of fixed-size records that
 //! start with their own length.
 //!
 //! What Ferrite's CPU devices record maps onto upstream's families:
@@ -23,7 +24,18 @@
 //!   every dispatch (with its tiles on `local-task`), written as host
 //!   execution events, which is how `iree-profile dispatch` reads CPU
 //!   dispatch timings.
-//! - `memory-events`: queue allocations and releases.
+//! - `memory-events`: queue allocations and releases, each with an
+//!   allocation id that pairs a release with its allocation (the
+//!   recording names allocations by address, which a later allocation may
+//!   reuse once released; ids are given in time order).
+//!
+//! Command buffers: the recording describes each command buffer the first
+//! time it executes ([`ferrite_hal::command_trace`]); the bundle writes
+//! upstream's command-buffer and command-operation records for them, and
+//! execute events and the dispatches inside them name their command
+//! buffer (dispatches also the index of their command: recorded on
+//! `local-task`, found on `local-sync` by walking the command buffer's
+//! dispatches in order, as that device runs them).
 //!
 //! Times are the recording's clock (nanoseconds since the process's trace
 //! epoch), which upstream's tools only compare with each other.
@@ -48,6 +60,8 @@ const CT_DEVICES: &str = "application/vnd.iree.hal.profile.devices";
 const CT_QUEUES: &str = "application/vnd.iree.hal.profile.queues";
 const CT_EXECUTABLES: &str = "application/vnd.iree.hal.profile.executables";
 const CT_FUNCTIONS: &str = "application/vnd.iree.hal.profile.executable-functions";
+const CT_COMMAND_BUFFERS: &str = "application/vnd.iree.hal.profile.command-buffers";
+const CT_COMMAND_OPERATIONS: &str = "application/vnd.iree.hal.profile.command-operations";
 const CT_QUEUE_EVENTS: &str = "application/vnd.iree.hal.profile.queue-events";
 const CT_HOST_EXECUTION: &str = "application/vnd.iree.hal.profile.host-execution-events";
 const CT_MEMORY_EVENTS: &str = "application/vnd.iree.hal.profile.memory-events";
@@ -68,6 +82,22 @@ fn queue_event_type(op: &str) -> u32 {
         _ => 11,
     }
 }
+
+/// Command operation types (upstream's numbering; 0: none of upstream's
+/// kinds, such as a collective).
+fn command_operation_type(op: &str) -> u32 {
+    match op {
+        "barrier" => 1,
+        "dispatch" => 2,
+        "fill" => 3,
+        "copy" => 4,
+        "update" => 5,
+        _ => 0,
+    }
+}
+
+/// Host execution event flag: the work came from a command buffer.
+const HOST_EXECUTION_FLAG_COMMAND_BUFFER: u32 = 1;
 
 const MEMORY_QUEUE_ALLOCA: u32 = 7;
 const MEMORY_QUEUE_DEALLOCA: u32 = 8;
@@ -136,6 +166,24 @@ fn list_arg(e: &Event, key: &str) -> Option<[u32; 3]> {
         Arg::List(l) if *k == key && l.len() == 3 => Some([l[0] as u32, l[1] as u32, l[2] as u32]),
         _ => None,
     })
+}
+
+fn str_arg<'a>(e: &'a Event, key: &str) -> Option<&'a str> {
+    e.args.iter().find_map(|(k, v)| match v {
+        Arg::Str(s) if *k == key => Some(s.as_str()),
+        _ => None,
+    })
+}
+
+/// A command buffer as the recording described it: the device ordinal it
+/// was described on, mode, categories, queue affinity, command count, and
+/// its commands in order (absent where the recording lacks one).
+struct CommandBufferInfo<'a> {
+    device: u32,
+    mode: u64,
+    categories: u64,
+    queue_affinity: u64,
+    commands: Vec<Option<&'a Event>>,
 }
 
 fn failed(e: &Event) -> bool {
@@ -234,9 +282,86 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
         });
     }
 
+    // Command buffers as described (the first description of an id wins;
+    // a recording describes each once), and the executables their
+    // dispatches name (some may not have run).
+    let mut command_buffers: BTreeMap<u64, CommandBufferInfo> = BTreeMap::new();
+    for e in &trace.events {
+        if e.cat != "command_buffer" {
+            continue;
+        }
+        let Some(id) = u64_arg(e, "command_buffer") else {
+            continue;
+        };
+        let count = u64_arg(e, "commands").unwrap_or(0) as usize;
+        command_buffers
+            .entry(id)
+            .or_insert_with(|| CommandBufferInfo {
+                device: device_of(e),
+                mode: u64_arg(e, "mode").unwrap_or(0),
+                categories: u64_arg(e, "categories").unwrap_or(0),
+                queue_affinity: u64_arg(e, "queue_affinity").unwrap_or(u64::MAX),
+                // A description claiming more commands than a process could
+                // record is not believed.
+                commands: vec![None; count.min(1 << 24)],
+            });
+    }
+    for e in &trace.events {
+        if e.cat != "command" {
+            continue;
+        }
+        let (Some(id), Some(index)) = (u64_arg(e, "command_buffer"), u64_arg(e, "index")) else {
+            continue;
+        };
+        if let Some(slot) = command_buffers
+            .get_mut(&id)
+            .and_then(|cb| cb.commands.get_mut(index as usize))
+        {
+            slot.get_or_insert(e);
+        }
+        if str_arg(e, "op") != Some("dispatch") {
+            continue;
+        }
+        let Some(raw) = u64_arg(e, "executable") else {
+            continue;
+        };
+        let next = executables.len() as u64 + 1;
+        let exe = executables
+            .entry(raw)
+            .or_insert((next, u64_arg(e, "functions").unwrap_or(1)))
+            .0;
+        let f = u64_arg(e, "function").unwrap_or(0);
+        functions.entry((exe, f)).or_insert_with(|| {
+            (
+                e.name.clone(),
+                list_arg(e, "workgroup_size").unwrap_or([1, 1, 1]),
+                u64_arg(e, "constants").unwrap_or(0),
+                u64_arg(e, "bindings").unwrap_or(0),
+            )
+        });
+    }
+    let executable_id = |raw: Option<u64>| raw.and_then(|r| executables.get(&r)).map_or(0, |x| x.0);
+
     // Queue operations in time order, each its own submission.
     let mut queue_ops: Vec<&Event> = trace.events.iter().filter(|e| e.cat == "queue").collect();
     queue_ops.sort_by_key(|e| e.ts_ns);
+    // The command buffer each operation executes (0: none).
+    let command_buffer_of = |e: &Event| {
+        if e.name == "execute" {
+            u64_arg(e, "command_buffer").unwrap_or(0)
+        } else {
+            0
+        }
+    };
+    // Operations each queue operation covers: an execute's commands.
+    let operations_of = |e: &Event| match e.name.as_str() {
+        "execute" => command_buffers
+            .get(&command_buffer_of(e))
+            .map_or(1, |cb| cb.commands.len() as u64),
+        "barrier" => 0,
+        _ => 1,
+    };
+    let allocation_ids = allocation_ids(&queue_ops);
 
     let mut out = Vec::new();
     let mut h = Bytes(Vec::new());
@@ -296,16 +421,37 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
         record(&mut out, RECORD_CHUNK, CT_FUNCTIONS, &name, &p.0);
     }
 
+    if !command_buffers.is_empty() {
+        let mut p = Bytes(Vec::new());
+        for (id, cb) in &command_buffers {
+            p.u32(48)
+                .u32(0)
+                .u64(*id)
+                .u64(cb.mode)
+                .u64(cb.categories)
+                .u64(cb.queue_affinity)
+                .u32(cb.device)
+                .u32(0);
+        }
+        record(&mut out, RECORD_CHUNK, CT_COMMAND_BUFFERS, &name, &p.0);
+        let mut p = Bytes(Vec::new());
+        for (id, cb) in &command_buffers {
+            for (index, c) in cb.commands.iter().enumerate() {
+                let Some(c) = c else {
+                    continue;
+                };
+                command_operation(&mut p, *id, index as u32, c, &executable_id);
+            }
+        }
+        record(&mut out, RECORD_CHUNK, CT_COMMAND_OPERATIONS, &name, &p.0);
+    }
+
     // Submission of each queue operation: its place in time order.
     let submission = |i: usize| i as u64 + 1;
     if families.queue_events {
         let mut p = Bytes(Vec::new());
         for (i, e) in queue_ops.iter().enumerate() {
-            let ops = match e.name.as_str() {
-                "execute" => u64_arg(e, "commands").unwrap_or(1),
-                "barrier" => 0,
-                _ => 1,
-            };
+            let ops = operations_of(e);
             let dev = device_of(e);
             p.u32(104)
                 .u32(queue_event_type(&e.name))
@@ -314,8 +460,8 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
                 .u64(i as u64 + 1)
                 .u64(e.ts_ns)
                 .u64(submission(i))
-                .u64(0)
-                .u64(0)
+                .u64(command_buffer_of(e))
+                .u64(allocation_ids[i])
                 .u64(dev as u64)
                 .u32(dev)
                 .u32(0)
@@ -335,81 +481,123 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
         // A dispatch belongs to the execute whose span holds it: the last
         // execute of its device that began before it (executes of one
         // queue do not overlap), found by binary search.
-        let mut executes: BTreeMap<u32, Vec<(u64, u64, u64)>> = BTreeMap::new();
+        let mut executes: BTreeMap<u32, Vec<(u64, u64, usize)>> = BTreeMap::new();
         for (i, q) in queue_ops.iter().enumerate() {
             if q.name == "execute" && q.phase == Phase::Complete {
-                executes.entry(q.track).or_default().push((
-                    q.ts_ns,
-                    q.ts_ns + q.dur_ns,
-                    submission(i),
-                ));
+                executes
+                    .entry(q.track)
+                    .or_default()
+                    .push((q.ts_ns, q.ts_ns + q.dur_ns, i));
             }
         }
-        let submission_of = |d: &Event| {
-            let Some(list) = executes.get(&d.track) else {
-                return 0;
-            };
+        let execute_of = |d: &Event| {
+            let list = executes.get(&d.track)?;
             let at = list.partition_point(|(start, _, _)| *start <= d.ts_ns);
             match at.checked_sub(1).map(|i| list[i]) {
-                Some((_, end, s)) if d.ts_ns + d.dur_ns <= end => s,
-                _ => 0,
+                Some((_, end, i)) if d.ts_ns + d.dur_ns <= end => Some(i),
+                _ => None,
             }
         };
+        // Each dispatch's execute and command index. Dispatches that did
+        // not record their command (local-sync runs commands in order)
+        // take the next dispatch command of their execute's command buffer
+        // with the same executable and function.
+        let mut placed: Vec<(Option<usize>, Option<u32>)> = Vec::with_capacity(dispatches.len());
+        let mut by_execute: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (k, d) in dispatches.iter().enumerate() {
+            let exec = execute_of(d);
+            placed.push((exec, u64_arg(d, "command").map(|c| c as u32)));
+            if let (Some(i), None) = placed[k] {
+                by_execute.entry(i).or_default().push(k);
+            }
+        }
+        for (exec, mut ks) in by_execute {
+            let Some(cb) = command_buffers.get(&command_buffer_of(queue_ops[exec])) else {
+                continue;
+            };
+            ks.sort_by_key(|&k| dispatches[k].ts_ns);
+            let mut cursor = 0usize;
+            for k in ks {
+                let d = dispatches[k];
+                let key = (u64_arg(d, "executable"), u64_arg(d, "function"));
+                let found = cb.commands[cursor..].iter().position(|c| {
+                    c.is_some_and(|c| {
+                        str_arg(c, "op") == Some("dispatch")
+                            && (u64_arg(c, "executable"), u64_arg(c, "function")) == key
+                    })
+                });
+                if let Some(j) = found {
+                    placed[k].1 = Some((cursor + j) as u32);
+                    cursor += j + 1;
+                }
+            }
+        }
         if families.host_execution {
             for (i, e) in queue_ops.iter().enumerate() {
                 if e.phase != Phase::Complete {
                     continue;
                 }
                 event_id += 1;
-                let dev = device_of(e);
-                let ops = match e.name.as_str() {
-                    "execute" => u64_arg(e, "commands").unwrap_or(1),
-                    "barrier" => 0,
-                    _ => 1,
-                };
+                let cb = command_buffer_of(e);
                 host_execution(
                     &mut p,
-                    queue_event_type(&e.name),
-                    if failed(e) { 13 } else { 0 },
-                    event_id,
-                    submission(i),
-                    0,
-                    dev,
-                    u32::MAX,
-                    0,
-                    [0; 3],
-                    [0; 3],
-                    (e.ts_ns, e.ts_ns + e.dur_ns),
-                    u64_arg(e, "bytes").unwrap_or(0),
-                    (0, 0),
-                    ops as u32,
+                    HostExecution {
+                        kind: queue_event_type(&e.name),
+                        flags: if cb != 0 {
+                            HOST_EXECUTION_FLAG_COMMAND_BUFFER
+                        } else {
+                            0
+                        },
+                        status: if failed(e) { 13 } else { 0 },
+                        event_id,
+                        submission: submission(i),
+                        command_buffer: cb,
+                        executable: 0,
+                        allocation: allocation_ids[i],
+                        device: device_of(e),
+                        command_index: u32::MAX,
+                        function: u32::MAX,
+                        workgroups: [0; 3],
+                        workgroup_size: [0; 3],
+                        span: (e.ts_ns, e.ts_ns + e.dur_ns),
+                        payload: u64_arg(e, "bytes").unwrap_or(0),
+                        tiles: (0, 0),
+                        operations: operations_of(e) as u32,
+                    },
                 );
             }
         }
-        for d in &dispatches {
+        for (d, (exec, command)) in dispatches.iter().zip(&placed) {
             event_id += 1;
-            let exe = u64_arg(d, "executable")
-                .and_then(|raw| executables.get(&raw))
-                .map_or(0, |x| x.0);
+            let cb = exec.map_or(0, |i| command_buffer_of(queue_ops[i]));
             host_execution(
                 &mut p,
-                queue_event_type("dispatch"),
-                if failed(d) { 13 } else { 0 },
-                event_id,
-                submission_of(d),
-                exe,
-                device_of(d),
-                u64_arg(d, "command").map_or(u32::MAX, |c| c as u32),
-                u64_arg(d, "function").unwrap_or(0) as u32,
-                list_arg(d, "workgroups").unwrap_or([0; 3]),
-                list_arg(d, "workgroup_size").unwrap_or([1, 1, 1]),
-                (d.ts_ns, d.ts_ns + d.dur_ns),
-                0,
-                (
-                    u64_arg(d, "tiles").unwrap_or(1),
-                    u64_arg(d, "tile_ns").unwrap_or(d.dur_ns),
-                ),
-                1,
+                HostExecution {
+                    kind: queue_event_type("dispatch"),
+                    flags: if cb != 0 {
+                        HOST_EXECUTION_FLAG_COMMAND_BUFFER
+                    } else {
+                        0
+                    },
+                    status: if failed(d) { 13 } else { 0 },
+                    event_id,
+                    submission: exec.map_or(0, submission),
+                    command_buffer: cb,
+                    executable: executable_id(u64_arg(d, "executable")),
+                    allocation: 0,
+                    device: device_of(d),
+                    command_index: command.unwrap_or(u32::MAX),
+                    function: u64_arg(d, "function").unwrap_or(0) as u32,
+                    workgroups: list_arg(d, "workgroups").unwrap_or([0; 3]),
+                    workgroup_size: list_arg(d, "workgroup_size").unwrap_or([1, 1, 1]),
+                    span: (d.ts_ns, d.ts_ns + d.dur_ns),
+                    payload: 0,
+                    tiles: (
+                        u64_arg(d, "tiles").unwrap_or(1),
+                        u64_arg(d, "tile_ns").unwrap_or(d.dur_ns),
+                    ),
+                    operations: 1,
+                },
             );
         }
         record(&mut out, RECORD_CHUNK, CT_HOST_EXECUTION, &name, &p.0);
@@ -429,12 +617,12 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
             p.u32(160)
                 .u32(kind)
                 .u32(MEMORY_FLAG_QUEUE_OPERATION)
-                .u32(0)
+                .u32(u32::MAX) // result: not applicable
                 .u64(event_id)
                 .u64(e.ts_ns)
-                .u64(u64_arg(e, "allocation").unwrap_or(0))
-                .u64(0)
-                .u64(0)
+                .u64(allocation_ids[i])
+                .u64(dev as u64 + 1) // pool: the device's queue pool
+                .u64(u64_arg(e, "allocation").unwrap_or(0)) // backing: its address
                 .u64(submission(i))
                 .u32(dev)
                 .u32(0)
@@ -461,51 +649,131 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
     out
 }
 
-/// One host execution event (152 bytes, upstream's layout).
-#[allow(clippy::too_many_arguments)]
-fn host_execution(
+/// The allocation id of each queue operation (0 for those that are not
+/// allocations or releases): an allocation opens one, in time order; a
+/// release closes the open one of the same address, or gets its own when
+/// the allocation was made before the recording began. Addresses are
+/// reused once released, ids never.
+fn allocation_ids(queue_ops: &[&Event]) -> Vec<u64> {
+    let mut ids = vec![0u64; queue_ops.len()];
+    let mut open: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut next = 0u64;
+    for (i, e) in queue_ops.iter().enumerate() {
+        let Some(key) = u64_arg(e, "allocation") else {
+            continue;
+        };
+        ids[i] = match e.name.as_str() {
+            "alloca" => {
+                next += 1;
+                open.insert(key, next);
+                next
+            }
+            "dealloca" => open.remove(&key).unwrap_or_else(|| {
+                next += 1;
+                next
+            }),
+            _ => 0,
+        };
+    }
+    ids
+}
+
+/// One command-operation record (120 bytes, upstream's layout) for the
+/// recorded command `c`, index `index` of command buffer `id`.
+fn command_operation(
     p: &mut Bytes,
+    id: u64,
+    index: u32,
+    c: &Event,
+    executable_id: &dyn Fn(Option<u64>) -> u64,
+) {
+    let op = str_arg(c, "op").unwrap_or("");
+    let dispatch = op == "dispatch";
+    let slot = |key: &str| u64_arg(c, key).map_or(u32::MAX, |s| s as u32);
+    p.u32(120)
+        .u32(command_operation_type(op))
+        .u32(u64_arg(c, "flags").unwrap_or(0) as u32)
+        .u32(index)
+        .u64(id)
+        .u32(u32::MAX) // block ordinal: Ferrite's commands are a flat list
+        .u32(u32::MAX)
+        .u64(if dispatch {
+            executable_id(u64_arg(c, "executable"))
+        } else {
+            0
+        })
+        .u32(if dispatch {
+            u64_arg(c, "function").unwrap_or(0) as u32
+        } else {
+            u32::MAX
+        })
+        .u32(u64_arg(c, "bindings").unwrap_or(0) as u32);
+    for w in list_arg(c, "workgroups").unwrap_or([0; 3]) {
+        p.u32(w);
+    }
+    for w in list_arg(c, "workgroup_size").unwrap_or([0; 3]) {
+        p.u32(w);
+    }
+    p.u64(u64_arg(c, "source_offset").unwrap_or(0))
+        .u64(u64_arg(c, "target_offset").unwrap_or(0))
+        .u64(u64_arg(c, "length").unwrap_or(0))
+        .u32(slot("source_slot"))
+        .u32(slot("target_slot"))
+        .u32(u32::MAX) // branch targets: none
+        .u32(u32::MAX)
+        .u32(0)
+        .u32(0); // padding to the record's 8-byte alignment
+}
+
+/// The fields of one host execution event.
+struct HostExecution {
     kind: u32,
+    flags: u32,
     status: u32,
     event_id: u64,
     submission: u64,
+    command_buffer: u64,
     executable: u64,
+    allocation: u64,
     device: u32,
     command_index: u32,
     function: u32,
     workgroups: [u32; 3],
     workgroup_size: [u32; 3],
-    (start, end): (u64, u64),
+    span: (u64, u64),
     payload: u64,
-    (tiles, tile_ns): (u64, u64),
+    tiles: (u64, u64),
     operations: u32,
-) {
+}
+
+/// One host execution event (152 bytes, upstream's layout).
+fn host_execution(p: &mut Bytes, h: HostExecution) {
     p.u32(152)
-        .u32(kind)
+        .u32(h.kind)
+        .u32(h.flags)
+        .u32(h.status)
+        .u64(h.event_id)
+        .u64(h.submission)
+        .u64(h.command_buffer)
+        .u64(h.executable)
+        .u64(h.allocation)
+        .u64(h.device as u64)
+        .u32(h.device)
         .u32(0)
-        .u32(status)
-        .u64(event_id)
-        .u64(submission)
-        .u64(0)
-        .u64(executable)
-        .u64(0)
-        .u64(device as u64)
-        .u32(device)
-        .u32(0)
-        .u32(command_index)
-        .u32(function)
-        .u32(workgroups[0])
-        .u32(workgroups[1])
-        .u32(workgroups[2])
-        .u32(workgroup_size[0])
-        .u32(workgroup_size[1])
-        .u32(workgroup_size[2])
-        .u64(start)
-        .u64(end)
-        .u64(payload)
-        .u64(tiles)
-        .u64(tile_ns)
-        .u32(operations)
+        .u32(h.command_index)
+        .u32(h.function)
+        .u32(h.workgroups[0])
+        .u32(h.workgroups[1])
+        .u32(h.workgroups[2])
+        .u32(h.workgroup_size[0])
+        .u32(h.workgroup_size[1])
+        .u32(h.workgroup_size[2])
+        .u64(h.span.0)
+        .u64(h.span.1)
+        .u64(h.payload)
+        .u64(h.tiles.0)
+        .u64(h.tiles.1)
+        .u32(h.operations)
         .u32(0);
 }
 
@@ -522,6 +790,41 @@ mod tests {
         let e = Families::parse("bogus").unwrap_err();
         assert!(e.to_string().contains("unknown data family 'bogus'"), "{e}");
         assert!(Families::parse("").is_err());
+    }
+
+    fn queue_op(name: &str, allocation: Option<u64>) -> Event {
+        Event {
+            phase: Phase::Complete,
+            cat: "queue",
+            name: name.to_string(),
+            ts_ns: 0,
+            dur_ns: 0,
+            track: 2,
+            thread: 1,
+            args: allocation
+                .map(|a| ("allocation", Arg::U64(a)))
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn releases_pair_with_their_allocation_across_address_reuse() {
+        // X allocated, Y allocated, X released, X's address reused by a new
+        // allocation and released, Z released (allocated before the
+        // recording), an execute between.
+        let ops = [
+            queue_op("alloca", Some(0x10)),
+            queue_op("alloca", Some(0x20)),
+            queue_op("dealloca", Some(0x10)),
+            queue_op("execute", None),
+            queue_op("alloca", Some(0x10)),
+            queue_op("dealloca", Some(0x10)),
+            queue_op("dealloca", Some(0x30)),
+            queue_op("dealloca", Some(0x20)),
+        ];
+        let refs: Vec<&Event> = ops.iter().collect();
+        assert_eq!(allocation_ids(&refs), [1, 2, 1, 0, 3, 3, 4, 2]);
     }
 
     #[test]
