@@ -2,6 +2,7 @@
 //! [`ferrite_hal::driver::Driver`]); the facade's registry lists them.
 
 use crate::pool::{lends_by_default, PoolOptions, DEFAULT_IDLE_SPIN, MAX_WORKERS};
+use crate::topology;
 use crate::CpuDevice;
 use ferrite_base::{bail, status, Result};
 use ferrite_hal::device::DeviceRef;
@@ -53,9 +54,12 @@ impl Driver for LocalSyncDriver {
 /// - `--task_topology_cpu_ids=a,b,c`: one worker pinned to each listed
 ///   logical CPU; takes precedence over the group count, as upstream.
 ///   Repeating the flag (one executor per list upstream) is rejected.
-/// - otherwise one worker per available CPU, at most
-///   `--task_topology_max_group_count`; `--task_topology_mode` is
-///   `physical_cores` (the only mode upstream has).
+/// - otherwise (`--task_topology_mode=physical_cores`, the only mode
+///   upstream has) one worker per physical core the process may use, at
+///   most `--task_topology_max_group_count`, each pinned to a logical CPU
+///   of its core, as upstream (see [`crate::topology`]; a worker the
+///   system refuses to pin runs unpinned). `FERRITE_LOCAL_TASK_PIN=0`
+///   gives one unpinned worker per available CPU instead.
 /// - `--task_topology_nodes`: `current` (default); `all`, `numa` or a node
 ///   id list are accepted when they name exactly the one node the host
 ///   has, rejected otherwise (several executors per device are not
@@ -191,8 +195,9 @@ impl LocalTaskDriver {
                 }
                 (ids.len(), ids.iter().map(|&id| id as usize).collect())
             }
-            None => (LocalTaskDriver::worker_count(spec, options)?, Vec::new()),
+            None => default_placement(spec, options)?,
         };
+        let pin_best_effort = options.topology_cpu_ids.is_empty();
         // Upstream's default (128 KiB) and 0 leave the size to the
         // platform; other values ask for that size (at least MIN_STACK).
         let size = options.worker_stack_size;
@@ -209,8 +214,29 @@ impl LocalTaskDriver {
             lend_to_waiters: lend_to_waiters.unwrap_or_else(|| lends_by_default(workers)),
             idle_spin,
             cpu_ids,
+            pin_best_effort,
         })
     }
+}
+
+/// Workers and their CPUs without `--task_topology_cpu_ids`: an explicit
+/// count (flag or `workers=`) runs unpinned, as upstream's group count;
+/// otherwise one pinned worker per physical core ([`crate::topology`]),
+/// unless `FERRITE_LOCAL_TASK_PIN=0` or the host does not say which CPUs
+/// the process may use (then one unpinned worker per available CPU).
+fn default_placement(spec: &DeviceSpec, options: &TaskOptions) -> Result<(usize, Vec<usize>)> {
+    let workers = LocalTaskDriver::worker_count(spec, options)?;
+    let explicit =
+        options.topology_group_count > 0 || spec.params.iter().any(|(k, _)| k == "workers");
+    if explicit || topology::pinning_disabled(std::env::var_os(topology::PIN_VAR).as_deref()) {
+        return Ok((workers, Vec::new()));
+    }
+    let cap = options.topology_max_group_count.max(1) as usize;
+    let cpus = topology::default_worker_cpus(cap.min(MAX_WORKERS));
+    if cpus.is_empty() {
+        return Ok((workers, Vec::new()));
+    }
+    Ok((cpus.len(), cpus))
 }
 
 /// Logical CPUs the system has (ids are below it).
@@ -315,6 +341,33 @@ mod tests {
         assert_eq!(pool("local-task://?workers=5", &[]).unwrap().workers, 5);
         let auto = pool("local-task", &[("task_topology_max_group_count", "1")]).unwrap();
         assert_eq!(auto.workers, 1);
+    }
+
+    /// By default one worker per physical core, each pinned (as upstream's
+    /// `physical_cores` mode); an explicit count runs unpinned.
+    #[test]
+    fn default_workers_are_pinned_one_per_core() {
+        let d = pool("local-task", &[]).unwrap();
+        let disabled = topology::pinning_disabled(std::env::var_os(topology::PIN_VAR).as_deref());
+        match topology::allowed_cpus() {
+            Some(allowed) if !disabled => {
+                assert_eq!(d.cpu_ids.len(), d.workers);
+                assert_eq!(d.cpu_ids, topology::default_worker_cpus(64));
+                assert!(d.cpu_ids.iter().all(|c| allowed.contains(c)));
+                assert!(d.pin_best_effort);
+            }
+            _ => assert!(d.cpu_ids.is_empty()),
+        }
+        let capped = pool("local-task", &[("task_topology_max_group_count", "1")]).unwrap();
+        assert_eq!(capped.workers, 1);
+        for explicit in [
+            pool("local-task", &[("task_topology_group_count", "3")]).unwrap(),
+            pool("local-task://?workers=3", &[]).unwrap(),
+        ] {
+            assert_eq!((explicit.workers, explicit.cpu_ids.len()), (3, 0));
+        }
+        let listed = pool("local-task", &[("task_topology_cpu_ids", "0")]).unwrap();
+        assert!(!listed.pin_best_effort);
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //!   which the facade's driver registry lists; `local-task` reads the
 //!   `--task_*` flags from `ferrite_hal::driver::TaskOptions`.
 //! - [`pool`]: the worker pool of `local-task`.
+//! - [`topology`]: where `local-task`'s default workers run (one pinned
+//!   worker per physical core, as upstream).
 #![deny(missing_docs)]
 
 pub mod channel;
@@ -22,6 +24,7 @@ pub mod device;
 pub mod driver;
 pub mod executable;
 pub mod pool;
+pub mod topology;
 
 pub use executable::library::{
     DispatchConfig, ExecutableLibrary, ExportInfo, ImportFunction, ImportTable, LoadOptions,

@@ -126,8 +126,12 @@ fn tiny_calls_under_cpu_load_wait_for_no_time_slice() {
         let t = tiny(&sync);
         calls(&sync, &t, 50);
         let reference = calls(&sync, &t, N);
-        // The default device: one worker per CPU, default policy.
-        let cpu = CpuDevice::local_task(0).unwrap();
+        // The default device as `--device=local-task` makes it: one
+        // worker per physical core, pinned, default policy.
+        let spec = ferrite_hal::driver::DeviceSpec::parse("local-task").unwrap();
+        let options = ferrite_hal::driver::TaskOptions::default();
+        let pool = ferrite_hal_cpu::LocalTaskDriver::pool_options(&spec, &options).unwrap();
+        let cpu = CpuDevice::local_task_with(pool).unwrap();
         let dev: Arc<dyn Device> = cpu.clone();
         let t = tiny(&dev);
         calls(&dev, &t, 50);

@@ -88,6 +88,10 @@ pub struct PoolOptions {
     /// Logical CPU ids to pin workers to, worker `i` to `cpu_ids[i %
     /// len]` (empty: not pinned).
     pub cpu_ids: Vec<usize>,
+    /// A worker that cannot be pinned runs unpinned instead of failing
+    /// the pool (for placement the user did not ask for: the driver's
+    /// default, see [`crate::topology`]).
+    pub pin_best_effort: bool,
 }
 
 impl PoolOptions {
@@ -101,6 +105,7 @@ impl PoolOptions {
             lend_to_waiters: lends_by_default(workers),
             idle_spin: DEFAULT_IDLE_SPIN,
             cpu_ids: Vec::new(),
+            pin_best_effort: false,
         }
     }
 }
@@ -508,12 +513,15 @@ impl WorkerPool {
                 })?;
             if !options.cpu_ids.is_empty() {
                 let cpu = options.cpu_ids[i % options.cpu_ids.len()];
-                pin(&handle, cpu).map_err(|e| {
-                    Status::new(
-                        StatusCode::InvalidArgument,
-                        format!("pinning local-task worker {i} to CPU {cpu}: {e}"),
-                    )
-                })?;
+                let pinned = pin(&handle, cpu);
+                if !options.pin_best_effort {
+                    pinned.map_err(|e| {
+                        Status::new(
+                            StatusCode::InvalidArgument,
+                            format!("pinning local-task worker {i} to CPU {cpu}: {e}"),
+                        )
+                    })?;
+                }
             }
             if let Some(clock) = cpu_clock(&handle) {
                 shared.cpu_clocks.lock().push(clock);
