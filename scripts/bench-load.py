@@ -29,6 +29,15 @@ UPSTREAM_BIN (folder with iree-benchmark-module; default .venv/bin), VENV.
 `--compare-upstream` runs instead (to time an older ferrite binary that has
 no `--under-load`). With --modules DIR, the .vmfb files found there (add, chain100, mlp) are
 used as they are (for a machine without the compiler).
+
+--python times the same cases through Python instead: ferrite.runtime against
+iree.runtime (both from this interpreter's environment), the same module,
+function, numpy inputs and device, each runtime in a process of its own
+(`--py-time`, so neither runtime's threads idle beside the other's), idle
+and then under the same load (one busy process per CPU, started here,
+settled 3 s, killed afterwards); under the load the two alternate twice
+(ferrite, upstream, ferrite, upstream) and each loaded figure is the mean
+of its two timings, as the CLI's `--under-load` does.
 """
 import argparse
 import os
@@ -134,6 +143,81 @@ class ScriptLoad:
             p.wait()
 
 
+# numpy inputs of each case for --python (the CLI inputs above, as arrays).
+PY_INPUTS = {
+    "add": lambda np: [np.array([1, 2, 3, 4], np.float32), np.full(4, 10, np.float32)],
+    "chain100": lambda np: [np.ones(16, np.float32)],
+    "mlp": lambda np: [np.full((8, 128), 0.5, np.float32)],
+    "minilm": lambda np: [np.ones((1, 128), np.int64), np.ones((1, 128), np.int64)],
+}
+
+
+def py_time(args):
+    """--py-time: this process loads the case's module with one runtime,
+    calls the function for --min-time seconds after a warm-up and prints
+    the mean ns per call (one line, `ns_per_call N`)."""
+    import numpy as np
+
+    if args.py_time == "ferrite":
+        import ferrite.runtime as rt
+    else:
+        import iree.runtime as rt
+    config = rt.Config(args.py_device)
+    modules = []
+    if args.py_weights:
+        index = rt.ParameterIndex()
+        index.load(args.py_weights)
+        modules.append(rt.create_io_parameters_module(config.vm_instance,
+                                                      index.create_provider(scope="model")))
+    modules.append(rt.VmModule.mmap(config.vm_instance, args.py_module))
+    bound = rt.load_vm_modules(*modules, config=config)[-1]
+    fn = bound[args.py_function]
+    inputs = PY_INPUTS[args.py_case](np)
+    warm_end = time.perf_counter() + min(0.2, args.min_time / 2)
+    calls = 0
+    while calls < 3 or time.perf_counter() < warm_end:
+        fn(*inputs)
+        calls += 1
+    calls = 0
+    t0 = time.perf_counter()
+    end = t0 + args.min_time
+    while True:
+        fn(*inputs)
+        calls += 1
+        now = time.perf_counter()
+        if now >= end:
+            break
+    print(f"ns_per_call {(now - t0) / calls * 1e9:.1f}", flush=True)
+
+
+def py_timing(runtime, name, module, weights, fn, device, args):
+    """ns per call of `runtime` (ferrite or upstream) on the case, timed by
+    a `--py-time` process of its own."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--py-time", runtime, "--py-case", name,
+           "--py-module", module, "--py-function", fn, "--py-device", device,
+           f"--min-time={args.min_time}"]
+    if weights:
+        cmd += ["--py-weights", weights]
+    out = run(cmd)
+    m = re.search(r"^ns_per_call ([0-9.]+)$", out, re.M)
+    if not m:
+        sys.exit(f"cannot parse: {' '.join(cmd)}\n{out}")
+    return float(m.group(1))
+
+
+def py_round(name, module, weights, fn, device, args):
+    """(ferrite idle, ferrite loaded, upstream idle, upstream loaded), ns per
+    call through Python; loaded figures the mean of two alternated timings."""
+    fi = py_timing("ferrite", name, module, weights, fn, device, args)
+    ui = py_timing("upstream", name, module, weights, fn, device, args)
+    loaded = {"ferrite": [], "upstream": []}
+    with ScriptLoad(args.load_seconds):
+        for _ in range(2):
+            for runtime in ("ferrite", "upstream"):
+                loaded[runtime].append(py_timing(runtime, name, module, weights, fn, device, args))
+    return fi, statistics.mean(loaded["ferrite"]), ui, statistics.mean(loaded["upstream"])
+
+
 def one_round(flags, args):
     """(ferrite idle, ferrite loaded, upstream idle, upstream loaded), ns per call."""
     cmd = [FERRITE, "benchmark-module", *flags, f"--benchmark_min_time={args.min_time}s",
@@ -179,34 +263,57 @@ def main():
     ap.add_argument("--script-load", action="store_true",
                     help="start the load here, around plain --compare-upstream runs (for ferrite "
                          "binaries without --under-load, e.g. to time an older build)")
+    ap.add_argument("--python", action="store_true",
+                    help="time through Python: ferrite.runtime vs iree.runtime (see above)")
+    # One timing of one runtime, in a process of its own (used by --python).
+    ap.add_argument("--py-time", choices=["ferrite", "upstream"], help=argparse.SUPPRESS)
+    ap.add_argument("--py-case", choices=list(PY_INPUTS), help=argparse.SUPPRESS)
+    ap.add_argument("--py-module", help=argparse.SUPPRESS)
+    ap.add_argument("--py-weights", help=argparse.SUPPRESS)
+    ap.add_argument("--py-function", help=argparse.SUPPRESS)
+    ap.add_argument("--py-device", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.py_time:
+        py_time(args)
+        return
     cases = [c for c in CASES if not args.only or c[0] in args.only]
     cpus = os.cpu_count()
-    log(f"ferrite: {FERRITE}; upstream: {BIN}; {cpus} CPUs, load: {cpus} busy processes")
+    if args.python:
+        log(f"through Python: ferrite.runtime vs iree.runtime ({sys.executable}); {cpus} CPUs, "
+            f"load: {cpus} busy processes")
+    else:
+        log(f"ferrite: {FERRITE}; upstream: {BIN}; {cpus} CPUs, load: {cpus} busy processes")
+    via = "iree.runtime" if args.python else "iree-benchmark-module"
     rows = []
     for name, src, fn, inputs in cases:
         if src is None:
-            mod = [f"--module={os.path.join(ROOT, 'examples', 'minilm', 'minilm.vmfb')}",
-                   f"--parameters=model={minilm_weights(args)}"]
+            module = os.path.join(ROOT, "examples", "minilm", "minilm.vmfb")
+            weights = minilm_weights(args)
+            mod = [f"--module={module}", f"--parameters=model={weights}"]
         else:
-            mod = [f"--module={module_for(src, args)}"]
+            module, weights = module_for(src, args), None
+            mod = [f"--module={module}"]
         for dev in args.devices:
             flags = [*mod, f"--function={fn}", *[f"--input={i}" for i in inputs], *DEVICES[dev]]
             got = []
             for r in range(args.rounds):
-                got.append(one_round(flags, args))
+                if args.python:
+                    got.append(py_round(name, module, weights, fn, dev, args))
+                else:
+                    got.append(one_round(flags, args))
                 fi, fl, ui, ul = got[-1]
                 log(f"  {name}/{dev} round {r + 1}/{args.rounds}: idle {fmt(fi)} vs {fmt(ui)} "
                     f"({fi / ui:.2f}x), loaded {fmt(fl)} vs {fmt(ul)} ({fl / ul:.2f}x)")
             fi, fl, ui, ul = (statistics.median(x[k] for x in got) for k in range(4))
             rows.append((f"{name}/{dev}", fi, ui, fl, ul))
-            bench_common.record("busy machine (vs iree-benchmark-module, idle)", f"{name}/{dev}",
-                                fi / 1e3, ui / 1e3, "us/call")
-            bench_common.record(f"busy machine (vs iree-benchmark-module, {cpus} busy processes)",
-                                f"{name}/{dev}", fl / 1e3, ul / 1e3, "us/call",
-                                TARGETS.get(f"{name}/{dev}"))
+            # One row per case, idle and loaded side by side (bench.py
+            # renders such an area with both column groups).
+            bench_common.record(f"busy machine, idle and with {cpus} busy processes (vs {via})",
+                                f"{name}/{dev}", fi / 1e3, ui / 1e3, "us/call",
+                                TARGETS.get(f"{name}/{dev}"),
+                                loaded=(fl / 1e3, ul / 1e3))
     log(f"\nmedian of {args.rounds} round(s); ratio = ferrite / upstream (lower is better); "
-        f"loaded = {cpus} busy processes (one per CPU)")
+        f"loaded = {cpus} busy processes (one per CPU); {'through Python' if args.python else 'CLI'}")
     log(f"{'case':<22} {'idle ferrite':>13} {'idle upstream':>14} {'idle ratio':>10} "
         f"{'loaded ferrite':>15} {'loaded upstream':>16} {'loaded ratio':>12}")
     for case, fi, ui, fl, ul in rows:

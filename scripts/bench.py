@@ -7,11 +7,15 @@ rewrites the README between the `<!-- bench:begin -->` and
 machine it ran on.
 
 Usage: .venv/bin/python scripts/bench.py [--quick] [--only NAME...] [--no-write] [--lock FILE]
+       [--save-json FILE]
+       .venv/bin/python scripts/bench.py --render FILE
 
 --quick runs fewer rounds (a smoke run, not for the README); --only runs the
 named benches (see BENCHES); --no-write prints the table without touching
 the README; --lock FILE holds an exclusive flock on FILE while each bench
-runs (so builds that take the same lock shared wait). Figures taken on other machines (the GPU, 16 quiet cores) are not
+runs (so builds that take the same lock shared wait); --save-json FILE keeps
+the recorded figures (one JSON object a line); --render FILE prints the table
+of such a file and runs nothing. Figures taken on other machines (the GPU, 16 quiet cores) are not
 produced here: the README lists them separately, each with its command and
 date.
 """
@@ -60,21 +64,40 @@ def fmt(x):
     return f"{x:.2f}" if x >= 0.1 else f"{x:.3g}"
 
 
+def marked(ratio, target):
+    """A ratio, bold when it meets its target."""
+    text = fmt(ratio)
+    if target and ratio is not None and ratio <= target:
+        return f"**{text}**"
+    return text
+
+
 def table(rows):
     out = []
     area = None
     for r in rows:
+        # Rows with a loaded timing (scripts/bench-load.py) show idle and
+        # loaded side by side; their target is the loaded ratio's.
+        both = "loaded_ferrite" in r
         if r["area"] != area:
             area = r["area"]
-            out += ["", f"**{area}**", "",
-                    "| case | Ferrite | upstream | unit | ratio | target | notes |",
-                    "|---|---|---|---|---|---|---|"]
+            out += ["", f"**{area}**", ""]
+            if both:
+                out += ["| case | idle Ferrite | idle upstream | idle ratio | loaded Ferrite | "
+                        "loaded upstream | loaded ratio | unit | target (loaded) | notes |",
+                        "|---|---|---|---|---|---|---|---|---|---|"]
+            else:
+                out += ["| case | Ferrite | upstream | unit | ratio | target | notes |",
+                        "|---|---|---|---|---|---|---|"]
         target = f"≤ {r['target']}" if r.get("target") else ""
-        ratio = fmt(r["ratio"])
-        if r.get("target") and r["ratio"] is not None and r["ratio"] <= r["target"]:
-            ratio = f"**{ratio}**"
-        out.append(f"| {r['case']} | {fmt(r['ferrite'])} | {fmt(r['upstream'])} | {r['unit']} | "
-                   f"{ratio} | {target} | {r.get('note', '')} |")
+        if both:
+            out.append(f"| {r['case']} | {fmt(r['ferrite'])} | {fmt(r['upstream'])} | {fmt(r['ratio'])} | "
+                       f"{fmt(r['loaded_ferrite'])} | {fmt(r['loaded_upstream'])} | "
+                       f"{marked(r['loaded_ratio'], r.get('target'))} | {r['unit']} | {target} | "
+                       f"{r.get('note', '')} |")
+        else:
+            out.append(f"| {r['case']} | {fmt(r['ferrite'])} | {fmt(r['upstream'])} | {r['unit']} | "
+                       f"{marked(r['ratio'], r.get('target'))} | {target} | {r.get('note', '')} |")
     return "\n".join(out)
 
 
@@ -124,7 +147,13 @@ def main():
     ap.add_argument("--only", nargs="*", choices=sorted(BENCHES))
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--lock", help="file to flock exclusively around each bench")
+    ap.add_argument("--save-json", help="copy the recorded figures (JSON lines) to this file")
+    ap.add_argument("--render", help="print the table of recorded figures (JSON lines) and exit")
     args = ap.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            print(table([json.loads(line) for line in f if line.strip()]))
+        return
     if not os.path.exists(PY):
         sys.exit("bench: .venv missing: run scripts/setup-venv.sh first")
     names = args.only or list(BENCHES)
@@ -142,7 +171,11 @@ def main():
                 rc = subprocess.run([PY, path, *(quick if args.quick else full)], cwd=ROOT, env=env).returncode
             if rc:
                 failed.append(name)
-        rows = [json.loads(line) for line in results.read().splitlines() if line.strip()]
+        recorded = results.read()
+        rows = [json.loads(line) for line in recorded.splitlines() if line.strip()]
+    if args.save_json:
+        with open(args.save_json, "w") as f:
+            f.write(recorded)
     if failed:
         sys.exit(f"bench: failed: {', '.join(failed)} (README left as it was)")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,

@@ -80,16 +80,21 @@ def learn_bpe(text, merges=400):
     })
 
 
-def record(area, case, ferrite, upstream, unit, target=None, note=""):
+def record(area, case, ferrite, upstream, unit, target=None, note="", loaded=None):
     """Adds one figure to the results file named by $FERRITE_BENCH_JSON (set
     by scripts/bench.py, which turns the collected figures into the README's
     table); does nothing when the variable is unset. `ferrite` and
     `upstream` are numbers in `unit` (lower is better); `target` is the
-    ratio the project aims for, if any."""
+    ratio the project aims for, if any. `loaded`, a (ferrite, upstream)
+    pair, is the same case timed on a busy machine (scripts/bench-load.py):
+    the row then shows both, and `target` applies to the loaded ratio."""
     path = os.environ.get("FERRITE_BENCH_JSON")
     if not path:
         return
     row = {"area": area, "case": case, "ferrite": ferrite, "upstream": upstream, "unit": unit,
            "ratio": ferrite / upstream if upstream else None, "target": target, "note": note}
+    if loaded is not None:
+        lf, lu = loaded
+        row.update(loaded_ferrite=lf, loaded_upstream=lu, loaded_ratio=lf / lu if lu else None)
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
