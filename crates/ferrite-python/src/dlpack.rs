@@ -37,7 +37,7 @@
 use crate::hal::PyHalBufferView;
 use crate::status::PyContext;
 use ferrite_hal::allocator::BufferParams;
-use ferrite_hal::buffer::{BindingPtr, Buffer, HostMemory, WHOLE_BUFFER};
+use ferrite_hal::buffer::{BindingPtr, Buffer, WHOLE_BUFFER};
 use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::device::Device;
 use ferrite_hal::element_type::{ElementType, EncodingType, NumericalType};
@@ -125,7 +125,7 @@ struct DLManagedTensorVersioned {
 }
 
 /// What keeps an exported tensor's bytes alive.
-enum Keep {
+enum BytesOwner {
     /// A host mapping of the buffer (and so the allocation).
     Mapping(#[allow(dead_code)] BindingPtr),
     /// The buffer itself: its device memory is addressed directly.
@@ -137,11 +137,11 @@ enum Keep {
 /// What an exported tensor keeps alive: its bytes and the shape array the
 /// tensor points into.
 struct ExportContext {
-    _keep: Keep,
+    _owner: BytesOwner,
     shape: Vec<i64>,
     /// For CUDA memory handed to a consumer on the legacy default stream:
     /// that stream's work is ordered before the queue stream, on which the
-    /// memory may be freed (stream-ordered) once `_keep` goes.
+    /// memory may be freed (stream-ordered) once `_owner` goes.
     release_after: Option<Arc<Shared>>,
 }
 
@@ -158,7 +158,7 @@ impl Drop for ExportContext {
 /// The bytes an export points at.
 struct Source {
     data: *mut c_void,
-    keep: Keep,
+    owner: BytesOwner,
     copied: bool,
     /// See [`ExportContext::release_after`].
     release_after: Option<Arc<Shared>>,
@@ -217,7 +217,7 @@ fn host_source(view: &BufferView) -> PyResult<Source> {
         .py_context("Cannot export device buffer")?;
     Ok(Source {
         data: mapping.as_ptr() as *mut c_void,
-        keep: Keep::Mapping(mapping),
+        owner: BytesOwner::Mapping(mapping),
         copied: false,
         release_after: None,
     })
@@ -280,7 +280,7 @@ fn describe(
     let dtype = dtype_of(view.element_type())?;
     let mut ctx = Box::new(ExportContext {
         shape: view.shape().iter().map(|&d| d as i64).collect(),
-        _keep: source.keep,
+        _owner: source.owner,
         release_after: source.release_after,
     });
     let tensor = DLTensor {
@@ -426,7 +426,7 @@ fn device_source(view: &BufferView, dptr: u64) -> Source {
     }
     Source {
         data: dptr as *mut c_void,
-        keep: Keep::Buffer(view.buffer().clone()),
+        owner: BytesOwner::Buffer(view.buffer().clone()),
         copied: false,
         release_after: None,
     }
@@ -746,11 +746,16 @@ pub fn import(
         // by the buffer as owner) calls only when the buffer is freed. The
         // producer may still write them: the HAL never borrows foreign
         // memory as a slice (raw copies; mappings refused).
-        let memory =
-            unsafe { HostMemory::foreign(base, byte_size as usize, writable, Box::new(imported)) };
-        allocator
-            .import_host(&params, memory)
-            .py_context("Could not import external device buffer")?
+        unsafe {
+            crate::host_data::import_foreign(
+                &*allocator,
+                &params,
+                base,
+                byte_size as usize,
+                writable,
+                Box::new(imported),
+            )
+        }?
     } else {
         // Gather element by element into a dense copy.
         let st = strides.unwrap_or_else(|| {
@@ -793,15 +798,9 @@ pub fn import(
             }
         }
         drop(imported);
-        let b = allocator
-            .allocate(&params, byte_size)
-            .py_context("Could not allocate a buffer for the dlpack tensor")?;
-        b.write(0, &out)
-            .py_context("Could not copy the dlpack tensor")?;
-        b
+        crate::host_data::copy_slice_into_new(&*allocator, &params, &out)?
     };
-    BufferView::new(buffer, &dims, et, EncodingType::DENSE_ROW_MAJOR)
-        .py_context("Failed to create buffer view")
+    crate::host_data::view_of(buffer, &dims, et)
 }
 
 /// `__dlpack_device__` of a buffer view: where its memory is (see the
@@ -919,7 +918,7 @@ pub fn dlpack_of(
                     .py_context("Could not copy the buffer to the host")?;
                 Source {
                     data: bytes.as_ptr() as *mut c_void,
-                    keep: Keep::Bytes(bytes),
+                    owner: BytesOwner::Bytes(bytes),
                     copied: true,
                     release_after: None,
                 }

@@ -5,6 +5,7 @@ use crate::command_buffer::PyHalCommandBuffer;
 use crate::debug_sink::PyHalModuleDebugSink;
 use crate::fence::{fence_of, PyHalFence};
 use crate::host_buffer::{fill_byte_view, HostBuffer};
+use crate::host_data::{buffer_from_export, HostArray, Placement};
 use crate::semaphore::PyHalSemaphore;
 use crate::status::PyContext;
 use crate::vm::{int_of, PyVmInstance, PyVmModule, PyVmRef};
@@ -500,21 +501,7 @@ impl PyHalAllocator {
     ) -> PyResult<PyHalBuffer> {
         let p = params(memory_type, allowed_usage)?;
         let host = HostBuffer::get_writable(buffer_obj)?;
-        let (ptr, len) = host.raw_parts()?;
-        // SAFETY: `host` holds a writable, C-contiguous export of `len` bytes
-        // at `ptr`, which the exporter keeps valid (and unresized) until the
-        // export is released, i.e. until `host`, the owner passed here, is
-        // dropped with the buffer's allocation. Python may keep writing the
-        // object: the HAL never borrows foreign memory as a slice (copies
-        // through raw pointers; mappings refused), so that races only as
-        // mapped memory does in upstream, without breaking a Rust reference.
-        let memory = unsafe {
-            ferrite_hal::buffer::HostMemory::foreign(ptr, len, true, Box::new(host.into_shared()))
-        };
-        let buffer = self
-            .allocator
-            .import_host(&p, memory)
-            .py_context("Could not import host allocation")?;
+        let buffer = buffer_from_export(&*self.allocator, &p, host, Placement::Import)?;
         Ok(PyHalBuffer {
             buffer: Arc::new(buffer),
         })
@@ -535,37 +522,29 @@ impl PyHalAllocator {
         let _ = device;
         let p = params(memory_type, allowed_usage)?;
         let host = HostBuffer::get_reinterpreting(buffer)?.0;
-        let (ptr, len) = host.raw_parts()?;
-        let hal_buffer = self
-            .allocator
-            .allocate(&p, len as u64)
-            .py_context("Failed to allocate device visible buffer")?;
-        // SAFETY: `ptr` is valid for `len` bytes while `host` lives, is not
-        // the fresh buffer's memory, and the GIL is held during the copy.
-        unsafe { hal_buffer.write_raw(0, ptr, len) }
-            .py_context("Error copying into device buffer")?;
-        match element_type {
-            None => Ok(Py::new(
+        let Some(et) = element_type else {
+            let buffer = buffer_from_export(&*self.allocator, &p, host, Placement::Copy)?;
+            return Ok(Py::new(
                 py,
                 PyHalBuffer {
-                    buffer: Arc::new(hal_buffer),
+                    buffer: Arc::new(buffer),
                 },
             )?
-            .into_any()),
-            Some(et) => {
-                let et = ElementType(int_of::<u32>(et)?);
-                let view =
-                    BufferView::new(hal_buffer, &host.shape(), et, EncodingType::DENSE_ROW_MAJOR)
-                        .py_context("Error allocating buffer_view")?;
-                Ok(Py::new(
-                    py,
-                    PyHalBufferView {
-                        view: Arc::new(view),
-                    },
-                )?
-                .into_any())
-            }
-        }
+            .into_any());
+        };
+        let array = HostArray {
+            shape: host.shape(),
+            host,
+            element_type: ElementType(int_of::<u32>(et)?),
+        };
+        let view = array.into_view(&*self.allocator, &p, Placement::Copy)?;
+        Ok(Py::new(
+            py,
+            PyHalBufferView {
+                view: Arc::new(view),
+            },
+        )?
+        .into_any())
     }
 
     /// A transfer buffer holding a copy of `initial_contents` (a
@@ -577,19 +556,11 @@ impl PyHalAllocator {
     ) -> PyResult<PyHalBuffer> {
         let _ = device;
         let host = HostBuffer::get(initial_contents)?;
-        let (ptr, len) = host.raw_parts()?;
         let p = BufferParams::new(
             MemoryType::OPTIMAL | MemoryType::DEVICE_LOCAL,
             BufferUsage::TRANSFER,
         );
-        let buffer = self
-            .allocator
-            .allocate(&p, len as u64)
-            .py_context("Failed to allocate device visible buffer")?;
-        // SAFETY: `ptr` is valid for `len` bytes while `host` lives, is not
-        // the fresh buffer's memory, and the GIL is held during the copy.
-        unsafe { buffer.write_raw(0, ptr, len) }
-            .py_context("Failed to allocate device visible buffer")?;
+        let buffer = buffer_from_export(&*self.allocator, &p, host, Placement::Copy)?;
         Ok(PyHalBuffer {
             buffer: Arc::new(buffer),
         })

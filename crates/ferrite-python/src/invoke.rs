@@ -11,14 +11,13 @@
 
 use crate::declaration::{parse_arguments, ArgDecl, ArgType};
 use crate::hal::{PyHalBufferView, PyHalDevice};
-use crate::host_buffer::HostBuffer;
+use crate::host_data::{HostArray, Placement};
 use crate::status::{to_py_err, PyContext};
 use crate::vm::{coerce, object_of, ref_of, PyVmContext, PyVmFunction};
 use ferrite_base::{Status, StatusCode};
 use ferrite_hal::allocator::{Allocator, BufferParams};
-use ferrite_hal::buffer::{Buffer, HostMemory, ALLOCATION_ALIGNMENT};
 use ferrite_hal::buffer_view::{format_shape, BufferView};
-use ferrite_hal::element_type::{ElementType, EncodingType};
+use ferrite_hal::element_type::ElementType;
 use ferrite_hal::memory::{BufferUsage, MemoryType};
 use ferrite_hal_module::element_types_compatible;
 use ferrite_vm::list::VmList;
@@ -43,8 +42,6 @@ struct Classes {
     np_integer: Py<PyType>,
     np_floating: Py<PyType>,
     np_bool: Py<PyType>,
-    asarray: PyObject,
-    ascontiguousarray: PyObject,
 }
 
 static CLASSES: GILOnceCell<Classes> = GILOnceCell::new();
@@ -66,8 +63,6 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             np_integer: ty("integer")?,
             np_floating: ty("floating")?,
             np_bool: ty("bool_")?,
-            asarray: np.getattr("asarray")?.unbind(),
-            ascontiguousarray: np.getattr("ascontiguousarray")?.unbind(),
         })
     })
 }
@@ -317,102 +312,29 @@ impl PyFunctionInvoker {
         Ok(Variant::Ref(Ref::from_arc(Arc::new(list))))
     }
 
-    /// A numpy array (or anything numpy can make one of) as a buffer view.
+    /// A numpy array (or anything numpy can make one of) as a buffer view:
+    /// the array's own memory when it can stand as a device buffer
+    /// (writable, so programs that write their inputs in place write memory
+    /// its owner allows writing; aligned as device buffers are) and the
+    /// argument is not an `iree.abi.output` (which upstream copies and so
+    /// never writes back); else a copy.
     fn array_variant(
         &self,
         obj: &Bound<'_, PyAny>,
         decl: Option<&ArgDecl>,
         name: &str,
     ) -> PyResult<Variant> {
-        let py = obj.py();
-        let unconvertible = || not_convertible(obj, name);
-        let (mut host, named_type) = match HostBuffer::get_reinterpreting(obj) {
-            Ok(h) => h,
-            Err(_) => {
-                let array = classes(py)?
-                    .asarray
-                    .call1(py, (obj,))
-                    .map_err(|_| unconvertible())?;
-                HostBuffer::get_reinterpreting(array.bind(py)).map_err(|_| unconvertible())?
-            }
-        };
-        let format_type = match named_type {
-            Some(et) => Ok(Some(et)),
-            None => host.element_type(),
-        };
-        let format_type = format_type.map_err(|e| {
-            let dtype = obj
-                .getattr(intern!(py, "dtype"))
-                .and_then(|d| d.repr())
-                .map(|r| r.to_string())
-                .unwrap_or_default();
-            PyValueError::new_err(format!(
-                "{name}: could not map dtype {dtype} to element type: {}",
-                e.value(py)
-            ))
-        })?;
-        let element_type = match format_type {
-            Some(et) => et,
-            None => {
-                let dtype: String = obj
-                    .getattr(intern!(py, "dtype"))
-                    .and_then(|d| d.getattr(intern!(py, "name")))
-                    .and_then(|n| n.extract())
-                    .map_err(|_| unconvertible())?;
-                ElementType::from_numpy_dtype(&dtype).ok_or_else(unconvertible)?
-            }
-        };
-        let shape = host.shape();
+        let array = HostArray::from_object(obj, name, || not_convertible(obj, name))?;
         if let Some(d) = decl {
-            check_array(d, name, &shape, element_type, || describe(obj))?;
+            check_array(d, name, &array.shape, array.element_type, || describe(obj))?;
         }
-        if !host.is_c_contiguous() {
-            let dense = classes(py)?.ascontiguousarray.call1(py, (obj,))?;
-            host = HostBuffer::get_reinterpreting(dense.bind(py))?.0;
-        }
-        let may_alias = decl.is_none_or(|d| !d.is_output);
-        let buffer = self.buffer_for(host, may_alias)?;
-        let view = BufferView::new(buffer, &shape, element_type, EncodingType::DENSE_ROW_MAJOR)
-            .py_context("Error allocating buffer_view")?;
+        let placement = if decl.is_none_or(|d| !d.is_output) {
+            Placement::ImportIfAligned
+        } else {
+            Placement::Copy
+        };
+        let view = array.into_view(&*self.allocator, &argument_params(), placement)?;
         Ok(Variant::Ref(Ref::from_arc(Arc::new(view))))
-    }
-
-    /// A device buffer with `host`'s bytes: the array's own memory when it is
-    /// aligned as device buffers are, writable (programs that write their
-    /// inputs in place then write memory its owner allows writing) and
-    /// `may_alias` (not an `iree.abi.output` argument, which upstream copies
-    /// and so never writes back); else a copy.
-    fn buffer_for(&self, host: HostBuffer, may_alias: bool) -> PyResult<Buffer> {
-        let (ptr, len) = host.raw_parts()?;
-        let aligned = (ptr as usize).is_multiple_of(ALLOCATION_ALIGNMENT);
-        if may_alias && aligned && host.is_writable() && len > 0 {
-            // SAFETY: `host` holds a writable, C-contiguous export of `len`
-            // bytes at `ptr`, kept valid (and unresized: numpy refuses to
-            // resize an exported array) until the export is released, i.e.
-            // until `host`, the owner passed here, is dropped with the
-            // buffer's allocation. The HAL never borrows foreign memory as a
-            // slice (host access copies through raw pointers; mapping is
-            // refused), so Python writing the array meanwhile cannot break a
-            // Rust reference; device work on it is ordered by the call's
-            // fences, as upstream's imported buffers are.
-            let memory =
-                unsafe { HostMemory::foreign(ptr, len, true, Box::new(host.into_shared())) };
-            let buffer = self
-                .allocator
-                .import_host(&argument_params(), memory)
-                .py_context("Error importing host memory")?;
-            debug_assert_eq!(buffer.byte_length(), len as u64);
-            return Ok(buffer);
-        }
-        let buffer = self
-            .allocator
-            .allocate(&argument_params(), len as u64)
-            .py_context("Failed to allocate device visible buffer")?;
-        // SAFETY: `ptr` is valid for reads of `len` bytes while `host` lives
-        // (C-contiguous export), it is not the fresh buffer's memory, and the
-        // GIL is held, so no Python code writes it during the copy.
-        unsafe { buffer.write_raw(0, ptr, len) }.py_context("Error copying into device buffer")?;
-        Ok(buffer)
     }
 
     /// The Python value of a result: buffer views become DeviceArrays (their

@@ -19,6 +19,7 @@ mod fence;
 mod flags;
 mod hal;
 mod host_buffer;
+mod host_data;
 mod invoke;
 mod io;
 mod llm;

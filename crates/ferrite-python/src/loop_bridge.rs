@@ -43,13 +43,16 @@ struct Incoming {
     control_next: u64,
 }
 
-struct Shared {
+/// The bridge's waiting thread and what feeds it: futures queued by
+/// `wait`, the control semaphore that wakes the thread when the queue
+/// changes, and the loop's `call_soon_threadsafe` that resolves futures.
+struct TimepointWaiter {
     incoming: Mutex<Incoming>,
     control: Arc<Semaphore>,
     call_soon: PyObject,
 }
 
-impl Shared {
+impl TimepointWaiter {
     /// Wakes the thread; called with `incoming` locked so values stay ordered.
     fn wake(&self, incoming: &mut Incoming) -> ferrite_base::Result<()> {
         let v = incoming.control_next;
@@ -132,7 +135,7 @@ impl Shared {
 /// Bridges semaphore timepoints of one device to an asyncio event loop.
 #[pyclass(name = "HalDeviceLoopBridge", module = "ferrite._ferrite", frozen)]
 pub struct PyHalDeviceLoopBridge {
-    shared: Arc<Shared>,
+    waiter: Arc<TimepointWaiter>,
     event_loop: PyObject,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -143,9 +146,9 @@ impl PyHalDeviceLoopBridge {
             return Ok(());
         };
         {
-            let mut inc = self.shared.incoming.lock();
+            let mut inc = self.waiter.incoming.lock();
             inc.shutdown = true;
-            self.shared
+            self.waiter
                 .wake(&mut inc)
                 .py_context("HalDeviceLoopBridge stop")?;
         }
@@ -159,7 +162,7 @@ impl PyHalDeviceLoopBridge {
     #[new]
     fn new(py: Python<'_>, device: &PyHalDevice, r#loop: PyObject) -> PyResult<Self> {
         let _ = device;
-        let shared = Arc::new(Shared {
+        let waiter = Arc::new(TimepointWaiter {
             incoming: Mutex::new(Incoming {
                 entries: Vec::new(),
                 shutdown: false,
@@ -168,7 +171,7 @@ impl PyHalDeviceLoopBridge {
             control: Semaphore::new(0),
             call_soon: r#loop.getattr(py, "call_soon_threadsafe")?,
         });
-        let runner = shared.clone();
+        let runner = waiter.clone();
         let thread = std::thread::Builder::new()
             .name("HalDeviceLoopBridge".into())
             .spawn(move || runner.run())
@@ -176,7 +179,7 @@ impl PyHalDeviceLoopBridge {
                 PyRuntimeError::new_err(format!("could not start the bridge thread: {e}"))
             })?;
         Ok(PyHalDeviceLoopBridge {
-            shared,
+            waiter,
             event_loop: r#loop,
             thread: Mutex::new(Some(thread)),
         })
@@ -197,7 +200,7 @@ impl PyHalDeviceLoopBridge {
         value: PyObject,
     ) -> PyResult<PyObject> {
         let future = self.event_loop.call_method0(py, "create_future")?;
-        let mut inc = self.shared.incoming.lock();
+        let mut inc = self.waiter.incoming.lock();
         if inc.shutdown {
             return Err(PyRuntimeError::new_err("HalDeviceLoopBridge is stopped"));
         }
@@ -207,7 +210,7 @@ impl PyHalDeviceLoopBridge {
             future: future.clone_ref(py),
             result: value,
         });
-        self.shared
+        self.waiter
             .wake(&mut inc)
             .py_context("HalDeviceLoopBridge on_semaphore")?;
         Ok(future)
