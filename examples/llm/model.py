@@ -15,18 +15,23 @@ and are dequantized inside the kernels (each matmul is one `linalg.generic`
 reading the packed bytes), so the program holds 98 MB of weights, not 540 MB.
 
 Entry points (the KV cache is program state: one mutable global `@kv<layer>`
-per layer holding its K and V, `CONTEXT` positions each, updated in place):
+per layer holding its K and V, `tensor<2x?x3x64xf32>`, its capacity the
+dynamic dimension, updated in place):
 
+    init_cache(n: i32) -> i32
+        (re)allocates every layer's cache for n positions (1..MAX_CONTEXT) on
+        the device and returns n; the host calls it once after loading with
+        the context its user asked for (until then the capacity is 1);
     prefill(ids: tensor<?xi32>, pos: i32) -> tensor<VOCAB x f32>
         appends len(ids) tokens at positions pos.. and returns the logits of
         the last one;
     decode(id: i32, pos: i32) -> tensor<VOCAB x f32>
         the same for one token;
     context_length() -> i32
-        CONTEXT, the KV cache's capacity.
+        the KV cache's capacity (the dimension of `@kv0`).
 
 A call whose positions would pass the capacity fails with a clear error
-(`cf.assert`) instead of writing outside the cache. Attention reads only the
+(`cf.assert` on the cache's dimension) instead of writing outside the cache. Attention reads only the
 first pos + len positions of the cache (dynamic shapes), so a step costs what
 its context costs, not the capacity's.
 """
@@ -43,10 +48,19 @@ HEAD_DIM = 64
 GROUP = HEADS // KV_HEADS
 EPS = 1e-5
 ROPE_BASE = 100000.0
-CONTEXT = 2048
+# The largest cache `init_cache` accepts: the GGUF's `llama.context_length`
+# (the context SmolLM2 was trained for). Hosts default to DEFAULT_CONTEXT.
+MAX_CONTEXT = 8192
+DEFAULT_CONTEXT = 2048
 
-# One layer's KV cache: [K or V, position, KV head, head dim].
-KV_TYPE = f"tensor<2x{CONTEXT}x{KV_HEADS}x{HEAD_DIM}xf32>"
+# One layer's KV cache: [K or V, position, KV head, head dim]; the number of
+# positions is chosen at run time (init_cache).
+KV_TYPE = f"tensor<2x?x{KV_HEADS}x{HEAD_DIM}xf32>"
+
+
+def kv_bytes(context):
+    """Bytes of the single-sequence program's KV cache for `context` positions."""
+    return LAYERS * 2 * context * KV_HEADS * HEAD_DIM * 4
 
 Q4_1 = ("Q4_1", 20)
 Q8_0 = ("Q8_0", 34)
@@ -514,7 +528,7 @@ class Fn:
 
     def single_cache_update(self, layer, k, v):
         """Writes k and v [T, 3, 64] at positions pos.. of the layer's cache
-        global `@kv<layer>` ([2, CONTEXT, 3, 64]: K then V) and returns the
+        global `@kv<layer>` ([2, capacity, 3, 64]: K then V) and returns the
         first L positions of K and of V: [L, 3, 64] each. Both writes come
         before both reads, so the update is in place."""
         cty = KV_TYPE
@@ -822,9 +836,12 @@ def _checks(f):
     f.emit("%zero_i32 = arith.constant 0 : i32")
     f.emit("%pos_ok = arith.cmpi sge, %pos_i32, %zero_i32 : i32")
     f.emit(f'cf.assert %pos_ok, "position must not be negative"')
-    f.emit(f"%cap = arith.constant {CONTEXT} : index")
+    # The capacity is the cache's own dimension, so the check holds for
+    # whatever init_cache allocated.
+    f.emit(f"%kv0_cap = util.global.load @kv0 : {KV_TYPE}")
+    f.emit("%cap = tensor.dim %kv0_cap, %one_idx : " + KV_TYPE)
     f.emit("%fits = arith.cmpi ule, %L, %cap : index")
-    f.emit(f'cf.assert %fits, "positions pass the KV cache capacity of {CONTEXT} (context_length)"')
+    f.emit('cf.assert %fits, "positions pass the KV cache capacity (context_length; init_cache sets it)"')
     f.emit("%has = arith.cmpi uge, %T, %one_idx : index")
     f.emit('cf.assert %has, "at least one token is needed"')
 
@@ -835,13 +852,31 @@ def build_mlir():
         out.append(
             f'  util.global private @{_sym(name)} = #stream.parameter.named<"model"::"{name}"> : {_global_type(kind, shape)}'
         )
-    # Each layer's cache starts filled with its own layer number: the values
-    # are never read (attention reads positions < pos + T only, all written
-    # first), but with one shared initial value the pinned compiler merged
-    # the mutable globals into one (every layer then wrote the same cache:
-    # wrong logits from the second position on).
+    # Each layer's cache is filled with its own layer number: the values are
+    # never read (attention reads positions < pos + T only, all written
+    # first), but with one shared value the pinned compiler merged the
+    # mutable globals into one (every layer then wrote the same cache: wrong
+    # logits from the second position on). The initializer gives every
+    # cache one position, so a program whose host never calls init_cache
+    # fails the capacity check instead of reading an unset global.
     for i in range(LAYERS):
-        out.append(f"  util.global private mutable @kv{i} : {KV_TYPE} = dense<{float(i)}> : {KV_TYPE}")
+        out.append(f"  util.global private mutable @kv{i} : {KV_TYPE}")
+    out.append("  util.initializer {")
+    out.append("    %one = arith.constant 1 : index")
+    out += _cache_fills("%one", "    ")
+    out.append("    util.return")
+    out.append("  }")
+    out.append("  func.func @init_cache(%n_i32: i32) -> i32 {")
+    out.append("    %lo = arith.constant 1 : i32")
+    out.append(f"    %hi = arith.constant {MAX_CONTEXT} : i32")
+    out.append("    %ok_lo = arith.cmpi sge, %n_i32, %lo : i32")
+    out.append("    %ok_hi = arith.cmpi sle, %n_i32, %hi : i32")
+    out.append("    %ok = arith.andi %ok_lo, %ok_hi : i1")
+    out.append(f'    cf.assert %ok, "init_cache: the context must be 1..{MAX_CONTEXT} positions"')
+    out.append("    %n = arith.index_cast %n_i32 : i32 to index")
+    out += _cache_fills("%n", "    ")
+    out.append("    return %n_i32 : i32")
+    out.append("  }")
 
     f = Fn(None)
     f.emit("%dim0 = arith.constant 0 : index")
@@ -869,11 +904,27 @@ def build_mlir():
     out.append("  }")
 
     out.append("  func.func @context_length() -> i32 {")
-    out.append(f"    %c = arith.constant {CONTEXT} : i32")
+    out.append(f"    %kv = util.global.load @kv0 : {KV_TYPE}")
+    out.append("    %one = arith.constant 1 : index")
+    out.append(f"    %d = tensor.dim %kv, %one : {KV_TYPE}")
+    out.append("    %c = arith.index_cast %d : index to i32")
     out.append("    return %c : i32")
     out.append("  }")
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def _cache_fills(n, indent):
+    """Lines storing a fresh [2, n, 3, 64] cache in every `@kv<layer>`."""
+    lines = []
+    for i in range(LAYERS):
+        lines += [
+            f"%kv_e{i} = tensor.empty({n}) : {KV_TYPE}",
+            f"%kv_c{i} = arith.constant {float(i)} : f32",
+            f"%kv_f{i} = linalg.fill ins(%kv_c{i} : f32) outs(%kv_e{i} : {KV_TYPE}) -> {KV_TYPE}",
+            f"util.global.store %kv_f{i}, @kv{i} : {KV_TYPE}",
+        ]
+    return [indent + line for line in lines]
 
 
 # ---------------------------------------------------------------- batch program

@@ -3,7 +3,10 @@ iree-base-runtime 3.13) over the same program and `.gguf` as Ferrite's, so
 both runtimes are compared on identical programs: greedy ids, logits and
 timings.
 
-    .venv/bin/python examples/llm/upstream_loop.py --prompt_ids=1,2,3 [--max_tokens=16] [--device=local-task]
+    .venv/bin/python examples/llm/upstream_loop.py --prompt_ids=1,2,3 [--max_tokens=16] [--device=local-task] [--context=2048]
+
+The KV cache is allocated for `context` positions by the program's
+`init_cache` entry point, as Ferrite's loop does.
 """
 
 import argparse
@@ -15,11 +18,18 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 VMFB = HERE / "smollm2.vmfb"
+DEFAULT_CONTEXT = 2048
 
 
 class UpstreamModel:
-    def __init__(self, gguf_path, device="local-sync", vmfb=VMFB):
-        import iree.runtime as rt
+    def __init__(self, gguf_path, device="local-sync", vmfb=VMFB, context=DEFAULT_CONTEXT, runtime=None):
+        """`context`: KV cache positions (None: leave the program's initial
+        one-position cache, as a host that forgets init_cache would);
+        `runtime`: a module with iree.runtime's API (default iree.runtime;
+        ferrite.runtime runs the same loop on Ferrite)."""
+        if runtime is None:
+            import iree.runtime as runtime
+        rt = runtime
 
         config = rt.Config(device)
         index = rt.ParameterIndex()
@@ -29,6 +39,8 @@ class UpstreamModel:
         module = rt.VmModule.mmap(config.vm_instance, str(vmfb))
         self.ctx = rt.SystemContext(vm_modules=[params, hal, module], config=config)
         self.m = self.ctx.modules.smollm2
+        if context is not None:
+            self.m.init_cache(int(context))
         self.context = int(self.m.context_length())
 
     def prefill(self, ids):
@@ -68,11 +80,12 @@ def main():
     ap.add_argument("--max_tokens", type=int, default=16)
     ap.add_argument("--device", default="local-sync")
     ap.add_argument("--gguf")
+    ap.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="KV cache positions")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import assets
 
-    m = UpstreamModel(args.gguf or assets.ensure(), args.device)
+    m = UpstreamModel(args.gguf or assets.ensure(), args.device, context=args.context)
     ids, _, ttft, dec = m.greedy([int(s) for s in args.prompt_ids.split(",")], args.max_tokens)
     print(" ".join(map(str, ids)))
     print(f"ttft {ttft * 1e3:.1f} ms, decode {(args.max_tokens - 1) / dec if dec else 0:.2f} tok/s", file=sys.stderr)

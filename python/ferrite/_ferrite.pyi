@@ -481,6 +481,7 @@ class Llm:
         gguf: Union[str, bytes, os.PathLike[str]],
         device: str = "local-task",
         program: Optional[Union[str, bytes, os.PathLike[str]]] = None,
+        context: int = 2048,
     ) -> Llm: ...
     @property
     def context_length(self) -> int: ...

@@ -271,10 +271,18 @@ class Llm:
         return self.generate(ids, details=True, **options).text
 
 
-def load(gguf: PathLike, device: str = "local-task", *, program: Optional[PathLike] = None) -> Llm:
+DEFAULT_CONTEXT = 2048
+
+
+def load(gguf: PathLike, device: str = "local-task", *, program: Optional[PathLike] = None,
+         context: int = DEFAULT_CONTEXT) -> Llm:
     """Loads the `.gguf` (SmolLM2-135M's architecture: the file is checked
     against the program) on `device` ('local-sync', 'local-task',
     'local-task://?workers=N', 'cuda' with a cuda `program`). `program` is a
     `.vmfb` with the same entry points instead of the built-in one (e.g.
-    build/llm/smollm2-cuda.vmfb from examples/llm/build_cuda.py)."""
-    return Llm(_ferrite.Llm.load(gguf, device, program))
+    build/llm/smollm2-cuda.vmfb from examples/llm/build_cuda.py). `context`
+    is the KV cache's capacity in positions (prompt plus generated tokens,
+    1..8192), allocated on the device now (45 KiB a position); a generation
+    that would pass it raises `ValueError`."""
+    context = _check_ints("context", context, 1)
+    return Llm(_ferrite.Llm.load(gguf, device, program, context))

@@ -185,6 +185,105 @@ def test_program_rejects_positions_past_its_cache(gguf_path):
         m.decode(504, m.context)
 
 
+# ------------------------------------------------------------ the context asked for
+
+# 60 tokens: the plain-text prompt, five times.
+PROMPT60 = PROMPTS["text"] * 5
+
+
+def _runtimes():
+    import iree.runtime
+    import ferrite.runtime
+
+    return {"iree.runtime": iree.runtime, "ferrite.runtime": ferrite.runtime}
+
+
+def test_context_64_cli_past_it_is_a_clear_error(gguf_path):
+    """--context=64: 60 prompt tokens + 10 new ones need 69 positions, a
+    clear error (no ids printed, no panic); + 5 fit exactly and give the
+    ids a roomy cache gives."""
+    base = [f"--gguf={gguf_path}", "--prompt_ids=" + ",".join(map(str, PROMPT60)), "--ignore_eos",
+            "--output_ids", "--device=local-sync"]
+    r = ferrite(*base, "--context=64", "--max_tokens=10", check=False)
+    assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
+    assert "context of 64 positions (prompt 60 + 5 generated)" in r.stderr and "panicked" not in r.stderr, r.stderr
+    fits = ferrite(*base, "--context=64", "--max_tokens=5").stdout.split()
+    roomy = ferrite(*base, "--max_tokens=5").stdout.split()
+    assert len(fits) == 5 and fits == roomy
+    for bad in ("0", "8193"):
+        r = ferrite(*base, f"--context={bad}", "--max_tokens=1", check=False)
+        assert r.returncode == 1 and "1..=8192" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("runtime", ["iree.runtime", "ferrite.runtime"])
+def test_program_checks_the_capacity_init_cache_gave(gguf_path, runtime):
+    """The program itself, called directly on both runtimes: init_cache(64)
+    makes the capacity 64 (context_length reads the cache's dimension),
+    positions past it fail its own assert, bad sizes are refused, and a
+    host that never calls init_cache gets a one-position cache."""
+    import upstream_loop
+
+    rt = _runtimes()[runtime]
+    m = upstream_loop.UpstreamModel(gguf_path, "local-sync", context=64, runtime=rt)
+    assert m.context == 64 and int(m.m.context_length()) == 64
+    ids, _, _, _ = m.greedy(PROMPT60, 5)  # positions 0..63
+    with pytest.raises(Exception, match="KV cache capacity"):
+        m.decode(ids[-1], 64)
+    with pytest.raises(Exception, match="KV cache capacity"):
+        m.prefill([504] * 65)
+    for bad in (0, 8193):
+        with pytest.raises(Exception, match="the context must be 1..8192"):
+            m.m.init_cache(bad)
+    # Re-sizing works in place: a larger cache takes the positions.
+    assert int(m.m.init_cache(128)) == 128 and int(m.m.context_length()) == 128
+    m.prefill(PROMPT60)
+    m.decode(ids[0], 64)
+    fresh = upstream_loop.UpstreamModel(gguf_path, "local-sync", context=None, runtime=rt)
+    assert int(fresh.m.context_length()) == 1
+    with pytest.raises(Exception, match="init_cache sets it"):
+        fresh.prefill([504, 3575])
+
+
+def test_both_runtimes_agree_with_a_small_context(gguf_path):
+    import upstream_loop
+
+    got = {}
+    for name, rt in _runtimes().items():
+        m = upstream_loop.UpstreamModel(gguf_path, "local-sync", context=64, runtime=rt)
+        got[name], _, _, _ = m.greedy(PROMPT60, 5)
+    assert got["iree.runtime"] == got["ferrite.runtime"], got
+
+
+def _peak_rss_kib(args):
+    """Peak RSS of `ferrite generate ARGS` in KiB, measured in a fresh
+    process so that no earlier child counts."""
+    code = ("import resource, subprocess, sys; "
+            "r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+            "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+            "sys.stderr.write(r.stderr)")
+    r = subprocess.run([sys.executable, "-c", code, str(FERRITE), "generate", *args],
+                       capture_output=True, text=True, timeout=600)
+    rc, kib = map(int, r.stdout.split())
+    assert rc == 0, r.stderr
+    return kib
+
+
+def test_peak_rss_follows_the_context(gguf_path):
+    """The cache is allocated (and touched: zero-filled) for the context
+    asked for, no more: the peak RSS of a run with --context=8192 exceeds
+    one with --context=64 by the caches' difference (45 KiB a position)."""
+    import model
+
+    if not FERRITE.exists():
+        pytest.fail(f"{FERRITE} is missing: cargo build -p ferrite-cli (or set FERRITE_BIN)")
+    args = [f"--gguf={gguf_path}", "--prompt_ids=504,3575,282", "--max_tokens=4", "--ignore_eos",
+            "--output_ids", "--device=local-sync"]
+    small = _peak_rss_kib(args + ["--context=64"])
+    large = _peak_rss_kib(args + ["--context=8192"])
+    want = (model.kv_bytes(8192) - model.kv_bytes(64)) / 1024
+    assert 0.95 * want <= large - small <= 1.05 * want, (small, large, want)
+
+
 # ------------------------------------------------------------ batch program (issue 29)
 
 BATCH_VMFB = ROOT / "examples" / "llm" / "smollm2_batch.vmfb"

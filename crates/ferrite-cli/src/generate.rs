@@ -47,6 +47,10 @@ pub struct GenerateArgs {
     /// The device (local-sync, local-task, local-task://?workers=N).
     #[arg(long, default_value = "local-task")]
     device: String,
+    /// KV cache capacity in positions (prompt plus generated tokens),
+    /// allocated on the device at load; positions past it are an error.
+    #[arg(long, default_value_t = ferrite_llm::DEFAULT_CONTEXT)]
+    context: usize,
     /// A program to use instead of the built-in one.
     #[arg(long)]
     module: Option<PathBuf>,
@@ -60,7 +64,7 @@ pub struct GenerateArgs {
 
 /// Runs `ferrite generate`.
 pub fn run(a: &GenerateArgs) -> Result<()> {
-    let mut llm = Llm::load_with_program(&a.gguf, &a.device, a.module.as_deref())?;
+    let mut llm = Llm::load_with_context(&a.gguf, &a.device, a.module.as_deref(), a.context)?;
     let prompt = match (&a.prompt, &a.chat, &a.prompt_ids) {
         (Some(p), None, None) => llm.encode(p)?,
         (None, Some(c), None) => llm.chat_prompt(c)?,

@@ -11,8 +11,9 @@
 //! - [`sampling`]: greedy, temperature, top-k, top-p, seeded;
 //! - [`Llm`]: the compiled program (`examples/llm/smollm2.vmfb`, built into
 //!   this crate; its `prefill`/`decode` read the weights from the `.gguf`
-//!   by name, the KV cache is program state on the device) and the
-//!   generate loop with streaming and stop conditions.
+//!   by name, the KV cache is program state on the device, allocated by
+//!   its `init_cache` for the context asked for at load) and the generate
+//!   loop with streaming and stop conditions.
 //!
 //! ```no_run
 //! # fn main() -> ferrite::Result<()> {
@@ -48,6 +49,21 @@ pub use sampling::Sampling;
 /// The committed program for SmolLM2-135M (llama architecture, Q4_1 matrices
 /// and a Q8_0 tied embedding), compiled from `examples/llm/model.py`.
 pub static SMOLLM2_VMFB: &[u8] = include_bytes!("../../../examples/llm/smollm2.vmfb");
+
+/// The KV cache's capacity in positions when the caller asks for none: the
+/// cache then takes 45 KiB per position on the device (30 layers x K and V
+/// x 3 heads x 64 f32), 90 MiB for 2048.
+pub const DEFAULT_CONTEXT: usize = 2048;
+
+/// The largest context the program's `init_cache` accepts (SmolLM2's
+/// trained `llama.context_length`).
+pub const MAX_CONTEXT: usize = 8192;
+
+/// Bytes of the single-sequence program's KV cache for `context` positions.
+pub fn kv_cache_bytes(context: usize) -> usize {
+    let a = &SMOLLM2_135M;
+    (a.layers * 2 * a.kv_heads * (a.dim / a.heads) * 4) as usize * context
+}
 
 /// The shape the committed program was built for; a `.gguf` must match it.
 pub struct Architecture {
@@ -199,7 +215,23 @@ pub struct Llm {
     eos: Option<u32>,
     vocab: usize,
     context: usize,
+    /// The largest context `set_context` accepts (the file's trained
+    /// context, at most [`MAX_CONTEXT`]).
+    max_context: usize,
     gguf_path: PathBuf,
+}
+
+fn check_context(context: usize, max: usize) -> Result<()> {
+    if context == 0 || context > max {
+        return Err(Status::new(
+            StatusCode::InvalidArgument,
+            format!(
+                "context of {context} positions asked for; it must be 1..={max} \
+                 (the model's trained context, at most {MAX_CONTEXT})"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn token_text(t: &Tokenizer, id: Option<u32>) -> String {
@@ -267,17 +299,32 @@ fn chat_ids(
 
 impl Llm {
     /// Loads the `.gguf` at `path` with the built-in program on `device`
-    /// (`local-sync`, `local-task`, `local-task://?workers=N`, ...).
+    /// (`local-sync`, `local-task`, `local-task://?workers=N`, ...), its KV
+    /// cache sized for [`DEFAULT_CONTEXT`] positions.
     pub fn load(path: impl AsRef<Path>, device: &str) -> Result<Llm> {
         Llm::load_with_program(path, device, None)
     }
 
     /// As [`Llm::load`], with a program file instead of the built-in one
-    /// (the same entry points: `prefill`, `decode`, `context_length`).
+    /// (the same entry points: `init_cache`, `prefill`, `decode`,
+    /// `context_length`).
     pub fn load_with_program(
         path: impl AsRef<Path>,
         device: &str,
         program: Option<&Path>,
+    ) -> Result<Llm> {
+        Llm::load_with_context(path, device, program, DEFAULT_CONTEXT)
+    }
+
+    /// As [`Llm::load_with_program`], with the KV cache allocated on the
+    /// device for exactly `context` positions (prompt plus generated
+    /// tokens; 1 up to the file's `llama.context_length` and
+    /// [`MAX_CONTEXT`]). Positions past it are an error.
+    pub fn load_with_context(
+        path: impl AsRef<Path>,
+        device: &str,
+        program: Option<&Path>,
+        context: usize,
     ) -> Result<Llm> {
         let path = path.as_ref();
         if program.is_none() && device.starts_with("cuda") {
@@ -293,6 +340,14 @@ impl Llm {
         }
         let file = gguf::GgufFile::open(path)?;
         check_model(&file, &SMOLLM2_135M)?;
+        // Checked before anything is allocated: the file's trained context
+        // bounds what the model can attend to meaningfully.
+        let trained = file
+            .int("llama.context_length")
+            .ok()
+            .and_then(|v| usize::try_from(v).ok())
+            .unwrap_or(MAX_CONTEXT);
+        check_context(context, trained.min(MAX_CONTEXT))?;
         let TextSide {
             tokenizer,
             chat_template,
@@ -306,22 +361,45 @@ impl Llm {
             Some(p) => session.load_file(p)?,
             None => session.load_static(SMOLLM2_VMFB)?,
         };
-        let context = session
-            .call("context_length", &[])?
-            .first()
-            .and_then(Value::as_i32)
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or_else(|| Status::new(StatusCode::Internal, "context_length returned no i32"))?;
-        Ok(Llm {
+        let mut llm = Llm {
             session,
             tokenizer,
             chat_template,
             bos,
             eos,
             vocab: SMOLLM2_135M.vocab as usize,
-            context,
+            context: 0,
+            max_context: trained.min(MAX_CONTEXT),
             gguf_path: path.to_path_buf(),
-        })
+        };
+        llm.set_context(context)?;
+        Ok(llm)
+    }
+
+    /// Re-allocates the KV cache on the device for `context` positions
+    /// (the program's `init_cache`; the old cache is released, so what it
+    /// held is gone: the next generation starts from its prompt as always).
+    pub fn set_context(&mut self, context: usize) -> Result<()> {
+        check_context(context, self.max_context)?;
+        self.session
+            .call("init_cache", &[Value::I32(context as i32)])?;
+        // The program's own view of its capacity (the cache's dimension),
+        // so that the host checks and the program's asserts agree.
+        let got = self
+            .session
+            .call("context_length", &[])?
+            .first()
+            .and_then(Value::as_i32)
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| Status::new(StatusCode::Internal, "context_length returned no i32"))?;
+        if got != context {
+            return Err(Status::new(
+                StatusCode::Internal,
+                format!("init_cache({context}) left a cache of {got} positions"),
+            ));
+        }
+        self.context = got;
+        Ok(())
     }
 
     /// The tokenizer.
@@ -329,9 +407,49 @@ impl Llm {
         &self.tokenizer
     }
 
-    /// The KV cache's capacity in positions (prompt plus generated tokens).
+    /// The KV cache's capacity in positions (prompt plus generated tokens),
+    /// as the program reports it.
     pub fn context_length(&self) -> usize {
         self.context
+    }
+
+    /// Bytes live in the device allocator now (allocated minus freed): the
+    /// KV cache, the weights the device copied and anything else the
+    /// program keeps; what a context's cache costs shows as the difference
+    /// between two contexts.
+    pub fn device_bytes_live(&self) -> u64 {
+        let Some(device) = self.session.devices().first() else {
+            return 0;
+        };
+        let hal = &device.hal().0;
+        // The program's state (the cache) comes from queue-ordered
+        // allocations, the rest from the device allocator; count both
+        // (once where the device has no separate queue pool).
+        let (main, queue) = (hal.allocator(), hal.queue_allocator());
+        let same = std::ptr::eq(
+            Arc::as_ptr(&main) as *const (),
+            Arc::as_ptr(&queue) as *const (),
+        );
+        [Some(main), (!same).then_some(queue)]
+            .iter()
+            .flatten()
+            .map(|a| {
+                let s = a.statistics();
+                // Host-local heaps (the CPU devices) count as host bytes,
+                // device-local ones (cuda) as device bytes; a heap that is
+                // both counts in both, so take the larger.
+                let host = s.host_bytes_allocated.saturating_sub(s.host_bytes_freed);
+                let dev = s
+                    .device_bytes_allocated
+                    .saturating_sub(s.device_bytes_freed);
+                host.max(dev)
+            })
+            .sum()
+    }
+
+    /// The largest context [`Llm::set_context`] accepts for this file.
+    pub fn max_context(&self) -> usize {
+        self.max_context
     }
 
     /// The end-of-sequence id, if the file names one.
@@ -501,9 +619,9 @@ impl Llm {
                 return Err(Status::new(
                     StatusCode::OutOfRange,
                     format!(
-                        "generation reached the context of {} positions after {} tokens (prompt {} + {}); ask for fewer tokens",
+                        "generation filled the context of {} positions (prompt {} + {} generated); \
+                         ask for fewer tokens or load with a larger context",
                         self.context,
-                        pos,
                         prompt.len(),
                         out.ids.len()
                     ),

@@ -116,20 +116,22 @@ pub struct PyLlm {
 #[pymethods]
 impl PyLlm {
     /// Loads `gguf` with the built-in program (or the program file
-    /// `program`, e.g. one compiled for cuda) on `device`.
+    /// `program`, e.g. one compiled for cuda) on `device`, its KV cache
+    /// allocated for `context` positions.
     #[staticmethod]
-    #[pyo3(signature = (gguf, device = "local-task", program = None))]
+    #[pyo3(signature = (gguf, device = "local-task", program = None, context = ferrite_llm::DEFAULT_CONTEXT))]
     fn load(
         py: Python<'_>,
         gguf: &Bound<'_, PyAny>,
         device: &str,
         program: Option<&Bound<'_, PyAny>>,
+        context: usize,
     ) -> PyResult<PyLlm> {
         let gguf = path_arg(gguf)?;
         let program = program.map(path_arg).transpose()?;
         let device = device.to_string();
         let llm = py
-            .allow_threads(|| Llm::load_with_program(&gguf, &device, program.as_deref()))
+            .allow_threads(|| Llm::load_with_context(&gguf, &device, program.as_deref(), context))
             .map_err(|s| {
                 // A missing program file is named by the status too; only
                 // a missing .gguf is the FileNotFoundError of the model.
