@@ -42,7 +42,7 @@
 
 use super::park;
 use super::timing::RegionTiming;
-use super::Shared;
+use super::PoolState;
 use ferrite_base::{Result, Status};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -109,7 +109,7 @@ pub(crate) struct Spin {
 
 impl Spin {
     /// A spin of at most `bound` (shortened while `pool` is contended).
-    pub(crate) fn start(pool: &Shared, bound: Duration) -> Spin {
+    pub(crate) fn start(pool: &PoolState, bound: Duration) -> Spin {
         let now = Instant::now();
         Spin {
             since: now,
@@ -126,7 +126,7 @@ impl Spin {
     /// Polls once more (true, after a pause) or ends the spin (false: the
     /// bound passed, or the thread was descheduled, which marks `pool`
     /// contended).
-    pub(crate) fn poll(&mut self, pool: &Shared) -> bool {
+    pub(crate) fn poll(&mut self, pool: &PoolState) -> bool {
         let now = Instant::now();
         if now.duration_since(self.last) >= PREEMPTED_GAP {
             pool.note_preempted();
@@ -244,7 +244,7 @@ pub(crate) struct Region {
     leader_sleeping: AtomicBool,
     failed: AtomicBool,
     failure: Mutex<Option<Status>>,
-    pool: Arc<Shared>,
+    pool: Arc<PoolState>,
     /// Stage clocks, when the pool measures stages (see [`super::timing`]).
     timing: Option<RegionTiming>,
     /// The leader's work, its lifetime erased: see [`Region::work`].
@@ -663,7 +663,7 @@ impl Region {
 /// Runs `work` on `pool`'s threads with the calling thread as leader (as
 /// logical processor `processor_id`), returning once every stage is done:
 /// the first failure (later stages are skipped), else Ok.
-pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) -> Result<()> {
+pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u32) -> Result<()> {
     let stages = work.stage_count();
     if stages == 0 {
         return Ok(());
@@ -749,7 +749,7 @@ pub(crate) fn run(pool: &Arc<Shared>, work: &dyn RegionWork, processor_id: u32) 
 /// pool's list (no worker joins any more) and waits until every joined
 /// worker has left. Forgotten on the normal path.
 struct Unpublish<'a> {
-    pool: &'a Arc<Shared>,
+    pool: &'a Arc<PoolState>,
     region: &'a Arc<Region>,
     published: bool,
 }

@@ -17,7 +17,7 @@
 //! `busy / (wall × threads)` is how evenly the stage's work was spread:
 //! below one, some threads waited for others within the stage.
 //!
-//! *Floor*: a lower bound on the stage's wall for any schedule of its
+//! *Shortest schedule*: a lower bound on the stage's wall for any schedule of its
 //! tiles as they ran: the larger of its busy time spread evenly over the
 //! threads the region may hold and its longest tile (a tile runs on one
 //! thread). Summed over stages, with no gaps, it bounds from below what
@@ -120,7 +120,7 @@ pub(crate) struct StageSums {
     pub regions: u64,
     /// Per stage index: (regions that ran it, tiles, wall, gap, busy,
     /// thread count × wall, publication to first tile start, first to
-    /// last tile start, floor, longest tile), times in ns.
+    /// last tile start, shortest schedule, longest tile), times in ns.
     pub per_stage: Vec<[u64; 10]>,
     /// Per processor id: (sum over its tiles of tile time / its stage's
     /// mean tile time, tiles), over stages of more than one tile.
@@ -189,10 +189,11 @@ impl StageSums {
 
     /// The summary line and the per-stage table.
     pub(crate) fn describe(&self) -> String {
-        let [stages, tiles, wall, gap, busy, capacity, notice, spread, floor, _] = self.totals();
+        let [stages, tiles, wall, gap, busy, capacity, notice, spread, shortest_schedule, _] =
+            self.totals();
         let ms = |ns: u64| ns as f64 / 1e6;
         let mut out = format!(
-            "local-task stages: {} regions, {stages} stages, {tiles} tiles; stage wall {:.3} ms, gaps between stages {:.3} ms (of which publication to first start {:.3} ms), tile time {:.3} ms, first to last tile start {:.3} ms; balance {:.1}% (tile time / (wall x threads)); floor {:.3} ms (no schedule of these tiles is shorter: per stage the larger of its tile time over the threads and its longest tile, no gaps), {:.3} ms per region against {:.3} ms of stage walls and gaps",
+            "local-task stages: {} regions, {stages} stages, {tiles} tiles; stage wall {:.3} ms, gaps between stages {:.3} ms (of which publication to first start {:.3} ms), tile time {:.3} ms, first to last tile start {:.3} ms; balance {:.1}% (tile time / (wall x threads)); shortest schedule {:.3} ms (no schedule of these tiles is shorter: per stage the larger of its tile time over the threads and its longest tile, no gaps), {:.3} ms per region against {:.3} ms of stage walls and gaps",
             self.regions,
             ms(wall),
             ms(gap),
@@ -200,8 +201,8 @@ impl StageSums {
             ms(busy),
             ms(spread),
             100.0 * busy as f64 / capacity.max(1) as f64,
-            ms(floor),
-            ms(floor) / self.regions.max(1) as f64,
+            ms(shortest_schedule),
+            ms(shortest_schedule) / self.regions.max(1) as f64,
             ms(wall + gap) / self.regions.max(1) as f64,
         );
         let speeds: Vec<String> = self
@@ -218,10 +219,12 @@ impl StageSums {
             ));
         }
         out.push_str(
-            "\n  stage  runs  tiles/run  wall_us  floor_us  gap_us  notice_us  spread_us  busy_us  longest_us  threads  balance",
+            "\n  stage  runs  tiles/run  wall_us  sched_us  gap_us  notice_us  spread_us  busy_us  longest_us  threads  balance",
         );
-        for (i, [runs, tiles, wall, gap, busy, capacity, notice, spread, floor, longest]) in
-            self.per_stage.iter().enumerate()
+        for (
+            i,
+            [runs, tiles, wall, gap, busy, capacity, notice, spread, shortest_schedule, longest],
+        ) in self.per_stage.iter().enumerate()
         {
             if *runs == 0 {
                 continue;
@@ -231,7 +234,7 @@ impl StageSums {
                 "\n  {i:5}  {runs:4}  {:9.1}  {:7.1}  {:8.1}  {:6.1}  {:9.1}  {:9.1}  {:7.1}  {:10.1}  {:7.1}  {:6.1}%",
                 per(*tiles),
                 per(*wall) / 1e3,
-                per(*floor) / 1e3,
+                per(*shortest_schedule) / 1e3,
                 per(*gap) / 1e3,
                 per(*notice) / 1e3,
                 per(*spread) / 1e3,
@@ -278,7 +281,7 @@ mod tests {
         );
         assert_eq!(sums.totals(), [2, 3, 200, 30, 260, 300, 130, 0, 200, 200]);
         assert!(
-            sums.describe().contains("floor 0.000 ms"),
+            sums.describe().contains("shortest schedule 0.000 ms"),
             "{}",
             sums.describe()
         );

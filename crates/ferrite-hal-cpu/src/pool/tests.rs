@@ -1,0 +1,454 @@
+//! The pool's tests: jobs, regions, idle workers, panics, options.
+
+use super::region::Spin;
+use super::*;
+
+/// The stack size of the calling thread, as pthreads reports it.
+fn current_stack_size() -> usize {
+    // SAFETY: `attr` is initialised by pthread_getattr_np before it is
+    // read and destroyed once; `size` is a valid out-pointer; both calls
+    // concern the calling thread, which is alive throughout.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        assert_eq!(libc::pthread_getattr_np(libc::pthread_self(), &mut attr), 0);
+        let mut size = 0usize;
+        assert_eq!(libc::pthread_attr_getstacksize(&attr, &mut size), 0);
+        libc::pthread_attr_destroy(&mut attr);
+        size
+    }
+}
+
+#[test]
+fn jobs_queued_while_a_waiter_polls_still_run() {
+    let pool = WorkerPool::new(1).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for round in 0..200u32 {
+        // A waiter polls (and may take the job) for at most a few µs,
+        // then stops: whoever does not run the job must have woken a
+        // worker for it.
+        let waiter = std::thread::spawn(|| {
+            let deadline = ferrite_base::time::Deadline::after(Duration::from_micros(20));
+            ferrite_base::wait::spin_until(deadline, || false)
+        });
+        let tx = tx.clone();
+        pool.spawn(Box::new(move || tx.send(round).unwrap()));
+        waiter.join().unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(round));
+    }
+}
+
+/// A chain of jobs each pushing the next from a worker (as a
+/// submission's end releases the one waiting for it): every job runs,
+/// and the chain wakes (almost) no sleeping worker, since the pushing
+/// worker takes the next job itself.
+#[test]
+fn jobs_pushed_by_a_worker_run_without_waking_others() {
+    fn link(shared: Arc<PoolState>, left: u32, done: std::sync::mpsc::Sender<()>) {
+        if left == 0 {
+            done.send(()).unwrap();
+            return;
+        }
+        // Longer than the idle window: the other workers are asleep
+        // by the time this job pushes the next.
+        std::thread::sleep(Duration::from_micros(200));
+        let next = shared.clone();
+        shared.push(Box::new(move || link(next, left - 1, done)));
+    }
+    let pool = WorkerPool::new(4).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let sleeps_before = pool.stats().sleeps;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let shared = pool.shared.clone();
+    pool.spawn(Box::new(move || link(shared, 300, tx)));
+    rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let sleeps = pool.stats().sleeps - sleeps_before;
+    // Were each push to wake a sleeping worker, that worker would poll
+    // in vain and sleep again: about one sleep per job.
+    assert!(sleeps < 30, "{sleeps} sleeps for 300 chained jobs");
+}
+
+/// Stages of `tiles[s]` tiles that record which stage each tile saw
+/// finished before it.
+struct Staged {
+    tiles: Vec<u64>,
+    hits: Vec<Vec<AtomicUsize>>,
+    begun: Vec<AtomicUsize>,
+}
+
+impl RegionWork for Staged {
+    fn stage_count(&self) -> usize {
+        self.tiles.len()
+    }
+    fn begin_stage(&self, stage: usize) -> Result<u64> {
+        // Every tile of the previous stages ran exactly once.
+        for s in 0..stage {
+            assert!(self.hits[s].iter().all(|h| h.load(Ordering::SeqCst) == 1));
+        }
+        self.begun[stage].fetch_add(1, Ordering::SeqCst);
+        Ok(self.tiles[stage])
+    }
+    fn run_tile(&self, stage: usize, tile: u64, _: u32) -> Result<u64> {
+        assert_eq!(self.begun[stage].load(Ordering::SeqCst), 1);
+        self.hits[stage][tile as usize].fetch_add(1, Ordering::SeqCst);
+        Ok(1)
+    }
+}
+
+#[test]
+fn every_tile_of_every_stage_runs_once_in_order() {
+    let pool = WorkerPool::new(4).unwrap();
+    let tiles = vec![1, 64, 0, 3, 1000, 1, 1, 17];
+    let work = Staged {
+        hits: tiles
+            .iter()
+            .map(|&n| (0..n).map(|_| AtomicUsize::new(0)).collect())
+            .collect(),
+        begun: tiles.iter().map(|_| AtomicUsize::new(0)).collect(),
+        tiles,
+    };
+    for _ in 0..20 {
+        for h in work.hits.iter().flatten() {
+            h.store(0, Ordering::SeqCst);
+        }
+        for b in &work.begun {
+            b.store(0, Ordering::SeqCst);
+        }
+        pool.run_region(&work).unwrap();
+        assert!(work
+            .hits
+            .iter()
+            .flatten()
+            .all(|h| h.load(Ordering::SeqCst) == 1));
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        stats.workgroups_on_workers + stats.workgroups_on_callers,
+        20 * work.tiles.iter().sum::<u64>()
+    );
+}
+
+/// Stages whose tiles take a while, recording when stages are
+/// prepared ahead and begun.
+struct Ahead {
+    stages: usize,
+    begun: Vec<AtomicUsize>,
+    ahead: Vec<AtomicUsize>,
+    /// A preparation ahead under way (stage + 1; 0 when none).
+    preparing: AtomicUsize,
+}
+
+impl RegionWork for Ahead {
+    fn stage_count(&self) -> usize {
+        self.stages
+    }
+    fn prepare_ahead(&self, stage: usize) {
+        assert!(stage > 0);
+        assert_eq!(self.begun[stage - 1].load(Ordering::SeqCst), 1);
+        assert_eq!(self.begun[stage].load(Ordering::SeqCst), 0);
+        assert_eq!(self.ahead[stage].fetch_add(1, Ordering::SeqCst), 0);
+        self.preparing.store(stage + 1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_micros(300));
+        self.preparing.store(0, Ordering::SeqCst);
+    }
+    fn begin_stage(&self, stage: usize) -> Result<u64> {
+        // Never while this stage is being prepared ahead.
+        assert_ne!(self.preparing.load(Ordering::SeqCst), stage + 1);
+        self.begun[stage].fetch_add(1, Ordering::SeqCst);
+        Ok(8)
+    }
+    fn run_tile(&self, _: usize, tile: u64, _: u32) -> Result<u64> {
+        // Uneven tiles: the threads done first prepare the next stage.
+        std::thread::sleep(Duration::from_micros(100 + 400 * (tile % 3)));
+        Ok(1)
+    }
+}
+
+#[test]
+fn the_next_stage_is_prepared_ahead_once_before_it_begins() {
+    let pool = WorkerPool::new(4).unwrap();
+    let mut prepared = 0;
+    for _ in 0..10 {
+        let work = Ahead {
+            stages: 6,
+            begun: (0..6).map(|_| AtomicUsize::new(0)).collect(),
+            ahead: (0..6).map(|_| AtomicUsize::new(0)).collect(),
+            preparing: AtomicUsize::new(0),
+        };
+        pool.run_region(&work).unwrap();
+        assert!(work.begun.iter().all(|b| b.load(Ordering::SeqCst) == 1));
+        prepared += work
+            .ahead
+            .iter()
+            .map(|a| a.load(Ordering::SeqCst))
+            .sum::<usize>();
+    }
+    // 50 stage changes with idle threads waiting at each: some must
+    // have been prepared ahead.
+    assert!(prepared > 0, "no stage was prepared ahead");
+}
+
+/// One stage of `tiles` tiles, each taking `sleep`, recording which
+/// tile ran on which processor id, in the order they finished.
+struct OneStage {
+    tiles: u64,
+    sleep: Duration,
+    ran: Mutex<Vec<(u64, u32)>>,
+}
+
+impl OneStage {
+    fn new(tiles: u64, sleep: Duration) -> OneStage {
+        OneStage {
+            tiles,
+            sleep,
+            ran: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl RegionWork for OneStage {
+    fn stage_count(&self) -> usize {
+        1
+    }
+    fn begin_stage(&self, _: usize) -> Result<u64> {
+        Ok(self.tiles)
+    }
+    fn run_tile(&self, _: usize, tile: u64, processor_id: u32) -> Result<u64> {
+        std::thread::sleep(self.sleep);
+        self.ran.lock().push((tile, processor_id));
+        Ok(1)
+    }
+}
+
+/// A thread claims its own range of a stage first (locality), then
+/// takes the others' (balance): a caller leading alone on a one-worker
+/// pool (no room for helpers) is processor 1 of two ranges, so it runs
+/// the second half of the tiles, then the first.
+#[test]
+fn a_thread_starts_with_its_own_range_then_takes_the_rest() {
+    let pool = WorkerPool::new(1).unwrap();
+    assert_eq!(pool.processor_id(), 1);
+    let work = OneStage::new(10, Duration::ZERO);
+    pool.run_region(&work).unwrap();
+    let order: Vec<u64> = work.ran.into_inner().into_iter().map(|(t, _)| t).collect();
+    assert_eq!(order, [5, 6, 7, 8, 9, 0, 1, 2, 3, 4]);
+}
+
+/// A stage of as many long tiles as the region has threads runs one
+/// tile on each: the last unclaimed tile is joined for, not left to
+/// whichever thread finishes its own first (one tile late).
+#[test]
+fn as_many_long_tiles_as_threads_run_on_every_thread() {
+    let pool = WorkerPool::new(4).unwrap();
+    for _ in 0..3 {
+        // The caller leads and 3 workers may join: 4 threads.
+        let work = OneStage::new(4, Duration::from_millis(150));
+        let start = Instant::now();
+        pool.run_region(&work).unwrap();
+        let elapsed = start.elapsed();
+        let mut ran: Vec<u32> = work.ran.into_inner().into_iter().map(|(_, p)| p).collect();
+        ran.sort_unstable();
+        ran.dedup();
+        assert_eq!(
+            ran.len(),
+            4,
+            "4 tiles ran on threads {ran:?} in {elapsed:?}"
+        );
+    }
+}
+
+struct Failing;
+
+impl RegionWork for Failing {
+    fn stage_count(&self) -> usize {
+        3
+    }
+    fn begin_stage(&self, stage: usize) -> Result<u64> {
+        assert!(stage < 2, "a stage after the failing one was begun");
+        Ok(8)
+    }
+    fn run_tile(&self, stage: usize, tile: u64, _: u32) -> Result<u64> {
+        if stage == 1 && tile == 5 {
+            return Err(Status::new(StatusCode::Internal, "tile 5 failed"));
+        }
+        Ok(1)
+    }
+}
+
+#[test]
+fn a_failing_tile_stops_the_region() {
+    let pool = WorkerPool::new(3).unwrap();
+    let e = pool.run_region(&Failing).unwrap_err();
+    assert_eq!(e.code(), StatusCode::Internal);
+    assert!(e.to_string().contains("tile 5 failed"), "{e}");
+}
+
+/// Every tile of stage 0 panics, whichever thread runs it (the leader
+/// or joined workers); the work is dropped right after `run_region`
+/// returns. Before panics were caught, a panic on the leader unwound
+/// out of `run_region` with the region still published (workers went
+/// on calling `run_tile` on the dropped work: use after free) and a
+/// panic on a worker killed the worker, its tile never counted done
+/// (the leader waited forever).
+struct Panicking {
+    calls: AtomicUsize,
+    /// Freed by drop: a call after the drop would read freed memory.
+    payload: Vec<u64>,
+}
+
+impl RegionWork for Panicking {
+    fn stage_count(&self) -> usize {
+        2
+    }
+    fn begin_stage(&self, stage: usize) -> Result<u64> {
+        assert_eq!(stage, 0, "the stage after the failing one was begun");
+        Ok(256)
+    }
+    fn run_tile(&self, _: usize, tile: u64, _: u32) -> Result<u64> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(self.payload.len(), 64);
+        std::thread::sleep(Duration::from_micros(50));
+        panic!("tile {tile} panicked on purpose");
+    }
+}
+
+#[test]
+fn a_panicking_tile_fails_the_region_and_the_workers_live_on() {
+    let pool = Arc::new(WorkerPool::new(4).unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = pool.clone();
+    // On a thread of its own: before the fix this hung (a worker died
+    // with its tile unfinished) or unwound.
+    std::thread::spawn(move || {
+        for _ in 0..20 {
+            let work = Box::new(Panicking {
+                calls: AtomicUsize::new(0),
+                payload: vec![7; 64],
+            });
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.run_region(&*work)));
+            let calls = work.calls.load(Ordering::SeqCst);
+            drop(work);
+            tx.send((outcome.map_err(|_| ()), calls)).unwrap();
+        }
+    });
+    for _ in 0..20 {
+        let (outcome, calls) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("run_region hung after a panicking tile");
+        let e = outcome
+            .expect("the panic unwound out of run_region")
+            .unwrap_err();
+        assert_eq!(e.code(), StatusCode::Internal);
+        assert!(e.to_string().contains("panicked on purpose"), "{e}");
+        // Tiles after the failure are skipped, not run.
+        assert!((1..256).contains(&calls), "{calls} tiles ran");
+    }
+    // Every worker lives on: a stage of as many long tiles as threads
+    // runs one tile on each of them.
+    let work = OneStage::new(4, Duration::from_millis(100));
+    pool.run_region(&work).unwrap();
+    let mut ran: Vec<u32> = work.ran.into_inner().into_iter().map(|(_, p)| p).collect();
+    ran.sort_unstable();
+    ran.dedup();
+    assert_eq!(ran.len(), 4, "tiles ran on {ran:?}");
+}
+
+/// A queued job that panics neither kills its worker nor the pool.
+#[test]
+fn a_panicking_job_leaves_its_worker_alive() {
+    let pool = WorkerPool::with_options(&PoolOptions {
+        lend_to_waiters: false,
+        ..PoolOptions::new(1)
+    })
+    .unwrap();
+    pool.spawn(Box::new(|| panic!("job panicked on purpose")));
+    let (tx, rx) = std::sync::mpsc::channel();
+    pool.spawn(Box::new(move || tx.send(()).unwrap()));
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the only worker died with the panicking job");
+}
+
+/// A spinner that notices it was descheduled (a gap between polls)
+/// ends its spin and makes the pool's later spins short.
+#[test]
+fn a_descheduled_spin_ends_and_shortens_later_spins() {
+    if std::env::var_os(SPIN_VAR).is_some() {
+        return; // A fixed bound was asked for.
+    }
+    let pool = WorkerPool::new(1).unwrap();
+    let shared = &pool.shared;
+    let bound = Duration::from_millis(50);
+    assert_eq!(shared.spin_bound(bound), bound);
+    let mut spin = Spin::start(shared, bound);
+    assert!(spin.poll(shared));
+    // As if the thread lost its CPU for a while.
+    std::thread::sleep(region::PREEMPTED_GAP * 2);
+    assert!(!spin.poll(shared), "a descheduled spin went on");
+    assert_eq!(pool.stats().preempted_spins, 1);
+    assert_eq!(shared.spin_bound(bound), region::CONTENDED_SPIN);
+    let start = Instant::now();
+    let mut spin = Spin::start(shared, bound);
+    while spin.poll(shared) {}
+    assert!(start.elapsed() < bound, "{:?}", start.elapsed());
+}
+
+#[test]
+fn thread_creation_failure_is_an_error() {
+    // No system gives a thread an exabyte of stack.
+    let options = PoolOptions {
+        stack_size: Some(1 << 60),
+        ..PoolOptions::new(2)
+    };
+    let e = WorkerPool::with_options(&options).err().expect("must fail");
+    assert_eq!(e.code(), StatusCode::ResourceExhausted);
+    assert!(e.to_string().contains("worker thread 0 of 2"), "{e}");
+}
+
+#[test]
+fn worker_counts_are_capped() {
+    let pool = WorkerPool::new(100_000).unwrap();
+    assert_eq!(pool.worker_count(), MAX_WORKERS);
+    assert_eq!(WorkerPool::new(0).unwrap().worker_count(), 1);
+}
+
+#[test]
+fn an_idle_pool_sleeps() {
+    let pool = WorkerPool::new(4).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..8 {
+        let tx = tx.clone();
+        pool.spawn(Box::new(move || tx.send(()).unwrap()));
+    }
+    for _ in 0..8 {
+        rx.recv().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let before = pool.stats().worker_cpu_time;
+    std::thread::sleep(Duration::from_millis(300));
+    let used = pool.stats().worker_cpu_time - before;
+    // Sleeping workers use no CPU; allow for scheduler noise.
+    assert!(
+        used < Duration::from_millis(5),
+        "idle workers used {used:?}"
+    );
+}
+
+#[test]
+fn workers_get_the_requested_stack_size() {
+    for wanted in [256 * 1024, 4 * 1024 * 1024] {
+        let options = PoolOptions {
+            stack_size: Some(wanted),
+            ..PoolOptions::new(1)
+        };
+        let pool = WorkerPool::with_options(&options).unwrap();
+        assert!(!pool.lends_to_waiters());
+        let (tx, rx) = std::sync::mpsc::channel();
+        pool.spawn(Box::new(move || tx.send(current_stack_size()).unwrap()));
+        let got = rx.recv().unwrap();
+        // The system may round up to whole pages (and add a guard page).
+        assert!(
+            got >= wanted && got < wanted + 64 * 1024,
+            "{got} for {wanted}"
+        );
+    }
+}
