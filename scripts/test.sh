@@ -100,9 +100,10 @@ if [[ -z "$llm_missing" ]]; then
   FERRITE_BIN=target/debug/ferrite timeout 900 .venv/bin/pytest -q -rs tests/llm
   # The batch program (issue 29): 3 prompts decoded in one batch equal
   # Llm::generate's greedy ids on both CPU devices; slot/position errors
-  # (#[ignore]d in the workspace run above, which precedes the download).
+  # (#[ignore]d in the workspace run above, which precedes the download);
+  # the KV cache sized for the context asked for (tests/context.rs).
   FERRITE_LLM_GGUF="$(.venv/bin/python examples/llm/assets.py)" \
-    timeout 600 cargo test -q -p ferrite-llm --test batch -- --ignored
+    timeout 600 cargo test -q -p ferrite-llm --test batch --test context -- --ignored
 elif [[ "${FERRITE_REQUIRE_UPSTREAM:-}" == 1 ]]; then
   echo "LLM step: missing $llm_missing; FERRITE_REQUIRE_UPSTREAM=1 forbids skipping it"
   exit 1
