@@ -3,7 +3,7 @@
 //! sleeps on the pool's futex word until whatever creates work wakes it.
 //!
 //! An idle worker polls for new work for a bounded time
-//! ([`PoolOptions::idle_spin`]) and then sleeps on the pool's futex word
+//! ([`super::PoolOptions::idle_spin`]) and then sleeps on the pool's futex word
 //! (a futex, module `park`). Whatever creates work (a job, a region, a region's next
 //! stage) bumps the word and wakes only as many sleepers as the work can
 //! use, with one system call; woken workers take no lock on the way out.
