@@ -221,6 +221,47 @@ pub fn complete(
     });
 }
 
+/// Runs `f`; while recording, a span of category `cat` around it on the
+/// host track ([`HOST_TRACK`]), named and given arguments by `what` from
+/// `f`'s result once it is known (loads: a module, its verification, its
+/// compilation, a parameter file). Off, `f` runs after one relaxed load.
+#[inline]
+pub fn timed<T>(
+    cat: &'static str,
+    what: impl FnOnce(&T) -> (String, Vec<(&'static str, Arg)>),
+    f: impl FnOnce() -> T,
+) -> T {
+    if !enabled() {
+        return f();
+    }
+    let start = now_ns();
+    let out = f();
+    let (name, args) = what(&out);
+    complete(cat, name, HOST_TRACK, start, args);
+    out
+}
+
+/// The start of a span that [`end_span`] records: now while recording,
+/// None otherwise (no clock read), for code a closure cannot wrap.
+#[inline(always)]
+pub fn start_span() -> Option<u64> {
+    enabled().then(now_ns)
+}
+
+/// Records a span of category `cat` from `start` ([`start_span`]) to now
+/// on the host track, named by `what`; nothing when `start` is None.
+#[inline]
+pub fn end_span(
+    cat: &'static str,
+    start: Option<u64>,
+    what: impl FnOnce() -> (String, Vec<(&'static str, Arg)>),
+) {
+    if let Some(start) = start {
+        let (name, args) = what();
+        complete(cat, name, HOST_TRACK, start, args);
+    }
+}
+
 /// Records an instant on this thread.
 pub fn instant(
     cat: &'static str,

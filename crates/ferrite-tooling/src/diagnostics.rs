@@ -107,14 +107,11 @@ impl Drop for TraceRecording {
 }
 
 impl DiagnosticArgs {
-    /// Turns on what must be on before the first call (the execution
-    /// trace, the `--trace` recording, whose file is written when the
-    /// returned recording is finished or dropped).
-    pub fn apply(&self, run: &mut RunContext) -> ferrite_base::Result<TraceRecording> {
-        if self.trace_execution {
-            run.context
-                .set_trace_execution(Some(ferrite_vm::bytecode::trace::ExecutionTrace::stderr()));
-        }
+    /// Starts what must record from before the modules load: the
+    /// `--trace` / statistics / `--device_profiling_*` recording (so it
+    /// holds the load spans), whose files are written when the returned
+    /// recording is finished or dropped. Checks the output paths first.
+    pub fn start_recording(&self) -> ferrite_base::Result<TraceRecording> {
         if let Some(path) = &self.trace {
             // The file is created now, so a path that cannot be written
             // fails before the run rather than after it.
@@ -157,6 +154,15 @@ impl DiagnosticArgs {
             statistics: self.print_device_statistics,
             bundle,
         })
+    }
+
+    /// Turns on what needs the loaded context before the first call (the
+    /// execution trace).
+    pub fn apply(&self, run: &mut RunContext) {
+        if self.trace_execution {
+            run.context
+                .set_trace_execution(Some(ferrite_vm::bytecode::trace::ExecutionTrace::stderr()));
+        }
     }
 
     /// Prints what is printed at exit (the statistics), if asked.

@@ -74,8 +74,12 @@ impl Context {
     /// Registers a module: checks dependencies, links imports, runs `__init`.
     pub fn register(&mut self, module: Arc<dyn Module>) -> Result<()> {
         let name = module.name().to_string();
-        self.register_inner(module)
-            .annotate(|| format!("registering module '{name}'"))
+        ferrite_base::trace::timed(
+            "load",
+            |_| (format!("register module {name}"), Vec::new()),
+            || self.register_inner(module),
+        )
+        .annotate(|| format!("registering module '{name}'"))
     }
 
     fn register_inner(&mut self, module: Arc<dyn Module>) -> Result<()> {

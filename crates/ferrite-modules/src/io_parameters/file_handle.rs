@@ -88,7 +88,11 @@ impl FileHandle {
         let path = path.as_ref();
         let file = File::open(path)
             .map_err(|e| status!(NotFound, "opening parameter file '{}': {e}", path.display()))?;
-        FileHandle::map(&file, &path.display().to_string())
+        ferrite_base::trace::timed(
+            "load",
+            |_| (format!("map parameter file {}", path.display()), Vec::new()),
+            || FileHandle::map(&file, &path.display().to_string()),
+        )
     }
 
     /// Maps an open file read-only; `name` says what it is in messages.
@@ -148,8 +152,17 @@ impl FileHandle {
     /// parameter mode): later accesses never touch the file.
     pub fn preload(path: impl AsRef<Path>) -> Result<FileHandle> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path)
-            .map_err(|e| status!(NotFound, "reading parameter file '{}': {e}", path.display()))?;
+        let bytes = ferrite_base::trace::timed(
+            "load",
+            |_| {
+                (
+                    format!("read parameter file {}", path.display()),
+                    Vec::new(),
+                )
+            },
+            || std::fs::read(path),
+        )
+        .map_err(|e| status!(NotFound, "reading parameter file '{}': {e}", path.display()))?;
         Ok(FileHandle::from_shared(
             Arc::new(bytes),
             &path.display().to_string(),

@@ -249,6 +249,8 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
             );
         }
     }
+    // Recording starts before loading: the trace shows the loads.
+    let trace = args.diagnostics.start_recording()?;
     let instance = Instance::default();
     let mut rc = load_context_with(
         &instance,
@@ -259,7 +261,7 @@ pub fn run(args: &BenchmarkModuleArgs) -> Result<()> {
         args.params.modules()?,
     )
     .annotate(|| "creating run context".to_string())?;
-    let trace = args.diagnostics.apply(&mut rc)?;
+    args.diagnostics.apply(&mut rc);
     let functions = functions_to_run(&rc.context, args)?;
     if args.list_tests {
         for f in &functions {

@@ -4,6 +4,12 @@
 //! wall time and bytes bound, the queue operations, the waits and who
 //! ended them, the VM functions, and the threads' busy time in tiles; with
 //! `--png=OUT.png` a timeline picture (see [`crate::profile_png`]).
+//!
+//! Loading (the `load` spans: module loads with their verification and
+//! compilation, parameter files, module registration with the module
+//! initializers run inside it) is summarized on a line of its own and left
+//! out of the rest, whose wall time starts after it: the tables are about
+//! the calls.
 
 use ferrite_base::{bail, status, Result};
 use serde_json::Value;
@@ -46,8 +52,10 @@ pub struct Span {
 /// A trace read back: its spans and its track and thread names.
 #[derive(Debug, Default)]
 pub struct LoadedTrace {
-    /// The `X` events.
+    /// The `X` events, but loading.
     pub spans: Vec<Span>,
+    /// The `load` spans (what ran inside them is in neither list).
+    pub loads: Vec<Span>,
     /// Track number to name.
     pub tracks: BTreeMap<u64, String>,
     /// (track, thread) to name.
@@ -110,6 +118,15 @@ impl LoadedTrace {
                 _ => {}
             }
         }
+        let (loads, rest): (Vec<Span>, Vec<Span>) = std::mem::take(&mut t.spans)
+            .into_iter()
+            .partition(|s| s.cat == "load");
+        let inside = |s: &Span, l: &Span| s.ts >= l.ts && s.ts + s.dur <= l.ts + l.dur;
+        t.spans = rest
+            .into_iter()
+            .filter(|s| !loads.iter().any(|l| inside(s, l)))
+            .collect();
+        t.loads = loads;
         Ok(t)
     }
 
@@ -218,6 +235,31 @@ pub fn summary(trace: &LoadedTrace, top: usize) -> String {
         fmt_us(wall),
         fmt_us(in_calls)
     );
+    // Loading: the outermost load spans, each once.
+    let outer: Vec<&Span> = trace
+        .loads
+        .iter()
+        .filter(|s| {
+            !trace
+                .loads
+                .iter()
+                .any(|l| !std::ptr::eq(*s, l) && s.ts >= l.ts && s.ts + s.dur <= l.ts + l.dur)
+        })
+        .collect();
+    if !outer.is_empty() {
+        let total: f64 = outer.iter().map(|s| s.dur).sum();
+        let list: Vec<String> = outer
+            .iter()
+            .map(|s| format!("{} {}", clip(&s.name, 60), fmt_us(s.dur)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "loading (not in the wall time): {} in {} step(s): {}",
+            fmt_us(total),
+            outer.len(),
+            list.join(", ")
+        );
+    }
     let devices: Vec<&str> = trace
         .tracks
         .values()
@@ -429,6 +471,37 @@ mod tests {
         // --top=1 keeps one dispatch row.
         let one = summary(&t, 1);
         assert!(one.lines().any(|l| l.ends_with(" a")) && !one.lines().any(|l| l.ends_with(" b")));
+    }
+
+    #[test]
+    fn loading_is_a_line_of_its_own_outside_the_wall_time() {
+        // A load of 3 ms (with a verification inside), a registration of
+        // 1 ms running the module's initializer and one dispatch, then a
+        // call of 1 ms with two dispatches.
+        let t = r#"{"traceEvents":[
+        {"ph":"X","cat":"load","name":"load module m","pid":1,"tid":1,"ts":0,"dur":3000},
+        {"ph":"X","cat":"load","name":"verify module m","pid":1,"tid":1,"ts":100,"dur":500},
+        {"ph":"X","cat":"load","name":"register module m","pid":1,"tid":1,"ts":3000,"dur":1000},
+        {"ph":"X","cat":"invocation","name":"m.__init","pid":1,"tid":1,"ts":3100,"dur":800},
+        {"ph":"X","cat":"dispatch","name":"init","pid":2,"tid":9,"ts":3200,"dur":100},
+        {"ph":"X","cat":"invocation","name":"m.f","pid":1,"tid":1,"ts":5000,"dur":1000},
+        {"ph":"X","cat":"dispatch","name":"a","pid":2,"tid":9,"ts":5100,"dur":200},
+        {"ph":"X","cat":"dispatch","name":"a","pid":2,"tid":9,"ts":5500,"dur":200}
+    ]}"#;
+        let t = LoadedTrace::parse(t).unwrap();
+        assert_eq!(t.loads.len(), 3);
+        let s = summary(&t, 10);
+        assert!(
+            s.contains("loading (not in the wall time): 4.000 ms in 2 step(s): load module m 3.000 ms, register module m 1.000 ms"),
+            "{s}"
+        );
+        assert!(s.contains("1 invocation(s)"), "{s}");
+        assert!(s.starts_with("wall time 1.000 ms"), "{s}");
+        assert!(
+            s.contains("dispatches: 2 in 400.0 us (40.0% of wall time)"),
+            "{s}"
+        );
+        assert!(!s.lines().any(|l| l.ends_with(" init")), "{s}");
     }
 
     #[test]

@@ -98,6 +98,8 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
     if let Some(other) = &args.compare_device {
         return crate::dispatch_diff::run::run_compare(args, other);
     }
+    // Recording starts before loading: the trace shows the loads.
+    let trace = args.diagnostics.start_recording()?;
     let instance = Instance::default();
     let mut run = load_context_with(
         &instance,
@@ -108,7 +110,7 @@ pub fn run(args: &RunModuleArgs) -> Result<()> {
         args.params.modules()?,
     )
     .annotate(|| "creating run context".to_string())?;
-    let trace = args.diagnostics.apply(&mut run)?;
+    args.diagnostics.apply(&mut run);
     let ctx = &run.context;
     let function = match &args.function {
         Some(f) => f.clone(),

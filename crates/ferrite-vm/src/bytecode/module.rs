@@ -53,10 +53,18 @@ pub struct BytecodeModule {
 impl BytecodeModule {
     /// Parses, resolves types against `instance` and verifies every function.
     pub fn load(instance: &Instance, bytes: ModuleBytes) -> Result<Arc<BytecodeModule>> {
+        let (start, size) = (ferrite_base::trace::start_span(), bytes.len() as u64);
         let archive = Archive::parse(bytes)?;
         let name = archive.name().to_string();
-        Self::from_archive(instance, archive)
-            .annotate(|| format!("loading bytecode module '{name}'"))
+        let module = Self::from_archive(instance, archive)
+            .annotate(|| format!("loading bytecode module '{name}'"));
+        ferrite_base::trace::end_span("load", start, || {
+            (
+                format!("load module {name}"),
+                vec![("bytes", ferrite_base::trace::Arg::U64(size))],
+            )
+        });
+        module
     }
 
     fn from_archive(instance: &Instance, archive: Archive) -> Result<Arc<BytecodeModule>> {
@@ -156,12 +164,22 @@ impl BytecodeModule {
             strings: &mut strings,
         };
         let mut functions = Vec::with_capacity(descs.len());
+        let verify_start = ferrite_base::trace::start_span();
         for (i, d) in descs.iter().enumerate() {
             let code = archive.function_bytecode(i);
             let f = decode_function(&function_names[i], code, d, &function_cconvs[i], &mut env)
                 .annotate(|| format!("verifying function {i} '{}'", function_names[i]))?;
             functions.push(f);
         }
+        ferrite_base::trace::end_span("load", verify_start, || {
+            (
+                format!("verify module {}", archive.name()),
+                vec![(
+                    "functions",
+                    ferrite_base::trace::Arg::U64(descs.len() as u64),
+                )],
+            )
+        });
         let shared: crate::buffer::SharedBytes = Arc::new(archive.bytes().clone());
         let rodata = archive
             .rodata_segments()
@@ -178,10 +196,13 @@ impl BytecodeModule {
             })
             .collect();
         #[cfg(feature = "jit")]
-        let jit = instance
-            .options()
-            .jit
-            .then(|| super::jit::compile(&functions));
+        let jit = instance.options().jit.then(|| {
+            ferrite_base::trace::timed(
+                "load",
+                |_| (format!("jit compile module {}", archive.name()), Vec::new()),
+                || super::jit::compile(&functions),
+            )
+        });
         Ok(Arc::new(BytecodeModule {
             #[cfg(feature = "jit")]
             jit,

@@ -41,6 +41,7 @@ pub fn parse_into(
             ),
         },
     };
+    let start = ferrite_base::trace::start_span();
     let result = match format.as_str() {
         "irpa" => irpa::parse_into(index, handle),
         "gguf" => gguf::parse_into(index, handle),
@@ -52,6 +53,12 @@ pub fn parse_into(
             FORMATS.join(", ")
         ),
     };
+    ferrite_base::trace::end_span("load", start, || {
+        (
+            format!("index parameter file {}", handle.name()),
+            vec![("entries", ferrite_base::trace::Arg::U64(index.len() as u64))],
+        )
+    });
     result.map_err(|e| e.annotate(format!("parsing {format} file '{}'", handle.name())))
 }
 
