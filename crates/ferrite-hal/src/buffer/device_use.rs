@@ -1,0 +1,391 @@
+//! Device use of a buffer's allocation: the pointers and ranges drivers
+//! bind ([`BindingPtr`], [`DeviceRange`]) and the submission-long
+//! [`DeviceUse`], all counted on the allocation's [`DeviceUsers`] so that
+//! host access racing device work is refused (the rule in the `buffer`
+//! module docs).
+
+use std::fmt;
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ferrite_base::{bail, Result};
+use parking_lot::RwLock;
+
+use super::storage::Allocation;
+use super::Buffer;
+use crate::memory::MemoryAccess;
+
+impl Buffer {
+    /// A raw pointer to `[offset, offset+length)` for device use (dispatch
+    /// bindings), after checking range and `access`. Takes no lock; see the
+    /// module documentation for the contract users of the pointer follow.
+    pub fn binding_ptr(
+        &self,
+        offset: u64,
+        length: u64,
+        access: MemoryAccess,
+    ) -> Result<BindingPtr> {
+        let (off, len) = self.resolve_range(offset, length)?;
+        let (ptr, len) = self.checked_binding(off, len, access)?;
+        Ok(BindingPtr {
+            ptr,
+            len,
+            writable: self.alloc.is_writable()
+                && access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY),
+            tracked: false,
+            _keep: self.alloc.clone(),
+        })
+    }
+
+    /// [`Buffer::binding_ptr`] for device work in flight: while the returned
+    /// pointer lives the allocation counts it as a device user, and host
+    /// access that would race with it ([`Buffer::map_read`] and the other
+    /// host accessors) is refused rather than raced; it is refused in turn
+    /// while the host holds a conflicting mapping. Drivers resolve dispatch
+    /// bindings with this.
+    pub fn device_binding(
+        &self,
+        offset: u64,
+        length: u64,
+        access: MemoryAccess,
+    ) -> Result<BindingPtr> {
+        let (off, len) = self.resolve_range(offset, length)?;
+        let range = self.binding_range_resolved(off, len, access)?;
+        let (ptr, len, write) = (range.ptr, range.len, range.write);
+        // The use moves from the borrowed guard to the owning pointer.
+        std::mem::forget(range);
+        Ok(BindingPtr {
+            ptr,
+            len,
+            writable: write,
+            tracked: true,
+            _keep: self.alloc.clone(),
+        })
+    }
+
+    /// The address and length of `[offset, offset+length)` for `access`,
+    /// checked as [`Buffer::binding_ptr`] checks it, without keeping the
+    /// allocation alive: for callers that hold this buffer for as long as
+    /// they use the pointer (e.g. a dispatch run inline on the submitting
+    /// thread). The pointer carries the same contract as a [`BindingPtr`].
+    pub fn binding_range(
+        &self,
+        offset: u64,
+        length: u64,
+        access: MemoryAccess,
+    ) -> Result<DeviceRange<'_>> {
+        let (off, len) = self.resolve_range(offset, length)?;
+        self.binding_range_resolved(off, len, access)
+    }
+
+    /// [`Buffer::binding_range`] of a range already resolved against this
+    /// buffer (by [`Buffer::resolve_range`], or a command's buffer reference
+    /// resolved against its binding table): no whole-buffer lengths, and
+    /// `offset + length` within the buffer, which is checked again. The
+    /// range counts as device work in flight until it is dropped (see
+    /// [`Buffer::device_binding`]).
+    pub fn binding_range_resolved(
+        &self,
+        offset: u64,
+        length: u64,
+        access: MemoryAccess,
+    ) -> Result<DeviceRange<'_>> {
+        let (ptr, len) = self.checked_binding(offset, length, access)?;
+        // A program constant bound where the kernel may write counts as
+        // written: programs do write their constants in place
+        // (HostMemory::program_constant).
+        let write = access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY);
+        self.alloc.device.begin(&self.alloc.lock, write)?;
+        Ok(DeviceRange {
+            ptr,
+            len,
+            write,
+            users: &self.alloc.device,
+        })
+    }
+
+    /// Counts device work on this buffer's allocation (`write`: the work
+    /// may write it) until the returned use ends: the HAL holds one per
+    /// bound buffer for the life of a submission, so host access racing it
+    /// is refused on every driver, including those whose kernels reach the
+    /// memory without a host pointer (a GPU writing pinned memory).
+    /// `FAILED_PRECONDITION` while the host holds a conflicting mapping.
+    pub fn begin_device_use(&self, write: bool) -> Result<DeviceUse> {
+        self.alloc.device.begin(&self.alloc.lock, write)?;
+        Ok(DeviceUse {
+            alloc: self.alloc.clone(),
+            write,
+            ended: AtomicBool::new(false),
+        })
+    }
+
+    fn checked_binding(
+        &self,
+        offset: u64,
+        length: u64,
+        access: MemoryAccess,
+    ) -> Result<(*mut u8, usize)> {
+        self.validate_access(access)?;
+        if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
+            bail!(PermissionDenied, "buffer wraps read-only host memory");
+        }
+        // ANY: the executable format does not say whether the kernel writes
+        // (CPU executables). Writable storage serves it; read-only storage
+        // only when it is a program constant (no dispatch writes those).
+        if access.contains(MemoryAccess::ANY)
+            && !self.alloc.is_writable()
+            && !self.alloc.is_constant()
+        {
+            bail!(
+                PermissionDenied,
+                "buffer wraps read-only host memory that is not a program constant, and the kernel may write it"
+            );
+        }
+        if self.alloc.device_only().is_some() {
+            bail!(
+                PermissionDenied,
+                "buffer is device-only memory of another device ({} bytes) and has no host address for a CPU dispatch",
+                self.alloc.len
+            );
+        }
+        if offset
+            .checked_add(length)
+            .is_none_or(|end| end > self.length)
+        {
+            // Not resolved against this buffer after all: the full check
+            // names the problem.
+            self.resolve_range(offset, length)?;
+            bail!(
+                Internal,
+                "range {offset}+{length} is not resolved against this buffer"
+            );
+        }
+        let abs = (self.offset + offset) as usize;
+        // `wrapping_add` keeps this safe; the result is in bounds because the
+        // range was checked against the allocation.
+        Ok((self.alloc.base_ptr().wrapping_add(abs), length as usize))
+    }
+}
+
+/// A raw pointer to a buffer range for device execution (e.g. a CPU
+/// executable's binding table). Keeps the allocation alive; never locks.
+///
+/// Contract for dereferencing (the one `unsafe` user is the CPU driver): the
+/// pointer is valid for `len()` bytes while this value lives; accesses must be
+/// ordered with host access to overlapping bytes (queue/semaphore ordering);
+/// concurrent writers must write disjoint bytes; no writes unless
+/// [`BindingPtr::is_writable`].
+pub struct BindingPtr {
+    ptr: *mut u8,
+    len: usize,
+    writable: bool,
+    /// Counted as a device user of the allocation ([`Buffer::device_binding`]).
+    tracked: bool,
+    _keep: Arc<Allocation>,
+}
+
+impl Drop for BindingPtr {
+    fn drop(&mut self) {
+        if self.tracked {
+            self._keep.device.end(self.writable);
+        }
+    }
+}
+
+/// Device work in flight on one allocation: counts of device users that
+/// may write it and that only read it. Host accessors take the allocation's
+/// lock and then check these; a device use counts itself and then checks
+/// the lock. Both sides put a sequentially consistent fence between their
+/// own step and the check, so of a host access and a device use that start
+/// together at least one sees the other and is refused: they never overlap.
+///
+/// Owned host mappings ([`Buffer::map_host`], handed to Python and other
+/// foreign holders that cannot keep a lock guard) are counted here too:
+/// `host_mapped` of any access and `host_mapped_writable` of those that may
+/// write, checked by device uses in the same fenced way.
+#[derive(Default)]
+pub(super) struct DeviceUsers {
+    pub(super) writers: AtomicUsize,
+    pub(super) readers: AtomicUsize,
+    pub(super) host_mapped: AtomicUsize,
+    pub(super) host_mapped_writable: AtomicUsize,
+}
+
+impl DeviceUsers {
+    pub(super) fn counter(&self, write: bool) -> &AtomicUsize {
+        if write {
+            &self.writers
+        } else {
+            &self.readers
+        }
+    }
+
+    /// Starts a device use, unless the host holds a conflicting lock (any
+    /// lock for a writer, the write lock for a reader).
+    pub(super) fn begin(&self, lock: &RwLock<()>, write: bool) -> Result<()> {
+        self.counter(write).fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let conflict = if write {
+            lock.is_locked() || self.host_mapped.load(Ordering::SeqCst) != 0
+        } else {
+            lock.is_locked_exclusive() || self.host_mapped_writable.load(Ordering::SeqCst) != 0
+        };
+        if conflict {
+            self.end(write);
+            bail!(
+                FailedPrecondition,
+                "buffer is mapped or accessed by the host while device work would {} it; host access must be ordered before the work (wait on its fences)",
+                if write { "write" } else { "read" }
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn end(&self, write: bool) {
+        self.counter(write).fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// With the shared lock held: refuses while device work may write.
+    pub(super) fn host_may_read(&self) -> Result<()> {
+        fence(Ordering::SeqCst);
+        if self.writers.load(Ordering::SeqCst) != 0 {
+            bail!(
+                FailedPrecondition,
+                "buffer is in use by device work that may write it (a dispatch in flight); wait on the work's fence before host access"
+            );
+        }
+        Ok(())
+    }
+
+    /// With the exclusive lock held: refuses while any device work uses it.
+    pub(super) fn host_may_write(&self) -> Result<()> {
+        self.host_may_read()?;
+        if self.readers.load(Ordering::SeqCst) != 0 {
+            bail!(
+                FailedPrecondition,
+                "buffer is in use by device work that reads it (a dispatch in flight); wait on the work's fence before host writes"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A device use of a buffer's allocation held for a whole submission
+/// (from [`Buffer::begin_device_use`]): while it is held, host access that
+/// would race the work is refused, as for a [`BindingPtr`] from
+/// [`Buffer::device_binding`]. It ends at [`DeviceUse::end`] or on drop,
+/// whichever comes first.
+pub struct DeviceUse {
+    alloc: Arc<Allocation>,
+    write: bool,
+    ended: AtomicBool,
+}
+
+impl DeviceUse {
+    /// Ends the use (idempotent): host access is allowed again once no other
+    /// device use remains. Only atomics: callable under other locks.
+    pub fn end(&self) {
+        if !self.ended.swap(true, Ordering::SeqCst) {
+            self.alloc.device.end(self.write);
+        }
+    }
+}
+
+impl Drop for DeviceUse {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+impl fmt::Debug for DeviceUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DeviceUse({} bytes, write={}, ended={})",
+            self.alloc.len,
+            self.write,
+            self.ended.load(Ordering::Relaxed)
+        )
+    }
+}
+
+/// A checked device range of a buffer (from [`Buffer::binding_range`]),
+/// counted as device work in flight until dropped; it borrows the buffer, so
+/// the allocation outlives it. Dereferencing follows [`BindingPtr`]'s
+/// contract.
+pub struct DeviceRange<'a> {
+    ptr: *mut u8,
+    len: usize,
+    write: bool,
+    users: &'a DeviceUsers,
+}
+
+impl DeviceRange<'_> {
+    /// The first byte of the range.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length of the range in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty range.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+// SAFETY: a DeviceRange only carries an address (never dereferenced
+// through it) and a shared reference to the allocation's atomic counters,
+// which are Sync; moving or sharing it across threads is as safe as the
+// Buffer it borrows.
+unsafe impl Send for DeviceRange<'_> {}
+// SAFETY: as above; `&DeviceRange` offers only the address and length.
+unsafe impl Sync for DeviceRange<'_> {}
+
+impl Drop for DeviceRange<'_> {
+    fn drop(&mut self) {
+        self.users.end(self.write);
+    }
+}
+
+// SAFETY: the pointer targets memory owned by (or kept alive with) the held
+// allocation, which is Send + Sync; synchronization of the bytes themselves
+// is the documented responsibility of the dereferencing user.
+unsafe impl Send for BindingPtr {}
+// SAFETY: see above; `BindingPtr` itself offers no safe dereference.
+unsafe impl Sync for BindingPtr {}
+
+impl BindingPtr {
+    /// The first byte of the range.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Length of the range in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty range.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True when the bytes may be written through this pointer.
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+}
+
+impl fmt::Debug for BindingPtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "BindingPtr({:p}, {} bytes, writable={})",
+            self.ptr, self.len, self.writable
+        )
+    }
+}
