@@ -4,7 +4,7 @@
 //! rendered to Perfetto by the pinned `iree-profile-render`; the counts
 //! equal what ran (two dispatches, one execute, two allocas), the command
 //! buffer's commands are listed with their exports, and allocations pair
-//! with their release.
+//! with their release, as upstream's records of the same programs.
 
 use ferrite_testkit::{compile_file, venv_tool, workspace_root, GENERIC_CPU};
 use std::path::{Path, PathBuf};
@@ -239,6 +239,83 @@ fn local_task_bundle_reads_back_in_upstreams_tools() {
         .collect();
     assert_eq!(tiles.len(), 2, "{dispatch}");
     assert!(tiles.iter().all(|&t| t >= 1), "{dispatch}");
+}
+
+/// Writes a bundle of `function` of `mlir` (under tests/trace) run by
+/// `tool` (Ferrite's `run-module` or the pinned `iree-run-module`) on
+/// `device`; returns its path.
+fn bundle_of(tool: &str, device: &str, mlir: &str, function: &str, inputs: &[&str]) -> PathBuf {
+    let root = workspace_root();
+    let dir = root.join("target/test-programs");
+    let module = compile_file(
+        &root.join("tests/trace").join(format!("{mlir}.mlir")),
+        &dir.join(format!("trace_{mlir}.vmfb")),
+        GENERIC_CPU,
+    );
+    let path = dir.join(format!("profile_{mlir}_{tool}_{device}.ireeprof"));
+    let _ = std::fs::remove_file(&path);
+    let mut cmd = if tool == "ferrite" {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ferrite"));
+        c.arg("run-module");
+        c
+    } else {
+        Command::new(venv_tool("iree-run-module"))
+    };
+    ok(cmd
+        .arg(format!("--module={}", module.display()))
+        .arg(format!("--device={device}"))
+        .arg(format!("--function={function}"))
+        .args(inputs)
+        .arg("--device_profiling_mode=queue-events,host-execution,memory-events")
+        .arg(format!("--device_profiling_output={}", path.display())));
+    path
+}
+
+/// The lines of `iree-profile command` that describe commands, and the
+/// queue allocation line of `iree-profile memory`.
+fn commands_and_allocations(file: &Path) -> (Vec<String>, String) {
+    let command = profile("command", file);
+    let lines: Vec<String> = command
+        .lines()
+        .filter(|l| l.trim_start().starts_with("command["))
+        .map(|l| l.trim().to_string())
+        .collect();
+    assert!(!lines.is_empty(), "{command}");
+    let memory = profile("memory", file);
+    let allocations = memory
+        .lines()
+        .find(|l| l.trim_start().starts_with("queue_inflight_allocations:"))
+        .unwrap_or_else(|| panic!("{memory}"))
+        .trim()
+        .to_string();
+    (lines, allocations)
+}
+
+/// Ferrite's command records (kind, flags, export, bindings, workgroups,
+/// offsets, lengths) and queue allocation lifetimes read back exactly as
+/// upstream's for the same program: a dispatch program and a transfer
+/// program. Upstream's `local-task` is the reference for both devices
+/// (its `local-sync` writes no command records).
+#[test]
+fn command_and_allocation_records_equal_upstreams() {
+    let two_matmuls = [
+        "--input=32x64xf32=1",
+        "--input=64x16xf32=1",
+        "--input=16x8xf32=1",
+    ];
+    let transfers = ["--input=64xf32=1", "--input=64xf32=2"];
+    for (mlir, function, inputs) in [
+        ("two_matmuls", "two_matmuls", &two_matmuls[..]),
+        ("copies_and_fill", "copies_and_fill", &transfers[..]),
+    ] {
+        let upstream =
+            commands_and_allocations(&bundle_of("upstream", "local-task", mlir, function, inputs));
+        for device in ["local-sync", "local-task"] {
+            let ours =
+                commands_and_allocations(&bundle_of("ferrite", device, mlir, function, inputs));
+            assert_eq!(ours, upstream, "{mlir} on {device}");
+        }
+    }
 }
 
 #[test]
