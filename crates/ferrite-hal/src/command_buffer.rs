@@ -173,8 +173,10 @@ struct State {
 
 /// A command buffer (VM ref type `hal.command_buffer`).
 pub struct CommandBuffer {
-    /// Process-unique number, from 1 (profiles name command buffers by it).
-    id: u64,
+    /// Process-unique number, from 1 (profiles name command buffers by
+    /// it); 0 until first asked for, so buffers of untraced runs never
+    /// touch the shared counter.
+    id: std::sync::atomic::AtomicU64,
     /// The trace recording this buffer was last described in
     /// ([`crate::command_trace`]).
     described: std::sync::atomic::AtomicU64,
@@ -224,9 +226,8 @@ impl CommandBuffer {
         queue_affinity: u64,
         binding_capacity: u32,
     ) -> CommandBuffer {
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         CommandBuffer {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: std::sync::atomic::AtomicU64::new(0),
             described: std::sync::atomic::AtomicU64::new(0),
             mode,
             categories,
@@ -240,9 +241,22 @@ impl CommandBuffer {
         }
     }
 
-    /// The process-unique number of this command buffer (from 1).
+    /// The process-unique number of this command buffer (from 1), given
+    /// at the first call.
     pub fn id(&self) -> u64 {
-        self.id
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        match self.id.load(Relaxed) {
+            0 => {
+                let new = NEXT_ID.fetch_add(1, Relaxed);
+                // Two first callers race: one number wins, both return it.
+                match self.id.compare_exchange(0, new, Relaxed, Relaxed) {
+                    Ok(_) => new,
+                    Err(won) => won,
+                }
+            }
+            id => id,
+        }
     }
 
     /// True the first time it is asked during trace recording `session`
