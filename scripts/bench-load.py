@@ -155,7 +155,9 @@ PY_INPUTS = {
 def py_time(args):
     """--py-time: this process loads the case's module with one runtime,
     calls the function for --min-time seconds after a warm-up and prints
-    the mean ns per call (one line, `ns_per_call N`)."""
+    the mean ns per call (one line, `ns_per_call N`) and a checksum of the
+    first call's results (`checksum X`: the sum of every result element),
+    which the caller compares between the runtimes."""
     import numpy as np
 
     if args.py_time == "ferrite":
@@ -173,6 +175,10 @@ def py_time(args):
     bound = rt.load_vm_modules(*modules, config=config)[-1]
     fn = bound[args.py_function]
     inputs = PY_INPUTS[args.py_case](np)
+    first = fn(*inputs)
+    results = first if isinstance(first, (list, tuple)) else [first]
+    checksum = sum(float(np.asarray(r.to_host() if hasattr(r, "to_host") else r, np.float64).sum())
+                   for r in results)
     warm_end = time.perf_counter() + min(0.2, args.min_time / 2)
     calls = 0
     while calls < 3 or time.perf_counter() < warm_end:
@@ -187,7 +193,7 @@ def py_time(args):
         now = time.perf_counter()
         if now >= end:
             break
-    print(f"ns_per_call {(now - t0) / calls * 1e9:.1f}", flush=True)
+    print(f"ns_per_call {(now - t0) / calls * 1e9:.1f}\nchecksum {checksum!r}", flush=True)
 
 
 def py_timing(runtime, name, module, weights, fn, device, args):
@@ -200,21 +206,33 @@ def py_timing(runtime, name, module, weights, fn, device, args):
         cmd += ["--py-weights", weights]
     out = run(cmd)
     m = re.search(r"^ns_per_call ([0-9.]+)$", out, re.M)
-    if not m:
+    c = re.search(r"^checksum (\S+)$", out, re.M)
+    if not (m and c):
         sys.exit(f"cannot parse: {' '.join(cmd)}\n{out}")
-    return float(m.group(1))
+    return float(m.group(1)), float(c.group(1))
 
 
 def py_round(name, module, weights, fn, device, args):
     """(ferrite idle, ferrite loaded, upstream idle, upstream loaded), ns per
-    call through Python; loaded figures the mean of two alternated timings."""
-    fi = py_timing("ferrite", name, module, weights, fn, device, args)
-    ui = py_timing("upstream", name, module, weights, fn, device, args)
+    call through Python; loaded figures the mean of two alternated timings.
+    Stops when the two runtimes' results differ."""
+    sums = {}
+
+    def timing(runtime):
+        t, checksum = py_timing(runtime, name, module, weights, fn, device, args)
+        sums.setdefault(runtime, checksum)
+        return t
+
+    fi = timing("ferrite")
+    ui = timing("upstream")
+    f, u = sums["ferrite"], sums["upstream"]
+    if not abs(f - u) <= 1e-3 * max(1.0, abs(u)):
+        sys.exit(f"{name} on {device}: ferrite.runtime's results sum to {f}, iree.runtime's to {u}")
     loaded = {"ferrite": [], "upstream": []}
     with ScriptLoad(args.load_seconds):
         for _ in range(2):
             for runtime in ("ferrite", "upstream"):
-                loaded[runtime].append(py_timing(runtime, name, module, weights, fn, device, args))
+                loaded[runtime].append(timing(runtime))
     return fi, statistics.mean(loaded["ferrite"]), ui, statistics.mean(loaded["upstream"])
 
 
