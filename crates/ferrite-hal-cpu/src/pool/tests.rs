@@ -452,3 +452,92 @@ fn workers_get_the_requested_stack_size() {
         );
     }
 }
+
+/// One stage of long tiles recording, per processor id, the CPUs the
+/// thread running the tile may use.
+#[cfg(target_os = "linux")]
+struct Affinities {
+    tiles: u64,
+    seen: Mutex<Vec<(u32, Vec<usize>)>>,
+}
+
+#[cfg(target_os = "linux")]
+impl RegionWork for Affinities {
+    fn stage_count(&self) -> usize {
+        1
+    }
+    fn begin_stage(&self, _: usize) -> Result<u64> {
+        Ok(self.tiles)
+    }
+    fn run_tile(&self, _: usize, _: u64, processor_id: u32) -> Result<u64> {
+        std::thread::sleep(Duration::from_millis(60));
+        // SAFETY: `set` is a plain bit set the kernel fills for the calling
+        // thread (pid 0); CPU_ISSET reads bits below CPU_SETSIZE only.
+        let cpus = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+                0
+            );
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        };
+        self.seen.lock().push((processor_id, cpus));
+        Ok(1)
+    }
+}
+
+/// Workers given CPUs (the driver's default placement) run on exactly
+/// their CPU; the leading caller stays unpinned.
+#[cfg(target_os = "linux")]
+#[test]
+fn workers_run_on_the_cpus_they_are_pinned_to() {
+    let cpus = crate::topology::default_worker_cpus(4);
+    assert!(!cpus.is_empty(), "no CPU in this process's affinity mask");
+    let pool = WorkerPool::with_options(&PoolOptions {
+        cpu_ids: cpus.clone(),
+        ..PoolOptions::new(cpus.len())
+    })
+    .unwrap();
+    let work = Affinities {
+        tiles: 2 * cpus.len() as u64 + 2,
+        seen: Mutex::new(Vec::new()),
+    };
+    pool.run_region(&work).unwrap();
+    let seen = work.seen.into_inner();
+    let on_workers: Vec<_> = seen
+        .iter()
+        .filter(|(p, _)| (*p as usize) < cpus.len())
+        .collect();
+    // With one worker the caller leads alone (no room for helpers).
+    if cpus.len() > 1 {
+        assert!(!on_workers.is_empty(), "no tile ran on a worker: {seen:?}");
+    }
+    for (p, allowed) in on_workers {
+        assert_eq!(allowed, &[cpus[*p as usize]], "worker {p}");
+    }
+}
+
+/// A CPU that cannot be pinned to fails the pool, unless the placement
+/// is best effort (the driver's default), which runs the worker unpinned.
+#[cfg(target_os = "linux")]
+#[test]
+fn best_effort_pinning_survives_a_cpu_it_cannot_use() {
+    let impossible = libc::CPU_SETSIZE as usize + 1;
+    let strict = PoolOptions {
+        cpu_ids: vec![impossible],
+        ..PoolOptions::new(1)
+    };
+    let e = WorkerPool::with_options(&strict).err().expect("must fail");
+    assert_eq!(e.code(), StatusCode::InvalidArgument);
+    let lenient = PoolOptions {
+        pin_best_effort: true,
+        ..strict
+    };
+    let pool = WorkerPool::with_options(&lenient).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    pool.spawn(Box::new(move || tx.send(()).unwrap()));
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the unpinned worker ran no job");
+}
