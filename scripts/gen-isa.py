@@ -117,6 +117,12 @@ for i in ops:
     print(f"    Op::{i['symbol']},")
 print("];")
 print()
+print("/// The fused (decoder-internal) ops, never encoded in bytecode.")
+print(f"pub const FUSED_OPS: [Op; {len(FUSED)}] = [")
+for sym, _, _ in FUSED:
+    print(f"    Op::{sym},")
+print("];")
+print()
 for set_id, tag in (("core", "CORE"), ("ext_f32", "EXT_F32"), ("ext_f64", "EXT_F64")):
     table = ["None"] * 256
     for i in ops:

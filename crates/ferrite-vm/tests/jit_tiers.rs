@@ -1,9 +1,11 @@
 //! The compiling tier against the interpreter: every exported function of
-//! every fixture program under `tests/vm` (those taking no arguments) runs
-//! once with the tier on and once with it off, and must give the same
-//! results, or fail with the same status, message and backtrace
-//! (`module.function@offset` per frame). Also checks that the tier does
-//! compile what it covers.
+//! every fixture program under `tests/vm` (those taking no arguments, or only
+//! scalars: then with several argument rows) runs once with the tier on and
+//! once with it off, and must give the same results, or fail with the same
+//! status, message and backtrace (`module.function@offset` per frame). Also
+//! checks that the tier does compile what it covers, and that each compared
+//! call of a compiled export really entered compiled code (the tier's
+//! per-function entry counter), with arguments as well as without.
 #![cfg(feature = "jit")]
 
 mod common;
@@ -89,15 +91,17 @@ fn same_outcome(
     }
 }
 
-/// The names `tier_report` lists as compiled.
-fn compiled_names(module: &BytecodeModule) -> std::collections::HashSet<String> {
+/// The names `tier_report` lists as compiled, with their function ordinals.
+fn compiled_names(module: &BytecodeModule) -> std::collections::HashMap<String, usize> {
     module
         .tier_report()
         .lines()
         .filter_map(|l| {
-            let (_, rest) = l.split_once("] ")?;
+            let (index, rest) = l.split_once("] ")?;
+            let index = index.trim_start().strip_prefix('[')?.trim().parse().ok()?;
             let (name, tier) = rest.split_once(": ")?;
-            tier.starts_with("compiled").then(|| name.to_string())
+            tier.starts_with("compiled")
+                .then(|| (name.to_string(), index))
         })
         .collect()
 }
@@ -107,6 +111,7 @@ fn both_tiers_agree_on_every_fixture_function() {
     let (on, off) = (instance(true), instance(false));
     let mut compared = 0usize;
     let mut compared_compiled = 0usize;
+    let mut compared_compiled_with_args = 0usize;
     let mut with_args = 0usize;
     let mut compiled = 0usize;
     let mut interpreted_exports = Vec::new();
@@ -142,16 +147,25 @@ fn both_tiers_agree_on_every_fixture_function() {
                     ci.lookup_function(&e.name).expect("lookup"),
                 );
                 let shown_args = format!("{args:?}");
+                let jit = mj.jit().expect("tier on");
+                let ordinal = compiled_here.get(&e.name).copied();
+                let before = ordinal.map_or(0, |f| jit.entered(f));
                 let (rj, ri) = (cj.invoke(&fj, args.clone()), ci.invoke(&fi, args));
                 compared += 1;
                 with_args += usize::from(!cconv.args.is_empty());
                 // The export's own body ran compiled (its callees may be
-                // either tier): otherwise this compared the interpreter
-                // with itself.
-                if compiled_here.contains(&e.name) {
-                    compared_compiled += 1;
-                } else {
-                    interpreted_exports.push(format!("{name}.{}", e.name));
+                // either tier), as the tier's entry counter shows: otherwise
+                // this compared the interpreter with itself.
+                match ordinal {
+                    Some(f) if jit.entered(f) > before => {
+                        compared_compiled += 1;
+                        compared_compiled_with_args += usize::from(!cconv.args.is_empty());
+                    }
+                    Some(_) => problems.push(format!(
+                        "{name}.{}: compiled, but the call did not enter compiled code",
+                        e.name
+                    )),
+                    None => interpreted_exports.push(format!("{name}.{}", e.name)),
                 }
                 if !same_outcome(&rj, &ri) {
                     problems.push(format!(
@@ -166,8 +180,9 @@ fn both_tiers_agree_on_every_fixture_function() {
     }
     interpreted_exports.dedup();
     println!(
-        "{compared} calls compared ({with_args} with arguments), {compared_compiled} of them of \
-         compiled functions; {compiled} functions compiled; exports left interpreted: {}",
+        "{compared} calls compared ({with_args} with arguments), {compared_compiled} of them \
+         entered compiled code ({compared_compiled_with_args} with arguments); {compiled} \
+         functions compiled; exports left interpreted: {}",
         interpreted_exports.join(", ")
     );
     assert!(
@@ -177,6 +192,10 @@ fn both_tiers_agree_on_every_fixture_function() {
     );
     assert!(compared > 50, "only {compared} calls compared");
     assert!(with_args > 50, "only {with_args} calls with arguments");
+    assert!(
+        compared_compiled_with_args > 50,
+        "only {compared_compiled_with_args} calls with arguments entered compiled code"
+    );
     assert!(compiled > 20, "only {compiled} functions compiled");
     // Most compared calls must exercise compiled code; the exports left
     // interpreted are listed above with the tier report's reasons.

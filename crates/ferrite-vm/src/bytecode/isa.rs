@@ -562,6 +562,24 @@ pub const ALL_OPS: [Op; OP_COUNT] = [
     Op::RoundF64Even,
 ];
 
+/// The fused (decoder-internal) ops, never encoded in bytecode.
+pub const FUSED_OPS: [Op; 14] = [
+    Op::FusedCmpEQI32CondBranch,
+    Op::FusedCmpNEI32CondBranch,
+    Op::FusedCmpLTI32SCondBranch,
+    Op::FusedCmpLTI32UCondBranch,
+    Op::FusedCmpNZI32CondBranch,
+    Op::FusedCmpEQI64CondBranch,
+    Op::FusedCmpNEI64CondBranch,
+    Op::FusedCmpLTI64SCondBranch,
+    Op::FusedCmpLTI64UCondBranch,
+    Op::FusedCmpNZI64CondBranch,
+    Op::DirectCondBranch,
+    Op::DirectBranch,
+    Op::PrimitiveRemapBranch,
+    Op::EndOfFunction,
+];
+
 /// Opcode byte to op for the `core` set.
 pub static CORE_TABLE: [Option<Op>; 256] = [
     Some(Op::GlobalLoadI32),

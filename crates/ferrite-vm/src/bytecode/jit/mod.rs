@@ -2,8 +2,8 @@
 //! with Cranelift when a module loads.
 //!
 //! # What compiles
-//! A function compiles when every instruction in it is one the tier covers
-//! ([`translate::supported`]) and every internal function it calls compiles
+//! A function compiles when every instruction in it is on the tier's
+//! allow-list ([`allow`], [`compiles`]) and every internal function it calls compiles
 //! too and passes no refs. Inline: scalar i32/i64/f32/f64 arithmetic,
 //! compares, conversions, constants, select/switch on primitives, all
 //! branches, internal calls, `vm.return`/`vm.fail` and primitive globals.
@@ -53,9 +53,13 @@
 //! environment variable `FERRITE_VM_JIT` is `0`/`false`/`off`); the CLI's
 //! `--vm_jit=false` sets it.
 
+pub mod allow;
 mod runtime;
 mod translate;
 
+pub use allow::compiles;
+
+use super::isa::Op;
 use super::module::BytecodeState;
 use super::verifier::{pool_list, DecodedFunction, IMPORT_BIT, REF_BIT};
 use crate::cconv::CconvType;
@@ -67,7 +71,8 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
 use ferrite_base::{status, Status};
 use runtime::Ctx;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 /// Native stack compiled calls may use below the point where the
@@ -98,6 +103,13 @@ pub struct JitCode {
     pub compile_ns: u64,
     /// Bytes of bytecode of the functions compiled.
     pub bytecode_bytes: usize,
+    /// The ops the translator emitted code for, over all compiled functions
+    /// (a subset of the allow-list; tests check every listed op shows up).
+    pub translated_ops: BTreeSet<Op>,
+    /// Per function: how many times the interpreter entered its compiled
+    /// code (compiled-to-compiled calls are not counted), so a test can
+    /// tell a function that ran compiled from one that only compiled.
+    entered: Vec<AtomicU64>,
 }
 
 // SAFETY: after `finalize_definitions` the JIT module is never used again
@@ -132,6 +144,12 @@ impl JitCode {
     /// Number of functions compiled.
     pub fn compiled_count(&self) -> usize {
         self.entries.iter().filter(|e| e.is_some()).count()
+    }
+
+    /// How many times the interpreter has entered function `f`'s compiled
+    /// code (0 for a function left interpreted or out of range).
+    pub fn entered(&self, f: usize) -> u64 {
+        self.entered.get(f).map_or(0, |c| c.load(Relaxed))
     }
 
     /// Whether function `f` runs compiled.
@@ -186,15 +204,21 @@ impl JitCode {
             tiers: vec![FunctionTier::Interpreted(why.to_string()); functions.len()],
             compile_ns: 0,
             bytecode_bytes: 0,
+            translated_ops: BTreeSet::new(),
+            entered: counters(functions.len()),
         }
     }
+}
+
+fn counters(n: usize) -> Vec<AtomicU64> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
 }
 
 /// Why function `f` cannot compile on its own account (its ops and
 /// signature), or None when it can.
 fn own_obstacle(f: &DecodedFunction) -> Option<String> {
-    if let Some(i) = f.insns.iter().find(|i| !translate::supported(i.op)) {
-        return Some(format!("uses {}", i.op.mnemonic()));
+    if let Some(i) = f.insns.iter().find(|i| !compiles(i.op)) {
+        return Some(format!("uses {} (not on the allow-list)", i.op.mnemonic()));
     }
     if f.insns
         .iter()
@@ -298,6 +322,8 @@ fn compile_inner(functions: &[DecodedFunction]) -> Result<JitCode, String> {
             tiers,
             compile_ns: 0,
             bytecode_bytes: 0,
+            translated_ops: BTreeSet::new(),
+            entered: counters(n),
         });
     }
 
@@ -350,6 +376,7 @@ fn compile_inner(functions: &[DecodedFunction]) -> Result<JitCode, String> {
     let mut fctx = FunctionBuilderContext::new();
     let mut tiers: Vec<FunctionTier> = Vec::with_capacity(n);
     let mut bytecode_bytes = 0usize;
+    let mut translated_ops = BTreeSet::new();
     for (i, f) in functions.iter().enumerate() {
         if let Some(w) = &why[i] {
             tiers.push(FunctionTier::Interpreted(w.clone()));
@@ -377,6 +404,7 @@ fn compile_inner(functions: &[DecodedFunction]) -> Result<JitCode, String> {
             let b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
             let mut t = translate::Translator::new(b, f, i as u32, functions, callees, call_conv);
             t.translate().map_err(|e| format!("function {i}: {e}"))?;
+            translated_ops.extend(std::mem::take(&mut t.translated));
             t.b.finalize(jit.target_config());
         }
         jit.define_function(id, &mut ctx)
@@ -437,6 +465,8 @@ fn compile_inner(functions: &[DecodedFunction]) -> Result<JitCode, String> {
         tiers,
         compile_ns: 0,
         bytecode_bytes,
+        translated_ops,
+        entered: counters(n),
     })
 }
 
@@ -462,6 +492,14 @@ pub(crate) fn run(
     ic: usize,
 ) -> Result<usize, Failure> {
     let func = &state.module.functions[function];
+    if let Some(c) = state
+        .module
+        .jit
+        .as_ref()
+        .and_then(|j| j.entered.get(function))
+    {
+        c.fetch_add(1, Relaxed);
+    }
     let rb = match stack.frames.last() {
         Some(Frame::Bytecode(f)) => f.ref_base as i64,
         _ => {
