@@ -163,6 +163,28 @@ def test_prompt_past_the_context(llm):
         llm.stream(ids, max_tokens=1)
 
 
+def test_context_asked_for_at_load(gguf_path):
+    """context=64: the capacity the program reports; 60 prompt tokens + 10
+    new ones pass it, a ValueError naming it (generate and stream), while
+    + 5 fit and equal the default context's ids; bad sizes are refused."""
+    small = ferrite.llm.load(gguf_path, device="local-sync", context=64)
+    assert small.context_length == 64
+    prompt = (TEXT_IDS * 5)[:60]
+    with pytest.raises(ValueError, match="context of 64 positions"):
+        small.generate(prompt, max_tokens=10, ignore_eos=True)
+    with pytest.raises(ValueError, match="context of 64 positions"):
+        list(small.stream(prompt, max_tokens=10, ignore_eos=True))
+    roomy = ferrite.llm.load(gguf_path, device="local-sync")
+    assert roomy.context_length == 2048
+    assert small.generate(prompt, max_tokens=5, ignore_eos=True) == roomy.generate(prompt, max_tokens=5, ignore_eos=True)
+    with pytest.raises(ValueError, match=">= 1"):
+        ferrite.llm.load(gguf_path, context=0)
+    with pytest.raises(ValueError, match="1..=8192"):
+        ferrite.llm.load(gguf_path, context=8193)
+    with pytest.raises(TypeError):
+        ferrite.llm.load(gguf_path, context=64.0)
+
+
 def test_bad_prompts_and_options(llm):
     with pytest.raises(ValueError, match="empty"):
         llm.generate("")
