@@ -10,8 +10,11 @@
 #   for a portable x86-64 target: no -march=native (the default build here
 #   uses this machine's AVX-512), AVX2/FMA/F16C/BMI2 on, AVX-512 off. Its
 #   libraries are ctypes-loaded, so the package is the same for any Python 3.
-#   libstdc++, libgcc_s and libgomp of this compiler go next to them (found
-#   through their $ORIGIN runpath): the device's own may be older.
+#   They need glibc 2.34 and libstdc++ of GCC 11 (GLIBCXX_3.4.29), which any
+#   system with glibc 2.34 has (the release `ferrite` needs that glibc too);
+#   this compiler's libgomp goes next to them (found through their $ORIGIN
+#   runpath; it needs glibc 2.34), since a machine without a compiler may
+#   lack it. Its libstdc++ is not bundled: that one needs glibc 2.36.
 # - The server's dependencies (fastapi, uvicorn, pydantic, ...) and
 #   matplotlib with pillow as CPython 3.12 manylinux wheels; numpy is left
 #   out (the device has its own).
@@ -32,7 +35,7 @@ PY312="${PYTHON312:-python3.12}"
 PIP="${PIP:-$ROOT/.venv/bin/pip}"
 OUTDIR="$ROOT/build/peers"
 WHEELS="$OUTDIR/wheels"
-STAGE="$OUTDIR/site"
+STAGE="$OUTDIR/pack"
 mkdir -p "$WHEELS"
 
 "$PY312" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' ||
@@ -52,13 +55,18 @@ fi
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
     -d "$WHEELS" "uvicorn>=0.22.0" "fastapi>=0.100.0" "pydantic-settings>=2.0.1" "sse-starlette>=1.6.1" \
     "starlette-context>=0.3.6,<0.4" "PyYAML>=5.1" "typing-extensions>=4.5.0" "diskcache>=5.6.1" \
-    "jinja2>=2.11.3" matplotlib
+    "jinja2>=2.11.3" matplotlib ml_dtypes
 
-# 3. One --target folder.
+# 3. Two --target folders: site/ (llama.cpp and its server; always used) and
+#    fallback/ (matplotlib, and ml_dtypes that upstream's iree.runtime
+#    imports; used only where the device's Python lacks them, whose own
+#    builds match its numpy: these need numpy 2).
 rm -rf "$STAGE"
-"$PY312" -m pip install -q --no-index --find-links "$WHEELS" --no-compile --target "$STAGE" \
-    "llama-cpp-python[server]==$LLAMA_VERSION" matplotlib
-cd "$STAGE"
+"$PY312" -m pip install -q --no-index --find-links "$WHEELS" --no-compile --target "$STAGE/site" \
+    "llama-cpp-python[server]==$LLAMA_VERSION"
+"$PY312" -m pip install -q --no-index --find-links "$WHEELS" --no-compile --target "$STAGE/fallback" \
+    matplotlib ml_dtypes
+cd "$STAGE/fallback"
 rm -rf numpy numpy.libs numpy-*.dist-info bin share tzdata tzdata-*.dist-info
 rm -rf matplotlib/tests mpl_toolkits/*/tests matplotlib/mpl-data/sample_data
 rm -rf matplotlib/mpl-data/fonts/afm matplotlib/mpl-data/fonts/pdfcorefonts \
@@ -67,6 +75,10 @@ find fontTools \( -name '*.so' -o -name '*.c' \) -delete
 rm -f PIL/_avif.*.so PIL/_webp.*.so PIL/_imagingcms.*.so PIL/_imagingft.*.so
 rm -f pillow.libs/libavif-* pillow.libs/libwebp* pillow.libs/libsharpyuv-* pillow.libs/liblcms2-* \
     pillow.libs/libfreetype-* pillow.libs/libharfbuzz-* pillow.libs/libbrotli* pillow.libs/libpng16-*
+cd "$STAGE/site"
+# lib/, include/ and bin/ at the top are llama.cpp's CMake install (the copies
+# under llama_cpp/lib are the ones loaded).
+rm -rf numpy numpy.libs numpy-*.dist-info bin share lib include
 # llama_cpp opens lib*.so by path; the libraries' NEEDED entries name
 # lib*.so.0. The wheel holds three copies of each (no symlinks in a wheel):
 # keep one and link the soname to it.
@@ -76,10 +88,9 @@ rm -f pillow.libs/libavif-* pillow.libs/libwebp* pillow.libs/libsharpyuv-* pillo
         rm -f "$f".0*
         ln -s "$f" "$f.0"
     done
-    for lib in libstdc++.so.6 libgcc_s.so.1 libgomp.so.1; do
-        cp -L "$(gcc -print-file-name="$lib")" .
-    done
+    cp -L "$(gcc -print-file-name=libgomp.so.1)" .
 )
+cd "$STAGE"
 find . -name __pycache__ -type d -prune -exec rm -rf {} +
 find . -name '*.so*' -type f -exec sh -c 'file "$1" | grep -q "not stripped" && strip --strip-unneeded "$1" || true' _ {} \;
 cd "$OUTDIR"

@@ -101,16 +101,23 @@ if [ "$PACK" != none ]; then
     "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' ||
         die "$PY is $("$PY" -V 2>&1); the pack's compiled modules are for CPython 3.12 (set PYTHON)"
     sum="$(sha256sum "$PACK" | cut -d' ' -f1)"
-    if [ "$(cat "$WORK/site.sha256" 2>/dev/null)" != "$sum" ]; then
-        rm -rf "$WORK/site"
-        mkdir -p "$WORK/site"
-        tar -xzf "$PACK" -C "$WORK/site" || die "cannot unpack $PACK"
-        echo "$sum" >"$WORK/site.sha256"
-        echo "device-peers: unpacked $PACK ($(du -sh "$WORK/site" | cut -f1)) into $WORK/site" >&2
+    if [ "$(cat "$WORK/pack.sha256" 2>/dev/null)" != "$sum" ]; then
+        rm -rf "$WORK/pack"
+        mkdir -p "$WORK/pack"
+        tar -xzf "$PACK" -C "$WORK/pack" || die "cannot unpack $PACK"
+        echo "$sum" >"$WORK/pack.sha256"
+        echo "device-peers: unpacked $PACK ($(du -sh "$WORK/pack" | cut -f1)) into $WORK/pack" >&2
     fi
-    export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
+    [ -d "$WORK/pack/site/llama_cpp" ] || die "$PACK holds no site/llama_cpp (scripts/build-peers-pack.sh makes it)"
+    export PYTHONPATH="$WORK/pack/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$PY" -c 'import numpy' 2>/dev/null || die "$PY has no numpy (the IREE runtimes and llama_cpp need it)"
+# The pack's fallback/ (matplotlib, ml_dtypes; built for numpy 2) only where
+# this Python lacks them: its own builds fit its numpy.
+if [ -d "$WORK/pack/fallback" ] && ! "$PY" -c 'import matplotlib.pyplot, ml_dtypes' 2>/dev/null; then
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$WORK/pack/fallback"
+    echo "device-peers: matplotlib or ml_dtypes missing here: using the pack's fallback/" >&2
+fi
 if ! "$PY" -c 'import iree.runtime' 2>/dev/null; then
     whl="${IREE_WHEEL:-$(ls build/load25/iree_base_runtime-3.13.0-cp312-*.whl 2>/dev/null | head -1)}"
     [ -n "$whl" ] && [ -f "$whl" ] || die "iree.runtime is not importable and no IREE_WHEEL (upstream's cp312 wheel) was found"
