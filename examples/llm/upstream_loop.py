@@ -4,6 +4,7 @@ both runtimes are compared on identical programs: greedy ids, logits and
 timings.
 
     .venv/bin/python examples/llm/upstream_loop.py --prompt_ids=1,2,3 [--max_tokens=16] [--device=local-task] [--context=2048]
+        [--vmfb=PATH] [--runtime=iree|ferrite]
 
 The KV cache is allocated for `context` positions by the program's
 `init_cache` entry point, as Ferrite's loop does.
@@ -80,12 +81,19 @@ def main():
     ap.add_argument("--max_tokens", type=int, default=16)
     ap.add_argument("--device", default="local-sync")
     ap.add_argument("--gguf")
-    ap.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="KV cache positions")
+    ap.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
+                    help="KV cache positions (0: skip init_cache, for programs built before it existed)")
+    ap.add_argument("--vmfb", default=str(VMFB), help="the program (default: the committed one)")
+    ap.add_argument("--runtime", choices=["iree", "ferrite"], default="iree",
+                    help="iree.runtime (default) or ferrite.runtime running this same loop")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import assets
+    import importlib
 
-    m = UpstreamModel(args.gguf or assets.ensure(), args.device, context=args.context)
+    rt = importlib.import_module(f"{args.runtime}.runtime")
+    m = UpstreamModel(args.gguf or assets.ensure(), args.device, vmfb=args.vmfb,
+                      context=args.context or None, runtime=rt)
     ids, _, ttft, dec = m.greedy([int(s) for s in args.prompt_ids.split(",")], args.max_tokens)
     print(" ".join(map(str, ids)))
     print(f"ttft {ttft * 1e3:.1f} ms, decode {(args.max_tokens - 1) / dec if dec else 0:.2f} tok/s", file=sys.stderr)
