@@ -12,31 +12,41 @@
 #          1, 4, 16 streams on local-task (issue 29's figures)
 #   soak   scripts/soak-serve.py --requests 10000 (issue 29: memory flat over
 #          10,000 requests), on cuda with the batch program when a GPU and
-#          build/gx/smollm2_batch-cuda.vmfb are there, else local-task
-#   all    check llm serve soak (only with small counts: see the time limits)
+#          build/gx/smollm2_batch-cuda.vmfb are there, else local-task; its
+#          own mix, cycled: 2-token completions, streamed 2-token chats,
+#          malformed bodies (400), 64-token streams dropped after the first
+#          line. Prefills bound it (one per model request, the chat's ~35
+#          tokens the longest): 2.95 requests/s on 2 cores here at 16
+#          clients, and the device's single-stream TTFT is ~15x lower than
+#          here, so about 45 requests/s there: 10,000 in ~180-220 s.
+#   all    check llm serve soak, in one call (see the time limits below)
 #
 # Inputs (environment):
 #   FERRITE_GGUF  the SmolLM2-135M-Instruct Q4_1 .gguf (required; its sha256 is checked)
 #   FERRITE_BIN   the release `ferrite` (default build/load25/ferrite, else target/release/ferrite)
-#   PEERS_PACK    build/peers/peers.tgz by default (llama-cpp-python 0.3.36 built for
-#                 AVX2 without AVX-512, its server's dependencies and matplotlib, for
-#                 CPython 3.12); `none` to use what the interpreter already has
+#   PEERS_PACK    build/peers/peers.tgz by default (scripts/build-peers-pack.sh: site/,
+#                 llama-cpp-python 0.3.36 built for AVX2 without AVX-512 and its
+#                 server's dependencies; fallback/, matplotlib and ml_dtypes for
+#                 CPython 3.12 and numpy 2, used only where PYTHON lacks them);
+#                 `none` to use what the interpreter already has
 #   IREE_WHEEL    upstream's runtime wheel, unpacked when `import iree.runtime` fails
 #                 (default build/load25/iree_base_runtime-3.13.0-cp312-*.whl)
 #   PYTHON        python3 by default; PEERS_DIR /tmp/ferrite-peers (the unpacked pack)
 #   OUT           where the JSON, PNG and logs go (default build/device-peers)
 #   THREADS       local-task workers and llama.cpp threads (default: all cores)
 #   per step: LLM_ROUNDS (3) LLM_PROMPT_TOKENS (128) LLM_MAX_TOKENS (128)
-#     LLM_DEVICES (local-task) LLM_PEERS (ferrite,upstream,llama.cpp) LLM_TIMEOUT (200 s);
+#     LLM_DEVICES (local-task) LLM_PEERS (ferrite,upstream,llama.cpp) LLM_TIMEOUT (100 s);
 #     SERVE_CONCURRENCY (1,4,16) SERVE_MAX_TOKENS (32) SERVE_TARGETS (ferrite,llama.cpp)
-#     SERVE_DEVICE (local-task) SERVE_TIMEOUT (240 s);
+#     SERVE_DEVICE (local-task) SERVE_TIMEOUT (120 s);
 #     SOAK_REQUESTS (10000) SOAK_CONCURRENCY (16) SOAK_EVERY (1000) SOAK_DEVICE (cuda or
 #     local-task, see above) SOAK_BATCH_MODULE (build/gx/smollm2_batch-cuda.vmfb)
-#     SOAK_TIMEOUT (420 s).
-# Each step runs under `timeout` (SIGINT first, so the Python drivers stop the
-# servers they started; SIGKILL 30 s later); a step that fails or runs out of
-# time is reported and the next one still runs; the exit status is non-zero
-# when any step failed.
+#     SOAK_TIMEOUT (300 s).
+# With the defaults `all` stays under ~580 s even when every step runs out of
+# time (about 300 s expected on the device); run soak alone with a larger
+# SOAK_TIMEOUT to be safe. Each step runs under `timeout` (SIGINT first, so
+# the Python drivers stop the servers they started; SIGKILL 15 s later); a
+# step that fails or runs out of time is reported and the next one still
+# runs; the exit status is non-zero when any step failed.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -140,7 +150,7 @@ run_step() {
     shift 3
     echo "== device-peers: $name (at most ${limit} s): $*" >&2
     local t0=$SECONDS
-    timeout -s INT -k 30 "$limit" "$@" 2>&1 | tee "$log"
+    timeout -s INT -k 15 "$limit" "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
         echo "== device-peers: $name ran out of its ${limit} s (rc $rc): partial output in $log" >&2
@@ -185,7 +195,7 @@ EOF
 }
 
 step_llm() {
-    run_step llm "${LLM_TIMEOUT:-200}" "$RESULTS/bench-llm.log" \
+    run_step llm "${LLM_TIMEOUT:-100}" "$RESULTS/bench-llm.log" \
         "$PY" scripts/bench-llm.py --devices "${LLM_DEVICES:-local-task}" --threads "$THREADS" \
         --peers "${LLM_PEERS:-ferrite,upstream,llama.cpp}" --rounds "${LLM_ROUNDS:-3}" \
         --prompt_tokens "${LLM_PROMPT_TOKENS:-128}" --max_tokens "${LLM_MAX_TOKENS:-128}" \
@@ -193,7 +203,7 @@ step_llm() {
 }
 
 step_serve() {
-    run_step serve "${SERVE_TIMEOUT:-240}" "$RESULTS/bench-serve.log" \
+    run_step serve "${SERVE_TIMEOUT:-120}" "$RESULTS/bench-serve.log" \
         "$PY" scripts/bench-serve.py --targets "${SERVE_TARGETS:-ferrite,llama.cpp}" \
         --device "${SERVE_DEVICE:-local-task}" --concurrency "${SERVE_CONCURRENCY:-1,4,16}" \
         --max-tokens "${SERVE_MAX_TOKENS:-32}" --llama-threads "$THREADS" --ferrite-bin "$FERRITE" \
@@ -220,7 +230,7 @@ step_soak() {
         chmod +x "$bin"
     fi
     local n="${SOAK_REQUESTS:-10000}" c="${SOAK_CONCURRENCY:-16}" every="${SOAK_EVERY:-1000}"
-    run_step "soak ($device)" "${SOAK_TIMEOUT:-420}" "$RESULTS/soak-serve.log" \
+    run_step "soak ($device)" "${SOAK_TIMEOUT:-300}" "$RESULTS/soak-serve.log" \
         "$PY" scripts/soak-serve.py --requests "$n" --concurrency "$c" --every "$every" \
         --device "$device" --ferrite-bin "$bin"
     # The samples as JSON, complete or not (a run cut short keeps its rows).
