@@ -24,7 +24,7 @@
 //! operations that only move data (gathers, broadcasts, all-to-all,
 //! send/recv) move any element type as bytes.
 
-use crate::device::Shared;
+use crate::context::CudaContext;
 use crate::ffi::{self, CUdeviceptr};
 use crate::nccl::{self, dtype, ncclComm_t, ncclDataType_t, ncclRedOp_t, redop, Nccl};
 use ferrite_base::{bail, Result};
@@ -39,7 +39,7 @@ use std::sync::Arc;
 /// A participant of an NCCL communicator on one CUDA device.
 pub struct NcclChannel {
     nccl: &'static Nccl,
-    shared: Arc<Shared>,
+    shared: Arc<CudaContext>,
     comm: ncclComm_t,
     rank: u32,
     count: u32,
@@ -60,7 +60,7 @@ impl NcclChannel {
     }
 
     /// Whether the channel was created on the device owning `shared`.
-    pub(crate) fn belongs_to(&self, shared: &Arc<Shared>) -> bool {
+    pub(crate) fn belongs_to(&self, shared: &Arc<CudaContext>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
     }
 }
@@ -170,7 +170,7 @@ impl Channel for NcclChannel {
 /// Creates the channel of `shared`'s device (see the module docs); `key`
 /// names the identifier exchange.
 pub(crate) fn create(
-    shared: &Arc<Shared>,
+    shared: &Arc<CudaContext>,
     params: ChannelParams,
     provider: Option<&Arc<dyn ChannelProvider>>,
     key: &str,
@@ -296,7 +296,7 @@ fn reduction(r: Reduction) -> Result<ncclRedOp_t> {
 /// Enqueues `batch` on `shared`'s queue stream in one NCCL group. The
 /// caller holds the device's submission lock and keeps every buffer and
 /// channel alive until the stream passed the batch.
-pub(crate) fn enqueue_batch(shared: &Shared, batch: &[Resolved<'_>]) -> Result<()> {
+pub(crate) fn enqueue_batch(shared: &CudaContext, batch: &[Resolved<'_>]) -> Result<()> {
     let Some(first) = batch.first() else {
         return Ok(());
     };
@@ -323,7 +323,7 @@ pub(crate) fn enqueue_batch(shared: &Shared, batch: &[Resolved<'_>]) -> Result<(
 
 fn enqueue_one(
     nccl: &Nccl,
-    shared: &Shared,
+    shared: &CudaContext,
     c: &Resolved<'_>,
     stream: nccl::cudaStream_t,
 ) -> Result<()> {

@@ -24,7 +24,7 @@
 //! consumer has not passed yet are kept until the device state is dropped,
 //! which releases them and waits for those events first.
 
-use crate::device::Shared;
+use crate::context::CudaContext;
 use crate::ffi::{self, CUdeviceptr, CUstream};
 use ferrite_base::Result;
 use parking_lot::Mutex;
@@ -63,7 +63,11 @@ impl ConsumerWaits {
     /// # Safety
     /// `consumer` is `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a live
     /// stream handle of this device's context.
-    pub(crate) unsafe fn add(&self, shared: &Arc<Shared>, consumer: CUstream) -> Result<Release> {
+    pub(crate) unsafe fn add(
+        &self,
+        shared: &Arc<CudaContext>,
+        consumer: CUstream,
+    ) -> Result<Release> {
         self.give_back_passed(shared);
         let api = shared.api;
         let (page, word, host, dptr) = shared.words.take(shared)?;
@@ -118,7 +122,7 @@ impl ConsumerWaits {
     }
 
     /// Returns the words whose consumers passed their waits to the pool.
-    fn give_back_passed(&self, shared: &Shared) {
+    fn give_back_passed(&self, shared: &CudaContext) {
         self.0.lock().retain(|w| {
             let Some(event) = w.passed else {
                 return true;
@@ -164,7 +168,7 @@ impl ConsumerWaits {
 pub(crate) struct Release {
     /// Keeps the word's pool alive (the word itself is kept by
     /// [`ConsumerWaits`] until the consumer passed it).
-    shared: Arc<Shared>,
+    shared: Arc<CudaContext>,
     host: NonNull<AtomicU64>,
     dptr: CUdeviceptr,
     enqueued: bool,

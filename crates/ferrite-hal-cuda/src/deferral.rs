@@ -24,7 +24,8 @@
 //! thread, started while operations are kept, enqueues them as their
 //! waits are reached and gates are passed, each through the same check.
 
-use crate::device::{CudaDevice, Keep};
+use crate::completion::InFlightResources;
+use crate::device::CudaDevice;
 use ferrite_base::{status, Result, Timeout};
 use ferrite_hal::device::Work;
 use ferrite_hal::fence::Fence;
@@ -37,13 +38,13 @@ use std::time::Duration;
 pub(crate) const GATED_ENTRIES: u64 = 64;
 
 /// A kept operation's stream work, run by the drain thread.
-pub(crate) type Body = Box<dyn FnOnce(&CudaDevice, &mut Keep) -> Result<()> + Send>;
+pub(crate) type Body = Box<dyn FnOnce(&CudaDevice, &mut InFlightResources) -> Result<()> + Send>;
 
 /// A queue operation kept on the host.
 pub(crate) struct Deferred {
     pub(crate) wait: Fence,
     pub(crate) signal: Fence,
-    pub(crate) keep: Keep,
+    pub(crate) keep: InFlightResources,
     pub(crate) work: Option<Work>,
     /// Estimated stream entries of its work alone (its waits, signals and
     /// event are counted when it is enqueued:

@@ -5,7 +5,7 @@
 //! module is JIT-compiled with `cuModuleLoadDataEx`; a JIT failure is an
 //! error carrying the driver's log.
 
-use crate::device::Shared;
+use crate::context::CudaContext;
 use crate::ffi::{self, CUfunction, CUmodule};
 use crate::flatbuffer::Fb;
 use ferrite_base::{bail, status, Result};
@@ -35,7 +35,7 @@ pub struct Kernel {
 
 /// A loaded CUDA executable.
 pub struct CudaExecutable {
-    shared: Arc<Shared>,
+    shared: Arc<CudaContext>,
     modules: Vec<CUmodule>,
     kernels: Vec<Kernel>,
     exports: Vec<ExportInfo>,
@@ -178,7 +178,7 @@ fn parse(data: &[u8]) -> Result<(Vec<&[u8]>, Vec<ExportDef<'_>>)> {
 
 impl CudaExecutable {
     /// Loads `data` (format [`FORMAT`]) into the device's context.
-    pub fn load(shared: &Arc<Shared>, data: &[u8]) -> Result<CudaExecutable> {
+    pub fn load(shared: &Arc<CudaContext>, data: &[u8]) -> Result<CudaExecutable> {
         let (ptx, exports) = parse(data)?;
         shared.make_current()?;
         let api = shared.api;

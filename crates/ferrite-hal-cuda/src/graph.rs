@@ -38,7 +38,9 @@
 //! and one whose graph the driver refused to build (remembered, so the
 //! refusal is paid once).
 
-use crate::device::{dispatch_kernel, CudaDevice, Keep, Shared};
+use crate::completion::InFlightResources;
+use crate::context::CudaContext;
+use crate::device::{dispatch_kernel, CudaDevice};
 use crate::ffi::{self, CUdeviceptr, CUgraph, CUgraphExec, CUgraphNode};
 use ferrite_base::{bail, Result};
 use ferrite_hal::command_buffer::{Binding, BufferRef, Command, CommandBuffer};
@@ -97,7 +99,7 @@ struct UpdatableNode {
 
 /// An instantiated graph of one command buffer on one device.
 pub(crate) struct CommandGraph {
-    shared: Arc<Shared>,
+    shared: Arc<CudaContext>,
     graph: CUgraph,
     exec: CUgraphExec,
     /// Kernel and memset nodes in the graph (for the launch log).
@@ -534,7 +536,7 @@ impl CudaDevice {
         shape: &Shape,
         commands: &Arc<[Command]>,
         table: &[Binding],
-        keep: &mut Keep,
+        keep: &mut InFlightResources,
     ) -> Result<()> {
         let mut cache = self.shapes.lock();
         let Some(i) = cache.entries.iter().position(|e| e.shape == *shape) else {

@@ -25,10 +25,11 @@
 //! Upstream's CUDA stream command buffers return UNIMPLEMENTED for indirect
 //! dispatches; the cost here is one host round trip per indirect dispatch.
 
-use crate::device::{Keep, Shared};
+use crate::completion::InFlightResources;
+use crate::context::CudaContext;
 use crate::ffi;
 use crate::memory::CudaTimeline;
-use crate::replay::{replay, AtIndirect};
+use crate::stream_encoder::{replay, AtIndirect};
 use ferrite_base::{status, Result, Status};
 use ferrite_hal::command_buffer::{Binding, Command};
 use ferrite_hal::semaphore::DeviceTimeline as _;
@@ -44,10 +45,10 @@ pub(crate) type Outcome = Arc<Mutex<Option<Status>>>;
 /// continuation's GPU work (released when the operation is reported, after
 /// the gate opened).
 pub(crate) fn defer(
-    shared: &Arc<Shared>,
+    shared: &Arc<CudaContext>,
     rest: Arc<[Command]>,
     table: &[Binding],
-    keep: &mut Keep,
+    keep: &mut InFlightResources,
 ) -> Result<()> {
     let api = shared.api;
     let event = shared.take_event()?;
@@ -115,7 +116,7 @@ impl Drop for GateOpener {
 
 /// The part of a command buffer after an indirect dispatch.
 struct Continuation {
-    shared: Arc<Shared>,
+    shared: Arc<CudaContext>,
     rest: Arc<[Command]>,
     table: Vec<Binding>,
     /// Recorded on the queue stream after the commands before `rest`.
@@ -151,7 +152,7 @@ impl Continuation {
         self.reached = true;
         ffi::check(reached, "waiting for the work before an indirect dispatch")?;
         let stream = OwnStream::new(shared)?;
-        let mut keep = Keep::default();
+        let mut keep = InFlightResources::default();
         let replayed = replay(
             shared,
             stream.0,
@@ -187,7 +188,7 @@ impl Drop for Continuation {
 struct OwnStream(ffi::CUstream, &'static ffi::Api);
 
 impl OwnStream {
-    fn new(shared: &Shared) -> Result<OwnStream> {
+    fn new(shared: &CudaContext) -> Result<OwnStream> {
         let mut s: ffi::CUstream = std::ptr::null_mut();
         ffi::check(
             // SAFETY: valid out-pointer; the context is current.

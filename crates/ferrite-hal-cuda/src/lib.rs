@@ -20,7 +20,7 @@
 //!
 //! - Command buffers: reusable ones run as CUDA graphs (module `graph`), and
 //!   so do one-shot ones whose shape (commands without their parameters)
-//!   repeats; the others are replayed on the stream (module `replay`); an
+//!   repeats; the others are replayed on the stream (module `stream_encoder`); an
 //!   indirect dispatch hands the rest of its command buffer to a
 //!   continuation that reads the workgroup counts once the work before
 //!   them is done (module `indirect`).
@@ -29,7 +29,9 @@
 //! memory.
 
 pub mod channel;
+mod completion;
 mod consumer;
+pub mod context;
 mod deferral;
 pub mod device;
 pub mod diagnostics;
@@ -41,7 +43,8 @@ mod indirect;
 pub mod kernel_times;
 pub mod memory;
 pub mod nccl;
-mod replay;
+mod queue;
+mod stream_encoder;
 
 pub use device::CudaDevice;
 

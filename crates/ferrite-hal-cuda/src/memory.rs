@@ -14,7 +14,7 @@
 //! until it completes, so the last drop of imported device memory (and so
 //! its release) comes after all queue work using it.
 
-use crate::device::Shared;
+use crate::context::CudaContext;
 use crate::ffi::{self, CUdeviceptr};
 use ferrite_base::{bail, status, Result};
 use ferrite_hal::allocator::{Allocator, AllocatorStatistics, BufferParams};
@@ -43,7 +43,7 @@ enum Kind {
 
 /// A CUDA allocation behind a [`Buffer`].
 pub struct CudaMemory {
-    shared: Arc<Shared>,
+    shared: Arc<CudaContext>,
     dptr: CUdeviceptr,
     len: u64,
     kind: Kind,
@@ -66,12 +66,12 @@ impl CudaMemory {
     }
 
     /// True when `shared` is the device this memory belongs to.
-    pub fn belongs_to(&self, shared: &Arc<Shared>) -> bool {
+    pub fn belongs_to(&self, shared: &Arc<CudaContext>) -> bool {
         Arc::ptr_eq(&self.shared, shared)
     }
 
     /// The device this memory belongs to.
-    pub fn shared(&self) -> &Arc<Shared> {
+    pub fn shared(&self) -> &Arc<CudaContext> {
         &self.shared
     }
 
@@ -205,7 +205,7 @@ unsafe fn pointer_attribute<T: Default>(
 /// Checks that `[dptr, dptr + len)` is device memory of device `shared`:
 /// device (or managed) memory, of that device's ordinal and context (when
 /// the driver reports one), inside one allocation.
-pub(crate) fn check_device_range(shared: &Shared, dptr: CUdeviceptr, len: u64) -> Result<()> {
+pub(crate) fn check_device_range(shared: &CudaContext, dptr: CUdeviceptr, len: u64) -> Result<()> {
     if len == 0 {
         return Ok(());
     }
@@ -271,7 +271,7 @@ pub(crate) fn check_device_range(shared: &Shared, dptr: CUdeviceptr, len: u64) -
 /// # Safety
 /// As that function's.
 pub(crate) unsafe fn external_buffer(
-    shared: &Arc<Shared>,
+    shared: &Arc<CudaContext>,
     dptr: CUdeviceptr,
     len: u64,
     usage: BufferUsage,
@@ -333,12 +333,12 @@ impl AllocationStats {
 
 /// The CUDA allocator of one device.
 pub struct CudaAllocator {
-    shared: Arc<Shared>,
+    shared: Arc<CudaContext>,
 }
 
 impl CudaAllocator {
     /// The allocator of the device `shared`.
-    pub fn new(shared: Arc<Shared>) -> CudaAllocator {
+    pub fn new(shared: Arc<CudaContext>) -> CudaAllocator {
         CudaAllocator { shared }
     }
 
@@ -359,7 +359,7 @@ impl CudaAllocator {
     /// An idle spare block of `size` bytes as a buffer (see
     /// [`SpareBlocks`]), usable at once from any stream or the host.
     pub(crate) fn spare_device_buffer(
-        shared: &Arc<Shared>,
+        shared: &Arc<CudaContext>,
         params: &BufferParams,
         size: u64,
     ) -> Option<Buffer> {
@@ -369,7 +369,7 @@ impl CudaAllocator {
 
     /// A buffer over the device block `[dptr, dptr+size)`, which it owns.
     fn device_memory_buffer(
-        shared: &Arc<Shared>,
+        shared: &Arc<CudaContext>,
         params: &BufferParams,
         dptr: CUdeviceptr,
         size: u64,
@@ -393,7 +393,7 @@ impl CudaAllocator {
     /// Device-local memory of `size` bytes allocated in stream order on
     /// `stream` (the queue stream for alloca).
     pub(crate) fn device_buffer(
-        shared: &Arc<Shared>,
+        shared: &Arc<CudaContext>,
         params: &BufferParams,
         size: u64,
         stream: ffi::CUstream,
@@ -717,7 +717,7 @@ impl WordPool {
     /// Its value is whatever its last user left.
     pub(crate) fn take(
         &self,
-        shared: &Shared,
+        shared: &CudaContext,
     ) -> Result<(usize, usize, NonNull<AtomicU64>, CUdeviceptr)> {
         let mut g = self.pages.lock();
         if g.1.is_empty() {
@@ -818,7 +818,7 @@ impl Default for WordPool {
 /// enqueued at once (other waits keep the operation on the host:
 /// [`crate::deferral`]).
 pub struct CudaTimeline {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<CudaContext>,
     host: NonNull<AtomicU64>,
     /// The word's device address.
     pub(crate) dptr: CUdeviceptr,
@@ -851,7 +851,7 @@ pub const FAILURE_VALUE: u64 = 1 << 62;
 
 impl CudaTimeline {
     /// A new word from `shared`'s pool, at 0.
-    pub fn new(shared: &Arc<Shared>) -> Result<CudaTimeline> {
+    pub fn new(shared: &Arc<CudaContext>) -> Result<CudaTimeline> {
         let (page, word, host, dptr) = shared.words.take(shared)?;
         // SAFETY: the word is valid and owned by this timeline.
         unsafe { host.as_ref() }.store(0, Ordering::Release);

@@ -42,7 +42,7 @@ use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::device::Device;
 use ferrite_hal::element_type::{ElementType, EncodingType, NumericalType};
 use ferrite_hal::memory::{BufferUsage, MemoryAccess, MemoryType};
-use ferrite_hal_cuda::device::Shared;
+use ferrite_hal_cuda::context::CudaContext;
 use ferrite_hal_cuda::memory::CudaMemory;
 use ferrite_hal_cuda::CudaDevice;
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
@@ -142,7 +142,7 @@ struct ExportContext {
     /// For CUDA memory handed to a consumer on the legacy default stream:
     /// that stream's work is ordered before the queue stream, on which the
     /// memory may be freed (stream-ordered) once `_owner` goes.
-    release_after: Option<Arc<Shared>>,
+    release_after: Option<Arc<CudaContext>>,
 }
 
 impl Drop for ExportContext {
@@ -161,7 +161,7 @@ struct Source {
     owner: BytesOwner,
     copied: bool,
     /// See [`ExportContext::release_after`].
-    release_after: Option<Arc<Shared>>,
+    release_after: Option<Arc<CudaContext>>,
 }
 
 /// Where a buffer's bytes live, as DLPack names devices.
@@ -169,10 +169,10 @@ enum Location {
     /// Host memory (CPU devices' buffers).
     Host,
     /// CUDA device-local memory; `dptr` is the buffer's first byte.
-    CudaDevice { shared: Arc<Shared>, dptr: u64 },
+    CudaDevice { shared: Arc<CudaContext>, dptr: u64 },
     /// Pinned, mapped host memory of a CUDA device; `dptr` is the device
     /// address of the buffer's first byte.
-    CudaPinned { shared: Arc<Shared>, dptr: u64 },
+    CudaPinned { shared: Arc<CudaContext>, dptr: u64 },
 }
 
 impl Location {
@@ -837,7 +837,7 @@ fn parse_consumer_stream(stream: Option<i64>) -> Result<Option<usize>, String> {
 /// queue stream when the consumer releases the memory.
 fn export_to_stream(
     view: &BufferView,
-    shared: &Arc<Shared>,
+    shared: &Arc<CudaContext>,
     dptr: u64,
     stream: Option<i64>,
 ) -> PyResult<Source> {

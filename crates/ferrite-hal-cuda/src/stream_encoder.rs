@@ -1,4 +1,5 @@
-//! Stream replay: recorded commands enqueued one by one on a CUDA stream.
+//! Stream encoding: recorded commands enqueued one by one on a CUDA stream
+//! (a "replay" of the command buffer).
 //!
 //! Used for every command buffer that does not run as a CUDA graph
 //! ([`crate::graph`]): one-shot ones, and ones holding updates, copies,
@@ -9,7 +10,9 @@
 //! before it is done.
 
 use crate::channel::{NcclChannel, Resolved};
-use crate::device::{dispatch_kernel, Keep, Shared};
+use crate::completion::InFlightResources;
+use crate::context::CudaContext;
+use crate::device::dispatch_kernel;
 use crate::ffi::{self, CUdeviceptr, CUstream};
 use crate::memory::CudaMemory;
 use ferrite_base::{bail, Result};
@@ -22,7 +25,7 @@ use std::sync::Arc;
 /// The device address of `[offset, ..)` of `buffer`, which must be memory
 /// of `shared`'s device.
 pub(crate) fn device_ptr(
-    shared: &Arc<Shared>,
+    shared: &Arc<CudaContext>,
     buffer: &Buffer,
     offset: u64,
 ) -> Result<CUdeviceptr> {
@@ -43,7 +46,7 @@ pub(crate) fn device_ptr(
 /// A binding reference under `table`: its buffer, device address and
 /// length (range checked).
 pub(crate) fn resolve<'a>(
-    shared: &Arc<Shared>,
+    shared: &Arc<CudaContext>,
     r: &'a BufferRef,
     table: &'a [Binding],
 ) -> Result<(&'a Buffer, CUdeviceptr, u64)> {
@@ -69,7 +72,7 @@ const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
 /// Reads an indirect dispatch's workgroup counts (three little-endian
 /// u32) once `stream` has finished the work before it.
 fn read_workgroups(
-    shared: &Arc<Shared>,
+    shared: &Arc<CudaContext>,
     stream: CUstream,
     function: u32,
     r: &BufferRef,
@@ -106,11 +109,11 @@ fn read_workgroups(
 /// indirect dispatch when `at_indirect` is [`AtIndirect::Stop`] (the
 /// commands before it are enqueued), else None.
 pub(crate) fn replay(
-    shared: &Arc<Shared>,
+    shared: &Arc<CudaContext>,
     stream: CUstream,
     commands: &[Command],
     table: &[Binding],
-    keep: &mut Keep,
+    keep: &mut InFlightResources,
     at_indirect: AtIndirect,
 ) -> Result<Option<usize>> {
     let api = shared.api;
@@ -295,7 +298,7 @@ pub(crate) fn replay(
 /// writes on this rank).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn resolve_collective<'a>(
-    shared: &Arc<Shared>,
+    shared: &Arc<CudaContext>,
     channel: &'a ChannelRef,
     op: ferrite_hal::channel::CollectiveOp,
     param: u32,
@@ -303,7 +306,7 @@ pub(crate) fn resolve_collective<'a>(
     recv: Option<&BufferRef>,
     element_count: u64,
     table: &[Binding],
-    keep: &mut Keep,
+    keep: &mut InFlightResources,
 ) -> Result<Resolved<'a>> {
     let name = op.kind.name();
     let Some(ch) = channel.0.as_any().downcast_ref::<NcclChannel>() else {
@@ -390,7 +393,7 @@ pub(crate) fn resolve_collective<'a>(
 /// Enqueues a fill of `[p, p+len)` with `pattern` (1, 2 or 4 bytes) on
 /// `stream`.
 pub(crate) fn fill(
-    shared: &Shared,
+    shared: &CudaContext,
     stream: CUstream,
     p: CUdeviceptr,
     len: u64,
