@@ -16,9 +16,12 @@
 #          own mix, cycled: 2-token completions, streamed 2-token chats,
 #          malformed bodies (400), 64-token streams dropped after the first
 #          line. Prefills bound it (one per model request, the chat's ~35
-#          tokens the longest): 2.95 requests/s on 2 cores here at 16
-#          clients, and the device's single-stream TTFT is ~15x lower than
-#          here, so about 45 requests/s there: 10,000 in ~180-220 s.
+#          tokens the longest): 1.3 and 2.95 requests/s at 16 clients in two
+#          200-request runs on the 2 shared cores here (load 5-7), and the
+#          device's single-stream TTFT is ~15x lower than here, so 20-45
+#          requests/s there: 10,000 in ~220-500 s on local-task (estimated,
+#          not measured there; cuda likely faster). Rows every SOAK_EVERY
+#          requests show the rate early; a run cut short keeps its rows.
 #   all    check llm serve soak, in one call (see the time limits below)
 #
 # Inputs (environment):
@@ -42,8 +45,7 @@
 #     local-task, see above) SOAK_BATCH_MODULE (build/gx/smollm2_batch-cuda.vmfb)
 #     SOAK_TIMEOUT (300 s).
 # With the defaults `all` stays under ~580 s even when every step runs out of
-# time (about 300 s expected on the device); run soak alone with a larger
-# SOAK_TIMEOUT to be safe. Each step runs under `timeout` (SIGINT first, so
+# time; run soak alone, with SOAK_TIMEOUT=540, to give it the room it may need. Each step runs under `timeout` (SIGINT first, so
 # the Python drivers stop the servers they started; SIGKILL 15 s later); a
 # step that fails or runs out of time is reported and the next one still
 # runs; the exit status is non-zero when any step failed.
