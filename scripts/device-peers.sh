@@ -45,10 +45,11 @@
 #     local-task, see above) SOAK_BATCH_MODULE (build/gx/smollm2_batch-cuda.vmfb)
 #     SOAK_TIMEOUT (300 s).
 # With the defaults `all` stays under ~580 s even when every step runs out of
-# time; run soak alone, with SOAK_TIMEOUT=540, to give it the room it may need. Each step runs under `timeout` (SIGINT first, so
-# the Python drivers stop the servers they started; SIGKILL 15 s later); a
-# step that fails or runs out of time is reported and the next one still
-# runs; the exit status is non-zero when any step failed.
+# time; run soak alone, with SOAK_TIMEOUT=540, to give it the room it may
+# need. Each step runs under `timeout` (SIGINT first, so the Python drivers
+# stop the servers they started; SIGKILL 15 s later); a step that fails or
+# runs out of time is reported and the next one still runs; the exit status
+# is non-zero when any step failed.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
