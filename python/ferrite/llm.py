@@ -7,7 +7,8 @@ CLI's `ferrite generate`. The model runs with the GIL released.
 
     import ferrite.llm
 
-    llm = ferrite.llm.load("SmolLM2-135M-Instruct.Q4_1.gguf", device="local-task")
+    llm = ferrite.llm.load("SmolLM2-135M-Instruct.Q4_1.gguf", device="local-task",
+                           context=2048)  # KV cache positions, allocated on the device now
     print(llm.chat("What is the capital of France?"))
     for piece in llm.stream("Once upon a time", max_tokens=32):
         print(piece, end="", flush=True)
