@@ -201,7 +201,8 @@ impl CpuDevice {
         }
         // `addrs` holds the bindings' in-flight marks until the dispatch
         // returns: host access to the bound allocations is refused meanwhile.
-        let addrs = BindingAddrs::resolve(cpu, function, bindings, table)?;
+        let mut addrs = BindingAddrs::empty();
+        addrs.resolve_into(cpu, function, bindings, table)?;
         let start = trace::enabled().then(trace::now_ns);
         let outcome = self.injected_failure(cpu, function).and_then(|()| {
             run_slice(
@@ -362,11 +363,29 @@ impl<'a> BindingAddrs<'a> {
         bindings: &'a [BufferRef],
         table: &'a [Binding],
     ) -> Result<BindingAddrs<'a>> {
-        let mut addrs = BindingAddrs {
+        let mut addrs = BindingAddrs::empty();
+        addrs.resolve_into(cpu, function, bindings, table)?;
+        Ok(addrs)
+    }
+
+    fn empty() -> BindingAddrs<'a> {
+        BindingAddrs {
             ptrs: SmallVec::new(),
             lens: SmallVec::new(),
             in_flight: SmallVec::new(),
-        };
+        }
+    }
+
+    /// [`BindingAddrs::resolve`] into an empty `self`, for a caller that
+    /// keeps the addresses in place (no copy of the inline vectors).
+    fn resolve_into(
+        &mut self,
+        cpu: &CpuExecutable,
+        function: u32,
+        bindings: &'a [BufferRef],
+        table: &'a [Binding],
+    ) -> Result<()> {
+        let addrs = self;
         for (i, r) in bindings.iter().enumerate() {
             let access = cpu.binding_access(function, i);
             let range = r
@@ -377,7 +396,7 @@ impl<'a> BindingAddrs<'a> {
             addrs.lens.push(range.len());
             addrs.in_flight.push(range);
         }
-        Ok(addrs)
+        Ok(())
     }
 }
 
@@ -841,6 +860,14 @@ impl Device for CpuDevice {
 
     fn queue_allocator(&self) -> Arc<dyn Allocator> {
         self.queue_pool.clone()
+    }
+
+    fn queue_allocate(
+        &self,
+        params: &ferrite_hal::allocator::BufferParams,
+        size: u64,
+    ) -> Result<ferrite_hal::buffer::Buffer> {
+        self.queue_pool.allocate(params, size)
     }
 
     fn query_i64(&self, category: &str, key: &str) -> Result<Option<i64>> {

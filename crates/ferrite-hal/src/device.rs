@@ -53,6 +53,12 @@ pub trait Device: Send + Sync + 'static {
     fn queue_allocator(&self) -> Arc<dyn Allocator> {
         self.allocator()
     }
+    /// `queue_allocator().allocate(params, size)`, the allocation behind a
+    /// queue `alloca`: a driver that owns its pool overrides it to allocate
+    /// without handing out (and dropping) a reference per call.
+    fn queue_allocate(&self, params: &BufferParams, size: u64) -> Result<Buffer> {
+        self.queue_allocator().allocate(params, size)
+    }
     /// Answers `hal.device.query.i64(category, key)`; None when unknown.
     fn query_i64(&self, category: &str, key: &str) -> Result<Option<i64>>;
     /// Loads an executable of `format` (e.g. `embedded-elf-x86_64`).
@@ -384,7 +390,7 @@ pub mod queue {
             params: &BufferParams,
             size: u64,
         ) -> Result<Buffer> {
-            let buffer = device.queue_allocator().allocate(params, size)?;
+            let buffer = device.queue_allocate(params, size)?;
             if ferrite_base::trace::enabled() {
                 ferrite_base::trace::instant(
                     "queue",

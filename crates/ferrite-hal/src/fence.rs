@@ -7,6 +7,7 @@
 //! reached.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferrite_base::wait::{wait_sources, Notifier, WaitMode, WaitSource};
@@ -15,7 +16,7 @@ use ferrite_base::{Result, Status, StatusCode, Timeout};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use crate::semaphore::{Semaphore, Timepoint};
+use crate::semaphore::{failure_epoch, Semaphore, Timepoint};
 
 /// A fence's timepoints, or a copy taken to act on them outside its lock.
 /// Fences of the programs compiled today hold one or two, which then need
@@ -35,6 +36,13 @@ thread_local! {
 #[derive(Default)]
 pub struct Fence {
     timepoints: Mutex<Timepoints>,
+    /// 1 + the semaphore failure count (`semaphore::failure_epoch`) at which
+    /// every timepoint was seen reached, 0 when not known: while the count is
+    /// unchanged the fence is still reached and none of its semaphores has
+    /// failed, so `query` and `wait` answer without the lock (the queue path
+    /// asks each fence several times after it was signalled). Set under the
+    /// lock; cleared under it (or through `&mut`) whenever timepoints change.
+    reached_at: AtomicU64,
 }
 
 impl RefObject for Fence {
@@ -70,6 +78,7 @@ impl Clone for Fence {
     fn clone(&self) -> Fence {
         Fence {
             timepoints: Mutex::new(self.snapshot()),
+            reached_at: AtomicU64::new(0),
         }
     }
 }
@@ -92,6 +101,7 @@ impl Fence {
     pub fn create_at(semaphore: Arc<Semaphore>, value: u64) -> Fence {
         Fence {
             timepoints: Mutex::new(smallvec::smallvec![(semaphore, value)]),
+            reached_at: AtomicU64::new(0),
         }
     }
 
@@ -128,6 +138,7 @@ impl Fence {
     /// Makes an unshared fence equal to `create_at(new semaphore, 1)`,
     /// keeping its semaphore when nobody else holds it.
     fn reset_to_new_semaphore(&mut self) {
+        *self.reached_at.get_mut() = 0;
         let tps = self.timepoints.get_mut();
         if tps.len() == 1 {
             if let Some(sem) = Arc::get_mut(&mut tps[0].0) {
@@ -156,6 +167,7 @@ impl Fence {
     /// larger value is kept.
     pub fn insert(&self, semaphore: Arc<Semaphore>, value: u64) {
         let mut tps = self.timepoints.lock();
+        self.reached_at.store(0, Ordering::Release);
         match tps.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &semaphore)) {
             Some((_, v)) => *v = (*v).max(value),
             None => tps.push((semaphore, value)),
@@ -194,10 +206,16 @@ impl Fence {
     /// Signals every semaphore to its timepoint value. Stops at and returns
     /// the first error (e.g. a semaphore already signalled past its value).
     pub fn signal(&self) -> Result<()> {
+        let epoch = failure_epoch();
         let single = match self.timepoints.lock().as_slice() {
             [] => return Ok(()),
             // Nothing scheduled on the semaphore: signal it right here.
             [(s, v)] => match s.signal_quiet(*v) {
+                Some(Ok(())) => {
+                    // Reached now, by this call (the lock is still held).
+                    self.reached_at.store(epoch + 1, Ordering::Release);
+                    return Ok(());
+                }
                 Some(outcome) => return outcome,
                 None => Some((s.clone(), *v)),
             },
@@ -222,20 +240,46 @@ impl Fence {
     /// `Ok(true)` when every timepoint is reached, `Ok(false)` while any is
     /// pending, the failure status once any semaphore has failed.
     pub fn query(&self) -> Result<bool> {
+        if self.known_reached() {
+            return Ok(true);
+        }
+        let epoch = failure_epoch();
+        let tps = self.timepoints.lock();
         let mut reached = true;
-        for (s, v) in self.timepoints.lock().iter() {
+        for (s, v) in tps.iter() {
             reached &= s.reached_fast(*v) || s.query()? >= *v;
         }
+        if reached {
+            self.reached_at.store(epoch + 1, Ordering::Release);
+        }
         Ok(reached)
+    }
+
+    /// True when every timepoint was seen reached and no semaphore has
+    /// failed since (see `reached_at`); false means "ask under the lock".
+    #[inline]
+    fn known_reached(&self) -> bool {
+        let at = self.reached_at.load(Ordering::Acquire);
+        at != 0 && at == failure_epoch().wrapping_add(1)
     }
 
     /// Blocks until reached (`Ok(true)`), the timeout passes (`Ok(false)`),
     /// or a semaphore fails (its status).
     pub fn wait(&self, timeout: Timeout) -> Result<bool> {
+        if self.known_reached() {
+            return Ok(true);
+        }
         let deadline = timeout.to_deadline();
+        let epoch = failure_epoch();
         let single = match self.timepoints.lock().as_slice() {
-            [] => return Ok(true),
-            [(s, v)] if s.reached_fast(*v) => return Ok(true),
+            [] => {
+                self.reached_at.store(epoch + 1, Ordering::Release);
+                return Ok(true);
+            }
+            [(s, v)] if s.reached_fast(*v) => {
+                self.reached_at.store(epoch + 1, Ordering::Release);
+                return Ok(true);
+            }
             [(s, v)] => Some((s.clone(), *v)),
             _ => None,
         };
@@ -324,6 +368,44 @@ mod tests {
     use super::*;
     use std::thread;
     use std::time::Duration;
+
+    /// A fence answers "reached" from its cache only while that is still
+    /// true: a later failure of its semaphore, or a new timepoint, is seen.
+    #[test]
+    fn reached_fence_still_sees_later_failure_and_new_timepoints() {
+        let s = Semaphore::new(0);
+        let f = Fence::create_at(s.clone(), 1);
+        assert!(!f.query().unwrap());
+        f.signal().unwrap();
+        assert!(f.query().unwrap());
+        assert!(f.wait(Timeout::INFINITE).unwrap());
+        s.fail(Status::new(StatusCode::Aborted, "lost"));
+        assert_eq!(f.query().unwrap_err().code(), StatusCode::Aborted);
+        assert_eq!(
+            f.wait(Timeout::INFINITE).unwrap_err().code(),
+            StatusCode::Aborted
+        );
+
+        let t = Semaphore::new(0);
+        let g = Fence::create_at(t.clone(), 1);
+        t.signal(1).unwrap();
+        assert!(g.query().unwrap());
+        g.insert(t.clone(), 2);
+        assert!(!g.query().unwrap());
+        assert!(!g
+            .wait(Timeout::from_duration(Duration::from_millis(1)))
+            .unwrap());
+        t.signal(2).unwrap();
+        assert!(g.wait(Timeout::INFINITE).unwrap());
+
+        // A pooled fence handed out again starts unreached.
+        let p = Fence::pooled_new();
+        p.signal().unwrap();
+        assert!(p.query().unwrap());
+        drop(p);
+        let q = Fence::pooled_new();
+        assert!(!q.query().unwrap());
+    }
 
     #[test]
     fn join_keeps_max_per_semaphore() {

@@ -108,6 +108,20 @@ impl ExportedTimepoint {
     }
 }
 
+/// How many semaphore failures this process has seen. A fence that found
+/// all its timepoints reached while the count was N may answer "reached"
+/// again without locking for as long as the count is still N: none of its
+/// semaphores can have failed meanwhile (payloads only grow, and a
+/// semaphore is reset only once nothing else holds it).
+static FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// The current [`FAILURES`] count (see `Fence::query`). Read it before
+/// checking timepoints: a failure after the read changes the count.
+#[inline]
+pub(crate) fn failure_epoch() -> u64 {
+    FAILURES.load(Ordering::Acquire)
+}
+
 /// A timeline semaphore. Shared as `Arc<Semaphore>`.
 pub struct Semaphore {
     state: Mutex<State>,
@@ -387,6 +401,8 @@ impl Semaphore {
                 s.woken_by = Some(ferrite_base::trace::doing());
             }
             self.failed.store(true, Ordering::Release);
+            // After `failed`: whoever sees the new count sees the flag.
+            FAILURES.fetch_add(1, Ordering::AcqRel);
             let callbacks = std::mem::take(&mut s.callbacks);
             let notify: Vec<Arc<Notifier>> = s.notifiers.iter().map(|(_, n)| n.clone()).collect();
             drop(s);
