@@ -36,7 +36,7 @@ use ferrite_hal::allocator::{Allocator, CachingAllocator, HeapAllocator};
 use ferrite_hal::buffer::DeviceRange;
 use ferrite_hal::channel::{ChannelParams, ChannelProvider, ChannelRef};
 use ferrite_hal::command_buffer::{Binding, BufferRef, Command};
-use ferrite_hal::device::{run_inline, Device, Work};
+use ferrite_hal::device::{run_inline, Device, Work, WorkHint};
 use ferrite_hal::executable::Executable;
 use ferrite_hal::fence::Fence;
 use ferrite_hal::memory::MemoryAccess;
@@ -290,6 +290,87 @@ fn dispatch_context(cpu: &CpuExecutable, function: u32, workgroups: [u32; 3]) ->
 
 /// Adds the device to a failure of queue work it ran, so every waiter on
 /// the failed semaphores sees where the failure arose.
+/// Runs a `local-task` submission's work and signals (or fails) `signal`
+/// with its outcome; with `abort` (`--task_abort_on_failure`) a failure
+/// aborts the process instead.
+fn run_and_signal(work: Work, signal: &Fence, abort: bool, id: &str) {
+    match run_caught(work) {
+        // Signalling cannot fail for fresh values; a failure here means a
+        // program bug already reported through the timeline.
+        Ok(()) => drop(signal.signal()),
+        Err(e) if abort => {
+            eprintln!("local-task: queue work failed (--task_abort_on_failure): {e}");
+            std::process::abort();
+        }
+        Err(e) => signal.fail(on_device(e, id)),
+    }
+}
+
+/// Most bytes a fill, update or copy of small work may touch (one tile).
+pub const SMALL_TRANSFER_BYTES: u64 = 64 * 1024;
+
+/// Whether work is small enough to run on the submitting thread: queue
+/// bookkeeping, or commands whose every stage (between barriers) is at
+/// most one tile: one direct single-workgroup dispatch or one transfer of
+/// at most [`SMALL_TRANSFER_BYTES`]. Such a command buffer runs on one
+/// thread wherever it runs; collectives and indirect dispatches (their
+/// size is known only when they run) are never small.
+pub fn is_small(hint: WorkHint<'_>) -> bool {
+    let commands = match hint {
+        WorkHint::Bookkeeping => return true,
+        WorkHint::Commands(c) => c,
+    };
+    let mut stage_tiles = 0u64;
+    for c in commands {
+        let tiles = match c {
+            Command::Barrier => {
+                stage_tiles = 0;
+                continue;
+            }
+            Command::Dispatch {
+                workgroups,
+                indirect: None,
+                ..
+            } => workgroups.iter().map(|&n| u64::from(n)).product::<u64>(),
+            Command::Update { data, .. } => small_transfer(Some(data.len() as u64)),
+            Command::Fill { target, .. } | Command::Copy { target, .. } => {
+                small_transfer(known_length(target))
+            }
+            Command::Dispatch { .. } | Command::Collective { .. } => return false,
+        };
+        stage_tiles += tiles;
+        if stage_tiles > 1 {
+            return false;
+        }
+    }
+    true
+}
+
+/// One tile for a transfer of a known length of at most
+/// [`SMALL_TRANSFER_BYTES`], more than any stage of small work otherwise.
+fn small_transfer(length: Option<u64>) -> u64 {
+    match length {
+        Some(n) if n <= SMALL_TRANSFER_BYTES => 1,
+        _ => u64::MAX / 2,
+    }
+}
+
+/// The byte length a buffer reference names, when known before it runs.
+fn known_length(r: &BufferRef) -> Option<u64> {
+    match r {
+        BufferRef::Direct {
+            buffer,
+            offset,
+            length,
+        } => Some(if *length == u64::MAX {
+            buffer.byte_length().saturating_sub(*offset)
+        } else {
+            *length
+        }),
+        BufferRef::Slot { length, .. } => (*length != u64::MAX).then_some(*length),
+    }
+}
+
 fn on_device(e: Status, id: &str) -> Status {
     e.annotate(format!("on device '{id}'"))
 }
@@ -901,16 +982,8 @@ impl Device for CpuDevice {
         let failed = signal.clone();
         let signal = signal.clone();
         let abort = self.abort_on_failure.load(Ordering::Relaxed);
-        let job: Box<dyn FnOnce() + Send> = Box::new(move || match run_caught(work) {
-            // Signalling cannot fail for fresh values; a failure here means a
-            // program bug already reported through the timeline.
-            Ok(()) => drop(signal.signal()),
-            Err(e) if abort => {
-                eprintln!("local-task: queue work failed (--task_abort_on_failure): {e}");
-                std::process::abort();
-            }
-            Err(e) => signal.fail(on_device(e, id)),
-        });
+        let job: Box<dyn FnOnce() + Send> =
+            Box::new(move || run_and_signal(work, &signal, abort, id));
         let timepoints = wait.timepoints();
         if timepoints.is_empty() {
             pool.spawn(job);
@@ -942,6 +1015,36 @@ impl Device for CpuDevice {
             );
         }
         Ok(())
+    }
+
+    /// On `local-task`, small work (see [`is_small`]) whose wait is already
+    /// reached runs here, on the submitting thread, as on `local-sync`:
+    /// queued, it would wake a worker that, on a machine whose CPUs are
+    /// all busy, waits for a time slice on its CPU (a pinned worker cannot
+    /// move to another) while holding the job the caller then waits for
+    /// (issue 25). Small work has no parallelism to lose: every stage is
+    /// one tile. Not on the pool's own workers, and not when the pool does
+    /// not lend to waiters (then every submission runs on the workers).
+    fn submit_hinted(
+        &self,
+        wait: &Fence,
+        signal: &Fence,
+        hint: WorkHint<'_>,
+        work: Work,
+    ) -> Result<()> {
+        if let Mode::Task(pool) = &self.mode {
+            if pool.lends_to_waiters()
+                && !pool.on_worker_thread()
+                && is_small(hint)
+                && wait.query().unwrap_or(false)
+            {
+                pool.note_inline_submission();
+                let abort = self.abort_on_failure.load(Ordering::Relaxed);
+                run_and_signal(work, signal, abort, self.id);
+                return Ok(());
+            }
+        }
+        self.submit(wait, signal, work)
     }
 
     fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()> {

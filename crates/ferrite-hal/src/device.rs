@@ -40,6 +40,17 @@ use std::sync::Arc;
 /// Work a queue runs once its wait fence is reached.
 pub type Work = Box<dyn FnOnce() -> Result<()> + Send>;
 
+/// What a submission's [`Work`] does, for a driver that picks how to run
+/// it by its size ([`Device::submit_hinted`]).
+#[derive(Clone, Copy, Debug)]
+pub enum WorkHint<'a> {
+    /// Queue bookkeeping that reads and writes no buffer contents
+    /// (`alloca`'s and `barrier`'s empty work, `dealloca`'s release).
+    Bookkeeping,
+    /// Executes these commands (a command buffer's).
+    Commands(&'a [Command]),
+}
+
 /// A HAL device: one driver instance with its queues.
 pub trait Device: Send + Sync + 'static {
     /// Device identifier, as `hal.device.id` queries match it (`local-sync`).
@@ -71,6 +82,19 @@ pub trait Device: Send + Sync + 'static {
     /// Runs `work` once `wait` is reached, then signals `signal`. Drivers may
     /// run it inline (synchronous devices) or later on their own threads.
     fn submit(&self, wait: &Fence, signal: &Fence, work: Work) -> Result<()>;
+    /// [`Device::submit`] with what `work` does: a driver may run small
+    /// work whose `wait` is already reached on the calling thread (the
+    /// `local-task` device does, see `ferrite-hal-cpu`). Default: `submit`.
+    fn submit_hinted(
+        &self,
+        wait: &Fence,
+        signal: &Fence,
+        hint: WorkHint<'_>,
+        work: Work,
+    ) -> Result<()> {
+        let _ = hint;
+        self.submit(wait, signal, work)
+    }
     /// Executes recorded commands with `bindings` as the binding table. Called
     /// from within submitted work.
     fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()>;
@@ -405,7 +429,7 @@ pub mod queue {
             if device.runs_inline() {
                 run_inline(wait, signal, || Ok(()))?;
             } else {
-                device.submit(wait, signal, Box::new(|| Ok(())))?;
+                device.submit_hinted(wait, signal, WorkHint::Bookkeeping, Box::new(|| Ok(())))?;
             }
             Ok(buffer)
         }
@@ -429,7 +453,7 @@ pub mod queue {
                     Ok(())
                 },
             );
-            device.submit(wait, signal, work)
+            device.submit_hinted(wait, signal, WorkHint::Bookkeeping, work)
         }
 
         /// Fills `target[offset..offset+length]` with `pattern`.
@@ -486,7 +510,8 @@ pub mod queue {
 
         /// Orders nothing but the fences: `signal` is reached after `wait`.
         pub fn barrier(device: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
-            device.submit(wait, signal, traced(device, "barrier", &[], || Ok(())))
+            let work = traced(device, "barrier", &[], || Ok(()));
+            device.submit_hinted(wait, signal, WorkHint::Bookkeeping, work)
         }
 
         /// Executes a finalized command buffer with an optional binding table.
@@ -522,7 +547,8 @@ pub mod queue {
             let work = traced(device, "execute", args, move || {
                 d.execute_commands(&commands, &bindings)
             });
-            device.submit(wait, signal, work)
+            let hint = WorkHint::Commands(cb.finalized_commands()?);
+            device.submit_hinted(wait, signal, hint, work)
         }
 
         /// `work` as queue work; while a trace is recorded, a span named

@@ -320,6 +320,20 @@ impl WorkerPool {
             .unwrap_or(self.threads.len() as u32)
     }
 
+    /// Whether the calling thread is one of this pool's workers.
+    pub fn on_worker_thread(&self) -> bool {
+        self.shared.current_worker().is_some()
+    }
+
+    /// Counts a submission the device ran on its submitting thread instead
+    /// of queueing it ([`PoolStats::inline_submissions`]).
+    pub fn note_inline_submission(&self) {
+        self.shared
+            .stats
+            .inline_submissions
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counters of what the pool has done so far.
     pub fn stats(&self) -> PoolStats {
         self.shared.stats()

@@ -33,6 +33,9 @@ pub struct PoolStats {
     pub preempted_spins: u64,
     /// CPU time the worker threads have used (Linux; zero elsewhere).
     pub worker_cpu_time: Duration,
+    /// Submissions the device ran on the submitting thread (small work
+    /// whose wait was already reached) instead of queueing them.
+    pub inline_submissions: u64,
 }
 
 /// The counters behind [`PoolStats`].
@@ -46,6 +49,7 @@ pub(super) struct Counters {
     pub(super) leader_sleeps: AtomicU64,
     pub(super) idle_spin_ns: AtomicU64,
     pub(super) preempted_spins: AtomicU64,
+    pub(super) inline_submissions: AtomicU64,
 }
 
 /// A thread's CPU-time clock id (valid while the thread lives).
@@ -68,6 +72,7 @@ impl PoolState {
             idle_spin: Duration::from_nanos(c.idle_spin_ns.load(Ordering::Relaxed)),
             preempted_spins: c.preempted_spins.load(Ordering::Relaxed),
             worker_cpu_time: self.cpu_clocks.lock().iter().map(cpu_time_of).sum(),
+            inline_submissions: c.inline_submissions.load(Ordering::Relaxed),
         }
     }
 
@@ -76,13 +81,14 @@ impl PoolState {
         let s = self.stats();
         let total = (s.workgroups_on_workers + s.workgroups_on_callers).max(1) as f64;
         eprintln!(
-            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} joins; {} leader sleeps; {} worker sleeps; {} spins cut short by preemption; {:.3} ms idle polling; {:.3} ms worker CPU",
+            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} submissions run inline; {} joins; {} leader sleeps; {} worker sleeps; {} spins cut short by preemption; {:.3} ms idle polling; {:.3} ms worker CPU",
             self.workers,
             s.workgroups_on_workers,
             100.0 * s.workgroups_on_workers as f64 / total,
             s.workgroups_on_callers,
             100.0 * s.workgroups_on_callers as f64 / total,
             s.regions,
+            s.inline_submissions,
             s.joins,
             s.leader_sleeps,
             s.sleeps,
