@@ -1049,6 +1049,23 @@ impl Device for CpuDevice {
 
     fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()> {
         if let Mode::Task(pool) = &self.mode {
+            // Small work (every stage one tile) has nothing to share out:
+            // it runs as on local-sync, one command after another, without
+            // a region's publishing, claiming and stage changes (about 1 us
+            // a stage). While a trace is recorded it keeps the region path,
+            // whose per-thread tiles the trace shows.
+            if !trace::enabled() && is_small(WorkHint::Commands(commands)) {
+                let mut workgroups = 0;
+                let outcome = commands.iter().enumerate().try_for_each(|(i, c)| {
+                    if let Command::Dispatch { workgroups: w, .. } = c {
+                        workgroups += w.iter().map(|&n| u64::from(n)).product::<u64>();
+                    }
+                    self.execute_one(c, bindings)
+                        .map_err(|e| e.annotate(format!("executing command {i}")))
+                });
+                pool.note_workgroups_run_here(workgroups);
+                return outcome;
+            }
             let work = CommandsWork::new(self, commands, bindings, pool.worker_count());
             let outcome = pool.run_region(&work);
             if trace::enabled() {

@@ -334,6 +334,15 @@ impl WorkerPool {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts `workgroups` the calling thread ran outside any region (small
+    /// command buffers run one command after another), as a region counts
+    /// its tiles: on workers or on other threads.
+    pub fn note_workgroups_run_here(&self, workgroups: u64) {
+        self.shared
+            .counter_for_this_thread()
+            .fetch_add(workgroups, Ordering::Relaxed);
+    }
+
     /// Counters of what the pool has done so far.
     pub fn stats(&self) -> PoolStats {
         self.shared.stats()
