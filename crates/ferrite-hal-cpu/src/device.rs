@@ -1063,7 +1063,7 @@ impl Device for CpuDevice {
                     self.execute_one(c, bindings)
                         .map_err(|e| e.annotate(format!("executing command {i}")))
                 });
-                pool.note_workgroups_run_here(workgroups);
+                pool.note_small_command_buffer(workgroups);
                 return outcome;
             }
             let work = CommandsWork::new(self, commands, bindings, pool.worker_count());

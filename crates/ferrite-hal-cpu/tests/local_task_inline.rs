@@ -92,6 +92,11 @@ fn small_ready_work_runs_before_submit_returns() {
         assert_eq!(cpu.scheduler_stats().unwrap().inline_submissions, i);
     }
     check(&out, 4);
+    // Run on this thread, they still count as command buffers and
+    // workgroups (on other threads than the workers).
+    let stats = cpu.scheduler_stats().unwrap();
+    assert_eq!((stats.regions, stats.workgroups_on_callers), (3, 3));
+    assert_eq!(stats.workgroups_on_workers, 0);
     // Bookkeeping (alloca, dealloca, barrier) whose wait is reached too.
     let done = Fence::create_at(Semaphore::new(0), 1);
     queue::barrier(&dev, &Fence::new(), &done).unwrap();

@@ -23,6 +23,11 @@
 //! 4xf32 add took about 1 ms a call that way on 2 busy cores (issue 25).
 //! Waiters poll without yielding the CPU (`ferrite_base::wait`): a yield
 //! on a busy machine gives the CPU to another process for its whole slice.
+//!
+//! Small submissions (every stage one tile) whose wait is already reached
+//! never reach the queue: the device runs them on the submitting thread
+//! (`CpuDevice::submit_hinted`), so a tiny call wakes no worker at all, and
+//! no woken worker can take it and then wait for its CPU.
 
 use super::queue::run_job;
 use super::PoolState;

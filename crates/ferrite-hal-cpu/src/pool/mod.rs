@@ -334,10 +334,11 @@ impl WorkerPool {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts `workgroups` the calling thread ran outside any region (small
-    /// command buffers run one command after another), as a region counts
-    /// its tiles: on workers or on other threads.
-    pub fn note_workgroups_run_here(&self, workgroups: u64) {
+    /// Counts a small command buffer the calling thread ran outside any
+    /// region (one command after another) and its `workgroups`, as a
+    /// region counts itself and its tiles (on workers or other threads).
+    pub fn note_small_command_buffer(&self, workgroups: u64) {
+        self.shared.stats.regions.fetch_add(1, Ordering::Relaxed);
         self.shared
             .counter_for_this_thread()
             .fetch_add(workgroups, Ordering::Relaxed);

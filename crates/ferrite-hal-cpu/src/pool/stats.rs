@@ -16,7 +16,8 @@ pub struct PoolStats {
     /// Workgroups run on other threads (waiters that took a submission
     /// and led its command buffer).
     pub workgroups_on_callers: u64,
-    /// Command-buffer executions (regions) run.
+    /// Command-buffer executions run: regions, and small command buffers
+    /// (every stage one tile) run one command after another.
     pub regions: u64,
     /// Times a worker went to sleep after polling in vain.
     pub sleeps: u64,
