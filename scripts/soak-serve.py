@@ -8,6 +8,7 @@ prints the server's resident memory (`ferrite_resident_memory_bytes` from
 
     .venv/bin/python scripts/soak-serve.py [--requests 10000] [--concurrency 16]
         [--ferrite-bin target/release/ferrite] [--device local-task]
+        [--kinds completion,chat-stream,malformed,dropped-stream]
 
 Exits non-zero when the resident memory at the end exceeds the one after
 the first `--every` requests by more than `--max-growth-mb` (default 32).
@@ -60,8 +61,11 @@ def rss(url):
     return int(m.group(1))
 
 
-def one(url, i):
-    kind = i % 4
+KINDS = ["completion", "chat-stream", "malformed", "dropped-stream"]
+
+
+def one(url, i, kinds):
+    kind = KINDS.index(kinds[i % len(kinds)])
     if kind == 0:
         return post(url, "/v1/completions", {"model": "default", "prompt": f"Number {i} is", "max_tokens": 2, "temperature": 0})
     if kind == 1:
@@ -77,6 +81,26 @@ def one(url, i):
     )
 
 
+def in_use(pid, server_log):
+    """glibc malloc's bytes in use (all arenas and mmapped chunks): gdb
+    calls malloc_stats() in the server, which writes to its stderr."""
+    subprocess.run(
+        ["gdb", f"/proc/{pid}/exe", "-p", str(pid), "-batch", "-ex", "call (void)malloc_stats()"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+    )
+    for _ in range(50):
+        text = Path(server_log).read_text()
+        tail = text.rsplit("Total (incl. mmap):", 1)
+        if len(tail) == 2:
+            m = re.search(r"in use bytes\s*=\s*(\d+)", tail[1])
+            if m and "max mmap bytes" in tail[1]:
+                return int(m.group(1))
+        time.sleep(0.1)
+    sys.exit("soak-serve: no malloc_stats() output in the server log")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=10000)
@@ -85,7 +109,25 @@ def main():
     ap.add_argument("--device", default="local-task")
     ap.add_argument("--ferrite-bin", default=str(ROOT / "target" / "release" / "ferrite"))
     ap.add_argument("--max-growth-mb", type=float, default=32)
+    ap.add_argument("--server-log", help="append the server's stderr to this file (default: discarded)")
+    ap.add_argument(
+        "--heap",
+        action="store_true",
+        help="also print glibc malloc's in-use bytes at each sample (attaches gdb to call malloc_stats(); "
+        "needs --server-log): a leak grows these, allocator fragmentation grows only RSS",
+    )
+    ap.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="comma-separated request kinds cycled in this order (default: all four): " + ", ".join(KINDS),
+    )
     args = ap.parse_args()
+    if args.heap and not args.server_log:
+        sys.exit("soak-serve: --heap needs --server-log")
+    kinds = args.kinds.split(",")
+    for k in kinds:
+        if k not in KINDS:
+            sys.exit(f"soak-serve: unknown kind '{k}' (known: {', '.join(KINDS)})")
     gguf = assets.ensure()
     cmd = [args.ferrite_bin, "serve", f"--gguf={gguf}", "--port=0", f"--device={args.device}", "--max_queue=4096"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -95,7 +137,15 @@ def main():
         if m:
             url = m.group(1)
             break
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    log = open(args.server_log, "a") if args.server_log else None
+
+    def drain():
+        for line in proc.stderr:
+            if log:
+                log.write(line)
+                log.flush()
+
+    threading.Thread(target=drain, daemon=True).start()
     if url is None:
         sys.exit("soak-serve: the server did not start")
     try:
@@ -115,13 +165,17 @@ def main():
         with ThreadPoolExecutor(args.concurrency) as pool:
             while done < args.requests:
                 n = min(args.every, args.requests - done)
-                for s in pool.map(lambda i: one(url, i), range(done, done + n)):
+                for s in pool.map(lambda i: one(url, i, kinds), range(done, done + n)):
                     statuses[s] = statuses.get(s, 0) + 1
                 done += n
                 samples.append((done, rss(url)))
-                print(f"{done:6d} requests  {time.time() - start:7.1f} s  RSS {samples[-1][1] / 2**20:8.1f} MiB  statuses {statuses}", flush=True)
+                heap = f"  heap in use {in_use(proc.pid, args.server_log) / 2**20:8.2f} MiB" if args.heap else ""
+                print(f"{done:6d} requests  {time.time() - start:7.1f} s  RSS {samples[-1][1] / 2**20:8.1f} MiB{heap}  statuses {statuses}", flush=True)
         growth = (samples[-1][1] - samples[0][1]) / 2**20
         print(f"RSS growth after the first {args.every} requests: {growth:+.1f} MiB")
+        if len(samples) > 1:
+            per = (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
+            print(f"slope after the first {args.every} requests: {per:+.0f} bytes per request ({args.kinds})")
         if growth > args.max_growth_mb:
             sys.exit(f"soak-serve: resident memory grew {growth:.1f} MiB (> {args.max_growth_mb})")
     finally:
