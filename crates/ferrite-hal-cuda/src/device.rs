@@ -59,7 +59,7 @@ use ferrite_hal::semaphore::DeviceTimeline;
 use parking_lot::Mutex;
 use std::any::Any;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 /// A CUDA device (`cuda`, `cuda://N`, `cuda://GPU-<uuid>`).
@@ -82,6 +82,9 @@ pub struct CudaDevice {
     /// Of those, one-shot command buffers launched as their shape's graph
     /// ([`crate::graph::oneshot_shape`]).
     pub(crate) oneshot_graph_launches: AtomicU64,
+    /// Whether one-shot command buffers whose shape repeats run as graphs
+    /// ([`crate::graph::oneshot_graphs_default`]).
+    pub(crate) oneshot_graphs: AtomicBool,
     /// Graph nodes whose parameters were updated before a launch.
     pub(crate) graph_node_updates: AtomicU64,
     /// One-shot command buffer shapes seen lately, with their graphs.
@@ -196,6 +199,7 @@ impl CudaDevice {
                 channels_created: AtomicU64::new(0),
                 graph_launches: AtomicU64::new(0),
                 oneshot_graph_launches: AtomicU64::new(0),
+                oneshot_graphs: AtomicBool::new(crate::graph::oneshot_graphs_default()),
                 graph_node_updates: AtomicU64::new(0),
                 shapes: Mutex::new(crate::graph::ShapeCache::default()),
                 kept_on_host: AtomicU64::new(0),
@@ -211,10 +215,18 @@ impl CudaDevice {
     }
 
     /// How many of [`Self::graph_launches`] were one-shot command buffers
-    /// launched as the graph of a shape submitted before
-    /// (`FERRITE_CUDA_ONESHOT_GRAPHS=0` turns that off).
+    /// launched as the graph of a shape submitted before (only while
+    /// [`Self::set_oneshot_graphs`] is on).
     pub fn oneshot_graph_launches(&self) -> u64 {
         self.oneshot_graph_launches.load(Ordering::Relaxed)
+    }
+
+    /// Runs one-shot command buffers whose shape repeats as that shape's
+    /// updated graph (`on`) or on the stream, command by command. Off by
+    /// default (`FERRITE_CUDA_ONESHOT_GRAPHS=1` turns it on for new
+    /// devices): see `graph::oneshot_graphs_default` for why.
+    pub fn set_oneshot_graphs(&self, on: bool) {
+        self.oneshot_graphs.store(on, Ordering::Relaxed);
     }
 
     /// How many graph nodes had their parameters (addresses, constants,
@@ -662,7 +674,7 @@ impl Device for CudaDevice {
         // A one-shot command buffer whose shape repeats runs as that
         // shape's graph (module `graph`); it needs no `cb`, so also when
         // kept on the host.
-        let shape = if graph {
+        let shape = if graph || !self.oneshot_graphs.load(Ordering::Relaxed) {
             None
         } else {
             crate::graph::oneshot_shape(cb, &commands)

@@ -595,11 +595,15 @@ impl CudaDevice {
     }
 }
 
-/// Whether one-shot command buffers may run as graphs
-/// (`FERRITE_CUDA_ONESHOT_GRAPHS=0` turns it off).
-fn oneshot_graphs_enabled() -> bool {
+/// Whether a new device runs repeated one-shot command buffers as graphs:
+/// off unless `FERRITE_CUDA_ONESHOT_GRAPHS=1`, because updating a graph's
+/// nodes on the host before each launch serializes with the GPU, where
+/// stream launches overlap it: the SmolLM2 decode step measured 5-6%
+/// slower with it on an H200 (docs/figures.md). `CudaDevice::set_oneshot_graphs`
+/// chooses per device.
+pub(crate) fn oneshot_graphs_default() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FERRITE_CUDA_ONESHOT_GRAPHS").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| std::env::var("FERRITE_CUDA_ONESHOT_GRAPHS").is_ok_and(|v| v == "1"))
 }
 
 /// The structure of a one-shot command buffer's commands: per command its
@@ -618,7 +622,6 @@ pub(crate) struct Shape {
 /// (the commands [`eligible`] takes, graphs enabled), else `None`.
 pub(crate) fn oneshot_shape(cb: &CommandBuffer, commands: &[Command]) -> Option<Shape> {
     if !graphs_enabled()
-        || !oneshot_graphs_enabled()
         || crate::kernel_times::enabled()
         || cb.mode() & ferrite_hal::command_buffer::mode::ONE_SHOT == 0
     {

@@ -1516,6 +1516,8 @@ fn a_context_changed_by_another_library_is_noticed() {
 fn repeated_one_shot_shapes_run_as_an_updated_graph() {
     let Some(dev) = gpu() else { return };
     let cuda = as_cuda(&dev);
+    // Off by default (slower on the LLM decode step); on for this device.
+    cuda.set_oneshot_graphs(true);
     let store = store_kernel(&dev);
     let grid = dev
         .create_executable("cuda-nvptx-fb", &cda1(GRID_PTX, "k", 1, 0), &[])
