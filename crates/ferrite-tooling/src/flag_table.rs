@@ -142,7 +142,7 @@ pub static FLAGS: &[FlagInfo] = &[
     flag("device_capture_tool", "RB", Rejected, "--device_capture_tool=renderdoc", "External capture provider.", "External captures are not supported."),
     flag("device_capture_file", "RB", Rejected, "--device_capture_file=c.rdc", "External capture output.", "External captures are not supported."),
     flag("device_capture_label", "RB", Rejected, "--device_capture_label=l", "External capture label.", "External captures are not supported."),
-    flag("cuda_use_streams", "RB", Ignored, "--cuda_use_streams=true", "CUDA: streams instead of graphs.", "Ferrite's cuda driver runs reusable command buffers as CUDA graphs and replays one-shot ones on its stream (`FERRITE_CUDA_GRAPHS=0`: all on the stream)."),
+    flag("cuda_use_streams", "RB", Ignored, "--cuda_use_streams=true", "CUDA: streams instead of graphs.", "Ferrite's cuda driver runs reusable command buffers as CUDA graphs and replays one-shot ones on its stream (`FERRITE_CUDA_ONESHOT_GRAPHS=1`: one-shot ones whose shape repeats as updated graphs; `FERRITE_CUDA_GRAPHS=0`: all on the stream)."),
     flag("cuda_allow_inline_execution", "RB", Ignored, "--cuda_allow_inline_execution=false", "CUDA: inline execution.", "Ferrite's cuda driver has no inline mode: command buffers always go on the stream."),
     flag("cuda_async_allocations", "RB", Ignored, "--cuda_async_allocations=true", "CUDA: stream-ordered allocations.", "Queue alloca/dealloca always use stream-ordered pools (cuMemAllocAsync/cuMemFreeAsync)."),
     flag("cuda_tracing", "RB", Ignored, "--cuda_tracing=2", "CUDA: Tracy verbosity.", "Ferrite has no Tracy integration."),
