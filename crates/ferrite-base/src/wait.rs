@@ -10,11 +10,14 @@
 //! notifier's condition variable until a source reports a change or the
 //! deadline passes. Nothing waits by spinning beyond that bound.
 //!
-//! While it polls, a waiter first lends its thread to ready queued work
-//! ([`Helper`]s, e.g. the `local-task` worker pool): on a host with few
-//! cores, the waiter running the submission it waits for itself beats
+//! While it polls, a waiter first lends its thread to ready queued work of
+//! the queues that will make its sources ready ([`Helper`]s that each
+//! source names, [`WaitSource::helpers`]: e.g. the `local-task` worker
+//! pool whose submission signals the semaphore waited on): on a host with
+//! few cores, the waiter running the submission it waits for itself beats
 //! handing it to a worker that must first be woken, and the thread would
-//! otherwise only yield.
+//! otherwise only yield. A wait on something no queue signals (the host,
+//! a device that does not lend) runs no queued work.
 //!
 //! Asynchronous waiters use the same subscription path without a thread:
 //! a [`Notifier`] also holds a task's [`Waker`], woken by the same
@@ -24,8 +27,7 @@
 use crate::status::{Result, Status, StatusCode};
 use crate::time::Deadline;
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -38,22 +40,26 @@ pub const SPIN: Duration = Duration::from_micros(50);
 /// Polls `ready` (pausing between polls) until it answers true or
 /// [`SPIN`] (or `deadline`, when sooner) passes; returns its last answer.
 /// Blocking waits call this before they sleep.
-/// While it polls, the caller runs ready work from registered [`Helper`]s;
+/// While it polls, the caller runs ready work of `helpers` (the queues
+/// that will make what it waits for ready, see [`WaitSource::helpers`]);
 /// time spent running work does not count against the polling bound. Only
 /// waits without a deadline lend their thread: a job's length is unknown,
 /// and a bounded wait must return on time.
-pub fn spin_until(deadline: Deadline, mut ready: impl FnMut() -> bool) -> bool {
+pub fn spin_until(
+    deadline: Deadline,
+    helpers: &[Arc<dyn Helper>],
+    mut ready: impl FnMut() -> bool,
+) -> bool {
     if ready() {
         return true;
     }
     if deadline.has_passed() {
         return false;
     }
-    let helpers = if matches!(deadline, Deadline::InfiniteFuture) {
-        start_helping()
-    } else {
-        Vec::new()
-    };
+    let helpers = if lends(deadline) { helpers } else { &[] };
+    for h in helpers {
+        h.start_polling();
+    }
     let mut start = Instant::now();
     let answer = loop {
         if ready() {
@@ -76,21 +82,30 @@ pub fn spin_until(deadline: Deadline, mut ready: impl FnMut() -> bool) -> bool {
             std::hint::spin_loop();
         }
     };
-    for h in &helpers {
+    for h in helpers {
         h.stop_polling();
     }
     answer
 }
 
-/// A source of ready work that a blocked waiter may run on its own thread
-/// instead of idling (register with [`register_helper`]).
+/// Whether a wait until `deadline` lends its thread to queued work: only
+/// one without a deadline (see [`spin_until`]). Waiters collect their
+/// sources' [`Helpers`] only then.
+#[inline]
+pub fn lends(deadline: Deadline) -> bool {
+    matches!(deadline, Deadline::InfiniteFuture)
+}
+
+/// A queue's ready work that a blocked waiter may run on its own thread
+/// instead of idling.
 ///
-/// Devices own this choice: a device whose queue lends its work registers
-/// itself (the `local-task` device does unless told not to) and stays
-/// registered while its [`HelperRegistration`] lives. The registry is
-/// process-wide because a waiter cannot tell which device will signal what
-/// it waits for: every blocked waiter (without a deadline) polls every
-/// registered helper.
+/// Lending is a choice of the device that owns the queue and is scoped to
+/// what the waiter waits for: a device that lends (the `local-task` device
+/// does unless told not to) names its queue to each semaphore its
+/// submissions will signal, and a waiter polls only the queues its
+/// sources name ([`WaitSource::helpers`]). No registry is consulted: a
+/// thread waiting on a semaphore that the host or another device signals
+/// never runs this queue's work.
 ///
 /// A waiter announces itself with [`Helper::start_polling`] before its first
 /// [`Helper::help_one`] and leaves with [`Helper::stop_polling`]: while some
@@ -107,55 +122,16 @@ pub trait Helper: Send + Sync {
     fn stop_polling(&self);
 }
 
-/// Registered helpers, each with the id of its registration.
-static HELPERS: RwLock<Vec<(u64, Weak<dyn Helper>)>> = RwLock::new(Vec::new());
-/// Number of entries in `HELPERS`: waits skip the lock when it is zero.
-static HELPER_COUNT: AtomicUsize = AtomicUsize::new(0);
-static NEXT_REGISTRATION: AtomicU64 = AtomicU64::new(1);
+/// The queues a blocked waiter lends its thread to (usually one).
+pub type Helpers = Vec<Arc<dyn Helper>>;
 
-/// Keeps a helper registered; dropping it unregisters the helper.
-#[derive(Debug)]
-pub struct HelperRegistration {
-    id: u64,
-}
-
-impl Drop for HelperRegistration {
-    fn drop(&mut self) {
-        let mut helpers = HELPERS.write().unwrap_or_else(|e| e.into_inner());
-        helpers.retain(|(id, _)| *id != self.id);
-        HELPER_COUNT.store(helpers.len(), Ordering::Release);
+/// Adds `helper` to `helpers` unless it is there already (a fence's
+/// semaphores are often signalled by one queue: it is polled once).
+pub fn add_helper(helpers: &mut Helpers, helper: Arc<dyn Helper>) {
+    let new = Arc::as_ptr(&helper) as *const ();
+    if !helpers.iter().any(|h| Arc::as_ptr(h) as *const () == new) {
+        helpers.push(helper);
     }
-}
-
-/// Lets blocked waiters run `helper`'s ready work until the returned
-/// registration is dropped (or the helper itself is gone).
-pub fn register_helper(helper: Weak<dyn Helper>) -> HelperRegistration {
-    let id = NEXT_REGISTRATION.fetch_add(1, Ordering::Relaxed);
-    let mut helpers = HELPERS.write().unwrap_or_else(|e| e.into_inner());
-    helpers.retain(|(_, h)| h.strong_count() > 0);
-    helpers.push((id, helper));
-    HELPER_COUNT.store(helpers.len(), Ordering::Release);
-    HelperRegistration { id }
-}
-
-/// Number of helpers registered now (for diagnostics and tests).
-pub fn helper_count() -> usize {
-    HELPER_COUNT.load(Ordering::Acquire)
-}
-
-/// The live helpers, each told that this thread starts polling it.
-fn start_helping() -> Vec<Arc<dyn Helper>> {
-    if HELPER_COUNT.load(Ordering::Acquire) == 0 {
-        return Vec::new();
-    }
-    let helpers: Vec<Arc<dyn Helper>> = {
-        let registered = HELPERS.read().unwrap_or_else(|e| e.into_inner());
-        registered.iter().filter_map(|(_, h)| h.upgrade()).collect()
-    };
-    for h in &helpers {
-        h.start_polling();
-    }
-    helpers
 }
 
 /// Whether a multi-wait needs every source or any one of them.
@@ -252,6 +228,13 @@ pub trait WaitSource: Send + Sync {
     fn subscribe(&self, notifier: &Arc<Notifier>);
     /// Removes a notifier registered by [`WaitSource::subscribe`].
     fn unsubscribe(&self, notifier: &Arc<Notifier>);
+    /// Adds to `out` the queues whose pending work will make this source
+    /// ready and that lend to waiters (see [`Helper`]); a blocked waiter
+    /// runs their ready work while it polls. The default names none: the
+    /// source is made ready by something a waiter cannot run.
+    fn helpers(&self, out: &mut Helpers) {
+        let _ = out;
+    }
 }
 
 /// Polls `sources` once; `Ok(true)` when the mode is satisfied.
@@ -278,13 +261,23 @@ pub fn wait_sources(
     deadline: Deadline,
 ) -> Result<()> {
     let mut failure = None;
-    let ready = spin_until(deadline, || match poll_sources(sources, mode) {
+    let mut poll = || match poll_sources(sources, mode) {
         Ok(r) => r,
         Err(e) => {
             failure = Some(e);
             true
         }
-    });
+    };
+    // The queues to lend to are collected only for a wait that blocks.
+    let ready = poll() || {
+        let mut helpers = Helpers::new();
+        if lends(deadline) {
+            for s in sources {
+                s.helpers(&mut helpers);
+            }
+        }
+        spin_until(deadline, &helpers, &mut poll)
+    };
     if let Some(e) = failure {
         return Err(e);
     }
@@ -412,20 +405,13 @@ mod tests {
         assert_eq!(err.code(), StatusCode::Aborted);
     }
 
-    /// A helper holding jobs that set events. The registry is process
-    /// wide and the tests of this binary run in parallel: a waiter of
-    /// another test that took its list of helpers while this one was
-    /// registered may still poll it afterwards, so only waiters on the
-    /// thread that made it run its jobs.
-    struct Jobs(Mutex<Vec<Arc<Event>>>, std::thread::ThreadId);
+    /// A queue of jobs, each setting an event.
+    struct Jobs(Mutex<Vec<Arc<Event>>>);
 
     impl Helper for Jobs {
         fn start_polling(&self) {}
         fn stop_polling(&self) {}
         fn help_one(&self) -> bool {
-            if std::thread::current().id() != self.1 {
-                return false;
-            }
             match self.0.lock().pop() {
                 Some(e) => {
                     e.set();
@@ -436,35 +422,93 @@ mod tests {
         }
     }
 
+    /// An event that `queue`'s work sets: a source naming its queue.
+    struct Signalled {
+        event: Arc<Event>,
+        queue: Option<Arc<Jobs>>,
+    }
+
+    impl WaitSource for Signalled {
+        fn poll(&self) -> Result<bool> {
+            self.event.poll()
+        }
+        fn subscribe(&self, notifier: &Arc<Notifier>) {
+            self.event.subscribe(notifier)
+        }
+        fn unsubscribe(&self, notifier: &Arc<Notifier>) {
+            self.event.unsubscribe(notifier)
+        }
+        fn helpers(&self, out: &mut Helpers) {
+            if let Some(q) = &self.queue {
+                add_helper(out, q.clone());
+            }
+        }
+    }
+
+    fn jobs(events: &[&Arc<Event>]) -> Arc<Jobs> {
+        Arc::new(Jobs(Mutex::new(
+            events.iter().map(|&e| e.clone()).collect(),
+        )))
+    }
+
     #[test]
-    fn a_waiter_runs_ready_work_it_waits_for() {
+    fn a_waiter_runs_the_work_of_the_queue_it_waits_for() {
         let event = Event::new();
-        let jobs = Arc::new(Jobs(
-            Mutex::new(vec![event.clone()]),
-            std::thread::current().id(),
-        ));
-        let weak: Weak<dyn Helper> = Arc::downgrade(&jobs) as Weak<dyn Helper>;
-        let registration = register_helper(weak);
+        let queue = jobs(&[&event]);
         // Nothing else sets the event: only the waiter running the job can
         // (waits without a deadline lend their thread).
-        let srcs: Vec<Arc<dyn WaitSource>> = vec![event.clone()];
+        let srcs: Vec<Arc<dyn WaitSource>> = vec![Arc::new(Signalled {
+            event: event.clone(),
+            queue: Some(queue.clone()),
+        })];
         wait_sources(&srcs, WaitMode::All, Deadline::InfiniteFuture).unwrap();
-        assert!(jobs.0.lock().is_empty());
-        drop(registration);
-        // Unregistered: a waiter no longer runs its work.
-        let late = Event::new();
-        jobs.0.lock().push(late.clone());
-        let other = Event::new();
+        assert!(queue.0.lock().is_empty());
+    }
+
+    #[test]
+    fn a_waiter_runs_no_work_of_queues_its_sources_do_not_name() {
+        // Queue `a`'s job sets an event nobody waits for; the waiter waits
+        // on an event that `b`'s job sets, and on one set by another thread.
+        let unrelated = Event::new();
+        let a = jobs(&[&unrelated]);
+        let from_b = Event::new();
+        let b = jobs(&[&from_b]);
+        let by_host = Event::new();
         let setter = std::thread::spawn({
-            let other = other.clone();
+            let by_host = by_host.clone();
             move || {
                 std::thread::sleep(Duration::from_millis(30));
-                other.set();
+                by_host.set();
             }
         });
-        let srcs: Vec<Arc<dyn WaitSource>> = vec![other.clone()];
+        let srcs: Vec<Arc<dyn WaitSource>> = vec![
+            Arc::new(Signalled {
+                event: from_b.clone(),
+                queue: Some(b.clone()),
+            }),
+            Arc::new(Signalled {
+                event: by_host.clone(),
+                queue: None,
+            }),
+        ];
         wait_sources(&srcs, WaitMode::All, Deadline::InfiniteFuture).unwrap();
         setter.join().unwrap();
-        assert_eq!(jobs.0.lock().len(), 1, "an unregistered helper's work ran");
+        assert!(b.0.lock().is_empty(), "the named queue's work did not run");
+        assert_eq!(a.0.lock().len(), 1, "an unnamed queue's work ran");
+        assert!(!unrelated.poll().unwrap());
+    }
+
+    #[test]
+    fn bounded_waits_lend_to_nobody() {
+        let event = Event::new();
+        let queue = jobs(&[&event]);
+        let helpers: Helpers = vec![queue.clone()];
+        let deadline = Deadline::after(Duration::from_millis(5));
+        assert!(!spin_until(deadline, &helpers, || false));
+        assert_eq!(queue.0.lock().len(), 1);
+        let mut named = Helpers::new();
+        add_helper(&mut named, queue.clone());
+        add_helper(&mut named, queue.clone());
+        assert_eq!(named.len(), 1, "a queue is polled once");
     }
 }

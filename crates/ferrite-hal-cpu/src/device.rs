@@ -13,8 +13,10 @@
 //! buffer's collectives run in order.
 //!
 //! Helping: a thread blocked waiting for a `local-task` device's work runs
-//! its queued submissions itself (see [`crate::pool`], "Lending to
-//! waiters"), by default whatever the worker count;
+//! its queued submissions itself (see [`crate::pool::lending`]), by
+//! default whatever the worker count; only a thread waiting on a semaphore
+//! this device's submissions signal (`submit` names the pool to them), so
+//! a wait on the host or on another device runs none of its work;
 //! [`PoolOptions::lend_to_waiters`] (URI parameter
 //! `local-task://?lend_to_waiters=true|false|auto`) decides it, and
 //! [`CpuDevice::scheduler_stats`] reports how many workgroups ran on the
@@ -979,6 +981,11 @@ impl Device for CpuDevice {
             Mode::Sync => return run_inline(wait, signal, || work().map_err(|e| on_device(e, id))),
             Mode::Task(p) => p.clone(),
         };
+        // Before the work can run: threads blocked on what it signals
+        // may run this pool's queued work (and only those threads).
+        if let Some(target) = pool.lend_target() {
+            signal.signalled_by(target);
+        }
         let failed = signal.clone();
         let signal = signal.clone();
         let abort = self.abort_on_failure.load(Ordering::Relaxed);

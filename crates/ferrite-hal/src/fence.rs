@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ferrite_base::wait::{wait_sources, Notifier, WaitMode, WaitSource};
+use ferrite_base::wait::{wait_sources, Helper, Helpers, Notifier, WaitMode, WaitSource};
 use ferrite_base::RefObject;
 use ferrite_base::{Result, Status, StatusCode, Timeout};
 use parking_lot::Mutex;
@@ -237,6 +237,15 @@ impl Fence {
         }
     }
 
+    /// Tells each of the fence's semaphores that `queue`'s pending work
+    /// will signal it to its value here (see [`Semaphore::signalled_by`]):
+    /// threads blocked on them may run `queue`'s ready work meanwhile.
+    pub fn signalled_by(&self, queue: &std::sync::Weak<dyn Helper>) {
+        for (s, v) in self.timepoints.lock().iter() {
+            s.signalled_by(*v, queue);
+        }
+    }
+
     /// `Ok(true)` when every timepoint is reached, `Ok(false)` while any is
     /// pending, the failure status once any semaphore has failed.
     pub fn query(&self) -> Result<bool> {
@@ -359,6 +368,12 @@ impl WaitSource for Fence {
     fn unsubscribe(&self, notifier: &Arc<Notifier>) {
         for tp in self.wait_sources() {
             tp.unsubscribe(notifier);
+        }
+    }
+
+    fn helpers(&self, out: &mut Helpers) {
+        for (s, _) in self.timepoints.lock().iter() {
+            s.helpers_into(out);
         }
     }
 }

@@ -37,9 +37,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use ferrite_base::wait::{wait_sources, Event, Notifier, WaitMode, WaitSource};
+use ferrite_base::wait::{
+    add_helper, lends, wait_sources, Event, Helper, Helpers, Notifier, WaitMode, WaitSource,
+};
 use ferrite_base::RefObject;
 use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
 use parking_lot::{Condvar, Mutex};
@@ -91,6 +93,11 @@ struct State {
     /// While a trace is recorded: who last advanced or failed the
     /// semaphore (thread and queue operation), for waiters' trace spans.
     woken_by: Option<String>,
+    /// Queues that lend to waiters and have submissions that will signal
+    /// this semaphore, each with the largest value they will signal
+    /// (see [`Semaphore::signalled_by`]): the only work a thread blocked
+    /// on the semaphore runs while it polls.
+    signallers: Vec<(u64, Weak<dyn Helper>)>,
 }
 
 /// A semaphore timepoint exported as a host wait primitive (see
@@ -189,6 +196,7 @@ impl Semaphore {
                 sleeping: 0,
                 held: Vec::new(),
                 woken_by: None,
+                signallers: Vec::new(),
             }),
             cond: Condvar::new(),
             published: AtomicU64::new(initial_value),
@@ -216,6 +224,7 @@ impl Semaphore {
         state.sleeping = 0;
         state.callbacks.clear();
         state.woken_by = None;
+        state.signallers.clear();
         for (_, h) in state.held.drain(..) {
             h.settled();
         }
@@ -312,6 +321,7 @@ impl Semaphore {
             if ferrite_base::trace::enabled() {
                 s.woken_by = Some(ferrite_base::trace::doing());
             }
+            s.forget_signallers_up_to(value);
             self.published.store(value, Ordering::Release);
             if let Some(t) = self.timeline.get() {
                 t.advanced(value);
@@ -364,6 +374,7 @@ impl Semaphore {
         if ferrite_base::trace::enabled() {
             s.woken_by = Some(ferrite_base::trace::doing());
         }
+        s.forget_signallers_up_to(value);
         self.published.store(value, Ordering::Release);
         if let Some(t) = self.timeline.get() {
             t.advanced(value);
@@ -396,6 +407,8 @@ impl Semaphore {
             for (_, h) in &released {
                 h.settled();
             }
+            // Nothing will signal it any more.
+            s.signallers.clear();
             s.failure = Some(status.clone());
             if ferrite_base::trace::enabled() {
                 s.woken_by = Some(ferrite_base::trace::doing());
@@ -480,7 +493,11 @@ impl Semaphore {
     /// The blocking part of [`Semaphore::wait_until`] (the value was not
     /// reached when it was first checked).
     fn wait_blocking(&self, value: u64, deadline: Deadline) -> Result<()> {
-        ferrite_base::wait::spin_until(deadline, || {
+        let mut helpers = Helpers::new();
+        if lends(deadline) {
+            self.helpers_into(&mut helpers);
+        }
+        ferrite_base::wait::spin_until(deadline, &helpers, || {
             self.poll_device();
             let s = self.state.lock();
             s.failure.is_some() || s.value >= value
@@ -619,6 +636,39 @@ impl Semaphore {
         uses.settled();
     }
 
+    /// Tells the semaphore that `queue`'s pending work will signal it to
+    /// `value`: until the payload reaches `value` (or the semaphore
+    /// fails), a thread blocked waiting on it may run `queue`'s ready work
+    /// while it polls ([`ferrite_base::wait::Helper`]). A device whose
+    /// queue lends to waiters calls this for each semaphore a submission
+    /// signals, before the submission can run; one entry per queue is kept
+    /// (the largest value). No queue named here: waiters only wait.
+    pub fn signalled_by(&self, value: u64, queue: &Weak<dyn Helper>) {
+        let mut s = self.state.lock();
+        if s.failure.is_some() || s.value >= value {
+            return;
+        }
+        match s
+            .signallers
+            .iter_mut()
+            .find(|(_, q)| Weak::ptr_eq(q, queue))
+        {
+            Some((v, _)) => *v = (*v).max(value),
+            None => s.signallers.push((value, queue.clone())),
+        }
+    }
+
+    /// Adds the live queues that will signal this semaphore (see
+    /// [`Semaphore::signalled_by`]) to `out`.
+    pub(crate) fn helpers_into(&self, out: &mut Helpers) {
+        let s = self.state.lock();
+        for (_, q) in &s.signallers {
+            if let Some(q) = q.upgrade() {
+                add_helper(out, q);
+            }
+        }
+    }
+
     /// A wait source for `self` reaching `value`.
     pub fn timepoint(self: &Arc<Self>, value: u64) -> Arc<Timepoint> {
         Arc::new(Timepoint {
@@ -676,6 +726,17 @@ impl Semaphore {
     }
 }
 
+impl State {
+    /// The payload reached `value`: queues whose signals it covers have
+    /// nothing more to signal here.
+    #[inline]
+    fn forget_signallers_up_to(&mut self, value: u64) {
+        if !self.signallers.is_empty() {
+            self.signallers.retain(|(v, _)| *v > value);
+        }
+    }
+}
+
 /// Removes and returns the items matching `pred`, keeping both sides in
 /// their original order.
 fn take_where<T>(v: &mut Vec<T>, pred: impl Fn(&T) -> bool) -> Vec<T> {
@@ -711,6 +772,10 @@ impl WaitSource for Timepoint {
     /// Removes every subscription of `notifier` on this semaphore.
     fn unsubscribe(&self, notifier: &Arc<Notifier>) {
         self.semaphore.unsubscribe_all(notifier);
+    }
+
+    fn helpers(&self, out: &mut Helpers) {
+        self.semaphore.helpers_into(out);
     }
 }
 
@@ -901,6 +966,48 @@ mod tests {
         // Subscriptions are cleaned up.
         assert!(a.state.lock().notifiers.is_empty());
         assert!(wait_multi(&[], WaitMode::All, Timeout::IMMEDIATE).is_ok());
+    }
+
+    /// A queue that never has work (only its identity matters here).
+    struct Idle;
+
+    impl Helper for Idle {
+        fn start_polling(&self) {}
+        fn help_one(&self) -> bool {
+            false
+        }
+        fn stop_polling(&self) {}
+    }
+
+    fn named(s: &Semaphore) -> usize {
+        let mut helpers = Helpers::new();
+        s.helpers_into(&mut helpers);
+        helpers.len()
+    }
+
+    #[test]
+    fn waiters_lend_only_to_queues_with_signals_pending() {
+        let queue: Arc<dyn Helper> = Arc::new(Idle);
+        let weak = Arc::downgrade(&queue);
+        let s = Semaphore::new(0);
+        assert_eq!(named(&s), 0, "a semaphore the host signals names no queue");
+        s.signalled_by(2, &weak);
+        s.signalled_by(1, &weak);
+        assert_eq!(named(&s), 1, "one entry per queue");
+        s.signal(1).unwrap();
+        assert_eq!(named(&s), 1, "value 2 is still to come");
+        s.signal(2).unwrap();
+        assert_eq!(named(&s), 0, "reached: nothing left to signal");
+        s.signalled_by(2, &weak);
+        assert_eq!(named(&s), 0, "a reached value names no queue");
+        s.signalled_by(3, &weak);
+        let other: Arc<dyn Helper> = Arc::new(Idle);
+        s.signalled_by(4, &Arc::downgrade(&other));
+        assert_eq!(named(&s), 2);
+        drop(other);
+        assert_eq!(named(&s), 1, "a dropped queue is not lent to");
+        s.fail(Status::new(StatusCode::Aborted, "x"));
+        assert_eq!(named(&s), 0, "a failed semaphore names no queue");
     }
 
     #[test]

@@ -1,17 +1,23 @@
-//! Lending to waiters: a thread blocked waiting on a semaphore or fence
-//! runs the pool's queued submissions itself.
+//! Lending to waiters: a thread blocked waiting for a `local-task`
+//! device's work runs the pool's queued submissions itself.
 //!
-//! With [`super::PoolOptions::lend_to_waiters`], the pool registers
-//! as a [`Helper`] with `ferrite_base::wait`: a thread blocked waiting on a
-//! semaphore or fence (typically the program waiting for its results) runs
-//! the pool's queued submissions itself while it polls, instead of idling
-//! until a woken worker has run them, and then leads their regions. A new
-//! job wakes no worker while such a waiter polls. The registration is
-//! process-wide because a waiter cannot know which device will signal what
-//! it waits for; it ends when the pool is dropped. Turning it off makes
-//! every submission run on the workers and waiters only sleep. Pools with
-//! a requested worker stack size never lend (a waiter's stack may be
-//! smaller than the work expects). [`super::PoolStats`] reports the share of
+//! Lending is the device's choice ([`super::PoolOptions::lend_to_waiters`],
+//! `local-task://?lend_to_waiters=`) and is scoped to what a waiter waits
+//! for: a lending pool hands out its [`WorkerPool::lend_target`], and the
+//! device names it to every semaphore its submissions will signal
+//! (`Fence::signalled_by` on the signal fence, before the submission can
+//! run). A thread blocked on such a semaphore (typically the program
+//! waiting for its results) runs the pool's queued submissions while it
+//! polls, instead of idling until a woken worker has run them, and then
+//! leads their regions; a new job wakes no worker while such a waiter
+//! polls. A thread blocked on a semaphore that only the host or another
+//! device signals runs none of this pool's work: the semaphore names no
+//! queue, or only the other device's. The semaphore holds the pool weakly
+//! and forgets it once the signalled value is reached (or the semaphore
+//! fails), so nothing outlives the pool. Turning lending off makes every
+//! submission run on the workers and waiters only sleep. Pools with a
+//! requested worker stack size never lend (a waiter's stack may be smaller
+//! than the work expects). [`super::PoolStats`] reports the share of
 //! workgroups run by workers and by other threads.
 //!
 //! Lending is on by default ([`lends_by_default`]), whatever the worker
@@ -30,11 +36,10 @@
 //! no woken worker can take it and then wait for its CPU.
 
 use super::queue::run_job;
-use super::PoolState;
-use ferrite_base::wait::{register_helper, Helper, HelperRegistration};
+use super::{PoolState, WorkerPool};
+use ferrite_base::wait::Helper;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-
 /// Whether a pool of `workers` threads lends to waiters unless told
 /// otherwise: always. A thread waiting for a submission it just made runs
 /// that submission itself when no worker has taken it yet, so a call needs
@@ -74,9 +79,18 @@ impl Helper for PoolState {
     }
 }
 
-/// Registers `state` with `ferrite_base::wait` until the returned
-/// registration is dropped (the pool's drop).
-pub(super) fn register(state: &Arc<PoolState>) -> HelperRegistration {
-    let weak: Weak<dyn Helper> = Arc::downgrade(state) as Weak<dyn Helper>;
-    register_helper(weak)
+/// The handle a lending pool gives to the semaphores its work signals.
+pub(super) fn lend_target(state: &Arc<PoolState>) -> Weak<dyn Helper> {
+    Arc::downgrade(state) as Weak<dyn Helper>
+}
+
+impl WorkerPool {
+    /// The pool as a queue that waiters may run work of, when it lends to
+    /// waiters (None otherwise): name it to each semaphore a submission to
+    /// the pool will signal (`Fence::signalled_by`) before the submission
+    /// can run, and threads blocked on those semaphores, and only those,
+    /// run the pool's queued submissions while they poll.
+    pub fn lend_target(&self) -> Option<&Weak<dyn Helper>> {
+        self.lend_target.as_ref()
+    }
 }

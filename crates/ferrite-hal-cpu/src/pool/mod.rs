@@ -38,7 +38,7 @@ pub use lending::lends_by_default;
 pub use queue::Job;
 pub use stats::PoolStats;
 
-use ferrite_base::wait::HelperRegistration;
+use ferrite_base::wait::Helper;
 use ferrite_base::{Result, Status, StatusCode};
 use parking_lot::Mutex;
 use region::{Region, RegionWork};
@@ -46,7 +46,7 @@ use stats::{cpu_clock, report_at_exit, Counters, CpuClock, REPORT_AT_EXIT, STATS
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -67,8 +67,9 @@ pub struct PoolOptions {
     pub workers: usize,
     /// Stack size of each worker in bytes (None: the platform's default).
     pub stack_size: Option<usize>,
-    /// Let blocked waiters run queued submissions (see the module docs;
-    /// [`PoolOptions::new`] sets it to [`lends_by_default`]).
+    /// Let threads blocked on what this pool's submissions signal run
+    /// queued submissions (see [`lending`]; [`PoolOptions::new`] sets it
+    /// to [`lends_by_default`]).
     pub lend_to_waiters: bool,
     /// How long an idle worker polls for work before it sleeps.
     pub idle_spin: Duration,
@@ -202,8 +203,9 @@ impl PoolState {
 pub struct WorkerPool {
     shared: Arc<PoolState>,
     threads: Vec<JoinHandle<()>>,
-    lends: bool,
-    _registration: Option<HelperRegistration>,
+    /// Given to the semaphores this pool's submissions signal, when the
+    /// pool lends to waiters (see [`lending`]).
+    lend_target: Option<Weak<dyn Helper>>,
 }
 
 impl WorkerPool {
@@ -246,8 +248,7 @@ impl WorkerPool {
         let mut pool = WorkerPool {
             shared: shared.clone(),
             threads: Vec::with_capacity(count),
-            lends: false,
-            _registration: None,
+            lend_target: None,
         };
         for i in 0..count {
             let s = shared.clone();
@@ -285,8 +286,7 @@ impl WorkerPool {
             report_at_exit(&shared);
         }
         if options.lend_to_waiters && options.stack_size.is_none() {
-            pool._registration = Some(lending::register(&shared));
-            pool.lends = true;
+            pool.lend_target = Some(lending::lend_target(&shared));
         }
         Ok(pool)
     }
@@ -298,7 +298,7 @@ impl WorkerPool {
 
     /// Whether blocked waiters run this pool's queued submissions.
     pub fn lends_to_waiters(&self) -> bool {
-        self.lends
+        self.lend_target.is_some()
     }
 
     /// Runs `job` on some worker (or a waiter lending its thread).

@@ -26,9 +26,14 @@ fn jobs_queued_while_a_waiter_polls_still_run() {
         // A waiter polls (and may take the job) for at most a few µs,
         // then stops: whoever does not run the job must have woken a
         // worker for it.
-        let waiter = std::thread::spawn(|| {
-            let deadline = ferrite_base::time::Deadline::after(Duration::from_micros(20));
-            ferrite_base::wait::spin_until(deadline, || false)
+        let target = pool.lend_target().unwrap().upgrade().unwrap();
+        let waiter = std::thread::spawn(move || {
+            let start = Instant::now();
+            ferrite_base::wait::spin_until(
+                ferrite_base::time::Deadline::InfiniteFuture,
+                &[target],
+                || start.elapsed() >= Duration::from_micros(20),
+            )
         });
         let tx = tx.clone();
         pool.spawn(Box::new(move || tx.send(round).unwrap()));
