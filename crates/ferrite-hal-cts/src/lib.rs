@@ -13,7 +13,9 @@
 //! semaphore stays failed and every waiter, present and future, sees it);
 //! command buffers (recorded once, replayed with different binding tables,
 //! fills and copies after dispatches); queue ordering (waits, signals,
-//! chains, deadlines, many submissions in flight); dispatches of real
+//! chains, deadlines, many submissions in flight); external buffers
+//! (host and device allocations imported in place, released once after
+//! their last use); dispatches of real
 //! executables compiled from `tests/hal/*.mlir` by the pinned compiler
 //! for the driver's target.
 //!
@@ -247,6 +249,8 @@ macro_rules! instantiate {
             fence_wait_deadline,
             queue_work_pending_past_deadline,
             many_dispatches_in_flight,
+            external_host_allocation_import,
+            external_device_allocation_import,
         );
     };
     (@each $device:path, $target:expr; $($name:ident),* $(,)?) => {

@@ -932,3 +932,233 @@ pub fn device_work_refused_while_host_maps(h: &Harness) {
     assert!(done.wait(long()).unwrap());
     assert_eq!(a.to_vec().unwrap(), vec![0x5A; 64]);
 }
+
+// ---------------------------------------------------------------------------
+// External buffers (ferrite_hal::external)
+
+/// An external buffer's release: counts its drops, keeping `T` (the memory
+/// or what keeps it valid) until then.
+struct Released<T: Send + Sync> {
+    _keep: T,
+    count: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<T: Send + Sync> Drop for Released<T> {
+    fn drop(&mut self) {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn drops(count: &std::sync::atomic::AtomicUsize) -> usize {
+    count.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Polls `count` until it is 1 or LONG passed (the thread that reports
+/// queue work drops what the work kept, maybe after its fence is reached),
+/// then checks that it stays 1.
+fn released_once(count: &std::sync::atomic::AtomicUsize, what: &str) {
+    let start = Instant::now();
+    while drops(count) == 0 && start.elapsed() < LONG {
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(drops(count), 1, "{what}: released once");
+    thread::sleep(Duration::from_millis(10));
+    assert_eq!(drops(count), 1, "{what}: released once, never again");
+}
+
+/// A host allocation imported through `Allocator::import_buffer`: read and
+/// written through the HAL in place (unless the allocator says it copies
+/// such imports), kept alive by queue work that uses it after the caller
+/// dropped its buffer, and released exactly once after that last use; a
+/// read-only import refuses writes.
+pub fn external_host_allocation_import(h: &Harness) {
+    use ferrite_hal::external::{ExternalBuffer, ExternalBufferType};
+    // Past the size a GPU driver copies rather than wraps (1 MiB on cuda).
+    const LEN: usize = 2 << 20;
+    let dev = h.device.clone();
+    let mut bytes: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    let want = bytes.clone();
+    let ptr = bytes.as_mut_ptr();
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let owner = Box::new(Released {
+        _keep: bytes,
+        count: count.clone(),
+    });
+    let params = device_params();
+    let copies = dev.allocator().import_copies(&params, LEN as u64, true);
+    // SAFETY: `ptr` addresses the owner's LEN bytes (a vector's heap block,
+    // which moving the vector does not move), valid until the owner is
+    // dropped; only Ferrite writes them meanwhile.
+    let external = unsafe { ExternalBuffer::host_allocation(ptr, LEN, true, owner) };
+    assert_eq!(external.buffer_type(), ExternalBufferType::HostAllocation);
+    assert_eq!(external.size(), LEN as u64);
+    let imported = dev
+        .allocator()
+        .import_buffer(&params, external)
+        .expect("importing a host allocation");
+    assert_eq!(imported.byte_length(), LEN as u64);
+    assert_eq!(imported.to_vec().unwrap(), want, "read through the HAL");
+    if copies {
+        assert_eq!(drops(&count), 1, "a copying import releases at once");
+    } else {
+        assert_eq!(drops(&count), 0, "released while a buffer uses it");
+        imported.write(8, &[0xEE; 4]).unwrap();
+        let mut seen = [0u8; 4];
+        // SAFETY: the owner (and so the LEN bytes at `ptr`) lives while
+        // `imported` does; a raw copy, as the HAL itself reads such memory.
+        unsafe { std::ptr::copy_nonoverlapping(ptr.add(8), seen.as_mut_ptr(), 4) };
+        assert_eq!(seen, [0xEE; 4], "the import is the memory itself");
+    }
+    // Queue work that starts after the caller dropped its buffer.
+    let out = new_buffer(&dev, 4096);
+    let (gate, gate_fence) = fresh_fence();
+    let (_, done) = fresh_fence();
+    let submit = in_background({
+        let (dev, src, out, done) = (dev.clone(), imported.clone(), out.clone(), done.clone());
+        move || queue::copy(&dev, &gate_fence, &done, src, 4096, out, 0, 4096)
+    });
+    drop(imported);
+    thread::sleep(Duration::from_millis(20));
+    if !copies {
+        assert_eq!(drops(&count), 0, "released before queue work used it");
+    }
+    gate.signal(1).unwrap();
+    submit.join().unwrap().expect("queue copy from the import");
+    assert!(done.wait(long()).unwrap());
+    assert_eq!(out.to_vec().unwrap(), want[4096..8192].to_vec());
+    released_once(&count, "host allocation");
+
+    // Read-only: the buffer allows no writes.
+    let ro_count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut ro_bytes = vec![7u8; 256];
+    let ro_ptr = ro_bytes.as_mut_ptr();
+    let owner = Box::new(Released {
+        _keep: ro_bytes,
+        count: ro_count.clone(),
+    });
+    // SAFETY: as above, 256 bytes; not writable, and Ferrite must not
+    // write them.
+    let external = unsafe { ExternalBuffer::host_allocation(ro_ptr, 256, false, owner) };
+    let ro_params = BufferParams::new(
+        MemoryType::DEVICE_LOCAL,
+        BufferUsage::TRANSFER | BufferUsage::MAPPING | BufferUsage::DISPATCH_STORAGE_READ,
+    );
+    let ro = dev
+        .allocator()
+        .import_buffer(&ro_params, external)
+        .expect("importing read-only host memory");
+    assert_eq!(ro.to_vec().unwrap(), vec![7u8; 256]);
+    assert!(ro.write(0, &[1]).is_err(), "read-only import written");
+    drop(ro);
+    released_once(&ro_count, "read-only host allocation");
+}
+
+/// Device allocations: a device without an API of its own (the CPU
+/// drivers) refuses them, releasing the owner once, and its buffers have
+/// no native memory; a device with one (cuda) describes its memory by
+/// device address, hands it out, imports such an address in place (the
+/// same bytes), refuses a range past the allocation, and orders its queue
+/// against its own stream and the host.
+pub fn external_device_allocation_import(h: &Harness) {
+    use ferrite_hal::external::ExternalBuffer;
+    let dev = h.device.clone();
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let released = |keep: Option<Buffer>| -> Box<dyn Send + Sync> {
+        Box::new(Released {
+            _keep: keep,
+            count: count.clone(),
+        })
+    };
+    let Some(queue_) = dev.native_queue() else {
+        // SAFETY: the import is refused before anything uses the address.
+        let external =
+            unsafe { ExternalBuffer::device_allocation(0x1000, 64, true, released(None)) };
+        let e = dev
+            .allocator()
+            .import_buffer(&device_params(), external)
+            .expect_err("a device allocation imported by a device without one");
+        assert_eq!(e.code(), StatusCode::InvalidArgument, "{e}");
+        assert!(e.message().contains("device allocation"), "{e}");
+        assert_eq!(drops(&count), 1, "a refused import releases its owner");
+        let b = new_buffer(&dev, 64);
+        assert!(b.native_memory().is_none());
+        let e = b
+            .export_device_address()
+            .expect_err("host memory exported by device address");
+        assert_eq!(e.code(), StatusCode::FailedPrecondition, "{e}");
+        return;
+    };
+    let bytes: Vec<u8> = (0..=255).collect();
+    let original = buffer_with(&dev, &bytes);
+    let native = original
+        .native_memory()
+        .expect("device memory describes itself");
+    assert_eq!(native.queue.device(), queue_.device());
+    assert!(native.device_local, "device-local memory");
+    let address = original.export_device_address().unwrap();
+    assert_eq!(address, native.device_address);
+    let sub = original.subspan(64, 128).unwrap();
+    assert_eq!(sub.native_memory().unwrap().device_address, address + 64);
+    assert_eq!(sub.export_device_address().unwrap(), address + 64);
+    // The owner keeps `original`, and so the memory, alive.
+    // SAFETY: bytes 64..192 of `original`'s device allocation, valid while
+    // the owner (holding `original`) lives.
+    let external = unsafe {
+        ExternalBuffer::device_allocation(address + 64, 128, true, released(Some(original.clone())))
+    };
+    let imported = dev
+        .allocator()
+        .import_buffer(&device_params(), external)
+        .expect("importing a device allocation");
+    assert_eq!(imported.byte_length(), 128);
+    assert_eq!(
+        imported.native_memory().unwrap().device_address,
+        address + 64
+    );
+    assert_eq!(imported.to_vec().unwrap(), bytes[64..192].to_vec());
+    imported.write(0, &[0xEE; 8]).unwrap();
+    assert_eq!(
+        original.to_vec().unwrap()[64..72],
+        [0xEE; 8],
+        "the same memory"
+    );
+    // Queue work on the import, ordered before the queue's own stream and
+    // then the host; the queue ordered after its own stream.
+    let (_, done) = fresh_fence();
+    queue::fill(
+        &dev,
+        &Fence::new(),
+        &done,
+        imported.clone(),
+        8,
+        8,
+        vec![0x5A],
+    )
+    .unwrap();
+    let stream = queue_.stream();
+    // SAFETY: the queue's own stream is a live handle of this device.
+    unsafe { queue_.order_before_stream(Some(stream)) }.unwrap();
+    // SAFETY: as above.
+    unsafe { queue_.order_after_stream(stream) }.unwrap();
+    // SAFETY: `None` waits on the host; no handle.
+    unsafe { queue_.order_before_stream(None) }.unwrap();
+    assert!(done.wait(long()).unwrap());
+    assert_eq!(original.to_vec().unwrap()[72..80], [0x5A; 8]);
+    drop(imported);
+    released_once(&count, "device allocation");
+    // Past the end of the allocation: refused, the owner released.
+    // SAFETY: the driver refuses the range before anything uses it.
+    let external = unsafe {
+        ExternalBuffer::device_allocation(
+            address + 64,
+            1 << 40,
+            true,
+            released(Some(original.clone())),
+        )
+    };
+    assert!(dev
+        .allocator()
+        .import_buffer(&device_params(), external)
+        .is_err());
+    assert_eq!(drops(&count), 2, "a refused import releases its owner");
+}

@@ -253,37 +253,6 @@ impl CudaDevice {
         &self.shared
     }
 
-    /// Wraps `len` bytes of device memory at `dptr` that someone else
-    /// allocated (a DLPack producer's tensor) as a device-local buffer of
-    /// this device, without copying. The pointer is checked first with
-    /// `cuPointerGetAttribute`: it must be device (or managed) memory of
-    /// this device's ordinal and context, and the range must lie inside one
-    /// allocation; otherwise INVALID_ARGUMENT / OUT_OF_RANGE naming what
-    /// was expected and what was found.
-    ///
-    /// `owner` is dropped exactly once: when the last buffer using the
-    /// memory is dropped, or before an error is returned. Its drop is the
-    /// release (e.g. the producer's DLPack deleter). Queue operations keep
-    /// their buffers until they complete, so the release follows all queue
-    /// work using the memory.
-    ///
-    /// # Safety
-    /// `[dptr, dptr + len)` must stay valid device memory of this device's
-    /// context, not freed or reused by anyone, until `owner` is dropped.
-    /// Writes by others while queue work uses the memory are the caller's
-    /// to order (the DLPack `stream` protocol).
-    pub unsafe fn import_device_memory(
-        &self,
-        dptr: CUdeviceptr,
-        len: u64,
-        usage: ferrite_hal::BufferUsage,
-        access: ferrite_hal::MemoryAccess,
-        owner: Box<dyn Send + Sync>,
-    ) -> Result<Buffer> {
-        // SAFETY: the caller's contract is the function's.
-        unsafe { crate::memory::external_buffer(&self.shared, dptr, len, usage, access, owner) }
-    }
-
     /// The device address of `[offset, ..)` of `buffer`, which must be
     /// memory of this device.
     fn device_ptr(&self, buffer: &Buffer, offset: u64) -> Result<CUdeviceptr> {
@@ -369,6 +338,9 @@ impl Device for CudaDevice {
             "cuda.device" if key == "compute_capability_major" => Some(self.cc.0 as i64),
             "cuda.device" if key == "compute_capability_minor" => Some(self.cc.1 as i64),
             "hal.device" | "hal.dispatch" if key == "concurrency" => Some(self.sm_count as i64),
+    fn native_queue(&self) -> Option<Arc<dyn ferrite_hal::external::NativeQueue>> {
+        Some(self.shared.clone())
+    }
             _ => None,
         })
     }

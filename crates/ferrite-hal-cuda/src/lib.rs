@@ -13,7 +13,10 @@
 //!   host until it is passed (module `deferral`), so a submitter never blocks
 //!   inside the driver.
 //! - Memory: see [`memory`]; device memory allocated elsewhere (a DLPack
-//!   tensor) is wrapped in place by [`CudaDevice::import_device_memory`].
+//!   tensor) is wrapped in place by the allocator's HAL import
+//!   (`Allocator::import_buffer` of an `ExternalBuffer::device_allocation`),
+//!   and the queue orders itself against foreign streams through the HAL's
+//!   `NativeQueue` (module `external`).
 //!   Executables: see [`executable`].
 //! - Collective channels: NCCL communicators ([`channel`]), NCCL loaded at
 //!   run time ([`nccl`]); collectives run on the queue stream.
@@ -34,6 +37,7 @@ mod consumer;
 pub mod context;
 mod deferral;
 pub mod device;
+mod external;
 pub mod diagnostics;
 pub mod executable;
 pub mod ffi;

@@ -6,7 +6,7 @@
 //! | device-local, not host-visible | device memory from the device's stream-ordered pool (`cuMemAllocAsync`; queue `alloca` allocates on the queue's stream, the allocator on a transfer stream it then synchronizes) |
 //! | host-visible (any) | pinned, mapped host memory (`cuMemHostAlloc` with `DEVICEMAP`): the host maps it directly, kernels read it over the bus; idle blocks are kept for reuse by size (at most [`PINNED_SPARE_MAX_BYTES`]), never ones handed outside Ferrite |
 //! | import of host memory | read-only or at most 1 MiB: copied into device memory; larger writable memory: `cuMemHostRegister` (mapped) |
-//! | import of device memory ([`CudaDevice::import_device_memory`](crate::CudaDevice::import_device_memory)) | wrapped in place (no copy) after checking the pointer's device, context and allocation range; never freed by Ferrite: its owner is dropped (the release) with the last buffer |
+//! | import of a device allocation ([`ExternalBuffer::device_allocation`] through [`Allocator::import_buffer`]) | wrapped in place (no copy) after checking the pointer's device, context and allocation range; never freed by Ferrite: its owner is dropped (the release) with the last buffer |
 //!
 //! Device memory is freed stream-ordered (`cuMemFreeAsync` on the queue
 //! stream) when its last buffer is dropped, so work enqueued before the
@@ -19,6 +19,7 @@ use crate::ffi::{self, CUdeviceptr};
 use ferrite_base::{bail, status, Result};
 use ferrite_hal::allocator::{Allocator, AllocatorStatistics, BufferParams};
 use ferrite_hal::buffer::{Buffer, DeviceMemory, HostMemory};
+use ferrite_hal::external::{ExternalBuffer, ExternalBufferType, NativeMemory};
 use ferrite_hal::memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
 use ferrite_hal::semaphore::DeviceTimeline;
 use parking_lot::Mutex;
@@ -176,6 +177,16 @@ unsafe impl DeviceMemory for CudaMemory {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn native(&self) -> Option<NativeMemory> {
+        Some(NativeMemory {
+            queue: self.shared.clone(),
+            device_address: self.dptr,
+            device_local: self.is_device_local(),
+        })
+    }
+    fn mark_exported(&self) {
+        CudaMemory::mark_exported(self)
+    }
 }
 
 /// Imports of at most this many bytes are copies.
@@ -265,19 +276,41 @@ pub(crate) fn check_device_range(shared: &CudaContext, dptr: CUdeviceptr, len: u
     Ok(())
 }
 
-/// A buffer over device memory someone else allocated (see
-/// [`CudaDevice::import_device_memory`](crate::CudaDevice::import_device_memory)).
+/// A buffer over device memory someone else allocated: an
+/// [`ExternalBufferType::DeviceAllocation`] import (see
+/// [`CudaAllocator`]'s `import_buffer`). The pointer is checked first with
+/// `cuPointerGetAttribute`: it must be device (or managed) memory of this
+/// device's ordinal and context, and the range must lie inside one
+/// allocation; otherwise INVALID_ARGUMENT / OUT_OF_RANGE naming what was
+/// expected and what was found. `params` asks for device-local memory;
+/// read-only memory loses WRITE access and dispatch-write usage.
 ///
-/// # Safety
-/// As that function's.
-pub(crate) unsafe fn external_buffer(
+/// The release (`owner`) is dropped exactly once: when the last buffer
+/// using the memory is dropped, or before an error is returned. Queue
+/// operations keep their buffers until they complete, so the release
+/// follows all queue work using the memory.
+fn external_buffer(
     shared: &Arc<CudaContext>,
-    dptr: CUdeviceptr,
-    len: u64,
-    usage: BufferUsage,
-    access: MemoryAccess,
-    owner: Box<dyn Send + Sync>,
+    params: &BufferParams,
+    external: ExternalBuffer,
 ) -> Result<Buffer> {
+    let p = params.canonicalize();
+    if p.memory_type.contains(MemoryType::HOST_VISIBLE) {
+        bail!(
+            InvalidArgument,
+            "a CUDA device allocation imports as device-local memory, not {}",
+            p.memory_type
+        );
+    }
+    // The contract `ExternalBuffer::device_allocation`'s caller vouched
+    // for: the range stays valid device memory of this device until
+    // `owner` is dropped, which the buffer does after its last use.
+    let (dptr, len, writable, owner) = external.into_parts();
+    let (mut usage, mut access) = (p.usage, p.access);
+    if !writable {
+        usage.remove(BufferUsage::DISPATCH_STORAGE_WRITE);
+        access.remove(MemoryAccess::WRITE | MemoryAccess::DISCARD);
+    }
     check_device_range(shared, dptr, len)?;
     Ok(Buffer::from_device_memory(
         Box::new(CudaMemory {
@@ -529,6 +562,15 @@ impl Allocator for CudaAllocator {
         !writable || length <= COPY_IMPORT_MAX_BYTES as u64
     }
 
+    fn import_buffer(&self, params: &BufferParams, buffer: ExternalBuffer) -> Result<Buffer> {
+        match buffer.buffer_type() {
+            ExternalBufferType::HostAllocation => {
+                self.import_host(params, buffer.into_host_memory()?)
+            }
+            ExternalBufferType::DeviceAllocation => external_buffer(&self.shared, params, buffer),
+        }
+    }
+
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
         self.shared.make_current()?;
         let p = params.canonicalize();
@@ -539,10 +581,16 @@ impl Allocator for CudaAllocator {
         // small input); large writable memory is registered and mapped.
         let writable = memory.is_writable() && len > COPY_IMPORT_MAX_BYTES;
         if !writable || len == 0 {
-            let b = self.allocate(
-                &BufferParams::new(MemoryType::DEVICE_LOCAL, p.usage),
-                len as u64,
-            )?;
+            let mut copy_params = BufferParams::new(MemoryType::DEVICE_LOCAL, p.usage);
+            copy_params.access = p.access;
+            if !memory.is_writable() {
+                // Read-only memory gives a read-only buffer, copy or not
+                // (the `Allocator::import_host` contract).
+                copy_params
+                    .access
+                    .remove(MemoryAccess::WRITE | MemoryAccess::DISCARD);
+            }
+            let b = self.allocate(&copy_params, len as u64)?;
             if len > 0 {
                 let dptr = b
                     .device_memory()

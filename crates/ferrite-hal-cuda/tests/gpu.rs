@@ -911,13 +911,19 @@ impl Drop for Release {
     }
 }
 
+/// A CUDA device allocation made outside Ferrite, imported through the
+/// HAL (`Allocator::import_buffer` of an `ExternalBuffer`), as DLPack
+/// imports a PyTorch tensor: wrapped in place, released once with the
+/// last buffer; ranges past the allocation and host addresses refused
+/// (the owner still released once); read-only memory refuses writes.
 #[test]
 fn import_device_memory_wraps_in_place_and_releases_once() {
+    use ferrite_hal::external::ExternalBuffer;
     use ferrite_hal::MemoryAccess;
-    use ferrite_hal_cuda::{ffi, CudaDevice};
+    use ferrite_hal_cuda::ffi;
     use std::sync::atomic::{AtomicUsize, Ordering};
     let Some(dev) = gpu() else { return };
-    let cuda = dev.as_any().downcast_ref::<CudaDevice>().unwrap();
+    let cuda = as_cuda(&dev);
     let shared = cuda.shared();
     let api = shared.api;
     shared.make_current().unwrap();
@@ -928,14 +934,24 @@ fn import_device_memory_wraps_in_place_and_releases_once() {
         assert_eq!((api.cuMemAllocAsync)(&mut dptr, 256, legacy), 0);
         assert_eq!((api.cuStreamSynchronize)(legacy), 0);
     }
-    let usage = BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE;
-    let rw = MemoryAccess::READ | MemoryAccess::WRITE;
+    let mut params = BufferParams::new(
+        MemoryType::DEVICE_LOCAL,
+        BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE,
+    );
+    params.access = MemoryAccess::READ | MemoryAccess::WRITE;
     let count = Arc::new(AtomicUsize::new(0));
     let owner = || Box::new(Release(count.clone()));
-    // SAFETY: `dptr` is 256 bytes of this device's memory, freed only at
-    // the end of the test, after every buffer over it is gone.
-    let b = unsafe { cuda.import_device_memory(dptr + 64, 128, usage, rw, owner()) }.unwrap();
+    let import = |address: u64, len: u64, writable: bool| {
+        // SAFETY: `dptr` is 256 bytes of this device's memory, freed only
+        // at the end of the test, after every buffer over it is gone;
+        // ranges outside it are refused before anything uses them.
+        let external =
+            unsafe { ExternalBuffer::device_allocation(address, len, writable, owner()) };
+        dev.allocator().import_buffer(&params, external)
+    };
+    let b = import(dptr + 64, 128, true).unwrap();
     assert!(b.memory_type().contains(MemoryType::DEVICE_LOCAL));
+    assert_eq!(b.native_memory().unwrap().device_address, dptr + 64);
     b.write(0, &[7u8; 128]).unwrap();
     let s = Semaphore::new(0);
     queue::fill(&dev, &Fence::new(), &at(&s, 1), b.clone(), 4, 4, vec![9]).unwrap();
@@ -960,28 +976,100 @@ fn import_device_memory_wraps_in_place_and_releases_once() {
         1,
         "released once, with the last buffer"
     );
-    // Past the allocation's end: refused, the owner still released.
-    // SAFETY: the check refuses the range before anything uses it.
-    let e = unsafe { cuda.import_device_memory(dptr + 64, 256, usage, rw, owner()) }
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(e.contains("do not fit in their CUDA allocation"), "{e}");
+    // Read-only: no WRITE access, no dispatch writes.
+    let ro = import(dptr, 64, false).unwrap();
+    assert!(!ro.allowed_access().contains(MemoryAccess::WRITE));
+    assert!(!ro
+        .allowed_usage()
+        .contains(BufferUsage::DISPATCH_STORAGE_WRITE));
+    assert!(ro.write(0, &[1]).is_err());
+    drop(ro);
     assert_eq!(count.load(Ordering::SeqCst), 2);
+    // Past the allocation's end: refused, the owner still released.
+    let e = import(dptr + 64, 256, true).err().unwrap().to_string();
+    assert!(e.contains("do not fit in their CUDA allocation"), "{e}");
+    assert_eq!(count.load(Ordering::SeqCst), 3);
     // Host memory the driver does not know.
     let not_cuda = [0u8; 64];
-    // SAFETY: the check refuses the address before anything uses it.
-    let e = unsafe { cuda.import_device_memory(not_cuda.as_ptr() as u64, 64, usage, rw, owner()) }
+    let e = import(not_cuda.as_ptr() as u64, 64, true)
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("not memory the CUDA driver knows"), "{e}");
-    assert_eq!(count.load(Ordering::SeqCst), 3);
+    assert_eq!(count.load(Ordering::SeqCst), 4);
     // SAFETY: every buffer over `dptr` is gone.
     unsafe {
         assert_eq!((api.cuMemFreeAsync)(dptr, legacy), 0);
         assert_eq!((api.cuStreamSynchronize)(legacy), 0);
     }
+}
+
+/// What DLPack's export and `__dlpack__(stream=...)` use, through the HAL
+/// only: the device's native queue names the CUDA device and its queue
+/// stream; a buffer's native memory is its CUDA device address (pinned
+/// memory: device-mapped host memory); exporting by device address marks
+/// the memory handed out (a pinned block is then freed, not kept idle);
+/// the queue orders itself before the legacy stream, a consumer stream and
+/// the host, and after the legacy stream.
+#[test]
+fn native_queue_and_memory_through_the_hal() {
+    use ferrite_hal::external::{NativeApi, NativeStream};
+    let Some(dev) = gpu() else { return };
+    let cuda = as_cuda(&dev);
+    let q = dev
+        .native_queue()
+        .expect("a CUDA device has a native queue");
+    assert_eq!(q.device().api, NativeApi::Cuda);
+    assert_eq!(q.device().ordinal, cuda.shared().ordinal());
+    assert_eq!(q.stream().0, cuda.shared().queue_stream_handle());
+    let d = dev.allocator().allocate(&device_params(), 256).unwrap();
+    let native = d.subspan(16, 64).unwrap().native_memory().unwrap();
+    assert_eq!(native.device_address, device_address(&d) + 16);
+    assert!(native.device_local);
+    let pinned = dev.allocator().allocate(&host_params(), 4096).unwrap();
+    let native = pinned.native_memory().unwrap();
+    assert!(!native.device_local, "pinned memory is host memory");
+    assert_eq!(native.device_address, device_address(&pinned));
+    let base = cuda.idle_pinned_bytes();
+    assert_eq!(
+        pinned.export_device_address().unwrap(),
+        native.device_address
+    );
+    drop(pinned);
+    assert_eq!(
+        cuda.idle_pinned_bytes(),
+        base,
+        "an exported block is freed, not kept"
+    );
+    // Ordering: a fill before the legacy stream's copy of its target.
+    let copy = dev.allocator().allocate(&device_params(), 256).unwrap();
+    let s = Semaphore::new(0);
+    queue::fill(&dev, &Fence::new(), &at(&s, 1), d.clone(), 0, 256, vec![3]).unwrap();
+    // SAFETY: the legacy default stream's handle is always valid.
+    unsafe { q.order_before_stream(Some(NativeStream::CUDA_LEGACY)) }.unwrap();
+    let api = cuda.shared().api;
+    let legacy = NativeStream::CUDA_LEGACY.0 as ferrite_hal_cuda::ffi::CUstream;
+    // SAFETY: both ranges are 256 bytes of live device buffers, kept until
+    // the stream is drained below.
+    let r = unsafe { (api.cuMemcpyAsync)(device_address(&copy), device_address(&d), 256, legacy) };
+    assert_eq!(r, 0);
+    // SAFETY: as above.
+    unsafe { q.order_after_stream(NativeStream::CUDA_LEGACY) }.unwrap();
+    let consumer = consumer_stream(cuda);
+    // SAFETY: a live stream of the device's context.
+    unsafe { q.order_before_stream(Some(NativeStream(consumer as usize))) }.unwrap();
+    assert_eq!(drained(api, consumer), 0);
+    // SAFETY: `None` waits on the host.
+    unsafe { q.order_before_stream(None) }.unwrap();
+    s.wait(1, within(10)).unwrap();
+    assert_eq!(drained(api, legacy), 0);
+    assert_eq!(
+        copy.to_vec().unwrap(),
+        vec![3u8; 256],
+        "the copy ran after the fill"
+    );
+    // SAFETY: created above; its work is done.
+    assert_eq!(unsafe { (api.cuStreamDestroy_v2)(consumer) }, 0);
 }
 
 /// The device address of a buffer of CUDA memory.

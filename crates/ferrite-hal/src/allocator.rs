@@ -9,6 +9,7 @@ use ferrite_base::{bail, Result};
 use parking_lot::Mutex;
 
 use crate::buffer::{Allocation, Buffer, FreeTracker, HeapBlock, HostMemory, Recycler};
+use crate::external::ExternalBuffer;
 use crate::memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
 
 /// Parameters of an allocation or import (upstream's `iree_hal_buffer_params_t`).
@@ -158,6 +159,16 @@ pub trait Allocator: Send + Sync {
     /// True when [`Allocator::import_host`] of `length` bytes of such
     /// memory (`writable` or not) would copy them rather than wrap them:
     /// a caller that can produce the bytes another way (a parameter read
+    /// Wraps foreign memory in a buffer without copying where the allocator
+    /// can (upstream's `iree_hal_allocator_import_buffer`; see
+    /// [`crate::external`]). Read-only memory gives a buffer without WRITE
+    /// access. The default imports host allocations through
+    /// [`Allocator::import_host`] and refuses device allocations; a driver
+    /// with device memory of its own overrides it.
+    fn import_buffer(&self, params: &BufferParams, buffer: ExternalBuffer) -> Result<Buffer> {
+        crate::external::import_with_host(self, params, buffer)
+    }
+
     /// from its file) then skips the import and writes them itself,
     /// without touching the memory it would have imported.
     fn import_copies(&self, _params: &BufferParams, _length: u64, _writable: bool) -> bool {

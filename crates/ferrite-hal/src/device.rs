@@ -100,6 +100,12 @@ pub trait Device: Send + Sync + 'static {
     fn execute_commands(&self, commands: &[Command], bindings: &[Binding]) -> Result<()>;
     /// For drivers and tests: downcast to the concrete type.
     fn as_any(&self) -> &dyn Any;
+    /// The device's queue as its own API sees it (streams foreign code can
+    /// order against, see [`crate::external`]); None (the default) for
+    /// devices without such an API (the CPU drivers).
+    fn native_queue(&self) -> Option<Arc<dyn crate::external::NativeQueue>> {
+        None
+    }
 
     /// Queue-ordered allocation (see the module docs); `this` is `self`.
     fn queue_alloca(

@@ -20,6 +20,9 @@
 //!   on one submission primitive.
 //! - [`channel`]: collective channels (a rank of a device group), the
 //!   collective operation encoding and the provider of default ranks.
+//! - [`external`]: foreign memory imported in place, Ferrite's memory
+//!   handed out by device address, and ordering against foreign streams
+//!   (DLPack's needs, driver-neutral).
 //! - [`driver`]: the driver trait (device URIs, enumeration, creation) and
 //!   the driver flags (`--task_*`) drivers receive.
 //!
@@ -38,6 +41,7 @@ pub mod device;
 pub mod driver;
 pub mod element_type;
 pub mod executable;
+pub mod external;
 pub mod fence;
 mod inflight;
 pub mod memory;
@@ -52,6 +56,7 @@ pub use buffer::{BindingPtr, Buffer, DeviceMemory, HostMapping, HostMemory, WHOL
 pub use buffer_view::BufferView;
 pub use channel::{Channel, ChannelParams, ChannelProvider, ChannelRef, CollectiveOp};
 pub use element_type::{ElementType, EncodingType, NumericalType};
+pub use external::{ExternalBuffer, ExternalBufferType, NativeQueue, NativeStream};
 pub use fence::Fence;
 pub use memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
 pub use semaphore::{wait_multi, Semaphore, Timepoint};

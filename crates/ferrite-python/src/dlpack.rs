@@ -33,6 +33,14 @@
 //! Ferrite passes its queue stream so the producer orders its pending work
 //! before Ferrite's. The structs are the DLPack ABI (dlpack.h, v1.0) written
 //! out in Rust.
+//!
+//! Every driver is reached through the HAL's external-buffer API
+//! (`ferrite_hal::external`), never a driver's own types: imports are
+//! `Allocator::import_buffer` of an `ExternalBuffer` (a host allocation,
+//! or a device allocation of the device's own API), exports read
+//! `Buffer::native_memory` / `Buffer::export_device_address`, and stream
+//! ordering is the device's `NativeQueue`. A `kDLCUDA` tensor needs a
+//! device whose native API is CUDA.
 
 use crate::hal::PyHalBufferView;
 use crate::status::PyContext;
@@ -41,10 +49,8 @@ use ferrite_hal::buffer::{BindingPtr, Buffer, WHOLE_BUFFER};
 use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::device::Device;
 use ferrite_hal::element_type::{ElementType, EncodingType, NumericalType};
+use ferrite_hal::external::{ExternalBuffer, NativeApi, NativeMemory, NativeQueue, NativeStream};
 use ferrite_hal::memory::{BufferUsage, MemoryAccess, MemoryType};
-use ferrite_hal_cuda::context::CudaContext;
-use ferrite_hal_cuda::memory::CudaMemory;
-use ferrite_hal_cuda::CudaDevice;
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -142,15 +148,16 @@ struct ExportContext {
     /// For CUDA memory handed to a consumer on the legacy default stream:
     /// that stream's work is ordered before the queue stream, on which the
     /// memory may be freed (stream-ordered) once `_owner` goes.
-    release_after: Option<Arc<CudaContext>>,
+    release_after: Option<Arc<dyn NativeQueue>>,
 }
 
 impl Drop for ExportContext {
     fn drop(&mut self) {
-        if let Some(shared) = self.release_after.take() {
-            // SAFETY: the legacy default stream's handle is always valid.
+        if let Some(queue) = self.release_after.take() {
+            // SAFETY: the legacy default stream's handle is always valid
+            // (the queue is a CUDA device's: only those export kDLCUDA).
             // Failure leaves the free unordered, as with any other stream.
-            let _ = unsafe { shared.order_before_queue(ferrite_hal_cuda::ffi::CU_STREAM_LEGACY) };
+            let _ = unsafe { queue.order_after_stream(NativeStream::CUDA_LEGACY) };
         }
     }
 }
@@ -161,36 +168,37 @@ struct Source {
     owner: BytesOwner,
     copied: bool,
     /// See [`ExportContext::release_after`].
-    release_after: Option<Arc<CudaContext>>,
+    release_after: Option<Arc<dyn NativeQueue>>,
 }
 
 /// Where a buffer's bytes live, as DLPack names devices.
 enum Location {
     /// Host memory (CPU devices' buffers).
     Host,
-    /// CUDA device-local memory; `dptr` is the buffer's first byte.
-    CudaDevice { shared: Arc<CudaContext>, dptr: u64 },
-    /// Pinned, mapped host memory of a CUDA device; `dptr` is the device
-    /// address of the buffer's first byte.
-    CudaPinned { shared: Arc<CudaContext>, dptr: u64 },
+    /// CUDA device-local memory, ordered by its device's `queue`.
+    CudaDevice { queue: Arc<dyn NativeQueue> },
+    /// Pinned, mapped host memory of a CUDA device.
+    CudaPinned { queue: Arc<dyn NativeQueue> },
 }
 
 impl Location {
     fn of(buffer: &Buffer) -> Location {
-        match buffer
-            .device_memory()
-            .and_then(|m| m.as_any().downcast_ref::<CudaMemory>())
-        {
-            Some(m) => {
-                let shared = m.shared().clone();
-                let dptr = m.device_ptr() + buffer.byte_offset();
-                if m.is_device_local() {
-                    Location::CudaDevice { shared, dptr }
+        match buffer.native_memory() {
+            Some(NativeMemory {
+                queue,
+                device_local,
+                ..
+            }) if queue.device().api == NativeApi::Cuda => {
+                if device_local {
+                    Location::CudaDevice { queue }
                 } else {
-                    Location::CudaPinned { shared, dptr }
+                    Location::CudaPinned { queue }
                 }
             }
-            None => Location::Host,
+            // Memory of an API DLPack export does not know (none today)
+            // is treated as host memory: its host mapping is then refused
+            // with a clear error where the host cannot address it.
+            _ => Location::Host,
         }
     }
 
@@ -198,7 +206,7 @@ impl Location {
     fn device(&self) -> (i32, i32) {
         match self {
             Location::Host => (DL_CPU, 0),
-            Location::CudaDevice { shared, .. } => (DL_CUDA, shared.ordinal()),
+            Location::CudaDevice { queue } => (DL_CUDA, queue.device().ordinal),
             Location::CudaPinned { .. } => (DL_CUDA_HOST, 0),
         }
     }
@@ -406,30 +414,28 @@ pub fn export_capsule(
     device_id: i32,
 ) -> PyResult<PyObject> {
     let source = match Location::of(view.buffer()) {
-        Location::CudaDevice { dptr, .. } => device_source(view, dptr),
-        Location::CudaPinned { dptr, .. } if device_type == DL_CUDA => device_source(view, dptr),
+        Location::CudaDevice { .. } => device_source(view)?,
+        Location::CudaPinned { .. } if device_type == DL_CUDA => device_source(view)?,
         Location::Host | Location::CudaPinned { .. } => host_source(view)?,
     };
     make_capsule(py, view, (device_type, device_id), source, false)
 }
 
-/// The device address `dptr` of `view`'s buffer, kept alive by the buffer
-/// (marked exported: the consumer's streams may use it after Ferrite's last
-/// use, so it is never recycled without stream ordering).
-fn device_source(view: &BufferView, dptr: u64) -> Source {
-    if let Some(m) = view
+/// The device address of `view`'s buffer, kept alive by the buffer
+/// (exported through the HAL: the consumer's streams may use it after
+/// Ferrite's last use, so the driver never recycles it without stream
+/// ordering).
+fn device_source(view: &BufferView) -> PyResult<Source> {
+    let address = view
         .buffer()
-        .device_memory()
-        .and_then(|m| m.as_any().downcast_ref::<CudaMemory>())
-    {
-        m.mark_exported();
-    }
-    Source {
-        data: dptr as *mut c_void,
+        .export_device_address()
+        .py_context("Cannot export device buffer")?;
+    Ok(Source {
+        data: address as *mut c_void,
         owner: BytesOwner::Buffer(view.buffer().clone()),
         copied: false,
         release_after: None,
-    }
+    })
 }
 
 /// Frees a tensor whose capsule could not be created.
@@ -595,14 +601,23 @@ pub fn is_cuda_tensor(obj: &Bound<'_, PyAny>) -> bool {
 /// Why a device cannot take a `kDLCUDA` tensor, with where CUDA stands on
 /// this machine.
 fn not_a_cuda_device(device: &dyn Device, device_id: i32) -> PyErr {
-    let cuda = match ferrite_hal_cuda::ffi::api() {
-        Err(e) => format!("and this machine has no CUDA device: {e}"),
-        Ok(_) if !ferrite_hal_cuda::available() => {
-            "and the CUDA driver reports no GPU on this machine".to_string()
-        }
-        Ok(_) => {
-            format!("import it through the CUDA device (rt.get_device(\"cuda://{device_id}\"))")
-        }
+    let through_cuda =
+        || format!("import it through the CUDA device (rt.get_device(\"cuda://{device_id}\"))");
+    // Asked of the driver registry, as `get_device` would.
+    let options = ferrite::driver::DriverOptions::default();
+    let cuda = match ferrite::driver::find_driver("cuda") {
+        Err(_) => "and this build has no CUDA driver".to_string(),
+        Ok(driver) => match driver.enumerate(&options) {
+            Ok(found) if !found.is_empty() => through_cuda(),
+            // No GPU listed: creating the device says why (no driver
+            // library, or a driver that reports no GPU).
+            _ => match ferrite::driver::DeviceSpec::parse("cuda")
+                .and_then(|spec| driver.create(&spec, &options))
+            {
+                Err(e) => format!("and this machine has no CUDA device: {e}"),
+                Ok(_) => through_cuda(),
+            },
+        },
     };
     PyValueError::new_err(format!(
         "dlpack tensor is CUDA device memory (kDLCUDA, device {device_id}); HAL device '{}' is not a CUDA device, {cuda}",
@@ -617,10 +632,12 @@ pub fn import(
     device: &Arc<dyn Device>,
     obj: &Bound<'_, PyAny>,
 ) -> PyResult<BufferView> {
-    let cuda = device.as_any().downcast_ref::<CudaDevice>();
+    let native = device
+        .native_queue()
+        .filter(|q| q.device().api == NativeApi::Cuda);
     // A CUDA producer orders its pending work before our queue stream.
-    let stream = match (cuda, producer_device(obj)) {
-        (Some(c), Some((DL_CUDA, _))) => Some(c.shared().queue_stream_handle()),
+    let stream = match (&native, producer_device(obj)) {
+        (Some(q), Some((DL_CUDA, _))) => Some(q.stream().0),
         _ => None,
     };
     let capsule = capsule_of(py, obj, stream)?;
@@ -636,10 +653,10 @@ pub fn import(
         }
     };
     let cuda = if on_cuda {
-        let Some(c) = cuda else {
+        let Some(c) = native else {
             return Err(not_a_cuda_device(&**device, t.device.device_id));
         };
-        let ordinal = c.shared().ordinal();
+        let ordinal = c.device().ordinal;
         if t.device.device_id != ordinal {
             return Err(PyValueError::new_err(format!(
                 "dlpack tensor is on CUDA device {}, but HAL device '{}' is CUDA device {ordinal}; import it through rt.get_device(\"cuda://{}\")",
@@ -710,7 +727,7 @@ pub fn import(
             BufferUsage::TRANSFER | BufferUsage::MAPPING | BufferUsage::DISPATCH_STORAGE_READ,
         )
     };
-    if let Some(c) = cuda {
+    if cuda.is_some() {
         if !dense {
             return Err(PyValueError::new_err(format!(
                 "strided CUDA dlpack tensors are not supported (shape {shape:?}, strides {:?} elements); make the tensor contiguous first (torch: .contiguous())",
@@ -727,15 +744,23 @@ pub fn import(
         } else {
             BufferUsage::TRANSFER | BufferUsage::DISPATCH_STORAGE_READ
         };
+        let params = BufferParams {
+            access,
+            ..BufferParams::new(MemoryType::DEVICE_LOCAL, usage)
+        };
         // SAFETY: a dense kDLCUDA tensor's bytes are `[base, base +
-        // byte_size)` of device `ordinal` (checked above; the driver checks
-        // the pointer's device, context and allocation range again), valid
-        // until the producer's deleter runs, which `imported` (the owner)
-        // calls only when the last buffer using the memory is dropped.
-        let buffer = unsafe {
-            c.import_device_memory(base as u64, byte_size, usage, access, Box::new(imported))
-        }
-        .py_context("Could not import the CUDA dlpack tensor")?;
+        // byte_size)` of the device's CUDA ordinal (checked above; the
+        // driver checks the pointer's device, context and allocation range
+        // again), valid until the producer's deleter runs, which `imported`
+        // (the release) calls only when the last buffer using the memory is
+        // dropped; a read-only tensor is imported not writable.
+        let external = unsafe {
+            ExternalBuffer::device_allocation(base as u64, byte_size, writable, Box::new(imported))
+        };
+        let buffer = device
+            .allocator()
+            .import_buffer(&params, external)
+            .py_context("Could not import the CUDA dlpack tensor")?;
         return BufferView::new(buffer, &dims, et, EncodingType::DENSE_ROW_MAJOR)
             .py_context("Failed to create buffer view");
     }
@@ -811,14 +836,14 @@ pub fn dlpack_device(view: &BufferView) -> (i32, i32) {
 
 /// The consumer's CUDA stream from `__dlpack__(stream=...)`: `None` for
 /// "no ordering" (-1), the legacy default stream for `None`.
-fn consumer_stream(stream: Option<i64>) -> PyResult<Option<usize>> {
+fn consumer_stream(stream: Option<i64>) -> PyResult<Option<NativeStream>> {
     parse_consumer_stream(stream).map_err(PyValueError::new_err)
 }
 
 /// [`consumer_stream`] without Python (unit-testable).
-fn parse_consumer_stream(stream: Option<i64>) -> Result<Option<usize>, String> {
+fn parse_consumer_stream(stream: Option<i64>) -> Result<Option<NativeStream>, String> {
     match stream {
-        None => Ok(Some(ferrite_hal_cuda::ffi::CU_STREAM_LEGACY)),
+        None => Ok(Some(NativeStream::CUDA_LEGACY)),
         Some(-1) => Ok(None),
         Some(0) => Err(
             "stream=0 is ambiguous for CUDA (DLPack): pass 1 for the legacy default stream, 2 for the per-thread default stream, a stream handle, or -1 for no ordering".to_string(),
@@ -826,19 +851,18 @@ fn parse_consumer_stream(stream: Option<i64>) -> Result<Option<usize>, String> {
         Some(s) if s < 0 => Err(format!(
             "invalid CUDA stream {s} for __dlpack__ (-1 means no ordering)"
         )),
-        Some(s) => Ok(Some(s as usize)),
+        Some(s) => Ok(Some(NativeStream(s as usize))),
     }
 }
 
-/// The device address `dptr` of `view`'s buffer for a consumer working on
+/// The device address of `view`'s buffer for a consumer working on
 /// `stream` (the `__dlpack__` argument): the queue's pending work is
 /// ordered before that stream now, and, for the legacy default stream
 /// (where PyTorch's default work runs), that stream's work before the
 /// queue stream when the consumer releases the memory.
 fn export_to_stream(
     view: &BufferView,
-    shared: &Arc<CudaContext>,
-    dptr: u64,
+    queue: &Arc<dyn NativeQueue>,
     stream: Option<i64>,
 ) -> PyResult<Source> {
     let consumer = consumer_stream(stream)?;
@@ -846,12 +870,12 @@ fn export_to_stream(
         // SAFETY: the DLPack protocol makes the consumer pass a stream it
         // may use on this device: 1, 2 or a live handle (no driver API can
         // check a handle).
-        unsafe { shared.order_queue_before(Some(s)) }
+        unsafe { queue.order_before_stream(Some(s)) }
             .py_context("Could not order the export after pending device work")?;
     }
-    let mut source = device_source(view, dptr);
-    if consumer == Some(ferrite_hal_cuda::ffi::CU_STREAM_LEGACY) {
-        source.release_after = Some(shared.clone());
+    let mut source = device_source(view)?;
+    if consumer == Some(NativeStream::CUDA_LEGACY) {
+        source.release_after = Some(queue.clone());
     }
     Ok(source)
 }
@@ -899,10 +923,10 @@ pub fn dlpack_of(
             no_copy()?;
             host_source(view)?
         }
-        Location::CudaDevice { shared, dptr } => {
+        Location::CudaDevice { queue } => {
             if target == natural {
                 no_copy()?;
-                export_to_stream(view, shared, *dptr, stream)?
+                export_to_stream(view, queue, stream)?
             } else if target == (DL_CPU, 0) {
                 if copy == Some(false) {
                     return Err(PyBufferError::new_err(
@@ -910,7 +934,7 @@ pub fn dlpack_of(
                     ));
                 }
                 // SAFETY: `None` waits on the host; no stream handle.
-                unsafe { shared.order_queue_before(None) }
+                unsafe { queue.order_before_stream(None) }
                     .py_context("Could not wait for pending device work")?;
                 let bytes = view
                     .buffer()
@@ -926,13 +950,13 @@ pub fn dlpack_of(
                 return unsupported();
             }
         }
-        Location::CudaPinned { shared, dptr } => {
+        Location::CudaPinned { queue } => {
             no_copy()?;
-            if target == (DL_CUDA, shared.ordinal()) {
-                export_to_stream(view, shared, *dptr, stream)?
+            if target == (DL_CUDA, queue.device().ordinal) {
+                export_to_stream(view, queue, stream)?
             } else if target == natural || target == (DL_CPU, 0) {
                 // SAFETY: `None` waits on the host; no stream handle.
-                unsafe { shared.order_queue_before(None) }
+                unsafe { queue.order_before_stream(None) }
                     .py_context("Could not wait for pending device work")?;
                 host_source(view)?
             } else {
@@ -977,13 +1001,16 @@ mod tests {
 
     #[test]
     fn consumer_streams_follow_the_array_api() {
-        let legacy = ferrite_hal_cuda::ffi::CU_STREAM_LEGACY;
+        let legacy = NativeStream::CUDA_LEGACY;
         assert_eq!(parse_consumer_stream(None), Ok(Some(legacy)));
         assert_eq!(parse_consumer_stream(Some(-1)), Ok(None));
-        assert_eq!(parse_consumer_stream(Some(2)), Ok(Some(2)));
+        assert_eq!(
+            parse_consumer_stream(Some(2)),
+            Ok(Some(NativeStream::CUDA_PER_THREAD))
+        );
         assert_eq!(
             parse_consumer_stream(Some(0x7f00_1234)),
-            Ok(Some(0x7f00_1234))
+            Ok(Some(NativeStream(0x7f00_1234)))
         );
         assert!(parse_consumer_stream(Some(0))
             .unwrap_err()

@@ -13,9 +13,10 @@
 use crate::host_buffer::HostBuffer;
 use crate::status::PyContext;
 use ferrite_hal::allocator::{Allocator, BufferParams};
-use ferrite_hal::buffer::{Buffer, HostMemory, ALLOCATION_ALIGNMENT};
+use ferrite_hal::buffer::{Buffer, ALLOCATION_ALIGNMENT};
 use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::element_type::{ElementType, EncodingType};
+use ferrite_hal::external::ExternalBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -186,7 +187,9 @@ pub fn buffer_from_export(
     unsafe { copy_into_new(allocator, params, ptr, len) }
 }
 
-/// A buffer over foreign host memory, without a copy.
+/// A buffer over foreign host memory, without a copy where the allocator
+/// wraps it (the HAL's external host-allocation import: a GPU allocator
+/// copies small or read-only memory; `owner` is then dropped at once).
 ///
 /// # Safety
 /// `ptr` must be valid for reads (and writes when `writable`) of `len` bytes
@@ -201,10 +204,11 @@ pub unsafe fn import_foreign(
     writable: bool,
     owner: Box<dyn Send + Sync>,
 ) -> PyResult<Buffer> {
-    // SAFETY: the caller's contract above is `HostMemory::foreign`'s.
-    let memory = unsafe { HostMemory::foreign(ptr, len, writable, owner) };
+    // SAFETY: the caller's contract above is
+    // `ExternalBuffer::host_allocation`'s.
+    let external = unsafe { ExternalBuffer::host_allocation(ptr, len, writable, owner) };
     let buffer = allocator
-        .import_host(params, memory)
+        .import_buffer(params, external)
         .py_context("Could not import host memory")?;
     debug_assert_eq!(buffer.byte_length(), len as u64);
     Ok(buffer)

@@ -359,6 +359,17 @@ pub unsafe trait DeviceMemory: Send + Sync + 'static {
 /// `len` bytes (for [`DeviceMemory::read`]/[`DeviceMemory::write`]
 /// implementations).
 pub fn check_device_range(len: u64, offset: u64, length: usize) -> Result<()> {
+    /// Where the memory is in the device's own API, for users outside
+    /// Ferrite (see [`crate::external`]); None (the default) when the
+    /// driver does not hand its memory out.
+    fn native(&self) -> Option<crate::external::NativeMemory> {
+        None
+    }
+    /// Told when the memory is handed to a user outside Ferrite whose own
+    /// queues may use it after the last buffer is dropped: the driver must
+    /// then free it in queue order rather than recycle it unordered.
+    /// Default: nothing (a driver that never recycles memory).
+    fn mark_exported(&self) {}
     match offset.checked_add(length as u64) {
         Some(end) if end <= len => Ok(()),
         _ => bail!(
