@@ -87,7 +87,7 @@ impl CpuDevice {
         Arc::new(CpuDevice {
             id: "local-sync",
             allocator: Arc::new(HeapAllocator::new()),
-            queue_pool: Arc::new(CachingAllocator::new(QUEUE_POOL_BYTES)),
+            queue_pool: Arc::new(CachingAllocator::for_device(QUEUE_POOL_BYTES, "local-sync")),
             mode: Mode::Sync,
             abort_on_failure: AtomicBool::new(false),
             fail_dispatch: fail_dispatch_pattern(),
@@ -124,7 +124,7 @@ impl CpuDevice {
         Ok(Arc::new(CpuDevice {
             id: "local-task",
             allocator: Arc::new(HeapAllocator::new()),
-            queue_pool: Arc::new(CachingAllocator::new(QUEUE_POOL_BYTES)),
+            queue_pool: Arc::new(CachingAllocator::for_device(QUEUE_POOL_BYTES, "local-task")),
             mode: Mode::Task(Arc::new(pool)),
             abort_on_failure: AtomicBool::new(false),
             fail_dispatch: fail_dispatch_pattern(),

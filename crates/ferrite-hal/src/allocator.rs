@@ -12,6 +12,9 @@ use crate::buffer::{Allocation, Buffer, FreeTracker, HeapBlock, HostMemory, Recy
 use crate::external::ExternalBuffer;
 use crate::memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
 
+mod pool_events;
+use pool_events::Snapshot;
+
 /// Parameters of an allocation or import (upstream's `iree_hal_buffer_params_t`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BufferParams {
@@ -308,6 +311,8 @@ fn size_class(size: u64) -> u64 {
 struct PoolShared {
     free: Mutex<PoolFree>,
     max_cached_bytes: u64,
+    /// The device whose track pool trace events go on (see `pool_events`).
+    device: Option<&'static str>,
 }
 
 #[derive(Default)]
@@ -316,19 +321,49 @@ struct PoolFree {
     cached_bytes: u64,
     hits: u64,
     misses: u64,
+    /// Blocks in free lists, and live pooled allocations with their bytes
+    /// (the state pool trace events report).
+    cached_blocks: u64,
+    live_blocks: u64,
+    live_bytes: u64,
+}
+
+impl PoolFree {
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            reserved: self.live_bytes,
+            free: self.cached_bytes,
+            reservations: self.live_blocks,
+            slabs: self.live_blocks + self.cached_blocks,
+        }
+    }
 }
 
 impl Recycler for PoolShared {
     fn recycle(&self, block: HeapBlock) {
         let bytes = block.len() as u64;
+        let traced = ferrite_base::trace::enabled().then(|| block.addr());
         let mut f = self.free.lock();
+        f.live_blocks -= 1;
+        f.live_bytes -= bytes;
         if f.cached_bytes + bytes > self.max_cached_bytes {
+            let snap = f.snapshot();
             drop(f);
             drop(block);
+            if let Some(addr) = traced {
+                pool_events::record(self.device, "pool_release", addr, bytes, snap, &[]);
+                pool_events::record(self.device, "slab_release", addr, bytes, snap, &[]);
+            }
             return;
         }
         f.cached_bytes += bytes;
+        f.cached_blocks += 1;
         f.by_class.entry(bytes).or_default().push(block);
+        if let Some(addr) = traced {
+            let snap = f.snapshot();
+            drop(f);
+            pool_events::record(self.device, "pool_release", addr, bytes, snap, &[]);
+        }
     }
 }
 
@@ -355,12 +390,25 @@ pub struct PoolStatistics {
 }
 
 impl CachingAllocator {
-    /// A pool that keeps at most `max_cached_bytes` of freed blocks.
+    /// A pool that keeps at most `max_cached_bytes` of freed blocks; its
+    /// trace events go on the host track.
     pub fn new(max_cached_bytes: u64) -> CachingAllocator {
+        CachingAllocator::with_track(max_cached_bytes, None)
+    }
+
+    /// [`CachingAllocator::new`] for the device with id `device`: its trace
+    /// events (reserve, materialize, release, fresh and returned blocks) go
+    /// on that device's track, so profiles count them as its memory events.
+    pub fn for_device(max_cached_bytes: u64, device: &'static str) -> CachingAllocator {
+        CachingAllocator::with_track(max_cached_bytes, Some(device))
+    }
+
+    fn with_track(max_cached_bytes: u64, device: Option<&'static str>) -> CachingAllocator {
         CachingAllocator {
             shared: Arc::new(PoolShared {
                 free: Mutex::new(PoolFree::default()),
                 max_cached_bytes,
+                device,
             }),
             stats: Arc::default(),
         }
@@ -391,40 +439,69 @@ impl Allocator for CachingAllocator {
         let (_, p) = HeapAllocator::resolve(params);
         let align = HeapAllocator::check_alignment(&p)?;
         let class = size_class(size);
-        let reused = if align == crate::buffer::ALLOCATION_ALIGNMENT {
+        let pooled = align == crate::buffer::ALLOCATION_ALIGNMENT;
+        let mut snap = None;
+        let reused = if pooled {
             let mut f = self.shared.free.lock();
             let block = f.by_class.get_mut(&class).and_then(Vec::pop);
             match &block {
                 Some(b) => {
                     f.cached_bytes -= b.len() as u64;
+                    f.cached_blocks -= 1;
                     f.hits += 1;
                 }
                 None => f.misses += 1,
+            }
+            // Counted live now (a fresh block's failure undoes it below).
+            f.live_blocks += 1;
+            f.live_bytes += class;
+            if ferrite_base::trace::enabled() {
+                snap = Some(f.snapshot());
             }
             block
         } else {
             None
         };
+        let was_reused = reused.is_some();
         let block = match reused {
             Some(b) => b,
-            None => HeapBlock::new_zeroed(class, align)?,
+            None => HeapBlock::new_zeroed(class, align).inspect_err(|_| {
+                if pooled {
+                    let mut f = self.shared.free.lock();
+                    f.live_blocks -= 1;
+                    f.live_bytes -= class;
+                }
+            })?,
         };
+        let backing = snap.map(|s| (s, block.addr()));
         self.stats.record_alloc(p.memory_type, size);
         let recycler: Arc<dyn Recycler> = self.shared.clone();
         let tracker: Arc<dyn FreeTracker> = self.stats.clone();
-        Ok(Buffer::from_allocation(Allocation::from_block(
+        let buffer = Buffer::from_allocation(Allocation::from_block(
             block,
             size,
             p.memory_type,
             p.usage,
             p.access,
-            if align == crate::buffer::ALLOCATION_ALIGNMENT {
-                Some(recycler)
-            } else {
-                None
-            },
+            if pooled { Some(recycler) } else { None },
             Some(tracker),
-        )))
+        ));
+        if let Some((snap, addr)) = backing {
+            let device = self.shared.device;
+            let id = buffer.allocation_id();
+            if !was_reused {
+                pool_events::record(device, "slab_acquire", addr, class, snap, &[]);
+            }
+            let reserve = [
+                ("allocation", id),
+                ("requested", size),
+                ("reused", was_reused as u64),
+            ];
+            pool_events::record(device, "pool_reserve", addr, class, snap, &reserve);
+            let materialize = [("allocation", id), ("requested", size)];
+            pool_events::record(device, "pool_materialize", addr, class, snap, &materialize);
+        }
+        Ok(buffer)
     }
 
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
@@ -443,11 +520,19 @@ impl Allocator for CachingAllocator {
     }
 
     fn trim(&self) -> Result<()> {
-        let blocks = {
+        let (blocks, snap) = {
             let mut f = self.shared.free.lock();
             f.cached_bytes = 0;
-            std::mem::take(&mut f.by_class)
+            f.cached_blocks = 0;
+            (std::mem::take(&mut f.by_class), f.snapshot())
         };
+        if ferrite_base::trace::enabled() {
+            let device = self.shared.device;
+            for block in blocks.values().flatten() {
+                let len = block.len() as u64;
+                pool_events::record(device, "slab_release", block.addr(), len, snap, &[]);
+            }
+        }
         drop(blocks);
         Ok(())
     }

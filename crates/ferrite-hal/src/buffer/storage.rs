@@ -107,6 +107,12 @@ impl HeapBlock {
     pub(crate) fn len(&self) -> usize {
         self.layout.size()
     }
+
+    /// The block's address, as an identity for pool trace events (the
+    /// block keeps it while it moves between buffers and free lists).
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as usize as u64
+    }
 }
 
 /// Freed mappings of at most this size are kept for reuse.
