@@ -328,6 +328,9 @@ impl Device for CudaDevice {
     fn id(&self) -> &str {
         &self.id
     }
+    fn native_queue(&self) -> Option<Arc<dyn ferrite_hal::external::NativeQueue>> {
+        Some(self.shared.clone())
+    }
     fn allocator(&self) -> Arc<dyn Allocator> {
         self.allocator.clone()
     }
@@ -338,9 +341,6 @@ impl Device for CudaDevice {
             "cuda.device" if key == "compute_capability_major" => Some(self.cc.0 as i64),
             "cuda.device" if key == "compute_capability_minor" => Some(self.cc.1 as i64),
             "hal.device" | "hal.dispatch" if key == "concurrency" => Some(self.sm_count as i64),
-    fn native_queue(&self) -> Option<Arc<dyn ferrite_hal::external::NativeQueue>> {
-        Some(self.shared.clone())
-    }
             _ => None,
         })
     }

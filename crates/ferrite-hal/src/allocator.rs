@@ -159,9 +159,6 @@ pub trait Allocator: Send + Sync {
     /// a buffer that allows READ access only.
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer>;
 
-    /// True when [`Allocator::import_host`] of `length` bytes of such
-    /// memory (`writable` or not) would copy them rather than wrap them:
-    /// a caller that can produce the bytes another way (a parameter read
     /// Wraps foreign memory in a buffer without copying where the allocator
     /// can (upstream's `iree_hal_allocator_import_buffer`; see
     /// [`crate::external`]). Read-only memory gives a buffer without WRITE
@@ -172,6 +169,9 @@ pub trait Allocator: Send + Sync {
         crate::external::import_with_host(self, params, buffer)
     }
 
+    /// True when [`Allocator::import_host`] of `length` bytes of such
+    /// memory (`writable` or not) would copy them rather than wrap them:
+    /// a caller that can produce the bytes another way (a parameter read
     /// from its file) then skips the import and writes them itself,
     /// without touching the memory it would have imported.
     fn import_copies(&self, _params: &BufferParams, _length: u64, _writable: bool) -> bool {

@@ -359,12 +359,6 @@ pub unsafe trait DeviceMemory: Send + Sync + 'static {
     fn write(&self, offset: u64, src: &[u8]) -> Result<()>;
     /// For drivers: downcast to the concrete type (device addresses).
     fn as_any(&self) -> &dyn std::any::Any;
-}
-
-/// Checks that `[offset, offset + length)` lies within an allocation of
-/// `len` bytes (for [`DeviceMemory::read`]/[`DeviceMemory::write`]
-/// implementations).
-pub fn check_device_range(len: u64, offset: u64, length: usize) -> Result<()> {
     /// Where the memory is in the device's own API, for users outside
     /// Ferrite (see [`crate::external`]); None (the default) when the
     /// driver does not hand its memory out.
@@ -376,6 +370,12 @@ pub fn check_device_range(len: u64, offset: u64, length: usize) -> Result<()> {
     /// then free it in queue order rather than recycle it unordered.
     /// Default: nothing (a driver that never recycles memory).
     fn mark_exported(&self) {}
+}
+
+/// Checks that `[offset, offset + length)` lies within an allocation of
+/// `len` bytes (for [`DeviceMemory::read`]/[`DeviceMemory::write`]
+/// implementations).
+pub fn check_device_range(len: u64, offset: u64, length: usize) -> Result<()> {
     match offset.checked_add(length as u64) {
         Some(end) if end <= len => Ok(()),
         _ => bail!(
