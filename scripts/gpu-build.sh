@@ -2,7 +2,7 @@
 # Builds what scripts/test-gpu.sh and scripts/bench-gpu.sh need into
 # build/gpu (git-ignored, carried to the GPU machine, which has no compiler
 # or registry): the release `ferrite` binary, the CUDA driver's test
-# executables (gpu, gpu_fault, nccl), the facade's async_calls_gpu test
+# executables (gpu, gpu_fault, nccl, profile_gpu), the facade's async_calls_gpu test
 # (calls as futures on cuda) with its module, the differential modules of
 # tests/cuda/cases.txt and the check programs of tests/cuda/checks (each
 # for cuda sm_80 and for the CPU), the bench
@@ -39,7 +39,7 @@ echo "gpu-build: $PROFILE binary and the driver's test executables (gpu, gpu_fau
 locked nice cargo build -q "${cargo_profile[@]}" -p ferrite-cli
 cp target/$PROFILE/ferrite $G/bin/
 locked nice cargo test -q "${cargo_profile[@]}" -p ferrite-hal-cuda \
-  --test gpu --test gpu_fault --test nccl --test cts --no-run --message-format=json 2>/dev/null |
+  --test gpu --test gpu_fault --test nccl --test cts --test profile_gpu --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
     try: m=json.loads(l)
@@ -74,6 +74,9 @@ grep -v '^#' tests/cuda/cases.txt | awk 'NF {print $1}' | sort -u | while read -
   $IC $CUDA "tests/$module.mlir" -o "$G/diff/$m.cuda.vmfb"
   $IC $CPU "tests/$module.mlir" -o "$G/diff/$m.cpu.vmfb"
 done
+
+# The profile bundle check of scripts/test-gpu.sh.
+$IC $CUDA tests/trace/two_matmuls.mlir -o "$G/diff/trace_two_matmuls.cuda.vmfb"
 
 echo "gpu-build: check programs (tests/cuda/checks)"
 rm -rf $G/checks && mkdir -p $G/checks

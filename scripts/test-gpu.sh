@@ -180,6 +180,81 @@ if echo "$kt" | grep -qE "kernel times .*: [1-9][0-9]* launches" && echo "$kt" |
 else
   bad "kernel times on $module $fn: $(echo "$kt" | head -c 400)"
 fi
+
+echo "== profile bundle on cuda (upstream's iree-profile, iree-profile-render)"
+# tests/trace/two_matmuls.mlir on cuda with every family Ferrite records:
+# the dispatches in the bundle are the kernels the driver launched
+# (FERRITE_CUDA_KERNEL_TIMES counts them independently), each matched to
+# its command, with a device duration, in stream order; and the bundle
+# renders to Perfetto.
+PROF_MODULE=$DIFF_DIR/trace_two_matmuls.cuda.vmfb
+if [ -z "$UPSTREAM_BIN" ] || [ ! -x "$UPSTREAM_BIN/iree-profile" ]; then
+  echo "SKIPPED profile bundle (no upstream iree-profile: UPSTREAM_BIN unset)"
+elif [ ! -f "$PROF_MODULE" ]; then
+  bad "profile bundle: $PROF_MODULE missing (scripts/gpu-build.sh builds it)"
+else
+  T=${TMPDIR:-/tmp}/ferrite-cuda-profile
+  rm -rf "$T" && mkdir -p "$T"
+  run=$(FERRITE_CUDA_KERNEL_TIMES=1 "$FERRITE" run-module --device=cuda --module="$PROF_MODULE" \
+    --function=two_matmuls --input=32x64xf32=1 --input=64x16xf32=1 --input=16x8xf32=1 \
+    --device_profiling_mode=queue-events,host-execution,dispatch-events,memory-events \
+    --device_profiling_output="$T/cuda.ireeprof" --trace="$T/cuda.json" 2>&1)
+  launches=$(echo "$run" | grep -oE "kernel times .*: [0-9]+ launches" | grep -oE "[0-9]+ launches" | cut -d' ' -f1)
+  summary=$("$UPSTREAM_BIN/iree-profile" summary "$T/cuda.ireeprof" 2>&1)
+  dispatch=$("$UPSTREAM_BIN/iree-profile" dispatch "$T/cuda.ireeprof" 2>&1)
+  command=$("$UPSTREAM_BIN/iree-profile" command "$T/cuda.ireeprof" 2>&1)
+  queue=$("$UPSTREAM_BIN/iree-profile" queue "$T/cuda.ireeprof" 2>&1)
+  memory=$("$UPSTREAM_BIN/iree-profile" memory "$T/cuda.ireeprof" 2>&1)
+  "$UPSTREAM_BIN/iree-profile" export --format=ireeperf-jsonl --output="$T/cuda.jsonl" "$T/cuda.ireeprof" >/dev/null 2>&1
+  if verdict=$(python3 - "$T/cuda.jsonl" "${launches:-missing}" "$summary" "$dispatch" "$command" "$queue" "$memory" "$T/cuda.json" <<'PY' 2>&1
+import json, re, sys
+jsonl, launches, summary, dispatch, command, queue, memory, trace = sys.argv[1:]
+def field(text, start, key):
+    line = next(l for l in text.splitlines() if l.strip().startswith(start))
+    return re.search(r"\b" + key + r"=(\S+)", line).group(1)
+problems = []
+def want(ok, what):
+    if not ok:
+        problems.append(what)
+want(field(summary, "records:", "session_end") == "1", "no session end")
+want(field(summary, "records:", "unknown") == "0", "unknown records")
+want(field(summary, "event_records:", "invalid_host_execution_events") == "0", "invalid events")
+total = field(dispatch, "host_dispatches:", "total")
+want(launches.isdigit() and int(launches) > 0, f"kernel launches not counted ({launches})")
+want(total == launches, f"{total} dispatches in the bundle, {launches} kernels launched")
+want(field(dispatch, "host_dispatches:", "valid") == total, "invalid dispatches")
+want(field(command, "command_buffers=", "matched_host_dispatches") == total, "dispatches not matched to commands")
+for export in ("two_matmuls_dispatch_0", "two_matmuls_dispatch_1"):
+    want(export in dispatch, f"{export} missing")
+want("type=execute" in queue, "no execute in the queue events")
+want(re.search(r"queue_alloca/dealloca=[1-9]", memory) is not None, "no queue allocations")
+events = [json.loads(l) for l in open(jsonl)]
+ds = [e for e in events if e.get("record_type") == "host_execution_event" and e.get("op") == "dispatch"]
+want(len(ds) == int(total), f"{len(ds)} dispatch events exported")
+for a, b in zip(ds, ds[1:]):
+    want(a["end_host_time_ns"] <= b["start_host_time_ns"], f"dispatches overlap on one stream: {a} {b}")
+for d in ds:
+    want(d["duration_ns"] > 0, f"dispatch without device time: {d}")
+json.load(open(trace))
+if problems:
+    print("; ".join(problems))
+    sys.exit(1)
+print(f"{total} dispatches = {launches} launches, device times " + ", ".join(str(d["duration_ns"]) + " ns" for d in ds))
+PY
+  ); then
+    ok
+    echo "ok   profile bundle on cuda: $verdict"
+  else
+    bad "profile bundle on cuda: $verdict $(echo "$run" | grep -iE "error" | head -3)"
+  fi
+  if [ -n "${UPSTREAM_PYTHONPATH:-}" ] && rendered=$(PYTHONPATH=$UPSTREAM_PYTHONPATH python3 -m iree._runtime.scripts.iree_profile_render \
+    --format=perfetto -o "$T/cuda.pftrace" "$T/cuda.jsonl" 2>&1) && [ -s "$T/cuda.pftrace" ]; then
+    ok
+    echo "ok   profile bundle on cuda renders to Perfetto: $(echo "$rendered" | tail -1 | head -c 200)"
+  else
+    bad "profile bundle on cuda: iree-profile-render failed: $(echo "${rendered:-UPSTREAM_PYTHONPATH unset}" | tail -3)"
+  fi
+fi
 fi
 
 if [ -n "$E2E_DIR" ] && [ -d "$E2E_DIR" ]; then

@@ -55,6 +55,12 @@ pub(crate) struct InFlightResources {
     pub(crate) gates: Vec<Arc<CudaTimeline>>,
     /// Continuations' outcomes: a failure there fails the operation.
     pub(crate) outcomes: Vec<crate::indirect::Outcome>,
+    /// While a trace is recorded: the queue operation's name and arguments
+    /// (its span is timed on the stream, [`crate::profile`]).
+    pub(crate) traced: Option<crate::profile::TracedOp>,
+    /// Timed work of the operation, resolved into trace spans when it is
+    /// reported.
+    pub(crate) timings: Vec<crate::profile::Timing>,
 }
 
 // SAFETY: the event handle is only synchronized/queried (thread-safe driver
@@ -203,12 +209,17 @@ impl Completions {
                 return;
             }
             block = false;
-            let Some(c) = self.pop_reported() else {
+            let Some(mut c) = self.pop_reported() else {
                 return;
             };
             self.recycle(shared, c.event);
             // Reached (or the stream failed): nobody waits on a probe.
             shared.probes.lock().push(c.probe);
+            if !c.keep.timings.is_empty() {
+                // The stream passed the timing events (recorded before
+                // this operation's completion events).
+                crate::profile::resolve(shared, &mut c.keep.timings, status == ffi::CUDA_SUCCESS);
+            }
             complete(c, status);
         }
     }

@@ -49,6 +49,9 @@ pub struct CudaContext {
     /// Per-kernel GPU times, with `FERRITE_CUDA_KERNEL_TIMES` set
     /// ([`crate::kernel_times`]).
     pub(crate) kernel_times: Option<crate::kernel_times::KernelTimes>,
+    /// Timing events and the reference for device times in the execution
+    /// trace ([`crate::profile`]).
+    pub(crate) clock: crate::profile::DeviceClock,
     /// Release words foreign streams wait on ([`crate::consumer`]).
     pub(crate) consumer_waits: crate::consumer::ConsumerWaits,
     /// The device over this state, whose queue may keep operations on the
@@ -267,6 +270,8 @@ impl Drop for CudaContext {
             if let Some(k) = &self.kernel_times {
                 k.report(self.api, self.ordinal);
             }
+            // Every timed span was resolved by the reports above.
+            self.clock.release(self.api);
             // SAFETY: the streams were created by this device and nothing
             // references them any more (everything using them holds an Arc
             // of `CudaContext`).

@@ -172,6 +172,7 @@ impl CudaDevice {
             completions: Arc::new(Completions::new()),
             kernel_times: crate::kernel_times::enabled()
                 .then(crate::kernel_times::KernelTimes::default),
+            clock: crate::profile::DeviceClock::default(),
             consumer_waits: crate::consumer::ConsumerWaits::default(),
             queue_device: std::sync::OnceLock::new(),
         });
@@ -299,6 +300,15 @@ pub(crate) fn dispatch_kernel<'a>(
         );
     }
     Ok(kernel)
+}
+
+/// What an operation keeps alive, starting with its [`crate::profile::TracedOp`]
+/// (`op` with `args`) while a trace is recorded.
+fn traced(op: &'static str, args: &[(&'static str, u64)]) -> InFlightResources {
+    InFlightResources {
+        traced: crate::profile::traced_op(op, args),
+        ..InFlightResources::default()
+    }
 }
 
 /// Fills the whole of the new device buffer `b` with `byte` on `stream`.
@@ -456,6 +466,17 @@ impl Device for CudaDevice {
         {
             if let Some(b) = CudaAllocator::spare_device_buffer(&self.shared, params, size) {
                 drop(q);
+                if ferrite_base::trace::enabled() {
+                    // Nothing is enqueued: the allocation is an instant.
+                    use ferrite_base::trace::{self, Arg};
+                    let track =
+                        trace::device_track(&crate::profile::track_name(self.shared.ordinal));
+                    let args = vec![
+                        ("bytes", Arg::U64(size)),
+                        ("allocation", Arg::U64(b.allocation_id())),
+                    ];
+                    trace::instant("queue", "alloca", track, args);
+                }
                 signal.signal()?;
                 return Ok(b);
             }
@@ -485,7 +506,10 @@ impl Device for CudaDevice {
                 Deferred {
                     wait: wait.clone(),
                     signal: signal.clone(),
-                    keep: InFlightResources::default(),
+                    keep: traced(
+                        "alloca",
+                        &[("bytes", size), ("allocation", b.allocation_id())],
+                    ),
                     work: None,
                     work_entries: 1,
                     body: Some(Box::new(|_, _| Ok(()))),
@@ -498,10 +522,10 @@ impl Device for CudaDevice {
             &mut q,
             wait,
             signal,
-            InFlightResources::default(),
+            traced("alloca", &[("bytes", size)]),
             None,
             entries,
-            |d, _| {
+            |d, keep| {
                 if device_local {
                     let spare = match init {
                         Some(_) if size > 0 => {
@@ -521,6 +545,10 @@ impl Device for CudaDevice {
                     out = Some(b);
                 } else {
                     out = Some(d.allocator.allocate(params, size)?);
+                }
+                if let (Some(t), Some(b)) = (keep.traced.as_mut(), &out) {
+                    let id = ferrite_base::trace::Arg::U64(b.allocation_id());
+                    t.args.push(("allocation", id));
                 }
                 Ok(())
             },
@@ -543,10 +571,14 @@ impl Device for CudaDevice {
         signal: &Fence,
         buffer: Buffer,
     ) -> Result<()> {
-        let keep = InFlightResources {
-            buffers: vec![buffer],
-            ..InFlightResources::default()
-        };
+        let mut keep = traced(
+            "dealloca",
+            &[
+                ("bytes", buffer.byte_length()),
+                ("allocation", buffer.allocation_id()),
+            ],
+        );
+        keep.buffers.push(buffer);
         self.enqueue(wait, signal, keep, None, 0, Box::new(|_, _| Ok(())))
     }
     fn queue_fill(
@@ -565,7 +597,14 @@ impl Device for CudaDevice {
             keep.buffers.push(target.clone());
             crate::stream_encoder::fill(&d.shared, d.shared.stream, p, len, &pattern)
         });
-        self.enqueue(wait, signal, InFlightResources::default(), None, 1, body)
+        self.enqueue(
+            wait,
+            signal,
+            traced("fill", &[("bytes", len)]),
+            None,
+            1,
+            body,
+        )
     }
     fn queue_update(
         &self,
@@ -576,6 +615,7 @@ impl Device for CudaDevice {
         target: Buffer,
         offset: u64,
     ) -> Result<()> {
+        let keep = traced("update", &[("bytes", data.len() as u64)]);
         let body: Body = Box::new(move |d, keep| {
             let p = d.device_ptr(&target, offset)?;
             ffi::check(
@@ -595,7 +635,7 @@ impl Device for CudaDevice {
             keep.bytes.push(data);
             Ok(())
         });
-        self.enqueue(wait, signal, InFlightResources::default(), None, 1, body)
+        self.enqueue(wait, signal, keep, None, 1, body)
     }
     fn queue_copy(
         &self,
@@ -621,13 +661,20 @@ impl Device for CudaDevice {
             keep.buffers.push(target.clone());
             Ok(())
         });
-        self.enqueue(wait, signal, InFlightResources::default(), None, 1, body)
+        self.enqueue(
+            wait,
+            signal,
+            traced("copy", &[("bytes", len)]),
+            None,
+            1,
+            body,
+        )
     }
     fn queue_barrier(&self, _this: &Arc<dyn Device>, wait: &Fence, signal: &Fence) -> Result<()> {
         self.enqueue(
             wait,
             signal,
-            InFlightResources::default(),
+            traced("barrier", &[]),
             None,
             0,
             Box::new(|_, _| Ok(())),
@@ -642,6 +689,15 @@ impl Device for CudaDevice {
         bindings: BindingTable,
     ) -> Result<()> {
         let commands = cb.commands()?;
+        // While a trace is recorded: the command buffer described the
+        // first time it runs in the recording, and the execute timed.
+        let keep = if ferrite_base::trace::enabled() {
+            let track = crate::profile::track_name(self.shared.ordinal);
+            let id = ferrite_hal::command_trace::describe(cb, &track);
+            traced("execute", &[("command_buffer", id)])
+        } else {
+            InFlightResources::default()
+        };
         let graph = crate::graph::eligible(cb, &commands);
         // A one-shot command buffer whose shape repeats runs as that
         // shape's graph (module `graph`); it needs no `cb`, so also when
@@ -667,7 +723,7 @@ impl Device for CudaDevice {
             let op = Deferred {
                 wait: wait.clone(),
                 signal: signal.clone(),
-                keep: InFlightResources::default(),
+                keep,
                 work: None,
                 work_entries,
                 body: Some(body),
@@ -675,29 +731,21 @@ impl Device for CudaDevice {
             self.defer(&mut q, op);
             return Ok(());
         }
-        self.enqueue_locked(
-            &mut q,
-            wait,
-            signal,
-            InFlightResources::default(),
-            None,
-            entries,
-            |d, keep| {
-                if let Some(shape) = &shape {
-                    return d.execute_oneshot(shape, &commands, &bindings, keep);
+        self.enqueue_locked(&mut q, wait, signal, keep, None, entries, |d, keep| {
+            if let Some(shape) = &shape {
+                return d.execute_oneshot(shape, &commands, &bindings, keep);
+            }
+            if graph {
+                for b in &bindings {
+                    keep.buffers.push(b.buffer.clone());
                 }
-                if graph {
-                    for b in &bindings {
-                        keep.buffers.push(b.buffer.clone());
-                    }
-                    keep.commands.push(commands.clone());
-                    if d.launch_graph(cb, &commands, &bindings)? {
-                        return Ok(());
-                    }
+                keep.commands.push(commands.clone());
+                if d.launch_graph(cb, &commands, &bindings)? {
+                    return Ok(());
                 }
-                d.enqueue_commands(&commands, &bindings, keep)
-            },
-        );
+            }
+            d.enqueue_commands(&commands, &bindings, keep)
+        });
         Ok(())
     }
 }

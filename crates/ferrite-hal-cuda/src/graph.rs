@@ -34,7 +34,8 @@
 //! Command buffers holding anything else (updates of host bytes, copies,
 //! collectives, indirect dispatches) and ones of a single command are
 //! replayed on the stream instead; so is every command buffer when
-//! `FERRITE_CUDA_GRAPHS=0` or kernels are timed ([`crate::kernel_times`]),
+//! `FERRITE_CUDA_GRAPHS=0`, kernels are timed ([`crate::kernel_times`]) or
+//! a trace is recorded (kernels timed one by one, [`crate::profile`]),
 //! and one whose graph the driver refused to build (remembered, so the
 //! refusal is paid once).
 
@@ -60,6 +61,8 @@ fn graphs_enabled() -> bool {
 pub(crate) fn eligible(cb: &CommandBuffer, commands: &[Command]) -> bool {
     if !graphs_enabled()
         || crate::kernel_times::enabled()
+        // A graph's kernels cannot be timed one by one (`crate::profile`).
+        || ferrite_base::trace::enabled()
         || cb.mode() & ferrite_hal::command_buffer::mode::ONE_SHOT != 0
     {
         return false;
@@ -623,6 +626,8 @@ pub(crate) struct Shape {
 pub(crate) fn oneshot_shape(cb: &CommandBuffer, commands: &[Command]) -> Option<Shape> {
     if !graphs_enabled()
         || crate::kernel_times::enabled()
+        // A graph's kernels cannot be timed one by one (`crate::profile`).
+        || ferrite_base::trace::enabled()
         || cb.mode() & ferrite_hal::command_buffer::mode::ONE_SHOT == 0
     {
         return None;

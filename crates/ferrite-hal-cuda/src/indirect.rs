@@ -164,6 +164,10 @@ impl Continuation {
         // Whatever was enqueued runs to the end before the gate opens.
         // SAFETY: the stream created above.
         let finished = unsafe { (api.cuStreamSynchronize)(stream.0) };
+        if !keep.timings.is_empty() {
+            // The stream passed the dispatches' timing events.
+            crate::profile::resolve(shared, &mut keep.timings, finished == ffi::CUDA_SUCCESS);
+        }
         replayed?;
         ffi::check(finished, "running the commands after an indirect dispatch")
     }

@@ -47,6 +47,7 @@ mod indirect;
 pub mod kernel_times;
 pub mod memory;
 pub mod nccl;
+mod profile;
 mod queue;
 mod stream_encoder;
 

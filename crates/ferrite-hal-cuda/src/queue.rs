@@ -247,7 +247,39 @@ impl CudaDevice {
                     logged.push(format!("wait >= {value}: stream order"));
                 }
             }
-            body(self, &mut keep)?;
+            // While a trace is recorded: the operation's span on the
+            // stream, in device time (`crate::profile`).
+            let timing = match keep.traced {
+                Some(_) => self.shared.clock.begin(&self.shared, self.shared.stream),
+                None => None,
+            };
+            if let Err(e) = body(self, &mut keep) {
+                if let Some(op) = keep.traced.take() {
+                    let mut args = op.args;
+                    args.push(("failed", ferrite_base::trace::Arg::Str(e.to_string())));
+                    let track = crate::profile::track_name(self.shared.ordinal);
+                    let track = ferrite_base::trace::device_track(&track);
+                    ferrite_base::trace::instant("queue", op.op, track, args);
+                }
+                return Err(e);
+            }
+            match (timing, keep.traced.take()) {
+                (Some(t), Some(op)) => {
+                    let stream = self.shared.stream;
+                    let clock = &self.shared.clock;
+                    if let Some(t) = t.end(clock, stream, "queue", op.op.into(), op.args) {
+                        keep.timings.push(t);
+                    }
+                }
+                // No timing events (the driver refused them): the
+                // operation is still listed, at its host time.
+                (None, Some(op)) => {
+                    let track = crate::profile::track_name(self.shared.ordinal);
+                    let track = ferrite_base::trace::device_track(&track);
+                    ferrite_base::trace::instant("queue", op.op, track, op.args);
+                }
+                _ => {}
+            }
             // Whether the stream passing this operation reaches its
             // signals: not for host work, and not for work a
             // continuation finishes (an indirect dispatch's gate), whose

@@ -208,12 +208,14 @@ pub(crate) fn replay(
                     continue;
                 }
                 words.clear();
+                let mut bytes = 0u64;
                 for r in bindings.iter().take(kernel.binding_count as usize) {
-                    let (b, p, _) = resolve(shared, r, table)?;
+                    let (b, p, len) = resolve(shared, r, table)?;
                     if let BufferRef::Direct { .. } = r {
                         keep.buffers.push(b.clone());
                     }
                     words.push(p);
+                    bytes += len;
                 }
                 let mut consts: Vec<u32> = constants[..kernel.constant_count as usize].to_vec();
                 params.clear();
@@ -242,6 +244,13 @@ pub(crate) fn replay(
                     }
                     None => None,
                 };
+                // While a trace is recorded: the kernel's span in device
+                // time (`crate::profile`).
+                let traced = if ferrite_base::trace::enabled() {
+                    shared.clock.begin(shared, stream)
+                } else {
+                    None
+                };
                 ffi::check(
                     // SAFETY: the parameter array points at one u64 per
                     // binding then one u32 per push constant, the layout the
@@ -268,20 +277,37 @@ pub(crate) fn replay(
                 if let Some(k) = &shared.kernel_times {
                     k.end(api, stream, &kernel.name, timing)?;
                 }
-                if ferrite_base::trace::enabled() {
-                    // The host's enqueue of the launch (the GPU runs it
-                    // later, on the stream): an instant on the device's
-                    // track, named by the kernel's export.
+                if let Some(t) = traced {
+                    // The host's enqueue of the launch: an instant on the
+                    // device's track; the launch itself: a `dispatch` span
+                    // in device time once the stream has run it, with what
+                    // the CPU devices record of a dispatch.
                     use ferrite_base::trace::{self, Arg};
-                    let track = trace::device_track(&format!("cuda://{}", shared.ordinal));
-                    let args = vec![
-                        (
-                            "workgroups",
-                            Arg::List(workgroups.iter().map(|&w| w as u64).collect()),
-                        ),
-                        ("command", Arg::U64(index as u64)),
-                    ];
-                    trace::instant("dispatch enqueue", kernel.name.to_string(), track, args);
+                    let track = trace::device_track(&crate::profile::track_name(shared.ordinal));
+                    let counts = Arg::List(workgroups.iter().map(|&w| w as u64).collect());
+                    let mut args = vec![("workgroups", counts.clone()), ("bytes", Arg::U64(bytes))];
+                    if at_indirect == AtIndirect::Stop {
+                        // A continuation's commands are a suffix of the
+                        // command buffer: their index there is not known
+                        // here, and the bundle finds it by walking.
+                        args.push(("command", Arg::U64(index as u64)));
+                    }
+                    args.extend(executable_args(executable, *function));
+                    trace::instant(
+                        "dispatch enqueue",
+                        kernel.name.to_string(),
+                        track,
+                        vec![("workgroups", counts), ("command", Arg::U64(index as u64))],
+                    );
+                    if let Some(t) = t.end(
+                        &shared.clock,
+                        stream,
+                        "dispatch",
+                        kernel.name.to_string(),
+                        args,
+                    ) {
+                        keep.timings.push(t);
+                    }
                 }
             }
         }
@@ -291,6 +317,34 @@ pub(crate) fn replay(
         k.execution();
     }
     Ok(None)
+}
+
+/// What a profile bundle needs to know of a dispatch's executable, as
+/// the CPU devices and the command buffer descriptions
+/// ([`ferrite_hal::command_trace`]) name it: the loaded executable's
+/// address, the export's ordinal, the export count, and the export's
+/// workgroup size and constant and binding counts.
+fn executable_args(
+    executable: &ferrite_hal::executable::ExecutableRef,
+    function: u32,
+) -> Vec<(&'static str, ferrite_base::trace::Arg)> {
+    use ferrite_base::trace::Arg;
+    let exports = executable.0.exports();
+    let raw = Arc::as_ptr(&executable.0) as *const () as usize as u64;
+    let mut args = vec![
+        ("executable", Arg::U64(raw)),
+        ("function", Arg::U64(function as u64)),
+        ("functions", Arg::U64(exports.len() as u64)),
+    ];
+    if let Some(e) = exports.get(function as usize) {
+        args.push((
+            "workgroup_size",
+            Arg::List(e.workgroup_size.iter().map(|&w| w as u64).collect()),
+        ));
+        args.push(("constants", Arg::U64(e.constant_count as u64)));
+        args.push(("bindings", Arg::U64(e.binding_count as u64)));
+    }
+    args
 }
 
 /// Checks a collective's channel and ranges and resolves its buffers to

@@ -1,0 +1,474 @@
+//! Device timestamps in the execution trace (`ferrite_base::trace`), from
+//! which `--trace` JSON files and `.ireeprof` bundles are written.
+//!
+//! While a trace is recorded, the device brackets each queue operation and
+//! each kernel it launches on a stream with two timing events
+//! (`CU_EVENT_DEFAULT`, taken from a pool: none is created per launch once
+//! the pool is warm) and, when the operation is reported (the stream has
+//! passed them), reads their times with `cuEventElapsedTime` against a
+//! *reference* event whose host time is known, and records spans on the
+//! device's track (`cuda://N`) with device start and end times on the
+//! trace's host clock: `queue` spans (execute, alloca, dealloca, fill,
+//! update, copy, barrier) and, inside an execute, one `dispatch` span per
+//! kernel named by its export, with its workgroup counts, command index
+//! and executable. They are the events the CPU devices record, so the
+//! bundle writer needs no device-specific path.
+//!
+//! A reference is made by recording an event on an idle stream of the
+//! device's own and waiting for it: its GPU time lies between the host
+//! clock before the record and after the wait, and the midpoint is taken
+//! (the narrowest of a few tries: a few microseconds of uncertainty, the
+//! same for every span of the reference, so spans keep their order and
+//! durations exactly). A reference serves for one second of host time and
+//! one recording at most: `cuEventElapsedTime` returns milliseconds as an
+//! `f32`, whose resolution stays below 0.1 microsecond within a second,
+//! and the two clocks drift apart slowly.
+//!
+//! CUDA graphs cannot be timed kernel by kernel, so while a trace is
+//! recorded command buffers are replayed on the stream (module `graph`),
+//! as with `FERRITE_CUDA_KERNEL_TIMES`: independent kernels of a stage run
+//! one after another, and the times are those of the replayed kernels,
+//! not of the graph the program would otherwise launch.
+//!
+//! Off, the cost is one relaxed atomic load per queue operation and per
+//! launch ([`ferrite_base::trace::enabled`]).
+
+use crate::context::CudaContext;
+use crate::ffi::{self, Api, CUevent, CUstream};
+use ferrite_base::trace::{self, Arg, Event, Phase};
+use ferrite_base::Result;
+use parking_lot::Mutex;
+use std::sync::Arc;
+
+/// How long (host nanoseconds) a reference serves before a new one is
+/// made.
+const RECALIBRATE_NS: u64 = 1_000_000_000;
+
+/// Calibration tries per reference (the narrowest window wins).
+const CALIBRATION_TRIES: usize = 3;
+
+/// Trace thread numbers from here on are CUDA devices' stream lanes (one
+/// per device ordinal; real threads are numbered from 1 upward and the
+/// CPU devices' dispatch lanes from `1 << 30`).
+const STREAM_LANES: u32 = 3 << 29;
+
+/// The trace track name of device `ordinal`.
+pub(crate) fn track_name(ordinal: i32) -> String {
+    format!("cuda://{ordinal}")
+}
+
+/// A host-clock window known to contain the moment the GPU reached an
+/// event: the trace clock read before recording it and after waiting for
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Calibration {
+    /// Trace clock before the record (ns).
+    pub(crate) before_ns: u64,
+    /// Trace clock after the wait returned (ns).
+    pub(crate) after_ns: u64,
+}
+
+impl Calibration {
+    /// The host time taken for the event: the window's midpoint.
+    pub(crate) fn host_ns(self) -> u64 {
+        self.before_ns + self.after_ns.saturating_sub(self.before_ns) / 2
+    }
+
+    /// The window's width (twice the worst-case error of [`Self::host_ns`]).
+    pub(crate) fn width(self) -> u64 {
+        self.after_ns.saturating_sub(self.before_ns)
+    }
+}
+
+/// The trace-clock time of an event `elapsed_ms` milliseconds (as
+/// `cuEventElapsedTime` reports, negative when it came first) after a
+/// reference at `reference_ns`, rounded to the nanosecond and clamped to
+/// the clock's range.
+pub(crate) fn to_trace_ns(reference_ns: u64, elapsed_ms: f32) -> u64 {
+    let delta = (elapsed_ms as f64 * 1e6).round();
+    if !delta.is_finite() {
+        return reference_ns;
+    }
+    if delta >= 0.0 {
+        reference_ns.saturating_add(delta as u64)
+    } else {
+        reference_ns.saturating_sub((-delta) as u64)
+    }
+}
+
+/// A span's start and end on the trace clock from the two elapsed times
+/// against its reference; the end is never before the start.
+pub(crate) fn span_ns(reference_ns: u64, start_ms: f32, end_ms: f32) -> (u64, u64) {
+    let start = to_trace_ns(reference_ns, start_ms);
+    (start, to_trace_ns(reference_ns, end_ms).max(start))
+}
+
+/// An event of known host time that timed events are measured against.
+pub(crate) struct Reference {
+    api: &'static Api,
+    event: CUevent,
+    host_ns: u64,
+}
+
+// SAFETY: the event is a plain driver handle; the driver's event calls are
+// thread-safe, and the event is only read (elapsed times) after it was
+// reached, and destroyed once, when the last holder drops it.
+unsafe impl Send for Reference {}
+// SAFETY: see above.
+unsafe impl Sync for Reference {}
+
+impl Drop for Reference {
+    fn drop(&mut self) {
+        // SAFETY: created by `DeviceClock::calibrate`, reached, destroyed
+        // once here.
+        unsafe { (self.api.cuEventDestroy_v2)(self.event) };
+    }
+}
+
+#[derive(Default)]
+struct ClockState {
+    /// The recording the reference was made in.
+    session: u64,
+    reference: Option<Arc<Reference>>,
+    /// The idle stream references are recorded on (created on first use).
+    stream: Option<StreamHandle>,
+}
+
+struct StreamHandle(CUstream);
+
+/// A device's timing events and reference (see the module docs).
+#[derive(Default)]
+pub(crate) struct DeviceClock {
+    state: Mutex<ClockState>,
+    /// Reached timing events for reuse.
+    pool: Mutex<Vec<CUevent>>,
+}
+
+// SAFETY: plain driver handles (events, one stream), used with the
+// device's context current; the driver's calls on them are thread-safe.
+unsafe impl Send for DeviceClock {}
+// SAFETY: see above; the state is behind mutexes.
+unsafe impl Sync for DeviceClock {}
+
+impl DeviceClock {
+    /// A timing event from the pool or a new one (context current).
+    fn take(&self, api: &Api) -> Result<CUevent> {
+        if let Some(e) = self.pool.lock().pop() {
+            return Ok(e);
+        }
+        let mut e: CUevent = std::ptr::null_mut();
+        ffi::check(
+            // SAFETY: a valid out-pointer; the caller made the context
+            // current.
+            unsafe { (api.cuEventCreate)(&mut e, ffi::CU_EVENT_DEFAULT) },
+            "creating a timing event",
+        )?;
+        Ok(e)
+    }
+
+    /// The reference for events recorded now, made anew when there is none
+    /// of this recording younger than [`RECALIBRATE_NS`] (context current).
+    fn reference(&self, shared: &CudaContext) -> Result<Arc<Reference>> {
+        let api = shared.api;
+        let mut state = self.state.lock();
+        let session = trace::session();
+        if let Some(r) = &state.reference {
+            if state.session == session
+                && trace::now_ns().saturating_sub(r.host_ns) < RECALIBRATE_NS
+            {
+                return Ok(r.clone());
+            }
+        }
+        let stream = match &state.stream {
+            Some(s) => s.0,
+            None => {
+                let mut s: CUstream = std::ptr::null_mut();
+                ffi::check(
+                    // SAFETY: a valid out-pointer; the context is current.
+                    unsafe { (api.cuStreamCreate)(&mut s, ffi::CU_STREAM_NON_BLOCKING) },
+                    "creating the timing reference stream",
+                )?;
+                state.stream = Some(StreamHandle(s));
+                s
+            }
+        };
+        let mut best: Option<(CUevent, Calibration)> = None;
+        for _ in 0..CALIBRATION_TRIES {
+            let event = self.take(api)?;
+            let before_ns = trace::now_ns();
+            // SAFETY: an event and a stream of this context; nothing else
+            // is enqueued on the stream, so the event is reached as soon as
+            // the GPU gets to it.
+            let r = unsafe {
+                match (api.cuEventRecord)(event, stream) {
+                    ffi::CUDA_SUCCESS => (api.cuEventSynchronize)(event),
+                    r => r,
+                }
+            };
+            let after_ns = trace::now_ns();
+            if r != ffi::CUDA_SUCCESS {
+                // SAFETY: ours, not used after this.
+                unsafe { (api.cuEventDestroy_v2)(event) };
+                if let Some((e, _)) = best {
+                    self.pool.lock().push(e);
+                }
+                return Err(ffi::to_status(r, "recording a timing reference"));
+            }
+            let c = Calibration {
+                before_ns,
+                after_ns,
+            };
+            match &best {
+                Some((_, b)) if b.width() <= c.width() => self.pool.lock().push(event),
+                _ => {
+                    if let Some((e, _)) = best.replace((event, c)) {
+                        self.pool.lock().push(e);
+                    }
+                }
+            }
+        }
+        let Some((event, c)) = best else {
+            ferrite_base::bail!(Internal, "no timing reference was made");
+        };
+        let r = Arc::new(Reference {
+            api,
+            event,
+            host_ns: c.host_ns(),
+        });
+        state.session = session;
+        state.reference = Some(r.clone());
+        Ok(r)
+    }
+
+    /// Records a timing event on `stream` before some work (context
+    /// current). None when it cannot be done: the work then runs untimed
+    /// (profiling never fails the program).
+    pub(crate) fn begin(&self, shared: &CudaContext, stream: CUstream) -> Option<Timing> {
+        let reference = self.reference(shared).ok()?;
+        let api = shared.api;
+        let start = self.take(api).ok()?;
+        let t = Timing {
+            api,
+            start,
+            end: std::ptr::null_mut(),
+            reference,
+            cat: "",
+            name: String::new(),
+            args: Vec::new(),
+        };
+        // SAFETY: an event and a stream of this context.
+        if unsafe { (api.cuEventRecord)(start, stream) } != ffi::CUDA_SUCCESS {
+            return None; // `t` destroys the event
+        }
+        Some(t)
+    }
+
+    /// Destroys the pooled events and the reference and its stream; the
+    /// device calls it with its context current, before the context goes
+    /// (every timed span was resolved: the streams were synchronized).
+    pub(crate) fn release(&self, api: &Api) {
+        let mut state = self.state.lock();
+        state.reference = None;
+        if let Some(s) = state.stream.take() {
+            // SAFETY: created by `reference`, idle (each record was waited
+            // for), not used after this.
+            unsafe { (api.cuStreamDestroy_v2)(s.0) };
+        }
+        for e in self.pool.lock().drain(..) {
+            // SAFETY: reached events of this context, destroyed once.
+            unsafe { (api.cuEventDestroy_v2)(e) };
+        }
+    }
+}
+
+/// Work bracketed by two timing events, to be resolved into a trace span
+/// once the stream has passed it ([`resolve`]). Dropped unresolved (the
+/// work failed to enqueue, or the device was lost), its events are
+/// destroyed.
+pub(crate) struct Timing {
+    api: &'static Api,
+    start: CUevent,
+    end: CUevent,
+    reference: Arc<Reference>,
+    cat: &'static str,
+    name: String,
+    args: Vec<(&'static str, Arg)>,
+}
+
+// SAFETY: plain driver handles, read only after the stream reached them.
+unsafe impl Send for Timing {}
+
+impl Timing {
+    /// Records the closing event on `stream` after the work, naming the
+    /// span (context current). None when the record fails.
+    pub(crate) fn end(
+        mut self,
+        clock: &DeviceClock,
+        stream: CUstream,
+        cat: &'static str,
+        name: String,
+        args: Vec<(&'static str, Arg)>,
+    ) -> Option<Timing> {
+        let end = clock.take(self.api).ok()?;
+        self.end = end;
+        // SAFETY: an event and a stream of this context.
+        if unsafe { (self.api.cuEventRecord)(end, stream) } != ffi::CUDA_SUCCESS {
+            return None;
+        }
+        self.cat = cat;
+        self.name = name;
+        self.args = args;
+        Some(self)
+    }
+}
+
+impl Drop for Timing {
+    fn drop(&mut self) {
+        for e in [self.start, self.end] {
+            if !e.is_null() {
+                // SAFETY: events of this timing, possibly still pending
+                // (the driver defers the destruction until reached), not
+                // used after this.
+                unsafe { (self.api.cuEventDestroy_v2)(e) };
+            }
+        }
+    }
+}
+
+/// Records the spans of `timings`, whose events the stream has passed
+/// (`reached`: it did so without a fault), on the device's track, and
+/// returns their events to the pool. With the context current.
+pub(crate) fn resolve(shared: &CudaContext, timings: &mut Vec<Timing>, reached: bool) {
+    let api = shared.api;
+    let track = trace::device_track(&track_name(shared.ordinal));
+    let lane = STREAM_LANES + shared.ordinal.max(0) as u32;
+    let recording = trace::enabled();
+    if recording {
+        trace::name_thread(
+            lane,
+            format!("{} stream (device time)", track_name(shared.ordinal)),
+        );
+    }
+    for mut t in timings.drain(..) {
+        let (mut start_ms, mut end_ms) = (0f32, 0f32);
+        // SAFETY: the three events are of this context and were reached
+        // (the caller saw a later event of the same stream reached).
+        let read = reached
+            && unsafe {
+                (api.cuEventElapsedTime)(&mut start_ms, t.reference.event, t.start)
+                    == ffi::CUDA_SUCCESS
+                    && (api.cuEventElapsedTime)(&mut end_ms, t.reference.event, t.end)
+                        == ffi::CUDA_SUCCESS
+            };
+        if read {
+            // Reached: reusable. Otherwise `t` destroys them.
+            let mut pool = shared.clock.pool.lock();
+            pool.push(std::mem::replace(&mut t.start, std::ptr::null_mut()));
+            pool.push(std::mem::replace(&mut t.end, std::ptr::null_mut()));
+        }
+        if !recording {
+            continue;
+        }
+        let mut args = std::mem::take(&mut t.args);
+        let (ts_ns, end_ns) = if read {
+            span_ns(t.reference.host_ns, start_ms, end_ms)
+        } else {
+            args.push((
+                "failed",
+                Arg::Str("the device faulted: no device times".to_string()),
+            ));
+            let now = trace::now_ns();
+            (now, now)
+        };
+        trace::record(Event {
+            phase: Phase::Complete,
+            cat: t.cat,
+            name: std::mem::take(&mut t.name),
+            ts_ns,
+            dur_ns: end_ns - ts_ns,
+            track,
+            thread: lane,
+            args,
+        });
+    }
+}
+
+/// What a queue operation records while a trace is recorded: its name and
+/// arguments (`bytes`, `allocation`, `command_buffer`).
+pub(crate) struct TracedOp {
+    pub(crate) op: &'static str,
+    pub(crate) args: Vec<(&'static str, Arg)>,
+}
+
+/// The [`TracedOp`] of queue operation `op` while a trace is recorded,
+/// else None (one relaxed load).
+#[inline]
+pub(crate) fn traced_op(op: &'static str, args: &[(&'static str, u64)]) -> Option<TracedOp> {
+    if !trace::enabled() {
+        return None;
+    }
+    Some(TracedOp {
+        op,
+        args: args.iter().map(|&(k, v)| (k, Arg::U64(v))).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elapsed_milliseconds_land_on_the_trace_clock() {
+        // 1.5 ms after a reference at 10 us.
+        assert_eq!(to_trace_ns(10_000, 1.5), 1_510_000);
+        // Sub-microsecond offsets round to the nanosecond.
+        assert_eq!(to_trace_ns(10_000, 0.000_25), 10_250);
+        // Before the reference (an event recorded first).
+        assert_eq!(to_trace_ns(10_000, -0.004), 6_000);
+        // Clamped at the clock's ends, never wrapping.
+        assert_eq!(to_trace_ns(1_000, -1.0), 0);
+        assert_eq!(to_trace_ns(u64::MAX - 5, 1.0), u64::MAX);
+        assert_eq!(to_trace_ns(7, f32::NAN), 7);
+    }
+
+    #[test]
+    fn spans_keep_order_and_never_end_before_they_start() {
+        let r = 5_000_000_000u64;
+        // A run of kernels back to back: starts and ends increase, each
+        // span's duration is its elapsed difference.
+        let times = [(0.010f32, 0.030f32), (0.031, 0.052), (0.052, 0.100)];
+        let spans: Vec<(u64, u64)> = times.iter().map(|&(s, e)| span_ns(r, s, e)).collect();
+        for w in spans.windows(2) {
+            assert!(w[0].0 <= w[1].0 && w[0].1 <= w[1].0, "{spans:?}");
+        }
+        assert_eq!(spans[0], (r + 10_000, r + 30_000));
+        assert_eq!(spans[2].1 - spans[2].0, 48_000);
+        // An end read (by f32 rounding) before its start is clamped.
+        assert_eq!(span_ns(r, 0.5, 0.499), (r + 500_000, r + 500_000));
+    }
+
+    #[test]
+    fn calibration_takes_the_window_midpoint() {
+        let c = Calibration {
+            before_ns: 1_000,
+            after_ns: 9_001,
+        };
+        assert_eq!(c.host_ns(), 5_000);
+        assert_eq!(c.width(), 8_001);
+        // A clock read out of order gives an empty window, not a wrap.
+        let odd = Calibration {
+            before_ns: 10,
+            after_ns: 4,
+        };
+        assert_eq!((odd.host_ns(), odd.width()), (10, 0));
+    }
+
+    #[test]
+    fn f32_milliseconds_resolve_below_a_tenth_of_a_microsecond_within_a_reference() {
+        // The reference is renewed every RECALIBRATE_NS: the coarsest
+        // f32 step of an elapsed time within it is under 100 ns.
+        let ms = (RECALIBRATE_NS as f64 / 1e6) as f32;
+        let step_ns = (f32::from_bits(ms.to_bits() + 1) - ms) as f64 * 1e6;
+        assert!(step_ns < 100.0, "{step_ns}");
+    }
+}
