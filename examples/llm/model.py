@@ -116,6 +116,9 @@ class Fn:
         # shared by all rows (decode_batch_wide, for many rows).
         self.mode = mode
         self.batched = mode in ("batch", "wide")
+        # Set by _step_checks: the i32 vector of rows whose logits a step
+        # call returns (None: every row's, as decode_batch).
+        self.out_rows = None
         self.lines = []
         self.n = 0
 
@@ -126,11 +129,12 @@ class Fn:
     def emit(self, s):
         self.lines.append("    " + s)
 
-    # Shapes: entries are ints, "T" (tokens) or "L" (attended positions).
+    # Shapes: entries are ints, "T" (tokens), "L" (attended positions) or
+    # "O" (the rows a step call returns logits for).
     def dim(self, d):
         if d == "T":
             return "?" if self.t is None else str(self.t)
-        if d == "L":
+        if d in ("L", "O"):
             return "?"
         return str(d)
 
@@ -144,6 +148,8 @@ class Fn:
                 out.append("%T")
             elif d == "L":
                 out.append("%L")
+            elif d == "O":
+                out.append("%O")
         return out
 
     def const(self, value, ty):
@@ -726,28 +732,29 @@ class Fn:
             ],
         )
 
-    def logits_rows(self, x):
-        """x: [T, 576] (normed) -> [T, VOCAB]: `logits` for every row (the
-        same two-halves Q8_0 kernel with a row dimension)."""
+    def logits_rows(self, x, rows="T"):
+        """x: [rows, 576] (normed) -> [rows, VOCAB]: `logits` for every row
+        (the same two-halves Q8_0 kernel with a row dimension)."""
+        size = "%O" if rows == "O" else self.tsize()
         b = DIM // 32
         wty = _global_type("Q8_0", (VOCAB, DIM))
         w = self.fresh("w")
         self.emit(f"{w} = util.global.load @{_sym('token_embd.weight')} : {wty}")
         xe = self.fresh("x")
-        xety = self.ty(["T", b, 32])
-        self.emit(f"{xe} = tensor.expand_shape {x} [[0], [1, 2]] output_shape [{self.tsize()}, {b}, 32] : {self.ty(['T', DIM])} into {xety}")
+        xety = self.ty([rows, b, 32])
+        self.emit(f"{xe} = tensor.expand_shape {x} [[0], [1, 2]] output_shape [{size}, {b}, 32] : {self.ty([rows, DIM])} into {xety}")
         halves = []
         for h in range(2):
             v = self.fresh("x")
             self.emit(
-                f"{v} = tensor.extract_slice {xe}[0, 0, {16 * h}] [{self.tsize()}, {b}, 16] [1, 1, 1] : {xety} to {self.ty(['T', b, 16])}"
+                f"{v} = tensor.extract_slice {xe}[0, 0, {16 * h}] [{size}, {b}, 16] [1, 1, 1] : {xety} to {self.ty([rows, b, 16])}"
             )
             halves.append(v)
         q0, qty = self.slice_bytes(w, wty, VOCAB, b, 34, 2, 16)
         q1, _ = self.slice_bytes(w, wty, VOCAB, b, 34, 18, 16)
         dl, dlty = self.slice_bytes(w, wty, VOCAB, b, 34, 0, 1)
         dh, _ = self.slice_bytes(w, wty, VOCAB, b, 34, 1, 1)
-        xty = self.ty(["T", b, 16])
+        xty = self.ty([rows, b, 16])
         return self.generic(
             ["t", "v", "b", "j"],
             ["parallel", "parallel", "reduction", "reduction"],
@@ -759,7 +766,7 @@ class Fn:
                 (dl, dlty, ["v", "b"], "i8"),
                 (dh, dlty, ["v", "b"], "i8"),
             ],
-            (self.empty(["T", VOCAB], fill="0.0"), ["T", VOCAB], ["t", "v"]),
+            (self.empty([rows, VOCAB], fill="0.0"), [rows, VOCAB], ["t", "v"]),
             lambda a: [
                 *self.f16_lines(a[4], a[5], "%d"),
                 f"%fa = arith.sitofp {a[2]} : i8 to f32",
@@ -810,6 +817,24 @@ class Fn:
                 ],
             )
             x = self.add(x, self.matmul_q4_1(act, p + "ffn_down.weight", DIM, FFN), ["T", DIM])
+        if self.batched and self.out_rows is not None:
+            # A step call: logits for the chosen rows only (a prompt's rows
+            # but its last need none, and the logits kernel is about a fifth
+            # of a 16-row step).
+            xo = self.generic(
+                ["o", "d"],
+                ["parallel"] * 2,
+                [(self.out_rows, self.ty(["O"], "i32"), ["o"], "i32")],
+                (self.empty(["O", DIM]), ["O", DIM], ["o", "d"]),
+                lambda a: [
+                    f"%row = arith.index_cast {a[0]} : i32 to index",
+                    "%d = linalg.index 1 : index",
+                    f"%r = tensor.extract {x}[%row, %d] : {self.ty(['T', DIM])}",
+                    "linalg.yield %r : f32",
+                ],
+            )
+            n = self.rmsnorm(xo, "output_norm.weight", rows="O")
+            return self.logits_rows(n, rows="O")
         if self.batched:
             # Every row is its own sequence: logits for all of them.
             n = self.rmsnorm(x, "output_norm.weight")
@@ -963,6 +988,10 @@ SLOT_CONTEXT = 1024
 # local-sync, 2 cores, 64-token contexts: 4 rows 140 vs 266 ms, 5 rows 196
 # vs 184, 6 rows 292 vs 239, 7 rows 350 vs 280 (decode_batch vs wide).
 WIDE_BATCH_MIN = 5
+# The most rows of one step call (decode rows plus prompt rows). Each row
+# gathers its slot's attended positions ([L, 2, 3, 64] f32 per layer), so
+# the transient memory of a call grows with rows x L.
+STEP_ROWS = 128
 KVB_TYPE = f"tensor<{SLOTS}x{SLOT_CONTEXT}x2x{KV_HEADS}x{HEAD_DIM}xf32>"
 
 
@@ -1023,6 +1052,12 @@ def _batch_checks(f):
     f.emit("}")
     f.emit("%mxi = arith.index_cast %scan#1 : i32 to index")
     f.emit("%L = arith.addi %mxi, %one_idx : index")
+    _kv_indices(f)
+
+
+def _kv_indices(f):
+    """decode_batch's and step's scatter indices `f.kvidx` ([T, 2]: slot,
+    position per row) and gather indices `f.slot_index` ([T, 1]: slot)."""
     idx = f.generic(
         ["t", "c"],
         ["parallel", "parallel"],
@@ -1040,6 +1075,77 @@ def _batch_checks(f):
     f.kvidx = idx
     f.slot_index = "%slot_index"
     f.emit(f"%slot_index = tensor.expand_shape %slotv [[0, 1]] output_shape [%T, 1] : {f.ty(['T'], 'i32')} into {f.ty(['T', 1], 'i32')}")
+
+
+def _step_checks(f):
+    """step's argument checks and bookkeeping: rows sorted by (slot,
+    position) with no pair twice (several rows of one slot are one prompt's
+    tokens: each sees its own slot's positions up to its own, those written
+    by the rows before it in the same call included), 1 <= T <= STEP_ROWS,
+    every slot, position and token in range; `%outv` names 1 <= O <= T
+    rows, strictly increasing, whose logits are returned."""
+    f.emit("%bz0 = arith.constant 0 : index")
+    f.emit("%one_idx = arith.constant 1 : index")
+    f.emit("%T = tensor.dim %slotv, %bz0 : tensor<?xi32>")
+    f.emit("%T_toks = tensor.dim %toks, %bz0 : tensor<?xi32>")
+    f.emit("%T_pos = tensor.dim %posv, %bz0 : tensor<?xi32>")
+    f.emit("%same1 = arith.cmpi eq, %T, %T_toks : index")
+    f.emit("%same2 = arith.cmpi eq, %T, %T_pos : index")
+    f.emit("%same = arith.andi %same1, %same2 : i1")
+    f.emit('cf.assert %same, "slots, toks and pos must have the same length"')
+    f.emit("%has = arith.cmpi uge, %T, %one_idx : index")
+    f.emit('cf.assert %has, "at least one row is needed"')
+    f.emit(f"%nrows = arith.constant {STEP_ROWS} : index")
+    f.emit("%fits_b = arith.cmpi ule, %T, %nrows : index")
+    f.emit(f'cf.assert %fits_b, "more than {STEP_ROWS} rows in one step"')
+    f.emit("%zero_i32 = arith.constant 0 : i32")
+    f.emit("%m1_i32 = arith.constant -1 : i32")
+    f.emit(f"%slots_i32 = arith.constant {SLOTS} : i32")
+    f.emit(f"%cap_i32 = arith.constant {SLOT_CONTEXT} : i32")
+    f.emit(f"%vocab_i32 = arith.constant {VOCAB} : i32")
+    f.emit("%scan:3 = scf.for %b = %bz0 to %T step %one_idx iter_args(%ps = %m1_i32, %pp = %m1_i32, %mx = %zero_i32) -> (i32, i32, i32) {")
+    f.emit("  %s = tensor.extract %slotv[%b] : tensor<?xi32>")
+    f.emit("  %p = tensor.extract %posv[%b] : tensor<?xi32>")
+    f.emit("  %k = tensor.extract %toks[%b] : tensor<?xi32>")
+    f.emit("  %s_lo = arith.cmpi sge, %s, %zero_i32 : i32")
+    f.emit("  %s_hi = arith.cmpi slt, %s, %slots_i32 : i32")
+    f.emit("  %s_ok = arith.andi %s_lo, %s_hi : i1")
+    f.emit(f'  cf.assert %s_ok, "slot id out of range 0..{SLOTS} (slots)"')
+    f.emit("  %p_lo = arith.cmpi sge, %p, %zero_i32 : i32")
+    f.emit('  cf.assert %p_lo, "position must not be negative"')
+    f.emit("  %p_hi = arith.cmpi slt, %p, %cap_i32 : i32")
+    f.emit(f'  cf.assert %p_hi, "position past the KV cache capacity of {SLOT_CONTEXT} per slot (context_length)"')
+    f.emit("  %k_lo = arith.cmpi sge, %k, %zero_i32 : i32")
+    f.emit("  %k_hi = arith.cmpi slt, %k, %vocab_i32 : i32")
+    f.emit("  %k_ok = arith.andi %k_lo, %k_hi : i1")
+    f.emit(f'  cf.assert %k_ok, "token id out of range 0..{VOCAB}"')
+    f.emit("  %s_gt = arith.cmpi sgt, %s, %ps : i32")
+    f.emit("  %s_eq = arith.cmpi eq, %s, %ps : i32")
+    f.emit("  %p_gt = arith.cmpi sgt, %p, %pp : i32")
+    f.emit("  %same_later = arith.andi %s_eq, %p_gt : i1")
+    f.emit("  %ordered = arith.ori %s_gt, %same_later : i1")
+    f.emit('  cf.assert %ordered, "step rows must be sorted by (slot, position), no pair twice"')
+    f.emit("  %mx2 = arith.maxsi %mx, %p : i32")
+    f.emit("  scf.yield %s, %p, %mx2 : i32, i32, i32")
+    f.emit("}")
+    f.emit("%mxi = arith.index_cast %scan#2 : i32 to index")
+    f.emit("%L = arith.addi %mxi, %one_idx : index")
+    f.emit("%O = tensor.dim %outv, %bz0 : tensor<?xi32>")
+    f.emit("%o_has = arith.cmpi uge, %O, %one_idx : index")
+    f.emit("%o_fits = arith.cmpi ule, %O, %T : index")
+    f.emit("%o_ok = arith.andi %o_has, %o_fits : i1")
+    f.emit('cf.assert %o_ok, "out must name 1 to T rows"')
+    f.emit("%T_i32 = arith.index_cast %T : index to i32")
+    f.emit("%oscan = scf.for %b = %bz0 to %O step %one_idx iter_args(%po = %m1_i32) -> (i32) {")
+    f.emit("  %o = tensor.extract %outv[%b] : tensor<?xi32>")
+    f.emit("  %o_gt = arith.cmpi sgt, %o, %po : i32")
+    f.emit("  %o_lt = arith.cmpi slt, %o, %T_i32 : i32")
+    f.emit("  %o_in = arith.andi %o_gt, %o_lt : i1")
+    f.emit('  cf.assert %o_in, "out rows must be increasing row indices below T"')
+    f.emit("  scf.yield %o : i32")
+    f.emit("}")
+    _kv_indices(f)
+    f.out_rows = "%outv"
 
 
 def _slot_checks(f):
@@ -1123,7 +1229,23 @@ def build_batch_mlir():
     out += f.lines
     out.append("  }")
 
-    for name, value in (("slots", SLOTS), ("context_length", SLOT_CONTEXT), ("wide_batch_min", WIDE_BATCH_MIN)):
+    for name, mode in (("step", "batch"), ("step_wide", "wide")):
+        f = Fn(None, mode)
+        _step_checks(f)
+        r = f.forward("%toks")
+        f.emit(f"return {r} : tensor<?x{VOCAB}xf32>")
+        out.append(
+            f"  func.func @{name}(%slotv: tensor<?xi32>, %toks: tensor<?xi32>, %posv: tensor<?xi32>, %outv: tensor<?xi32>) -> tensor<?x{VOCAB}xf32> {{"
+        )
+        out += f.lines
+        out.append("  }")
+
+    for name, value in (
+        ("slots", SLOTS),
+        ("context_length", SLOT_CONTEXT),
+        ("wide_batch_min", WIDE_BATCH_MIN),
+        ("step_rows", STEP_ROWS),
+    ):
         out.append(f"  func.func @{name}() -> i32 {{")
         out.append(f"    %c = arith.constant {value} : i32")
         out.append("    return %c : i32")

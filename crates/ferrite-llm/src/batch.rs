@@ -7,7 +7,10 @@
 //! slots to requests, [`BatchLlm::prefill`]s each prompt into its slot
 //! (whole or in chunks at increasing positions, between decode steps), and
 //! calls [`BatchLlm::decode_batch`] once per step with every running
-//! sequence; sequences join and leave the batch at any step. Slots are
+//! sequence; sequences join and leave the batch at any step. With
+//! [`BatchLlm::step`] prompt tokens ride in the same call as the decode
+//! rows (one pass over the weights for both; logits only for the rows that
+//! need them). Slots are
 //! plain indices: nothing needs freeing, a new prompt prefilled at
 //! position 0 simply replaces what the slot held (attention reads only
 //! positions `0..=pos` of a row's own slot).
@@ -44,12 +47,31 @@ use crate::{chat, check_model, gguf, Result, Status, StatusCode, TextSide, SMOLL
 /// The committed batch program for SmolLM2-135M, compiled from
 /// `examples/llm/model.py` (`build_batch_mlir`): entry points
 /// `prefill_slot`, `decode_slot`, `decode_batch`, `decode_batch_wide`,
-/// `slots`, `context_length`, `wide_batch_min`.
+/// `step`, `step_wide`, `slots`, `context_length`, `wide_batch_min`,
+/// `step_rows`.
 pub static SMOLLM2_BATCH_VMFB: &[u8] = include_bytes!("../../../examples/llm/smollm2_batch.vmfb");
 
 /// One row of a [`BatchLlm::decode_batch`] call: `(slot, token, position)`,
 /// the token to append at `position` of `slot`'s sequence.
 pub type BatchItem = (usize, u32, usize);
+
+/// One row of a [`BatchLlm::step`] call: `token` at position `pos` of
+/// `slot`'s sequence. A running sequence's next token is one row; a prompt
+/// piece is several rows of one slot at consecutive positions (each row
+/// attends to its slot's positions up to its own, those written by the
+/// call's earlier rows included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepRow {
+    /// KV-cache slot.
+    pub slot: usize,
+    /// Token written at `pos`.
+    pub token: u32,
+    /// Its position (positions below it must be in the slot already or
+    /// come earlier in the same call).
+    pub pos: usize,
+    /// Whether the call returns this row's next-token logits.
+    pub logits: bool,
+}
 
 /// A loaded batch program: the `.gguf` as its parameters, `slots()` KV
 /// caches of `context_length()` positions each on the device, and the
@@ -60,12 +82,15 @@ pub struct BatchLlm {
     decode_slot: OwnedFunction,
     decode_batch: OwnedFunction,
     decode_batch_wide: OwnedFunction,
+    /// `step` and `step_wide`, absent from programs built before them.
+    step: Option<(OwnedFunction, OwnedFunction)>,
     session: Session,
     text: TextSide,
     vocab: usize,
     slots: usize,
     context: usize,
     wide_min: usize,
+    step_rows: usize,
     gguf_path: PathBuf,
 }
 
@@ -111,17 +136,30 @@ impl BatchLlm {
         let slots = query_i32(&session, "slots")?;
         let context = query_i32(&session, "context_length")?;
         let wide_min = query_i32(&session, "wide_batch_min")?;
+        // A program file built before the mixed step (e.g. a cuda program
+        // compiled earlier) still serves, prompts going through
+        // prefill_slot.
+        let (step, step_rows) = match session.function_owned("step") {
+            Ok(f) => (
+                Some((f, session.function_owned("step_wide")?)),
+                query_i32(&session, "step_rows")?,
+            ),
+            Err(e) if e.code() == StatusCode::NotFound => (None, 0),
+            Err(e) => return Err(e),
+        };
         Ok(BatchLlm {
             prefill_slot: session.function_owned("prefill_slot")?,
             decode_slot: session.function_owned("decode_slot")?,
             decode_batch: session.function_owned("decode_batch")?,
             decode_batch_wide: session.function_owned("decode_batch_wide")?,
+            step,
             session,
             text,
             vocab: SMOLLM2_135M.vocab as usize,
             slots,
             context,
             wide_min,
+            step_rows,
             gguf_path: path.to_path_buf(),
         })
     }
@@ -143,6 +181,12 @@ impl BatchLlm {
     /// cheaper for a few rows); both give the same tokens.
     pub fn wide_batch_min(&self) -> usize {
         self.wide_min
+    }
+
+    /// The most rows one [`BatchLlm::step`] takes; 0 when the program has
+    /// no `step` entry point (built before it).
+    pub fn step_rows(&self) -> usize {
+        self.step_rows
     }
 
     /// Logits per row (the vocabulary size).
@@ -340,6 +384,133 @@ impl BatchLlm {
                     "decode_batch returned {} logits for {} rows of {}",
                     flat.len(),
                     items.len(),
+                    self.vocab
+                ),
+            ));
+        }
+        Ok(flat.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// One pass of the model over `rows` (decode rows and prompt pieces of
+    /// any slots, in any order; 1 to [`BatchLlm::step_rows`] rows, no
+    /// `(slot, pos)` twice): writes every row's K/V into its slot and
+    /// returns the next-token logits of the rows with `logits` set, in the
+    /// order of `rows`. The weights are read once for all rows, so prompt
+    /// tokens cost little more than the matrix products of their rows; a
+    /// prompt piece needs logits only on a prompt's last token.
+    pub fn step(&self, rows: &[StepRow]) -> Result<Vec<Vec<f32>>> {
+        let Some((step, step_wide)) = &self.step else {
+            return Err(Status::new(
+                StatusCode::Unimplemented,
+                "the batch program has no step entry point (rebuild it from examples/llm/model.py)",
+            ));
+        };
+        if rows.is_empty() || rows.len() > self.step_rows {
+            return Err(Status::new(
+                StatusCode::InvalidArgument,
+                format!(
+                    "step takes 1 to {} rows, got {}",
+                    self.step_rows,
+                    rows.len()
+                ),
+            ));
+        }
+        for r in rows {
+            self.check_slot(r.slot)?;
+            self.check_token(r.token)?;
+            if r.pos >= self.context {
+                return Err(Status::new(
+                    StatusCode::OutOfRange,
+                    format!(
+                        "position {} of slot {} is past the context of {} positions per slot",
+                        r.pos, r.slot, self.context
+                    ),
+                ));
+            }
+        }
+        // The program takes the rows sorted by (slot, position) (so that
+        // it can check in one pass that no pair comes twice).
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by_key(|&i| (rows[i].slot, rows[i].pos));
+        for w in order.windows(2) {
+            let (a, b) = (rows[w[0]], rows[w[1]]);
+            if (a.slot, a.pos) == (b.slot, b.pos) {
+                return Err(Status::new(
+                    StatusCode::InvalidArgument,
+                    format!(
+                        "slot {} position {} appears twice in one step",
+                        a.slot, a.pos
+                    ),
+                ));
+            }
+        }
+        let wanted = rows.iter().filter(|r| r.logits).count();
+        if rows.len() == 1 {
+            // One row: the program's static one-row kernels.
+            let r = rows[0];
+            let out = self.decode_slot.call(&[
+                Value::I32(r.slot as i32),
+                Value::I32(r.token as i32),
+                Value::I32(r.pos as i32),
+            ])?;
+            let logits = self.logits_rows(first_tensor(out)?, 1)?;
+            return Ok(if r.logits { logits } else { Vec::new() });
+        }
+        let (mut slots, mut toks, mut pos, mut out) = (
+            Vec::with_capacity(rows.len()),
+            Vec::with_capacity(rows.len()),
+            Vec::with_capacity(rows.len()),
+            Vec::with_capacity(wanted),
+        );
+        // back[k]: where the k-th returned row goes in the answer.
+        let mut back = Vec::with_capacity(wanted);
+        for (sorted, &i) in order.iter().enumerate() {
+            let r = rows[i];
+            slots.push(r.slot as i32);
+            toks.push(r.token as i32);
+            pos.push(r.pos as i32);
+            if r.logits {
+                out.push(sorted as i32);
+                back.push(rows[..i].iter().filter(|r| r.logits).count());
+            }
+        }
+        if out.is_empty() {
+            // The program returns at least one row: take the last one's
+            // and drop it.
+            out.push(rows.len() as i32 - 1);
+        }
+        let entry = if rows.len() >= self.wide_min {
+            step_wide
+        } else {
+            step
+        };
+        let n = rows.len() as u64;
+        let result = entry.call(&[
+            Value::from(Tensor::from_i32(&[n], &slots)?),
+            Value::from(Tensor::from_i32(&[n], &toks)?),
+            Value::from(Tensor::from_i32(&[n], &pos)?),
+            Value::from(Tensor::from_i32(&[out.len() as u64], &out)?),
+        ])?;
+        let got = self.logits_rows(first_tensor(result)?, out.len())?;
+        if wanted == 0 {
+            return Ok(Vec::new());
+        }
+        let mut answer = vec![Vec::new(); wanted];
+        for (row, k) in got.into_iter().zip(back) {
+            answer[k] = row;
+        }
+        Ok(answer)
+    }
+
+    /// Splits a returned logits tensor into `n` rows of the vocabulary.
+    fn logits_rows(&self, t: Tensor, n: usize) -> Result<Vec<Vec<f32>>> {
+        let flat = t.to_f32_vec()?;
+        if flat.len() != n * self.vocab {
+            return Err(Status::new(
+                StatusCode::Internal,
+                format!(
+                    "the program returned {} logits for {n} rows of {}",
+                    flat.len(),
                     self.vocab
                 ),
             ));

@@ -43,7 +43,7 @@ use ferrite::{Instance, Session, Tensor, Value};
 pub use ferrite::{Result, Status, StatusCode};
 use ferrite_tokenizer::{DecodeStream, Tokenizer};
 
-pub use batch::{BatchLlm, SMOLLM2_BATCH_VMFB};
+pub use batch::{BatchLlm, StepRow, SMOLLM2_BATCH_VMFB};
 pub use sampling::Sampling;
 
 /// The committed program for SmolLM2-135M (llama architecture, Q4_1 matrices

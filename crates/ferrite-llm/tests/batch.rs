@@ -17,7 +17,7 @@
 
 use std::path::PathBuf;
 
-use ferrite_llm::{BatchLlm, Llm, Options, Sampling, StatusCode};
+use ferrite_llm::{BatchLlm, Llm, Options, Sampling, StatusCode, StepRow};
 
 /// Greedy tokens per prompt (the issue asks for at least 16).
 const TOKENS: usize = 16;
@@ -181,6 +181,95 @@ fn batched_greedy_equals_single_local_task() {
     batch_equals_single("local-task", true);
 }
 
+/// The three prompts through `BatchLlm::step` alone: the first prefilled
+/// by itself (16 rows, `step_wide`); the third's 3 tokens beside the first's
+/// decode row (4 rows: `step`); the second in pieces of 5 beside the
+/// decode rows, its rows given in reverse order, its first pieces without
+/// logits. Greedy ids equal `Llm::generate`'s.
+fn mixed_steps_equal_single(device: &str) {
+    let want: Vec<Vec<u32>> = prompts().iter().map(|p| single_greedy(device, p)).collect();
+    let llm = BatchLlm::load(gguf(), device).expect("load the batch program");
+    assert!(llm.step_rows() >= 16, "the program has no step entry point");
+    // Slot 7 holds a stale sequence first.
+    let stale = llm
+        .encode("Once upon a time there was a dragon who")
+        .unwrap();
+    llm.prefill(7, &stale, 0).unwrap();
+    let ps = prompts();
+    let slots = [7, 0, llm.slots() - 1];
+    let mut ids: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    let mut fed = [0usize; 3];
+    // Prompt 0 joins at step 0, prompt 2 at step 1, prompt 1 at step 2.
+    let joins = [0, 2, 1];
+    let mut step = 0;
+    while ids.iter().any(|v| v.len() < TOKENS) {
+        let mut rows = Vec::new();
+        let mut owner = Vec::new();
+        for i in 0..3 {
+            if ids[i].is_empty() && joins[i] <= step {
+                // A prompt piece: whole, or 5 tokens for prompt 1.
+                let n = if i == 1 { 5 } else { ps[i].len() };
+                let end = (fed[i] + n).min(ps[i].len());
+                let mut piece: Vec<StepRow> = (fed[i]..end)
+                    .map(|p| StepRow {
+                        slot: slots[i],
+                        token: ps[i][p],
+                        pos: p,
+                        logits: p + 1 == ps[i].len(),
+                    })
+                    .collect();
+                if i == 1 {
+                    piece.reverse();
+                }
+                if end == ps[i].len() {
+                    owner.push(i);
+                }
+                rows.extend(piece);
+                fed[i] = end;
+            } else if !ids[i].is_empty() && ids[i].len() < TOKENS {
+                rows.push(StepRow {
+                    slot: slots[i],
+                    token: *ids[i].last().unwrap(),
+                    pos: fed[i],
+                    logits: true,
+                });
+                fed[i] += 1;
+                owner.push(i);
+            }
+        }
+        // Logits come back in the order of the rows that asked.
+        let mut asked: Vec<(usize, usize)> = Vec::new();
+        let mut k = 0;
+        for r in &rows {
+            if r.logits {
+                let i = slots.iter().position(|&s| s == r.slot).unwrap();
+                asked.push((k, i));
+                k += 1;
+            }
+        }
+        let got = llm.step(&rows).unwrap();
+        assert_eq!(got.len(), asked.len());
+        assert_eq!(owner.len(), asked.len());
+        for (k, i) in asked {
+            assert_eq!(got[k].len(), llm.vocab_size());
+            ids[i].push(argmax(&got[k]));
+        }
+        step += 1;
+    }
+    for (i, want) in want.iter().enumerate() {
+        assert_eq!(
+            &ids[i], want,
+            "{device}: prompt {i}: ids from step differ from Llm::generate's"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the .gguf (FERRITE_LLM_GGUF); scripts/test.sh runs it with --ignored"]
+fn mixed_steps_equal_single_local_task() {
+    mixed_steps_equal_single("local-task");
+}
+
 fn err<T>(r: ferrite_llm::Result<T>) -> String {
     match r {
         Ok(_) => panic!("expected an error"),
@@ -215,6 +304,26 @@ fn bad_slots_positions_and_batches_are_clear_errors() {
     let too_many: Vec<_> = (0..=s).map(|i| (i % s, 504, 0)).collect();
     let r = llm.decode_batch(&too_many);
     assert_eq!(r.err().unwrap().code(), StatusCode::InvalidArgument);
+    let row = |slot, pos| StepRow {
+        slot,
+        token: 504,
+        pos,
+        logits: true,
+    };
+    let e = err(llm.step(&[row(3, 0), row(2, 0), row(3, 0)]));
+    assert!(e.contains("slot 3 position 0 appears twice"), "{e}");
+    let e = err(llm.step(&[]));
+    assert!(e.contains("1 to"), "{e}");
+    let e = err(llm.step(&[row(1, c)]));
+    assert!(
+        e.contains(&format!("position {c} of slot 1 is past")),
+        "{e}"
+    );
+    let too_many: Vec<_> = (0..=llm.step_rows()).map(|p| row(0, p)).collect();
+    assert_eq!(
+        llm.step(&too_many).err().unwrap().code(),
+        StatusCode::InvalidArgument
+    );
     // The engine still works after the refusals.
     let l = llm.prefill(0, &[504, 3575], 0).unwrap();
     assert_eq!(llm.decode_batch(&[(0, argmax(&l), 2)]).unwrap().len(), 1);
