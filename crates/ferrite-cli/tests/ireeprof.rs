@@ -166,15 +166,35 @@ fn check(device: &str, workers: &[&str]) {
     );
 
     // Two queue allocations (1 KiB, 2 KiB), the 2 KiB one released by the
-    // program: paired into two lifetimes, one still open at the end.
+    // program: paired into two lifetimes, one still open at the end. The
+    // queue pool served both from fresh blocks (two slabs, kept by the pool
+    // at the end) and took both back (the 1 KiB result when the tool
+    // dropped it): six lifetimes, three open.
     let memory = profile("memory", &file);
     assert!(memory.contains("queue_alloca/dealloca=2/1"), "{memory}");
-    assert_eq!(
-        field(&memory, "events:", "allocation_lifecycles"),
-        "2",
+    assert!(memory.contains("slab_acquire/release=2/0"), "{memory}");
+    assert!(
+        memory.contains("pool_reserve/materialize/release/wait=2/2/2/0"),
         "{memory}"
     );
-    assert_eq!(field(&memory, "events:", "open_lifecycles"), "1");
+    assert_eq!(
+        field(&memory, "events:", "allocation_lifecycles"),
+        "6",
+        "{memory}"
+    );
+    assert_eq!(field(&memory, "events:", "open_lifecycles"), "3");
+    for (key, want) in [
+        ("open_at_end", "0"),
+        ("peak_open", "2"),
+        ("high_water_bytes", "3072"),
+        ("closed_bytes", "3072"),
+    ] {
+        assert_eq!(
+            field(&memory, "pool_reservations:", key),
+            want,
+            "{key}: {memory}"
+        );
+    }
     for (key, want) in [
         ("open_at_end", "1"),
         ("peak_open", "2"),
@@ -314,6 +334,106 @@ fn command_and_allocation_records_equal_upstreams() {
             let ours =
                 commands_and_allocations(&bundle_of("ferrite", device, mlir, function, inputs));
             assert_eq!(ours, upstream, "{mlir} on {device}");
+        }
+    }
+}
+
+/// The `memory_event` records of `iree-profile memory --format=jsonl` as
+/// (type, result, allocation id, backing id).
+fn memory_events(file: &Path) -> Vec<(String, i64, u64, u64)> {
+    ok(Command::new(venv_tool("iree-profile"))
+        .args(["memory", "--format=jsonl"])
+        .arg(file))
+    .lines()
+    .filter(|l| l.contains(r#""type":"memory_event""#))
+    .map(|l| {
+        let num = |key: &str| -> i64 {
+            let at = l.find(&format!("\"{key}\":")).expect(key) + key.len() + 3;
+            l[at..].split([',', '}']).next().unwrap().parse().unwrap()
+        };
+        let kind = l.split(r#""event_type":""#).nth(1).unwrap();
+        (
+            kind[..kind.find('"').unwrap()].to_string(),
+            num("result"),
+            num("allocation_id") as u64,
+            num("backing_id") as u64,
+        )
+    })
+    .collect()
+}
+
+/// A program that allocates, frees and allocates the same sizes again
+/// (three calls of two_matmuls: a warm-up and two timed): the pool's events
+/// show the first call's two fresh blocks and their reuse by the later
+/// calls, with counts and peaks as they happened, on both CPU devices.
+#[test]
+fn pool_reuse_shows_in_memory_events() {
+    for device in ["local-sync", "local-task"] {
+        let path = workspace_root().join(format!(
+            "target/test-programs/profile_reuse_{device}.ireeprof"
+        ));
+        let _ = std::fs::remove_file(&path);
+        ok(Command::new(env!("CARGO_BIN_EXE_ferrite"))
+            .arg("benchmark-module")
+            .arg(format!("--module={}", program().display()))
+            .arg(format!("--device={device}"))
+            .args([
+                "--function=two_matmuls",
+                "--input=32x64xf32=1",
+                "--input=64x16xf32=1",
+                "--input=16x8xf32=1",
+                "--benchmark_min_time=2x",
+                "--device_profiling_mode=memory-events",
+            ])
+            .arg(format!("--device_profiling_output={}", path.display())));
+        let memory = profile("memory", &path);
+        for counts in [
+            "slab_acquire/release=2/0",
+            "pool_reserve/materialize/release/wait=6/6/6/0",
+            "queue_alloca/dealloca=6/3",
+        ] {
+            assert!(memory.contains(counts), "{device}: {counts} in\n{memory}");
+        }
+        // Never more than one call's two blocks (1 KiB + 2 KiB) at once.
+        for (line, key, want) in [
+            ("pool_reservations:", "peak_open", "2"),
+            ("pool_reservations:", "high_water_bytes", "3072"),
+            ("pool_reservations:", "opened_bytes", "9216"),
+            ("pool_reservations:", "closed_bytes", "9216"),
+            ("slab_provider_events:", "current_bytes", "3072"),
+        ] {
+            assert_eq!(
+                field(&memory, line, key),
+                want,
+                "{device} {line} {key}: {memory}"
+            );
+        }
+        let events = memory_events(&path);
+        let reserves: Vec<&(String, i64, u64, u64)> =
+            events.iter().filter(|e| e.0 == "pool_reserve").collect();
+        // Upstream's acquire results: 1 a fresh block, 0 a reused one.
+        let results: Vec<i64> = reserves.iter().map(|e| e.1).collect();
+        assert_eq!(results, [1, 1, 0, 0, 0, 0], "{device}: {events:?}");
+        // A reused block is one of the fresh ones (same backing), each
+        // block reused by one allocation per later call.
+        for r in &reserves[2..] {
+            assert!(
+                reserves[..2].iter().any(|f| f.3 == r.3),
+                "{device}: {r:?} reuses no fresh block: {events:?}"
+            );
+        }
+        assert_ne!(reserves[0].3, reserves[1].3);
+        // Each reservation has the allocation id of the queue alloca it
+        // served, and its block goes back under the same id.
+        for r in &reserves {
+            for kind in ["queue_alloca", "pool_materialize", "pool_release"] {
+                assert_eq!(
+                    events.iter().filter(|e| e.0 == kind && e.2 == r.2).count(),
+                    1,
+                    "{device}: {kind} of allocation {}: {events:?}",
+                    r.2
+                );
+            }
         }
     }
 }

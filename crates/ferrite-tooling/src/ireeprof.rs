@@ -27,7 +27,15 @@
 //! - `memory-events`: queue allocations and releases, each with an
 //!   allocation id that pairs a release with its allocation (the
 //!   recording names allocations by address, which a later allocation may
-//!   reuse once released; ids are given in time order).
+//!   reuse once released; ids are given in time order); and what the queue
+//!   pool did for them (`ferrite_hal::allocator`'s pool events): a fresh
+//!   block from the host (slab acquire), the block taken for an allocation
+//!   (pool reserve, its result upstream's `OK` when a released block was
+//!   reused and `OK_FRESH` for a fresh one), the block becoming the buffer
+//!   (pool materialize), the allocation's block going back (pool release)
+//!   and blocks returned to the host (slab release), each with the pool's
+//!   state after it (bytes reserved, free, committed; reservations; blocks).
+//!   A reservation has the allocation id of the queue allocation it served.
 //!
 //! Command buffers: the recording describes each command buffer the first
 //! time it executes ([`ferrite_hal::command_trace`]); the bundle writes
@@ -64,6 +72,15 @@ const CT_COMMAND_BUFFERS: &str = "application/vnd.iree.hal.profile.command-buffe
 const CT_COMMAND_OPERATIONS: &str = "application/vnd.iree.hal.profile.command-operations";
 const CT_QUEUE_EVENTS: &str = "application/vnd.iree.hal.profile.queue-events";
 const CT_HOST_EXECUTION: &str = "application/vnd.iree.hal.profile.host-execution-events";
+const CT_CLOCK_CORRELATIONS: &str = "application/vnd.iree.hal.profile.clock-correlations";
+const CT_DISPATCH_EVENTS: &str = "application/vnd.iree.hal.profile.dispatch-events";
+
+/// Clock correlation flags: the record holds a device tick, and the host
+/// time window around its sample.
+const CLOCK_FLAG_DEVICE_TICK: u32 = 1;
+const CLOCK_FLAG_HOST_TIME_BRACKET: u32 = 1 << 3;
+/// Dispatch event flag: the dispatch came from a command buffer.
+const DISPATCH_FLAG_COMMAND_BUFFER: u32 = 1;
 const CT_MEMORY_EVENTS: &str = "application/vnd.iree.hal.profile.memory-events";
 
 /// Queue event types (upstream's numbering).
@@ -99,9 +116,20 @@ fn command_operation_type(op: &str) -> u32 {
 /// Host execution event flag: the work came from a command buffer.
 const HOST_EXECUTION_FLAG_COMMAND_BUFFER: u32 = 1;
 
+const MEMORY_SLAB_ACQUIRE: u32 = 1;
+const MEMORY_SLAB_RELEASE: u32 = 2;
+const MEMORY_POOL_RESERVE: u32 = 3;
+const MEMORY_POOL_MATERIALIZE: u32 = 4;
+const MEMORY_POOL_RELEASE: u32 = 5;
 const MEMORY_QUEUE_ALLOCA: u32 = 7;
 const MEMORY_QUEUE_DEALLOCA: u32 = 8;
 const MEMORY_FLAG_QUEUE_OPERATION: u32 = 1;
+const MEMORY_FLAG_POOL_RESERVATION: u32 = 1 << 3;
+const MEMORY_FLAG_POOL_STATS: u32 = 1 << 4;
+/// Pool acquire results (upstream's `iree_hal_pool_acquire_result_t`): a
+/// block an earlier allocation released, and one never used before.
+const POOL_ACQUIRE_OK: u32 = 0;
+const POOL_ACQUIRE_OK_FRESH: u32 = 1;
 /// `DEVICE_LOCAL | HOST_VISIBLE`-style CPU memory, as upstream's CPU
 /// devices report their queue pool.
 const CPU_MEMORY_TYPE: u64 = 0x32;
@@ -210,20 +238,33 @@ impl Bytes {
 
 /// Appends one record: its 104-byte header, content type, name, payload.
 fn record(out: &mut Vec<u8>, kind: u16, content_type: &str, name: &str, payload: &[u8]) {
+    record_of(out, kind, content_type, name, payload, None);
+}
+
+/// [`record`] of a chunk that belongs to one device's queue 0 (`device`:
+/// its ordinal, which is also its queue's stream id), or spans devices.
+fn record_of(
+    out: &mut Vec<u8>,
+    kind: u16,
+    content_type: &str,
+    name: &str,
+    payload: &[u8],
+    device: Option<u32>,
+) {
     let total = RECORD_HEADER_LEN as u64 + (content_type.len() + name.len() + payload.len()) as u64;
     let mut h = Bytes(Vec::with_capacity(RECORD_HEADER_LEN as usize));
     h.u64(total)
         .u64(payload.len() as u64)
         .u64(1) // session id
-        .u64(0) // stream id
+        .u64(device.map_or(0, u64::from)) // stream id
         .u64(0) // event id
         .u64(0) // executable id
         .u64(0) // command buffer id
         .u32(RECORD_HEADER_LEN)
         .u32(content_type.len() as u32)
         .u32(name.len() as u32)
-        .u32(u32::MAX) // physical device ordinal: the chunk spans devices
-        .u32(u32::MAX) // queue ordinal
+        .u32(device.unwrap_or(u32::MAX)) // physical device ordinal (MAX: all)
+        .u32(device.map_or(u32::MAX, |_| 0)) // queue ordinal
         .u32(0) // padding before the 64-bit chunk flags
         .u64(0) // chunk flags
         .u64(0) // dropped records
@@ -361,7 +402,11 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
         "barrier" => 0,
         _ => 1,
     };
-    let allocation_ids = allocation_ids(&queue_ops);
+    // The queue pool's events, in time order (recorded as they happen).
+    let mut memory_ops: Vec<&Event> = trace.events.iter().filter(|e| e.cat == "memory").collect();
+    memory_ops.sort_by_key(|e| e.ts_ns);
+    let timeline = memory_timeline(&queue_ops, &memory_ops);
+    let (allocation_ids, memory_ids) = lifecycle_ids(&queue_ops, &memory_ops, &timeline);
 
     let mut out = Vec::new();
     let mut h = Bytes(Vec::new());
@@ -567,9 +612,30 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
                 );
             }
         }
+        // Dispatches timed by the device (cuda) are device events, per
+        // device; the others host execution events.
+        let mut device_dispatches: BTreeMap<u32, Bytes> = BTreeMap::new();
         for (d, (exec, command)) in dispatches.iter().zip(&placed) {
-            event_id += 1;
             let cb = exec.map_or(0, |i| command_buffer_of(queue_ops[i]));
+            if device_timed(d) {
+                if families.dispatch_events {
+                    let p = device_dispatches
+                        .entry(device_of(d))
+                        .or_insert_with(|| Bytes(Vec::new()));
+                    let id = p.0.len() as u64 / DISPATCH_EVENT_LEN as u64 + 1;
+                    dispatch_event(
+                        p,
+                        d,
+                        id,
+                        exec.map_or(0, submission),
+                        cb,
+                        executable_id(u64_arg(d, "executable")),
+                        command.unwrap_or(u32::MAX),
+                    );
+                }
+                continue;
+            }
+            event_id += 1;
             host_execution(
                 &mut p,
                 HostExecution {
@@ -601,44 +667,104 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
             );
         }
         record(&mut out, RECORD_CHUNK, CT_HOST_EXECUTION, &name, &p.0);
+        if !device_dispatches.is_empty() {
+            clock_correlations(&mut out, trace, &name);
+        }
+        for (device, p) in device_dispatches {
+            record_of(
+                &mut out,
+                RECORD_CHUNK,
+                CT_DISPATCH_EVENTS,
+                &name,
+                &p.0,
+                Some(device),
+            );
+        }
     }
 
     if families.memory_events {
-        let mut p = Bytes(Vec::new());
-        let mut event_id = 0u64;
+        // The queue operations that opened and closed each allocation id,
+        // so the pool events serving them carry their submission.
+        let mut alloca_of: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut dealloca_of: BTreeMap<u64, u64> = BTreeMap::new();
         for (i, e) in queue_ops.iter().enumerate() {
-            let kind = match e.name.as_str() {
-                "alloca" => MEMORY_QUEUE_ALLOCA,
-                "dealloca" => MEMORY_QUEUE_DEALLOCA,
-                _ => continue,
+            match e.name.as_str() {
+                "alloca" => alloca_of.insert(allocation_ids[i], submission(i)),
+                "dealloca" => dealloca_of.insert(allocation_ids[i], submission(i)),
+                _ => None,
             };
-            event_id += 1;
-            let dev = device_of(e);
-            p.u32(160)
-                .u32(kind)
-                .u32(MEMORY_FLAG_QUEUE_OPERATION)
-                .u32(u32::MAX) // result: not applicable
-                .u64(event_id)
-                .u64(e.ts_ns)
-                .u64(allocation_ids[i])
-                .u64(dev as u64 + 1) // pool: the device's queue pool
-                .u64(u64_arg(e, "allocation").unwrap_or(0)) // backing: its address
-                .u64(submission(i))
-                .u32(dev)
-                .u32(0)
-                .u32(0)
-                .u32(0)
-                .u64(CPU_MEMORY_TYPE)
-                .u64(0)
-                .u64(0)
-                .u64(u64_arg(e, "bytes").unwrap_or(0))
-                .u64(0)
-                .u64(0)
-                .u64(0)
-                .u64(0)
-                .u64(0)
-                .u32(0)
-                .u32(0);
+        }
+        let mut p = Bytes(Vec::new());
+        for (n, &(is_queue, i)) in timeline.iter().enumerate() {
+            let event_id = n as u64 + 1;
+            if is_queue {
+                let e = queue_ops[i];
+                let dev = device_of(e);
+                memory_event(
+                    &mut p,
+                    MemoryEvent {
+                        kind: if e.name == "alloca" {
+                            MEMORY_QUEUE_ALLOCA
+                        } else {
+                            MEMORY_QUEUE_DEALLOCA
+                        },
+                        flags: MEMORY_FLAG_QUEUE_OPERATION,
+                        result: u32::MAX,
+                        event_id,
+                        ts_ns: e.ts_ns,
+                        allocation: allocation_ids[i],
+                        device: dev,
+                        backing: u64_arg(e, "allocation").unwrap_or(0),
+                        submission: submission(i),
+                        length: u64_arg(e, "bytes").unwrap_or(0),
+                        pool_stats: None,
+                    },
+                );
+                continue;
+            }
+            let e = memory_ops[i];
+            let id = memory_ids[i];
+            let (kind, queue_op) = match e.name.as_str() {
+                "slab_acquire" => (MEMORY_SLAB_ACQUIRE, None),
+                "slab_release" => (MEMORY_SLAB_RELEASE, None),
+                "pool_reserve" => (MEMORY_POOL_RESERVE, alloca_of.get(&id)),
+                "pool_materialize" => (MEMORY_POOL_MATERIALIZE, alloca_of.get(&id)),
+                _ => (MEMORY_POOL_RELEASE, dealloca_of.get(&id)),
+            };
+            let mut flags = MEMORY_FLAG_POOL_STATS;
+            if kind != MEMORY_SLAB_ACQUIRE && kind != MEMORY_SLAB_RELEASE {
+                flags |= MEMORY_FLAG_POOL_RESERVATION;
+            }
+            if queue_op.is_some() {
+                flags |= MEMORY_FLAG_QUEUE_OPERATION;
+            }
+            let result = match (kind, u64_arg(e, "reused")) {
+                (MEMORY_POOL_RESERVE, Some(0)) => POOL_ACQUIRE_OK_FRESH,
+                (MEMORY_POOL_RESERVE, Some(_)) => POOL_ACQUIRE_OK,
+                _ => u32::MAX,
+            };
+            let arg = |key| u64_arg(e, key).unwrap_or(0);
+            memory_event(
+                &mut p,
+                MemoryEvent {
+                    kind,
+                    flags,
+                    result,
+                    event_id,
+                    ts_ns: e.ts_ns,
+                    allocation: id,
+                    device: device_of(e),
+                    backing: arg("backing"),
+                    submission: queue_op.copied().unwrap_or(0),
+                    length: arg("bytes"),
+                    pool_stats: Some([
+                        arg("pool_reserved"),
+                        arg("pool_free"),
+                        arg("pool_reservations"),
+                        arg("pool_slabs"),
+                    ]),
+                },
+            );
         }
         record(&mut out, RECORD_CHUNK, CT_MEMORY_EVENTS, &name, &p.0);
     }
@@ -649,33 +775,156 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
     out
 }
 
+/// Queue allocations and releases (`true`, index into `queue_ops`) and
+/// pool events (`false`, index into `memory`) in one time order; on equal
+/// times pool events first (a pool reserves before its `alloca` is noted).
+fn memory_timeline(queue_ops: &[&Event], memory: &[&Event]) -> Vec<(bool, usize)> {
+    let mut order: Vec<(u64, bool, usize)> = memory
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.ts_ns, false, i))
+        .chain(
+            queue_ops
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| matches!(e.name.as_str(), "alloca" | "dealloca"))
+                .map(|(i, e)| (e.ts_ns, true, i)),
+        )
+        .collect();
+    order.sort();
+    order.into_iter().map(|(_, q, i)| (q, i)).collect()
+}
+
 /// The allocation id of each queue operation (0 for those that are not
-/// allocations or releases): an allocation opens one, in time order; a
-/// release closes the open one of the same address, or gets its own when
-/// the allocation was made before the recording began. Addresses are
-/// reused once released, ids never.
-fn allocation_ids(queue_ops: &[&Event]) -> Vec<u64> {
-    let mut ids = vec![0u64; queue_ops.len()];
+/// allocations or releases) and of each pool event, walking `timeline`
+/// ([`memory_timeline`]).
+///
+/// A queue allocation opens one, in time order; a release closes the open
+/// one of the same address, or gets its own when the allocation was made
+/// before the recording began. Addresses are reused once released, ids
+/// never. A pool reservation opens an id that its block's materialize and
+/// release share and that the queue allocation it served (same allocation
+/// address, next in time) takes over; a fresh block (slab) has its own id
+/// from its acquisition to its return to the host.
+fn lifecycle_ids(
+    queue_ops: &[&Event],
+    memory: &[&Event],
+    timeline: &[(bool, usize)],
+) -> (Vec<u64>, Vec<u64>) {
+    let mut queue_ids = vec![0u64; queue_ops.len()];
+    let mut memory_ids = vec![0u64; memory.len()];
+    let mut new_id = {
+        let mut next = 0u64;
+        move || {
+            next += 1;
+            next
+        }
+    };
+    // Open queue allocations and reservations not yet taken over by their
+    // alloca, by allocation address; open reservations and slabs by block.
     let mut open: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut next = 0u64;
-    for (i, e) in queue_ops.iter().enumerate() {
-        let Some(key) = u64_arg(e, "allocation") else {
+    let mut reserved: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut reservations: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut slabs: BTreeMap<u64, u64> = BTreeMap::new();
+    for &(is_queue, i) in timeline {
+        if is_queue {
+            let e = queue_ops[i];
+            let Some(key) = u64_arg(e, "allocation") else {
+                continue;
+            };
+            queue_ids[i] = match e.name.as_str() {
+                "alloca" => {
+                    let id = reserved.remove(&key).unwrap_or_else(&mut new_id);
+                    open.insert(key, id);
+                    id
+                }
+                "dealloca" => open.remove(&key).unwrap_or_else(&mut new_id),
+                _ => 0,
+            };
+            continue;
+        }
+        let e = memory[i];
+        let Some(block) = u64_arg(e, "backing") else {
             continue;
         };
-        ids[i] = match e.name.as_str() {
-            "alloca" => {
-                next += 1;
-                open.insert(key, next);
-                next
+        memory_ids[i] = match e.name.as_str() {
+            "slab_acquire" => {
+                let id = new_id();
+                slabs.insert(block, id);
+                id
             }
-            "dealloca" => open.remove(&key).unwrap_or_else(|| {
-                next += 1;
-                next
-            }),
+            "slab_release" => slabs.remove(&block).unwrap_or_else(&mut new_id),
+            "pool_reserve" => {
+                let id = new_id();
+                reservations.insert(block, id);
+                if let Some(a) = u64_arg(e, "allocation") {
+                    reserved.insert(a, id);
+                }
+                id
+            }
+            "pool_materialize" => reservations
+                .get(&block)
+                .copied()
+                .unwrap_or_else(&mut new_id),
+            "pool_release" => {
+                let id = reservations.remove(&block).unwrap_or_else(&mut new_id);
+                // A reservation no alloca took over (an allocation made
+                // from the pool directly) ends here too.
+                reserved.retain(|_, v| *v != id);
+                id
+            }
             _ => 0,
         };
     }
-    ids
+    (queue_ids, memory_ids)
+}
+
+/// The fields of one memory event.
+struct MemoryEvent {
+    kind: u32,
+    flags: u32,
+    result: u32,
+    event_id: u64,
+    ts_ns: u64,
+    allocation: u64,
+    device: u32,
+    backing: u64,
+    submission: u64,
+    length: u64,
+    /// The pool's state after the event: bytes reserved, bytes free,
+    /// reservations, blocks (committed bytes are reserved plus free).
+    pool_stats: Option<[u64; 4]>,
+}
+
+/// One memory event (160 bytes, upstream's layout). The pool is the
+/// device's queue pool (id: device ordinal + 1).
+fn memory_event(p: &mut Bytes, m: MemoryEvent) {
+    let [reserved, free, reservations, slabs] = m.pool_stats.unwrap_or_default();
+    p.u32(160)
+        .u32(m.kind)
+        .u32(m.flags)
+        .u32(m.result)
+        .u64(m.event_id)
+        .u64(m.ts_ns)
+        .u64(m.allocation)
+        .u64(m.device as u64 + 1)
+        .u64(m.backing)
+        .u64(m.submission)
+        .u32(m.device)
+        .u32(0)
+        .u32(0) // frontier entries
+        .u32(0)
+        .u64(CPU_MEMORY_TYPE)
+        .u64(0) // buffer usage
+        .u64(0) // offset in the block
+        .u64(m.length)
+        .u64(0) // alignment
+        .u64(reserved)
+        .u64(free)
+        .u64(reserved + free)
+        .u64(0) // budget: the pool caps what it keeps, not what it hands out
+        .u32(reservations as u32)
+        .u32(slabs as u32);
 }
 
 /// One command-operation record (120 bytes, upstream's layout) for the
@@ -723,6 +972,81 @@ fn command_operation(
         .u32(u32::MAX)
         .u32(0)
         .u32(0); // padding to the record's 8-byte alignment
+}
+
+/// Whether a dispatch span was timed by its device (`device_time`): its
+/// times are device timestamps put on the recording's clock.
+fn device_timed(e: &Event) -> bool {
+    u64_arg(e, "device_time").is_some()
+}
+
+/// The length of upstream's dispatch event record.
+const DISPATCH_EVENT_LEN: u32 = 88;
+
+/// One device-timestamped dispatch event (88 bytes, upstream's layout).
+/// Ferrite's device ticks are nanoseconds of the recording's clock (the
+/// device converted them, see [`clock_correlations`]).
+fn dispatch_event(
+    p: &mut Bytes,
+    d: &Event,
+    event_id: u64,
+    submission: u64,
+    command_buffer: u64,
+    executable: u64,
+    command_index: u32,
+) {
+    p.u32(DISPATCH_EVENT_LEN)
+        .u32(if command_buffer != 0 {
+            DISPATCH_FLAG_COMMAND_BUFFER
+        } else {
+            0
+        })
+        .u64(event_id)
+        .u64(submission)
+        .u64(command_buffer)
+        .u64(executable)
+        .u32(command_index)
+        .u32(u64_arg(d, "function").unwrap_or(0) as u32);
+    for w in list_arg(d, "workgroups").unwrap_or([0; 3]) {
+        p.u32(w);
+    }
+    for w in list_arg(d, "workgroup_size").unwrap_or([1, 1, 1]) {
+        p.u32(w);
+    }
+    p.u64(d.ts_ns).u64(d.ts_ns + d.dur_ns);
+}
+
+/// The clock correlation records (72 bytes each, upstream's layout) of
+/// the recording's `clock` samples: a device recorded an event and waited
+/// for it between two host clock reads (the bracket); its tick is the
+/// event's device time on the recording's clock, which is how the device
+/// times its spans, so the samples show how well device and host clocks
+/// agree (upstream's tools fit ticks to host time from them).
+fn clock_correlations(out: &mut Vec<u8>, trace: &Trace, name: &str) {
+    let mut p = Bytes(Vec::new());
+    let mut sample = 0u64;
+    for e in trace.events.iter().filter(|e| e.cat == "clock") {
+        let (Some(tick), Some(begin), Some(end)) = (
+            u64_arg(e, "device_ns"),
+            u64_arg(e, "begin_ns"),
+            u64_arg(e, "end_ns"),
+        ) else {
+            continue;
+        };
+        sample += 1;
+        p.u32(72)
+            .u32(CLOCK_FLAG_DEVICE_TICK | CLOCK_FLAG_HOST_TIME_BRACKET)
+            .u32(e.track.saturating_sub(2))
+            .u32(0)
+            .u64(sample)
+            .u64(tick)
+            .u64(0) // driver host CPU timestamp: none
+            .u64(0) // host system timestamp: none
+            .u64(0) // its frequency
+            .u64(begin)
+            .u64(end);
+    }
+    record(out, RECORD_CHUNK, CT_CLOCK_CORRELATIONS, name, &p.0);
 }
 
 /// The fields of one host execution event.
@@ -824,7 +1148,68 @@ mod tests {
             queue_op("dealloca", Some(0x20)),
         ];
         let refs: Vec<&Event> = ops.iter().collect();
-        assert_eq!(allocation_ids(&refs), [1, 2, 1, 0, 3, 3, 4, 2]);
+        let timeline = memory_timeline(&refs, &[]);
+        assert_eq!(
+            lifecycle_ids(&refs, &[], &timeline).0,
+            [1, 2, 1, 0, 3, 3, 4, 2]
+        );
+    }
+
+    fn at(mut e: Event, ts_ns: u64) -> Event {
+        e.ts_ns = ts_ns;
+        e
+    }
+
+    fn pool_event(name: &str, backing: u64, allocation: Option<u64>, ts_ns: u64) -> Event {
+        let mut args = vec![("backing", Arg::U64(backing))];
+        args.extend(allocation.map(|a| ("allocation", Arg::U64(a))));
+        Event {
+            phase: Phase::Instant,
+            cat: "memory",
+            name: name.to_string(),
+            ts_ns,
+            dur_ns: 0,
+            track: 2,
+            thread: 1,
+            args,
+        }
+    }
+
+    #[test]
+    fn pool_events_share_the_id_of_the_allocation_they_serve() {
+        // Allocation 0xA on a fresh block 0xB0, released; then allocation
+        // 0xA again (its address reused) on the same block, reused;
+        // allocation 0xC made from the pool with no alloca, released;
+        // the block returned to the host by a trim.
+        let queue = [
+            at(queue_op("alloca", Some(0xA)), 4),
+            at(queue_op("dealloca", Some(0xA)), 5),
+            at(queue_op("alloca", Some(0xA)), 9),
+        ];
+        let memory = [
+            pool_event("slab_acquire", 0xB0, None, 1),
+            pool_event("pool_reserve", 0xB0, Some(0xA), 2),
+            pool_event("pool_materialize", 0xB0, Some(0xA), 3),
+            pool_event("pool_release", 0xB0, None, 6),
+            pool_event("pool_reserve", 0xB0, Some(0xA), 7),
+            pool_event("pool_materialize", 0xB0, Some(0xA), 8),
+            pool_event("pool_release", 0xB0, None, 10),
+            pool_event("pool_reserve", 0xB0, Some(0xC), 11),
+            pool_event("pool_release", 0xB0, None, 12),
+            pool_event("slab_release", 0xB0, None, 13),
+        ];
+        let q: Vec<&Event> = queue.iter().collect();
+        let m: Vec<&Event> = memory.iter().collect();
+        let timeline = memory_timeline(&q, &m);
+        let (queue_ids, memory_ids) = lifecycle_ids(&q, &m, &timeline);
+        assert_eq!(queue_ids, [2, 2, 3]);
+        assert_eq!(memory_ids, [1, 2, 2, 2, 3, 3, 3, 4, 4, 1]);
+        // Pool events on equal times come first.
+        let tied = [at(queue_op("alloca", Some(0xA)), 2)];
+        let q: Vec<&Event> = tied.iter().collect();
+        let timeline = memory_timeline(&q, &m[..2]);
+        assert_eq!(timeline, [(false, 0), (false, 1), (true, 0)]);
+        assert_eq!(lifecycle_ids(&q, &m[..2], &timeline).0, [2]);
     }
 
     #[test]
