@@ -183,10 +183,10 @@ fi
 
 echo "== profile bundle on cuda (upstream's iree-profile, iree-profile-render)"
 # tests/trace/two_matmuls.mlir on cuda with every family Ferrite records:
-# the dispatches in the bundle are the kernels the driver launched
-# (FERRITE_CUDA_KERNEL_TIMES counts them independently), each matched to
-# its command, with a device duration, in stream order; and the bundle
-# renders to Perfetto.
+# the device-timestamped dispatch events in the bundle are the kernels the
+# driver launched (FERRITE_CUDA_KERNEL_TIMES counts them independently),
+# each matched to its command, with a device duration, in stream order,
+# with clock samples; and the bundle renders to Perfetto.
 PROF_MODULE=$DIFF_DIR/trace_two_matmuls.cuda.vmfb
 if [ -z "$UPSTREAM_BIN" ] || [ ! -x "$UPSTREAM_BIN/iree-profile" ]; then
   echo "SKIPPED profile bundle (no upstream iree-profile: UPSTREAM_BIN unset)"
@@ -219,27 +219,31 @@ def want(ok, what):
 want(field(summary, "records:", "session_end") == "1", "no session end")
 want(field(summary, "records:", "unknown") == "0", "unknown records")
 want(field(summary, "event_records:", "invalid_host_execution_events") == "0", "invalid events")
-total = field(dispatch, "host_dispatches:", "total")
+total = field(dispatch, "dispatches:", "total")
 want(launches.isdigit() and int(launches) > 0, f"kernel launches not counted ({launches})")
-want(total == launches, f"{total} dispatches in the bundle, {launches} kernels launched")
-want(field(dispatch, "host_dispatches:", "valid") == total, "invalid dispatches")
-want(field(command, "command_buffers=", "matched_host_dispatches") == total, "dispatches not matched to commands")
+want(total == launches, f"{total} device dispatches in the bundle, {launches} kernels launched")
+want(field(dispatch, "dispatches:", "valid") == total, "invalid dispatches")
+want(field(dispatch, "host_dispatches:", "total") == "0", "dispatches as host events")
+want(field(command, "command_buffers=", "matched_dispatches") == total, "dispatches not matched to commands")
+samples = re.search(r"clock_samples=(\d+)", summary)
+want(samples is not None and int(samples.group(1)) >= 1, "no clock samples")
 for export in ("two_matmuls_dispatch_0", "two_matmuls_dispatch_1"):
     want(export in dispatch, f"{export} missing")
 want("type=execute" in queue, "no execute in the queue events")
 want(re.search(r"queue_alloca/dealloca=[1-9]", memory) is not None, "no queue allocations")
 events = [json.loads(l) for l in open(jsonl)]
-ds = [e for e in events if e.get("record_type") == "host_execution_event" and e.get("op") == "dispatch"]
+ds = [e for e in events if e.get("record_type") == "dispatch_event"]
 want(len(ds) == int(total), f"{len(ds)} dispatch events exported")
 for a, b in zip(ds, ds[1:]):
-    want(a["end_host_time_ns"] <= b["start_host_time_ns"], f"dispatches overlap on one stream: {a} {b}")
+    want(a["end_tick"] <= b["start_tick"], f"dispatches overlap on one stream: {a} {b}")
 for d in ds:
-    want(d["duration_ns"] > 0, f"dispatch without device time: {d}")
+    want(d["valid"] and d["duration_ticks"] > 0, f"dispatch without device time: {d}")
 json.load(open(trace))
 if problems:
     print("; ".join(problems))
     sys.exit(1)
-print(f"{total} dispatches = {launches} launches, device times " + ", ".join(str(d["duration_ns"]) + " ns" for d in ds))
+print(f"{total} device dispatches = {launches} launches, {samples.group(1)} clock samples, device times "
+      + ", ".join(str(d["duration_ticks"]) + " ns" for d in ds))
 PY
   ); then
     ok

@@ -30,6 +30,15 @@
 //! one after another, and the times are those of the replayed kernels,
 //! not of the graph the program would otherwise launch.
 //!
+//! Each reference is also recorded as a `clock` sample (device time equal
+//! to the host time taken, and the host window), and so is, at most every
+//! millisecond while reports come, an event recorded on the idle stream
+//! (its device time measured from the reference, its own host window):
+//! bundles write them as upstream's clock correlation records, from which
+//! upstream's tools fit the device clock to the host's. Spans read from
+//! the device carry `device_time`, and bundles write such dispatches as
+//! upstream's device-timestamped dispatch events.
+//!
 //! Off, the cost is one relaxed atomic load per queue operation and per
 //! launch ([`ferrite_base::trace::enabled`]).
 
@@ -43,6 +52,11 @@ use std::sync::Arc;
 /// How long (host nanoseconds) a reference serves before a new one is
 /// made.
 const RECALIBRATE_NS: u64 = 1_000_000_000;
+
+/// While recording, a clock sample (see [`DeviceClock::sample_if_due`]) is
+/// taken when reports come at least this long (host nanoseconds) after
+/// the last one.
+const SAMPLE_EVERY_NS: u64 = 1_000_000;
 
 /// Calibration tries per reference (the narrowest window wins).
 const CALIBRATION_TRIES: usize = 3;
@@ -129,6 +143,8 @@ impl Drop for Reference {
 struct ClockState {
     /// The recording the reference was made in.
     session: u64,
+    /// Host time of the last clock sample recorded ([`SAMPLE_EVERY_NS`]).
+    last_sample_ns: u64,
     reference: Option<Arc<Reference>>,
     /// The idle stream references are recorded on (created on first use).
     stream: Option<StreamHandle>,
@@ -192,9 +208,15 @@ impl DeviceClock {
                 s
             }
         };
-        let mut best: Option<(CUevent, Calibration)> = None;
+        let mut tries: Vec<(CUevent, Calibration)> = Vec::with_capacity(CALIBRATION_TRIES);
         for _ in 0..CALIBRATION_TRIES {
-            let event = self.take(api)?;
+            let event = match self.take(api) {
+                Ok(e) => e,
+                Err(e) => {
+                    self.pool.lock().extend(tries.iter().map(|t| t.0));
+                    return Err(e);
+                }
+            };
             let before_ns = trace::now_ns();
             // SAFETY: an event and a stream of this context; nothing else
             // is enqueued on the stream, so the event is reached as soon as
@@ -209,35 +231,89 @@ impl DeviceClock {
             if r != ffi::CUDA_SUCCESS {
                 // SAFETY: ours, not used after this.
                 unsafe { (api.cuEventDestroy_v2)(event) };
-                if let Some((e, _)) = best {
-                    self.pool.lock().push(e);
-                }
+                self.pool.lock().extend(tries.iter().map(|t| t.0));
                 return Err(ffi::to_status(r, "recording a timing reference"));
             }
-            let c = Calibration {
-                before_ns,
-                after_ns,
-            };
-            match &best {
-                Some((_, b)) if b.width() <= c.width() => self.pool.lock().push(event),
-                _ => {
-                    if let Some((e, _)) = best.replace((event, c)) {
-                        self.pool.lock().push(e);
-                    }
-                }
-            }
+            tries.push((
+                event,
+                Calibration {
+                    before_ns,
+                    after_ns,
+                },
+            ));
         }
-        let Some((event, c)) = best else {
+        let Some(&(event, c)) = tries.iter().min_by_key(|t| t.1.width()) else {
             ferrite_base::bail!(Internal, "no timing reference was made");
         };
+        let host_ns = c.host_ns();
+        if trace::enabled() {
+            // The reference is a clock sample: device time equal to the
+            // host time taken, within its window.
+            clock_sample(shared, host_ns, c);
+            state.last_sample_ns = host_ns;
+        }
+        self.pool
+            .lock()
+            .extend(tries.iter().map(|t| t.0).filter(|&e| e != event));
         let r = Arc::new(Reference {
             api,
             event,
-            host_ns: c.host_ns(),
+            host_ns,
         });
         state.session = session;
         state.reference = Some(r.clone());
         Ok(r)
+    }
+
+    /// While recording, when the last clock sample is [`SAMPLE_EVERY_NS`]
+    /// old: records an event on the idle stream, waits for it between two
+    /// host clock reads, and records its device time (measured from the
+    /// current reference) against that window as a `clock` sample. Such
+    /// samples show how the two clocks agree over the recording (upstream's
+    /// tools fit one to the other from the first and the last); a few
+    /// microseconds every millisecond at most. Context current.
+    fn sample_if_due(&self, shared: &CudaContext) {
+        let api = shared.api;
+        let mut state = self.state.lock();
+        let now = trace::now_ns();
+        if now.saturating_sub(state.last_sample_ns) < SAMPLE_EVERY_NS
+            || state.session != trace::session()
+        {
+            return;
+        }
+        let (Some(reference), Some(stream)) = (state.reference.clone(), state.stream.as_ref())
+        else {
+            return;
+        };
+        let Ok(event) = self.take(api) else {
+            return;
+        };
+        let before_ns = trace::now_ns();
+        let mut ms = 0f32;
+        // SAFETY: an event and the idle stream of this context; the
+        // reference event was reached when it was made.
+        let r = unsafe {
+            match (api.cuEventRecord)(event, stream.0) {
+                ffi::CUDA_SUCCESS => match (api.cuEventSynchronize)(event) {
+                    ffi::CUDA_SUCCESS => (api.cuEventElapsedTime)(&mut ms, reference.event, event),
+                    r => r,
+                },
+                r => r,
+            }
+        };
+        let after_ns = trace::now_ns();
+        if r != ffi::CUDA_SUCCESS {
+            // SAFETY: ours, not used after this.
+            unsafe { (api.cuEventDestroy_v2)(event) };
+            return;
+        }
+        self.pool.lock().push(event);
+        let window = Calibration {
+            before_ns,
+            after_ns,
+        };
+        clock_sample(shared, to_trace_ns(reference.host_ns, ms), window);
+        state.last_sample_ns = window.host_ns();
     }
 
     /// Records a timing event on `stream` before some work (context
@@ -279,6 +355,23 @@ impl DeviceClock {
             unsafe { (api.cuEventDestroy_v2)(e) };
         }
     }
+}
+
+/// Records a `clock` sample of device `shared`: an event whose device time
+/// (on the trace clock, as spans are) is `device_ns`, reached within the
+/// host `window`.
+fn clock_sample(shared: &CudaContext, device_ns: u64, window: Calibration) {
+    let track = trace::device_track(&track_name(shared.ordinal));
+    trace::instant(
+        "clock",
+        "clock sample",
+        track,
+        vec![
+            ("device_ns", Arg::U64(device_ns)),
+            ("begin_ns", Arg::U64(window.before_ns)),
+            ("end_ns", Arg::U64(window.after_ns)),
+        ],
+    );
 }
 
 /// Work bracketed by two timing events, to be resolved into a trace span
@@ -371,6 +464,9 @@ pub(crate) fn resolve(shared: &CudaContext, timings: &mut Vec<Timing>, reached: 
         }
         let mut args = std::mem::take(&mut t.args);
         let (ts_ns, end_ns) = if read {
+            // Marks the times as the device's (a bundle writes such
+            // dispatches as device-timestamped dispatch events).
+            args.push(("device_time", Arg::U64(1)));
             span_ns(t.reference.host_ns, start_ms, end_ms)
         } else {
             args.push((
@@ -390,6 +486,9 @@ pub(crate) fn resolve(shared: &CudaContext, timings: &mut Vec<Timing>, reached: 
             thread: lane,
             args,
         });
+    }
+    if recording && reached {
+        shared.clock.sample_if_due(shared);
     }
 }
 

@@ -148,6 +148,7 @@ fn kernels_and_queue_operations_are_traced_in_device_time() {
         assert_eq!(u64_arg(d, "function"), Some(0));
         assert_eq!(u64_arg(d, "bindings"), Some(1));
         assert!(u64_arg(d, "executable").is_some_and(|x| x != 0));
+        assert_eq!(u64_arg(d, "device_time"), Some(1), "read from the device");
         if i > 0 {
             let p = dispatches[i - 1];
             assert!(
@@ -197,6 +198,31 @@ fn kernels_and_queue_operations_are_traced_in_device_time() {
     assert_eq!(u64_arg(described[0], "commands"), Some(5));
     let commands = on_device.iter().filter(|e| e.cat == "command").count();
     assert_eq!(commands, 5);
+
+    // The reference is a clock sample: its device time within its host
+    // window (give or take the window), inside the recording.
+    let clocks: Vec<&Event> = on_device
+        .iter()
+        .copied()
+        .filter(|e| e.cat == "clock")
+        .collect();
+    assert!(!clocks.is_empty(), "no clock sample");
+    for c in &clocks {
+        let (tick, begin, end) = (
+            u64_arg(c, "device_ns").unwrap(),
+            u64_arg(c, "begin_ns").unwrap(),
+            u64_arg(c, "end_ns").unwrap(),
+        );
+        assert!(
+            begin <= end && host_start <= begin && end <= host_end,
+            "{c:?}"
+        );
+        let slack = end - begin;
+        assert!(
+            tick + slack >= begin && tick <= end + slack,
+            "clock sample outside its window: {c:?}"
+        );
+    }
 
     // Kernels were timed one by one: no graph launch while recording.
     assert_eq!(cuda.graph_launches(), graphs_before);

@@ -72,6 +72,16 @@ const CT_COMMAND_BUFFERS: &str = "application/vnd.iree.hal.profile.command-buffe
 const CT_COMMAND_OPERATIONS: &str = "application/vnd.iree.hal.profile.command-operations";
 const CT_QUEUE_EVENTS: &str = "application/vnd.iree.hal.profile.queue-events";
 const CT_HOST_EXECUTION: &str = "application/vnd.iree.hal.profile.host-execution-events";
+const CT_CLOCK_CORRELATIONS: &str = "application/vnd.iree.hal.profile.clock-correlations";
+const CT_DISPATCH_EVENTS: &str = "application/vnd.iree.hal.profile.dispatch-events";
+
+/// Clock correlation flags: the record holds a device tick, and the host
+/// time window around its sample.
+const CLOCK_FLAG_DEVICE_TICK: u32 = 1;
+const CLOCK_FLAG_HOST_CPU_TIMESTAMP: u32 = 1 << 1;
+const CLOCK_FLAG_HOST_TIME_BRACKET: u32 = 1 << 3;
+/// Dispatch event flag: the dispatch came from a command buffer.
+const DISPATCH_FLAG_COMMAND_BUFFER: u32 = 1;
 const CT_MEMORY_EVENTS: &str = "application/vnd.iree.hal.profile.memory-events";
 
 /// Queue event types (upstream's numbering).
@@ -229,20 +239,33 @@ impl Bytes {
 
 /// Appends one record: its 104-byte header, content type, name, payload.
 fn record(out: &mut Vec<u8>, kind: u16, content_type: &str, name: &str, payload: &[u8]) {
+    record_of(out, kind, content_type, name, payload, None);
+}
+
+/// [`record`] of a chunk that belongs to one device's queue 0 (`device`:
+/// its ordinal, which is also its queue's stream id), or spans devices.
+fn record_of(
+    out: &mut Vec<u8>,
+    kind: u16,
+    content_type: &str,
+    name: &str,
+    payload: &[u8],
+    device: Option<u32>,
+) {
     let total = RECORD_HEADER_LEN as u64 + (content_type.len() + name.len() + payload.len()) as u64;
     let mut h = Bytes(Vec::with_capacity(RECORD_HEADER_LEN as usize));
     h.u64(total)
         .u64(payload.len() as u64)
         .u64(1) // session id
-        .u64(0) // stream id
+        .u64(device.map_or(0, u64::from)) // stream id
         .u64(0) // event id
         .u64(0) // executable id
         .u64(0) // command buffer id
         .u32(RECORD_HEADER_LEN)
         .u32(content_type.len() as u32)
         .u32(name.len() as u32)
-        .u32(u32::MAX) // physical device ordinal: the chunk spans devices
-        .u32(u32::MAX) // queue ordinal
+        .u32(device.unwrap_or(u32::MAX)) // physical device ordinal (MAX: all)
+        .u32(device.map_or(u32::MAX, |_| 0)) // queue ordinal
         .u32(0) // padding before the 64-bit chunk flags
         .u64(0) // chunk flags
         .u64(0) // dropped records
@@ -568,7 +591,6 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
                         kind: queue_event_type(&e.name),
                         flags: if cb != 0 {
                             HOST_EXECUTION_FLAG_COMMAND_BUFFER
-            event_id += 1;
                         } else {
                             0
                         },
@@ -591,8 +613,30 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
                 );
             }
         }
+        // Dispatches timed by the device (cuda) are device events, per
+        // device; the others host execution events.
+        let mut device_dispatches: BTreeMap<u32, Bytes> = BTreeMap::new();
         for (d, (exec, command)) in dispatches.iter().zip(&placed) {
             let cb = exec.map_or(0, |i| command_buffer_of(queue_ops[i]));
+            if device_timed(d) {
+                if families.dispatch_events {
+                    let p = device_dispatches
+                        .entry(device_of(d))
+                        .or_insert_with(|| Bytes(Vec::new()));
+                    let id = p.0.len() as u64 / DISPATCH_EVENT_LEN as u64 + 1;
+                    dispatch_event(
+                        p,
+                        d,
+                        id,
+                        exec.map_or(0, submission),
+                        cb,
+                        executable_id(u64_arg(d, "executable")),
+                        command.unwrap_or(u32::MAX),
+                    );
+                }
+                continue;
+            }
+            event_id += 1;
             host_execution(
                 &mut p,
                 HostExecution {
@@ -624,6 +668,19 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
             );
         }
         record(&mut out, RECORD_CHUNK, CT_HOST_EXECUTION, &name, &p.0);
+        if !device_dispatches.is_empty() {
+            clock_correlations(&mut out, trace, &name);
+        }
+        for (device, p) in device_dispatches {
+            record_of(
+                &mut out,
+                RECORD_CHUNK,
+                CT_DISPATCH_EVENTS,
+                &name,
+                &p.0,
+                Some(device),
+            );
+        }
     }
 
     if families.memory_events {
@@ -916,6 +973,86 @@ fn command_operation(
         .u32(u32::MAX)
         .u32(0)
         .u32(0); // padding to the record's 8-byte alignment
+}
+
+/// Whether a dispatch span was timed by its device (`device_time`): its
+/// times are device timestamps put on the recording's clock.
+fn device_timed(e: &Event) -> bool {
+    u64_arg(e, "device_time").is_some()
+}
+
+/// The length of upstream's dispatch event record.
+const DISPATCH_EVENT_LEN: u32 = 88;
+
+/// One device-timestamped dispatch event (88 bytes, upstream's layout).
+/// Ferrite's device ticks are nanoseconds of the recording's clock (the
+/// device converted them, see [`clock_correlations`]).
+fn dispatch_event(
+    p: &mut Bytes,
+    d: &Event,
+    event_id: u64,
+    submission: u64,
+    command_buffer: u64,
+    executable: u64,
+    command_index: u32,
+) {
+    p.u32(DISPATCH_EVENT_LEN)
+        .u32(if command_buffer != 0 {
+            DISPATCH_FLAG_COMMAND_BUFFER
+        } else {
+            0
+        })
+        .u64(event_id)
+        .u64(submission)
+        .u64(command_buffer)
+        .u64(executable)
+        .u32(command_index)
+        .u32(u64_arg(d, "function").unwrap_or(0) as u32);
+    for w in list_arg(d, "workgroups").unwrap_or([0; 3]) {
+        p.u32(w);
+    }
+    for w in list_arg(d, "workgroup_size").unwrap_or([1, 1, 1]) {
+        p.u32(w);
+    }
+    p.u64(d.ts_ns).u64(d.ts_ns + d.dur_ns);
+}
+
+/// The clock correlation records (72 bytes each, upstream's layout) of
+/// the recording's `clock` samples: a device recorded an event and waited
+/// for it between two host clock reads (the bracket, whose midpoint is
+/// given as the host timestamp of the sample); its tick is the event's
+/// device time on the recording's clock, which is how the device times
+/// its spans, so the samples show how well device and host clocks agree
+/// (upstream's tools fit ticks to host time from them).
+fn clock_correlations(out: &mut Vec<u8>, trace: &Trace, name: &str) {
+    let mut p = Bytes(Vec::new());
+    let mut sample = 0u64;
+    for e in trace.events.iter().filter(|e| e.cat == "clock") {
+        let (Some(tick), Some(begin), Some(end)) = (
+            u64_arg(e, "device_ns"),
+            u64_arg(e, "begin_ns"),
+            u64_arg(e, "end_ns"),
+        ) else {
+            continue;
+        };
+        sample += 1;
+        p.u32(72)
+            .u32(
+                CLOCK_FLAG_DEVICE_TICK
+                    | CLOCK_FLAG_HOST_CPU_TIMESTAMP
+                    | CLOCK_FLAG_HOST_TIME_BRACKET,
+            )
+            .u32(e.track.saturating_sub(2))
+            .u32(0)
+            .u64(sample)
+            .u64(tick)
+            .u64(begin + end.saturating_sub(begin) / 2)
+            .u64(0) // host system timestamp: none
+            .u64(0) // its frequency
+            .u64(begin)
+            .u64(end);
+    }
+    record(out, RECORD_CHUNK, CT_CLOCK_CORRELATIONS, name, &p.0);
 }
 
 /// The fields of one host execution event.

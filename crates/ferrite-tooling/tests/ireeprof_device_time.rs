@@ -1,0 +1,200 @@
+//! `.ireeprof` bundles of a device that times its own work (cuda): a
+//! recording shaped as `ferrite-hal-cuda` records one (dispatch spans
+//! marked `device_time`, `clock` samples of its reference events, an
+//! execute timed on the device, its command buffer described) is written
+//! as upstream's device-timestamped dispatch events with clock
+//! correlations, and the pinned `iree-profile` reads them as such: the
+//! dispatches counted as device dispatches joined to their commands, the
+//! clock samples fitted. The GPU suite (scripts/test-gpu.sh) does the same
+//! from a real cuda run; this checks the writer without a GPU.
+
+use ferrite_base::trace::{Arg, Event, Phase, Trace};
+use ferrite_testkit::venv_tool;
+use ferrite_tooling::ireeprof::{bundle, Families};
+use std::process::Command;
+
+const EXE: u64 = 0x5000;
+
+fn event(phase: Phase, cat: &'static str, name: &str, ts: u64, dur: u64) -> Event {
+    Event {
+        phase,
+        cat,
+        name: name.to_string(),
+        ts_ns: ts,
+        dur_ns: dur,
+        track: 2,
+        thread: 1,
+        args: Vec::new(),
+    }
+}
+
+fn with(mut e: Event, args: Vec<(&'static str, Arg)>) -> Event {
+    e.args = args;
+    e
+}
+
+fn dispatch_args(command: u64, device_time: bool) -> Vec<(&'static str, Arg)> {
+    let mut args = vec![
+        ("workgroups", Arg::List(vec![4, 1, 1])),
+        ("command", Arg::U64(command)),
+        ("executable", Arg::U64(EXE)),
+        ("function", Arg::U64(command / 2)),
+        ("functions", Arg::U64(2)),
+        ("workgroup_size", Arg::List(vec![32, 1, 1])),
+        ("constants", Arg::U64(0)),
+        ("bindings", Arg::U64(2)),
+    ];
+    if device_time {
+        args.push(("device_time", Arg::U64(1)));
+    }
+    args
+}
+
+/// One execute of a three-command buffer (dispatch, barrier, dispatch),
+/// its dispatches timed by the device or not.
+fn recording(device_time: bool) -> Trace {
+    let mut t = Trace::default();
+    t.tracks.insert(1, "host (VM)".into());
+    t.tracks.insert(2, "device cuda://0".into());
+    let i = Phase::Instant;
+    let c = Phase::Complete;
+    t.events.push(with(
+        event(i, "command_buffer", "command buffer 7", 100, 0),
+        vec![
+            ("command_buffer", Arg::U64(7)),
+            ("mode", Arg::U64(1)),
+            ("categories", Arg::U64(3)),
+            ("queue_affinity", Arg::U64(u64::MAX)),
+            ("commands", Arg::U64(3)),
+        ],
+    ));
+    for (index, name) in [(0u64, "k0"), (1, "barrier"), (2, "k1")] {
+        let mut args = vec![("command_buffer", Arg::U64(7)), ("index", Arg::U64(index))];
+        if name == "barrier" {
+            args.push(("op", Arg::Str("barrier".into())));
+        } else {
+            args.push(("op", Arg::Str("dispatch".into())));
+            args.extend(
+                dispatch_args(index, false)
+                    .into_iter()
+                    .filter(|(k, _)| *k != "command"),
+            );
+        }
+        t.events.push(with(event(i, "command", name, 100, 0), args));
+    }
+    for (k, tick) in [1_000u64, 40_000].into_iter().enumerate() {
+        t.events.push(with(
+            event(i, "clock", "clock sample", tick, 0),
+            vec![
+                ("device_ns", Arg::U64(tick)),
+                ("begin_ns", Arg::U64(tick - 5 - k as u64)),
+                ("end_ns", Arg::U64(tick + 5)),
+            ],
+        ));
+    }
+    let timed = |mut args: Vec<(&'static str, Arg)>| {
+        if device_time {
+            args.push(("device_time", Arg::U64(1)));
+        }
+        args
+    };
+    t.events.push(with(
+        event(c, "dispatch", "k0", 6_000, 2_000),
+        dispatch_args(0, device_time),
+    ));
+    t.events.push(with(
+        event(c, "dispatch", "k1", 9_000, 3_000),
+        dispatch_args(2, device_time),
+    ));
+    t.events.push(with(
+        event(c, "queue", "execute", 5_000, 10_000),
+        timed(vec![("command_buffer", Arg::U64(7))]),
+    ));
+    t
+}
+
+fn profile(command: &str, file: &std::path::Path) -> String {
+    let o = Command::new(venv_tool("iree-profile"))
+        .arg(command)
+        .arg(file)
+        .output()
+        .expect("running iree-profile");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "iree-profile {command}:\n{out}");
+    out
+}
+
+fn field(text: &str, line_start: &str, key: &str) -> String {
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(line_start))
+        .unwrap_or_else(|| panic!("no line '{line_start}' in:\n{text}"));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in '{line}'"))
+        .to_string()
+}
+
+fn write(name: &str, device_time: bool) -> std::path::PathBuf {
+    let dir = ferrite_testkit::workspace_root().join("target/test-programs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let families = Families::parse("queue-events,host-execution,dispatch-events").unwrap();
+    std::fs::write(&path, bundle(&recording(device_time), families)).unwrap();
+    path
+}
+
+#[test]
+fn device_timed_dispatches_are_device_dispatch_events() {
+    let file = write("device_time.ireeprof", true);
+    let summary = profile("summary", &file);
+    assert_eq!(field(&summary, "records:", "unknown"), "0", "{summary}");
+    assert_eq!(
+        field(&summary, "chunks:", "dispatch_events"),
+        "1",
+        "{summary}"
+    );
+    assert_eq!(field(&summary, "chunks:", "clock_correlations"), "1");
+    // Two samples a tick per nanosecond apart: the device clock fitted.
+    assert!(summary.contains("clock_samples=2"), "{summary}");
+    assert!(summary.contains("clock_fit: ns_per_tick="), "{summary}");
+    let dispatch = profile("dispatch", &file);
+    assert_eq!(field(&dispatch, "dispatches:", "total"), "2", "{dispatch}");
+    assert_eq!(field(&dispatch, "dispatches:", "valid"), "2", "{dispatch}");
+    assert_eq!(
+        field(&dispatch, "host_dispatches:", "total"),
+        "0",
+        "{dispatch}"
+    );
+    for export in ["k0", "k1"] {
+        assert!(
+            dispatch.lines().any(|l| l.trim() == export),
+            "{export} in:\n{dispatch}"
+        );
+    }
+    let command = profile("command", &file);
+    assert_eq!(
+        field(&command, "command_buffers=", "matched_dispatches"),
+        "2",
+        "{command}"
+    );
+}
+
+#[test]
+fn host_timed_dispatches_stay_host_execution_events() {
+    // The CPU devices' shape: no device_time, no dispatch-events chunk.
+    let file = write("host_time.ireeprof", false);
+    let summary = profile("summary", &file);
+    assert_eq!(
+        field(&summary, "chunks:", "dispatch_events"),
+        "0",
+        "{summary}"
+    );
+    let dispatch = profile("dispatch", &file);
+    assert_eq!(
+        field(&dispatch, "host_dispatches:", "total"),
+        "2",
+        "{dispatch}"
+    );
+    assert_eq!(field(&dispatch, "dispatches:", "total"), "0", "{dispatch}");
+}
