@@ -47,6 +47,15 @@
 //!
 //! Times are the recording's clock (nanoseconds since the process's trace
 //! epoch), which upstream's tools only compare with each other.
+//!
+//! `cuda` times its queue operations and kernels on the GPU
+//! (`ferrite_hal_cuda`'s `profile` module) and puts those times on the
+//! recording's clock; its dispatch spans carry `device_time`, and are
+//! written as upstream's device-timestamped dispatch events (ticks: those
+//! nanoseconds) with the device's `clock` samples as clock correlation
+//! records, so `iree-profile dispatch` counts them as device dispatches
+//! and fits the device clock to the host's (written for `dispatch-events`;
+//! its queue operations stay queue and host execution events).
 
 use ferrite_base::trace::{Arg, Event, Phase, Trace};
 use ferrite_base::{bail, Result};
