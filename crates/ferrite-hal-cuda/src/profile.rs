@@ -317,10 +317,21 @@ impl DeviceClock {
     }
 
     /// Records a timing event on `stream` before some work (context
-    /// current). None when it cannot be done: the work then runs untimed
-    /// (profiling never fails the program).
-    pub(crate) fn begin(&self, shared: &CudaContext, stream: CUstream) -> Option<Timing> {
-        let reference = self.reference(shared).ok()?;
+    /// current), measured against `pinned` when given (the reference of the
+    /// queue operation the work belongs to: its spans and the operation's
+    /// then share one calibration, so the operation's span holds theirs
+    /// exactly) or the current reference. None when it cannot be done: the
+    /// work then runs untimed (profiling never fails the program).
+    pub(crate) fn begin(
+        &self,
+        shared: &CudaContext,
+        stream: CUstream,
+        pinned: Option<Arc<Reference>>,
+    ) -> Option<Timing> {
+        let reference = match pinned {
+            Some(r) => r,
+            None => self.reference(shared).ok()?,
+        };
         let api = shared.api;
         let start = self.take(api).ok()?;
         let t = Timing {
@@ -392,6 +403,11 @@ pub(crate) struct Timing {
 unsafe impl Send for Timing {}
 
 impl Timing {
+    /// The reference this timing is measured against.
+    pub(crate) fn reference(&self) -> Arc<Reference> {
+        self.reference.clone()
+    }
+
     /// Records the closing event on `stream` after the work, naming the
     /// span (context current). None when the record fails.
     pub(crate) fn end(
@@ -493,10 +509,13 @@ pub(crate) fn resolve(shared: &CudaContext, timings: &mut Vec<Timing>, reached: 
 }
 
 /// What a queue operation records while a trace is recorded: its name and
-/// arguments (`bytes`, `allocation`, `command_buffer`).
+/// arguments (`bytes`, `allocation`, `command_buffer`), and once its span
+/// has begun, the reference it is measured against (the kernels it
+/// launches are measured against it too).
 pub(crate) struct TracedOp {
     pub(crate) op: &'static str,
     pub(crate) args: Vec<(&'static str, Arg)>,
+    pub(crate) reference: Option<Arc<Reference>>,
 }
 
 /// The [`TracedOp`] of queue operation `op` while a trace is recorded,
@@ -509,6 +528,7 @@ pub(crate) fn traced_op(op: &'static str, args: &[(&'static str, u64)]) -> Optio
     Some(TracedOp {
         op,
         args: args.iter().map(|&(k, v)| (k, Arg::U64(v))).collect(),
+        reference: None,
     })
 }
 

@@ -249,8 +249,15 @@ impl CudaDevice {
             }
             // While a trace is recorded: the operation's span on the
             // stream, in device time (`crate::profile`).
-            let timing = match keep.traced {
-                Some(_) => self.shared.clock.begin(&self.shared, self.shared.stream),
+            let timing = match keep.traced.as_mut() {
+                Some(op) => {
+                    let t = self
+                        .shared
+                        .clock
+                        .begin(&self.shared, self.shared.stream, None);
+                    op.reference = t.as_ref().map(|t| t.reference());
+                    t
+                }
                 None => None,
             };
             if let Err(e) = body(self, &mut keep) {

@@ -247,7 +247,8 @@ pub(crate) fn replay(
                 // While a trace is recorded: the kernel's span in device
                 // time (`crate::profile`).
                 let traced = if ferrite_base::trace::enabled() {
-                    shared.clock.begin(shared, stream)
+                    let pinned = keep.traced.as_ref().and_then(|op| op.reference.clone());
+                    shared.clock.begin(shared, stream, pinned)
                 } else {
                     None
                 };
