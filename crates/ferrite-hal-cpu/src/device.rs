@@ -526,6 +526,12 @@ struct CommandsWork<'a> {
     /// bound allocations; released when the next stage begins (every tile
     /// of the previous one has finished) or when the execution ends.
     in_flight: parking_lot::Mutex<SmallVec<[DeviceRange<'a>; 8]>>,
+    /// The marks of the stage before the running one, released by the
+    /// next thread that prepares a stage ahead (or when the execution
+    /// ends) instead of by the stage change: each release is an atomic
+    /// update of the allocation's counters, and the stage change is the
+    /// one step every thread of the region waits for.
+    retired: parking_lot::Mutex<SmallVec<[DeviceRange<'a>; 8]>>,
 }
 
 /// A stage's items, their tile count, and the in-flight marks of their
@@ -605,6 +611,7 @@ impl<'a> CommandsWork<'a> {
             threads: threads.max(1) as u64,
             concurrency: threads + 1,
             in_flight: parking_lot::Mutex::new(SmallVec::new()),
+            retired: parking_lot::Mutex::new(SmallVec::new()),
         }
     }
 
@@ -755,6 +762,10 @@ impl RegionWork for CommandsWork<'_> {
     }
 
     fn prepare_ahead(&self, stage: usize) {
+        // Off the barrier: the stage before the running one is over (the
+        // marks are released after the lock is, which `begin_stage` takes).
+        let retired = std::mem::take(&mut *self.retired.lock());
+        drop(retired);
         // An indirect dispatch's workgroup count may be written by the
         // stage still running: such stages are prepared when they begin.
         let indirect = self.commands[self.stages[stage].clone()].iter().any(|c| {
@@ -779,7 +790,11 @@ impl RegionWork for CommandsWork<'_> {
     fn begin_stage(&self, stage: usize) -> Result<u64> {
         // Stages run in order: the previous one's tiles have all finished.
         let mut in_flight = self.in_flight.lock();
-        in_flight.clear();
+        let previous = std::mem::take(&mut *in_flight);
+        // Marks no thread had time to release (no preparation ahead since)
+        // go now, as before.
+        let stale = std::mem::replace(&mut *self.retired.lock(), previous);
+        drop(stale);
         let ahead = self.ahead[stage].lock().take();
         let (items, tiles) = match ahead {
             Some((items, tiles, marks)) => {

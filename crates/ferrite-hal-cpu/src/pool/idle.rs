@@ -56,16 +56,16 @@ impl PoolState {
         if self.region_count.load(Ordering::Acquire) == 0 {
             return false;
         }
-        let region = {
+        let (region, home) = {
             let regions = self.regions.lock();
             let Some(r) = regions.iter().find(|r| r.joinable()) else {
                 return false;
             };
-            r.enter();
-            r.clone()
+            let home = r.enter();
+            (r.clone(), home)
         };
         self.stats.joins.fetch_add(1, Ordering::Relaxed);
-        region.work_in(index, &self.stats.on_workers);
+        region.work_in(index, home);
         region.leave();
         true
     }

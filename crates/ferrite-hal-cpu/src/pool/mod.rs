@@ -140,6 +140,12 @@ pub(crate) struct PoolState {
     /// `FERRITE_LOCAL_TASK_CONTENDED_HELPERS`: how many workers may join a
     /// region started while the pool is contended (unset: all of them).
     contended_helpers: Option<usize>,
+    /// Pause instructions between two polls of a spin
+    /// ([`region::DEFAULT_PAUSES_PER_POLL`], or `FERRITE_LOCAL_TASK_PAUSES`).
+    pauses_per_poll: u32,
+    /// `FERRITE_LOCAL_TASK_HOMES=seats`: claim ranges by seat in the region
+    /// instead of by processor id (see `region::Seat`).
+    seat_homes: bool,
 }
 
 impl PoolState {
@@ -222,7 +228,10 @@ impl WorkerPool {
         let shared = Arc::new(PoolState {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             workers: count,
-            idle_spin: options.idle_spin,
+            idle_spin: std::env::var(IDLE_SPIN_VAR)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .map_or(options.idle_spin, Duration::from_micros),
             jobs: Mutex::new(VecDeque::new()),
             queued: AtomicUsize::new(0),
             pollers: AtomicUsize::new(0),
@@ -244,6 +253,11 @@ impl WorkerPool {
             contended_helpers: std::env::var(CONTENDED_HELPERS_VAR)
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
+            pauses_per_poll: std::env::var(PAUSES_VAR)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(region::DEFAULT_PAUSES_PER_POLL),
+            seat_homes: std::env::var(HOMES_VAR).is_ok_and(|v| v.trim() == "seats"),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -360,6 +374,21 @@ const SPIN_VAR: &str = "FERRITE_LOCAL_TASK_SPIN_US";
 /// within the last [`region::CONTENDED_FOR`]), at most this many workers
 /// join a region beside its leader (a tuning and measuring aid; unset: all).
 const CONTENDED_HELPERS_VAR: &str = "FERRITE_LOCAL_TASK_CONTENDED_HELPERS";
+
+/// A whole number: pause instructions between two polls of every spin of
+/// a pool made afterwards (a measuring aid; unset:
+/// [`region::DEFAULT_PAUSES_PER_POLL`]).
+const PAUSES_VAR: &str = "FERRITE_LOCAL_TASK_PAUSES";
+
+/// `seats`: a region's threads start claiming from ranges numbered by
+/// seat (leader first, workers in join order) instead of by processor id
+/// (a measuring aid; see `region::Seat`).
+const HOMES_VAR: &str = "FERRITE_LOCAL_TASK_HOMES";
+
+/// A whole number of microseconds: how long an idle worker polls before
+/// it sleeps, for pools made afterwards (a measuring aid; unset:
+/// [`PoolOptions::idle_spin`]).
+const IDLE_SPIN_VAR: &str = "FERRITE_LOCAL_TASK_IDLE_SPIN_US";
 
 impl Drop for WorkerPool {
     fn drop(&mut self) {

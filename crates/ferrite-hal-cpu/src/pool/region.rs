@@ -107,6 +107,14 @@ pub(crate) struct Spin {
     bound: Duration,
 }
 
+/// Pause instructions between two polls of a [`Spin`]. One pause takes
+/// from a few to about 140 cycles depending on the CPU (Intel made it
+/// about 10x longer from Skylake on); a poll every few pauses notices a
+/// stage change within about 100 ns there, where 32 pauses a poll took
+/// up to 1.5 us, paid at every barrier by the thread that noticed last.
+/// `FERRITE_LOCAL_TASK_PAUSES=N` sets it (a measuring aid).
+pub(crate) const DEFAULT_PAUSES_PER_POLL: u32 = 2;
+
 impl Spin {
     /// A spin of at most `bound` (shortened while `pool` is contended).
     pub(crate) fn start(pool: &PoolState, bound: Duration) -> Spin {
@@ -136,7 +144,7 @@ impl Spin {
             return false;
         }
         self.last = now;
-        for _ in 0..32 {
+        for _ in 0..pool.pauses_per_poll {
             std::hint::spin_loop();
         }
         true
@@ -208,6 +216,29 @@ pub trait RegionWork: Sync {
 #[repr(align(128))]
 struct Padded<T>(T);
 
+/// Who runs tiles in a region: its processor id (passed to the work), the
+/// claim range it tries first, and which of `ran`'s counters its
+/// workgroups go to.
+///
+/// The home range is by default the thread's processor id (worker `i`,
+/// a leading caller the pool's worker count). With seats
+/// (`FERRITE_LOCAL_TASK_HOMES=seats`, a measuring aid) a region has one
+/// range per thread that may be inside at once, the leader sits at range
+/// 0 and joining workers take the next ones in join order: no range
+/// belongs to a worker outside the region, so no tile waits to be taken
+/// by a thread that ran its own first.
+#[derive(Clone, Copy)]
+struct Seat {
+    processor_id: u32,
+    home: usize,
+    kind: usize,
+}
+
+/// The slot of [`Region`]'s `ran` counting workgroups run on workers.
+const WORKER_KIND: usize = 0;
+/// The slot counting workgroups run on other threads (leading callers).
+const OTHER_KIND: usize = 1;
+
 /// Most claim ranges a region splits its stages into (processor ids share
 /// ranges beyond it).
 const MAX_RANGES: usize = 64;
@@ -229,14 +260,26 @@ pub(crate) struct Region {
     ranges: Box<[Padded<AtomicU64>]>,
     /// Tiles of the current stage finished.
     done: Padded<AtomicU64>,
+    /// Workgroups run, per claim range of the running thread's processor
+    /// id: `[on workers, on other threads]`. Each thread adds to the slot
+    /// of its own range, a cache line that no other thread writes (while
+    /// processor ids stay below [`MAX_RANGES`]); the leader adds them to
+    /// the pool's counters when the region ends. One pool-wide counter
+    /// updated by every tile was a cache line that all threads took from
+    /// each other at the end of every stage.
+    ran: Box<[Padded<[AtomicU64; 2]>]>,
     /// Preparation ahead: a stage (high bits) and its state
     /// ([`AHEAD_RUNNING`], [`AHEAD_DONE`] or [`AHEAD_CLOSED`]); see
-    /// [`Region::prepare_ahead`].
-    ahead: AtomicU64,
+    /// [`Region::prepare_ahead`]. On a cache line of its own: it changes
+    /// two or three times a stage, and the words every claim reads (the
+    /// tile counts, the work, the failure flag) must not move with it.
+    ahead: Padded<AtomicU64>,
     /// Tile count of each stage, stored before the stage is published.
     tiles: Box<[AtomicU64]>,
     /// Workers joined (the leader not counted).
     participants: AtomicUsize,
+    /// Joins so far (seat numbers, see [`Seat`]).
+    joined: AtomicUsize,
     /// Workers that may join at once.
     max_helpers: usize,
     /// Bumped at every stage change; the leader sleeps on it.
@@ -349,9 +392,16 @@ impl Region {
     }
 
     /// A worker joins (the caller checked [`Region::joinable`] under the
-    /// pool's region lock).
-    pub(crate) fn enter(&self) {
+    /// pool's region lock); returns the claim range it starts from when the
+    /// pool assigns ranges by seat (see [`Seat`]).
+    pub(crate) fn enter(&self) -> usize {
         self.participants.fetch_add(1, Ordering::Relaxed);
+        let n = self.ranges.len();
+        if n <= 1 {
+            return 0;
+        }
+        // The leader sits at range 0; joiners take 1, 2, ... in order.
+        1 + self.joined.fetch_add(1, Ordering::Relaxed) % (n - 1)
     }
 
     fn record(&self, e: Status) {
@@ -368,9 +418,9 @@ impl Region {
     /// finished, so the word a `fetch_add` returns names the stage its
     /// tile belongs to: a claim that lands after a stage change is a valid
     /// claim of the new stage, never a second run of an old tile.
-    fn claim(&self, stage: usize, processor_id: u32) -> Claim {
+    fn claim(&self, stage: usize, home: usize) -> Claim {
         let n = self.ranges.len();
-        let home = processor_id as usize % n;
+        let home = home % n;
         for k in 0..n {
             let r = (home + k) % n;
             let word = &self.ranges[r].0;
@@ -399,10 +449,17 @@ impl Region {
     }
 
     /// Claims and runs one tile of `stage`; false when the claim found
-    /// none. The tile's workgroups are counted in `ran` before the tile
-    /// counts as done, so statistics read after the region are complete.
-    fn run_one(&self, stage: usize, processor_id: u32, ran: &AtomicU64) -> bool {
-        let Claim::Tile(stage, tile) = self.claim(stage, processor_id) else {
+    /// none. The tile's workgroups are counted in the thread's slot of
+    /// `self.ran` (`kind`: 0 for a worker, 1 for another thread) before the
+    /// tile counts as done, so the sums the leader takes at the end are
+    /// complete.
+    fn run_one(&self, stage: usize, seat: &Seat) -> bool {
+        let Seat {
+            processor_id,
+            home,
+            kind,
+        } = *seat;
+        let Claim::Tile(stage, tile) = self.claim(stage, home) else {
             return false;
         };
         let total = self.tiles[stage].load(Ordering::Relaxed);
@@ -416,7 +473,8 @@ impl Region {
             );
             match result {
                 Ok(n) => {
-                    ran.fetch_add(n, Ordering::Relaxed);
+                    let slot = &self.ran[home % self.ran.len()].0[kind];
+                    slot.fetch_add(n, Ordering::Relaxed);
                 }
                 Err(e) => self.record(e),
             }
@@ -440,12 +498,13 @@ impl Region {
         if next >= self.stage_count() {
             return;
         }
-        let word = self.ahead.load(Ordering::Acquire);
+        let word = self.ahead.0.load(Ordering::Acquire);
         if unpack_ahead(word).0 >= next {
             return;
         }
         if self
             .ahead
+            .0
             .compare_exchange(
                 word,
                 pack_ahead(next, AHEAD_RUNNING),
@@ -470,6 +529,7 @@ impl Region {
             self.record(e);
         }
         self.ahead
+            .0
             .store(pack_ahead(next, AHEAD_DONE), Ordering::Release);
     }
 
@@ -477,13 +537,14 @@ impl Region {
     /// waits for one under way, then marks the stage closed.
     fn close_ahead(&self, stage: usize) {
         loop {
-            let word = self.ahead.load(Ordering::Acquire);
+            let word = self.ahead.0.load(Ordering::Acquire);
             if unpack_ahead(word).1 == AHEAD_RUNNING {
                 std::hint::spin_loop();
                 continue;
             }
             if self
                 .ahead
+                .0
                 .compare_exchange(
                     word,
                     pack_ahead(stage, AHEAD_CLOSED),
@@ -556,8 +617,17 @@ impl Region {
         if stage >= self.stage_count() {
             return;
         }
-        let left = self.unclaimed(stage);
+        // With every worker that may join inside there is nobody to wake
+        // (the usual case within a command buffer): this thread goes on
+        // to claim its own tile at once.
         let inside = self.participants.load(Ordering::Relaxed);
+        if inside >= self.max_helpers {
+            return;
+        }
+        // The stage was just published: its tile count is what is left to
+        // claim, near enough (reading every range instead would take each
+        // range's cache line from the thread claiming from it).
+        let left = self.tiles[stage].load(Ordering::Relaxed);
         let usable = left.min(self.max_helpers as u64 + 1) as usize;
         let want = usable.saturating_sub(1 + inside);
         if want > 0 {
@@ -565,17 +635,31 @@ impl Region {
         }
     }
 
+    /// Wakes the leader if it sleeps (after a SeqCst store of `stage`:
+    /// either the leader's re-check of `stage` sees the store, or this
+    /// load sees its `leader_sleeping`; it read the epoch before, so the
+    /// bump makes its futex wait return). A leader that is not asleep
+    /// costs the stage change one load, not a locked update.
     fn wake_leader(&self) {
-        self.leader_epoch.fetch_add(1, Ordering::SeqCst);
         if self.leader_sleeping.load(Ordering::SeqCst) {
+            self.leader_epoch.fetch_add(1, Ordering::SeqCst);
             park::wake(&self.leader_epoch, 1);
         }
     }
 
-    /// A joined worker runs tiles (counting their workgroups in `ran`)
-    /// until the region finishes or its [`Spin`] for the next stage ended.
-    /// The caller leaves afterwards ([`Region::leave`]).
-    pub(crate) fn work_in(&self, processor_id: u32, ran: &AtomicU64) {
+    /// A joined worker runs tiles until the region finishes or its
+    /// [`Spin`] for the next stage ended. The caller leaves afterwards
+    /// ([`Region::leave`]).
+    pub(crate) fn work_in(&self, processor_id: u32, home: usize) {
+        let seat = Seat {
+            processor_id,
+            home: if self.pool.seat_homes {
+                home
+            } else {
+                processor_id as usize
+            },
+            kind: WORKER_KIND,
+        };
         let mut spin: Option<Spin> = None;
         // The stage this thread found nothing left to claim in: it polls
         // the stage word until that changes.
@@ -585,7 +669,7 @@ impl Region {
             if stage >= self.stage_count() {
                 return;
             }
-            if self.claim_or_prepare(stage, &mut exhausted, processor_id, ran) {
+            if self.claim_or_prepare(stage, &mut exhausted, &seat) {
                 spin = None;
                 continue;
             }
@@ -600,17 +684,11 @@ impl Region {
     /// nothing left to claim for this thread, records that in `exhausted`
     /// and prepares the next stage ahead (false: the caller idles until
     /// the stage changes).
-    fn claim_or_prepare(
-        &self,
-        stage: usize,
-        exhausted: &mut Option<usize>,
-        processor_id: u32,
-        ran: &AtomicU64,
-    ) -> bool {
+    fn claim_or_prepare(&self, stage: usize, exhausted: &mut Option<usize>, seat: &Seat) -> bool {
         if *exhausted == Some(stage) {
             return false;
         }
-        if self.run_one(stage, processor_id, ran) {
+        if self.run_one(stage, seat) {
             return true;
         }
         *exhausted = Some(stage);
@@ -625,9 +703,8 @@ impl Region {
         self.participants.fetch_sub(1, Ordering::Release);
     }
 
-    /// The leader runs tiles (counting workgroups in `ran`) until the
-    /// region finishes.
-    fn lead(&self, processor_id: u32, ran: &AtomicU64) {
+    /// The leader runs tiles until the region finishes.
+    fn lead(&self, seat: &Seat) {
         let mut spin: Option<Spin> = None;
         let mut exhausted: Option<usize> = None;
         loop {
@@ -635,7 +712,7 @@ impl Region {
             if stage >= self.stage_count() {
                 return;
             }
-            if self.claim_or_prepare(stage, &mut exhausted, processor_id, ran) {
+            if self.claim_or_prepare(stage, &mut exhausted, seat) {
                 spin = None;
                 continue;
             }
@@ -690,17 +767,29 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
             work as *const dyn RegionWork,
         )
     };
-    let threads = pool.workers.max(1) + 1;
+    // One claim range per thread that may run tiles: by processor id,
+    // every worker and a leading caller; by seat, the leader and the
+    // workers that may join.
+    let max_helpers = pool.region_helpers();
+    let threads = if pool.seat_homes {
+        max_helpers + 1
+    } else {
+        pool.workers.max(1) + 1
+    };
     let region = Arc::new(Region {
         stage: Padded(AtomicU64::new(0)),
         ranges: (0..range_count(threads))
             .map(|_| Padded(AtomicU64::new(0)))
             .collect(),
         done: Padded(AtomicU64::new(0)),
-        ahead: AtomicU64::new(0),
+        ran: (0..range_count(threads))
+            .map(|_| Padded([AtomicU64::new(0), AtomicU64::new(0)]))
+            .collect(),
+        ahead: Padded(AtomicU64::new(0)),
         tiles: (0..stages).map(|_| AtomicU64::new(0)).collect(),
         participants: AtomicUsize::new(0),
-        max_helpers: pool.region_helpers(),
+        joined: AtomicUsize::new(0),
+        max_helpers,
         leader_epoch: AtomicU32::new(0),
         leader_sleeping: AtomicBool::new(false),
         failed: AtomicBool::new(false),
@@ -723,7 +812,21 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
         guard.published = true;
         region.call_helpers();
     }
-    region.lead(processor_id, pool.counter_for_this_thread());
+    let kind = if pool.current_worker().is_some() {
+        WORKER_KIND
+    } else {
+        OTHER_KIND
+    };
+    let seat = Seat {
+        processor_id,
+        home: if pool.seat_homes {
+            0
+        } else {
+            processor_id as usize
+        },
+        kind,
+    };
+    region.lead(&seat);
     // Normal end: the region finished, so no thread uses `work` any more
     // (see `Region::work`); workers still inside only poll its words.
     std::mem::forget(guard);
@@ -731,6 +834,21 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
         pool.unpublish(&region);
     }
     pool.stats.regions.fetch_add(1, Ordering::Relaxed);
+    // Every tile finished (and counted its workgroups before it counted as
+    // done), so the slots are complete.
+    for (kind, counter) in [
+        (WORKER_KIND, &pool.stats.on_workers),
+        (OTHER_KIND, &pool.stats.on_callers),
+    ] {
+        let sum: u64 = region
+            .ran
+            .iter()
+            .map(|slot| slot.0[kind].load(Ordering::Relaxed))
+            .sum();
+        if sum > 0 {
+            counter.fetch_add(sum, Ordering::Relaxed);
+        }
+    }
     if let (Some(sums), Some(t)) = (&pool.timing, &region.timing) {
         sums.lock().fold(t, region.max_helpers + 1);
     }
