@@ -8,7 +8,10 @@ use crate::context::CudaContext;
 use ferrite_base::Result;
 use ferrite_hal::external::{NativeApi, NativeDevice, NativeQueue, NativeStream};
 
-impl NativeQueue for CudaContext {
+// SAFETY: `device` is this context's device ordinal in the CUDA driver
+// API, and `stream` its queue stream, created with the context and
+// destroyed only in its Drop (so valid while the queue lives).
+unsafe impl NativeQueue for CudaContext {
     fn device(&self) -> NativeDevice {
         NativeDevice {
             api: NativeApi::Cuda,

@@ -150,7 +150,10 @@ impl Drop for CudaMemory {
 // SAFETY: `len` is fixed at creation; `host_ptr` is the pinned or registered
 // host mapping of exactly `len` bytes, freed only in Drop (so valid while
 // `self` lives) and reached only through the HAL's checked accessors; `read`
-// and `write` check their ranges before any copy.
+// and `write` check their ranges before any copy; `native` gives `dptr`,
+// the CUDA address of those `len` bytes on the context's device (device
+// memory, the mapping's device address, or an import checked against its
+// allocation when made), freed only in Drop as well.
 unsafe impl DeviceMemory for CudaMemory {
     fn len(&self) -> u64 {
         self.len

@@ -85,7 +85,13 @@ impl NativeStream {
 
 /// A device queue as its own API sees it: what foreign code (another
 /// library's streams) needs to order its work against Ferrite's.
-pub trait NativeQueue: Send + Sync {
+///
+/// # Safety
+/// Foreign code trusts what an implementation says: [`NativeQueue::device`]
+/// names the device the queue runs on, and [`NativeQueue::stream`] is a
+/// stream handle of that API, valid on that device while the queue lives
+/// (bindings pass it to foreign producers, which enqueue work on it).
+pub unsafe trait NativeQueue: Send + Sync {
     /// The device the queue runs on.
     fn device(&self) -> NativeDevice;
 

@@ -334,7 +334,11 @@ impl Drop for BoxedBytes {
 /// - `len()` returns the same value for the whole life of the object;
 /// - `host_ptr()`, when `Some`, returns the same pointer every call, valid
 ///   for reads and writes of `len()` bytes for as long as the object lives,
-///   and memory no one else accesses except through that pointer.
+///   and memory no one else accesses except through that pointer;
+/// - `native()`, when `Some`, gives the address of the allocation's first
+///   byte in the API of its queue's device, valid there for `len()` bytes
+///   while the object lives (users outside Ferrite are handed it, and
+///   address the memory through it, see [`crate::external`]).
 ///
 /// `read` and `write` are safe methods that anyone holding the memory can
 /// call ([`Buffer::device_memory`](super::Buffer::device_memory)) with any arguments: an implementation
