@@ -24,6 +24,11 @@ encodings = isa["encodings"]
 BANKS = {"i32": "I32", "i64": "I64", "f32": "F32", "f64": "F64", "ref": "Ref", "any": "Any"}
 
 
+def reg_banks(encoding_name):
+    """The banks of an encoding's register fields, in encoding order."""
+    return [f.split("Bank::")[1].split(",")[0] for f in fields_of(encoding_name) if f.startswith("F::Reg")]
+
+
 def fields_of(encoding_name):
     enc = encodings[encoding_name]
     params = enc.get("parameters", {})
@@ -90,7 +95,10 @@ print("// Do not edit by hand; rerun the script.")
 print("//! Opcode tables and operand encodings of the VM instruction set.")
 print("#![allow(missing_docs)]")
 print()
-print("use super::isa_types::{Bank, Field as F, OpSet};")
+print("use super::isa_types::bank::{Ref, F32, F64, I32, I64};")
+print("use super::isa_types::{Bank, Field as F, OpSet, RegSource};")
+print("use super::verifier::Reg;")
+print("use ferrite_base::Result;")
 print()
 print("/// Every instruction of the core, ext_f32 and ext_f64 opcode sets.")
 print("#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]")
@@ -196,5 +204,91 @@ for sym, _, cmp in FUSED:
 for i in ops:
     print(f"            Op::{i['symbol']} => &[Op::{i['symbol']}],")
 print("        }")
+print("    }")
+print("}")
+
+
+# The register operands of each op, typed by bank: the decoded instruction
+# carries them (verifier::Insn::regs), so an interpreter arm can only read an
+# operand with the bank the ISA gives it.
+def op_banks(i):
+    if i.get("kind") == "marker":
+        return []
+    banks = reg_banks(i["encoding"])
+    for b in banks:
+        if b not in ("I32", "I64", "F32", "F64", "Ref"):
+            sys.exit(f"{i['symbol']}: register field of bank {b} has no register type")
+    return banks
+
+
+by_symbol = {i["symbol"]: op_banks(i) for i in ops}
+fused_banks = {}
+for sym, _, cmp in FUSED:
+    if cmp:
+        fused_banks[sym] = by_symbol[cmp]
+    elif sym == "DirectCondBranch":
+        fused_banks[sym] = by_symbol["CondBranch"]
+    elif sym in ("DirectBranch", "PrimitiveRemapBranch"):
+        fused_banks[sym] = by_symbol["Branch"]
+    else:
+        fused_banks[sym] = []
+all_banks = [(sym, fused_banks[sym]) for sym, _, _ in FUSED] + [(i["symbol"], by_symbol[i["symbol"]]) for i in ops]
+if max(len(b) for _, b in all_banks) > 6:
+    sys.exit("an op has more than 6 register operands")
+
+
+def pattern(sym, banks):
+    if not banks:
+        return f"OpRegs::{sym}"
+    return f"OpRegs::{sym}({', '.join(f'r{k}' for k in range(len(banks)))})"
+
+
+print()
+print("/// The register operands of a decoded instruction, in encoding order,")
+print("/// one variant per [`Op`] (same order, so the tag is the op), each")
+print("/// operand a [`Reg`] of the bank the ISA gives it. Only the verifier")
+print("/// makes `Reg`s, so a value of this type holds only checked registers,")
+print("/// and reading one with another bank's accessor does not compile.")
+print("#[derive(Clone, Copy, Debug, PartialEq, Eq)]")
+print("#[repr(u16)]")
+print("pub enum OpRegs {")
+for sym, banks in all_banks:
+    if banks:
+        print(f"    {sym}({', '.join(f'Reg<{b}>' for b in banks)}),")
+    else:
+        print(f"    {sym},")
+print("}")
+print()
+print("impl OpRegs {")
+print("    /// The op these are the operands of.")
+print("    pub fn op(self) -> Op {")
+print("        match self {")
+for sym, banks in all_banks:
+    tail = "(..)" if banks else ""
+    print(f"            OpRegs::{sym}{tail} => Op::{sym},")
+print("        }")
+print("    }")
+print()
+print("    /// The operands as encoded (ref registers with their type and move")
+print("    /// bits), unused trailing slots 0.")
+print("    pub fn raw(self) -> [u16; 6] {")
+print("        match self {")
+for sym, banks in all_banks:
+    vals = [f"r{k}.raw()" for k in range(len(banks))] + ["0"] * (6 - len(banks))
+    print(f"            {pattern(sym, banks)} => [{', '.join(vals)}],")
+print("        }")
+print("    }")
+print()
+print("    /// The operands of `op`, each taken from `src` as the bank the ISA")
+print("    /// gives it, in encoding order.")
+print("    pub(crate) fn decode(op: Op, src: &mut impl RegSource) -> Result<OpRegs> {")
+print("        Ok(match op {")
+for sym, banks in all_banks:
+    if banks:
+        args = ", ".join(f"src.reg::<{b}>()?" for b in banks)
+        print(f"            Op::{sym} => OpRegs::{sym}({args}),")
+    else:
+        print(f"            Op::{sym} => OpRegs::{sym},")
+print("        })")
 print("    }")
 print("}")

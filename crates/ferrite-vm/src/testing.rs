@@ -90,7 +90,7 @@ fn terminates_from(
     }
     visiting.push(i);
     let ok = f.insns.iter().all(|insn| {
-        !matches!(insn.op, Op::Call | Op::CallYieldable)
+        !matches!(insn.op(), Op::Call | Op::CallYieldable)
             || insn.a & IMPORT_BIT != 0
             || terminates_from(functions, insn.a as usize, visiting)
     });

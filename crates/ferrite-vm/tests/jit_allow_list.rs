@@ -72,10 +72,10 @@ fn ops_off_the_allow_list_keep_their_function_interpreted() {
         let names = m.function_names();
         let mut off_list_functions = BTreeSet::new();
         for (i, f) in m.functions().iter().enumerate() {
-            let Some(first) = f.insns.iter().map(|i| i.op).find(|op| !compiles(*op)) else {
+            let Some(first) = f.insns.iter().map(|i| i.op()).find(|op| !compiles(*op)) else {
                 continue;
             };
-            seen_off_list.extend(f.insns.iter().map(|i| i.op).filter(|op| !compiles(*op)));
+            seen_off_list.extend(f.insns.iter().map(|i| i.op()).filter(|op| !compiles(*op)));
             off_list_functions.insert(names[i].clone());
             let expected = format!("uses {} (not on the allow-list)", first.mnemonic());
             match &jit.tiers[i] {

@@ -3,7 +3,10 @@
 //! Opcode tables and operand encodings of the VM instruction set.
 #![allow(missing_docs)]
 
-use super::isa_types::{Bank, Field as F, OpSet};
+use super::isa_types::bank::{Ref, F32, F64, I32, I64};
+use super::isa_types::{Bank, Field as F, OpSet, RegSource};
+use super::verifier::Reg;
+use ferrite_base::Result;
 
 /// Every instruction of the core, ext_f32 and ext_f64 opcode sets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -6057,5 +6060,1422 @@ impl Op {
             Op::MaxF64 => &[Op::MaxF64],
             Op::RoundF64Even => &[Op::RoundF64Even],
         }
+    }
+}
+
+/// The register operands of a decoded instruction, in encoding order,
+/// one variant per [`Op`] (same order, so the tag is the op), each
+/// operand a [`Reg`] of the bank the ISA gives it. Only the verifier
+/// makes `Reg`s, so a value of this type holds only checked registers,
+/// and reading one with another bank's accessor does not compile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum OpRegs {
+    FusedCmpEQI32CondBranch(Reg<I32>, Reg<I32>, Reg<I32>),
+    FusedCmpNEI32CondBranch(Reg<I32>, Reg<I32>, Reg<I32>),
+    FusedCmpLTI32SCondBranch(Reg<I32>, Reg<I32>, Reg<I32>),
+    FusedCmpLTI32UCondBranch(Reg<I32>, Reg<I32>, Reg<I32>),
+    FusedCmpNZI32CondBranch(Reg<I32>, Reg<I32>),
+    FusedCmpEQI64CondBranch(Reg<I64>, Reg<I64>, Reg<I32>),
+    FusedCmpNEI64CondBranch(Reg<I64>, Reg<I64>, Reg<I32>),
+    FusedCmpLTI64SCondBranch(Reg<I64>, Reg<I64>, Reg<I32>),
+    FusedCmpLTI64UCondBranch(Reg<I64>, Reg<I64>, Reg<I32>),
+    FusedCmpNZI64CondBranch(Reg<I64>, Reg<I32>),
+    DirectCondBranch(Reg<I32>),
+    DirectBranch,
+    PrimitiveRemapBranch,
+    EndOfFunction,
+    GlobalLoadI32(Reg<I32>),
+    GlobalStoreI32(Reg<I32>),
+    GlobalLoadIndirectI32(Reg<I32>, Reg<I32>),
+    GlobalStoreIndirectI32(Reg<I32>, Reg<I32>),
+    GlobalLoadI64(Reg<I64>),
+    GlobalStoreI64(Reg<I64>),
+    GlobalLoadIndirectI64(Reg<I32>, Reg<I64>),
+    GlobalStoreIndirectI64(Reg<I32>, Reg<I64>),
+    GlobalLoadRef(Reg<Ref>),
+    GlobalStoreRef(Reg<Ref>),
+    GlobalLoadIndirectRef(Reg<I32>, Reg<Ref>),
+    GlobalStoreIndirectRef(Reg<I32>, Reg<Ref>),
+    ConstI32Zero(Reg<I32>),
+    ConstI32(Reg<I32>),
+    ConstI64Zero(Reg<I64>),
+    ConstI64(Reg<I64>),
+    ConstRefZero(Reg<Ref>),
+    ConstRefRodata(Reg<Ref>),
+    ListAlloc(Reg<I32>, Reg<Ref>),
+    ListReserve(Reg<Ref>, Reg<I32>),
+    ListSize(Reg<Ref>, Reg<I32>),
+    ListResize(Reg<Ref>, Reg<I32>),
+    ListGetI32(Reg<Ref>, Reg<I32>, Reg<I32>),
+    ListSetI32(Reg<Ref>, Reg<I32>, Reg<I32>),
+    ListGetI64(Reg<Ref>, Reg<I32>, Reg<I64>),
+    ListSetI64(Reg<Ref>, Reg<I32>, Reg<I64>),
+    ListGetRef(Reg<Ref>, Reg<I32>, Reg<Ref>),
+    ListSetRef(Reg<Ref>, Reg<I32>, Reg<Ref>),
+    SelectI32(Reg<I32>, Reg<I32>, Reg<I32>, Reg<I32>),
+    SelectI64(Reg<I32>, Reg<I64>, Reg<I64>, Reg<I64>),
+    SelectRef(Reg<I32>, Reg<Ref>, Reg<Ref>, Reg<Ref>),
+    SwitchI32(Reg<I32>, Reg<I32>, Reg<I32>),
+    SwitchI64(Reg<I32>, Reg<I64>, Reg<I64>),
+    SwitchRef(Reg<I32>, Reg<Ref>, Reg<Ref>),
+    AddI32(Reg<I32>, Reg<I32>, Reg<I32>),
+    SubI32(Reg<I32>, Reg<I32>, Reg<I32>),
+    MulI32(Reg<I32>, Reg<I32>, Reg<I32>),
+    DivI32S(Reg<I32>, Reg<I32>, Reg<I32>),
+    DivI32U(Reg<I32>, Reg<I32>, Reg<I32>),
+    RemI32S(Reg<I32>, Reg<I32>, Reg<I32>),
+    RemI32U(Reg<I32>, Reg<I32>, Reg<I32>),
+    FMAI32(Reg<I32>, Reg<I32>, Reg<I32>, Reg<I32>),
+    AddI64(Reg<I64>, Reg<I64>, Reg<I64>),
+    SubI64(Reg<I64>, Reg<I64>, Reg<I64>),
+    MulI64(Reg<I64>, Reg<I64>, Reg<I64>),
+    DivI64S(Reg<I64>, Reg<I64>, Reg<I64>),
+    DivI64U(Reg<I64>, Reg<I64>, Reg<I64>),
+    RemI64S(Reg<I64>, Reg<I64>, Reg<I64>),
+    RemI64U(Reg<I64>, Reg<I64>, Reg<I64>),
+    FMAI64(Reg<I64>, Reg<I64>, Reg<I64>, Reg<I64>),
+    NotI32(Reg<I32>, Reg<I32>),
+    AndI32(Reg<I32>, Reg<I32>, Reg<I32>),
+    OrI32(Reg<I32>, Reg<I32>, Reg<I32>),
+    XorI32(Reg<I32>, Reg<I32>, Reg<I32>),
+    NotI64(Reg<I64>, Reg<I64>),
+    AndI64(Reg<I64>, Reg<I64>, Reg<I64>),
+    OrI64(Reg<I64>, Reg<I64>, Reg<I64>),
+    XorI64(Reg<I64>, Reg<I64>, Reg<I64>),
+    ShlI32(Reg<I32>, Reg<I32>, Reg<I32>),
+    ShrI32S(Reg<I32>, Reg<I32>, Reg<I32>),
+    ShrI32U(Reg<I32>, Reg<I32>, Reg<I32>),
+    ShlI64(Reg<I64>, Reg<I32>, Reg<I64>),
+    ShrI64S(Reg<I64>, Reg<I32>, Reg<I64>),
+    ShrI64U(Reg<I64>, Reg<I32>, Reg<I64>),
+    TruncI32I8(Reg<I32>, Reg<I32>),
+    TruncI32I16(Reg<I32>, Reg<I32>),
+    TruncI64I32(Reg<I64>, Reg<I32>),
+    ExtI8I32S(Reg<I32>, Reg<I32>),
+    ExtI8I32U(Reg<I32>, Reg<I32>),
+    ExtI16I32S(Reg<I32>, Reg<I32>),
+    ExtI16I32U(Reg<I32>, Reg<I32>),
+    ExtI32I64S(Reg<I32>, Reg<I64>),
+    ExtI32I64U(Reg<I32>, Reg<I64>),
+    CmpEQI32(Reg<I32>, Reg<I32>, Reg<I32>),
+    CmpNEI32(Reg<I32>, Reg<I32>, Reg<I32>),
+    CmpLTI32S(Reg<I32>, Reg<I32>, Reg<I32>),
+    CmpLTI32U(Reg<I32>, Reg<I32>, Reg<I32>),
+    CmpNZI32(Reg<I32>, Reg<I32>),
+    CmpEQI64(Reg<I64>, Reg<I64>, Reg<I32>),
+    CmpNEI64(Reg<I64>, Reg<I64>, Reg<I32>),
+    CmpLTI64S(Reg<I64>, Reg<I64>, Reg<I32>),
+    CmpLTI64U(Reg<I64>, Reg<I64>, Reg<I32>),
+    CmpNZI64(Reg<I64>, Reg<I32>),
+    CmpEQRef(Reg<Ref>, Reg<Ref>, Reg<I32>),
+    CmpNERef(Reg<Ref>, Reg<Ref>, Reg<I32>),
+    CmpNZRef(Reg<Ref>, Reg<I32>),
+    Branch,
+    CondBranch(Reg<I32>),
+    Call,
+    CallVariadic,
+    Return,
+    Fail(Reg<I32>),
+    ImportResolved(Reg<I32>),
+    Yield,
+    Trace,
+    Print,
+    CondBreak(Reg<I32>),
+    Break,
+    BufferLoadI8U(Reg<Ref>, Reg<I64>, Reg<I32>),
+    BufferLoadI8S(Reg<Ref>, Reg<I64>, Reg<I32>),
+    BufferLoadI16U(Reg<Ref>, Reg<I64>, Reg<I32>),
+    BufferLoadI16S(Reg<Ref>, Reg<I64>, Reg<I32>),
+    BufferLoadI32(Reg<Ref>, Reg<I64>, Reg<I32>),
+    BufferLoadI64(Reg<Ref>, Reg<I64>, Reg<I64>),
+    BufferStoreI8(Reg<Ref>, Reg<I64>, Reg<I32>),
+    BufferStoreI16(Reg<Ref>, Reg<I64>, Reg<I32>),
+    BufferStoreI32(Reg<Ref>, Reg<I64>, Reg<I32>),
+    BufferStoreI64(Reg<Ref>, Reg<I64>, Reg<I64>),
+    BufferAlloc(Reg<I64>, Reg<I32>, Reg<Ref>),
+    BufferClone(Reg<Ref>, Reg<I64>, Reg<I64>, Reg<I32>, Reg<Ref>),
+    BufferLength(Reg<Ref>, Reg<I64>),
+    BufferCopy(Reg<Ref>, Reg<I64>, Reg<Ref>, Reg<I64>, Reg<I64>),
+    BufferCompare(Reg<Ref>, Reg<I64>, Reg<Ref>, Reg<I64>, Reg<I64>, Reg<I32>),
+    BufferFillI8(Reg<Ref>, Reg<I64>, Reg<I64>, Reg<I32>),
+    BufferFillI16(Reg<Ref>, Reg<I64>, Reg<I64>, Reg<I32>),
+    BufferFillI32(Reg<Ref>, Reg<I64>, Reg<I64>, Reg<I32>),
+    BufferFillI64(Reg<Ref>, Reg<I64>, Reg<I64>, Reg<I64>),
+    CtlzI32(Reg<I32>, Reg<I32>),
+    CtlzI64(Reg<I64>, Reg<I64>),
+    AbsI32(Reg<I32>, Reg<I32>),
+    AbsI64(Reg<I64>, Reg<I64>),
+    Block,
+    MinI32S(Reg<I32>, Reg<I32>, Reg<I32>),
+    MinI32U(Reg<I32>, Reg<I32>, Reg<I32>),
+    MaxI32S(Reg<I32>, Reg<I32>, Reg<I32>),
+    MaxI32U(Reg<I32>, Reg<I32>, Reg<I32>),
+    MinI64S(Reg<I64>, Reg<I64>, Reg<I64>),
+    MinI64U(Reg<I64>, Reg<I64>, Reg<I64>),
+    MaxI64S(Reg<I64>, Reg<I64>, Reg<I64>),
+    MaxI64U(Reg<I64>, Reg<I64>, Reg<I64>),
+    CastAnyRef(Reg<Ref>, Reg<Ref>),
+    BranchTable(Reg<I32>),
+    BufferHash(Reg<Ref>, Reg<I64>, Reg<I64>, Reg<I64>),
+    DiscardRefs,
+    AssignRef(Reg<Ref>, Reg<Ref>),
+    CallYieldable,
+    CallVariadicYieldable,
+    GlobalLoadF32(Reg<F32>),
+    GlobalStoreF32(Reg<F32>),
+    GlobalLoadIndirectF32(Reg<I32>, Reg<F32>),
+    GlobalStoreIndirectF32(Reg<I32>, Reg<F32>),
+    ConstF32Zero(Reg<F32>),
+    ConstF32(Reg<F32>),
+    ListGetF32(Reg<Ref>, Reg<I32>, Reg<F32>),
+    ListSetF32(Reg<Ref>, Reg<I32>, Reg<F32>),
+    SelectF32(Reg<I32>, Reg<F32>, Reg<F32>, Reg<F32>),
+    SwitchF32(Reg<I32>, Reg<F32>, Reg<F32>),
+    AddF32(Reg<F32>, Reg<F32>, Reg<F32>),
+    SubF32(Reg<F32>, Reg<F32>, Reg<F32>),
+    MulF32(Reg<F32>, Reg<F32>, Reg<F32>),
+    DivF32(Reg<F32>, Reg<F32>, Reg<F32>),
+    RemF32(Reg<F32>, Reg<F32>, Reg<F32>),
+    FMAF32(Reg<F32>, Reg<F32>, Reg<F32>, Reg<F32>),
+    AbsF32(Reg<F32>, Reg<F32>),
+    NegF32(Reg<F32>, Reg<F32>),
+    CeilF32(Reg<F32>, Reg<F32>),
+    FloorF32(Reg<F32>, Reg<F32>),
+    CastSI32F32(Reg<I32>, Reg<F32>),
+    CastUI32F32(Reg<I32>, Reg<F32>),
+    CastF32SI32(Reg<F32>, Reg<I32>),
+    CastF32UI32(Reg<F32>, Reg<I32>),
+    BitcastI32F32(Reg<I32>, Reg<F32>),
+    BitcastF32I32(Reg<F32>, Reg<I32>),
+    AtanF32(Reg<F32>, Reg<F32>),
+    Atan2F32(Reg<F32>, Reg<F32>, Reg<F32>),
+    CosF32(Reg<F32>, Reg<F32>),
+    SinF32(Reg<F32>, Reg<F32>),
+    ExpF32(Reg<F32>, Reg<F32>),
+    Exp2F32(Reg<F32>, Reg<F32>),
+    ExpM1F32(Reg<F32>, Reg<F32>),
+    LogF32(Reg<F32>, Reg<F32>),
+    Log10F32(Reg<F32>, Reg<F32>),
+    Log1pF32(Reg<F32>, Reg<F32>),
+    Log2F32(Reg<F32>, Reg<F32>),
+    PowF32(Reg<F32>, Reg<F32>, Reg<F32>),
+    RsqrtF32(Reg<F32>, Reg<F32>),
+    SqrtF32(Reg<F32>, Reg<F32>),
+    TanhF32(Reg<F32>, Reg<F32>),
+    ErfF32(Reg<F32>, Reg<F32>),
+    CmpEQF32O(Reg<F32>, Reg<F32>, Reg<I32>),
+    CmpEQF32U(Reg<F32>, Reg<F32>, Reg<I32>),
+    CmpNEF32O(Reg<F32>, Reg<F32>, Reg<I32>),
+    CmpNEF32U(Reg<F32>, Reg<F32>, Reg<I32>),
+    CmpLTF32O(Reg<F32>, Reg<F32>, Reg<I32>),
+    CmpLTF32U(Reg<F32>, Reg<F32>, Reg<I32>),
+    CmpLTEF32O(Reg<F32>, Reg<F32>, Reg<I32>),
+    CmpLTEF32U(Reg<F32>, Reg<F32>, Reg<I32>),
+    CmpNaNF32(Reg<F32>, Reg<I32>),
+    BufferLoadF32(Reg<Ref>, Reg<I64>, Reg<F32>),
+    BufferStoreF32(Reg<Ref>, Reg<I64>, Reg<F32>),
+    BufferFillF32(Reg<Ref>, Reg<I64>, Reg<I64>, Reg<F32>),
+    RoundF32(Reg<F32>, Reg<F32>),
+    MinF32(Reg<F32>, Reg<F32>, Reg<F32>),
+    MaxF32(Reg<F32>, Reg<F32>, Reg<F32>),
+    RoundF32Even(Reg<F32>, Reg<F32>),
+    CastF32SI64(Reg<F32>, Reg<I64>),
+    CastF32UI64(Reg<F32>, Reg<I64>),
+    CastSI64F32(Reg<I64>, Reg<F32>),
+    CastUI64F32(Reg<I64>, Reg<F32>),
+    GlobalLoadF64(Reg<F64>),
+    GlobalStoreF64(Reg<F64>),
+    GlobalLoadIndirectF64(Reg<I32>, Reg<F64>),
+    GlobalStoreIndirectF64(Reg<I32>, Reg<F64>),
+    ConstF64Zero(Reg<F64>),
+    ConstF64(Reg<F64>),
+    ListGetF64(Reg<Ref>, Reg<I32>, Reg<F64>),
+    ListSetF64(Reg<Ref>, Reg<I32>, Reg<F64>),
+    SelectF64(Reg<I32>, Reg<F64>, Reg<F64>, Reg<F64>),
+    SwitchF64(Reg<I32>, Reg<F64>, Reg<F64>),
+    AddF64(Reg<F64>, Reg<F64>, Reg<F64>),
+    SubF64(Reg<F64>, Reg<F64>, Reg<F64>),
+    MulF64(Reg<F64>, Reg<F64>, Reg<F64>),
+    DivF64(Reg<F64>, Reg<F64>, Reg<F64>),
+    RemF64(Reg<F64>, Reg<F64>, Reg<F64>),
+    FMAF64(Reg<F64>, Reg<F64>, Reg<F64>, Reg<F64>),
+    AbsF64(Reg<F64>, Reg<F64>),
+    NegF64(Reg<F64>, Reg<F64>),
+    CeilF64(Reg<F64>, Reg<F64>),
+    FloorF64(Reg<F64>, Reg<F64>),
+    TruncF64F32(Reg<F64>, Reg<F32>),
+    ExtF32F64(Reg<F32>, Reg<F64>),
+    CastSI32F64(Reg<I32>, Reg<F64>),
+    CastUI32F64(Reg<I32>, Reg<F64>),
+    CastF64SI32(Reg<F64>, Reg<I32>),
+    CastF64UI32(Reg<F64>, Reg<I32>),
+    CastSI64F64(Reg<I64>, Reg<F64>),
+    CastUI64F64(Reg<I64>, Reg<F64>),
+    CastF64SI64(Reg<F64>, Reg<I64>),
+    CastF64UI64(Reg<F64>, Reg<I64>),
+    BitcastI64F64(Reg<I64>, Reg<F64>),
+    BitcastF64I64(Reg<F64>, Reg<I64>),
+    AtanF64(Reg<F64>, Reg<F64>),
+    Atan2F64(Reg<F64>, Reg<F64>, Reg<F64>),
+    CosF64(Reg<F64>, Reg<F64>),
+    SinF64(Reg<F64>, Reg<F64>),
+    ExpF64(Reg<F64>, Reg<F64>),
+    Exp2F64(Reg<F64>, Reg<F64>),
+    ExpM1F64(Reg<F64>, Reg<F64>),
+    LogF64(Reg<F64>, Reg<F64>),
+    Log10F64(Reg<F64>, Reg<F64>),
+    Log1pF64(Reg<F64>, Reg<F64>),
+    Log2F64(Reg<F64>, Reg<F64>),
+    PowF64(Reg<F64>, Reg<F64>, Reg<F64>),
+    RsqrtF64(Reg<F64>, Reg<F64>),
+    SqrtF64(Reg<F64>, Reg<F64>),
+    TanhF64(Reg<F64>, Reg<F64>),
+    ErfF64(Reg<F64>, Reg<F64>),
+    CmpEQF64O(Reg<F64>, Reg<F64>, Reg<I32>),
+    CmpEQF64U(Reg<F64>, Reg<F64>, Reg<I32>),
+    CmpNEF64O(Reg<F64>, Reg<F64>, Reg<I32>),
+    CmpNEF64U(Reg<F64>, Reg<F64>, Reg<I32>),
+    CmpLTF64O(Reg<F64>, Reg<F64>, Reg<I32>),
+    CmpLTF64U(Reg<F64>, Reg<F64>, Reg<I32>),
+    CmpLTEF64O(Reg<F64>, Reg<F64>, Reg<I32>),
+    CmpLTEF64U(Reg<F64>, Reg<F64>, Reg<I32>),
+    CmpNaNF64(Reg<F64>, Reg<I32>),
+    BufferLoadF64(Reg<Ref>, Reg<I64>, Reg<F64>),
+    BufferStoreF64(Reg<Ref>, Reg<I64>, Reg<F64>),
+    BufferFillF64(Reg<Ref>, Reg<I64>, Reg<I64>, Reg<F64>),
+    RoundF64(Reg<F64>, Reg<F64>),
+    MinF64(Reg<F64>, Reg<F64>, Reg<F64>),
+    MaxF64(Reg<F64>, Reg<F64>, Reg<F64>),
+    RoundF64Even(Reg<F64>, Reg<F64>),
+}
+
+impl OpRegs {
+    /// The op these are the operands of.
+    pub fn op(self) -> Op {
+        match self {
+            OpRegs::FusedCmpEQI32CondBranch(..) => Op::FusedCmpEQI32CondBranch,
+            OpRegs::FusedCmpNEI32CondBranch(..) => Op::FusedCmpNEI32CondBranch,
+            OpRegs::FusedCmpLTI32SCondBranch(..) => Op::FusedCmpLTI32SCondBranch,
+            OpRegs::FusedCmpLTI32UCondBranch(..) => Op::FusedCmpLTI32UCondBranch,
+            OpRegs::FusedCmpNZI32CondBranch(..) => Op::FusedCmpNZI32CondBranch,
+            OpRegs::FusedCmpEQI64CondBranch(..) => Op::FusedCmpEQI64CondBranch,
+            OpRegs::FusedCmpNEI64CondBranch(..) => Op::FusedCmpNEI64CondBranch,
+            OpRegs::FusedCmpLTI64SCondBranch(..) => Op::FusedCmpLTI64SCondBranch,
+            OpRegs::FusedCmpLTI64UCondBranch(..) => Op::FusedCmpLTI64UCondBranch,
+            OpRegs::FusedCmpNZI64CondBranch(..) => Op::FusedCmpNZI64CondBranch,
+            OpRegs::DirectCondBranch(..) => Op::DirectCondBranch,
+            OpRegs::DirectBranch => Op::DirectBranch,
+            OpRegs::PrimitiveRemapBranch => Op::PrimitiveRemapBranch,
+            OpRegs::EndOfFunction => Op::EndOfFunction,
+            OpRegs::GlobalLoadI32(..) => Op::GlobalLoadI32,
+            OpRegs::GlobalStoreI32(..) => Op::GlobalStoreI32,
+            OpRegs::GlobalLoadIndirectI32(..) => Op::GlobalLoadIndirectI32,
+            OpRegs::GlobalStoreIndirectI32(..) => Op::GlobalStoreIndirectI32,
+            OpRegs::GlobalLoadI64(..) => Op::GlobalLoadI64,
+            OpRegs::GlobalStoreI64(..) => Op::GlobalStoreI64,
+            OpRegs::GlobalLoadIndirectI64(..) => Op::GlobalLoadIndirectI64,
+            OpRegs::GlobalStoreIndirectI64(..) => Op::GlobalStoreIndirectI64,
+            OpRegs::GlobalLoadRef(..) => Op::GlobalLoadRef,
+            OpRegs::GlobalStoreRef(..) => Op::GlobalStoreRef,
+            OpRegs::GlobalLoadIndirectRef(..) => Op::GlobalLoadIndirectRef,
+            OpRegs::GlobalStoreIndirectRef(..) => Op::GlobalStoreIndirectRef,
+            OpRegs::ConstI32Zero(..) => Op::ConstI32Zero,
+            OpRegs::ConstI32(..) => Op::ConstI32,
+            OpRegs::ConstI64Zero(..) => Op::ConstI64Zero,
+            OpRegs::ConstI64(..) => Op::ConstI64,
+            OpRegs::ConstRefZero(..) => Op::ConstRefZero,
+            OpRegs::ConstRefRodata(..) => Op::ConstRefRodata,
+            OpRegs::ListAlloc(..) => Op::ListAlloc,
+            OpRegs::ListReserve(..) => Op::ListReserve,
+            OpRegs::ListSize(..) => Op::ListSize,
+            OpRegs::ListResize(..) => Op::ListResize,
+            OpRegs::ListGetI32(..) => Op::ListGetI32,
+            OpRegs::ListSetI32(..) => Op::ListSetI32,
+            OpRegs::ListGetI64(..) => Op::ListGetI64,
+            OpRegs::ListSetI64(..) => Op::ListSetI64,
+            OpRegs::ListGetRef(..) => Op::ListGetRef,
+            OpRegs::ListSetRef(..) => Op::ListSetRef,
+            OpRegs::SelectI32(..) => Op::SelectI32,
+            OpRegs::SelectI64(..) => Op::SelectI64,
+            OpRegs::SelectRef(..) => Op::SelectRef,
+            OpRegs::SwitchI32(..) => Op::SwitchI32,
+            OpRegs::SwitchI64(..) => Op::SwitchI64,
+            OpRegs::SwitchRef(..) => Op::SwitchRef,
+            OpRegs::AddI32(..) => Op::AddI32,
+            OpRegs::SubI32(..) => Op::SubI32,
+            OpRegs::MulI32(..) => Op::MulI32,
+            OpRegs::DivI32S(..) => Op::DivI32S,
+            OpRegs::DivI32U(..) => Op::DivI32U,
+            OpRegs::RemI32S(..) => Op::RemI32S,
+            OpRegs::RemI32U(..) => Op::RemI32U,
+            OpRegs::FMAI32(..) => Op::FMAI32,
+            OpRegs::AddI64(..) => Op::AddI64,
+            OpRegs::SubI64(..) => Op::SubI64,
+            OpRegs::MulI64(..) => Op::MulI64,
+            OpRegs::DivI64S(..) => Op::DivI64S,
+            OpRegs::DivI64U(..) => Op::DivI64U,
+            OpRegs::RemI64S(..) => Op::RemI64S,
+            OpRegs::RemI64U(..) => Op::RemI64U,
+            OpRegs::FMAI64(..) => Op::FMAI64,
+            OpRegs::NotI32(..) => Op::NotI32,
+            OpRegs::AndI32(..) => Op::AndI32,
+            OpRegs::OrI32(..) => Op::OrI32,
+            OpRegs::XorI32(..) => Op::XorI32,
+            OpRegs::NotI64(..) => Op::NotI64,
+            OpRegs::AndI64(..) => Op::AndI64,
+            OpRegs::OrI64(..) => Op::OrI64,
+            OpRegs::XorI64(..) => Op::XorI64,
+            OpRegs::ShlI32(..) => Op::ShlI32,
+            OpRegs::ShrI32S(..) => Op::ShrI32S,
+            OpRegs::ShrI32U(..) => Op::ShrI32U,
+            OpRegs::ShlI64(..) => Op::ShlI64,
+            OpRegs::ShrI64S(..) => Op::ShrI64S,
+            OpRegs::ShrI64U(..) => Op::ShrI64U,
+            OpRegs::TruncI32I8(..) => Op::TruncI32I8,
+            OpRegs::TruncI32I16(..) => Op::TruncI32I16,
+            OpRegs::TruncI64I32(..) => Op::TruncI64I32,
+            OpRegs::ExtI8I32S(..) => Op::ExtI8I32S,
+            OpRegs::ExtI8I32U(..) => Op::ExtI8I32U,
+            OpRegs::ExtI16I32S(..) => Op::ExtI16I32S,
+            OpRegs::ExtI16I32U(..) => Op::ExtI16I32U,
+            OpRegs::ExtI32I64S(..) => Op::ExtI32I64S,
+            OpRegs::ExtI32I64U(..) => Op::ExtI32I64U,
+            OpRegs::CmpEQI32(..) => Op::CmpEQI32,
+            OpRegs::CmpNEI32(..) => Op::CmpNEI32,
+            OpRegs::CmpLTI32S(..) => Op::CmpLTI32S,
+            OpRegs::CmpLTI32U(..) => Op::CmpLTI32U,
+            OpRegs::CmpNZI32(..) => Op::CmpNZI32,
+            OpRegs::CmpEQI64(..) => Op::CmpEQI64,
+            OpRegs::CmpNEI64(..) => Op::CmpNEI64,
+            OpRegs::CmpLTI64S(..) => Op::CmpLTI64S,
+            OpRegs::CmpLTI64U(..) => Op::CmpLTI64U,
+            OpRegs::CmpNZI64(..) => Op::CmpNZI64,
+            OpRegs::CmpEQRef(..) => Op::CmpEQRef,
+            OpRegs::CmpNERef(..) => Op::CmpNERef,
+            OpRegs::CmpNZRef(..) => Op::CmpNZRef,
+            OpRegs::Branch => Op::Branch,
+            OpRegs::CondBranch(..) => Op::CondBranch,
+            OpRegs::Call => Op::Call,
+            OpRegs::CallVariadic => Op::CallVariadic,
+            OpRegs::Return => Op::Return,
+            OpRegs::Fail(..) => Op::Fail,
+            OpRegs::ImportResolved(..) => Op::ImportResolved,
+            OpRegs::Yield => Op::Yield,
+            OpRegs::Trace => Op::Trace,
+            OpRegs::Print => Op::Print,
+            OpRegs::CondBreak(..) => Op::CondBreak,
+            OpRegs::Break => Op::Break,
+            OpRegs::BufferLoadI8U(..) => Op::BufferLoadI8U,
+            OpRegs::BufferLoadI8S(..) => Op::BufferLoadI8S,
+            OpRegs::BufferLoadI16U(..) => Op::BufferLoadI16U,
+            OpRegs::BufferLoadI16S(..) => Op::BufferLoadI16S,
+            OpRegs::BufferLoadI32(..) => Op::BufferLoadI32,
+            OpRegs::BufferLoadI64(..) => Op::BufferLoadI64,
+            OpRegs::BufferStoreI8(..) => Op::BufferStoreI8,
+            OpRegs::BufferStoreI16(..) => Op::BufferStoreI16,
+            OpRegs::BufferStoreI32(..) => Op::BufferStoreI32,
+            OpRegs::BufferStoreI64(..) => Op::BufferStoreI64,
+            OpRegs::BufferAlloc(..) => Op::BufferAlloc,
+            OpRegs::BufferClone(..) => Op::BufferClone,
+            OpRegs::BufferLength(..) => Op::BufferLength,
+            OpRegs::BufferCopy(..) => Op::BufferCopy,
+            OpRegs::BufferCompare(..) => Op::BufferCompare,
+            OpRegs::BufferFillI8(..) => Op::BufferFillI8,
+            OpRegs::BufferFillI16(..) => Op::BufferFillI16,
+            OpRegs::BufferFillI32(..) => Op::BufferFillI32,
+            OpRegs::BufferFillI64(..) => Op::BufferFillI64,
+            OpRegs::CtlzI32(..) => Op::CtlzI32,
+            OpRegs::CtlzI64(..) => Op::CtlzI64,
+            OpRegs::AbsI32(..) => Op::AbsI32,
+            OpRegs::AbsI64(..) => Op::AbsI64,
+            OpRegs::Block => Op::Block,
+            OpRegs::MinI32S(..) => Op::MinI32S,
+            OpRegs::MinI32U(..) => Op::MinI32U,
+            OpRegs::MaxI32S(..) => Op::MaxI32S,
+            OpRegs::MaxI32U(..) => Op::MaxI32U,
+            OpRegs::MinI64S(..) => Op::MinI64S,
+            OpRegs::MinI64U(..) => Op::MinI64U,
+            OpRegs::MaxI64S(..) => Op::MaxI64S,
+            OpRegs::MaxI64U(..) => Op::MaxI64U,
+            OpRegs::CastAnyRef(..) => Op::CastAnyRef,
+            OpRegs::BranchTable(..) => Op::BranchTable,
+            OpRegs::BufferHash(..) => Op::BufferHash,
+            OpRegs::DiscardRefs => Op::DiscardRefs,
+            OpRegs::AssignRef(..) => Op::AssignRef,
+            OpRegs::CallYieldable => Op::CallYieldable,
+            OpRegs::CallVariadicYieldable => Op::CallVariadicYieldable,
+            OpRegs::GlobalLoadF32(..) => Op::GlobalLoadF32,
+            OpRegs::GlobalStoreF32(..) => Op::GlobalStoreF32,
+            OpRegs::GlobalLoadIndirectF32(..) => Op::GlobalLoadIndirectF32,
+            OpRegs::GlobalStoreIndirectF32(..) => Op::GlobalStoreIndirectF32,
+            OpRegs::ConstF32Zero(..) => Op::ConstF32Zero,
+            OpRegs::ConstF32(..) => Op::ConstF32,
+            OpRegs::ListGetF32(..) => Op::ListGetF32,
+            OpRegs::ListSetF32(..) => Op::ListSetF32,
+            OpRegs::SelectF32(..) => Op::SelectF32,
+            OpRegs::SwitchF32(..) => Op::SwitchF32,
+            OpRegs::AddF32(..) => Op::AddF32,
+            OpRegs::SubF32(..) => Op::SubF32,
+            OpRegs::MulF32(..) => Op::MulF32,
+            OpRegs::DivF32(..) => Op::DivF32,
+            OpRegs::RemF32(..) => Op::RemF32,
+            OpRegs::FMAF32(..) => Op::FMAF32,
+            OpRegs::AbsF32(..) => Op::AbsF32,
+            OpRegs::NegF32(..) => Op::NegF32,
+            OpRegs::CeilF32(..) => Op::CeilF32,
+            OpRegs::FloorF32(..) => Op::FloorF32,
+            OpRegs::CastSI32F32(..) => Op::CastSI32F32,
+            OpRegs::CastUI32F32(..) => Op::CastUI32F32,
+            OpRegs::CastF32SI32(..) => Op::CastF32SI32,
+            OpRegs::CastF32UI32(..) => Op::CastF32UI32,
+            OpRegs::BitcastI32F32(..) => Op::BitcastI32F32,
+            OpRegs::BitcastF32I32(..) => Op::BitcastF32I32,
+            OpRegs::AtanF32(..) => Op::AtanF32,
+            OpRegs::Atan2F32(..) => Op::Atan2F32,
+            OpRegs::CosF32(..) => Op::CosF32,
+            OpRegs::SinF32(..) => Op::SinF32,
+            OpRegs::ExpF32(..) => Op::ExpF32,
+            OpRegs::Exp2F32(..) => Op::Exp2F32,
+            OpRegs::ExpM1F32(..) => Op::ExpM1F32,
+            OpRegs::LogF32(..) => Op::LogF32,
+            OpRegs::Log10F32(..) => Op::Log10F32,
+            OpRegs::Log1pF32(..) => Op::Log1pF32,
+            OpRegs::Log2F32(..) => Op::Log2F32,
+            OpRegs::PowF32(..) => Op::PowF32,
+            OpRegs::RsqrtF32(..) => Op::RsqrtF32,
+            OpRegs::SqrtF32(..) => Op::SqrtF32,
+            OpRegs::TanhF32(..) => Op::TanhF32,
+            OpRegs::ErfF32(..) => Op::ErfF32,
+            OpRegs::CmpEQF32O(..) => Op::CmpEQF32O,
+            OpRegs::CmpEQF32U(..) => Op::CmpEQF32U,
+            OpRegs::CmpNEF32O(..) => Op::CmpNEF32O,
+            OpRegs::CmpNEF32U(..) => Op::CmpNEF32U,
+            OpRegs::CmpLTF32O(..) => Op::CmpLTF32O,
+            OpRegs::CmpLTF32U(..) => Op::CmpLTF32U,
+            OpRegs::CmpLTEF32O(..) => Op::CmpLTEF32O,
+            OpRegs::CmpLTEF32U(..) => Op::CmpLTEF32U,
+            OpRegs::CmpNaNF32(..) => Op::CmpNaNF32,
+            OpRegs::BufferLoadF32(..) => Op::BufferLoadF32,
+            OpRegs::BufferStoreF32(..) => Op::BufferStoreF32,
+            OpRegs::BufferFillF32(..) => Op::BufferFillF32,
+            OpRegs::RoundF32(..) => Op::RoundF32,
+            OpRegs::MinF32(..) => Op::MinF32,
+            OpRegs::MaxF32(..) => Op::MaxF32,
+            OpRegs::RoundF32Even(..) => Op::RoundF32Even,
+            OpRegs::CastF32SI64(..) => Op::CastF32SI64,
+            OpRegs::CastF32UI64(..) => Op::CastF32UI64,
+            OpRegs::CastSI64F32(..) => Op::CastSI64F32,
+            OpRegs::CastUI64F32(..) => Op::CastUI64F32,
+            OpRegs::GlobalLoadF64(..) => Op::GlobalLoadF64,
+            OpRegs::GlobalStoreF64(..) => Op::GlobalStoreF64,
+            OpRegs::GlobalLoadIndirectF64(..) => Op::GlobalLoadIndirectF64,
+            OpRegs::GlobalStoreIndirectF64(..) => Op::GlobalStoreIndirectF64,
+            OpRegs::ConstF64Zero(..) => Op::ConstF64Zero,
+            OpRegs::ConstF64(..) => Op::ConstF64,
+            OpRegs::ListGetF64(..) => Op::ListGetF64,
+            OpRegs::ListSetF64(..) => Op::ListSetF64,
+            OpRegs::SelectF64(..) => Op::SelectF64,
+            OpRegs::SwitchF64(..) => Op::SwitchF64,
+            OpRegs::AddF64(..) => Op::AddF64,
+            OpRegs::SubF64(..) => Op::SubF64,
+            OpRegs::MulF64(..) => Op::MulF64,
+            OpRegs::DivF64(..) => Op::DivF64,
+            OpRegs::RemF64(..) => Op::RemF64,
+            OpRegs::FMAF64(..) => Op::FMAF64,
+            OpRegs::AbsF64(..) => Op::AbsF64,
+            OpRegs::NegF64(..) => Op::NegF64,
+            OpRegs::CeilF64(..) => Op::CeilF64,
+            OpRegs::FloorF64(..) => Op::FloorF64,
+            OpRegs::TruncF64F32(..) => Op::TruncF64F32,
+            OpRegs::ExtF32F64(..) => Op::ExtF32F64,
+            OpRegs::CastSI32F64(..) => Op::CastSI32F64,
+            OpRegs::CastUI32F64(..) => Op::CastUI32F64,
+            OpRegs::CastF64SI32(..) => Op::CastF64SI32,
+            OpRegs::CastF64UI32(..) => Op::CastF64UI32,
+            OpRegs::CastSI64F64(..) => Op::CastSI64F64,
+            OpRegs::CastUI64F64(..) => Op::CastUI64F64,
+            OpRegs::CastF64SI64(..) => Op::CastF64SI64,
+            OpRegs::CastF64UI64(..) => Op::CastF64UI64,
+            OpRegs::BitcastI64F64(..) => Op::BitcastI64F64,
+            OpRegs::BitcastF64I64(..) => Op::BitcastF64I64,
+            OpRegs::AtanF64(..) => Op::AtanF64,
+            OpRegs::Atan2F64(..) => Op::Atan2F64,
+            OpRegs::CosF64(..) => Op::CosF64,
+            OpRegs::SinF64(..) => Op::SinF64,
+            OpRegs::ExpF64(..) => Op::ExpF64,
+            OpRegs::Exp2F64(..) => Op::Exp2F64,
+            OpRegs::ExpM1F64(..) => Op::ExpM1F64,
+            OpRegs::LogF64(..) => Op::LogF64,
+            OpRegs::Log10F64(..) => Op::Log10F64,
+            OpRegs::Log1pF64(..) => Op::Log1pF64,
+            OpRegs::Log2F64(..) => Op::Log2F64,
+            OpRegs::PowF64(..) => Op::PowF64,
+            OpRegs::RsqrtF64(..) => Op::RsqrtF64,
+            OpRegs::SqrtF64(..) => Op::SqrtF64,
+            OpRegs::TanhF64(..) => Op::TanhF64,
+            OpRegs::ErfF64(..) => Op::ErfF64,
+            OpRegs::CmpEQF64O(..) => Op::CmpEQF64O,
+            OpRegs::CmpEQF64U(..) => Op::CmpEQF64U,
+            OpRegs::CmpNEF64O(..) => Op::CmpNEF64O,
+            OpRegs::CmpNEF64U(..) => Op::CmpNEF64U,
+            OpRegs::CmpLTF64O(..) => Op::CmpLTF64O,
+            OpRegs::CmpLTF64U(..) => Op::CmpLTF64U,
+            OpRegs::CmpLTEF64O(..) => Op::CmpLTEF64O,
+            OpRegs::CmpLTEF64U(..) => Op::CmpLTEF64U,
+            OpRegs::CmpNaNF64(..) => Op::CmpNaNF64,
+            OpRegs::BufferLoadF64(..) => Op::BufferLoadF64,
+            OpRegs::BufferStoreF64(..) => Op::BufferStoreF64,
+            OpRegs::BufferFillF64(..) => Op::BufferFillF64,
+            OpRegs::RoundF64(..) => Op::RoundF64,
+            OpRegs::MinF64(..) => Op::MinF64,
+            OpRegs::MaxF64(..) => Op::MaxF64,
+            OpRegs::RoundF64Even(..) => Op::RoundF64Even,
+        }
+    }
+
+    /// The operands as encoded (ref registers with their type and move
+    /// bits), unused trailing slots 0.
+    pub fn raw(self) -> [u16; 6] {
+        match self {
+            OpRegs::FusedCmpEQI32CondBranch(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FusedCmpNEI32CondBranch(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FusedCmpLTI32SCondBranch(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FusedCmpLTI32UCondBranch(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FusedCmpNZI32CondBranch(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::FusedCmpEQI64CondBranch(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FusedCmpNEI64CondBranch(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FusedCmpLTI64SCondBranch(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FusedCmpLTI64UCondBranch(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FusedCmpNZI64CondBranch(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::DirectCondBranch(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::DirectBranch => [0, 0, 0, 0, 0, 0],
+            OpRegs::PrimitiveRemapBranch => [0, 0, 0, 0, 0, 0],
+            OpRegs::EndOfFunction => [0, 0, 0, 0, 0, 0],
+            OpRegs::GlobalLoadI32(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::GlobalStoreI32(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::GlobalLoadIndirectI32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::GlobalStoreIndirectI32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::GlobalLoadI64(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::GlobalStoreI64(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::GlobalLoadIndirectI64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::GlobalStoreIndirectI64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::GlobalLoadRef(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::GlobalStoreRef(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::GlobalLoadIndirectRef(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::GlobalStoreIndirectRef(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ConstI32Zero(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ConstI32(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ConstI64Zero(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ConstI64(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ConstRefZero(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ConstRefRodata(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ListAlloc(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ListReserve(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ListSize(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ListResize(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ListGetI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ListSetI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ListGetI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ListSetI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ListGetRef(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ListSetRef(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::SelectI32(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::SelectI64(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::SelectRef(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::SwitchI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::SwitchI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::SwitchRef(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::AddI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::SubI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MulI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::DivI32S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::DivI32U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::RemI32S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::RemI32U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FMAI32(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::AddI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::SubI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MulI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::DivI64S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::DivI64U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::RemI64S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::RemI64U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FMAI64(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::NotI32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::AndI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::OrI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::XorI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::NotI64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::AndI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::OrI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::XorI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ShlI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ShrI32S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ShrI32U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ShlI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ShrI64S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ShrI64U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::TruncI32I8(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::TruncI32I16(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::TruncI64I32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExtI8I32S(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExtI8I32U(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExtI16I32S(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExtI16I32U(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExtI32I64S(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExtI32I64U(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CmpEQI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNEI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTI32S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTI32U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNZI32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CmpEQI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNEI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTI64S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTI64U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNZI64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CmpEQRef(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNERef(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNZRef(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Branch => [0, 0, 0, 0, 0, 0],
+            OpRegs::CondBranch(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::Call => [0, 0, 0, 0, 0, 0],
+            OpRegs::CallVariadic => [0, 0, 0, 0, 0, 0],
+            OpRegs::Return => [0, 0, 0, 0, 0, 0],
+            OpRegs::Fail(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ImportResolved(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::Yield => [0, 0, 0, 0, 0, 0],
+            OpRegs::Trace => [0, 0, 0, 0, 0, 0],
+            OpRegs::Print => [0, 0, 0, 0, 0, 0],
+            OpRegs::CondBreak(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::Break => [0, 0, 0, 0, 0, 0],
+            OpRegs::BufferLoadI8U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferLoadI8S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferLoadI16U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferLoadI16S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferLoadI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferLoadI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferStoreI8(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferStoreI16(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferStoreI32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferStoreI64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferAlloc(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferClone(r0, r1, r2, r3, r4) => {
+                [r0.raw(), r1.raw(), r2.raw(), r3.raw(), r4.raw(), 0]
+            }
+            OpRegs::BufferLength(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::BufferCopy(r0, r1, r2, r3, r4) => {
+                [r0.raw(), r1.raw(), r2.raw(), r3.raw(), r4.raw(), 0]
+            }
+            OpRegs::BufferCompare(r0, r1, r2, r3, r4, r5) => {
+                [r0.raw(), r1.raw(), r2.raw(), r3.raw(), r4.raw(), r5.raw()]
+            }
+            OpRegs::BufferFillI8(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::BufferFillI16(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::BufferFillI32(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::BufferFillI64(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::CtlzI32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CtlzI64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::AbsI32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::AbsI64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Block => [0, 0, 0, 0, 0, 0],
+            OpRegs::MinI32S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MinI32U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MaxI32S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MaxI32U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MinI64S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MinI64U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MaxI64S(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MaxI64U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CastAnyRef(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::BranchTable(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::BufferHash(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::DiscardRefs => [0, 0, 0, 0, 0, 0],
+            OpRegs::AssignRef(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CallYieldable => [0, 0, 0, 0, 0, 0],
+            OpRegs::CallVariadicYieldable => [0, 0, 0, 0, 0, 0],
+            OpRegs::GlobalLoadF32(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::GlobalStoreF32(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::GlobalLoadIndirectF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::GlobalStoreIndirectF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ConstF32Zero(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ConstF32(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ListGetF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ListSetF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::SelectF32(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::SwitchF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::AddF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::SubF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MulF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::DivF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::RemF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FMAF32(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::AbsF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::NegF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CeilF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::FloorF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastSI32F32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastUI32F32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastF32SI32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastF32UI32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::BitcastI32F32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::BitcastF32I32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::AtanF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Atan2F32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CosF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::SinF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExpF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Exp2F32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExpM1F32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::LogF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Log10F32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Log1pF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Log2F32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::PowF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::RsqrtF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::SqrtF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::TanhF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ErfF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CmpEQF32O(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpEQF32U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNEF32O(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNEF32U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTF32O(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTF32U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTEF32O(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTEF32U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNaNF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::BufferLoadF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferStoreF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferFillF32(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::RoundF32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::MinF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MaxF32(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::RoundF32Even(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastF32SI64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastF32UI64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastSI64F32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastUI64F32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::GlobalLoadF64(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::GlobalStoreF64(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::GlobalLoadIndirectF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::GlobalStoreIndirectF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ConstF64Zero(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ConstF64(r0) => [r0.raw(), 0, 0, 0, 0, 0],
+            OpRegs::ListGetF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::ListSetF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::SelectF64(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::SwitchF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::AddF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::SubF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MulF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::DivF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::RemF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::FMAF64(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::AbsF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::NegF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CeilF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::FloorF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::TruncF64F32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExtF32F64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastSI32F64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastUI32F64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastF64SI32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastF64UI32(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastSI64F64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastUI64F64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastF64SI64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CastF64UI64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::BitcastI64F64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::BitcastF64I64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::AtanF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Atan2F64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CosF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::SinF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExpF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Exp2F64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ExpM1F64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::LogF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Log10F64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Log1pF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::Log2F64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::PowF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::RsqrtF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::SqrtF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::TanhF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::ErfF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::CmpEQF64O(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpEQF64U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNEF64O(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNEF64U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTF64O(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTF64U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTEF64O(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpLTEF64U(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::CmpNaNF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::BufferLoadF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferStoreF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::BufferFillF64(r0, r1, r2, r3) => [r0.raw(), r1.raw(), r2.raw(), r3.raw(), 0, 0],
+            OpRegs::RoundF64(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+            OpRegs::MinF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::MaxF64(r0, r1, r2) => [r0.raw(), r1.raw(), r2.raw(), 0, 0, 0],
+            OpRegs::RoundF64Even(r0, r1) => [r0.raw(), r1.raw(), 0, 0, 0, 0],
+        }
+    }
+
+    /// The operands of `op`, each taken from `src` as the bank the ISA
+    /// gives it, in encoding order.
+    pub(crate) fn decode(op: Op, src: &mut impl RegSource) -> Result<OpRegs> {
+        Ok(match op {
+            Op::FusedCmpEQI32CondBranch => OpRegs::FusedCmpEQI32CondBranch(
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::FusedCmpNEI32CondBranch => OpRegs::FusedCmpNEI32CondBranch(
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::FusedCmpLTI32SCondBranch => OpRegs::FusedCmpLTI32SCondBranch(
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::FusedCmpLTI32UCondBranch => OpRegs::FusedCmpLTI32UCondBranch(
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::FusedCmpNZI32CondBranch => {
+                OpRegs::FusedCmpNZI32CondBranch(src.reg::<I32>()?, src.reg::<I32>()?)
+            }
+            Op::FusedCmpEQI64CondBranch => OpRegs::FusedCmpEQI64CondBranch(
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::FusedCmpNEI64CondBranch => OpRegs::FusedCmpNEI64CondBranch(
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::FusedCmpLTI64SCondBranch => OpRegs::FusedCmpLTI64SCondBranch(
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::FusedCmpLTI64UCondBranch => OpRegs::FusedCmpLTI64UCondBranch(
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::FusedCmpNZI64CondBranch => {
+                OpRegs::FusedCmpNZI64CondBranch(src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::DirectCondBranch => OpRegs::DirectCondBranch(src.reg::<I32>()?),
+            Op::DirectBranch => OpRegs::DirectBranch,
+            Op::PrimitiveRemapBranch => OpRegs::PrimitiveRemapBranch,
+            Op::EndOfFunction => OpRegs::EndOfFunction,
+            Op::GlobalLoadI32 => OpRegs::GlobalLoadI32(src.reg::<I32>()?),
+            Op::GlobalStoreI32 => OpRegs::GlobalStoreI32(src.reg::<I32>()?),
+            Op::GlobalLoadIndirectI32 => {
+                OpRegs::GlobalLoadIndirectI32(src.reg::<I32>()?, src.reg::<I32>()?)
+            }
+            Op::GlobalStoreIndirectI32 => {
+                OpRegs::GlobalStoreIndirectI32(src.reg::<I32>()?, src.reg::<I32>()?)
+            }
+            Op::GlobalLoadI64 => OpRegs::GlobalLoadI64(src.reg::<I64>()?),
+            Op::GlobalStoreI64 => OpRegs::GlobalStoreI64(src.reg::<I64>()?),
+            Op::GlobalLoadIndirectI64 => {
+                OpRegs::GlobalLoadIndirectI64(src.reg::<I32>()?, src.reg::<I64>()?)
+            }
+            Op::GlobalStoreIndirectI64 => {
+                OpRegs::GlobalStoreIndirectI64(src.reg::<I32>()?, src.reg::<I64>()?)
+            }
+            Op::GlobalLoadRef => OpRegs::GlobalLoadRef(src.reg::<Ref>()?),
+            Op::GlobalStoreRef => OpRegs::GlobalStoreRef(src.reg::<Ref>()?),
+            Op::GlobalLoadIndirectRef => {
+                OpRegs::GlobalLoadIndirectRef(src.reg::<I32>()?, src.reg::<Ref>()?)
+            }
+            Op::GlobalStoreIndirectRef => {
+                OpRegs::GlobalStoreIndirectRef(src.reg::<I32>()?, src.reg::<Ref>()?)
+            }
+            Op::ConstI32Zero => OpRegs::ConstI32Zero(src.reg::<I32>()?),
+            Op::ConstI32 => OpRegs::ConstI32(src.reg::<I32>()?),
+            Op::ConstI64Zero => OpRegs::ConstI64Zero(src.reg::<I64>()?),
+            Op::ConstI64 => OpRegs::ConstI64(src.reg::<I64>()?),
+            Op::ConstRefZero => OpRegs::ConstRefZero(src.reg::<Ref>()?),
+            Op::ConstRefRodata => OpRegs::ConstRefRodata(src.reg::<Ref>()?),
+            Op::ListAlloc => OpRegs::ListAlloc(src.reg::<I32>()?, src.reg::<Ref>()?),
+            Op::ListReserve => OpRegs::ListReserve(src.reg::<Ref>()?, src.reg::<I32>()?),
+            Op::ListSize => OpRegs::ListSize(src.reg::<Ref>()?, src.reg::<I32>()?),
+            Op::ListResize => OpRegs::ListResize(src.reg::<Ref>()?, src.reg::<I32>()?),
+            Op::ListGetI32 => {
+                OpRegs::ListGetI32(src.reg::<Ref>()?, src.reg::<I32>()?, src.reg::<I32>()?)
+            }
+            Op::ListSetI32 => {
+                OpRegs::ListSetI32(src.reg::<Ref>()?, src.reg::<I32>()?, src.reg::<I32>()?)
+            }
+            Op::ListGetI64 => {
+                OpRegs::ListGetI64(src.reg::<Ref>()?, src.reg::<I32>()?, src.reg::<I64>()?)
+            }
+            Op::ListSetI64 => {
+                OpRegs::ListSetI64(src.reg::<Ref>()?, src.reg::<I32>()?, src.reg::<I64>()?)
+            }
+            Op::ListGetRef => {
+                OpRegs::ListGetRef(src.reg::<Ref>()?, src.reg::<I32>()?, src.reg::<Ref>()?)
+            }
+            Op::ListSetRef => {
+                OpRegs::ListSetRef(src.reg::<Ref>()?, src.reg::<I32>()?, src.reg::<Ref>()?)
+            }
+            Op::SelectI32 => OpRegs::SelectI32(
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::SelectI64 => OpRegs::SelectI64(
+                src.reg::<I32>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+            ),
+            Op::SelectRef => OpRegs::SelectRef(
+                src.reg::<I32>()?,
+                src.reg::<Ref>()?,
+                src.reg::<Ref>()?,
+                src.reg::<Ref>()?,
+            ),
+            Op::SwitchI32 => {
+                OpRegs::SwitchI32(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?)
+            }
+            Op::SwitchI64 => {
+                OpRegs::SwitchI64(src.reg::<I32>()?, src.reg::<I64>()?, src.reg::<I64>()?)
+            }
+            Op::SwitchRef => {
+                OpRegs::SwitchRef(src.reg::<I32>()?, src.reg::<Ref>()?, src.reg::<Ref>()?)
+            }
+            Op::AddI32 => OpRegs::AddI32(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::SubI32 => OpRegs::SubI32(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::MulI32 => OpRegs::MulI32(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::DivI32S => OpRegs::DivI32S(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::DivI32U => OpRegs::DivI32U(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::RemI32S => OpRegs::RemI32S(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::RemI32U => OpRegs::RemI32U(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::FMAI32 => OpRegs::FMAI32(
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::AddI64 => OpRegs::AddI64(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::SubI64 => OpRegs::SubI64(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::MulI64 => OpRegs::MulI64(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::DivI64S => OpRegs::DivI64S(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::DivI64U => OpRegs::DivI64U(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::RemI64S => OpRegs::RemI64S(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::RemI64U => OpRegs::RemI64U(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::FMAI64 => OpRegs::FMAI64(
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+            ),
+            Op::NotI32 => OpRegs::NotI32(src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::AndI32 => OpRegs::AndI32(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::OrI32 => OpRegs::OrI32(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::XorI32 => OpRegs::XorI32(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::NotI64 => OpRegs::NotI64(src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::AndI64 => OpRegs::AndI64(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::OrI64 => OpRegs::OrI64(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::XorI64 => OpRegs::XorI64(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::ShlI32 => OpRegs::ShlI32(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::ShrI32S => OpRegs::ShrI32S(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::ShrI32U => OpRegs::ShrI32U(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::ShlI64 => OpRegs::ShlI64(src.reg::<I64>()?, src.reg::<I32>()?, src.reg::<I64>()?),
+            Op::ShrI64S => OpRegs::ShrI64S(src.reg::<I64>()?, src.reg::<I32>()?, src.reg::<I64>()?),
+            Op::ShrI64U => OpRegs::ShrI64U(src.reg::<I64>()?, src.reg::<I32>()?, src.reg::<I64>()?),
+            Op::TruncI32I8 => OpRegs::TruncI32I8(src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::TruncI32I16 => OpRegs::TruncI32I16(src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::TruncI64I32 => OpRegs::TruncI64I32(src.reg::<I64>()?, src.reg::<I32>()?),
+            Op::ExtI8I32S => OpRegs::ExtI8I32S(src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::ExtI8I32U => OpRegs::ExtI8I32U(src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::ExtI16I32S => OpRegs::ExtI16I32S(src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::ExtI16I32U => OpRegs::ExtI16I32U(src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::ExtI32I64S => OpRegs::ExtI32I64S(src.reg::<I32>()?, src.reg::<I64>()?),
+            Op::ExtI32I64U => OpRegs::ExtI32I64U(src.reg::<I32>()?, src.reg::<I64>()?),
+            Op::CmpEQI32 => {
+                OpRegs::CmpEQI32(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNEI32 => {
+                OpRegs::CmpNEI32(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTI32S => {
+                OpRegs::CmpLTI32S(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTI32U => {
+                OpRegs::CmpLTI32U(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNZI32 => OpRegs::CmpNZI32(src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::CmpEQI64 => {
+                OpRegs::CmpEQI64(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNEI64 => {
+                OpRegs::CmpNEI64(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTI64S => {
+                OpRegs::CmpLTI64S(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTI64U => {
+                OpRegs::CmpLTI64U(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNZI64 => OpRegs::CmpNZI64(src.reg::<I64>()?, src.reg::<I32>()?),
+            Op::CmpEQRef => {
+                OpRegs::CmpEQRef(src.reg::<Ref>()?, src.reg::<Ref>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNERef => {
+                OpRegs::CmpNERef(src.reg::<Ref>()?, src.reg::<Ref>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNZRef => OpRegs::CmpNZRef(src.reg::<Ref>()?, src.reg::<I32>()?),
+            Op::Branch => OpRegs::Branch,
+            Op::CondBranch => OpRegs::CondBranch(src.reg::<I32>()?),
+            Op::Call => OpRegs::Call,
+            Op::CallVariadic => OpRegs::CallVariadic,
+            Op::Return => OpRegs::Return,
+            Op::Fail => OpRegs::Fail(src.reg::<I32>()?),
+            Op::ImportResolved => OpRegs::ImportResolved(src.reg::<I32>()?),
+            Op::Yield => OpRegs::Yield,
+            Op::Trace => OpRegs::Trace,
+            Op::Print => OpRegs::Print,
+            Op::CondBreak => OpRegs::CondBreak(src.reg::<I32>()?),
+            Op::Break => OpRegs::Break,
+            Op::BufferLoadI8U => {
+                OpRegs::BufferLoadI8U(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::BufferLoadI8S => {
+                OpRegs::BufferLoadI8S(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::BufferLoadI16U => {
+                OpRegs::BufferLoadI16U(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::BufferLoadI16S => {
+                OpRegs::BufferLoadI16S(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::BufferLoadI32 => {
+                OpRegs::BufferLoadI32(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::BufferLoadI64 => {
+                OpRegs::BufferLoadI64(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<I64>()?)
+            }
+            Op::BufferStoreI8 => {
+                OpRegs::BufferStoreI8(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::BufferStoreI16 => {
+                OpRegs::BufferStoreI16(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::BufferStoreI32 => {
+                OpRegs::BufferStoreI32(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<I32>()?)
+            }
+            Op::BufferStoreI64 => {
+                OpRegs::BufferStoreI64(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<I64>()?)
+            }
+            Op::BufferAlloc => {
+                OpRegs::BufferAlloc(src.reg::<I64>()?, src.reg::<I32>()?, src.reg::<Ref>()?)
+            }
+            Op::BufferClone => OpRegs::BufferClone(
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I32>()?,
+                src.reg::<Ref>()?,
+            ),
+            Op::BufferLength => OpRegs::BufferLength(src.reg::<Ref>()?, src.reg::<I64>()?),
+            Op::BufferCopy => OpRegs::BufferCopy(
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+            ),
+            Op::BufferCompare => OpRegs::BufferCompare(
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::BufferFillI8 => OpRegs::BufferFillI8(
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::BufferFillI16 => OpRegs::BufferFillI16(
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::BufferFillI32 => OpRegs::BufferFillI32(
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I32>()?,
+            ),
+            Op::BufferFillI64 => OpRegs::BufferFillI64(
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+            ),
+            Op::CtlzI32 => OpRegs::CtlzI32(src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::CtlzI64 => OpRegs::CtlzI64(src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::AbsI32 => OpRegs::AbsI32(src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::AbsI64 => OpRegs::AbsI64(src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::Block => OpRegs::Block,
+            Op::MinI32S => OpRegs::MinI32S(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::MinI32U => OpRegs::MinI32U(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::MaxI32S => OpRegs::MaxI32S(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::MaxI32U => OpRegs::MaxI32U(src.reg::<I32>()?, src.reg::<I32>()?, src.reg::<I32>()?),
+            Op::MinI64S => OpRegs::MinI64S(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::MinI64U => OpRegs::MinI64U(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::MaxI64S => OpRegs::MaxI64S(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::MaxI64U => OpRegs::MaxI64U(src.reg::<I64>()?, src.reg::<I64>()?, src.reg::<I64>()?),
+            Op::CastAnyRef => OpRegs::CastAnyRef(src.reg::<Ref>()?, src.reg::<Ref>()?),
+            Op::BranchTable => OpRegs::BranchTable(src.reg::<I32>()?),
+            Op::BufferHash => OpRegs::BufferHash(
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+            ),
+            Op::DiscardRefs => OpRegs::DiscardRefs,
+            Op::AssignRef => OpRegs::AssignRef(src.reg::<Ref>()?, src.reg::<Ref>()?),
+            Op::CallYieldable => OpRegs::CallYieldable,
+            Op::CallVariadicYieldable => OpRegs::CallVariadicYieldable,
+            Op::GlobalLoadF32 => OpRegs::GlobalLoadF32(src.reg::<F32>()?),
+            Op::GlobalStoreF32 => OpRegs::GlobalStoreF32(src.reg::<F32>()?),
+            Op::GlobalLoadIndirectF32 => {
+                OpRegs::GlobalLoadIndirectF32(src.reg::<I32>()?, src.reg::<F32>()?)
+            }
+            Op::GlobalStoreIndirectF32 => {
+                OpRegs::GlobalStoreIndirectF32(src.reg::<I32>()?, src.reg::<F32>()?)
+            }
+            Op::ConstF32Zero => OpRegs::ConstF32Zero(src.reg::<F32>()?),
+            Op::ConstF32 => OpRegs::ConstF32(src.reg::<F32>()?),
+            Op::ListGetF32 => {
+                OpRegs::ListGetF32(src.reg::<Ref>()?, src.reg::<I32>()?, src.reg::<F32>()?)
+            }
+            Op::ListSetF32 => {
+                OpRegs::ListSetF32(src.reg::<Ref>()?, src.reg::<I32>()?, src.reg::<F32>()?)
+            }
+            Op::SelectF32 => OpRegs::SelectF32(
+                src.reg::<I32>()?,
+                src.reg::<F32>()?,
+                src.reg::<F32>()?,
+                src.reg::<F32>()?,
+            ),
+            Op::SwitchF32 => {
+                OpRegs::SwitchF32(src.reg::<I32>()?, src.reg::<F32>()?, src.reg::<F32>()?)
+            }
+            Op::AddF32 => OpRegs::AddF32(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::SubF32 => OpRegs::SubF32(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::MulF32 => OpRegs::MulF32(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::DivF32 => OpRegs::DivF32(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::RemF32 => OpRegs::RemF32(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::FMAF32 => OpRegs::FMAF32(
+                src.reg::<F32>()?,
+                src.reg::<F32>()?,
+                src.reg::<F32>()?,
+                src.reg::<F32>()?,
+            ),
+            Op::AbsF32 => OpRegs::AbsF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::NegF32 => OpRegs::NegF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::CeilF32 => OpRegs::CeilF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::FloorF32 => OpRegs::FloorF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::CastSI32F32 => OpRegs::CastSI32F32(src.reg::<I32>()?, src.reg::<F32>()?),
+            Op::CastUI32F32 => OpRegs::CastUI32F32(src.reg::<I32>()?, src.reg::<F32>()?),
+            Op::CastF32SI32 => OpRegs::CastF32SI32(src.reg::<F32>()?, src.reg::<I32>()?),
+            Op::CastF32UI32 => OpRegs::CastF32UI32(src.reg::<F32>()?, src.reg::<I32>()?),
+            Op::BitcastI32F32 => OpRegs::BitcastI32F32(src.reg::<I32>()?, src.reg::<F32>()?),
+            Op::BitcastF32I32 => OpRegs::BitcastF32I32(src.reg::<F32>()?, src.reg::<I32>()?),
+            Op::AtanF32 => OpRegs::AtanF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::Atan2F32 => {
+                OpRegs::Atan2F32(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<F32>()?)
+            }
+            Op::CosF32 => OpRegs::CosF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::SinF32 => OpRegs::SinF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::ExpF32 => OpRegs::ExpF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::Exp2F32 => OpRegs::Exp2F32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::ExpM1F32 => OpRegs::ExpM1F32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::LogF32 => OpRegs::LogF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::Log10F32 => OpRegs::Log10F32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::Log1pF32 => OpRegs::Log1pF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::Log2F32 => OpRegs::Log2F32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::PowF32 => OpRegs::PowF32(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::RsqrtF32 => OpRegs::RsqrtF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::SqrtF32 => OpRegs::SqrtF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::TanhF32 => OpRegs::TanhF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::ErfF32 => OpRegs::ErfF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::CmpEQF32O => {
+                OpRegs::CmpEQF32O(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpEQF32U => {
+                OpRegs::CmpEQF32U(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNEF32O => {
+                OpRegs::CmpNEF32O(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNEF32U => {
+                OpRegs::CmpNEF32U(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTF32O => {
+                OpRegs::CmpLTF32O(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTF32U => {
+                OpRegs::CmpLTF32U(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTEF32O => {
+                OpRegs::CmpLTEF32O(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTEF32U => {
+                OpRegs::CmpLTEF32U(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNaNF32 => OpRegs::CmpNaNF32(src.reg::<F32>()?, src.reg::<I32>()?),
+            Op::BufferLoadF32 => {
+                OpRegs::BufferLoadF32(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<F32>()?)
+            }
+            Op::BufferStoreF32 => {
+                OpRegs::BufferStoreF32(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<F32>()?)
+            }
+            Op::BufferFillF32 => OpRegs::BufferFillF32(
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<F32>()?,
+            ),
+            Op::RoundF32 => OpRegs::RoundF32(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::MinF32 => OpRegs::MinF32(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::MaxF32 => OpRegs::MaxF32(src.reg::<F32>()?, src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::RoundF32Even => OpRegs::RoundF32Even(src.reg::<F32>()?, src.reg::<F32>()?),
+            Op::CastF32SI64 => OpRegs::CastF32SI64(src.reg::<F32>()?, src.reg::<I64>()?),
+            Op::CastF32UI64 => OpRegs::CastF32UI64(src.reg::<F32>()?, src.reg::<I64>()?),
+            Op::CastSI64F32 => OpRegs::CastSI64F32(src.reg::<I64>()?, src.reg::<F32>()?),
+            Op::CastUI64F32 => OpRegs::CastUI64F32(src.reg::<I64>()?, src.reg::<F32>()?),
+            Op::GlobalLoadF64 => OpRegs::GlobalLoadF64(src.reg::<F64>()?),
+            Op::GlobalStoreF64 => OpRegs::GlobalStoreF64(src.reg::<F64>()?),
+            Op::GlobalLoadIndirectF64 => {
+                OpRegs::GlobalLoadIndirectF64(src.reg::<I32>()?, src.reg::<F64>()?)
+            }
+            Op::GlobalStoreIndirectF64 => {
+                OpRegs::GlobalStoreIndirectF64(src.reg::<I32>()?, src.reg::<F64>()?)
+            }
+            Op::ConstF64Zero => OpRegs::ConstF64Zero(src.reg::<F64>()?),
+            Op::ConstF64 => OpRegs::ConstF64(src.reg::<F64>()?),
+            Op::ListGetF64 => {
+                OpRegs::ListGetF64(src.reg::<Ref>()?, src.reg::<I32>()?, src.reg::<F64>()?)
+            }
+            Op::ListSetF64 => {
+                OpRegs::ListSetF64(src.reg::<Ref>()?, src.reg::<I32>()?, src.reg::<F64>()?)
+            }
+            Op::SelectF64 => OpRegs::SelectF64(
+                src.reg::<I32>()?,
+                src.reg::<F64>()?,
+                src.reg::<F64>()?,
+                src.reg::<F64>()?,
+            ),
+            Op::SwitchF64 => {
+                OpRegs::SwitchF64(src.reg::<I32>()?, src.reg::<F64>()?, src.reg::<F64>()?)
+            }
+            Op::AddF64 => OpRegs::AddF64(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::SubF64 => OpRegs::SubF64(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::MulF64 => OpRegs::MulF64(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::DivF64 => OpRegs::DivF64(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::RemF64 => OpRegs::RemF64(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::FMAF64 => OpRegs::FMAF64(
+                src.reg::<F64>()?,
+                src.reg::<F64>()?,
+                src.reg::<F64>()?,
+                src.reg::<F64>()?,
+            ),
+            Op::AbsF64 => OpRegs::AbsF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::NegF64 => OpRegs::NegF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::CeilF64 => OpRegs::CeilF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::FloorF64 => OpRegs::FloorF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::TruncF64F32 => OpRegs::TruncF64F32(src.reg::<F64>()?, src.reg::<F32>()?),
+            Op::ExtF32F64 => OpRegs::ExtF32F64(src.reg::<F32>()?, src.reg::<F64>()?),
+            Op::CastSI32F64 => OpRegs::CastSI32F64(src.reg::<I32>()?, src.reg::<F64>()?),
+            Op::CastUI32F64 => OpRegs::CastUI32F64(src.reg::<I32>()?, src.reg::<F64>()?),
+            Op::CastF64SI32 => OpRegs::CastF64SI32(src.reg::<F64>()?, src.reg::<I32>()?),
+            Op::CastF64UI32 => OpRegs::CastF64UI32(src.reg::<F64>()?, src.reg::<I32>()?),
+            Op::CastSI64F64 => OpRegs::CastSI64F64(src.reg::<I64>()?, src.reg::<F64>()?),
+            Op::CastUI64F64 => OpRegs::CastUI64F64(src.reg::<I64>()?, src.reg::<F64>()?),
+            Op::CastF64SI64 => OpRegs::CastF64SI64(src.reg::<F64>()?, src.reg::<I64>()?),
+            Op::CastF64UI64 => OpRegs::CastF64UI64(src.reg::<F64>()?, src.reg::<I64>()?),
+            Op::BitcastI64F64 => OpRegs::BitcastI64F64(src.reg::<I64>()?, src.reg::<F64>()?),
+            Op::BitcastF64I64 => OpRegs::BitcastF64I64(src.reg::<F64>()?, src.reg::<I64>()?),
+            Op::AtanF64 => OpRegs::AtanF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::Atan2F64 => {
+                OpRegs::Atan2F64(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<F64>()?)
+            }
+            Op::CosF64 => OpRegs::CosF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::SinF64 => OpRegs::SinF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::ExpF64 => OpRegs::ExpF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::Exp2F64 => OpRegs::Exp2F64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::ExpM1F64 => OpRegs::ExpM1F64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::LogF64 => OpRegs::LogF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::Log10F64 => OpRegs::Log10F64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::Log1pF64 => OpRegs::Log1pF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::Log2F64 => OpRegs::Log2F64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::PowF64 => OpRegs::PowF64(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::RsqrtF64 => OpRegs::RsqrtF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::SqrtF64 => OpRegs::SqrtF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::TanhF64 => OpRegs::TanhF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::ErfF64 => OpRegs::ErfF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::CmpEQF64O => {
+                OpRegs::CmpEQF64O(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpEQF64U => {
+                OpRegs::CmpEQF64U(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNEF64O => {
+                OpRegs::CmpNEF64O(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNEF64U => {
+                OpRegs::CmpNEF64U(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTF64O => {
+                OpRegs::CmpLTF64O(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTF64U => {
+                OpRegs::CmpLTF64U(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTEF64O => {
+                OpRegs::CmpLTEF64O(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpLTEF64U => {
+                OpRegs::CmpLTEF64U(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<I32>()?)
+            }
+            Op::CmpNaNF64 => OpRegs::CmpNaNF64(src.reg::<F64>()?, src.reg::<I32>()?),
+            Op::BufferLoadF64 => {
+                OpRegs::BufferLoadF64(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<F64>()?)
+            }
+            Op::BufferStoreF64 => {
+                OpRegs::BufferStoreF64(src.reg::<Ref>()?, src.reg::<I64>()?, src.reg::<F64>()?)
+            }
+            Op::BufferFillF64 => OpRegs::BufferFillF64(
+                src.reg::<Ref>()?,
+                src.reg::<I64>()?,
+                src.reg::<I64>()?,
+                src.reg::<F64>()?,
+            ),
+            Op::RoundF64 => OpRegs::RoundF64(src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::MinF64 => OpRegs::MinF64(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::MaxF64 => OpRegs::MaxF64(src.reg::<F64>()?, src.reg::<F64>()?, src.reg::<F64>()?),
+            Op::RoundF64Even => OpRegs::RoundF64Even(src.reg::<F64>()?, src.reg::<F64>()?),
+        })
     }
 }

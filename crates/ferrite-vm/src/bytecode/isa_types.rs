@@ -72,3 +72,62 @@ pub enum Field {
     /// `table_size` (previous field) cases of target + remap list.
     BranchTableCases,
 }
+
+/// The register banks as types: the `B` of a bank-typed register operand
+/// [`Reg<B>`](super::verifier::Reg). A register's width is a property of
+/// its bank, so the interpreter's 32-bit accessors take only [`Narrow`]
+/// banks and its 64-bit ones only [`Wide`] banks.
+pub mod bank {
+    use super::Bank;
+
+    mod sealed {
+        /// Keeps the bank traits to the five banks below: a bank's width
+        /// is what the verifier checked a register against, and the
+        /// interpreter's unchecked accessors rely on it.
+        pub trait Sealed {}
+    }
+
+    /// A register bank as a type.
+    pub trait RegBank: sealed::Sealed + Copy + Eq + std::hash::Hash + std::fmt::Debug {
+        /// The bank the verifier checks a register of this type against.
+        const BANK: Bank;
+    }
+    /// A primitive bank of one 32-bit slot ([`I32`], [`F32`]).
+    pub trait Narrow: RegBank {}
+    /// A primitive bank of two consecutive 32-bit slots ([`I64`], [`F64`]).
+    pub trait Wide: RegBank {}
+
+    macro_rules! banks {
+        ($($(#[$doc:meta])* $name:ident: $bank:ident $(, $width:ident)?;)*) => {$(
+            $(#[$doc])*
+            #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+            pub enum $name {}
+            impl sealed::Sealed for $name {}
+            impl RegBank for $name {
+                const BANK: Bank = Bank::$bank;
+            }
+            $(impl $width for $name {})?
+        )*};
+    }
+    banks! {
+        /// The i32 bank: one slot.
+        I32: I32, Narrow;
+        /// The f32 bank: one slot of f32 bits.
+        F32: F32, Narrow;
+        /// The i64 bank: an even slot and the one after it.
+        I64: I64, Wide;
+        /// The f64 bank: an even slot and the one after it, f64 bits.
+        F64: F64, Wide;
+        /// The ref bank (operands keep their type and move bits).
+        Ref: Ref;
+    }
+}
+
+/// Where [`OpRegs::decode`](super::isa::OpRegs::decode) takes an
+/// instruction's register operands from: the verifier, which hands out a
+/// [`Reg<B>`](super::verifier::Reg) only for a register it checked
+/// against bank `B`.
+pub trait RegSource {
+    /// The next register operand, checked for bank `B`.
+    fn reg<B: bank::RegBank>(&mut self) -> ferrite_base::Result<super::verifier::Reg<B>>;
+}

@@ -6,7 +6,9 @@
 //! - [`verifier`]: verifying and decoding each function once at load.
 //! - `interp`: the interpreter (frames, calls, the native bridge and the
 //!   dispatch loop), which relies on the verifier's facts as its unsafe
-//!   contract: only verified bytecode is interpreted.
+//!   contract: only verified bytecode is interpreted. Its register window,
+//!   [`Registers`], is public for its documented contract: its unchecked
+//!   accessors take only bank-typed registers of the right width.
 //! - [`jit`] (feature `jit`): the compiling tier (Cranelift).
 //! - [`module`]: bytecode modules and their per-context state.
 //!
@@ -43,3 +45,5 @@ pub mod jit;
 pub mod module;
 pub mod trace;
 pub mod verifier;
+
+pub use interp::Registers;

@@ -8,10 +8,12 @@
 //! interpreter relies on those facts; nothing in a `.vmfb` can make it panic.
 
 use super::archive::FunctionDescriptor;
-use super::isa::{Op, CORE_TABLE, EXT_F32_TABLE, EXT_F64_TABLE};
-use super::isa_types::{Bank, Field, BLOCK_MARKER, PREFIX_EXT_F32, PREFIX_EXT_F64};
+use super::isa::{Op, OpRegs, CORE_TABLE, EXT_F32_TABLE, EXT_F64_TABLE};
+use super::isa_types::bank::{RegBank, F32, F64, I32, I64};
+use super::isa_types::{Bank, Field, RegSource, BLOCK_MARKER, PREFIX_EXT_F32, PREFIX_EXT_F64};
 use crate::cconv::{Cconv, CconvType};
 use ferrite_base::{bail, status, Result};
+use std::marker::PhantomData;
 
 /// Feature bit: the ext_f32 opcode set.
 pub const FEATURE_EXT_F32: u32 = 1 << 0;
@@ -27,33 +29,40 @@ pub const MOVE_BIT: u16 = 0x4000;
 /// Mask of a ref register's ordinal.
 pub const REF_MASK: u16 = 0x3FFF;
 
-/// A register operand that the verifier checked against its function.
+/// A register operand of bank `B` that the verifier checked against its
+/// function.
 ///
 /// Only this module makes one (the field is private and so is the
-/// constructor), and only after its register check (`FnCtx::check_reg`)
-/// accepted it for the bank the instruction's ISA field declares. So a
-/// `Reg` found in a [`DecodedFunction`] carries these facts, which the
-/// interpreter's unchecked register accesses rely on (see `interp`'s
-/// module docs):
+/// constructor), and only once its register check (`FnCtx::check_reg`)
+/// accepted it for `B`'s bank, which is the bank the instruction's ISA
+/// field declares: the operand types of [`OpRegs`] come from the same ISA
+/// description. So a `Reg<B>` carries these facts, which the interpreter's
+/// unchecked register accesses rely on (see `interp`'s module docs):
 ///
-/// - a primitive operand (no [`REF_BIT`]) of a 32-bit bank is below the
-///   function's [`DecodedFunction::i32_count`], and one of a 64-bit bank
-///   is even and at least two slots below it (`raw + 1 < i32_count`);
-/// - a ref operand carries [`REF_BIT`] and its ordinal ([`REF_MASK`]) is
+/// - of a [`Narrow`] bank (i32, f32): no [`REF_BIT`], and below the
+///   function's [`DecodedFunction::i32_count`];
+/// - of a [`Wide`] bank (i64, f64): no [`REF_BIT`], even, and its two slots
+///   below `i32_count` (`raw + 1 < i32_count`);
+/// - of the [`Ref`] bank: [`REF_BIT`] set and the ordinal ([`REF_MASK`])
 ///   below [`DecodedFunction::ref_count`].
 ///
 /// The raw encoding (with the ref and move bits) is kept, so the value is
 /// also what the bytecode says.
+///
+/// [`Narrow`]: super::isa_types::bank::Narrow
+/// [`Wide`]: super::isa_types::bank::Wide
+/// [`Ref`]: super::isa_types::bank::Ref
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(transparent)]
-pub struct Reg(u16);
+pub struct Reg<B: RegBank>(u16, PhantomData<B>);
 
-impl Reg {
-    /// Marks `raw` as checked. Private: call only once `check_reg` (or an
-    /// equivalent check of the same function) accepted `raw`.
+impl<B: RegBank> Reg<B> {
+    /// Marks `raw` as checked for bank `B`. Private: call only once
+    /// `check_reg` (of the function the register belongs to) accepted
+    /// `raw` for `B::BANK`.
     #[inline(always)]
-    fn verified(raw: u16) -> Reg {
-        Reg(raw)
+    fn verified(raw: u16) -> Reg<B> {
+        Reg(raw, PhantomData)
     }
 
     /// The operand as encoded in the bytecode (ref registers with their
@@ -64,25 +73,70 @@ impl Reg {
     }
 }
 
+/// The verified register lists of a function's instructions, one per bank
+/// their registers were checked for (see [`DecodedFunction::reg_list`]).
+#[derive(Debug, Clone, Default)]
+pub struct RegLists {
+    i32: Vec<Reg<I32>>,
+    i64: Vec<Reg<I64>>,
+    f32: Vec<Reg<F32>>,
+    f64: Vec<Reg<F64>>,
+}
+
+/// A primitive bank that has a list in [`RegLists`].
+pub trait ListBank: RegBank {
+    /// This bank's list.
+    fn list(lists: &RegLists) -> &[Reg<Self>];
+    /// This bank's list, to append to.
+    fn list_mut(lists: &mut RegLists) -> &mut Vec<Reg<Self>>;
+}
+
+macro_rules! list_bank {
+    ($($b:ident: $field:ident;)*) => {$(
+        impl ListBank for $b {
+            #[inline(always)]
+            fn list(lists: &RegLists) -> &[Reg<$b>] {
+                &lists.$field
+            }
+            fn list_mut(lists: &mut RegLists) -> &mut Vec<Reg<$b>> {
+                &mut lists.$field
+            }
+        }
+    )*};
+}
+list_bank! {
+    I32: i32;
+    I64: i64;
+    F32: f32;
+    F64: f64;
+}
+
 /// One decoded instruction.
 ///
-/// Registers are stored as encoded: i32-bank ordinals as is, ref ordinals
-/// with their type and move bits, each as a [`Reg`] the verifier checked.
-/// Variable-length operands (register lists, branch targets, remap lists)
-/// live in the function's pool at `pool`.
+/// The op and its register operands are one value, [`OpRegs`]: a variant
+/// per op whose fields are the op's registers, each a [`Reg`] of the bank
+/// the ISA gives it (stored as encoded: primitive ordinals as is, ref
+/// ordinals with their type and move bits). Variable-length operands
+/// (register lists, branch targets, remap lists) live in the function's
+/// pool at `pool`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Insn {
-    /// The operation.
-    pub op: Op,
-    /// Register operands in encoding order (unused trailing slots are
-    /// register 0, which every function has).
-    pub r: [Reg; 6],
+    /// The operation with its register operands, typed by bank.
+    pub regs: OpRegs,
     /// Index of this instruction's variable-length operands in the pool.
     pub pool: u32,
     /// Global offset/ordinal, function ordinal, rodata ordinal or string index.
     pub a: u32,
     /// Immediate constant bits, or a type-table ordinal.
     pub imm: u64,
+}
+
+impl Insn {
+    /// The operation.
+    #[inline(always)]
+    pub fn op(&self) -> Op {
+        self.regs.op()
+    }
 }
 
 /// A verified, decoded function.
@@ -105,7 +159,7 @@ pub struct DecodedFunction {
     /// (source, destination) pairs of primitive-only branch remaps. An
     /// instruction that has one holds `start << 32 | len` in `Insn::imm`
     /// (see [`DecodedFunction::reg_list`]).
-    pub reg_lists: Vec<Reg>,
+    pub reg_lists: RegLists,
     /// Operand lists of import calls whose callee signature the module
     /// declares, listed once here so that native callees can read them in
     /// place without building them per call (see `Insn::imm` of such calls).
@@ -115,19 +169,56 @@ pub struct DecodedFunction {
 impl DecodedFunction {
     /// The verified register list an instruction's `imm` names (see
     /// [`DecodedFunction::reg_lists`]).
+    /// Each list holds only registers checked for its bank `B`, so whichever
+    /// `B` is asked for, the registers returned are sound to read as `B`.
     #[inline(always)]
-    pub fn reg_list(&self, imm: u64) -> &[Reg] {
+    pub fn reg_list<B: ListBank>(&self, imm: u64) -> &[Reg<B>] {
         let (start, len) = ((imm >> 32) as usize, (imm & 0xFFFF_FFFF) as usize);
-        self.reg_lists.get(start..start + len).unwrap_or(&[])
+        B::list(&self.reg_lists)
+            .get(start..start + len)
+            .unwrap_or(&[])
     }
 }
 
-/// Records `regs` (already verified) as a register list of `f`'s
-/// instructions and returns its `imm` encoding.
-fn push_reg_list(reg_lists: &mut Vec<Reg>, regs: impl IntoIterator<Item = u32>) -> u64 {
-    let start = reg_lists.len();
-    reg_lists.extend(regs.into_iter().map(|r| Reg::verified(r as u16)));
-    ((start as u64) << 32) | (reg_lists.len() - start) as u64
+/// Records `regs` (checked here for bank `B`) as a register list of `fx`'s
+/// function and returns its `imm` encoding.
+fn push_reg_list<B: ListBank>(
+    fx: &FnCtx<'_>,
+    reg_lists: &mut RegLists,
+    regs: impl IntoIterator<Item = u32>,
+    at: usize,
+) -> Result<u64> {
+    let list = B::list_mut(reg_lists);
+    let start = list.len();
+    for r in regs {
+        list.push(fx.reg::<B>(r as u16, false, at)?);
+    }
+    Ok(((start as u64) << 32) | (list.len() - start) as u64)
+}
+
+/// The register operands of one instruction as read (raw, with the move
+/// rule of their field), handed out typed by [`OpRegs::decode`] once
+/// each is checked again for the bank its operand type names.
+struct Checked<'a, 'f> {
+    fx: &'a FnCtx<'f>,
+    regs: &'a [(u16, bool)],
+    next: usize,
+    at: usize,
+}
+
+impl RegSource for Checked<'_, '_> {
+    fn reg<B: RegBank>(&mut self) -> Result<Reg<B>> {
+        let Some(&(raw, allow_move)) = self.regs.get(self.next) else {
+            bail!(
+                Internal,
+                "function '{}': instruction at bytecode offset {} has fewer register operands than its op",
+                self.fx.name,
+                self.at
+            );
+        };
+        self.next += 1;
+        self.fx.reg::<B>(raw, allow_move, self.at)
+    }
 }
 
 /// The operands of an import call listed at decode time, and after them the
@@ -224,6 +315,13 @@ struct FnCtx<'a> {
 }
 
 impl FnCtx<'_> {
+    /// `reg` as a register operand of bank `B`, once [`FnCtx::check_reg`]
+    /// accepted it for `B`'s bank: the one place a [`Reg`] is made.
+    fn reg<B: RegBank>(&self, reg: u16, allow_move: bool, at: usize) -> Result<Reg<B>> {
+        self.check_reg(reg, B::BANK, allow_move, at)?;
+        Ok(Reg::verified(reg))
+    }
+
     fn check_reg(&self, reg: u16, bank: Bank, allow_move: bool, at: usize) -> Result<()> {
         let bad = |why: String| {
             status!(
@@ -382,13 +480,14 @@ pub fn decode_function(
         if op == Op::Block {
             block_at.push((start as u32, insns.len() as u32));
         }
+        // The op's register operands are typed once all its fields are read.
         let mut insn = Insn {
-            op,
-            r: [Reg::verified(0); 6],
+            regs: OpRegs::EndOfFunction,
             pool: pool.len() as u32,
             a: 0,
             imm: 0,
         };
+        let mut raw_regs = [(0u16, false); 6];
         let mut nreg = 0usize;
         let mut last_i16 = 0u16;
         let mut list_idx = 0usize;
@@ -399,7 +498,14 @@ pub fn decode_function(
                 } => {
                     let reg = rd.u16("register")?;
                     fx.check_reg(reg, bank, allow_move, start)?;
-                    insn.r[nreg] = Reg::verified(reg);
+                    let Some(slot) = raw_regs.get_mut(nreg) else {
+                        bail!(
+                            Internal,
+                            "op {} has more than 6 register operands",
+                            op.mnemonic()
+                        );
+                    };
+                    *slot = (reg, allow_move);
                     nreg += 1;
                 }
                 Field::Attr(bank) => {
@@ -478,6 +584,15 @@ pub fn decode_function(
                 }
             }
         }
+        insn.regs = OpRegs::decode(
+            op,
+            &mut Checked {
+                fx: &fx,
+                regs: &raw_regs[..nreg],
+                next: 0,
+                at: start,
+            },
+        )?;
         check_semantics(&insn, &pool, env, &fx, cconv, start)?;
         list_import_operands(&mut insn, &pool, env, &mut operands)?;
         insns.push(insn);
@@ -508,18 +623,17 @@ pub fn decode_function(
         bail!(
             InvalidArgument,
             "function '{name}': last instruction {:?} is not a terminator",
-            insns.last().map(|i: &Insn| i.op.mnemonic())
+            insns.last().map(|i: &Insn| i.op().mnemonic())
         );
     }
-    let mut reg_lists = Vec::new();
-    fuse(&mut insns, &mut offsets, &pool, &mut reg_lists);
-    list_switch_values(&mut insns, &pool, &mut reg_lists);
+    let mut reg_lists = RegLists::default();
+    fuse(&fx, &mut insns, &mut offsets, &pool, &mut reg_lists)?;
+    list_switch_values(&fx, &mut insns, &offsets, &pool, &mut reg_lists)?;
     // A sentinel after the last instruction: falling through the end of the
     // function lands on it (and fails) instead of outside the instruction
     // array, so every pc the interpreter can reach indexes a valid slot.
     insns.push(Insn {
-        op: Op::EndOfFunction,
-        r: [Reg::verified(0); 6],
+        regs: OpRegs::EndOfFunction,
         pool: 0,
         a: 0,
         imm: 0,
@@ -539,16 +653,25 @@ pub fn decode_function(
 
 /// Lists the value registers of primitive `switch` ops (checked when their
 /// operand list was read) in `reg_lists`.
-fn list_switch_values(insns: &mut [Insn], pool: &[u32], reg_lists: &mut Vec<Reg>) {
-    for insn in insns {
-        if matches!(
-            insn.op,
-            Op::SwitchI32 | Op::SwitchI64 | Op::SwitchF32 | Op::SwitchF64
-        ) {
-            let values = pool_list(pool, insn.pool as usize);
-            insn.imm = push_reg_list(reg_lists, values.iter().copied());
-        }
+fn list_switch_values(
+    fx: &FnCtx<'_>,
+    insns: &mut [Insn],
+    offsets: &[u32],
+    pool: &[u32],
+    reg_lists: &mut RegLists,
+) -> Result<()> {
+    for (insn, &at) in insns.iter_mut().zip(offsets) {
+        let values = pool_list(pool, insn.pool as usize).iter().copied();
+        let at = at as usize;
+        insn.imm = match insn.op() {
+            Op::SwitchI32 => push_reg_list::<I32>(fx, reg_lists, values, at)?,
+            Op::SwitchI64 => push_reg_list::<I64>(fx, reg_lists, values, at)?,
+            Op::SwitchF32 => push_reg_list::<F32>(fx, reg_lists, values, at)?,
+            Op::SwitchF64 => push_reg_list::<F64>(fx, reg_lists, values, at)?,
+            _ => continue,
+        };
     }
+    Ok(())
 }
 
 /// For an import call with a declared callee signature, lists its operands
@@ -560,7 +683,7 @@ fn list_import_operands(
     operands: &mut Vec<crate::stack::Operand>,
 ) -> Result<()> {
     let p = insn.pool as usize;
-    let (args, segments) = match insn.op {
+    let (args, segments) = match insn.op() {
         Op::Call | Op::CallYieldable => (p, None),
         Op::CallVariadic | Op::CallVariadicYieldable => (p + 1 + pool_list(pool, p).len(), Some(p)),
         _ => return Ok(()),
@@ -665,7 +788,7 @@ pub fn skip_remap(pool: &[u32], at: usize) -> Option<usize> {
 /// entries run past `pool`.
 pub fn branch_targets(pool: &[u32], insn: &Insn) -> Option<Vec<usize>> {
     let at = |i: usize| pool.get(i).map(|&t| t as usize);
-    Some(match insn.op {
+    Some(match insn.op() {
         Op::DirectBranch | Op::PrimitiveRemapBranch => vec![insn.a as usize],
         Op::DirectCondBranch
         | Op::FusedCmpEQI32CondBranch
@@ -774,10 +897,10 @@ fn check_semantics(
 ) -> Result<()> {
     let p = insn.pool as usize;
     let name = fx.name;
-    match insn.op {
+    match insn.op() {
         Op::Call | Op::CallYieldable => {
             let args = pool_list(pool, p);
-            let rest = p + 1 + args.len() + if insn.op == Op::CallYieldable { 1 } else { 0 };
+            let rest = p + 1 + args.len() + if insn.op() == Op::CallYieldable { 1 } else { 0 };
             let results = pool_list(pool, rest);
             if let Some(c) = callee_cconv(env, insn.a) {
                 if c.is_variadic() {
@@ -795,7 +918,7 @@ fn check_semantics(
             let args_at = p + 1 + segs.len();
             let args = pool_list(pool, args_at);
             let mut rest = args_at + 1 + args.len();
-            if insn.op == Op::CallVariadicYieldable {
+            if insn.op() == Op::CallVariadicYieldable {
                 rest += 1;
             }
             let results = pool_list(pool, rest);
@@ -873,13 +996,19 @@ fn check_signature_storage(fx: &FnCtx<'_>, cconv: &Cconv) -> Result<()> {
 /// block arguments jump directly, and a compare that feeds the following
 /// conditional branch becomes one compare-and-branch. The replaced
 /// instructions keep their slots, so every instruction index stays valid.
-fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32], reg_lists: &mut Vec<Reg>) {
+fn fuse(
+    fx: &FnCtx<'_>,
+    insns: &mut [Insn],
+    offsets: &mut [u32],
+    pool: &[u32],
+    reg_lists: &mut RegLists,
+) -> Result<()> {
     for i in 0..insns.len() {
         let insn = insns[i];
         let p = insn.pool as usize;
-        match insn.op {
-            Op::Branch if pool[p + 1] == 0 => {
-                insns[i].op = Op::DirectBranch;
+        match insn.regs {
+            OpRegs::Branch if pool[p + 1] == 0 => {
+                insns[i].regs = OpRegs::DirectBranch;
                 insns[i].a = pool[p];
             }
             // Block arguments that are all primitive registers (every
@@ -887,12 +1016,14 @@ fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32], reg_lists: &mut V
             // list): the interpreter copies slot pairs without per-entry
             // type tests, from a verified register list (each entry was
             // checked by `read_remap_list` when the branch was decoded).
-            Op::Branch if remap_pairs(pool, p + 1).all(|r| r as u16 & REF_BIT == 0) => {
-                insns[i].op = Op::PrimitiveRemapBranch;
+            // Each slot is copied on its own, so entries are i32-bank slots.
+            OpRegs::Branch if remap_pairs(pool, p + 1).all(|r| r as u16 & REF_BIT == 0) => {
+                insns[i].regs = OpRegs::PrimitiveRemapBranch;
                 insns[i].a = pool[p];
-                insns[i].imm = push_reg_list(reg_lists, remap_pairs(pool, p + 1));
+                let at = offsets[i] as usize;
+                insns[i].imm = push_reg_list::<I32>(fx, reg_lists, remap_pairs(pool, p + 1), at)?;
             }
-            Op::CondBranch => {
+            OpRegs::CondBranch(cond) => {
                 let t = pool[p];
                 if pool[p + 1] != 0 {
                     continue;
@@ -902,7 +1033,7 @@ fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32], reg_lists: &mut V
                 if pool[f_at + 1] != 0 {
                     continue;
                 }
-                insns[i].op = Op::DirectCondBranch;
+                insns[i].regs = OpRegs::DirectCondBranch(cond);
                 insns[i].a = t;
                 insns[i].imm = f as u64;
                 if i == 0 {
@@ -912,19 +1043,19 @@ fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32], reg_lists: &mut V
                 // earlier; it is sunk next to the branch when the
                 // instructions in between are plain register arithmetic that
                 // neither reads nor writes its operands or result.
-                let cond = insn.r[0].raw();
+                let cond = cond.raw();
                 let mut j = i;
                 let mut found = None;
                 while j > 0 && i - j < 4 {
                     j -= 1;
                     let cand = insns[j];
-                    if let Some((fused, result)) = fused_compare(cand.op, &cand.r) {
+                    if let Some((fused, result)) = fused_compare(cand.regs) {
                         if result == cond {
                             found = Some((j, fused));
                         }
                         break;
                     }
-                    if !is_plain_register_op(cand.op) || touches(&cand, cond, 1) {
+                    if !is_plain_register_op(cand.op()) || touches(&cand, cond, 1) {
                         break;
                     }
                 }
@@ -945,7 +1076,7 @@ fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32], reg_lists: &mut V
                 offsets.copy_within(j + 1..i, j);
                 offsets[i - 1] = offsets[i];
                 insns[i - 1] = Insn {
-                    op: fused,
+                    regs: fused,
                     a: t,
                     imm: f as u64,
                     ..cmp
@@ -954,6 +1085,7 @@ fn fuse(insns: &mut [Insn], offsets: &mut [u32], pool: &[u32], reg_lists: &mut V
             _ => {}
         }
     }
+    Ok(())
 }
 
 /// The registers of the remap list at pool index `at` (`n`, then `n`
@@ -966,20 +1098,21 @@ fn remap_pairs(pool: &[u32], at: usize) -> impl Iterator<Item = u32> + '_ {
         .copied()
 }
 
-/// The fused compare-and-branch op for a compare, and its result register.
-fn fused_compare(op: Op, r: &[Reg; 6]) -> Option<(Op, u16)> {
-    let r = r.map(Reg::raw);
-    Some(match op {
-        Op::CmpEQI32 => (Op::FusedCmpEQI32CondBranch, r[2]),
-        Op::CmpNEI32 => (Op::FusedCmpNEI32CondBranch, r[2]),
-        Op::CmpLTI32S => (Op::FusedCmpLTI32SCondBranch, r[2]),
-        Op::CmpLTI32U => (Op::FusedCmpLTI32UCondBranch, r[2]),
-        Op::CmpNZI32 => (Op::FusedCmpNZI32CondBranch, r[1]),
-        Op::CmpEQI64 => (Op::FusedCmpEQI64CondBranch, r[2]),
-        Op::CmpNEI64 => (Op::FusedCmpNEI64CondBranch, r[2]),
-        Op::CmpLTI64S => (Op::FusedCmpLTI64SCondBranch, r[2]),
-        Op::CmpLTI64U => (Op::FusedCmpLTI64UCondBranch, r[2]),
-        Op::CmpNZI64 => (Op::FusedCmpNZI64CondBranch, r[1]),
+/// The fused compare-and-branch op for a compare (with the compare's
+/// operands), and the compare's result register.
+fn fused_compare(regs: OpRegs) -> Option<(OpRegs, u16)> {
+    use OpRegs as R;
+    Some(match regs {
+        R::CmpEQI32(a, b, c) => (R::FusedCmpEQI32CondBranch(a, b, c), c.raw()),
+        R::CmpNEI32(a, b, c) => (R::FusedCmpNEI32CondBranch(a, b, c), c.raw()),
+        R::CmpLTI32S(a, b, c) => (R::FusedCmpLTI32SCondBranch(a, b, c), c.raw()),
+        R::CmpLTI32U(a, b, c) => (R::FusedCmpLTI32UCondBranch(a, b, c), c.raw()),
+        R::CmpNZI32(a, c) => (R::FusedCmpNZI32CondBranch(a, c), c.raw()),
+        R::CmpEQI64(a, b, c) => (R::FusedCmpEQI64CondBranch(a, b, c), c.raw()),
+        R::CmpNEI64(a, b, c) => (R::FusedCmpNEI64CondBranch(a, b, c), c.raw()),
+        R::CmpLTI64S(a, b, c) => (R::FusedCmpLTI64SCondBranch(a, b, c), c.raw()),
+        R::CmpLTI64U(a, b, c) => (R::FusedCmpLTI64UCondBranch(a, b, c), c.raw()),
+        R::CmpNZI64(a, c) => (R::FusedCmpNZI64CondBranch(a, c), c.raw()),
         _ => return None,
     })
 }
@@ -1015,9 +1148,10 @@ fn touches(insn: &Insn, reg: u16, width: u16) -> bool {
 fn register_slots(insn: &Insn) -> (Vec<u16>, Vec<u16>) {
     let (mut reads, mut writes) = (Vec::new(), Vec::new());
     let mut n = 0;
-    for f in insn.op.fields() {
+    let raw = insn.regs.raw();
+    for f in insn.op().fields() {
         if let Field::Reg { bank, write, .. } = *f {
-            let reg = insn.r[n].raw();
+            let reg = raw[n];
             n += 1;
             let width = if matches!(bank, Bank::I64 | Bank::F64) {
                 2

@@ -4,7 +4,8 @@
 //! [`super::ops_int`] and [`super::ops_float`], expanded into the same
 //! `match` by [`op_match!`].
 
-use super::super::isa::Op;
+use super::super::isa::{Op, OpRegs};
+use super::super::isa_types::bank::I32;
 use super::super::module::{BytecodeModule, BytecodeState};
 use super::super::trace::{ExecutionTrace, TracedFunction};
 use super::super::verifier::{
@@ -212,38 +213,47 @@ fn dispatch<const COVERAGE: bool>(
         };
     }
     // Register accesses. Every register these name is an operand of an
-    // instruction of `func` (or one of its verified register lists), read
-    // with the bank the ISA declares for it, and `regs` is `func`'s window:
-    // `Registers`' contract, which each access states as its SAFETY.
+    // instruction of `func` (or one of its verified register lists) and
+    // `regs` is `func`'s window; the register's type (a bank-typed `Reg`)
+    // fixes the width of the access, so `Registers`' contract holds: each
+    // access states it as its SAFETY. `slot!`/`wu32!`/`r32!`/`w32!` take a
+    // register of either 32-bit bank (i32, or f32 as bits), `ri64!`/`wi64!`
+    // one of either 64-bit bank; the others only their own bank.
     macro_rules! slot {
         ($regs:ident, $r:expr) => {
-            numeric!(@read $regs, u32, $r)
+            // SAFETY: a verified operand of `func`, read with its width.
+            unsafe { $regs.get($r) }
         };
     }
     macro_rules! wu32 {
-        ($regs:ident, $r:expr, $v:expr) => {
-            numeric!(@write $regs, u32, $r, $v)
-        };
+        ($regs:ident, $r:expr, $v:expr) => {{
+            let v: u32 = $v;
+            // SAFETY: a verified operand of `func`, written with its width.
+            unsafe { $regs.set($r, v) }
+        }};
     }
     macro_rules! r32 {
         ($regs:ident, $r:expr) => {
-            numeric!(@read $regs, i32, $r)
+            slot!($regs, $r) as i32
         };
     }
     macro_rules! w32 {
         ($regs:ident, $r:expr, $v:expr) => {
-            numeric!(@write $regs, u32, $r, ($v) as u32)
+            wu32!($regs, $r, ($v) as u32)
         };
     }
     macro_rules! ri64 {
         ($regs:ident, $r:expr) => {
-            numeric!(@read $regs, i64, $r)
+            // SAFETY: a verified operand of `func`, read with its width.
+            unsafe { $regs.get_i64($r) }
         };
     }
     macro_rules! wi64 {
-        ($regs:ident, $r:expr, $v:expr $(,)?) => {
-            numeric!(@write $regs, i64, $r, $v)
-        };
+        ($regs:ident, $r:expr, $v:expr $(,)?) => {{
+            let v: i64 = $v;
+            // SAFETY: a verified operand of `func`, written with its width.
+            unsafe { $regs.set_i64($r, v) }
+        }};
     }
     macro_rules! rf32 {
         ($regs:ident, $r:expr) => {
@@ -266,13 +276,16 @@ fn dispatch<const COVERAGE: bool>(
         };
     }
     // The whole `match`: the arms written below, then one arm per row of
-    // the numeric op tables.
+    // the numeric op tables. A row's registers are bound to its operand
+    // names, then `out`, with the types the decoded op gives them.
     macro_rules! op_match {
-        ($scrutinee:expr, $regs:ident, $r:ident; { $($arms:tt)* }
+        ($scrutinee:expr, $regs:ident; { $($arms:tt)* }
          $( $shape:ident $(<$from:ty, $to:ty>)? [$t:ty] $op:ident |$($x:ident),*| $e:expr; )*) => {
             match $scrutinee {
                 $(
-                    Op::$op => tri!(numeric!($regs, $r, $op; $shape $(<$from, $to>)? [$t] |$($x),*| $e)),
+                    R::$op($($x,)* out) => {
+                        tri!(numeric!($regs, out, $op; $shape $(<$from, $to>)? [$t] |$($x),*| $e))
+                    }
                 )*
                 $($arms)*
             }
@@ -284,20 +297,72 @@ fn dispatch<const COVERAGE: bool>(
             with_float_ops!(op_match! { $($acc)* })
         };
     }
+    // Buffer loads and stores: buffer `b`, element offset (i64) `off`,
+    // value register `v`; they differ only in width and register bank.
     macro_rules! buffer_load {
-        ($r:ident, $load:ident, |$v:ident| $write:expr) => {{
-            let off = ri64!(regs, $r[1]) as u64;
-            let $v = tri!(tri!(deref_buffer(refs, $r[0], "source_buffer")).$load(off));
+        ($b:ident, $off:ident, $load:ident, |$v:ident| $write:expr) => {{
+            let off = ri64!(regs, $off) as u64;
+            let $v = tri!(tri!(deref_buffer(refs, $b, "source_buffer")).$load(off));
             $write;
         }};
     }
     macro_rules! buffer_store {
-        ($r:ident, $store:ident, $value:expr) => {{
-            let off = ri64!(regs, $r[1]) as u64;
+        ($b:ident, $off:ident, $store:ident, $value:expr) => {{
+            let off = ri64!(regs, $off) as u64;
             let value = $value;
-            tri!(tri!(deref_buffer(refs, $r[0], "target_buffer")).$store(off, value));
+            tri!(tri!(deref_buffer(refs, $b, "target_buffer")).$store(off, value));
         }};
     }
+    // A compare fused with the conditional branch it feeds: writes the
+    // compare's result and branches on it.
+    macro_rules! fused_branch {
+        ($insn:ident, $out:ident, $c:expr) => {{
+            let c: bool = $c;
+            wu32!(regs, $out, c as u32);
+            pc = if c {
+                $insn.a as usize
+            } else {
+                $insn.imm as usize
+            };
+        }};
+    }
+    // Arms shared by two ops of the same width but different banks (their
+    // operands differ in type, so one or-pattern cannot bind both).
+    macro_rules! select32 {
+        ($c:ident, $t:ident, $f:ident, $out:ident) => {{
+            let v = if slot!(regs, $c) != 0 {
+                slot!(regs, $t)
+            } else {
+                slot!(regs, $f)
+            };
+            wu32!(regs, $out, v);
+        }};
+    }
+    macro_rules! select64 {
+        ($c:ident, $t:ident, $f:ident, $out:ident) => {{
+            let v = if slot!(regs, $c) != 0 {
+                ri64!(regs, $t)
+            } else {
+                ri64!(regs, $f)
+            };
+            wi64!(regs, $out, v);
+        }};
+    }
+    // A switch over the values of a verified register list of the bank
+    // of `$dflt` (the list's type is inferred from it).
+    macro_rules! switch {
+        ($insn:ident, $idx:ident, $dflt:ident, $out:ident, $read:ident, $write:ident) => {{
+            let idx = r32!(regs, $idx);
+            let vals = func.reg_list($insn.imm);
+            let reg = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
+                Some(&reg) => reg,
+                None => $dflt,
+            };
+            let v = $read!(regs, reg);
+            $write!(regs, $out, v);
+        }};
+    }
+    use OpRegs as R;
     loop {
         // Fields are read through a reference so each arm loads only the
         // operands it uses.
@@ -314,158 +379,180 @@ fn dispatch<const COVERAGE: bool>(
                 f.emit(t, pc - 1);
             }
             if let Some(cov) = instrument.coverage.as_deref_mut() {
-                for c in insn.op.components() {
+                for c in insn.op().components() {
                     cov[*c as usize] = true;
                 }
             }
         }
-        let r = &insn.r;
-        with_int_ops!(and_float_ops! { insn.op, regs, r; {
-            Op::Block => {}
-            Op::EndOfFunction => {
+        with_int_ops!(and_float_ops! { insn.regs, regs; {
+            R::Block => {}
+            R::EndOfFunction => {
                 fail!(status!(
                     Internal,
                     "execution fell off the end of the function"
                 ));
             }
             // ---- globals
-            Op::GlobalLoadI32 | Op::GlobalLoadF32 => {
+            R::GlobalLoadI32(out) => {
                 let s = tri!(global_slot(state, insn.a, 4));
-                wu32!(regs, r[0], state.globals[s].load(Relaxed));
+                wu32!(regs, out, state.globals[s].load(Relaxed));
             }
-            Op::GlobalStoreI32 | Op::GlobalStoreF32 => {
+            R::GlobalLoadF32(out) => {
                 let s = tri!(global_slot(state, insn.a, 4));
-                state.globals[s].store(slot!(regs, r[0]), Relaxed);
+                wu32!(regs, out, state.globals[s].load(Relaxed));
             }
-            Op::GlobalLoadIndirectI32 | Op::GlobalLoadIndirectF32 => {
-                let s = tri!(global_slot(state, slot!(regs, r[0]), 4));
-                wu32!(regs, r[1], state.globals[s].load(Relaxed));
+            R::GlobalStoreI32(v) => {
+                let s = tri!(global_slot(state, insn.a, 4));
+                state.globals[s].store(slot!(regs, v), Relaxed);
             }
-            Op::GlobalStoreIndirectI32 | Op::GlobalStoreIndirectF32 => {
-                let s = tri!(global_slot(state, slot!(regs, r[0]), 4));
-                state.globals[s].store(slot!(regs, r[1]), Relaxed);
+            R::GlobalStoreF32(v) => {
+                let s = tri!(global_slot(state, insn.a, 4));
+                state.globals[s].store(slot!(regs, v), Relaxed);
             }
-            Op::GlobalLoadI64 | Op::GlobalLoadF64 => {
+            R::GlobalLoadIndirectI32(at, out) => {
+                let s = tri!(global_slot(state, slot!(regs, at), 4));
+                wu32!(regs, out, state.globals[s].load(Relaxed));
+            }
+            R::GlobalLoadIndirectF32(at, out) => {
+                let s = tri!(global_slot(state, slot!(regs, at), 4));
+                wu32!(regs, out, state.globals[s].load(Relaxed));
+            }
+            R::GlobalStoreIndirectI32(at, v) => {
+                let s = tri!(global_slot(state, slot!(regs, at), 4));
+                state.globals[s].store(slot!(regs, v), Relaxed);
+            }
+            R::GlobalStoreIndirectF32(at, v) => {
+                let s = tri!(global_slot(state, slot!(regs, at), 4));
+                state.globals[s].store(slot!(regs, v), Relaxed);
+            }
+            R::GlobalLoadI64(out) => {
                 let s = tri!(global_slot(state, insn.a, 8));
-                wi64!(regs, r[0], load_i64(state, s));
+                wi64!(regs, out, load_i64(state, s));
             }
-            Op::GlobalStoreI64 | Op::GlobalStoreF64 => {
+            R::GlobalLoadF64(out) => {
                 let s = tri!(global_slot(state, insn.a, 8));
-                store_i64(state, s, ri64!(regs, r[0]));
+                wi64!(regs, out, load_i64(state, s));
             }
-            Op::GlobalLoadIndirectI64 | Op::GlobalLoadIndirectF64 => {
-                let s = tri!(global_slot(state, slot!(regs, r[0]), 8));
-                wi64!(regs, r[1], load_i64(state, s));
+            R::GlobalStoreI64(v) => {
+                let s = tri!(global_slot(state, insn.a, 8));
+                store_i64(state, s, ri64!(regs, v));
             }
-            Op::GlobalStoreIndirectI64 | Op::GlobalStoreIndirectF64 => {
-                let s = tri!(global_slot(state, slot!(regs, r[0]), 8));
-                store_i64(state, s, ri64!(regs, r[1]));
+            R::GlobalStoreF64(v) => {
+                let s = tri!(global_slot(state, insn.a, 8));
+                store_i64(state, s, ri64!(regs, v));
             }
-            Op::GlobalLoadRef => {
+            R::GlobalLoadIndirectI64(at, out) => {
+                let s = tri!(global_slot(state, slot!(regs, at), 8));
+                wi64!(regs, out, load_i64(state, s));
+            }
+            R::GlobalLoadIndirectF64(at, out) => {
+                let s = tri!(global_slot(state, slot!(regs, at), 8));
+                wi64!(regs, out, load_i64(state, s));
+            }
+            R::GlobalStoreIndirectI64(at, v) => {
+                let s = tri!(global_slot(state, slot!(regs, at), 8));
+                store_i64(state, s, ri64!(regs, v));
+            }
+            R::GlobalStoreIndirectF64(at, v) => {
+                let s = tri!(global_slot(state, slot!(regs, at), 8));
+                store_i64(state, s, ri64!(regs, v));
+            }
+            R::GlobalLoadRef(out) => {
                 let g = tri!(ref_global(state, insn.a)).lock().clone();
                 tri!(check_cast(&g, type_at(state, insn.imm)));
-                refs[ref_slot(r[0])] = g;
+                refs[ref_slot(out)] = g;
             }
-            Op::GlobalStoreRef => {
-                let v = take_ref(refs, r[0]);
+            R::GlobalStoreRef(v) => {
+                let v = take_ref(refs, v);
                 tri!(check_cast(&v, type_at(state, insn.imm)));
                 *tri!(ref_global(state, insn.a)).lock() = v;
             }
-            Op::GlobalLoadIndirectRef => {
-                let g = tri!(ref_global(state, slot!(regs, r[0]))).lock().clone();
+            R::GlobalLoadIndirectRef(at, out) => {
+                let g = tri!(ref_global(state, slot!(regs, at))).lock().clone();
                 tri!(check_cast(&g, type_at(state, insn.imm)));
-                refs[ref_slot(r[1])] = g;
+                refs[ref_slot(out)] = g;
             }
-            Op::GlobalStoreIndirectRef => {
-                let v = take_ref(refs, r[1]);
+            R::GlobalStoreIndirectRef(at, v) => {
+                let v = take_ref(refs, v);
                 tri!(check_cast(&v, type_at(state, insn.imm)));
-                *tri!(ref_global(state, slot!(regs, r[0]))).lock() = v;
+                *tri!(ref_global(state, slot!(regs, at))).lock() = v;
             }
             // ---- constants
-            Op::ConstI32Zero | Op::ConstF32Zero => wu32!(regs, r[0], 0),
-            Op::ConstI32 | Op::ConstF32 => wu32!(regs, r[0], insn.imm as u32),
-            Op::ConstI64Zero | Op::ConstF64Zero => wi64!(regs, r[0], 0),
-            Op::ConstI64 | Op::ConstF64 => wi64!(regs, r[0], insn.imm as i64),
-            Op::ConstRefZero => refs[ref_slot(r[0])] = None,
-            Op::ConstRefRodata => {
-                refs[ref_slot(r[0])] = Some(state.module.rodata[insn.a as usize].clone())
+            R::ConstI32Zero(out) => wu32!(regs, out, 0),
+            R::ConstF32Zero(out) => wu32!(regs, out, 0),
+            R::ConstI32(out) => wu32!(regs, out, insn.imm as u32),
+            R::ConstF32(out) => wu32!(regs, out, insn.imm as u32),
+            R::ConstI64Zero(out) => wi64!(regs, out, 0),
+            R::ConstF64Zero(out) => wi64!(regs, out, 0),
+            R::ConstI64(out) => wi64!(regs, out, insn.imm as i64),
+            R::ConstF64(out) => wi64!(regs, out, insn.imm as i64),
+            R::ConstRefZero(out) => refs[ref_slot(out)] = None,
+            R::ConstRefRodata(out) => {
+                refs[ref_slot(out)] = Some(state.module.rodata[insn.a as usize].clone())
             }
             // ---- lists
-            Op::ListAlloc => {
+            R::ListAlloc(cap, out) => {
                 let ty = type_at(state, insn.imm);
-                let l = tri!(VmList::new(ty, slot!(regs, r[0])));
-                refs[ref_slot(r[1])] = Some(Ref::new(l));
+                let l = tri!(VmList::new(ty, slot!(regs, cap)));
+                refs[ref_slot(out)] = Some(Ref::new(l));
             }
-            Op::ListReserve => tri!(tri!(deref_list(refs, r[0])).reserve(slot!(regs, r[1]))),
-            Op::ListSize => {
-                let n = tri!(deref_list(refs, r[0])).size();
-                wu32!(regs, r[1], n);
+            R::ListReserve(l, n) => tri!(tri!(deref_list(refs, l)).reserve(slot!(regs, n))),
+            R::ListSize(l, out) => {
+                let n = tri!(deref_list(refs, l)).size();
+                wu32!(regs, out, n);
             }
-            Op::ListResize => tri!(tri!(deref_list(refs, r[0])).resize(slot!(regs, r[1]))),
-            Op::ListGetI32 => {
-                let v = tri!(tri!(deref_list(refs, r[0])).get_i32(slot!(regs, r[1])));
-                w32!(regs, r[2], v);
+            R::ListResize(l, n) => tri!(tri!(deref_list(refs, l)).resize(slot!(regs, n))),
+            R::ListGetI32(l, i, out) => {
+                let v = tri!(tri!(deref_list(refs, l)).get_i32(slot!(regs, i)));
+                w32!(regs, out, v);
             }
-            Op::ListSetI32 => {
-                let v = r32!(regs, r[2]);
-                tri!(tri!(deref_list(refs, r[0])).set_i32(slot!(regs, r[1]), v));
+            R::ListSetI32(l, i, v) => {
+                let v = r32!(regs, v);
+                tri!(tri!(deref_list(refs, l)).set_i32(slot!(regs, i), v));
             }
-            Op::ListGetI64 => {
-                let v = tri!(tri!(deref_list(refs, r[0])).get_i64(slot!(regs, r[1])));
-                wi64!(regs, r[2], v);
+            R::ListGetI64(l, i, out) => {
+                let v = tri!(tri!(deref_list(refs, l)).get_i64(slot!(regs, i)));
+                wi64!(regs, out, v);
             }
-            Op::ListSetI64 => {
-                let v = ri64!(regs, r[2]);
-                tri!(tri!(deref_list(refs, r[0])).set_i64(slot!(regs, r[1]), v));
+            R::ListSetI64(l, i, v) => {
+                let v = ri64!(regs, v);
+                tri!(tri!(deref_list(refs, l)).set_i64(slot!(regs, i), v));
             }
-            Op::ListGetF32 => {
-                let v = tri!(tri!(deref_list(refs, r[0])).get_f32(slot!(regs, r[1])));
-                wf32!(regs, r[2], v);
+            R::ListGetF32(l, i, out) => {
+                let v = tri!(tri!(deref_list(refs, l)).get_f32(slot!(regs, i)));
+                wf32!(regs, out, v);
             }
-            Op::ListSetF32 => {
-                let v = rf32!(regs, r[2]);
-                tri!(tri!(deref_list(refs, r[0])).set_f32(slot!(regs, r[1]), v));
+            R::ListSetF32(l, i, v) => {
+                let v = rf32!(regs, v);
+                tri!(tri!(deref_list(refs, l)).set_f32(slot!(regs, i), v));
             }
-            Op::ListGetF64 => {
-                let v = tri!(tri!(deref_list(refs, r[0])).get_f64(slot!(regs, r[1])));
-                wf64!(regs, r[2], v);
+            R::ListGetF64(l, i, out) => {
+                let v = tri!(tri!(deref_list(refs, l)).get_f64(slot!(regs, i)));
+                wf64!(regs, out, v);
             }
-            Op::ListSetF64 => {
-                let v = rf64!(regs, r[2]);
-                tri!(tri!(deref_list(refs, r[0])).set_f64(slot!(regs, r[1]), v));
+            R::ListSetF64(l, i, v) => {
+                let v = rf64!(regs, v);
+                tri!(tri!(deref_list(refs, l)).set_f64(slot!(regs, i), v));
             }
-            Op::ListGetRef => {
-                let v = tri!(tri!(deref_list(refs, r[0])).get_ref(slot!(regs, r[1])));
+            R::ListGetRef(l, i, out) => {
+                let v = tri!(tri!(deref_list(refs, l)).get_ref(slot!(regs, i)));
                 let ty = type_at(state, insn.imm);
                 // A value of another type reads as null, as upstream's
                 // retain-or-null does.
                 let v = v.filter(|x| ty.accepts_ref(x));
-                refs[ref_slot(r[2])] = v;
+                refs[ref_slot(out)] = v;
             }
-            Op::ListSetRef => {
-                let v = take_ref(refs, r[2]);
-                tri!(tri!(deref_list(refs, r[0])).set_ref(slot!(regs, r[1]), v));
+            R::ListSetRef(l, i, v) => {
+                let v = take_ref(refs, v);
+                tri!(tri!(deref_list(refs, l)).set_ref(slot!(regs, i), v));
             }
             // ---- select / switch
-            Op::SelectI32 | Op::SelectF32 => {
-                let v = if slot!(regs, r[0]) != 0 {
-                    slot!(regs, r[1])
-                } else {
-                    slot!(regs, r[2])
-                };
-                wu32!(regs, r[3], v);
-            }
-            Op::SelectI64 | Op::SelectF64 => {
-                let v = if slot!(regs, r[0]) != 0 {
-                    ri64!(regs, r[1])
-                } else {
-                    ri64!(regs, r[2])
-                };
-                wi64!(regs, r[3], v);
-            }
-            Op::SelectRef => {
-                let (t, f) = (r[1], r[2]);
-                let chosen = if slot!(regs, r[0]) != 0 { t } else { f };
+            R::SelectI32(c, t, f, out) => select32!(c, t, f, out),
+            R::SelectF32(c, t, f, out) => select32!(c, t, f, out),
+            R::SelectI64(c, t, f, out) => select64!(c, t, f, out),
+            R::SelectF64(c, t, f, out) => select64!(c, t, f, out),
+            R::SelectRef(c, t, f, out) => {
+                let chosen = if slot!(regs, c) != 0 { t } else { f };
                 // The result's type is checked as upstream does (a ref of
                 // another type is a type mismatch, not a silent copy).
                 tri!(check_cast(&refs[ref_slot(chosen)], type_at(state, insn.imm)));
@@ -475,183 +562,105 @@ fn dispatch<const COVERAGE: bool>(
                 if other.raw() & MOVE_BIT != 0 && ref_slot(other) != ref_slot(chosen) {
                     refs[ref_slot(other)] = None;
                 }
-                refs[ref_slot(r[3])] = v;
+                refs[ref_slot(out)] = v;
             }
-            Op::SwitchI32 | Op::SwitchF32 => {
-                let idx = r32!(regs, r[0]);
-                let vals = func.reg_list(insn.imm);
-                let v = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
-                    Some(&reg) => slot!(regs, reg),
-                    None => slot!(regs, r[1]),
-                };
-                wu32!(regs, r[2], v);
-            }
-            Op::SwitchI64 | Op::SwitchF64 => {
-                let idx = r32!(regs, r[0]);
-                let vals = func.reg_list(insn.imm);
-                let v = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
-                    Some(&reg) => ri64!(regs, reg),
-                    None => ri64!(regs, r[1]),
-                };
-                wi64!(regs, r[2], v);
-            }
-            Op::SwitchRef => {
-                let idx = r32!(regs, r[0]);
+            R::SwitchI32(idx, dflt, out) => switch!(insn, idx, dflt, out, slot, wu32),
+            R::SwitchF32(idx, dflt, out) => switch!(insn, idx, dflt, out, slot, wu32),
+            R::SwitchI64(idx, dflt, out) => switch!(insn, idx, dflt, out, ri64, wi64),
+            R::SwitchF64(idx, dflt, out) => switch!(insn, idx, dflt, out, ri64, wi64),
+            R::SwitchRef(idx, dflt, out) => {
+                let idx = r32!(regs, idx);
                 let vals = pool_list(pool, insn.pool as usize);
                 let src = match usize::try_from(idx).ok().and_then(|i| vals.get(i)) {
                     Some(&reg) => reg as u16,
-                    None => r[1].raw(),
+                    None => dflt.raw(),
                 };
                 let v = refs[ref_slot(src)].clone();
                 tri!(check_cast(&v, type_at(state, insn.imm)));
-                refs[ref_slot(r[2])] = v;
+                refs[ref_slot(out)] = v;
             }
             // ---- integer width conversions (arithmetic, shifts and
             // compares are rows of the `ops_int` table)
-            Op::TruncI32I8 => wu32!(regs, r[1], slot!(regs, r[0]) as u8 as u32),
-            Op::TruncI32I16 => wu32!(regs, r[1], slot!(regs, r[0]) as u16 as u32),
-            Op::TruncI64I32 => wu32!(regs, r[1], ri64!(regs, r[0]) as u32),
-            Op::ExtI8I32S => w32!(regs, r[1], slot!(regs, r[0]) as u8 as i8 as i32),
-            Op::ExtI8I32U => wu32!(regs, r[1], slot!(regs, r[0]) as u8 as u32),
-            Op::ExtI16I32S => w32!(regs, r[1], slot!(regs, r[0]) as u16 as i16 as i32),
-            Op::ExtI16I32U => wu32!(regs, r[1], slot!(regs, r[0]) as u16 as u32),
-            Op::ExtI32I64S => wi64!(regs, r[1], r32!(regs, r[0]) as i64),
-            Op::ExtI32I64U => wi64!(regs, r[1], slot!(regs, r[0]) as i64),
+            R::TruncI32I8(x, out) => wu32!(regs, out, slot!(regs, x) as u8 as u32),
+            R::TruncI32I16(x, out) => wu32!(regs, out, slot!(regs, x) as u16 as u32),
+            R::TruncI64I32(x, out) => wu32!(regs, out, ri64!(regs, x) as u32),
+            R::ExtI8I32S(x, out) => w32!(regs, out, slot!(regs, x) as u8 as i8 as i32),
+            R::ExtI8I32U(x, out) => wu32!(regs, out, slot!(regs, x) as u8 as u32),
+            R::ExtI16I32S(x, out) => w32!(regs, out, slot!(regs, x) as u16 as i16 as i32),
+            R::ExtI16I32U(x, out) => wu32!(regs, out, slot!(regs, x) as u16 as u32),
+            R::ExtI32I64S(x, out) => wi64!(regs, out, r32!(regs, x) as i64),
+            R::ExtI32I64U(x, out) => wi64!(regs, out, slot!(regs, x) as i64),
             // ---- ref comparisons
-            Op::CmpEQRef => {
-                let eq = refs[ref_slot(r[0])] == refs[ref_slot(r[1])];
-                release_moved(refs, &[r[0], r[1]]);
-                w32!(regs, r[2], eq);
+            R::CmpEQRef(a, b, out) => {
+                let eq = refs[ref_slot(a)] == refs[ref_slot(b)];
+                release_moved(refs, &[a, b]);
+                w32!(regs, out, eq);
             }
-            Op::CmpNERef => {
-                let ne = refs[ref_slot(r[0])] != refs[ref_slot(r[1])];
-                release_moved(refs, &[r[0], r[1]]);
-                w32!(regs, r[2], ne);
+            R::CmpNERef(a, b, out) => {
+                let ne = refs[ref_slot(a)] != refs[ref_slot(b)];
+                release_moved(refs, &[a, b]);
+                w32!(regs, out, ne);
             }
-            Op::CmpNZRef => {
-                let nz = refs[ref_slot(r[0])].is_some();
-                release_moved(refs, &[r[0]]);
-                w32!(regs, r[1], nz);
+            R::CmpNZRef(a, out) => {
+                let nz = refs[ref_slot(a)].is_some();
+                release_moved(refs, &[a]);
+                w32!(regs, out, nz);
             }
             // ---- control flow
-            Op::DirectBranch => pc = insn.a as usize,
-            Op::PrimitiveRemapBranch => {
-                for pair in func.reg_list(insn.imm).chunks_exact(2) {
+            R::DirectBranch => pc = insn.a as usize,
+            R::PrimitiveRemapBranch => {
+                for pair in func.reg_list::<I32>(insn.imm).chunks_exact(2) {
                     let v = slot!(regs, pair[0]);
                     wu32!(regs, pair[1], v);
                 }
                 pc = insn.a as usize;
             }
-            Op::DirectCondBranch => {
-                pc = if slot!(regs, r[0]) != 0 {
+            R::DirectCondBranch(c) => {
+                pc = if slot!(regs, c) != 0 {
                     insn.a as usize
                 } else {
                     insn.imm as usize
                 };
             }
-            Op::FusedCmpEQI32CondBranch => {
-                let c = slot!(regs, r[0]) == slot!(regs, r[1]);
-                wu32!(regs, r[2], c as u32);
-                pc = if c {
-                    insn.a as usize
-                } else {
-                    insn.imm as usize
-                };
+            R::FusedCmpEQI32CondBranch(a, b, out) => {
+                fused_branch!(insn, out, slot!(regs, a) == slot!(regs, b))
             }
-            Op::FusedCmpNEI32CondBranch => {
-                let c = slot!(regs, r[0]) != slot!(regs, r[1]);
-                wu32!(regs, r[2], c as u32);
-                pc = if c {
-                    insn.a as usize
-                } else {
-                    insn.imm as usize
-                };
+            R::FusedCmpNEI32CondBranch(a, b, out) => {
+                fused_branch!(insn, out, slot!(regs, a) != slot!(regs, b))
             }
-            Op::FusedCmpLTI32SCondBranch => {
-                let c = (slot!(regs, r[0]) as i32) < (slot!(regs, r[1]) as i32);
-                wu32!(regs, r[2], c as u32);
-                pc = if c {
-                    insn.a as usize
-                } else {
-                    insn.imm as usize
-                };
+            R::FusedCmpLTI32SCondBranch(a, b, out) => {
+                fused_branch!(insn, out, r32!(regs, a) < r32!(regs, b))
             }
-            Op::FusedCmpLTI32UCondBranch => {
-                let c = slot!(regs, r[0]) < slot!(regs, r[1]);
-                wu32!(regs, r[2], c as u32);
-                pc = if c {
-                    insn.a as usize
-                } else {
-                    insn.imm as usize
-                };
+            R::FusedCmpLTI32UCondBranch(a, b, out) => {
+                fused_branch!(insn, out, slot!(regs, a) < slot!(regs, b))
             }
-            Op::FusedCmpNZI32CondBranch => {
-                let c = slot!(regs, r[0]) != 0;
-                wu32!(regs, r[1], c as u32);
-                pc = if c {
-                    insn.a as usize
-                } else {
-                    insn.imm as usize
-                };
+            R::FusedCmpNZI32CondBranch(a, out) => fused_branch!(insn, out, slot!(regs, a) != 0),
+            R::FusedCmpEQI64CondBranch(a, b, out) => {
+                fused_branch!(insn, out, ri64!(regs, a) == ri64!(regs, b))
             }
-            Op::FusedCmpEQI64CondBranch => {
-                let c = ri64!(regs, r[0]) == ri64!(regs, r[1]);
-                wu32!(regs, r[2], c as u32);
-                pc = if c {
-                    insn.a as usize
-                } else {
-                    insn.imm as usize
-                };
+            R::FusedCmpNEI64CondBranch(a, b, out) => {
+                fused_branch!(insn, out, ri64!(regs, a) != ri64!(regs, b))
             }
-            Op::FusedCmpNEI64CondBranch => {
-                let c = ri64!(regs, r[0]) != ri64!(regs, r[1]);
-                wu32!(regs, r[2], c as u32);
-                pc = if c {
-                    insn.a as usize
-                } else {
-                    insn.imm as usize
-                };
+            R::FusedCmpLTI64SCondBranch(a, b, out) => {
+                fused_branch!(insn, out, ri64!(regs, a) < ri64!(regs, b))
             }
-            Op::FusedCmpLTI64SCondBranch => {
-                let c = ri64!(regs, r[0]) < ri64!(regs, r[1]);
-                wu32!(regs, r[2], c as u32);
-                pc = if c {
-                    insn.a as usize
-                } else {
-                    insn.imm as usize
-                };
+            R::FusedCmpLTI64UCondBranch(a, b, out) => {
+                fused_branch!(insn, out, (ri64!(regs, a) as u64) < (ri64!(regs, b) as u64))
             }
-            Op::FusedCmpLTI64UCondBranch => {
-                let c = (ri64!(regs, r[0]) as u64) < (ri64!(regs, r[1]) as u64);
-                wu32!(regs, r[2], c as u32);
-                pc = if c {
-                    insn.a as usize
-                } else {
-                    insn.imm as usize
-                };
-            }
-            Op::FusedCmpNZI64CondBranch => {
-                let c = ri64!(regs, r[0]) != 0;
-                wu32!(regs, r[1], c as u32);
-                pc = if c {
-                    insn.a as usize
-                } else {
-                    insn.imm as usize
-                };
-            }
-            Op::Branch => pc = branch(regs.slots(), refs, pool, insn.pool as usize),
-            Op::CondBranch => {
+            R::FusedCmpNZI64CondBranch(a, out) => fused_branch!(insn, out, ri64!(regs, a) != 0),
+            R::Branch => pc = branch(regs.slots(), refs, pool, insn.pool as usize),
+            R::CondBranch(c) => {
                 let p = insn.pool as usize;
-                if slot!(regs, r[0]) != 0 {
+                if slot!(regs, c) != 0 {
                     pc = branch(regs.slots(), refs, pool, p);
                 } else {
                     let f = skip_remap(pool, p + 1);
                     pc = branch(regs.slots(), refs, pool, f);
                 }
             }
-            Op::BranchTable => {
+            R::BranchTable(idx) => {
                 let p = insn.pool as usize;
-                let idx = r32!(regs, r[0]);
+                let idx = r32!(regs, idx);
                 let default_end = skip_remap(pool, p + 1);
                 let size = pool[default_end] as i64;
                 if idx < 0 || idx as i64 >= size {
@@ -664,10 +673,10 @@ fn dispatch<const COVERAGE: bool>(
                     pc = branch(regs.slots(), refs, pool, at);
                 }
             }
-            Op::Call | Op::CallYieldable => {
+            R::Call | R::CallYieldable => {
                 let p = insn.pool as usize;
                 let nargs = pool[p] as usize;
-                let (resume, results) = if insn.op == Op::CallYieldable {
+                let (resume, results) = if insn.regs == R::CallYieldable {
                     (pool[p + 1 + nargs] as usize, p + 2 + nargs)
                 } else {
                     (pc, p + 1 + nargs)
@@ -683,37 +692,37 @@ fn dispatch<const COVERAGE: bool>(
                     resume,
                 });
             }
-            Op::CallVariadic | Op::CallVariadicYieldable => {
+            R::CallVariadic | R::CallVariadicYieldable => {
                 let p = insn.pool as usize;
                 let args = p + 1 + pool[p] as usize;
                 let after_args = args + 1 + pool[args] as usize;
-                let (resume, results) = if insn.op == Op::CallVariadicYieldable {
+                let (resume, results) = if insn.regs == R::CallVariadicYieldable {
                     (pool[after_args] as usize, after_args + 1)
                 } else {
                     (pc, after_args)
                 };
                 import_call!(insn, Some(p), args, results, resume);
             }
-            Op::Return => {
+            R::Return => {
                 *pc_out = pc;
                 return Ok(Flow::Return {
                     list: insn.pool as usize,
                 });
             }
-            Op::Fail => {
-                let code = r32!(regs, r[0]);
+            R::Fail(code) => {
+                let code = r32!(regs, code);
                 tri!(check_fail(code, &state.module.strings[insn.a as usize]));
             }
-            Op::ImportResolved => {
+            R::ImportResolved(out) => {
                 let resolved = state.import_resolved(insn.a & !IMPORT_BIT);
-                w32!(regs, r[0], resolved);
+                w32!(regs, out, resolved);
             }
-            Op::Yield => {
+            R::Yield => {
                 pc = branch(regs.slots(), refs, pool, insn.pool as usize);
                 *pc_out = pc;
                 return Ok(Flow::Exit(Action::Yield));
             }
-            Op::Trace | Op::Print => {
+            R::Trace | R::Print => {
                 let list = pool_list(pool, insn.pool as usize);
                 for &reg in list {
                     let reg = reg as u16;
@@ -722,118 +731,128 @@ fn dispatch<const COVERAGE: bool>(
                     }
                 }
             }
-            Op::CondBreak => {
+            R::CondBreak(_) => {
                 // Debugger breaks are not supported; execution continues.
                 pc = branch(regs.slots(), refs, pool, insn.pool as usize);
             }
-            Op::Break => pc = branch(regs.slots(), refs, pool, insn.pool as usize),
+            R::Break => pc = branch(regs.slots(), refs, pool, insn.pool as usize),
             // ---- buffers
-            // Loads and stores: buffer in r[0], element offset (i64) in r[1],
-            // value in r[2]; they differ only in width and register bank.
-            Op::BufferLoadI8U => buffer_load!(r, load_i8u, |v| w32!(regs, r[2], v)),
-            Op::BufferLoadI8S => buffer_load!(r, load_i8s, |v| w32!(regs, r[2], v)),
-            Op::BufferLoadI16U => buffer_load!(r, load_i16u, |v| w32!(regs, r[2], v)),
-            Op::BufferLoadI16S => buffer_load!(r, load_i16s, |v| w32!(regs, r[2], v)),
-            Op::BufferLoadI32 => buffer_load!(r, load_i32, |v| w32!(regs, r[2], v)),
-            Op::BufferLoadI64 => buffer_load!(r, load_i64, |v| wi64!(regs, r[2], v)),
-            Op::BufferLoadF32 => buffer_load!(r, load_f32, |v| wf32!(regs, r[2], v)),
-            Op::BufferLoadF64 => buffer_load!(r, load_f64, |v| wf64!(regs, r[2], v)),
-            Op::BufferStoreI8 => buffer_store!(r, store_i8, slot!(regs, r[2]) as i32),
-            Op::BufferStoreI16 => buffer_store!(r, store_i16, slot!(regs, r[2]) as i32),
-            Op::BufferStoreI32 => buffer_store!(r, store_i32, slot!(regs, r[2]) as i32),
-            Op::BufferStoreI64 => buffer_store!(r, store_i64, ri64!(regs, r[2])),
-            Op::BufferStoreF32 => buffer_store!(r, store_f32, rf32!(regs, r[2])),
-            Op::BufferStoreF64 => buffer_store!(r, store_f64, rf64!(regs, r[2])),
-            Op::BufferAlloc => {
-                let len = ri64!(regs, r[0]) as u64;
-                let b = tri!(VmBuffer::new(len, slot!(regs, r[1])));
-                refs[ref_slot(r[2])] = Some(Ref::new(b));
+            R::BufferLoadI8U(b, off, out) => buffer_load!(b, off, load_i8u, |v| w32!(regs, out, v)),
+            R::BufferLoadI8S(b, off, out) => buffer_load!(b, off, load_i8s, |v| w32!(regs, out, v)),
+            R::BufferLoadI16U(b, off, out) => {
+                buffer_load!(b, off, load_i16u, |v| w32!(regs, out, v))
             }
-            Op::BufferClone => {
-                let (off, len) = (ri64!(regs, r[1]) as u64, ri64!(regs, r[2]) as u64);
-                let b = tri!(tri!(deref_buffer(refs, r[0], "source")).clone_range(
+            R::BufferLoadI16S(b, off, out) => {
+                buffer_load!(b, off, load_i16s, |v| w32!(regs, out, v))
+            }
+            R::BufferLoadI32(b, off, out) => buffer_load!(b, off, load_i32, |v| w32!(regs, out, v)),
+            R::BufferLoadI64(b, off, out) => {
+                buffer_load!(b, off, load_i64, |v| wi64!(regs, out, v))
+            }
+            R::BufferLoadF32(b, off, out) => {
+                buffer_load!(b, off, load_f32, |v| wf32!(regs, out, v))
+            }
+            R::BufferLoadF64(b, off, out) => {
+                buffer_load!(b, off, load_f64, |v| wf64!(regs, out, v))
+            }
+            R::BufferStoreI8(b, off, v) => buffer_store!(b, off, store_i8, r32!(regs, v)),
+            R::BufferStoreI16(b, off, v) => buffer_store!(b, off, store_i16, r32!(regs, v)),
+            R::BufferStoreI32(b, off, v) => buffer_store!(b, off, store_i32, r32!(regs, v)),
+            R::BufferStoreI64(b, off, v) => buffer_store!(b, off, store_i64, ri64!(regs, v)),
+            R::BufferStoreF32(b, off, v) => buffer_store!(b, off, store_f32, rf32!(regs, v)),
+            R::BufferStoreF64(b, off, v) => buffer_store!(b, off, store_f64, rf64!(regs, v)),
+            R::BufferAlloc(len, align, out) => {
+                let len = ri64!(regs, len) as u64;
+                let b = tri!(VmBuffer::new(len, slot!(regs, align)));
+                refs[ref_slot(out)] = Some(Ref::new(b));
+            }
+            R::BufferClone(src, off, len, align, out) => {
+                let (off, len) = (ri64!(regs, off) as u64, ri64!(regs, len) as u64);
+                let b = tri!(tri!(deref_buffer(refs, src, "source")).clone_range(
                     off,
                     len,
-                    slot!(regs, r[3])
+                    slot!(regs, align)
                 ));
-                refs[ref_slot(r[4])] = Some(Ref::new(b));
+                refs[ref_slot(out)] = Some(Ref::new(b));
             }
-            Op::BufferLength => {
-                let n = tri!(deref_buffer(refs, r[0], "buffer")).len();
-                wi64!(regs, r[1], n as i64);
+            R::BufferLength(b, out) => {
+                let n = tri!(deref_buffer(refs, b, "buffer")).len();
+                wi64!(regs, out, n as i64);
             }
-            Op::BufferCopy => {
-                let src = tri!(deref_buffer(refs, r[0], "source_buffer"));
-                let dst = tri!(deref_buffer(refs, r[2], "target_buffer"));
+            R::BufferCopy(src, src_off, dst, dst_off, len) => {
+                let src = tri!(deref_buffer(refs, src, "source_buffer"));
+                let dst = tri!(deref_buffer(refs, dst, "target_buffer"));
                 tri!(VmBuffer::copy(
                     src,
-                    ri64!(regs, r[1]) as u64,
+                    ri64!(regs, src_off) as u64,
                     dst,
-                    ri64!(regs, r[3]) as u64,
-                    ri64!(regs, r[4]) as u64
+                    ri64!(regs, dst_off) as u64,
+                    ri64!(regs, len) as u64
                 ));
             }
-            Op::BufferCompare => {
-                let a = tri!(deref_buffer(refs, r[0], "lhs_buffer"));
-                let b = tri!(deref_buffer(refs, r[2], "rhs_buffer"));
+            R::BufferCompare(lhs, lhs_off, rhs, rhs_off, len, out) => {
+                let a = tri!(deref_buffer(refs, lhs, "lhs_buffer"));
+                let b = tri!(deref_buffer(refs, rhs, "rhs_buffer"));
                 let eq = tri!(VmBuffer::compare(
                     a,
-                    ri64!(regs, r[1]) as u64,
+                    ri64!(regs, lhs_off) as u64,
                     b,
-                    ri64!(regs, r[3]) as u64,
-                    ri64!(regs, r[4]) as u64
+                    ri64!(regs, rhs_off) as u64,
+                    ri64!(regs, len) as u64
                 ));
-                w32!(regs, r[5], eq);
+                w32!(regs, out, eq);
             }
-            Op::BufferFillI8 | Op::BufferFillI16 | Op::BufferFillI32 => {
-                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+            R::BufferFillI8(b, off, len, v)
+            | R::BufferFillI16(b, off, len, v)
+            | R::BufferFillI32(b, off, len, v) => {
+                let buf = tri!(deref_buffer(refs, b, "buffer"));
                 let (off, len, v) = (
-                    ri64!(regs, r[1]) as u64,
-                    ri64!(regs, r[2]) as u64,
-                    r32!(regs, r[3]),
+                    ri64!(regs, off) as u64,
+                    ri64!(regs, len) as u64,
+                    r32!(regs, v),
                 );
-                tri!(match insn.op {
-                    Op::BufferFillI8 => b.fill_i8(off, len, v),
-                    Op::BufferFillI16 => b.fill_i16(off, len, v),
-                    _ => b.fill_i32(off, len, v),
+                tri!(match insn.regs {
+                    R::BufferFillI8(..) => buf.fill_i8(off, len, v),
+                    R::BufferFillI16(..) => buf.fill_i16(off, len, v),
+                    _ => buf.fill_i32(off, len, v),
                 });
             }
-            Op::BufferFillI64 => {
-                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+            R::BufferFillI64(b, off, len, v) => {
+                let b = tri!(deref_buffer(refs, b, "buffer"));
                 tri!(b.fill_i64(
-                    ri64!(regs, r[1]) as u64,
-                    ri64!(regs, r[2]) as u64,
-                    ri64!(regs, r[3])
+                    ri64!(regs, off) as u64,
+                    ri64!(regs, len) as u64,
+                    ri64!(regs, v)
                 ));
             }
-            Op::BufferFillF32 => {
-                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+            R::BufferFillF32(b, off, len, v) => {
+                let b = tri!(deref_buffer(refs, b, "buffer"));
                 tri!(b.fill_f32(
-                    ri64!(regs, r[1]) as u64,
-                    ri64!(regs, r[2]) as u64,
-                    rf32!(regs, r[3])
+                    ri64!(regs, off) as u64,
+                    ri64!(regs, len) as u64,
+                    rf32!(regs, v)
                 ));
             }
-            Op::BufferFillF64 => {
-                let b = tri!(deref_buffer(refs, r[0], "buffer"));
+            R::BufferFillF64(b, off, len, v) => {
+                let b = tri!(deref_buffer(refs, b, "buffer"));
                 tri!(b.fill_f64(
-                    ri64!(regs, r[1]) as u64,
-                    ri64!(regs, r[2]) as u64,
-                    rf64!(regs, r[3])
+                    ri64!(regs, off) as u64,
+                    ri64!(regs, len) as u64,
+                    rf64!(regs, v)
                 ));
             }
-            Op::BufferHash => {
-                let b = tri!(deref_buffer(refs, r[0], "source_buffer"));
-                let h = tri!(b.hash(ri64!(regs, r[1]) as u64, ri64!(regs, r[2]) as u64));
-                wi64!(regs, r[3], h);
+            R::BufferHash(b, off, len, out) => {
+                let b = tri!(deref_buffer(refs, b, "source_buffer"));
+                let h = tri!(b.hash(ri64!(regs, off) as u64, ri64!(regs, len) as u64));
+                wi64!(regs, out, h);
             }
             // ---- refs
-            Op::CastAnyRef => {
-                let v = take_ref(refs, r[0]);
+            R::CastAnyRef(v, out) => {
+                let v = take_ref(refs, v);
                 tri!(check_cast(&v, type_at(state, insn.imm)));
-                refs[ref_slot(r[1])] = v;
+                refs[ref_slot(out)] = v;
             }
-            Op::DiscardRefs => {
+            R::DiscardRefs => {
                 for &reg in pool_list(pool, insn.pool as usize) {
                     let reg = reg as u16;
                     if reg & REF_BIT != 0 {
@@ -841,18 +860,18 @@ fn dispatch<const COVERAGE: bool>(
                     }
                 }
             }
-            Op::AssignRef => {
-                let v = take_ref(refs, r[0]);
-                refs[ref_slot(r[1])] = v;
+            R::AssignRef(v, out) => {
+                let v = take_ref(refs, v);
+                refs[ref_slot(out)] = v;
             }
             // ---- float conversions and bitcasts (arithmetic, math and
             // compares are rows of the `ops_float` table)
-            Op::BitcastI32F32 | Op::BitcastF32I32 => wu32!(regs, r[1], slot!(regs, r[0])),
-            Op::TruncF64F32 => wf32!(regs, r[1], rf64!(regs, r[0]) as f32),
-            Op::ExtF32F64 => wf64!(regs, r[1], rf32!(regs, r[0]) as f64),
-            Op::BitcastI64F64 | Op::BitcastF64I64 => {
-                wi64!(regs, r[1], ri64!(regs, r[0]))
-            }
+            R::BitcastI32F32(x, out) => wu32!(regs, out, slot!(regs, x)),
+            R::BitcastF32I32(x, out) => wu32!(regs, out, slot!(regs, x)),
+            R::TruncF64F32(x, out) => wf32!(regs, out, rf64!(regs, x) as f32),
+            R::ExtF32F64(x, out) => wf64!(regs, out, rf32!(regs, x) as f64),
+            R::BitcastI64F64(x, out) => wi64!(regs, out, ri64!(regs, x)),
+            R::BitcastF64I64(x, out) => wi64!(regs, out, ri64!(regs, x)),
         }})
     }
 }

@@ -30,20 +30,27 @@
 //!    reach indexes one: execution starts at 0, branch and resume targets
 //!    were checked against the instruction count, and the `EndOfFunction`
 //!    sentinel after the last instruction fails instead of falling through.
-//! 2. Register operands are [`Reg`]s, which only the verifier makes, after
-//!    checking them against the function's register counts for the bank the
-//!    ISA declares (see [`Reg`] for the exact facts). The unchecked
-//!    accessors of [`Registers`] take only `Reg`s, and are `unsafe fn`s
-//!    whose preconditions are those facts.
+//! 2. Register operands are bank-typed [`Reg<B>`]s, which only the
+//!    verifier makes, after checking them against the function's register
+//!    counts for bank `B` (see [`Reg`] for the exact facts). A decoded
+//!    instruction carries them in its [`OpRegs`], whose operand types are
+//!    generated from the ISA: each operand is a `Reg` of the bank the ISA
+//!    gives it. The unchecked accessors of [`Registers`] take only `Reg`s,
+//!    and are `unsafe fn`s whose preconditions are those facts.
 //! 3. The window an access goes through is the function's own:
 //!    [`Registers::of`] cuts it to exactly the `i32_count` of the function
 //!    whose instructions [`dispatch`] then reads.
-//! 4. The one obligation on this module's code rather than on its input:
-//!    each arm reads an operand with the bank the ISA gives that operand
-//!    (a 64-bit read of an i32 operand could step one slot past the
-//!    window). The numeric tables get it from their shapes ([`numeric`]);
-//!    debug builds assert it on every access, and the opcode-coverage test
-//!    runs every op in a debug build.
+//! 4. Each access has the width of its operand's bank, as a fact of the
+//!    types rather than of this module's code: the 32-bit accessors take
+//!    only registers of a 32-bit bank ([`Narrow`]), the 64-bit ones only of
+//!    a 64-bit bank ([`Wide`]), and [`Slot`] ties each value type to its
+//!    bank. An arm binds its operands from the instruction's [`OpRegs`]
+//!    variant, so reading an i32 operand as 64-bit (which could step one
+//!    slot past the window) does not compile (see [`Registers`]' example);
+//!    so do a numeric table row whose type disagrees with the ISA, and a
+//!    primitive register passed as a ref. What is left to this module is
+//!    the value's meaning (reading an f32 operand's bits as u32, which
+//!    shared 32-bit arms do, is sound).
 //!
 //! Ref registers, call operand lists and pool data are read with bounds
 //! checks; nothing a `.vmfb` contains can make them panic, as the verifier
@@ -51,6 +58,11 @@
 //!
 //! [`DecodedFunction`]: super::verifier::DecodedFunction
 //! [`Reg`]: super::verifier::Reg
+//! [`Reg<B>`]: super::verifier::Reg
+//! [`OpRegs`]: super::isa::OpRegs
+//! [`Narrow`]: super::isa_types::bank::Narrow
+//! [`Wide`]: super::isa_types::bank::Wide
+//! [`Slot`]: registers::Slot
 //! [`Registers`]: registers::Registers
 //! [`Registers::of`]: registers::Registers::of
 
@@ -80,6 +92,7 @@ use values::{read_values_into, read_variadic};
 
 pub(crate) use frames::{deliver_results, frame_state, pop_frame, push_frame};
 pub(crate) use native_bridge::{build_operands, release_moved_operands};
+pub use registers::Registers;
 pub(crate) use values::{place_args, write_typed};
 /// The interpreter's failure statuses, which the compiling tier raises too
 /// (same status, same message in both tiers).

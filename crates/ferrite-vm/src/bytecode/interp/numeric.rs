@@ -13,80 +13,91 @@
 //! | `test`             | `T` r0 (value: bool)      | `i32` r1 |
 //! | `convert<F, U>`    | `F` r0                    | `U` r1   |
 //!
-//! These are the operand layouts the ISA gives the ops of each shape, so
-//! the verifier checked every register read here for the bank it is read
-//! as (the interpreter's half of the contract in [`super`]'s docs).
+//! Every shape reads one register per value operand and writes one result,
+//! so a row's registers are its operand names then the result. These are
+//! the operand layouts the ISA gives the ops of each shape; that each is
+//! read with its bank is checked by the compiler, not trusted (see
+//! [`super`]'s docs).
 
 /// One table row as an expression of type `Result<()>`, over the op's
-/// verified operands `$r` and the frame's [`Registers`](super::registers::Registers) `$regs`.
+/// register operands, bound by [`op_match!`](super::dispatch) to the
+/// row's operand names (`|a, b|`: the registers, shadowed by their values
+/// once read) and `$out` (the result register), and the frame's
+/// [`Registers`](super::registers::Registers) `$regs`.
+///
+/// Reads and writes go through [`Slot`](super::registers::Slot), whose
+/// register type is the bank of the value type: each operand's type in the
+/// decoded op is the bank the ISA gives it, so a row whose type disagrees
+/// with the ISA does not compile.
 macro_rules! numeric {
     (@read $regs:ident, $t:ty, $reg:expr) => {
         // SAFETY: `$reg` is an operand of the executing function's
-        // instruction, read with the bank the ISA declares for it (this
-        // shape's layout above), so `Registers`' contract holds.
+        // instruction, and `$regs` is that function's window; its type
+        // (`Reg` of `$t`'s bank) carries the verifier's width check, so
+        // `Registers`' contract holds.
         unsafe { <$t as $crate::bytecode::interp::registers::Slot>::read($regs, $reg) }
     };
     (@write $regs:ident, $t:ty, $reg:expr, $v:expr) => {{
         let v: $t = $v;
-        // SAFETY: as for `@read`: a verified result operand of this bank.
+        // SAFETY: as for `@read`: a verified result operand of `$t`'s bank.
         unsafe { <$t as $crate::bytecode::interp::registers::Slot>::write($regs, $reg, v) }
     }};
-    ($regs:ident, $r:ident, $op:ident; unary [$t:ty] |$x:ident| $e:expr) => {{
+    ($regs:ident, $out:ident, $op:ident; unary [$t:ty] |$x:ident| $e:expr) => {{
         type T = $t;
-        let $x = numeric!(@read $regs, T, $r[0]);
-        numeric!(@write $regs, T, $r[1], $e);
+        let $x = numeric!(@read $regs, T, $x);
+        numeric!(@write $regs, T, $out, $e);
         Ok(())
     }};
-    ($regs:ident, $r:ident, $op:ident; binary [$t:ty] |$a:ident, $b:ident| $e:expr) => {{
+    ($regs:ident, $out:ident, $op:ident; binary [$t:ty] |$a:ident, $b:ident| $e:expr) => {{
         type T = $t;
-        let ($a, $b) = (numeric!(@read $regs, T, $r[0]), numeric!(@read $regs, T, $r[1]));
-        numeric!(@write $regs, T, $r[2], $e);
+        let ($a, $b) = (numeric!(@read $regs, T, $a), numeric!(@read $regs, T, $b));
+        numeric!(@write $regs, T, $out, $e);
         Ok(())
     }};
-    ($regs:ident, $r:ident, $op:ident; ternary [$t:ty] |$a:ident, $b:ident, $c:ident| $e:expr) => {{
+    ($regs:ident, $out:ident, $op:ident; ternary [$t:ty] |$a:ident, $b:ident, $c:ident| $e:expr) => {{
         type T = $t;
-        let $a = numeric!(@read $regs, T, $r[0]);
-        let $b = numeric!(@read $regs, T, $r[1]);
-        let $c = numeric!(@read $regs, T, $r[2]);
-        numeric!(@write $regs, T, $r[3], $e);
+        let $a = numeric!(@read $regs, T, $a);
+        let $b = numeric!(@read $regs, T, $b);
+        let $c = numeric!(@read $regs, T, $c);
+        numeric!(@write $regs, T, $out, $e);
         Ok(())
     }};
-    ($regs:ident, $r:ident, $op:ident; checked [$t:ty] |$a:ident, $b:ident| $e:expr) => {{
+    ($regs:ident, $out:ident, $op:ident; checked [$t:ty] |$a:ident, $b:ident| $e:expr) => {{
         type T = $t;
-        let ($a, $b) = (numeric!(@read $regs, T, $r[0]), numeric!(@read $regs, T, $r[1]));
+        let ($a, $b) = (numeric!(@read $regs, T, $a), numeric!(@read $regs, T, $b));
         let v: Option<T> = $e;
         match v {
             Some(v) => {
-                numeric!(@write $regs, T, $r[2], v);
+                numeric!(@write $regs, T, $out, v);
                 Ok(())
             }
             None => Err($crate::bytecode::interp::ops_int::div_zero(Op::$op)),
         }
     }};
-    ($regs:ident, $r:ident, $op:ident; shift [$t:ty] |$a:ident, $s:ident| $e:expr) => {{
+    ($regs:ident, $out:ident, $op:ident; shift [$t:ty] |$a:ident, $s:ident| $e:expr) => {{
         type T = $t;
-        let ($a, $s) = (numeric!(@read $regs, T, $r[0]), numeric!(@read $regs, u32, $r[1]));
-        numeric!(@write $regs, T, $r[2], $e);
+        let ($a, $s) = (numeric!(@read $regs, T, $a), numeric!(@read $regs, u32, $s));
+        numeric!(@write $regs, T, $out, $e);
         Ok(())
     }};
-    ($regs:ident, $r:ident, $op:ident; compare [$t:ty] |$a:ident, $b:ident| $e:expr) => {{
+    ($regs:ident, $out:ident, $op:ident; compare [$t:ty] |$a:ident, $b:ident| $e:expr) => {{
         type T = $t;
-        let ($a, $b) = (numeric!(@read $regs, T, $r[0]), numeric!(@read $regs, T, $r[1]));
+        let ($a, $b) = (numeric!(@read $regs, T, $a), numeric!(@read $regs, T, $b));
         let v: bool = $e;
-        numeric!(@write $regs, u32, $r[2], v as u32);
+        numeric!(@write $regs, u32, $out, v as u32);
         Ok(())
     }};
-    ($regs:ident, $r:ident, $op:ident; test [$t:ty] |$x:ident| $e:expr) => {{
+    ($regs:ident, $out:ident, $op:ident; test [$t:ty] |$x:ident| $e:expr) => {{
         type T = $t;
-        let $x = numeric!(@read $regs, T, $r[0]);
+        let $x = numeric!(@read $regs, T, $x);
         let v: bool = $e;
-        numeric!(@write $regs, u32, $r[1], v as u32);
+        numeric!(@write $regs, u32, $out, v as u32);
         Ok(())
     }};
-    ($regs:ident, $r:ident, $op:ident; convert <$from:ty, $to:ty> [$t:ty] |$x:ident| $e:expr) => {{
+    ($regs:ident, $out:ident, $op:ident; convert <$from:ty, $to:ty> [$t:ty] |$x:ident| $e:expr) => {{
         type T = $t;
-        let $x = numeric!(@read $regs, $from, $r[0]);
-        numeric!(@write $regs, $to, $r[1], $e);
+        let $x = numeric!(@read $regs, $from, $x);
+        numeric!(@write $regs, $to, $out, $e);
         Ok(())
     }};
 }

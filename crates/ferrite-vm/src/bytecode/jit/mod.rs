@@ -217,12 +217,15 @@ fn counters(n: usize) -> Vec<AtomicU64> {
 /// Why function `f` cannot compile on its own account (its ops and
 /// signature), or None when it can.
 fn own_obstacle(f: &DecodedFunction) -> Option<String> {
-    if let Some(i) = f.insns.iter().find(|i| !compiles(i.op)) {
-        return Some(format!("uses {} (not on the allow-list)", i.op.mnemonic()));
+    if let Some(i) = f.insns.iter().find(|i| !compiles(i.op())) {
+        return Some(format!(
+            "uses {} (not on the allow-list)",
+            i.op().mnemonic()
+        ));
     }
     if f.insns
         .iter()
-        .any(|i| i.op == super::isa::Op::Call && i.a & IMPORT_BIT != 0)
+        .any(|i| i.op() == super::isa::Op::Call && i.a & IMPORT_BIT != 0)
     {
         return Some("calls an import".into());
     }
@@ -291,7 +294,7 @@ fn compile_inner(functions: &[DecodedFunction]) -> Result<JitCode, String> {
                 continue;
             }
             for insn in &functions[i].insns {
-                if insn.op != super::isa::Op::Call || insn.a & IMPORT_BIT != 0 {
+                if insn.op() != super::isa::Op::Call || insn.a & IMPORT_BIT != 0 {
                     continue;
                 }
                 let c = insn.a as usize;
@@ -389,7 +392,7 @@ fn compile_inner(functions: &[DecodedFunction]) -> Result<JitCode, String> {
         {
             let mut callees = HashMap::new();
             for insn in &f.insns {
-                if insn.op == super::isa::Op::Call && insn.a & IMPORT_BIT == 0 {
+                if insn.op() == super::isa::Op::Call && insn.a & IMPORT_BIT == 0 {
                     let c = insn.a;
                     if let std::collections::hash_map::Entry::Vacant(e) = callees.entry(c) {
                         let cid = *bodies.get(&c).ok_or("callee not declared")?;

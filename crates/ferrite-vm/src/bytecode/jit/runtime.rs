@@ -175,7 +175,7 @@ fn trap_status(ctx: &mut Ctx, fnpc: i64, a: i64) -> Status {
         Err(e) => return e,
     };
     let state = ctx.state();
-    match insn.op {
+    match insn.op() {
         Op::DivI32S
         | Op::DivI32U
         | Op::RemI32S
@@ -183,7 +183,7 @@ fn trap_status(ctx: &mut Ctx, fnpc: i64, a: i64) -> Status {
         | Op::DivI64S
         | Op::DivI64U
         | Op::RemI64S
-        | Op::RemI64U => interp::div_zero(insn.op),
+        | Op::RemI64U => interp::div_zero(insn.op()),
         Op::Fail => match interp::check_fail(
             a as i32,
             state.module.strings.get(insn.a as usize).map_or("", |s| s),
@@ -272,8 +272,8 @@ pub(crate) extern "C" fn ref_op(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64) -> 
         // tables can be read while ref slots are written.
         let module = unsafe { &(*state).module };
         let pool = &module.functions[f as usize].pool;
-        let r = insn.r.map(|x| x.raw());
-        match insn.op {
+        let r = insn.regs.raw();
+        match insn.op() {
             Op::AssignRef => {
                 let v = ctx.take_ref(base, r[0])?;
                 *ctx.ref_slot(base + (r[1] & REF_MASK) as i64)? = v;
@@ -288,7 +288,7 @@ pub(crate) extern "C" fn ref_op(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64) -> 
                 *ctx.ref_slot(base + (r[0] & REF_MASK) as i64)? = Some(v);
             }
             Op::DiscardRefs | Op::Trace | Op::Print => {
-                let need = if insn.op == Op::DiscardRefs {
+                let need = if insn.op() == Op::DiscardRefs {
                     REF_BIT
                 } else {
                     REF_BIT | MOVE_BIT
@@ -337,7 +337,7 @@ pub(crate) extern "C" fn ref_insn(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64, b
         // SAFETY: as in `Ctx::state`; a separate borrow so the module state
         // can be read while ref slots are written.
         let state = unsafe { &*state_ptr };
-        let r = insn.r.map(|x| x.raw());
+        let r = insn.regs.raw();
         let slot = |reg: u16| base + (reg & REF_MASK) as i64;
         let list = |ctx: &mut Ctx, reg: u16| -> Result<Ref> {
             let s = ctx.ref_slot(slot(reg))?;
@@ -346,9 +346,9 @@ pub(crate) extern "C" fn ref_insn(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64, b
                 .ok_or_else(|| status!(Internal, "list register emptied"))
         };
         let ty = || interp::type_at(state, insn.imm);
-        match insn.op {
+        match insn.op() {
             Op::GlobalLoadRef | Op::GlobalLoadIndirectRef => {
-                let (ord, dst) = if insn.op == Op::GlobalLoadRef {
+                let (ord, dst) = if insn.op() == Op::GlobalLoadRef {
                     (insn.a, r[0])
                 } else {
                     (a as u32, r[1])
@@ -358,7 +358,7 @@ pub(crate) extern "C" fn ref_insn(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64, b
                 *ctx.ref_slot(slot(dst))? = g;
             }
             Op::GlobalStoreRef | Op::GlobalStoreIndirectRef => {
-                let (ord, src) = if insn.op == Op::GlobalStoreRef {
+                let (ord, src) = if insn.op() == Op::GlobalStoreRef {
                     (insn.a, r[0])
                 } else {
                     (a as u32, r[1])
@@ -448,9 +448,9 @@ pub(crate) extern "C" fn ref_cmp(ctx: *mut Ctx, fnpc: i64, base: i64) -> i32 {
     guard(ctx, fnpc, |ctx| {
         use super::super::isa::Op;
         let insn = *ctx.insn(fnpc)?;
-        let r = insn.r.map(|x| x.raw());
+        let r = insn.regs.raw();
         let slot = |reg: u16| base + (reg & REF_MASK) as i64;
-        let v = match insn.op {
+        let v = match insn.op() {
             Op::CmpNZRef => {
                 let nz = ctx.ref_slot(slot(r[0]))?.is_some();
                 release(ctx, base, &[r[0]])?;
@@ -494,9 +494,9 @@ pub(crate) extern "C" fn buffer_load(ctx: *mut Ctx, fnpc: i64, base: i64, off: i
     guard(ctx, fnpc, |ctx| {
         use super::super::isa::Op;
         let insn = *ctx.insn(fnpc)?;
-        let b = buffer_at(ctx, base, insn.r[0].raw(), "source_buffer")?;
+        let b = buffer_at(ctx, base, insn.regs.raw()[0], "source_buffer")?;
         let off = off as u64;
-        let v: u64 = match insn.op {
+        let v: u64 = match insn.op() {
             Op::BufferLoadI8U => b.load_i8u(off)? as u32 as u64,
             Op::BufferLoadI8S => b.load_i8s(off)? as u32 as u64,
             Op::BufferLoadI16U => b.load_i16u(off)? as u32 as u64,
@@ -523,9 +523,9 @@ pub(crate) extern "C" fn buffer_store(
     guard(ctx, fnpc, |ctx| {
         use super::super::isa::Op;
         let insn = *ctx.insn(fnpc)?;
-        let b = buffer_at(ctx, base, insn.r[0].raw(), "target_buffer")?;
+        let b = buffer_at(ctx, base, insn.regs.raw()[0], "target_buffer")?;
         let off = off as u64;
-        match insn.op {
+        match insn.op() {
             Op::BufferStoreI8 => b.store_i8(off, v as i32),
             Op::BufferStoreI16 => b.store_i16(off, v as i32),
             Op::BufferStoreI32 => b.store_i32(off, v as i32),
@@ -541,7 +541,7 @@ pub(crate) extern "C" fn buffer_store(
 pub(crate) extern "C" fn buffer_length(ctx: *mut Ctx, fnpc: i64, base: i64) -> i32 {
     guard(ctx, fnpc, |ctx| {
         let insn = *ctx.insn(fnpc)?;
-        let n = buffer_at(ctx, base, insn.r[0].raw(), "buffer")?.len();
+        let n = buffer_at(ctx, base, insn.regs.raw()[0], "buffer")?.len();
         ctx.scratch = n;
         Ok(())
     })

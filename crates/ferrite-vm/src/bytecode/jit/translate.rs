@@ -518,7 +518,7 @@ impl<'a, 'b> Translator<'a, 'b> {
         }
         let mut starts: Vec<usize> = vec![0];
         for (i, insn) in f.insns.iter().enumerate() {
-            if insn.op == Op::Block {
+            if insn.op() == Op::Block {
                 starts.push(i);
             }
             starts.extend(branch_targets(&f.pool, insn).ok_or("branch out of range")?);
@@ -551,7 +551,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                 continue; // unreachable until the next block
             }
             open = self.insn(insn)?;
-            self.translated.insert(insn.op);
+            self.translated.insert(insn.op());
         }
         if open {
             return Err("control falls off the end of the function".into());
@@ -562,8 +562,8 @@ impl<'a, 'b> Translator<'a, 'b> {
 
     /// Emits one instruction; false when it ended the block.
     fn insn(&mut self, insn: &Insn) -> Result<bool, Unsupported> {
-        let r = insn.r.map(|x| x.raw());
-        let banks = reg_banks(insn.op);
+        let r = insn.regs.raw();
+        let banks = reg_banks(insn.op());
         // Register operand `i`, read or written through the view its bank
         // names, so one arm serves an op's i32/i64 (or f32/f64) forms.
         macro_rules! get {
@@ -702,7 +702,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                 set!(2, v);
             }};
         }
-        match insn.op {
+        match insn.op() {
             Op::Block => {}
             Op::EndOfFunction => {
                 let one = self.b.ins().iconst(I32, 1);
@@ -721,7 +721,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             | Op::GlobalStoreI64
             | Op::GlobalStoreF64 => {
                 let off = self.b.ins().iconst(I32, insn.a as i64);
-                self.global_access(insn.op, off, banks[0], r[0])?;
+                self.global_access(insn.op(), off, banks[0], r[0])?;
             }
             Op::GlobalLoadIndirectI32
             | Op::GlobalLoadIndirectF32
@@ -732,7 +732,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             | Op::GlobalStoreIndirectI64
             | Op::GlobalStoreIndirectF64 => {
                 let off = self.r32(r[0])?;
-                self.global_access(insn.op, off, banks[1], r[1])?;
+                self.global_access(insn.op(), off, banks[1], r[1])?;
             }
             // ---- constants
             Op::ConstI32Zero | Op::ConstF32Zero => {
@@ -757,7 +757,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             | Op::DiscardRefs
             | Op::Trace
             | Op::Print => {
-                if matches!(insn.op, Op::Trace | Op::Print)
+                if matches!(insn.op(), Op::Trace | Op::Print)
                     && !pool_list(&self.f.pool, insn.pool as usize)
                         .iter()
                         .any(|&x| x as u16 & REF_BIT != 0)
@@ -772,7 +772,11 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let here = self.here_v();
                 self.ref_call(StatusCall::Three(runtime::ref_cmp), here)?;
                 let v = self.scratch(I32);
-                let out = if insn.op == Op::CmpNZRef { r[1] } else { r[2] };
+                let out = if insn.op() == Op::CmpNZRef {
+                    r[1]
+                } else {
+                    r[2]
+                };
                 self.w32(out, v)?;
             }
             // ---- ref globals, lists, ref select/switch/cast: one helper
@@ -799,7 +803,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             | Op::CastAnyRef => {
                 let zero = self.b.ins().iconst(I64, 0);
                 // The primitive input, in the operand the interpreter reads.
-                let a = match insn.op {
+                let a = match insn.op() {
                     Op::GlobalLoadIndirectRef | Op::GlobalStoreIndirectRef | Op::ListAlloc => {
                         let x = self.r32(r[0])?;
                         self.b.ins().uextend(I64, x)
@@ -814,7 +818,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                         self.b.ins().uextend(I64, x)
                     }
                 };
-                let b = match insn.op {
+                let b = match insn.op() {
                     Op::ListSetI32 | Op::ListSetF32 => {
                         let x = self.r32(r[2])?;
                         self.b.ins().uextend(I64, x)
@@ -824,7 +828,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                 };
                 let here = self.here_v();
                 self.ref_call(StatusCall::Five(runtime::ref_insn, a, b), here)?;
-                match insn.op {
+                match insn.op() {
                     Op::ListSize => {
                         let v = self.scratch(I32);
                         self.w32(r[1], v)?;
@@ -854,7 +858,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                 self.w64(r[3], v)?;
             }
             Op::SwitchI32 | Op::SwitchF32 | Op::SwitchI64 | Op::SwitchF64 => {
-                let wide = matches!(insn.op, Op::SwitchI64 | Op::SwitchF64);
+                let wide = matches!(insn.op(), Op::SwitchI64 | Op::SwitchF64);
                 let idx = self.r32(r[0])?;
                 let vals: Vec<u16> = pool_list(&self.f.pool, insn.pool as usize)
                     .iter()
@@ -900,7 +904,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let (a, b) = (get!(0), get!(1));
                 let mask = if banks[0] == Bank::I64 { 63 } else { 31 };
                 let b = self.b.ins().band_imm_u(b, mask);
-                let v = match insn.op {
+                let v = match insn.op() {
                     Op::ShlI32 | Op::ShlI64 => self.b.ins().ishl(a, b),
                     Op::ShrI32S | Op::ShrI64S => self.b.ins().sshr(a, b),
                     _ => self.b.ins().ushr(a, b),
@@ -924,7 +928,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                 self.w32(r[1], v)?;
             }
             Op::ExtI8I32S | Op::ExtI16I32S => {
-                let sh = if insn.op == Op::ExtI8I32S { 24 } else { 16 };
+                let sh = if insn.op() == Op::ExtI8I32S { 24 } else { 16 };
                 let a = self.r32(r[0])?;
                 let v = self.b.ins().ishl_imm_u(a, sh);
                 let v = self.b.ins().sshr_imm_u(v, sh);
@@ -1081,7 +1085,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                 let off = self.r64(r[1])?;
                 let here = self.here_v();
                 self.ref_call(StatusCall::Four(runtime::buffer_load, off), here)?;
-                match insn.op {
+                match insn.op() {
                     Op::BufferLoadI64 | Op::BufferLoadF64 => {
                         let v = self.scratch(I64);
                         self.w64(r[2], v)?;
@@ -1099,7 +1103,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             | Op::BufferStoreF32
             | Op::BufferStoreF64 => {
                 let off = self.r64(r[1])?;
-                let v = match insn.op {
+                let v = match insn.op() {
                     Op::BufferStoreI64 | Op::BufferStoreF64 => self.r64(r[2])?,
                     _ => {
                         let x = self.r32(r[2])?;
@@ -1131,7 +1135,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             Op::MinF32 | Op::MinF64 | Op::MaxF32 | Op::MaxF64 => {
                 let (a, b) = (get!(0), get!(1));
                 // min takes b when b < a, max when a < b; otherwise a.
-                let (x, y) = if matches!(insn.op, Op::MinF32 | Op::MinF64) {
+                let (x, y) = if matches!(insn.op(), Op::MinF32 | Op::MinF64) {
                     (b, a)
                 } else {
                     (a, b)
@@ -1186,7 +1190,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             | Op::CastSI64F64
             | Op::CastUI32F64 => {
                 let a = get!(0);
-                let a = if matches!(insn.op, Op::CastUI32F32 | Op::CastUI32F64) {
+                let a = if matches!(insn.op(), Op::CastUI32F32 | Op::CastUI32F64) {
                     self.b.ins().uextend(I64, a)
                 } else {
                     a
@@ -1236,7 +1240,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             interpreted_ops!() => {
                 return Err(format!(
                     "{} is not on the compiling tier's allow-list",
-                    insn.op.mnemonic()
+                    insn.op().mnemonic()
                 ))
             }
         }
