@@ -4,7 +4,9 @@ requests"): starts `ferrite serve` on 127.0.0.1, sends N short requests
 from C client threads (a mix of completions, streamed chat completions,
 malformed bodies and streams the client drops after the first chunk), and
 prints the server's resident memory (`ferrite_resident_memory_bytes` from
-/metrics) every `--every` requests.
+/metrics) and, where the server runs on glibc, its malloc heap in use
+(`ferrite_heap_in_use_bytes`: a leak grows it, allocator fragmentation
+grows only the resident memory) every `--every` requests.
 
     .venv/bin/python scripts/soak-serve.py [--requests 10000] [--concurrency 16]
         [--ferrite-bin target/release/ferrite] [--device local-task]
@@ -50,7 +52,8 @@ def post(url, path, body, read_all=True):
         conn.close()
 
 
-def rss(url):
+def memory(url):
+    """(resident bytes, heap bytes in use or None) from /metrics."""
     conn = connect(url)
     try:
         conn.request("GET", "/metrics")
@@ -58,7 +61,8 @@ def rss(url):
     finally:
         conn.close()
     m = re.search(r"^ferrite_resident_memory_bytes (\d+)", text, re.M)
-    return int(m.group(1))
+    h = re.search(r"^ferrite_heap_in_use_bytes (\d+)", text, re.M)
+    return int(m.group(1)), int(h.group(1)) if h else None
 
 
 KINDS = ["completion", "chat-stream", "malformed", "dropped-stream"]
@@ -168,14 +172,20 @@ def main():
                 for s in pool.map(lambda i: one(url, i, kinds), range(done, done + n)):
                     statuses[s] = statuses.get(s, 0) + 1
                 done += n
-                samples.append((done, rss(url)))
-                heap = f"  heap in use {in_use(proc.pid, args.server_log) / 2**20:8.2f} MiB" if args.heap else ""
-                print(f"{done:6d} requests  {time.time() - start:7.1f} s  RSS {samples[-1][1] / 2**20:8.1f} MiB{heap}  statuses {statuses}", flush=True)
+                resident, heap_now = memory(url)
+                samples.append((done, resident, heap_now))
+                heap = f"  heap {heap_now / 2**20:8.2f} MiB" if heap_now is not None else ""
+                if args.heap:
+                    heap += f"  heap in use (gdb) {in_use(proc.pid, args.server_log) / 2**20:8.2f} MiB"
+                print(f"{done:6d} requests  {time.time() - start:7.1f} s  RSS {resident / 2**20:8.1f} MiB{heap}  statuses {statuses}", flush=True)
         growth = (samples[-1][1] - samples[0][1]) / 2**20
         print(f"RSS growth after the first {args.every} requests: {growth:+.1f} MiB")
         if len(samples) > 1:
             per = (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
             print(f"slope after the first {args.every} requests: {per:+.0f} bytes per request ({args.kinds})")
+            if samples[0][2] is not None and samples[-1][2] is not None:
+                hper = (samples[-1][2] - samples[0][2]) / (samples[-1][0] - samples[0][0])
+                print(f"heap slope after the first {args.every} requests: {hper:+.0f} bytes per request")
         if growth > args.max_growth_mb:
             sys.exit(f"soak-serve: resident memory grew {growth:.1f} MiB (> {args.max_growth_mb})")
     finally:

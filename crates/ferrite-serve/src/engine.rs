@@ -1,15 +1,16 @@
 //! What the scheduler drives: a model with KV-cache slots, a prefill of a
 //! prompt piece into one slot and one decode step for several slots at
 //! once. [`BatchEngine`] is the batch program (`ferrite_llm::BatchLlm`:
-//! 16 slots, prompts prefilled whole or in chunks at any position, one
-//! `decode_batch` call per step for every running sequence); the
+//! 16 slots; one `step` call per token boundary takes every running
+//! sequence's next token and the prompt pieces admitted at that boundary,
+//! so a prompt shares the pass over the weights with the decode rows); the
 //! single-sequence [`ferrite_llm::Llm`] is such an engine with one slot
 //! ([`LlmEngine`], for a program file given with `--module`).
 
 use std::sync::Arc;
 
 use ferrite::Session;
-use ferrite_llm::{BatchLlm, Llm, Result, Status, StatusCode};
+use ferrite_llm::{BatchLlm, Llm, Result, Status, StatusCode, StepRow};
 use ferrite_tokenizer::Tokenizer;
 
 /// One sequence's step in a batched decode: its slot, the token to append
@@ -47,6 +48,22 @@ pub trait Engine {
     /// One token for each entry (distinct slots); the logits per entry in
     /// order.
     fn decode(&mut self, steps: &[Step]) -> Result<Vec<Vec<f32>>>;
+    /// The most rows one [`Engine::step`] call takes (decode rows and
+    /// prompt rows together); 0 when the engine has no mixed step, and the
+    /// scheduler uses [`Engine::prefill`] and [`Engine::decode`] instead.
+    fn step_rows(&self) -> usize {
+        0
+    }
+    /// One pass over `rows` (see [`ferrite_llm::BatchLlm::step`]): the
+    /// logits of the rows with `logits` set, in order. Called only when
+    /// [`Engine::step_rows`] is not 0.
+    fn step(&mut self, rows: &[StepRow]) -> Result<Vec<Vec<f32>>> {
+        let _ = rows;
+        Err(Status::new(
+            StatusCode::Unimplemented,
+            "this engine has no mixed step (step_rows() is 0)",
+        ))
+    }
     /// Live allocator bytes per device and memory kind (`device_local`,
     /// `host_local`), when the engine can tell (for `/metrics`).
     fn device_memory(&self) -> Vec<(String, &'static str, u64)> {
@@ -123,6 +140,14 @@ impl Engine for BatchEngine {
         let items: Vec<(usize, u32, usize)> =
             steps.iter().map(|s| (s.slot, s.token, s.pos)).collect();
         self.llm.decode_batch(&items)
+    }
+
+    fn step_rows(&self) -> usize {
+        self.llm.step_rows()
+    }
+
+    fn step(&mut self, rows: &[StepRow]) -> Result<Vec<Vec<f32>>> {
+        self.llm.step(rows)
     }
 
     fn device_memory(&self) -> Vec<(String, &'static str, u64)> {

@@ -2,8 +2,8 @@
 //! (prometheus-client): requests by endpoint and status, queue depth,
 //! running sequences and the batch size of each decode step, prompt and
 //! generated tokens, decode tokens/s, time to first token, inter-token
-//! latency, device memory (where the engine reports it) and the process'
-//! resident memory.
+//! latency, device memory (where the engine reports it), the process'
+//! resident memory and its heap bytes in use (glibc).
 
 use std::sync::atomic::AtomicU64;
 
@@ -60,6 +60,10 @@ pub struct Metrics {
     pub device_memory: Family<DeviceLabels, Gauge>,
     /// Resident memory of the process, bytes.
     pub resident_memory: Gauge,
+    /// Bytes in use in glibc malloc's heap (all arenas and mmapped
+    /// chunks): a leak grows it, allocator fragmentation grows only the
+    /// resident memory. Absent where the C library is not glibc.
+    pub heap_in_use: Gauge,
 }
 
 impl Default for Metrics {
@@ -85,6 +89,7 @@ impl Metrics {
             cancelled: Counter::default(),
             device_memory: Family::default(),
             resident_memory: Gauge::default(),
+            heap_in_use: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -147,6 +152,13 @@ impl Metrics {
             "resident memory of the server process",
             m.resident_memory.clone(),
         );
+        if heap_in_use_bytes().is_some() {
+            registry.register(
+                "heap_in_use_bytes",
+                "bytes in use in the C library's malloc heap (glibc: all arenas and mmapped chunks)",
+                m.heap_in_use.clone(),
+            );
+        }
         Metrics { registry, ..m }
     }
 
@@ -154,6 +166,10 @@ impl Metrics {
     pub fn render(&self) -> String {
         if let Some(rss) = resident_bytes() {
             self.resident_memory.set(rss as i64);
+        }
+        if let Some(heap) = heap_in_use_bytes() {
+            self.heap_in_use
+                .set(i64::try_from(heap).unwrap_or(i64::MAX));
         }
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -168,6 +184,49 @@ fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
+}
+
+/// glibc's `struct mallinfo2` (glibc 2.33 and later): every field a
+/// `size_t`.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[repr(C)]
+#[allow(
+    dead_code,
+    reason = "the C struct's layout; two of its fields are read"
+)]
+struct MallInfo2 {
+    arena: usize,
+    ordblks: usize,
+    smblks: usize,
+    hblks: usize,
+    hblkhd: usize,
+    usmblks: usize,
+    fsmblks: usize,
+    uordblks: usize,
+    fordblks: usize,
+    keepcost: usize,
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+unsafe extern "C" {
+    fn mallinfo2() -> MallInfo2;
+}
+
+/// Bytes in use in malloc's heap: allocated chunks of every arena plus
+/// mmapped chunks (what `malloc_stats()` prints as "in use bytes").
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn heap_in_use_bytes() -> Option<u64> {
+    // SAFETY: mallinfo2 takes no arguments and returns a plain struct by
+    // value; it only reads the allocator's statistics under its own locks
+    // and may be called from any thread at any time.
+    let m = unsafe { mallinfo2() };
+    Some((m.uordblks + m.hblkhd) as u64)
+}
+
+/// Not glibc: no portable way to ask the allocator.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn heap_in_use_bytes() -> Option<u64> {
+    None
 }
 
 #[cfg(test)]
@@ -199,5 +258,29 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn the_heap_gauge_follows_allocations() {
+        let m = Metrics::new();
+        let gauge = |m: &Metrics| -> i64 {
+            let text = m.render();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("ferrite_heap_in_use_bytes "))
+                .unwrap_or_else(|| panic!("no heap gauge in:\n{text}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let before = gauge(&m);
+        // 64 MiB, touched so that it is really allocated.
+        let big = vec![1u8; 64 << 20];
+        let during = gauge(&m);
+        assert!(big.iter().all(|&b| b == 1));
+        drop(big);
+        let after = gauge(&m);
+        // Other tests allocate concurrently: compare with a wide margin.
+        assert!(during - before > 48 << 20, "{before} -> {during}");
+        assert!(during - after > 48 << 20, "{during} -> {after}");
     }
 }

@@ -4,7 +4,10 @@
 //! sequences are decoding, so running streams stall for at most one chunk),
 //! runs one batched decode step for every running sequence, samples each
 //! sequence with its own parameters and sends the new text over the
-//! sequence's channel.
+//! sequence's channel. With an engine that has a mixed step (the batch
+//! program's `step`), the prompt chunks and the decode rows of a boundary
+//! are one call: the pass over the weights, which is most of a step's
+//! cost, is shared by both.
 //!
 //! The queue in front of it is bounded (`--max_queue`): a request that
 //! finds it full is refused at once (429), never parked.
@@ -16,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use ferrite_llm::sampling::{self, Rng};
-use ferrite_llm::Sampling;
+use ferrite_llm::{Sampling, StepRow};
 use ferrite_tokenizer::{DecodeStream, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -225,6 +228,8 @@ pub struct Scheduler<'e> {
     eos: Option<u32>,
     free: Vec<usize>,
     active: Vec<Seq>,
+    /// The engine's mixed-step rows (0: separate prefill and decode calls).
+    step_rows: usize,
     window_start: Instant,
     window_tokens: u64,
 }
@@ -248,7 +253,14 @@ impl<'e> Scheduler<'e> {
         config.max_batch = config.max_batch.clamp(1, engine.slots().max(1));
         config.prefill_chunk = config.prefill_chunk.max(1);
         let free = (0..config.max_batch).rev().collect();
+        // A mixed step must hold every running sequence's row beside a
+        // prompt row; an engine allowing fewer rows keeps separate calls.
+        let step_rows = match engine.step_rows() {
+            n if n > config.max_batch => n,
+            _ => 0,
+        };
         Scheduler {
+            step_rows,
             tokenizer: engine.tokenizer(),
             eos: engine.eos(),
             engine,
@@ -289,8 +301,12 @@ impl<'e> Scheduler<'e> {
                 self.queue.wait(Duration::from_millis(200));
                 continue;
             }
-            self.prefill_step();
-            self.decode_step();
+            if self.step_rows > 0 {
+                self.mixed_step();
+            } else {
+                self.prefill_step();
+                self.decode_step();
+            }
             self.metrics.running.set(self.active.len() as i64);
         }
         self.metrics.running.set(0);
@@ -405,6 +421,126 @@ impl<'e> Scheduler<'e> {
                         Outcome::Gone => {}
                     }
                 }
+            }
+        }
+    }
+
+    /// One engine call for the boundary: every decoding sequence's next
+    /// token, then prompt pieces of the waiting sequences, oldest first, up
+    /// to `prefill_chunk` prompt tokens while others are decoding (up to
+    /// the engine's row limit when none is). Logits come back for the
+    /// decode rows and for each prompt's last token only.
+    fn mixed_step(&mut self) {
+        let mut rows = Vec::new();
+        // Per logits row: the slot and whether it ends a prompt (its
+        // sampled token is the sequence's first).
+        let mut owners = Vec::new();
+        for s in &self.active {
+            if let Some(token) = s.pending {
+                rows.push(StepRow {
+                    slot: s.slot,
+                    token,
+                    pos: s.next_pos(),
+                    logits: true,
+                });
+                owners.push((s.slot, false));
+            }
+        }
+        let decoded = rows.len();
+        let mut budget = if decoded > 0 {
+            self.config.prefill_chunk
+        } else {
+            usize::MAX
+        };
+        budget = budget.min(self.step_rows.saturating_sub(decoded));
+        let mut waiting: Vec<usize> = (0..self.active.len())
+            .filter(|&i| {
+                let s = &self.active[i];
+                s.pending.is_none() && s.prefilled < s.job.prompt.len()
+            })
+            .collect();
+        waiting.sort_by_key(|&i| self.active[i].job.arrived);
+        // (slot, prompt tokens) of each piece, applied once the call works.
+        let mut pieces = Vec::new();
+        for i in waiting {
+            if budget == 0 {
+                break;
+            }
+            let s = &self.active[i];
+            let from = s.prefilled;
+            let n = (s.job.prompt.len() - from).min(budget);
+            let ends = from + n == s.job.prompt.len();
+            for (j, &token) in s.job.prompt[from..from + n].iter().enumerate() {
+                rows.push(StepRow {
+                    slot: s.slot,
+                    token,
+                    pos: from + j,
+                    logits: ends && j + 1 == n,
+                });
+            }
+            if ends {
+                owners.push((s.slot, true));
+            }
+            pieces.push((s.slot, n));
+            budget -= n;
+        }
+        if rows.is_empty() {
+            return;
+        }
+        let result = self.engine.step(&rows);
+        if decoded > 0 {
+            self.metrics.batch_size.observe(decoded as f64);
+        }
+        let logits = match result {
+            Ok(l) if l.len() == owners.len() => l,
+            Ok(l) => {
+                let why = format!(
+                    "step returned {} logits rows for {} sequences",
+                    l.len(),
+                    owners.len()
+                );
+                self.fail_rows(&rows, why);
+                return;
+            }
+            Err(e) => {
+                self.fail_rows(&rows, format!("step failed: {e}"));
+                return;
+            }
+        };
+        for (slot, n) in pieces {
+            if let Some(s) = self.active.iter_mut().find(|s| s.slot == slot) {
+                s.prefilled += n;
+                self.metrics.prompt_tokens.inc_by(n as u64);
+            }
+        }
+        self.count_tokens(decoded as u64);
+        for ((slot, first), row) in owners.into_iter().zip(logits) {
+            let Some(i) = self.active.iter().position(|s| s.slot == slot) else {
+                continue;
+            };
+            let seq = &mut self.active[i];
+            let id = sampling::sample(&row, &seq.job.sampling, &mut seq.rng) as u32;
+            if first {
+                self.metrics
+                    .time_to_first_token
+                    .observe(seq.job.arrived.elapsed().as_secs_f64());
+            }
+            match self.accept(i, id) {
+                Outcome::Continue | Outcome::Gone => {}
+                Outcome::Finished(f) => self.finish(i, f),
+            }
+        }
+    }
+
+    /// Fails every sequence with a row in a failed step.
+    fn fail_rows(&mut self, rows: &[StepRow], message: String) {
+        for row in rows {
+            if let Some(i) = self.active.iter().position(|s| s.slot == row.slot) {
+                let seq = self.release(i);
+                let _ = seq.job.events.send(Event::Error(ApiError::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    message.clone(),
+                )));
             }
         }
     }
@@ -613,6 +749,9 @@ mod tests {
     struct Record {
         prefills: Vec<(usize, usize, usize)>,
         batches: Vec<usize>,
+        /// Per mixed step: (decode rows, prompt rows).
+        steps: Vec<(usize, usize)>,
+        sampled: Vec<bool>,
     }
 
     struct Fake {
@@ -622,6 +761,17 @@ mod tests {
         /// When set, decode steps wait until it turns true (lets a test
         /// queue a request while a sequence is known to be decoding).
         gate: Option<Arc<AtomicBool>>,
+        /// Rows of a mixed step (0: the engine has none).
+        step_rows: usize,
+    }
+
+    /// Whether `slot`'s last row so far was given logits (so the next row
+    /// of the slot is a sampled token: a decode row).
+    fn sampled(sampled: &mut Vec<bool>, slot: usize) -> &mut bool {
+        if sampled.len() <= slot {
+            sampled.resize(slot + 1, false);
+        }
+        &mut sampled[slot]
     }
 
     impl Engine for Fake {
@@ -676,6 +826,40 @@ mod tests {
                 })
                 .collect()
         }
+        fn step_rows(&self) -> usize {
+            self.step_rows
+        }
+        fn step(&mut self, rows: &[StepRow]) -> Result<Vec<Vec<f32>>> {
+            assert!(self.step_rows > 0 && rows.len() <= self.step_rows);
+            // Rows apply in (slot, position) order, as the batch program's;
+            // a row at position 0 starts its slot over.
+            let mut order: Vec<usize> = (0..rows.len()).collect();
+            order.sort_by_key(|&i| (rows[i].slot, rows[i].pos));
+            let mut out = vec![None; rows.len()];
+            let (mut decode_rows, mut prompt_rows) = (0, 0);
+            let mut record = self.record.lock().unwrap();
+            for i in order {
+                let r = rows[i];
+                let h = &mut self.slots[r.slot];
+                h.truncate(r.pos);
+                if h.len() != r.pos {
+                    return Err(Status::new(Code::Internal, "a row past its slot's history"));
+                }
+                h.push(r.token);
+                let was_sampled = sampled(&mut record.sampled, r.slot);
+                if *was_sampled && r.pos > 0 {
+                    decode_rows += 1;
+                } else {
+                    prompt_rows += 1;
+                }
+                *was_sampled = r.logits;
+                if r.logits {
+                    out[i] = Some(one_hot(next(h)));
+                }
+            }
+            record.steps.push((decode_rows, prompt_rows));
+            Ok(out.into_iter().flatten().collect())
+        }
     }
 
     fn expected(prompt: &[u32], max_tokens: usize) -> String {
@@ -699,7 +883,13 @@ mod tests {
 
     /// Runs `jobs` (prompt, max_tokens) through a scheduler over a fake
     /// engine of `slots` slots, all queued before the engine starts.
-    fn run(slots: usize, jobs: &[(Vec<u32>, usize)], prefill_chunk: usize) -> Run {
+    /// `step_rows`: the fake engine's mixed step (0: none).
+    fn run(
+        slots: usize,
+        jobs: &[(Vec<u32>, usize)],
+        prefill_chunk: usize,
+        step_rows: usize,
+    ) -> Run {
         let metrics = Arc::new(Metrics::new());
         let queue = Arc::new(Queue::new(64, metrics.clone()));
         let mut rxs = Vec::new();
@@ -727,6 +917,7 @@ mod tests {
                 tokenizer: letters(),
                 record: engine_record,
                 gate: None,
+                step_rows,
             };
             let config = SchedulerConfig {
                 max_batch: slots,
@@ -773,7 +964,7 @@ mod tests {
     #[test]
     fn batched_sequences_never_mix_and_match_one_at_a_time() {
         let jobs = jobs();
-        let batched = run(4, &jobs, 4);
+        let batched = run(4, &jobs, 4, 0);
         for ((prompt, max_tokens), (text, finish)) in jobs.iter().zip(&batched.texts) {
             let want = expected(prompt, *max_tokens);
             assert_eq!(text, &want, "prompt {prompt:?}");
@@ -786,9 +977,34 @@ mod tests {
         }
         assert!(batched.record.batches.iter().any(|&b| b > 1));
         assert!(batched.record.batches.iter().all(|&b| b <= 4));
-        let single = run(1, &jobs, 4);
+        let single = run(1, &jobs, 4, 0);
         assert_eq!(single.texts, batched.texts);
         assert!(single.record.batches.iter().all(|&b| b == 1));
+    }
+
+    #[test]
+    fn mixed_steps_carry_prompt_pieces_beside_decode_rows_and_never_mix() {
+        let jobs = jobs();
+        let mixed = run(4, &jobs, 4, 12);
+        let separate = run(4, &jobs, 4, 0);
+        assert_eq!(mixed.texts, separate.texts);
+        for ((prompt, max_tokens), (text, _)) in jobs.iter().zip(&mixed.texts) {
+            assert_eq!(text, &expected(prompt, *max_tokens), "prompt {prompt:?}");
+        }
+        let steps = &mixed.record.steps;
+        assert!(mixed.record.prefills.is_empty() && mixed.record.batches.is_empty());
+        let mut shared = false;
+        for &(decode_rows, prompt_rows) in steps {
+            assert!(decode_rows + prompt_rows <= 12, "{steps:?}");
+            assert!(decode_rows <= 4, "{steps:?}");
+            if decode_rows > 0 && prompt_rows > 0 {
+                // With sequences decoding, prefill_chunk (4) prompt rows
+                // at most.
+                shared = true;
+                assert!(prompt_rows <= 4, "{steps:?}");
+            }
+        }
+        assert!(shared, "no step carried prompt rows beside decode rows");
     }
 
     fn submit(queue: &Queue, prompt: Vec<u32>, max_tokens: usize) -> UnboundedReceiver<Event> {
@@ -832,6 +1048,7 @@ mod tests {
                 tokenizer: letters(),
                 record: r,
                 gate: Some(g),
+                step_rows: 0,
             };
             let config = SchedulerConfig {
                 max_batch: 2,
@@ -917,13 +1134,14 @@ mod tests {
             })
             .unwrap();
         drop(rx);
-        let r = run_with_queue(1, queue.clone(), metrics.clone(), vec![(vec![4, 5], 3)]);
+        let r = run_with_queue(1, 0, queue.clone(), metrics.clone(), vec![(vec![4, 5], 3)]);
         assert_eq!(r[0].0, expected(&[4, 5], 3));
         assert_eq!(metrics.cancelled.get(), 1);
     }
 
     fn run_with_queue(
         slots: usize,
+        step_rows: usize,
         queue: Arc<Queue>,
         metrics: Arc<Metrics>,
         jobs: Vec<(Vec<u32>, usize)>,
@@ -935,6 +1153,7 @@ mod tests {
                 tokenizer: letters(),
                 record: Arc::default(),
                 gate: None,
+                step_rows,
             };
             let config = SchedulerConfig {
                 max_batch: slots,
