@@ -304,6 +304,28 @@ impl Buffer {
         Ok(())
     }
 
+    /// The access checks shared by host mappings and device bindings: the
+    /// buffer's allowed access ([`Buffer::validate_access`]), then the
+    /// storage: WRITE needs writable storage, and ANY (the executable does
+    /// not say whether the kernel writes, as for CPU executables) needs
+    /// writable storage or a program constant (no dispatch writes those).
+    fn check_storage_access(&self, access: MemoryAccess) -> Result<()> {
+        self.validate_access(access)?;
+        if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
+            bail!(PermissionDenied, "buffer wraps read-only host memory");
+        }
+        if access.contains(MemoryAccess::ANY)
+            && !self.alloc.is_writable()
+            && !self.alloc.is_constant()
+        {
+            bail!(
+                PermissionDenied,
+                "buffer wraps read-only host memory that is not a program constant, and the kernel may write it"
+            );
+        }
+        Ok(())
+    }
+
     /// Fails with `PERMISSION_DENIED` unless the buffer allows `required`
     /// usage.
     pub fn validate_usage(&self, required: BufferUsage) -> Result<()> {
@@ -325,22 +347,7 @@ impl Buffer {
             self.validate_memory_type(MemoryType::HOST_VISIBLE)?;
             self.validate_usage(BufferUsage::MAPPING_SCOPED)?;
         }
-        self.validate_access(access)?;
-        if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
-            bail!(PermissionDenied, "buffer wraps read-only host memory");
-        }
-        // ANY: the executable format does not say whether the kernel writes
-        // (CPU executables). Writable storage serves it; read-only storage
-        // only when it is a program constant (no dispatch writes those).
-        if access.contains(MemoryAccess::ANY)
-            && !self.alloc.is_writable()
-            && !self.alloc.is_constant()
-        {
-            bail!(
-                PermissionDenied,
-                "buffer wraps read-only host memory that is not a program constant, and the kernel may write it"
-            );
-        }
+        self.check_storage_access(access)?;
         let (off, len) = self.resolve_range(offset, length)?;
         Ok((self.offset + off, len))
     }

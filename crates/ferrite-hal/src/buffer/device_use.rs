@@ -125,22 +125,7 @@ impl Buffer {
         length: u64,
         access: MemoryAccess,
     ) -> Result<(*mut u8, usize)> {
-        self.validate_access(access)?;
-        if access.contains(MemoryAccess::WRITE) && !self.alloc.is_writable() {
-            bail!(PermissionDenied, "buffer wraps read-only host memory");
-        }
-        // ANY: the executable format does not say whether the kernel writes
-        // (CPU executables). Writable storage serves it; read-only storage
-        // only when it is a program constant (no dispatch writes those).
-        if access.contains(MemoryAccess::ANY)
-            && !self.alloc.is_writable()
-            && !self.alloc.is_constant()
-        {
-            bail!(
-                PermissionDenied,
-                "buffer wraps read-only host memory that is not a program constant, and the kernel may write it"
-            );
-        }
+        self.check_storage_access(access)?;
         if self.alloc.device_only().is_some() {
             bail!(
                 PermissionDenied,
