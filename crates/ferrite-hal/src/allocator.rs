@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ferrite_base::{bail, Result};
 use parking_lot::Mutex;
 
-use crate::buffer::{Allocation, Buffer, FreeTracker, HeapBlock, HostMemory, Recycler};
+use crate::buffer::{Allocation, AllocationHome, Buffer, HeapBlock, HostMemory};
 use crate::external::ExternalBuffer;
 use crate::memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
 
@@ -110,34 +110,41 @@ impl fmt::Display for AllocatorStatistics {
     }
 }
 
+/// A [`HeapAllocator`]'s statistics, which its allocations report their
+/// end to.
 #[derive(Default)]
 struct StatsCell(Mutex<AllocatorStatistics>);
 
-impl StatsCell {
-    fn record_alloc(&self, ty: MemoryType, bytes: u64) {
-        let mut s = self.0.lock();
-        if ty.contains(MemoryType::HOST_LOCAL) {
-            s.host_bytes_allocated += bytes;
-            let live = s.host_bytes_allocated - s.host_bytes_freed;
-            s.host_bytes_peak = s.host_bytes_peak.max(live);
-        }
-        if ty.contains(MemoryType::DEVICE_LOCAL) {
-            s.device_bytes_allocated += bytes;
-            let live = s.device_bytes_allocated - s.device_bytes_freed;
-            s.device_bytes_peak = s.device_bytes_peak.max(live);
-        }
+/// Counts an allocation of `bytes` bytes of `ty` in `s`.
+fn record_alloc(s: &mut AllocatorStatistics, ty: MemoryType, bytes: u64) {
+    if ty.contains(MemoryType::HOST_LOCAL) {
+        s.host_bytes_allocated += bytes;
+        let live = s.host_bytes_allocated - s.host_bytes_freed;
+        s.host_bytes_peak = s.host_bytes_peak.max(live);
+    }
+    if ty.contains(MemoryType::DEVICE_LOCAL) {
+        s.device_bytes_allocated += bytes;
+        let live = s.device_bytes_allocated - s.device_bytes_freed;
+        s.device_bytes_peak = s.device_bytes_peak.max(live);
     }
 }
 
-impl FreeTracker for StatsCell {
-    fn record_free(&self, ty: MemoryType, bytes: u64) {
-        let mut s = self.0.lock();
-        if ty.contains(MemoryType::HOST_LOCAL) {
-            s.host_bytes_freed += bytes;
-        }
-        if ty.contains(MemoryType::DEVICE_LOCAL) {
-            s.device_bytes_freed += bytes;
-        }
+/// Counts the end of an allocation of `bytes` bytes of `ty` in `s`.
+fn record_free(s: &mut AllocatorStatistics, ty: MemoryType, bytes: u64) {
+    if ty.contains(MemoryType::HOST_LOCAL) {
+        s.host_bytes_freed += bytes;
+    }
+    if ty.contains(MemoryType::DEVICE_LOCAL) {
+        s.device_bytes_freed += bytes;
+    }
+}
+
+impl AllocationHome for StatsCell {
+    fn release(&self, memory_type: MemoryType, bytes: u64, block: Option<HeapBlock>) {
+        record_free(&mut self.0.lock(), memory_type, bytes);
+        // Heap allocations are not pooled: a block (none is handed here)
+        // would just be freed.
+        drop(block);
     }
 }
 
@@ -250,16 +257,16 @@ impl Allocator for HeapAllocator {
         let (_, p) = Self::resolve(params);
         let align = Self::check_alignment(&p)?;
         let block = HeapBlock::new_zeroed(size, align)?;
-        self.stats.record_alloc(p.memory_type, size);
-        let tracker: Arc<dyn FreeTracker> = self.stats.clone();
+        record_alloc(&mut self.stats.0.lock(), p.memory_type, size);
+        let home: Arc<dyn AllocationHome> = self.stats.clone();
         Ok(Buffer::from_allocation(Allocation::from_block(
             block,
             size,
             p.memory_type,
             p.usage,
             p.access,
-            None,
-            Some(tracker),
+            Some(home),
+            false,
         )))
     }
 
@@ -326,6 +333,9 @@ struct PoolFree {
     cached_blocks: u64,
     live_blocks: u64,
     live_bytes: u64,
+    /// The pool's allocator statistics, under the same lock as the free
+    /// lists: an allocation and its end each take one lock, not two.
+    stats: AllocatorStatistics,
 }
 
 impl PoolFree {
@@ -339,11 +349,17 @@ impl PoolFree {
     }
 }
 
-impl Recycler for PoolShared {
-    fn recycle(&self, block: HeapBlock) {
+impl AllocationHome for PoolShared {
+    fn release(&self, memory_type: MemoryType, len: u64, block: Option<HeapBlock>) {
+        let Some(block) = block else {
+            // Not pooled (an alignment the free lists do not keep).
+            record_free(&mut self.free.lock().stats, memory_type, len);
+            return;
+        };
         let bytes = block.len() as u64;
         let traced = ferrite_base::trace::enabled().then(|| block.addr());
         let mut f = self.free.lock();
+        record_free(&mut f.stats, memory_type, len);
         f.live_blocks -= 1;
         f.live_bytes -= bytes;
         if f.cached_bytes + bytes > self.max_cached_bytes {
@@ -374,8 +390,9 @@ impl Recycler for PoolShared {
 /// Reused blocks keep their previous contents (initialized bytes, never
 /// uninitialized memory); fresh blocks are zeroed.
 pub struct CachingAllocator {
+    /// Free lists and statistics, shared with the allocations made pooled
+    /// (their home).
     shared: Arc<PoolShared>,
-    stats: Arc<StatsCell>,
 }
 
 /// Counters of a [`CachingAllocator`].
@@ -410,7 +427,6 @@ impl CachingAllocator {
                 max_cached_bytes,
                 device,
             }),
-            stats: Arc::default(),
         }
     }
 
@@ -449,6 +465,8 @@ impl Allocator for CachingAllocator {
                     f.cached_bytes -= b.len() as u64;
                     f.cached_blocks -= 1;
                     f.hits += 1;
+                    // Served: counted here, under the lock already held.
+                    record_alloc(&mut f.stats, p.memory_type, size);
                 }
                 None => f.misses += 1,
             }
@@ -474,17 +492,19 @@ impl Allocator for CachingAllocator {
             })?,
         };
         let backing = snap.map(|s| (s, block.addr()));
-        self.stats.record_alloc(p.memory_type, size);
-        let recycler: Arc<dyn Recycler> = self.shared.clone();
-        let tracker: Arc<dyn FreeTracker> = self.stats.clone();
+        if !was_reused {
+            // A fresh block (rare on a warm pool): counted once it exists.
+            record_alloc(&mut self.shared.free.lock().stats, p.memory_type, size);
+        }
+        let home: Arc<dyn AllocationHome> = self.shared.clone();
         let buffer = Buffer::from_allocation(Allocation::from_block(
             block,
             size,
             p.memory_type,
             p.usage,
             p.access,
-            if pooled { Some(recycler) } else { None },
-            Some(tracker),
+            Some(home),
+            pooled,
         ));
         if let Some((snap, addr)) = backing {
             let device = self.shared.device;
@@ -516,7 +536,7 @@ impl Allocator for CachingAllocator {
     }
 
     fn statistics(&self) -> AllocatorStatistics {
-        *self.stats.0.lock()
+        self.shared.free.lock().stats
     }
 
     fn trim(&self) -> Result<()> {
@@ -621,5 +641,32 @@ mod tests {
         // Buffers outliving the pool free their block normally.
         drop(pool);
         drop(b2);
+    }
+
+    /// The pool's statistics (kept under its free-list lock) count every
+    /// allocation and every end: fresh blocks, reused blocks, and
+    /// allocations of an alignment the free lists do not keep.
+    #[test]
+    fn caching_statistics_count_reused_and_unpooled() {
+        let pool = CachingAllocator::new(1 << 20);
+        let p = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
+        let a = pool.allocate(&p, 100).unwrap();
+        drop(a);
+        let b = pool.allocate(&p, 100).unwrap();
+        assert_eq!(pool.pool_statistics().hits, 1);
+        let aligned = BufferParams {
+            min_alignment: 128,
+            ..p
+        };
+        let c = pool.allocate(&aligned, 300).unwrap();
+        let s = pool.statistics();
+        assert_eq!(s.device_bytes_allocated, 500);
+        assert_eq!(s.device_bytes_freed, 100);
+        assert_eq!(s.device_bytes_peak, 400);
+        drop((b, c));
+        let s = pool.statistics();
+        assert_eq!(s.device_bytes_freed, 500);
+        // Only the pooled block is cached; the aligned one was freed.
+        assert_eq!(pool.pool_statistics().cached_bytes, 128);
     }
 }

@@ -89,7 +89,7 @@ pub use device_use::{BindingPtr, DeviceRange, DeviceUse};
 pub use host_mapping::HostMapping;
 pub use mapping::{MappedRead, MappedWrite};
 pub use storage::{check_device_range, ConstantBytes, DeviceMemory, ForeignBytes, HostMemory};
-pub(crate) use storage::{Allocation, FreeTracker, HeapBlock, Recycler, Storage};
+pub(crate) use storage::{Allocation, AllocationHome, HeapBlock, Storage};
 
 use device_use::DeviceUsers;
 use storage::LockHeld;
@@ -167,8 +167,8 @@ impl Buffer {
             memory_type,
             usage,
             access,
-            recycler: None,
-            tracker: None,
+            home: None,
+            pooled: false,
         })
     }
 

@@ -405,14 +405,15 @@ pub(crate) enum Storage {
     Empty,
 }
 
-/// Where a pooled block goes when its last buffer is dropped.
-pub(crate) trait Recycler: Send + Sync {
-    fn recycle(&self, block: HeapBlock);
-}
-
-/// Records freed bytes on the owning allocator's statistics.
-pub(crate) trait FreeTracker: Send + Sync {
-    fn record_free(&self, memory_type: MemoryType, bytes: u64);
+/// The allocator an allocation reports its end to: one object (and one
+/// reference) for both the statistics and, for pooled blocks, the free
+/// list, so that ending an allocation takes one lock and one reference
+/// release rather than one of each per concern.
+pub(crate) trait AllocationHome: Send + Sync {
+    /// An allocation of `bytes` bytes of `memory_type` ended; `block` is its
+    /// heap block when the allocation was made pooled (to be kept for
+    /// reuse or freed), else None (its storage is freed by the caller).
+    fn release(&self, memory_type: MemoryType, bytes: u64, block: Option<HeapBlock>);
 }
 
 pub(crate) struct Allocation {
@@ -424,21 +425,28 @@ pub(crate) struct Allocation {
     pub(super) memory_type: MemoryType,
     pub(super) usage: BufferUsage,
     pub(super) access: MemoryAccess,
-    /// Where the block goes back to (held strongly: a pool lives as long
-    /// as any of its buffers, which keeps freeing free of a weak upgrade).
-    pub(super) recycler: Option<Arc<dyn Recycler>>,
-    pub(super) tracker: Option<Arc<dyn FreeTracker>>,
+    /// The allocator told when the allocation ends (held strongly: a pool
+    /// lives as long as any of its buffers, which keeps freeing free of a
+    /// weak upgrade); None for imports and device memory.
+    pub(super) home: Option<Arc<dyn AllocationHome>>,
+    /// True when the heap block goes back to `home` for reuse.
+    pub(super) pooled: bool,
 }
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        if let Some(t) = &self.tracker {
-            t.record_free(self.memory_type, self.len);
-        }
-        if let Some(pool) = &self.recycler {
-            if let Storage::Heap(block) = std::mem::replace(&mut self.storage, Storage::Empty) {
-                pool.recycle(block);
-            }
+        if let Some(home) = &self.home {
+            let block = match self.pooled {
+                true => match std::mem::replace(&mut self.storage, Storage::Empty) {
+                    Storage::Heap(block) => Some(block),
+                    other => {
+                        self.storage = other;
+                        None
+                    }
+                },
+                false => None,
+            };
+            home.release(self.memory_type, self.len, block);
         }
     }
 }
@@ -450,8 +458,8 @@ impl Allocation {
         memory_type: MemoryType,
         usage: BufferUsage,
         access: MemoryAccess,
-        recycler: Option<Arc<dyn Recycler>>,
-        tracker: Option<Arc<dyn FreeTracker>>,
+        home: Option<Arc<dyn AllocationHome>>,
+        pooled: bool,
     ) -> Allocation {
         debug_assert!(len as usize <= block.len());
         Allocation {
@@ -462,8 +470,8 @@ impl Allocation {
             memory_type,
             usage,
             access,
-            recycler,
-            tracker,
+            home,
+            pooled,
         }
     }
 
@@ -510,8 +518,8 @@ impl Allocation {
             memory_type,
             usage,
             access,
-            recycler: None,
-            tracker: None,
+            home: None,
+            pooled: false,
         }
     }
 
