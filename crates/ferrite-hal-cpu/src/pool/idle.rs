@@ -46,9 +46,9 @@ impl PoolState {
     }
 
     /// A published region a worker could join now.
-    pub(super) fn has_joinable(&self, index: u32) -> bool {
+    pub(super) fn has_joinable(&self) -> bool {
         self.region_count.load(Ordering::SeqCst) > 0
-            && self.regions.lock().iter().any(|r| r.joinable_by(index))
+            && self.regions.lock().iter().any(|r| r.joinable())
     }
 
     /// Joins a region with work and room, if any, and works in it.
@@ -58,7 +58,7 @@ impl PoolState {
         }
         let (region, home) = {
             let regions = self.regions.lock();
-            let Some(r) = regions.iter().find(|r| r.joinable_by(index)) else {
+            let Some(r) = regions.iter().find(|r| r.joinable()) else {
                 return false;
             };
             let home = r.enter();
@@ -123,7 +123,7 @@ impl PoolState {
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             let idle = self.queued.load(Ordering::SeqCst) == 0
                 && !self.shutdown.load(Ordering::SeqCst)
-                && !self.has_joinable(index);
+                && !self.has_joinable();
             if idle {
                 self.stats.sleeps.fetch_add(1, Ordering::Relaxed);
                 park::wait(&self.epoch, seen);

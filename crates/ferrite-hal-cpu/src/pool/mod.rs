@@ -146,11 +146,6 @@ pub(crate) struct PoolState {
     /// `FERRITE_LOCAL_TASK_HOMES=seats`: claim ranges by seat in the region
     /// instead of by processor id (see `region::Seat`).
     seat_homes: bool,
-    /// Worker `i`'s CPU is `cpu_ids[i % len]` (empty: not pinned).
-    cpu_ids: Vec<usize>,
-    /// `FERRITE_LOCAL_TASK_LEADER_CPU=1`: a caller leading a region leaves
-    /// out the worker pinned to its CPU (see [`PoolState::worker_on_this_cpu`]).
-    leave_out_leader_cpu: bool,
 }
 
 impl PoolState {
@@ -177,22 +172,6 @@ impl PoolState {
             Some(cap) if self.is_contended() => all.min(cap),
             _ => all,
         }
-    }
-
-    /// The worker pinned to the CPU the calling thread runs on, when the
-    /// caller is not a worker, the pool's workers are pinned and
-    /// `FERRITE_LOCAL_TASK_LEADER_CPU=1`: a region it leads leaves that
-    /// worker out (one worker stays out anyway), so the caller does not
-    /// share its CPU with a spinning worker of its own region.
-    pub(crate) fn worker_on_this_cpu(&self) -> Option<u32> {
-        if !self.leave_out_leader_cpu || self.cpu_ids.is_empty() || self.current_worker().is_some()
-        {
-            return None;
-        }
-        let cpu = crate::topology::current_cpu()?;
-        (0..self.workers)
-            .find(|&i| self.cpu_ids[i % self.cpu_ids.len()] == cpu)
-            .map(|i| i as u32)
     }
 
     /// Whether a spinner noticed preemption within [`region::CONTENDED_FOR`].
@@ -279,8 +258,6 @@ impl WorkerPool {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(region::DEFAULT_PAUSES_PER_POLL),
             seat_homes: std::env::var(HOMES_VAR).is_ok_and(|v| v.trim() == "seats"),
-            cpu_ids: options.cpu_ids.clone(),
-            leave_out_leader_cpu: std::env::var(LEADER_CPU_VAR).is_ok_and(|v| v.trim() == "1"),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -407,10 +384,6 @@ const PAUSES_VAR: &str = "FERRITE_LOCAL_TASK_PAUSES";
 /// seat (leader first, workers in join order) instead of by processor id
 /// (a measuring aid; see `region::Seat`).
 const HOMES_VAR: &str = "FERRITE_LOCAL_TASK_HOMES";
-
-/// `1`: a region led by a caller leaves out the worker pinned to the
-/// caller's CPU (a measuring aid; see [`PoolState::worker_on_this_cpu`]).
-const LEADER_CPU_VAR: &str = "FERRITE_LOCAL_TASK_LEADER_CPU";
 
 /// A whole number of microseconds: how long an idle worker polls before
 /// it sleeps, for pools made afterwards (a measuring aid; unset:

@@ -282,11 +282,6 @@ pub(crate) struct Region {
     joined: AtomicUsize,
     /// Workers that may join at once.
     max_helpers: usize,
-    /// The worker pinned to the CPU the leading caller ran on when the
-    /// region started (pinned pools, `FERRITE_LOCAL_TASK_LEADER_CPU=1`):
-    /// it stays out, so the leader and a spinning worker do not share a
-    /// CPU while another CPU's worker sleeps.
-    left_out: Option<u32>,
     /// Bumped at every stage change; the leader sleeps on it.
     leader_epoch: AtomicU32,
     leader_sleeping: AtomicBool,
@@ -394,12 +389,6 @@ impl Region {
         stage < self.stage_count()
             && self.participants.load(Ordering::Relaxed) < self.max_helpers
             && self.unclaimed(stage) > 0
-    }
-
-    /// Whether worker `index` should join: [`Region::joinable`], unless it
-    /// is the worker left out for sharing the leader's CPU.
-    pub(crate) fn joinable_by(&self, index: u32) -> bool {
-        self.left_out != Some(index) && self.joinable()
     }
 
     /// A worker joins (the caller checked [`Region::joinable`] under the
@@ -801,7 +790,6 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
         participants: AtomicUsize::new(0),
         joined: AtomicUsize::new(0),
         max_helpers,
-        left_out: pool.worker_on_this_cpu(),
         leader_epoch: AtomicU32::new(0),
         leader_sleeping: AtomicBool::new(false),
         failed: AtomicBool::new(false),
