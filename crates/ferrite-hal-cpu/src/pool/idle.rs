@@ -56,16 +56,16 @@ impl PoolState {
         if self.region_count.load(Ordering::Acquire) == 0 {
             return false;
         }
-        let (region, home) = {
+        let region = {
             let regions = self.regions.lock();
             let Some(r) = regions.iter().find(|r| r.joinable()) else {
                 return false;
             };
-            let home = r.enter();
-            (r.clone(), home)
+            r.enter();
+            r.clone()
         };
         self.stats.joins.fetch_add(1, Ordering::Relaxed);
-        region.work_in(index, home);
+        region.work_in(index);
         region.leave();
         true
     }

@@ -143,9 +143,6 @@ pub(crate) struct PoolState {
     /// Pause instructions between two polls of a spin
     /// ([`region::DEFAULT_PAUSES_PER_POLL`], or `FERRITE_LOCAL_TASK_PAUSES`).
     pauses_per_poll: u32,
-    /// `FERRITE_LOCAL_TASK_HOMES=seats`: claim ranges by seat in the region
-    /// instead of by processor id (see `region::Seat`).
-    seat_homes: bool,
 }
 
 impl PoolState {
@@ -228,10 +225,7 @@ impl WorkerPool {
         let shared = Arc::new(PoolState {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             workers: count,
-            idle_spin: std::env::var(IDLE_SPIN_VAR)
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .map_or(options.idle_spin, Duration::from_micros),
+            idle_spin: options.idle_spin,
             jobs: Mutex::new(VecDeque::new()),
             queued: AtomicUsize::new(0),
             pollers: AtomicUsize::new(0),
@@ -257,7 +251,6 @@ impl WorkerPool {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(region::DEFAULT_PAUSES_PER_POLL),
-            seat_homes: std::env::var(HOMES_VAR).is_ok_and(|v| v.trim() == "seats"),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -379,16 +372,6 @@ const CONTENDED_HELPERS_VAR: &str = "FERRITE_LOCAL_TASK_CONTENDED_HELPERS";
 /// a pool made afterwards (a measuring aid; unset:
 /// [`region::DEFAULT_PAUSES_PER_POLL`]).
 const PAUSES_VAR: &str = "FERRITE_LOCAL_TASK_PAUSES";
-
-/// `seats`: a region's threads start claiming from ranges numbered by
-/// seat (leader first, workers in join order) instead of by processor id
-/// (a measuring aid; see `region::Seat`).
-const HOMES_VAR: &str = "FERRITE_LOCAL_TASK_HOMES";
-
-/// A whole number of microseconds: how long an idle worker polls before
-/// it sleeps, for pools made afterwards (a measuring aid; unset:
-/// [`PoolOptions::idle_spin`]).
-const IDLE_SPIN_VAR: &str = "FERRITE_LOCAL_TASK_IDLE_SPIN_US";
 
 impl Drop for WorkerPool {
     fn drop(&mut self) {

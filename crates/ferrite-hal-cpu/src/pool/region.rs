@@ -216,21 +216,12 @@ pub trait RegionWork: Sync {
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// Who runs tiles in a region: its processor id (passed to the work), the
-/// claim range it tries first, and which of `ran`'s counters its
-/// workgroups go to.
-///
-/// The home range is by default the thread's processor id (worker `i`,
-/// a leading caller the pool's worker count). With seats
-/// (`FERRITE_LOCAL_TASK_HOMES=seats`, a measuring aid) a region has one
-/// range per thread that may be inside at once, the leader sits at range
-/// 0 and joining workers take the next ones in join order: no range
-/// belongs to a worker outside the region, so no tile waits to be taken
-/// by a thread that ran its own first.
+/// Who runs tiles in a region: its processor id (passed to the work; its
+/// claim range is the one it tries first, see [`Region::claim`]) and which
+/// of `ran`'s counters its workgroups go to.
 #[derive(Clone, Copy)]
 struct Seat {
     processor_id: u32,
-    home: usize,
     kind: usize,
 }
 
@@ -278,8 +269,6 @@ pub(crate) struct Region {
     tiles: Box<[AtomicU64]>,
     /// Workers joined (the leader not counted).
     participants: AtomicUsize,
-    /// Joins so far (seat numbers, see [`Seat`]).
-    joined: AtomicUsize,
     /// Workers that may join at once.
     max_helpers: usize,
     /// Bumped at every stage change; the leader sleeps on it.
@@ -392,16 +381,9 @@ impl Region {
     }
 
     /// A worker joins (the caller checked [`Region::joinable`] under the
-    /// pool's region lock); returns the claim range it starts from when the
-    /// pool assigns ranges by seat (see [`Seat`]).
-    pub(crate) fn enter(&self) -> usize {
+    /// pool's region lock).
+    pub(crate) fn enter(&self) {
         self.participants.fetch_add(1, Ordering::Relaxed);
-        let n = self.ranges.len();
-        if n <= 1 {
-            return 0;
-        }
-        // The leader sits at range 0; joiners take 1, 2, ... in order.
-        1 + self.joined.fetch_add(1, Ordering::Relaxed) % (n - 1)
     }
 
     fn record(&self, e: Status) {
@@ -418,9 +400,9 @@ impl Region {
     /// finished, so the word a `fetch_add` returns names the stage its
     /// tile belongs to: a claim that lands after a stage change is a valid
     /// claim of the new stage, never a second run of an old tile.
-    fn claim(&self, stage: usize, home: usize) -> Claim {
+    fn claim(&self, stage: usize, processor_id: u32) -> Claim {
         let n = self.ranges.len();
-        let home = home % n;
+        let home = processor_id as usize % n;
         for k in 0..n {
             let r = (home + k) % n;
             let word = &self.ranges[r].0;
@@ -454,12 +436,8 @@ impl Region {
     /// tile counts as done, so the sums the leader takes at the end are
     /// complete.
     fn run_one(&self, stage: usize, seat: &Seat) -> bool {
-        let Seat {
-            processor_id,
-            home,
-            kind,
-        } = *seat;
-        let Claim::Tile(stage, tile) = self.claim(stage, home) else {
+        let Seat { processor_id, kind } = *seat;
+        let Claim::Tile(stage, tile) = self.claim(stage, processor_id) else {
             return false;
         };
         let total = self.tiles[stage].load(Ordering::Relaxed);
@@ -473,7 +451,7 @@ impl Region {
             );
             match result {
                 Ok(n) => {
-                    let slot = &self.ran[home % self.ran.len()].0[kind];
+                    let slot = &self.ran[processor_id as usize % self.ran.len()].0[kind];
                     slot.fetch_add(n, Ordering::Relaxed);
                 }
                 Err(e) => self.record(e),
@@ -650,14 +628,9 @@ impl Region {
     /// A joined worker runs tiles until the region finishes or its
     /// [`Spin`] for the next stage ended. The caller leaves afterwards
     /// ([`Region::leave`]).
-    pub(crate) fn work_in(&self, processor_id: u32, home: usize) {
+    pub(crate) fn work_in(&self, processor_id: u32) {
         let seat = Seat {
             processor_id,
-            home: if self.pool.seat_homes {
-                home
-            } else {
-                processor_id as usize
-            },
             kind: WORKER_KIND,
         };
         let mut spin: Option<Spin> = None;
@@ -767,15 +740,8 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
             work as *const dyn RegionWork,
         )
     };
-    // One claim range per thread that may run tiles: by processor id,
-    // every worker and a leading caller; by seat, the leader and the
-    // workers that may join.
     let max_helpers = pool.region_helpers();
-    let threads = if pool.seat_homes {
-        max_helpers + 1
-    } else {
-        pool.workers.max(1) + 1
-    };
+    let threads = pool.workers.max(1) + 1;
     let region = Arc::new(Region {
         stage: Padded(AtomicU64::new(0)),
         ranges: (0..range_count(threads))
@@ -788,7 +754,6 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
         ahead: Padded(AtomicU64::new(0)),
         tiles: (0..stages).map(|_| AtomicU64::new(0)).collect(),
         participants: AtomicUsize::new(0),
-        joined: AtomicUsize::new(0),
         max_helpers,
         leader_epoch: AtomicU32::new(0),
         leader_sleeping: AtomicBool::new(false),
@@ -817,15 +782,7 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
     } else {
         OTHER_KIND
     };
-    let seat = Seat {
-        processor_id,
-        home: if pool.seat_homes {
-            0
-        } else {
-            processor_id as usize
-        },
-        kind,
-    };
+    let seat = Seat { processor_id, kind };
     region.lead(&seat);
     // Normal end: the region finished, so no thread uses `work` any more
     // (see `Region::work`); workers still inside only poll its words.
