@@ -569,11 +569,20 @@ impl Region {
                     }
                     // The ranges first (each store releases the tile
                     // count above to whoever claims from it), then the
-                    // stage that pollers watch.
+                    // stage that pollers watch. After the first stage only
+                    // ranges with tiles are written: an empty range keeps
+                    // the word of an earlier stage, all of whose tiles
+                    // were claimed, so claims skip it (its stage is not
+                    // the one claimed) and never take from it. Each store
+                    // takes a cache line from the thread that claimed
+                    // from it last, and the stage change waits for them
+                    // all (a stage of 2 tiles among 17 ranges wrote 17).
                     let count = self.ranges.len();
                     for (r, word) in self.ranges.iter().enumerate() {
-                        let start = range_bounds(n, count, r).0;
-                        word.0.store(pack(next, start), Ordering::Release);
+                        let (start, end) = range_bounds(n, count, r);
+                        if start < end || from.is_none() {
+                            word.0.store(pack(next, start), Ordering::Release);
+                        }
                     }
                     self.stage.0.store(next as u64, Ordering::SeqCst);
                     self.wake_leader();
