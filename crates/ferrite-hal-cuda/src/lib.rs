@@ -28,8 +28,9 @@
 //!   continuation that reads the workgroup counts once the work before
 //!   them is done (module `indirect`).
 //!
-//! Not yet implemented: 8-byte fill patterns, import of foreign host
-//! memory.
+//! Not yet implemented: 8-byte fill patterns. Foreign memory (host
+//! allocations, device pointers) comes in through the HAL's external-buffer
+//! import (`ferrite_hal::external`, module `external`).
 
 pub mod channel;
 mod completion;

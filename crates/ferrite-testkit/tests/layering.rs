@@ -41,6 +41,12 @@ const LAYERS: &[(&str, u32)] = &[
 /// and may depend on these alone.
 const DRIVER_DEPENDENCIES: &[&str] = &["ferrite-base", "ferrite-hal"];
 
+/// Drivers whose memory and queues other crates reach only through the HAL
+/// (`ferrite_hal::external`, `Device::native_queue`) and whose devices come
+/// from the facade's driver registry: only the facade names them.
+const REGISTRY_ONLY_DRIVERS: &[&str] = &["ferrite-hal-cuda"];
+const REGISTRY_OWNER: &str = "ferrite";
+
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -178,6 +184,12 @@ fn layering_problems(crates: &Path) -> (usize, Vec<String>) {
             if is_driver(&name) && !DRIVER_DEPENDENCIES.contains(&dep.as_str()) {
                 problems.push(format!("{name} is a driver but depends on {dep}"));
             }
+            if REGISTRY_ONLY_DRIVERS.contains(&dep.as_str()) && name != REGISTRY_OWNER {
+                problems.push(format!(
+                    "{name} depends on {dep}: reach it through the HAL and the driver registry \
+                     of {REGISTRY_OWNER}"
+                ));
+            }
             match layer(&dep) {
                 Some(l) if l < own => {}
                 Some(l) => problems.push(format!(
@@ -279,5 +291,33 @@ fn upward_dependencies_in_table_forms_are_reported() {
             "ferrite-base (layer 0) depends on ferrite-vm (layer 1): arrows must point down",
             "ferrite-vm (layer 1) depends on ferrite-hal-module (layer 2): arrows must point down",
         ]
+    );
+}
+
+#[test]
+fn only_the_facade_names_the_cuda_driver() {
+    let root = std::env::temp_dir().join(format!("ferrite-layering-cuda-{}", std::process::id()));
+    let crates = root.join("crates");
+    let manifests = [
+        (
+            "ferrite",
+            "[package]\nname = \"ferrite\"\n[dependencies]\nferrite-hal-cuda.workspace = true\n",
+        ),
+        (
+            "ferrite-python",
+            "[package]\nname = \"ferrite-python\"\n[dependencies]\nferrite.workspace = true\nferrite-hal-cuda = { path = \"../ferrite-hal-cuda\" }\n",
+        ),
+    ];
+    for (name, manifest) in manifests {
+        std::fs::create_dir_all(crates.join(name)).unwrap();
+        std::fs::write(crates.join(name).join("Cargo.toml"), manifest).unwrap();
+    }
+    let (seen, problems) = layering_problems(&crates);
+    std::fs::remove_dir_all(&root).unwrap();
+    assert_eq!(seen, 2);
+    assert_eq!(
+        problems,
+        ["ferrite-python depends on ferrite-hal-cuda: reach it through the HAL and the driver \
+          registry of ferrite"]
     );
 }
