@@ -317,7 +317,9 @@ fn only_the_facade_names_the_cuda_driver() {
     assert_eq!(seen, 2);
     assert_eq!(
         problems,
-        ["ferrite-python depends on ferrite-hal-cuda: reach it through the HAL and the driver \
-          registry of ferrite"]
+        [
+            "ferrite-python depends on ferrite-hal-cuda: reach it through the HAL and the driver \
+          registry of ferrite"
+        ]
     );
 }
