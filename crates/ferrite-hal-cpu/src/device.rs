@@ -787,6 +787,15 @@ impl RegionWork for CommandsWork<'_> {
         }
     }
 
+    fn prepared_tiles(&self, stage: usize) -> Option<u64> {
+        // `begin_stage` takes this preparation when present, so it returns
+        // the same count.
+        self.ahead[stage]
+            .lock()
+            .as_ref()
+            .map(|(_, tiles, _)| *tiles)
+    }
+
     fn begin_stage(&self, stage: usize) -> Result<u64> {
         // Stages run in order: the previous one's tiles have all finished.
         let mut in_flight = self.in_flight.lock();

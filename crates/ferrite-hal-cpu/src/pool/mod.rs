@@ -143,6 +143,9 @@ pub(crate) struct PoolState {
     /// Pause instructions between two polls of a spin
     /// ([`region::DEFAULT_PAUSES_PER_POLL`], or `FERRITE_LOCAL_TASK_PAUSES`).
     pauses_per_poll: u32,
+    /// `FERRITE_LOCAL_TASK_BANKS=1`: claim words in two banks, the next
+    /// stage's written by the thread preparing it ahead (see `region`).
+    banks: AtomicBool,
 }
 
 impl PoolState {
@@ -251,6 +254,7 @@ impl WorkerPool {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(region::DEFAULT_PAUSES_PER_POLL),
+            banks: AtomicBool::new(std::env::var(BANKS_VAR).is_ok_and(|v| v.trim() == "1")),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -372,6 +376,12 @@ const CONTENDED_HELPERS_VAR: &str = "FERRITE_LOCAL_TASK_CONTENDED_HELPERS";
 /// a pool made afterwards (a measuring aid; unset:
 /// [`region::DEFAULT_PAUSES_PER_POLL`]).
 const PAUSES_VAR: &str = "FERRITE_LOCAL_TASK_PAUSES";
+
+/// `1`: regions of pools made afterwards keep their claim words in two
+/// banks, and the thread that prepares a stage ahead also writes its
+/// claim words, so a stage change stores one word (a measuring aid for
+/// issue 27's stage-change cost; unset: one bank, written at the change).
+const BANKS_VAR: &str = "FERRITE_LOCAL_TASK_BANKS";
 
 impl Drop for WorkerPool {
     fn drop(&mut self) {

@@ -205,6 +205,15 @@ pub trait RegionWork: Sync {
     fn prepare_ahead(&self, stage: usize) {
         let _ = stage;
     }
+    /// The tile count a preparation ahead of `stage` found, when
+    /// [`RegionWork::prepare_ahead`] prepared it: then
+    /// [`RegionWork::begin_stage`] of `stage` must return exactly this
+    /// count (a pool writing claim words ahead relies on it). The default
+    /// says nothing (None).
+    fn prepared_tiles(&self, stage: usize) -> Option<u64> {
+        let _ = stage;
+        None
+    }
     /// Runs tile `tile` of `stage` as logical processor `processor_id`;
     /// returns how many workgroups it ran (for the pool's statistics).
     fn run_tile(&self, stage: usize, tile: u64, processor_id: u32) -> Result<u64>;
@@ -249,6 +258,16 @@ pub(crate) struct Region {
     /// thread that may run tiles: each word packs a stage and the next
     /// unclaimed tile of that range (see the module docs).
     ranges: Box<[Padded<AtomicU64>]>,
+    /// Claim ranges per bank (`ranges` holds one bank of them, or two with
+    /// banks: see [`Region::word`]).
+    n_ranges: usize,
+    /// `FERRITE_LOCAL_TASK_BANKS=1`: stages alternate between two banks of
+    /// claim words, and the thread preparing a stage ahead writes its
+    /// words (see [`Region::prepare_ahead`]).
+    banks: bool,
+    /// The stage (plus one) whose claim words were written ahead (0:
+    /// none).
+    banked: AtomicU64,
     /// Tiles of the current stage finished.
     done: Padded<AtomicU64>,
     /// Workgroups run, per claim range of the running thread's processor
@@ -347,6 +366,14 @@ impl Region {
         self.stage.0.load(Ordering::Acquire) as usize
     }
 
+    /// Range `r`'s claim word for `stage`: in one bank, or with banks in
+    /// that of the stage's parity, so the words of the next stage can be
+    /// written while the current one's are claimed from.
+    fn word(&self, stage: usize, r: usize) -> &AtomicU64 {
+        let bank = if self.banks { stage & 1 } else { 0 };
+        &self.ranges[bank * self.n_ranges + r].0
+    }
+
     fn is_finished(&self) -> bool {
         self.current_stage() >= self.stage_count()
     }
@@ -354,12 +381,10 @@ impl Region {
     /// Unclaimed tiles of `stage` (a snapshot; claims race with it).
     fn unclaimed(&self, stage: usize) -> u64 {
         let total = self.tiles[stage].load(Ordering::Relaxed);
-        let n = self.ranges.len();
-        self.ranges
-            .iter()
-            .enumerate()
-            .map(|(r, word)| {
-                let (s, next) = unpack(word.0.load(Ordering::Acquire));
+        let n = self.n_ranges;
+        (0..n)
+            .map(|r| {
+                let (s, next) = unpack(self.word(stage, r).load(Ordering::Acquire));
                 if s != stage {
                     return 0;
                 }
@@ -401,11 +426,11 @@ impl Region {
     /// tile belongs to: a claim that lands after a stage change is a valid
     /// claim of the new stage, never a second run of an old tile.
     fn claim(&self, stage: usize, processor_id: u32) -> Claim {
-        let n = self.ranges.len();
+        let n = self.n_ranges;
         let home = processor_id as usize % n;
         for k in 0..n {
             let r = (home + k) % n;
-            let word = &self.ranges[r].0;
+            let word = self.word(stage, r);
             let (s, next) = unpack(word.load(Ordering::Acquire));
             if s != stage {
                 if s > stage {
@@ -440,6 +465,20 @@ impl Region {
         let Claim::Tile(stage, tile) = self.claim(stage, processor_id) else {
             return false;
         };
+        if self.banks && self.current_stage() < stage {
+            // Claimed from words written ahead, by a thread that looked
+            // at a stage already over: the tile is this thread's, but its
+            // stage has not begun. It begins once the running stage's
+            // tiles (none of them this thread's) are done, or the region
+            // ends on a failure, and then the tile is not run.
+            let mut polls = 0;
+            while self.current_stage() < stage {
+                pause(&mut polls);
+            }
+            if self.is_finished() {
+                return true;
+            }
+        }
         let total = self.tiles[stage].load(Ordering::Relaxed);
         if !self.failed.load(Ordering::Acquire) {
             let start = self.timing.as_ref().map(RegionTiming::now);
@@ -506,9 +545,37 @@ impl Region {
         ) {
             self.record(e);
         }
+        if self.banks {
+            self.write_ahead(work, next);
+        }
         self.ahead
             .0
             .store(pack_ahead(next, AHEAD_DONE), Ordering::Release);
+    }
+
+    /// With banks, writes the claim words of `next`, just prepared ahead,
+    /// into its bank (the other one than the running stage's, whose
+    /// words named a stage over, all of its tiles claimed): the stage
+    /// change then only stores the stage word. A thread that read a
+    /// stage already over may claim from these words before `next`
+    /// begins; it waits for it (see [`Region::run_one`]).
+    fn write_ahead(&self, work: &dyn RegionWork, next: usize) {
+        let Some(n) = work.prepared_tiles(next) else {
+            return;
+        };
+        if n == 0 || n > TILE_MASK / 2 {
+            return;
+        }
+        self.tiles[next].store(n, Ordering::Relaxed);
+        let count = self.n_ranges;
+        for r in 0..count {
+            let (start, end) = range_bounds(n, count, r);
+            if start < end {
+                self.word(next, r)
+                    .store(pack(next, start), Ordering::Release);
+            }
+        }
+        self.banked.store(next as u64 + 1, Ordering::Release);
     }
 
     /// Ends preparation ahead up to `stage` (about to begin, or the end):
@@ -562,6 +629,19 @@ impl Region {
             ) {
                 Ok(0) => next += 1,
                 Ok(n) => {
+                    let banked = self.banked.load(Ordering::Acquire) == next as u64 + 1;
+                    if banked && self.tiles[next].load(Ordering::Relaxed) != n {
+                        // Claims may already have been made against the
+                        // count prepared ahead.
+                        self.record(Status::new(
+                            ferrite_base::StatusCode::Internal,
+                            format!(
+                                "stage {next} was prepared ahead with {} tiles and began with {n}",
+                                self.tiles[next].load(Ordering::Relaxed)
+                            ),
+                        ));
+                        continue;
+                    }
                     self.tiles[next].store(n, Ordering::Relaxed);
                     self.done.0.store(0, Ordering::Relaxed);
                     if let Some(t) = &self.timing {
@@ -577,11 +657,12 @@ impl Region {
                     // takes a cache line from the thread that claimed
                     // from it last, and the stage change waits for them
                     // all (a stage of 2 tiles among 17 ranges wrote 17).
-                    let count = self.ranges.len();
-                    for (r, word) in self.ranges.iter().enumerate() {
+                    let count = self.n_ranges;
+                    for r in 0..count {
                         let (start, end) = range_bounds(n, count, r);
-                        if start < end || from.is_none() {
-                            word.0.store(pack(next, start), Ordering::Release);
+                        if !banked && (start < end || from.is_none()) {
+                            self.word(next, r)
+                                .store(pack(next, start), Ordering::Release);
                         }
                     }
                     self.stage.0.store(next as u64, Ordering::SeqCst);
@@ -750,12 +831,16 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
         )
     };
     let max_helpers = pool.region_helpers();
+    let banks = pool.banks.load(Ordering::Relaxed);
     let threads = pool.workers.max(1) + 1;
     let region = Arc::new(Region {
         stage: Padded(AtomicU64::new(0)),
-        ranges: (0..range_count(threads))
+        ranges: (0..range_count(threads) * if banks { 2 } else { 1 })
             .map(|_| Padded(AtomicU64::new(0)))
             .collect(),
+        n_ranges: range_count(threads),
+        banks,
+        banked: AtomicU64::new(0),
         done: Padded(AtomicU64::new(0)),
         ran: (0..range_count(threads))
             .map(|_| Padded([AtomicU64::new(0), AtomicU64::new(0)]))

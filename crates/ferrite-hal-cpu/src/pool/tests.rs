@@ -134,6 +134,75 @@ fn every_tile_of_every_stage_runs_once_in_order() {
     );
 }
 
+/// [`Staged`] that prepares stages ahead and says their tile counts, so
+/// a pool with claim-word banks writes the next stage's words early.
+struct StagedAhead(Staged, AtomicUsize);
+
+impl RegionWork for StagedAhead {
+    fn stage_count(&self) -> usize {
+        self.0.stage_count()
+    }
+    fn prepare_ahead(&self, stage: usize) {
+        // Nothing of `stage` has begun or run yet.
+        assert_eq!(self.0.begun[stage].load(Ordering::SeqCst), 0);
+        self.1.fetch_add(1, Ordering::SeqCst);
+    }
+    fn prepared_tiles(&self, stage: usize) -> Option<u64> {
+        Some(self.0.tiles[stage])
+    }
+    fn begin_stage(&self, stage: usize) -> Result<u64> {
+        self.0.begin_stage(stage)
+    }
+    fn run_tile(&self, stage: usize, tile: u64, processor_id: u32) -> Result<u64> {
+        self.0.run_tile(stage, tile, processor_id)
+    }
+}
+
+/// With claim-word banks (the next stage's words written by the thread
+/// preparing it ahead), still every tile of every stage runs once, and
+/// only after its stage began and every tile of the earlier stages ran.
+#[test]
+fn with_banks_every_tile_of_every_stage_runs_once_in_order() {
+    let pool = WorkerPool::new(4).unwrap();
+    pool.shared.banks.store(true, Ordering::SeqCst);
+    let tiles = vec![
+        3, 1, 64, 0, 3, 1000, 1, 1, 17, 2, 5, 1, 0, 4, 6, 1, 3, 2, 9, 1,
+    ];
+    let work = StagedAhead(
+        Staged {
+            hits: tiles
+                .iter()
+                .map(|&n| (0..n).map(|_| AtomicUsize::new(0)).collect())
+                .collect(),
+            begun: tiles.iter().map(|_| AtomicUsize::new(0)).collect(),
+            tiles,
+        },
+        AtomicUsize::new(0),
+    );
+    for _ in 0..200 {
+        for h in work.0.hits.iter().flatten() {
+            h.store(0, Ordering::SeqCst);
+        }
+        for b in &work.0.begun {
+            b.store(0, Ordering::SeqCst);
+        }
+        pool.run_region(&work).unwrap();
+        assert!(work
+            .0
+            .hits
+            .iter()
+            .flatten()
+            .all(|h| h.load(Ordering::SeqCst) == 1));
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        stats.workgroups_on_workers + stats.workgroups_on_callers,
+        200 * work.0.tiles.iter().sum::<u64>()
+    );
+    // Stages were prepared ahead (and so their words written early).
+    assert!(work.1.load(Ordering::SeqCst) > 0);
+}
+
 /// Stages whose tiles take a while, recording when stages are
 /// prepared ahead and begun.
 struct Ahead {
