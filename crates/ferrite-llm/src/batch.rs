@@ -445,6 +445,13 @@ impl BatchLlm {
             }
         }
         let wanted = rows.iter().filter(|r| r.logits).count();
+        let distinct_slots = order.windows(2).all(|w| rows[w[0]].slot != rows[w[1]].slot);
+        if wanted == rows.len() && distinct_slots && rows.len() > 1 {
+            // Decode rows only: decode_batch's entry points, the same
+            // kernels without the choice of rows.
+            let items: Vec<BatchItem> = rows.iter().map(|r| (r.slot, r.token, r.pos)).collect();
+            return self.decode_batch(&items);
+        }
         if rows.len() == 1 {
             // One row: the program's static one-row kernels.
             let r = rows[0];

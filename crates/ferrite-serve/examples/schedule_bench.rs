@@ -5,7 +5,7 @@
 //! alike).
 //!
 //!     cargo run --release -p ferrite-serve --example schedule_bench -- \
-//!         PATH.gguf [device] [rounds] [--compare PROGRAM.vmfb]
+//!         PATH.gguf [device] [rounds] [--program PROGRAM.vmfb] [--compare PROGRAM.vmfb]
 //!
 //! Each level sends greedy completions of 32 tokens (end-of-sequence
 //! ignored) of bench-serve.py's four story prompts: 1 stream runs 4
@@ -14,6 +14,8 @@
 //! tokens over the level's wall time, prefills included), time to first
 //! token and inter-token latency (p50 / max), and the 16-stream rate over
 //! the 1-stream rate of the same round; the median of the rounds last.
+//! `--program` replaces the built-in batch program (which is for CPUs:
+//! on cuda pass the program compiled for it, docs/llm-batch.md);
 //! `--compare` loads a second batch program file (e.g. the one built
 //! before the `step` entry point, whose prompts go through `prefill_slot`
 //! calls of their own) and runs it right after the built-in one each round.
@@ -135,20 +137,27 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
 
 fn main() -> ferrite_llm::Result<()> {
     let mut positional = Vec::new();
-    let mut compare = None;
+    let (mut program, mut compare) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        if a == "--compare" {
-            compare = Some(PathBuf::from(args.next().unwrap_or_else(|| {
-                eprintln!("--compare needs a program file");
+        if a == "--compare" || a == "--program" {
+            let path = PathBuf::from(args.next().unwrap_or_else(|| {
+                eprintln!("{a} needs a program file");
                 std::process::exit(2)
-            })));
+            }));
+            if a == "--compare" {
+                compare = Some(path);
+            } else {
+                program = Some(path);
+            }
         } else {
             positional.push(a);
         }
     }
     let Some(gguf) = positional.first().cloned() else {
-        eprintln!("usage: schedule_bench PATH.gguf [device] [rounds] [--compare PROGRAM.vmfb]");
+        eprintln!(
+            "usage: schedule_bench PATH.gguf [device] [rounds] [--program PROGRAM.vmfb] [--compare PROGRAM.vmfb]"
+        );
         std::process::exit(2)
     };
     let device = positional
@@ -164,8 +173,15 @@ fn main() -> ferrite_llm::Result<()> {
         }
     };
     let mut engines = vec![(
-        "built-in program".to_string(),
-        BatchEngine::new(BatchLlm::load(&gguf, &device)?),
+        program.as_ref().map_or_else(
+            || "built-in program".to_string(),
+            |p| p.display().to_string(),
+        ),
+        BatchEngine::new(BatchLlm::load_with_program(
+            &gguf,
+            &device,
+            program.as_deref(),
+        )?),
     )];
     if let Some(p) = &compare {
         engines.push((
