@@ -548,12 +548,17 @@ def heap_in_use(s):
 
 
 def test_memory_stays_flat_over_many_small_requests():
-    """Issue 29: nothing is kept per request. After a warm-up, 2,000
-    malformed bodies (400) and 60 one-token completions with distinct
-    prompts must not grow the server's heap by more than 256 KiB (about
-    130 bytes a request; a leak the size of the one measured on cuda, ~780
-    bytes a request, would add ~1.6 MiB). Measured on local-sync: ~9 bytes
-    per malformed request, ~150 per completion."""
+    """Issue 29: nothing is kept per request. After a warm-up, three
+    rounds of 667 malformed bodies (400) and 20 one-token completions with
+    distinct prompts; in at least one round the server's heap must grow
+    less than 128 KiB (about 190 bytes a request). A leak grows every
+    round (one the size of the one measured on cuda, ~780 bytes a request,
+    adds ~520 KiB a round); caches grow in steps that stop: the runtime's
+    pool keeps freed transient blocks per size class (bounded), and a
+    step holding several prompts at once (the batch program's mixed
+    `step`) meets a new row count now and then, whose blocks it keeps
+    (+13 to +539 KiB in one round, flat in the next). Measured on
+    local-sync: ~9 bytes per malformed request, ~150 per completion."""
     s = Server()
     try:
         bad = b'{"model": "default", "prompt": '
@@ -576,10 +581,14 @@ def test_memory_stays_flat_over_many_small_requests():
         # (4-digit numbers): the first prefill of each new prompt length
         # costs ~90 KiB once, which is not per request.
         batch(9000, 500, 40)
+        growth = []
         before = heap_in_use(s)
-        batch(1000, 2000, 60)
-        after = heap_in_use(s)
-        print(f"heap in use over 2,060 requests after the warm-up: {(after - before) / 1024:+.0f} KiB")
-        assert after - before < 256 * 1024, f"the heap grew {(after - before) / 1024:.0f} KiB over 2,060 requests"
+        for r in range(3):
+            batch(1000 + 20 * r, 667, 20)
+            after = heap_in_use(s)
+            growth.append(after - before)
+            before = after
+        print("heap in use per round of 687 requests after the warm-up: " + ", ".join(f"{g / 1024:+.0f} KiB" for g in growth))
+        assert min(growth) < 128 * 1024, f"the heap grew in every round: {[g // 1024 for g in growth]} KiB"
     finally:
         assert s.stop() == 0, "".join(s.log)
