@@ -476,7 +476,10 @@ def test_full_queue_429_and_disconnect_frees_the_slot(strict):
 def test_sigterm_finishes_or_cancels_streams_and_exits(tmp_path):
     # Launched as `python -m ferrite.serve`, the Python package's entry.
     s = Server("--shutdown_timeout=8", "--max_batch=2", launcher=[sys.executable, "-m", "ferrite.serve"])
-    short_body = {"model": "default", "prompt": "Hello", "max_tokens": 30, "ignore_eos": True, "stream": True}
+    # 12 tokens: the debug build's two-row steps took ~0.3 s each on 2
+    # loaded cores, so 30 tokens could miss the 8 s grace (before and after
+    # the mixed step alike).
+    short_body = {"model": "default", "prompt": "Hello", "max_tokens": 12, "ignore_eos": True, "stream": True}
     long_body = {**short_body, "max_tokens": 900}
     results = {}
 
