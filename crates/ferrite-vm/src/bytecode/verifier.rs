@@ -158,8 +158,10 @@ pub struct DecodedFunction {
     /// verified registers: the value registers of `switch` ops and the
     /// (source, destination) pairs of primitive-only branch remaps. An
     /// instruction that has one holds `start << 32 | len` in `Insn::imm`
-    /// (see [`DecodedFunction::reg_list`]).
-    pub reg_lists: RegLists,
+    /// (see [`DecodedFunction::reg_list`]). Boxed: one list per bank
+    /// inline would be eight more loop-invariant values the dispatch loop
+    /// keeps at hand, and the pressure cost an instruction per dispatch.
+    pub reg_lists: Box<RegLists>,
     /// Operand lists of import calls whose callee signature the module
     /// declares, listed once here so that native callees can read them in
     /// place without building them per call (see `Insn::imm` of such calls).
@@ -646,7 +648,7 @@ pub fn decode_function(
         i32_count,
         ref_count,
         cconv: cconv.clone(),
-        reg_lists,
+        reg_lists: Box::new(reg_lists),
         operands,
     })
 }

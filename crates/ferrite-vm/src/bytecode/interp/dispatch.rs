@@ -362,6 +362,56 @@ fn dispatch<const COVERAGE: bool>(
             $write!(regs, $out, v);
         }};
     }
+    // Calls (`$yieldable`: the `.yieldable` form, with a resume block).
+    // One arm per op rather than a test of the op inside a shared arm: the
+    // op is known from the pattern alone (a test of `insn.regs` would keep
+    // its address live through the loop).
+    macro_rules! call {
+        ($insn:ident, $yieldable:expr) => {{
+            let p = $insn.pool as usize;
+            let nargs = pool[p] as usize;
+            let (resume, results) = if $yieldable {
+                (pool[p + 1 + nargs] as usize, p + 2 + nargs)
+            } else {
+                (pc, p + 1 + nargs)
+            };
+            if $insn.a & IMPORT_BIT != 0 {
+                import_call!($insn, None, p, results, resume);
+            }
+            *pc_out = pc;
+            return Ok(Flow::Call {
+                callee: $insn.a as usize,
+                args: p,
+                results,
+                resume,
+            });
+        }};
+    }
+    macro_rules! call_variadic {
+        ($insn:ident, $yieldable:expr) => {{
+            let p = $insn.pool as usize;
+            let args = p + 1 + pool[p] as usize;
+            let after_args = args + 1 + pool[args] as usize;
+            let (resume, results) = if $yieldable {
+                (pool[after_args] as usize, after_args + 1)
+            } else {
+                (pc, after_args)
+            };
+            import_call!($insn, Some(p), args, results, resume);
+        }};
+    }
+    // Buffer fills with an i32 value register, by element width.
+    macro_rules! fill32 {
+        ($b:ident, $off:ident, $len:ident, $v:ident, $fill:ident) => {{
+            let buf = tri!(deref_buffer(refs, $b, "buffer"));
+            let (off, len, v) = (
+                ri64!(regs, $off) as u64,
+                ri64!(regs, $len) as u64,
+                r32!(regs, $v),
+            );
+            tri!(buf.$fill(off, len, v));
+        }};
+    }
     use OpRegs as R;
     loop {
         // Fields are read through a reference so each arm loads only the
@@ -673,36 +723,10 @@ fn dispatch<const COVERAGE: bool>(
                     pc = branch(regs.slots(), refs, pool, at);
                 }
             }
-            R::Call | R::CallYieldable => {
-                let p = insn.pool as usize;
-                let nargs = pool[p] as usize;
-                let (resume, results) = if insn.regs == R::CallYieldable {
-                    (pool[p + 1 + nargs] as usize, p + 2 + nargs)
-                } else {
-                    (pc, p + 1 + nargs)
-                };
-                if insn.a & IMPORT_BIT != 0 {
-                    import_call!(insn, None, p, results, resume);
-                }
-                *pc_out = pc;
-                return Ok(Flow::Call {
-                    callee: insn.a as usize,
-                    args: p,
-                    results,
-                    resume,
-                });
-            }
-            R::CallVariadic | R::CallVariadicYieldable => {
-                let p = insn.pool as usize;
-                let args = p + 1 + pool[p] as usize;
-                let after_args = args + 1 + pool[args] as usize;
-                let (resume, results) = if insn.regs == R::CallVariadicYieldable {
-                    (pool[after_args] as usize, after_args + 1)
-                } else {
-                    (pc, after_args)
-                };
-                import_call!(insn, Some(p), args, results, resume);
-            }
+            R::Call => call!(insn, false),
+            R::CallYieldable => call!(insn, true),
+            R::CallVariadic => call_variadic!(insn, false),
+            R::CallVariadicYieldable => call_variadic!(insn, true),
             R::Return => {
                 *pc_out = pc;
                 return Ok(Flow::Return {
@@ -802,21 +826,9 @@ fn dispatch<const COVERAGE: bool>(
                 ));
                 w32!(regs, out, eq);
             }
-            R::BufferFillI8(b, off, len, v)
-            | R::BufferFillI16(b, off, len, v)
-            | R::BufferFillI32(b, off, len, v) => {
-                let buf = tri!(deref_buffer(refs, b, "buffer"));
-                let (off, len, v) = (
-                    ri64!(regs, off) as u64,
-                    ri64!(regs, len) as u64,
-                    r32!(regs, v),
-                );
-                tri!(match insn.regs {
-                    R::BufferFillI8(..) => buf.fill_i8(off, len, v),
-                    R::BufferFillI16(..) => buf.fill_i16(off, len, v),
-                    _ => buf.fill_i32(off, len, v),
-                });
-            }
+            R::BufferFillI8(b, off, len, v) => fill32!(b, off, len, v, fill_i8),
+            R::BufferFillI16(b, off, len, v) => fill32!(b, off, len, v, fill_i16),
+            R::BufferFillI32(b, off, len, v) => fill32!(b, off, len, v, fill_i32),
             R::BufferFillI64(b, off, len, v) => {
                 let b = tri!(deref_buffer(refs, b, "buffer"));
                 tri!(b.fill_i64(
