@@ -73,7 +73,7 @@ pub(super) fn register(
         let affinity = a.i64()?;
         let (types, usage, size) = (a.i32()?, a.i32()?, a.i64()?);
         let buffer = alloc.0.allocate(&params(types, usage, affinity), size as u64)?;
-        c.ready([Variant::Ref(Ref::new(buffer))])
+        c.ready_one(Variant::Ref(Ref::new(buffer)))
     })?
     .function("allocator.import", "0riIiirII_r", |c| {
         let mut a = ArgReader::new(c);
@@ -103,7 +103,7 @@ pub(super) fn register(
                 HostMemory::ReadOnly(Arc::new(view))
             };
             if let Ok(b) = alloc.0.import_host(&p, memory) {
-                return c.ready([Variant::Ref(Ref::new(b))]);
+                return c.ready_one(Variant::Ref(Ref::new(b)));
             }
         }
         // Otherwise one copy, straight from the source's bytes into an
@@ -113,8 +113,8 @@ pub(super) fn register(
             Ok(b)
         });
         match imported {
-            Ok(b) => c.ready([Variant::Ref(Ref::new(b))]),
-            Err(_) if is_try => c.ready([Variant::Null]),
+            Ok(b) => c.ready_one(Variant::Ref(Ref::new(b))),
+            Err(_) if is_try => c.ready_one(Variant::Null),
             Err(e) => Err(e),
         }
     })?
@@ -129,7 +129,7 @@ pub(super) fn register(
     })?
     .function("buffer.assert", "0rrrIii_v", |c| {
         if buffer_assert_passes(&mut ArgReader::new(c))? {
-            return c.ready([]);
+            return c.ready_none();
         }
         // Failing: read again, now rendering the message for the error.
         let mut a = ArgReader::new(c);
@@ -150,17 +150,17 @@ pub(super) fn register(
         }
         buffer.validate_memory_type(MemoryType::from_bits_retain(types as u32))?;
         buffer.validate_usage(BufferUsage::from_bits_retain(usage as u32))?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("buffer.allocation.preserve", "0r_v", |c| {
         let mut a = ArgReader::new(c);
         let _: Buffer = obj(&mut a, "buffer")?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("buffer.allocation.discard", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let _: Buffer = obj(&mut a, "buffer")?;
-        c.ready([Variant::I32(1)])
+        c.ready_one(Variant::I32(1))
     })?
     .function("buffer.allocation.is_terminal", "0r_i", |c| {
         let mut a = ArgReader::new(c);
@@ -169,7 +169,7 @@ pub(super) fn register(
         // Terminal when the call's reference (handed over, not shared
         // with a live register) is the only one besides this read's.
         let terminal = a.last_ref_owned() && r.strong_count() <= 2;
-        c.ready([Variant::I32(terminal as i32)])
+        c.ready_one(Variant::I32(terminal as i32))
     })?
     .function("buffer.subspan", "0rII_r", |c| {
         let mut a = ArgReader::new(c);
@@ -180,12 +180,12 @@ pub(super) fn register(
                 "invalid subspan of an existing buffer (source_offset={offset}, length={length})"
             ))
         })?;
-        c.ready([Variant::Ref(Ref::new(sub))])
+        c.ready_one(Variant::Ref(Ref::new(sub)))
     })?
     .function("buffer.length", "0r_I", |c| {
         let mut a = ArgReader::new(c);
         let buffer: Buffer = obj(&mut a, "buffer")?;
-        c.ready([Variant::I64(buffer.byte_length() as i64)])
+        c.ready_one(Variant::I64(buffer.byte_length() as i64))
     })?
     .function("buffer.load", "0rIi_i", |c| {
         let mut a = ArgReader::new(c);
@@ -196,7 +196,7 @@ pub(super) fn register(
         }
         let mut v = [0u8; 4];
         buffer.read(offset, &mut v[..length as usize])?;
-        c.ready([Variant::I32(i32::from_le_bytes(v))])
+        c.ready_one(Variant::I32(i32::from_le_bytes(v)))
     })?
     .function("buffer.store", "0irIi_v", |c| {
         let mut a = ArgReader::new(c);
@@ -214,7 +214,7 @@ pub(super) fn register(
             );
         }
         buffer.write(offset, &value.to_le_bytes()[..length as usize])?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("buffer_view.create", "0rIIiiCID_r", |c| {
         let mut a = ArgReader::new(c);
@@ -239,11 +239,11 @@ pub(super) fn register(
             };
             BufferView::over_shared(shared, &shape, et, enc)?
         };
-        c.ready([Variant::Ref(Ref::new(view))])
+        c.ready_one(Variant::Ref(Ref::new(view)))
     })?
     .function("buffer_view.assert", "0rriiCID_v", |c| {
         if view_assert_passes(&mut ArgReader::new(c))? {
-            return c.ready([]);
+            return c.ready_none();
         }
         // Failing: read again, now rendering the message for the error.
         let mut a = ArgReader::new(c);
@@ -252,27 +252,27 @@ pub(super) fn register(
         let (et, enc) = (a.i32()? as u32, a.i32()? as u32);
         let shape = span(&mut a, |a| Ok(a.i64()? as u64))?;
         assert_view(view, &message, ElementType(et), EncodingType(enc), &shape)?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("buffer_view.buffer", "0r_r", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        c.ready([Variant::Ref(Ref::from_arc(view.shared_buffer()))])
+        c.ready_one(Variant::Ref(Ref::from_arc(view.shared_buffer())))
     })?
     .function("buffer_view.element_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        c.ready([Variant::I32(view.element_type().0 as i32)])
+        c.ready_one(Variant::I32(view.element_type().0 as i32))
     })?
     .function("buffer_view.encoding_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        c.ready([Variant::I32(view.encoding_type().0 as i32)])
+        c.ready_one(Variant::I32(view.encoding_type().0 as i32))
     })?
     .function("buffer_view.rank", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        c.ready([Variant::I32(view.rank() as i32)])
+        c.ready_one(Variant::I32(view.rank() as i32))
     })?
     .function("buffer_view.dim", "0ri_I", |c| {
         let mut a = ArgReader::new(c);
@@ -281,7 +281,7 @@ pub(super) fn register(
         let Some(d) = usize::try_from(i).ok().and_then(|i| view.shape().get(i)) else {
             bail!(OutOfRange, "dimension index {i} out of range (rank {})", view.rank());
         };
-        c.ready([Variant::I64(*d as i64)])
+        c.ready_one(Variant::I64(*d as i64))
     })?
     .function("buffer_view.trace", "0rCrD_v", {
         let shared = shared.clone();
@@ -292,7 +292,7 @@ pub(super) fn register(
             if let Some(sink) = &shared.options.trace_sink {
                 sink(&key, &views)?;
             }
-            c.ready([])
+            c.ready_none()
         }
     })
 }

@@ -63,7 +63,7 @@ fn coherent_range(c: &mut NativeCall<'_>) -> Result<NativePoll> {
     let _slot = a.i32()?;
     let _buffer: Option<Buffer> = opt_obj(&mut a, "buffer")?;
     let (_offset, _length) = (a.i64()?, a.i64()?);
-    c.ready([])
+    c.ready_none()
 }
 
 pub(super) fn register(
@@ -81,28 +81,28 @@ pub(super) fn register(
             affinity as u64,
             capacity as u32,
         );
-        c.ready([Variant::Ref(Ref::new(cb))])
+        c.ready_one(Variant::Ref(Ref::new(cb)))
     })?
     .function("command_buffer.finalize", "0r_v", |c| {
         cb(&mut ArgReader::new(c))?.finalize()?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("command_buffer.begin_debug_group", "0rr_v", |c| {
         let mut a = ArgReader::new(c);
         cb(&mut a)?;
         let _label = string(&mut a, "debug group label")?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("command_buffer.end_debug_group", "0r_v", |c| {
         cb(&mut ArgReader::new(c))?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("command_buffer.execution_barrier", "0riiI_v", |c| {
         let mut a = ArgReader::new(c);
         let cb = cb(&mut a)?;
         let (_src, _dst, _flags) = (a.i32()?, a.i32()?, a.i64()?);
         cb.execution_barrier()?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("command_buffer.advise_buffer", "0rrIIIi_v", |c| {
         // Host memory is coherent: advice has nothing to do.
@@ -110,7 +110,7 @@ pub(super) fn register(
         cb(&mut a)?;
         let _buffer: Option<Buffer> = opt_obj(&mut a, "buffer")?;
         let (_flags, _a0, _a1, _slot) = (a.i64()?, a.i64()?, a.i64()?, a.i32()?);
-        c.ready([])
+        c.ready_none()
     })?
     .function("command_buffer.flush_buffer", "0rirII_v", coherent_range)?
     .function(
@@ -129,7 +129,7 @@ pub(super) fn register(
             pattern as u64,
             pattern_length as u32,
         )?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("command_buffer.update_buffer", "0rrIrIIiI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -142,7 +142,7 @@ pub(super) fn register(
         let mut data = vec![0u8; length as usize];
         src.read(source_offset, &mut data)?;
         cb.update_buffer(data, buffer_ref(target, slot, offset, length))?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("command_buffer.copy_buffer", "0riirIrIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -156,7 +156,7 @@ pub(super) fn register(
             buffer_ref(source, source_slot, source_offset, length),
             buffer_ref(target, target_slot, target_offset, length),
         )?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("command_buffer.collective", "0rriiiirrIIIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -187,7 +187,7 @@ pub(super) fn register(
             .uses_recv()
             .then(|| buffer_ref(recv, recv_slot, recv_offset, recv_length));
         cb.collective(channel, op, param, send, recv, element_count as u64)?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("command_buffer.dispatch", "0rrIiiiICiDCiirIID_v", |c| {
         let mut a = ArgReader::new(c);
@@ -198,7 +198,7 @@ pub(super) fn register(
         let _flags = a.i64()?;
         let (constants, bindings) = dispatch_tail(&mut a)?;
         cb.dispatch(exe, function as u32, workgroups, None, constants, bindings)?;
-        c.ready([])
+        c.ready_none()
     })?
     .function(
         "command_buffer.dispatch.indirect",
@@ -221,7 +221,7 @@ pub(super) fn register(
                 constants,
                 bindings,
             )?;
-            c.ready([])
+            c.ready_none()
         },
     )?
     .function("executable.create", "0rIrrr_r", |c| {
@@ -244,14 +244,14 @@ pub(super) fn register(
         let data = as_vm_buffer(&data, "executable data")?;
         let exe =
             data.with_bytes(|bytes| device.0.create_executable(&format, bytes, &constants))??;
-        c.ready([Variant::Ref(Ref::new(ExecutableRef(exe)))])
+        c.ready_one(Variant::Ref(Ref::new(ExecutableRef(exe))))
     })?
     .function("executable.lookup.function", "0rr_I", |c| {
         let mut a = ArgReader::new(c);
         let exe: ExecutableRef = obj(&mut a, "executable")?;
         let name = string(&mut a, "function name")?;
         match exe.0.lookup_export(&name) {
-            Some(i) => c.ready([Variant::I64(i as i64)]),
+            Some(i) => c.ready_one(Variant::I64(i as i64)),
             None => bail!(
                 NotFound,
                 "executable has no export named '{name}' (exports: {})",

@@ -29,9 +29,9 @@ fn fence_arc(a: &mut ArgReader<'_>) -> Result<Arc<Fence>> {
 /// value; any other failure fails the invocation.
 fn await_result(c: &mut NativeCall, outcome: Result<()>) -> Result<NativePoll> {
     match outcome {
-        Ok(()) => c.ready([Variant::I32(0)]),
+        Ok(()) => c.ready_one(Variant::I32(0)),
         Err(e) if e.code() == StatusCode::DeadlineExceeded => {
-            c.ready([Variant::I32(StatusCode::DeadlineExceeded as i32)])
+            c.ready_one(Variant::I32(StatusCode::DeadlineExceeded as i32))
         }
         Err(e) => Err(e),
     }
@@ -46,7 +46,7 @@ pub(super) fn register(
         let mut a = ArgReader::new(c);
         let _device: &DeviceRef = obj_ref(&mut a, "device")?;
         let _flags = a.i64()?;
-        c.ready([Variant::Ref(Ref::from_arc(Fence::pooled_new()))])
+        c.ready_one(Variant::Ref(Ref::from_arc(Fence::pooled_new())))
     })?
     .function("fence.join", "0ICrD_r", |c| {
         let mut a = ArgReader::new(c);
@@ -66,9 +66,9 @@ pub(super) fn register(
         let fences: Vec<&Fence> = fences.iter().flatten().map(|f| &**f).collect();
         let joined = Fence::join(&fences);
         if joined.is_empty() {
-            return c.ready([Variant::Null]);
+            return c.ready_one(Variant::Null);
         }
-        c.ready([Variant::Ref(Ref::new(joined))])
+        c.ready_one(Variant::Ref(Ref::new(joined)))
     })?
     .function("fence.query", "0r_i", |c| {
         let fence = fence_arc(&mut ArgReader::new(c))?;
@@ -77,18 +77,18 @@ pub(super) fn register(
             Ok(false) => StatusCode::Deferred,
             Err(e) => e.code(),
         };
-        c.ready([Variant::I32(code as i32)])
+        c.ready_one(Variant::I32(code as i32))
     })?
     .function("fence.signal", "0r_v", |c| {
         fence_arc(&mut ArgReader::new(c))?.signal()?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("fence.fail", "0ri_v", |c| {
         let mut a = ArgReader::new(c);
         let fence = fence_arc(&mut a)?;
         let code = StatusCode::from_u32(a.i32()? as u32);
         fence.fail(Status::new(code, "fence failed by the program"));
-        c.ready([])
+        c.ready_none()
     })?
     .function("fence.await", "0iICrD_i", move |c| {
         if c.resumed {
@@ -127,7 +127,7 @@ pub(super) fn register(
             Timeout::from_duration(Duration::from_millis(timeout_ms as u64)).to_deadline()
         };
         if pending.is_empty() {
-            return c.ready([Variant::I32(0)]);
+            return c.ready_one(Variant::I32(0));
         }
         if synchronous {
             for f in &pending {
@@ -145,7 +145,7 @@ pub(super) fn register(
                     Err(e) => return await_result(c, Err(e)),
                 }
             }
-            return c.ready([Variant::I32(0)]);
+            return c.ready_one(Variant::I32(0));
         }
         // One timepoint per semaphore across all fences, keeping the max.
         let mut timepoints: Vec<(Arc<Semaphore>, u64)> = Vec::new();

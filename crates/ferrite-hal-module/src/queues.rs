@@ -65,19 +65,19 @@ pub(super) fn register(
     let s3 = shared.clone();
     let s4 = shared.clone();
     b.function("devices.count", "0v_i", move |c| {
-        c.ready([Variant::I32(s1.devices.len() as i32)])
+        c.ready_one(Variant::I32(s1.devices.len() as i32))
     })?
     .function("devices.get", "0i_r", move |c| {
         let i = ArgReader::new(c).i32()?;
         match usize::try_from(i).ok().and_then(|i| s2.devices.get(i)) {
-            Some(d) => c.ready([Variant::Ref(Ref::new(d.clone()))]),
-            None => c.ready([Variant::Null]),
+            Some(d) => c.ready_one(Variant::Ref(Ref::new(d.clone()))),
+            None => c.ready_one(Variant::Null),
         }
     })?
     .function("device.allocator", "0r_r", move |c| {
         let device: &DeviceRef = obj_ref(&mut ArgReader::new(c), "device")?;
         let r = s3.allocator_ref(device);
-        c.ready([Variant::Ref(r)])
+        c.ready_one(Variant::Ref(r))
     })?
     .function("device.query.i64", "0rrr_iI", |c| {
         let mut a = ArgReader::new(c);
@@ -106,7 +106,7 @@ pub(super) fn register(
             ..BufferParams::default()
         };
         let buffer = queue::alloca(device, wait, signal, &params, size as u64)?;
-        c.ready([Variant::Ref(Ref::new(buffer))])
+        c.ready_one(Variant::Ref(Ref::new(buffer)))
     })?
     .function("device.queue.dealloca", "0rIrrrI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -114,7 +114,7 @@ pub(super) fn register(
         let buffer: Buffer = obj(&mut a, "buffer")?;
         let _flags = a.i64()?;
         queue::dealloca(device, wait, signal, buffer)?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("device.queue.fill", "0rIrrrIIIiI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -135,7 +135,7 @@ pub(super) fn register(
         }
         let pattern = pattern.to_le_bytes()[..pattern_length as usize].to_vec();
         queue::fill(device, wait, signal, target, offset, length, pattern)?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("device.queue.update", "0rIrrrIrIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -147,7 +147,7 @@ pub(super) fn register(
         let mut data = vec![0u8; length as usize];
         as_vm_buffer(&source, "source buffer")?.read(source_offset, &mut data)?;
         queue::update(device, wait, signal, data, target, target_offset)?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("device.queue.copy", "0rIrrrIrIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -166,7 +166,7 @@ pub(super) fn register(
             target_offset,
             length,
         )?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("device.queue.read", "0rIrrrIrIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -191,7 +191,7 @@ pub(super) fn register(
         let mut data = vec![0u8; length as usize];
         as_vm_buffer(&file.memory, "file memory")?.read(file.offset + source_offset, &mut data)?;
         queue::update(device, wait, signal, data, target, target_offset)?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("device.queue.write", "0rIrrrIrIII_v", |c| {
         let mut a = ArgReader::new(c);
@@ -224,14 +224,14 @@ pub(super) fn register(
                 as_vm_buffer(&memory, "file memory")?.write(at, &data)
             }),
         )?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("device.queue.barrier", "0rIrrI_v", |c| {
         let mut a = ArgReader::new(c);
         let (device, wait, signal) = queue_head(&mut a)?;
         let _flags = a.i64()?;
         queue::barrier(device, wait, signal)?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("device.queue.execute", "0rIrrrI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -249,7 +249,7 @@ pub(super) fn register(
             None => None,
         };
         queue::execute(device, wait, signal, cb, Vec::new())?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("device.queue.execute.indirect", "0rIrrrICrIID_v", |c| {
         let mut a = ArgReader::new(c);
@@ -276,13 +276,13 @@ pub(super) fn register(
             );
         };
         queue::execute(device, wait, signal, Some(cb), bindings)?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("device.queue.flush", "0rI_v", |c| {
         let mut a = ArgReader::new(c);
         let _device: DeviceRef = obj(&mut a, "device")?;
         let _affinity = a.i64()?;
-        c.ready([])
+        c.ready_none()
     })?
     .function("ex.file.from_memory", "0rIirIIi_r", |c| {
         let mut a = ArgReader::new(c);
@@ -298,12 +298,12 @@ pub(super) fn register(
                 "file range {offset}+{length} exceeds the memory's {len} bytes"
             );
         }
-        c.ready([Variant::Ref(Ref::new(File {
+        c.ready_one(Variant::Ref(Ref::new(File {
             memory,
             offset,
             length,
             access,
-        }))])
+        })))
     })?
     .function("channel.create", "0rIIrrii_r", move |c| {
         let mut a = ArgReader::new(c);
@@ -323,14 +323,14 @@ pub(super) fn register(
         };
         let provider = s4.options.channel_provider.as_ref();
         let channel = device.0.create_channel(queue_affinity, params, provider)?;
-        c.ready([Variant::Ref(Ref::new(channel))])
+        c.ready_one(Variant::Ref(Ref::new(channel)))
     })?
     .function("channel.split", "0riiI_r", |c| {
         let mut a = ArgReader::new(c);
         let channel: &ChannelRef = obj_ref(&mut a, "channel")?;
         let (color, key, flags) = (a.i32()?, a.i32()?, a.i64()? as u64);
         let split = channel.0.split(color, key, flags)?;
-        c.ready([split.map_or(Variant::Null, |s| Variant::Ref(Ref::new(s)))])
+        c.ready_one(split.map_or(Variant::Null, |s| Variant::Ref(Ref::new(s))))
     })?
     .function("channel.rank_and_count", "0r_ii", |c| {
         let mut a = ArgReader::new(c);

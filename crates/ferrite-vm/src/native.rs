@@ -307,20 +307,15 @@ impl<'a> ArgReader<'a> {
         let at = self.at;
         self.at += 1;
         match &self.source {
-            Source::Values(v) => match v.get(at) {
-                Some(Variant::I32(x)) => Ok(*x),
-                Some(o) => Err(self.mismatch("i32", o.kind_name())),
-                None => Err(self.missing()),
-            },
             Source::Registers { regs, operands, .. } => match operands.get(at) {
-                Some(Operand::I32(r)) => regs
-                    .get(*r as usize)
-                    .map(|&x| x as i32)
-                    .ok_or_else(|| self.missing()),
+                Some(Operand::I32(r)) => match regs.get(*r as usize) {
+                    Some(&x) => Ok(x as i32),
+                    None => Err(self.missing()),
+                },
                 Some(Operand::Count(n)) => Ok(*n),
-                Some(o) => Err(self.mismatch("i32", operand_kind(o))),
-                None => Err(self.missing()),
+                other => Err(self.operand_mismatch("i32", other)),
             },
+            Source::Values(v) => self.value_i32(v, at),
         }
     }
 
@@ -330,16 +325,14 @@ impl<'a> ArgReader<'a> {
         let at = self.at;
         self.at += 1;
         match &self.source {
-            Source::Values(v) => match v.get(at) {
-                Some(Variant::I64(x)) => Ok(*x),
-                Some(o) => Err(self.mismatch("i64", o.kind_name())),
-                None => Err(self.missing()),
-            },
             Source::Registers { regs, operands, .. } => match operands.get(at) {
-                Some(Operand::I64(r)) => reg_i64(regs, *r).ok_or_else(|| self.missing()),
-                Some(o) => Err(self.mismatch("i64", operand_kind(o))),
-                None => Err(self.missing()),
+                Some(Operand::I64(r)) => match reg_i64(regs, *r) {
+                    Some(x) => Ok(x),
+                    None => Err(self.missing()),
+                },
+                other => Err(self.operand_mismatch("i64", other)),
             },
+            Source::Values(v) => self.value_i64(v, at),
         }
     }
 
@@ -349,19 +342,14 @@ impl<'a> ArgReader<'a> {
         let at = self.at;
         self.at += 1;
         match &self.source {
-            Source::Values(v) => match v.get(at) {
-                Some(Variant::F32(x)) => Ok(*x),
-                Some(o) => Err(self.mismatch("f32", o.kind_name())),
-                None => Err(self.missing()),
-            },
             Source::Registers { regs, operands, .. } => match operands.get(at) {
-                Some(Operand::F32(r)) => regs
-                    .get(*r as usize)
-                    .map(|&x| f32::from_bits(x))
-                    .ok_or_else(|| self.missing()),
-                Some(o) => Err(self.mismatch("f32", operand_kind(o))),
-                None => Err(self.missing()),
+                Some(Operand::F32(r)) => match regs.get(*r as usize) {
+                    Some(&x) => Ok(f32::from_bits(x)),
+                    None => Err(self.missing()),
+                },
+                other => Err(self.operand_mismatch("f32", other)),
             },
+            Source::Values(v) => self.value_f32(v, at),
         }
     }
 
@@ -371,18 +359,78 @@ impl<'a> ArgReader<'a> {
         let at = self.at;
         self.at += 1;
         match &self.source {
-            Source::Values(v) => match v.get(at) {
-                Some(Variant::F64(x)) => Ok(*x),
-                Some(o) => Err(self.mismatch("f64", o.kind_name())),
-                None => Err(self.missing()),
-            },
             Source::Registers { regs, operands, .. } => match operands.get(at) {
-                Some(Operand::F64(r)) => reg_i64(regs, *r)
-                    .map(|x| f64::from_bits(x as u64))
-                    .ok_or_else(|| self.missing()),
-                Some(o) => Err(self.mismatch("f64", operand_kind(o))),
-                None => Err(self.missing()),
+                Some(Operand::F64(r)) => match reg_i64(regs, *r) {
+                    Some(x) => Ok(f64::from_bits(x as u64)),
+                    None => Err(self.missing()),
+                },
+                other => Err(self.operand_mismatch("f64", other)),
             },
+            Source::Values(v) => self.value_f64(v, at),
+        }
+    }
+
+    // The accessors inline only the in-place path (calls from bytecode);
+    // argument values (host calls, resumed calls) and every error are read
+    // out of line, so a native function's body holds one short path per
+    // argument instead of two with their messages.
+
+    #[cold]
+    #[inline(never)]
+    fn operand_mismatch(&self, expected: &str, operand: Option<&Operand>) -> ferrite_base::Status {
+        match operand {
+            Some(o) => self.mismatch(expected, operand_kind(o)),
+            None => self.missing(),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn value_mismatch(&self, expected: &str, value: Option<&Variant>) -> ferrite_base::Status {
+        match value {
+            Some(o) => self.mismatch(expected, o.kind_name()),
+            None => self.missing(),
+        }
+    }
+
+    #[inline(never)]
+    fn value_i32(&self, v: &[Variant], at: usize) -> Result<i32> {
+        match v.get(at) {
+            Some(Variant::I32(x)) => Ok(*x),
+            other => Err(self.value_mismatch("i32", other)),
+        }
+    }
+
+    #[inline(never)]
+    fn value_i64(&self, v: &[Variant], at: usize) -> Result<i64> {
+        match v.get(at) {
+            Some(Variant::I64(x)) => Ok(*x),
+            other => Err(self.value_mismatch("i64", other)),
+        }
+    }
+
+    #[inline(never)]
+    fn value_f32(&self, v: &[Variant], at: usize) -> Result<f32> {
+        match v.get(at) {
+            Some(Variant::F32(x)) => Ok(*x),
+            other => Err(self.value_mismatch("f32", other)),
+        }
+    }
+
+    #[inline(never)]
+    fn value_f64(&self, v: &[Variant], at: usize) -> Result<f64> {
+        match v.get(at) {
+            Some(Variant::F64(x)) => Ok(*x),
+            other => Err(self.value_mismatch("f64", other)),
+        }
+    }
+
+    #[inline(never)]
+    fn value_ref(&self, v: &'a [Variant], at: usize) -> Result<Option<&'a crate::refs::Ref>> {
+        match v.get(at) {
+            Some(Variant::Ref(r)) => Ok(Some(r)),
+            Some(Variant::Null) => Ok(None),
+            other => Err(self.value_mismatch("ref", other)),
         }
     }
 
@@ -398,17 +446,14 @@ impl<'a> ArgReader<'a> {
         let at = self.at;
         self.at += 1;
         match &self.source {
-            Source::Values(v) => match v.get(at) {
-                Some(Variant::Ref(r)) => Ok(Some(r)),
-                Some(Variant::Null) => Ok(None),
-                Some(o) => Err(self.mismatch("ref", o.kind_name())),
-                None => Err(self.missing()),
-            },
             Source::Registers { refs, operands, .. } => match operands.get(at) {
-                Some(Operand::Ref(r)) => reg_ref(refs, *r).ok_or_else(|| self.missing()),
-                Some(o) => Err(self.mismatch("ref", operand_kind(o))),
-                None => Err(self.missing()),
+                Some(Operand::Ref(r)) => match reg_ref(refs, *r) {
+                    Some(x) => Ok(x),
+                    None => Err(self.missing()),
+                },
+                other => Err(self.operand_mismatch("ref", other)),
             },
+            Source::Values(v) => self.value_ref(v, at),
         }
     }
 
@@ -434,9 +479,17 @@ impl<'a> ArgReader<'a> {
     #[inline(always)]
     pub fn a_ref_borrowed(&mut self) -> Result<&'a crate::refs::Ref> {
         let at = self.at;
-        self.opt_ref_borrowed()?
-            .ok_or_else(|| status!(InvalidArgument, "argument {at}: ref is null"))
+        match self.opt_ref_borrowed()? {
+            Some(r) => Ok(r),
+            None => Err(null_ref(at)),
+        }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn null_ref(at: usize) -> ferrite_base::Status {
+    status!(InvalidArgument, "argument {at}: ref is null")
 }
 
 /// A 64-bit register pair (None when out of range, which the verifier

@@ -154,6 +154,17 @@ impl InPlace<'_> {
     }
 }
 
+/// A native function returned `returned` results where its signature
+/// declares `declared`.
+#[cold]
+#[inline(never)]
+fn result_count_mismatch(returned: usize, declared: usize) -> ferrite_base::Status {
+    ferrite_base::status!(
+        Internal,
+        "returned {returned} results, its signature declares {declared}"
+    )
+}
+
 /// Per-call data of a native function, kept across yields.
 pub struct NativeCall<'a> {
     /// Arguments, flattened per the function's calling convention (read
@@ -205,6 +216,48 @@ impl NativeCall<'_> {
         out.clear();
         out.extend(values);
         Ok(NativePoll::Ready(out))
+    }
+
+    /// [`NativeCall::ready`] with no results, out of line: one copy of the
+    /// result handling (release of moved operands, the vector fallback)
+    /// shared by every function that calls it, where the inlined `ready`
+    /// puts a copy in each function body and the bodies one program call
+    /// runs spread over more instruction-cache lines.
+    #[inline(never)]
+    pub fn ready_none(&mut self) -> ferrite_base::Result<NativePoll> {
+        if let Args::Registers(frame) = &mut self.args {
+            if !frame.results.is_empty() {
+                return Err(result_count_mismatch(0, frame.results.len()));
+            }
+            crate::bytecode::interp::release_moved_operands(
+                frame.refs,
+                frame.moved.unwrap_or(frame.operands),
+            );
+            self.written = true;
+            return Ok(NativePoll::Ready(Vec::new()));
+        }
+        self.ready([])
+    }
+
+    /// [`NativeCall::ready`] with one result, out of line (see
+    /// [`NativeCall::ready_none`]).
+    #[inline(never)]
+    pub fn ready_one(&mut self, value: Variant) -> ferrite_base::Result<NativePoll> {
+        if let Args::Registers(frame) = &mut self.args {
+            let ([reg], [ty]) = (frame.results, frame.result_types) else {
+                return Err(result_count_mismatch(1, frame.results.len()));
+            };
+            // Released first: the result may go to a register it frees.
+            crate::bytecode::interp::release_moved_operands(
+                frame.refs,
+                frame.moved.unwrap_or(frame.operands),
+            );
+            crate::bytecode::interp::write_typed(frame.regs, frame.refs, *reg, ty, value)
+                .map_err(|e| e.annotate("result 0".to_string()))?;
+            self.written = true;
+            return Ok(NativePoll::Ready(Vec::new()));
+        }
+        self.ready([value])
     }
 
     /// Takes the outcome of the wait this call last yielded on.

@@ -6,8 +6,8 @@ mod common;
 
 use ferrite_base::{status, StatusCode};
 use ferrite_vm::instance::InstanceOptions;
-use ferrite_vm::native::NativeModuleBuilder;
-use ferrite_vm::stack::NativePoll;
+use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
+use ferrite_vm::stack::{NativeCall, NativePoll};
 use ferrite_vm::{Context, Instance, Module, Variant};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -164,6 +164,66 @@ fn native_function_returning_wrong_results_is_an_error() {
     ctx.register(host).unwrap();
     let err = call_err(&ctx, "h.two", vec![]);
     assert_eq!(err.code(), StatusCode::Internal, "{err}");
+}
+
+/// `NativeCall::ready_one` and `ready_none` (the out-of-line result
+/// writers the `hal` module uses) write a bytecode caller's result register
+/// in place, answer host calls with values, and refuse a result count the
+/// signature does not declare.
+#[test]
+fn native_ready_one_and_none_write_in_place_and_check_counts() {
+    let instance = Instance::default();
+    let host = |add: fn(&mut NativeCall<'_>) -> ferrite_base::Result<NativePoll>| {
+        NativeModuleBuilder::new("ferrite_test", 1)
+            .function("on_init", "0v_v", |c| c.ready_none())
+            .unwrap()
+            .function("on_deinit", "0v_v", |c| c.ready_none())
+            .unwrap()
+            .function("add", "0ii_i", add)
+            .unwrap()
+            .build()
+    };
+    let context_with = |add| {
+        let mut ctx = Context::new(&instance);
+        ctx.register(host(add)).unwrap();
+        ctx.register(common::load_fixture(&instance, "native_lifecycle") as Arc<dyn Module>)
+            .unwrap();
+        ctx
+    };
+    // Right: the fixture checks the sum the import wrote to its register.
+    let ctx = context_with(|c| {
+        let mut a = ArgReader::new(c);
+        let (x, y) = (a.i32()?, a.i32()?);
+        c.ready_one(Variant::I32(x.wrapping_add(y)))
+    });
+    let f = ctx.lookup_function("check_add_import").unwrap();
+    ctx.invoke(&f, vec![]).unwrap();
+    // A wrong sum is seen (the register really is written).
+    let ctx = context_with(|c| {
+        let mut a = ArgReader::new(c);
+        let (x, y) = (a.i32()?, a.i32()?);
+        c.ready_one(Variant::I32(x.wrapping_add(y).wrapping_add(1)))
+    });
+    assert!(call_err(&ctx, "check_add_import", vec![]).code() != StatusCode::Ok);
+    // Wrong type, and no result where one is declared.
+    let ctx = context_with(|c| c.ready_one(Variant::F32(1.0)));
+    let err = call_err(&ctx, "check_add_import", vec![]);
+    assert_eq!(err.code(), StatusCode::Internal, "{err}");
+    let ctx = context_with(|c| c.ready_none());
+    let err = call_err(&ctx, "check_add_import", vec![]);
+    assert_eq!(err.code(), StatusCode::Internal, "{err}");
+    assert!(err.to_string().contains("returned 0 results"), "{err}");
+    // From the host (argument values): the results come back as values.
+    let ctx = context_with(|c| {
+        let mut a = ArgReader::new(c);
+        let (x, y) = (a.i32()?, a.i32()?);
+        c.ready_one(Variant::I32(x * y))
+    });
+    let f = ctx.lookup_function("ferrite_test.add").unwrap();
+    let out = ctx
+        .invoke(&f, vec![Variant::I32(6), Variant::I32(7)])
+        .unwrap();
+    assert!(matches!(out.as_slice(), [Variant::I32(42)]), "{out:?}");
 }
 
 #[test]
