@@ -720,9 +720,23 @@ impl SpareBlocks {
     /// An idle block of exactly `len` bytes.
     pub(crate) fn take(&self, len: u64) -> Option<CUdeviceptr> {
         let mut s = self.inner.lock();
-        let p = s.by_size.get_mut(&len)?.pop()?;
+        let blocks = s.by_size.get_mut(&len)?;
+        let p = blocks.pop()?;
+        // A size whose last block is taken is forgotten: programs whose
+        // transient sizes vary per call (a batch's rows times its attended
+        // length) would otherwise keep an entry and its list for every size
+        // they ever freed, growing the host heap with the calls.
+        if blocks.is_empty() {
+            s.by_size.remove(&len);
+        }
         s.bytes -= len;
         Some(p)
+    }
+
+    /// How many distinct sizes have idle blocks.
+    #[cfg(test)]
+    fn sizes(&self) -> usize {
+        self.inner.lock().by_size.len()
     }
 
     /// Every kept block (for freeing them).
@@ -943,5 +957,30 @@ impl DeviceTimeline for CudaTimeline {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod spare_block_tests {
+    use super::SpareBlocks;
+
+    #[test]
+    fn sizes_are_forgotten_once_their_blocks_are_taken() {
+        let spare = SpareBlocks::with_limit(1 << 30);
+        // Many calls, each freeing and re-taking a block of its own size.
+        for len in 1..=10_000u64 {
+            assert!(spare.put(len * 256, 0x1000 + len));
+            assert_eq!(spare.take(len * 256), Some(0x1000 + len));
+        }
+        assert_eq!(spare.sizes(), 0);
+        assert_eq!(spare.bytes(), 0);
+        // Blocks still idle keep their size; taking one of two keeps it.
+        assert!(spare.put(512, 1));
+        assert!(spare.put(512, 2));
+        assert_eq!(spare.take(512), Some(2));
+        assert_eq!(spare.sizes(), 1);
+        assert_eq!(spare.take(512), Some(1));
+        assert_eq!(spare.take(512), None);
+        assert_eq!(spare.sizes(), 0);
     }
 }
