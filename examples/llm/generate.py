@@ -47,10 +47,13 @@ def main():
         stem, build = PROGRAMS[key]
         mlir = args.out_dir / f"{stem}.mlir"
         mlir.write_text(build())
-        cmd = [str(BIN / "iree-compile"), *CPU_FLAGS, str(mlir), "-o", str(args.out_dir / f"{stem}.vmfb")]
-        print("generate:", " ".join(cmd), flush=True)
+        # Compiled from inside the output directory with relative names: the
+        # source locations the compiler keeps in the .vmfb then name
+        # `smollm2.mlir`, not this machine's path to it.
+        cmd = [str(BIN.resolve() / "iree-compile"), *CPU_FLAGS, mlir.name, "-o", f"{stem}.vmfb"]
+        print("generate:", " ".join(cmd), f"(in {args.out_dir})", flush=True)
         try:
-            subprocess.run(cmd, check=True)
+            subprocess.run(cmd, check=True, cwd=args.out_dir)
         finally:
             if not args.keep_mlir:
                 mlir.unlink()
