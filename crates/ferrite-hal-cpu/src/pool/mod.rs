@@ -146,6 +146,9 @@ pub(crate) struct PoolState {
     /// `FERRITE_LOCAL_TASK_BANKS=1`: claim words in two banks, the next
     /// stage's written by the thread preparing it ahead (see `region`).
     banks: AtomicBool,
+    /// `FERRITE_LOCAL_TASK_LEADER_ASIDE=1`: a region led by a thread that
+    /// is not a worker leaves its tiles to the workers (see `region::run`).
+    leader_aside: AtomicBool,
 }
 
 impl PoolState {
@@ -164,14 +167,29 @@ impl PoolState {
     }
 
     /// How many workers may join a region that starts now: all but one
-    /// (the leader runs tiles too), or fewer while the pool is contended
-    /// and `FERRITE_LOCAL_TASK_CONTENDED_HELPERS` caps it.
-    pub(crate) fn region_helpers(&self) -> usize {
-        let all = self.workers.saturating_sub(1);
+    /// (the leader runs tiles too) or, when the leader steps `aside`, all
+    /// of them; fewer while the pool is contended and
+    /// `FERRITE_LOCAL_TASK_CONTENDED_HELPERS` caps it.
+    pub(crate) fn region_helpers(&self, aside: bool) -> usize {
+        let all = if aside {
+            self.workers
+        } else {
+            self.workers.saturating_sub(1)
+        };
         match self.contended_helpers {
             Some(cap) if self.is_contended() => all.min(cap),
             _ => all,
         }
+    }
+
+    /// Whether a region that the calling thread starts now leaves its
+    /// tiles to the workers (see `region::run`): only with
+    /// `FERRITE_LOCAL_TASK_LEADER_ASIDE=1`, and never for a worker (it is
+    /// pinned like the others) or a pool of one worker.
+    pub(crate) fn leader_steps_aside(&self) -> bool {
+        self.workers >= 2
+            && self.current_worker().is_none()
+            && self.leader_aside.load(Ordering::Relaxed)
     }
 
     /// Whether a spinner noticed preemption within [`region::CONTENDED_FOR`].
@@ -255,6 +273,7 @@ impl WorkerPool {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(region::DEFAULT_PAUSES_PER_POLL),
             banks: AtomicBool::new(std::env::var(BANKS_VAR).is_ok_and(|v| v.trim() == "1")),
+            leader_aside: AtomicBool::new(std::env::var(ASIDE_VAR).is_ok_and(|v| v.trim() == "1")),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -382,6 +401,12 @@ const PAUSES_VAR: &str = "FERRITE_LOCAL_TASK_PAUSES";
 /// claim words, so a stage change stores one word (a measuring aid for
 /// issue 27's stage-change cost; unset: one bank, written at the change).
 const BANKS_VAR: &str = "FERRITE_LOCAL_TASK_BANKS";
+
+/// `1`: a caller leading a region of a pool made afterwards leaves its
+/// tiles to the workers while any is inside, and sleeps (a measuring aid
+/// for issue 25: on 16 loaded cores it did not shorten MiniLM's calls, see
+/// docs/figures.md; unset: the caller runs tiles beside the workers).
+const ASIDE_VAR: &str = "FERRITE_LOCAL_TASK_LEADER_ASIDE";
 
 impl Drop for WorkerPool {
     fn drop(&mut self) {

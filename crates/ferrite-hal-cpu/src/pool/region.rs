@@ -290,9 +290,14 @@ pub(crate) struct Region {
     participants: AtomicUsize,
     /// Workers that may join at once.
     max_helpers: usize,
-    /// Bumped at every stage change; the leader sleeps on it.
+    /// Bumped when the leader is woken; it sleeps on it.
     leader_epoch: AtomicU32,
-    leader_sleeping: AtomicBool,
+    /// What the leader sleeps until: [`LEADER_AWAKE`] (it does not sleep),
+    /// [`LEADER_FOR_STAGE`] or [`LEADER_FOR_WORKERS`].
+    leader_sleeping: AtomicU32,
+    /// The leader (a caller, not a worker) leaves the tiles to the workers
+    /// while any is inside: see [`run`].
+    aside: bool,
     failed: AtomicBool,
     failure: Mutex<Option<Status>>,
     pool: Arc<PoolState>,
@@ -335,6 +340,14 @@ fn pack_ahead(stage: usize, state: u64) -> u64 {
 fn unpack_ahead(word: u64) -> (usize, u64) {
     ((word >> 2) as usize, word & 3)
 }
+
+/// The leader is not asleep.
+const LEADER_AWAKE: u32 = 0;
+/// The leader sleeps until the stage changes (or the region ends).
+const LEADER_FOR_STAGE: u32 = 1;
+/// The leader, stepped aside, sleeps until the region ends or the last
+/// worker inside leaves.
+const LEADER_FOR_WORKERS: u32 = 2;
 
 /// What a claim attempt found.
 enum Claim {
@@ -616,7 +629,7 @@ impl Region {
                     word.0.store(pack(end, 0), Ordering::Release);
                 }
                 self.stage.0.store(end as u64, Ordering::SeqCst);
-                self.wake_leader();
+                self.wake_leader(true);
                 return;
             }
             self.close_ahead(next);
@@ -666,7 +679,7 @@ impl Region {
                         }
                     }
                     self.stage.0.store(next as u64, Ordering::SeqCst);
-                    self.wake_leader();
+                    self.wake_leader(false);
                     if from.is_some() {
                         self.call_helpers();
                     }
@@ -696,20 +709,30 @@ impl Region {
         // claim, near enough (reading every range instead would take each
         // range's cache line from the thread claiming from it).
         let left = self.tiles[stage].load(Ordering::Relaxed);
-        let usable = left.min(self.max_helpers as u64 + 1) as usize;
-        let want = usable.saturating_sub(1 + inside);
+        let leader = self.leader_threads();
+        let usable = left.min((self.max_helpers + leader) as u64) as usize;
+        let want = usable.saturating_sub(leader + inside);
         if want > 0 {
             self.pool.notify(want as u32);
         }
     }
 
-    /// Wakes the leader if it sleeps (after a SeqCst store of `stage`:
-    /// either the leader's re-check of `stage` sees the store, or this
-    /// load sees its `leader_sleeping`; it read the epoch before, so the
-    /// bump makes its futex wait return). A leader that is not asleep
-    /// costs the stage change one load, not a locked update.
-    fn wake_leader(&self) {
-        if self.leader_sleeping.load(Ordering::SeqCst) {
+    /// Threads beside the workers that run tiles: the leader (1), or none
+    /// when it stepped aside.
+    fn leader_threads(&self) -> usize {
+        usize::from(!self.aside)
+    }
+
+    /// Wakes the leader if it sleeps for a stage change or, `at_end`, for
+    /// anything (after a SeqCst store of `stage`: either the leader's
+    /// re-check of `stage` sees the store, or this load sees its
+    /// `leader_sleeping`; it read the epoch before, so the bump makes its
+    /// futex wait return). A leader that is not asleep, or stepped aside
+    /// (it waits for the end), costs the stage change one load, not a
+    /// locked update or a wake-up.
+    fn wake_leader(&self, at_end: bool) {
+        let sleeping = self.leader_sleeping.load(Ordering::SeqCst);
+        if sleeping == LEADER_FOR_STAGE || (at_end && sleeping != LEADER_AWAKE) {
             self.leader_epoch.fetch_add(1, Ordering::SeqCst);
             park::wake(&self.leader_epoch, 1);
         }
@@ -762,11 +785,26 @@ impl Region {
     /// A joined worker leaves. Release: the leader's unwinding guard
     /// ([`Unpublish`]) reads the count with Acquire, so a worker's last use
     /// of the work happens before the leader gives the work back.
+    ///
+    /// The last worker to leave wakes a leader stepped aside (SeqCst on
+    /// both sides, as in [`Region::wake_leader`]: either the leader's
+    /// re-check sees no worker inside, or this load sees it asleep), which
+    /// then runs the tiles left itself.
     pub(crate) fn leave(&self) {
-        self.participants.fetch_sub(1, Ordering::Release);
+        let before = self.participants.fetch_sub(1, Ordering::SeqCst);
+        if before == 1
+            && self.aside
+            && self.leader_sleeping.load(Ordering::SeqCst) == LEADER_FOR_WORKERS
+        {
+            self.leader_epoch.fetch_add(1, Ordering::SeqCst);
+            park::wake(&self.leader_epoch, 1);
+        }
     }
 
-    /// The leader runs tiles until the region finishes.
+    /// The leader runs tiles until the region finishes. Stepped aside, it
+    /// sleeps instead while any worker is inside (they run every tile and
+    /// each stage change; the last one out wakes it, see
+    /// [`Region::leave`]), and runs tiles itself only while none is.
     fn lead(&self, seat: &Seat) {
         let mut spin: Option<Spin> = None;
         let mut exhausted: Option<usize> = None;
@@ -774,6 +812,21 @@ impl Region {
             let stage = self.current_stage();
             if stage >= self.stage_count() {
                 return;
+            }
+            if self.aside && self.participants.load(Ordering::SeqCst) > 0 {
+                let epoch = self.leader_epoch.load(Ordering::SeqCst);
+                self.leader_sleeping
+                    .store(LEADER_FOR_WORKERS, Ordering::SeqCst);
+                if !self.is_finished() && self.participants.load(Ordering::SeqCst) > 0 {
+                    self.pool
+                        .stats
+                        .leader_sleeps
+                        .fetch_add(1, Ordering::Relaxed);
+                    park::wait(&self.leader_epoch, epoch);
+                }
+                self.leader_sleeping.store(LEADER_AWAKE, Ordering::SeqCst);
+                spin = None;
+                continue;
             }
             if self.claim_or_prepare(stage, &mut exhausted, seat) {
                 spin = None;
@@ -786,7 +839,8 @@ impl Region {
             // Sleep until the stage changes: announce, re-check, sleep on
             // the epoch read before the re-check (see `wake_leader`).
             let epoch = self.leader_epoch.load(Ordering::SeqCst);
-            self.leader_sleeping.store(true, Ordering::SeqCst);
+            self.leader_sleeping
+                .store(LEADER_FOR_STAGE, Ordering::SeqCst);
             if self.stage.0.load(Ordering::SeqCst) as usize == stage {
                 self.pool
                     .stats
@@ -794,7 +848,7 @@ impl Region {
                     .fetch_add(1, Ordering::Relaxed);
                 park::wait(&self.leader_epoch, epoch);
             }
-            self.leader_sleeping.store(false, Ordering::SeqCst);
+            self.leader_sleeping.store(LEADER_AWAKE, Ordering::SeqCst);
             spin = None;
         }
     }
@@ -830,7 +884,15 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
             work as *const dyn RegionWork,
         )
     };
-    let max_helpers = pool.region_helpers();
+    // With FERRITE_LOCAL_TASK_LEADER_ASIDE=1 a caller leading a region
+    // steps aside: the workers (pinned one per core by default, as
+    // upstream's) run every tile and it sleeps until the end, as
+    // upstream's caller waits. The question it answers: does the unpinned
+    // caller, sharing a CPU with a busy process and a pinned worker of its
+    // region, slow every stage on a loaded machine? On 16 loaded cores it
+    // did not (docs/figures.md, issue 25), so it is off by default.
+    let aside = pool.leader_steps_aside();
+    let max_helpers = pool.region_helpers(aside);
     let banks = pool.banks.load(Ordering::Relaxed);
     let threads = pool.workers.max(1) + 1;
     let region = Arc::new(Region {
@@ -850,7 +912,8 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
         participants: AtomicUsize::new(0),
         max_helpers,
         leader_epoch: AtomicU32::new(0),
-        leader_sleeping: AtomicBool::new(false),
+        leader_sleeping: AtomicU32::new(LEADER_AWAKE),
+        aside,
         failed: AtomicBool::new(false),
         failure: Mutex::new(None),
         pool: pool.clone(),
@@ -901,7 +964,8 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
         }
     }
     if let (Some(sums), Some(t)) = (&pool.timing, &region.timing) {
-        sums.lock().fold(t, region.max_helpers + 1);
+        sums.lock()
+            .fold(t, region.max_helpers + region.leader_threads());
     }
     let failure = region.failure.lock().take();
     match failure {

@@ -617,3 +617,102 @@ fn best_effort_pinning_survives_a_cpu_it_cannot_use() {
     rx.recv_timeout(Duration::from_secs(10))
         .expect("the unpinned worker ran no job");
 }
+
+/// With the leading caller stepped aside (`FERRITE_LOCAL_TASK_LEADER_ASIDE=1`), still every tile of every stage runs once and in order,
+/// though the workers leave and rejoin between stages (and the last one
+/// out wakes the leader, which then runs what is left itself).
+#[test]
+fn with_the_leader_aside_every_tile_of_every_stage_runs_once_in_order() {
+    let pool = WorkerPool::new(3).unwrap();
+    pool.shared.leader_aside.store(true, Ordering::SeqCst);
+    let tiles = vec![3, 1, 64, 0, 3, 1000, 1, 1, 17, 2, 5, 1, 0, 4, 6, 1, 3, 2];
+    let work = Staged {
+        hits: tiles
+            .iter()
+            .map(|&n| (0..n).map(|_| AtomicUsize::new(0)).collect())
+            .collect(),
+        begun: tiles.iter().map(|_| AtomicUsize::new(0)).collect(),
+        tiles,
+    };
+    for round in 0..200 {
+        for h in work.hits.iter().flatten() {
+            h.store(0, Ordering::SeqCst);
+        }
+        for b in &work.begun {
+            b.store(0, Ordering::SeqCst);
+        }
+        if round % 50 == 49 {
+            // Workers asleep when the region starts.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        pool.run_region(&work).unwrap();
+        assert!(work
+            .hits
+            .iter()
+            .flatten()
+            .all(|h| h.load(Ordering::SeqCst) == 1));
+    }
+    let stats = pool.stats();
+    assert_eq!(
+        stats.workgroups_on_workers + stats.workgroups_on_callers,
+        200 * work.tiles.iter().sum::<u64>()
+    );
+}
+
+/// Stages of slow tiles (each sleeps), recording which threads ran them.
+struct Slow {
+    stages: usize,
+    tiles: u64,
+    by_workers: AtomicUsize,
+    by_others: AtomicUsize,
+    pool_shared: Arc<PoolState>,
+}
+
+impl RegionWork for Slow {
+    fn stage_count(&self) -> usize {
+        self.stages
+    }
+    fn begin_stage(&self, _: usize) -> Result<u64> {
+        Ok(self.tiles)
+    }
+    fn run_tile(&self, _: usize, _: u64, _: u32) -> Result<u64> {
+        std::thread::sleep(Duration::from_micros(300));
+        if self.pool_shared.current_worker().is_some() {
+            self.by_workers.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.by_others.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(1)
+    }
+}
+
+/// A caller stepped aside leaves the tiles to the workers once one is
+/// inside: of 40 stages of 6 slow tiles it runs only the few it claims
+/// before the first worker joins (and after the last leaves), where a
+/// caller running tiles beside 3 workers runs about a quarter of them.
+/// The default (never aside) is the control.
+#[test]
+fn a_leader_aside_leaves_the_tiles_to_the_workers() {
+    for aside in [false, true] {
+        let pool = WorkerPool::new(3).unwrap();
+        pool.shared.leader_aside.store(aside, Ordering::SeqCst);
+        let work = Slow {
+            stages: 40,
+            tiles: 6,
+            by_workers: AtomicUsize::new(0),
+            by_others: AtomicUsize::new(0),
+            pool_shared: pool.shared.clone(),
+        };
+        pool.run_region(&work).unwrap();
+        let (w, o) = (
+            work.by_workers.load(Ordering::SeqCst),
+            work.by_others.load(Ordering::SeqCst),
+        );
+        assert_eq!(w + o, 240);
+        if aside {
+            assert!(o <= 24, "aside: the caller ran {o} of 240 tiles");
+        } else {
+            assert!(o >= 30, "not aside: the caller ran only {o} of 240 tiles");
+        }
+    }
+}
