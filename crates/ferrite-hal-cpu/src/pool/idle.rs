@@ -74,6 +74,9 @@ impl PoolState {
     /// until the pool shuts down.
     pub(super) fn worker_main(&self, index: u32) {
         WORKER.with(|w| w.set(Some((self.id, index))));
+        if let Some(slice) = self.slice {
+            super::set_own_slice(slice);
+        }
         // Its poll for work since it last found nothing to do (None: it
         // just worked).
         let mut idle_since: Option<Spin> = None;

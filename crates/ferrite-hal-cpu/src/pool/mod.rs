@@ -149,6 +149,9 @@ pub(crate) struct PoolState {
     /// `FERRITE_LOCAL_TASK_LEADER_ASIDE=1`: a region led by a thread that
     /// is not a worker leaves its tiles to the workers (see `region::run`).
     leader_aside: AtomicBool,
+    /// `FERRITE_LOCAL_TASK_SLICE_US`: the scheduler time slice each worker
+    /// asks for (see [`set_own_slice`]; None: the system's default).
+    slice: Option<Duration>,
 }
 
 impl PoolState {
@@ -273,6 +276,10 @@ impl WorkerPool {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(region::DEFAULT_PAUSES_PER_POLL),
             banks: AtomicBool::new(std::env::var(BANKS_VAR).is_ok_and(|v| v.trim() == "1")),
+            slice: std::env::var(SLICE_VAR)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .map(Duration::from_micros),
             leader_aside: AtomicBool::new(std::env::var(ASIDE_VAR).is_ok_and(|v| v.trim() == "1")),
         });
         let mut pool = WorkerPool {
@@ -407,6 +414,102 @@ const BANKS_VAR: &str = "FERRITE_LOCAL_TASK_BANKS";
 /// for issue 25: on 16 loaded cores it did not shorten MiniLM's calls, see
 /// docs/figures.md; unset: the caller runs tiles beside the workers).
 const ASIDE_VAR: &str = "FERRITE_LOCAL_TASK_LEADER_ASIDE";
+
+/// A whole number of microseconds: the time slice each worker of a pool
+/// made afterwards asks the scheduler for (see [`set_own_slice`]; a
+/// measuring aid for issue 25; unset: the system's default).
+const SLICE_VAR: &str = "FERRITE_LOCAL_TASK_SLICE_US";
+
+/// Asks the scheduler to give the calling thread time slices of `slice`
+/// (Linux 6.12 and later, the EEVDF scheduler: `sched_setattr` with
+/// `sched_runtime` on a normal-policy thread; its nice value is kept).
+/// Why: on a machine whose CPUs all run busy processes, a worker woken
+/// for a region's next stage may wait until the busy process on its CPU
+/// has used its slice (0.75 ms and more by default); a woken thread with
+/// a shorter slice than the running one preempts it at once. The kernel
+/// clamps the value to 0.1-100 ms. A refusal (an older kernel, another
+/// policy) is reported once on stderr and the default slice stays.
+fn set_own_slice(slice: Duration) {
+    static REPORTED: std::sync::Once = std::sync::Once::new();
+    if let Err(why) = try_set_own_slice(slice) {
+        REPORTED
+            .call_once(|| eprintln!("{SLICE_VAR}: the scheduler refused a {slice:?} slice: {why}"));
+    }
+}
+
+/// `struct sched_attr`, its first version (48 bytes).
+#[cfg(target_os = "linux")]
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+}
+
+/// [`set_own_slice`]'s request; the error says why it was refused.
+#[cfg(target_os = "linux")]
+fn try_set_own_slice(slice: Duration) -> std::result::Result<(), String> {
+    // SAFETY: sched_getscheduler and getpriority take no pointers and
+    // concern the calling thread (id 0).
+    let (policy, nice) = unsafe {
+        (
+            libc::sched_getscheduler(0),
+            libc::getpriority(libc::PRIO_PROCESS, 0),
+        )
+    };
+    if policy != libc::SCHED_OTHER {
+        return Err(format!("the thread's policy is {policy}, not SCHED_OTHER"));
+    }
+    let attr = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        policy: libc::SCHED_OTHER as u32,
+        nice,
+        runtime: slice.as_nanos().min(u64::MAX as u128) as u64,
+        ..SchedAttr::default()
+    };
+    // SAFETY: `attr` is a fully initialised sched_attr of the size its
+    // `size` field states, alive for the call, which only reads it; pid 0
+    // is the calling thread.
+    let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0u32) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    Ok(())
+}
+
+/// The calling thread's requested scheduler slice as `sched_getattr`
+/// reports it (zero: the system's default; the tests check requests).
+#[cfg(all(test, target_os = "linux"))]
+fn own_slice() -> std::io::Result<Duration> {
+    let mut attr = SchedAttr::default();
+    // SAFETY: `attr` is writable memory of the size passed, alive for the
+    // call; pid 0 is the calling thread; the kernel writes at most that
+    // many bytes.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            0,
+            &mut attr as *mut SchedAttr,
+            std::mem::size_of::<SchedAttr>() as u32,
+            0u32,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Duration::from_nanos(attr.runtime))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn try_set_own_slice(_slice: Duration) -> std::result::Result<(), String> {
+    Err("not supported on this system".to_string())
+}
 
 impl Drop for WorkerPool {
     fn drop(&mut self) {

@@ -716,3 +716,33 @@ fn a_leader_aside_leaves_the_tiles_to_the_workers() {
         }
     }
 }
+
+/// `FERRITE_LOCAL_TASK_SLICE_US`'s request reaches the scheduler: on a
+/// kernel with per-thread slices (Linux 6.12 and later, which this
+/// project's machines run) the thread then reports the slice it asked for,
+/// and its nice value is kept.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_worker_slice_request_sets_the_threads_slice() {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(['.', '-']);
+    let major: u32 = parts.next().unwrap().parse().unwrap();
+    let minor: u32 = parts.next().unwrap().parse().unwrap();
+    let got = std::thread::spawn(|| {
+        // SAFETY: getpriority takes no pointers; 0 is the calling thread.
+        let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        let r = try_set_own_slice(Duration::from_micros(300));
+        // SAFETY: as above.
+        let after = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        (r, own_slice().unwrap(), nice, after)
+    })
+    .join()
+    .unwrap();
+    if (major, minor) >= (6, 12) {
+        assert_eq!(got.0, Ok(()));
+        assert_eq!(got.1, Duration::from_micros(300));
+        assert_eq!(got.2, got.3, "the nice value changed");
+    } else {
+        assert!(got.0.is_err() || got.1 == Duration::from_micros(300));
+    }
+}
