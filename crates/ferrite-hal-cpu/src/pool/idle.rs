@@ -128,6 +128,7 @@ impl PoolState {
                 && !self.shutdown.load(Ordering::SeqCst)
                 && !self.has_joinable();
             if idle {
+                self.note_if_switched_out();
                 self.stats.sleeps.fetch_add(1, Ordering::Relaxed);
                 park::wait(&self.epoch, seen);
             }

@@ -103,6 +103,31 @@ static NEXT_POOL_ID: AtomicUsize = AtomicUsize::new(1);
 thread_local! {
     /// (pool id, worker index) when this thread is a pool worker.
     static WORKER: Cell<Option<(usize, u32)>> = const { Cell::new(None) };
+    /// This thread's involuntary context switches when it last looked (see
+    /// [`PoolState::note_if_switched_out`]).
+    static SWITCHES: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// A region at least this long checks whether its leader was switched
+/// out ([`PoolState::note_if_switched_out`]): longer than the scheduler's
+/// smallest slice, so a region on a busy CPU usually is; shorter ones
+/// (most calls of small programs) skip the system call.
+pub(crate) const PREEMPTION_CHECK_AFTER: Duration = Duration::from_micros(500);
+
+/// The calling thread's involuntary context switches so far (Linux).
+#[cfg(target_os = "linux")]
+fn involuntary_switches() -> Option<u64> {
+    // SAFETY: `usage` is writable memory of the type getrusage fills,
+    // alive for the call; RUSAGE_THREAD concerns the calling thread.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    (rc == 0).then_some(usage.ru_nivcsw as u64)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn involuntary_switches() -> Option<u64> {
+    None
 }
 
 /// State the workers, regions and waiters share.
@@ -152,6 +177,10 @@ pub(crate) struct PoolState {
     /// `FERRITE_LOCAL_TASK_SLICE_US`: the scheduler time slice each worker
     /// asks for (see [`set_own_slice`]; None: the system's default).
     slice: Option<Duration>,
+    /// Whether threads look for involuntary switches
+    /// ([`PoolState::note_if_switched_out`]; `FERRITE_LOCAL_TASK_SWITCH_CHECK=0`
+    /// turns it off).
+    switch_check: bool,
 }
 
 impl PoolState {
@@ -207,6 +236,36 @@ impl PoolState {
         self.stats.preempted_spins.fetch_add(1, Ordering::Relaxed);
         let until = (self.clock.elapsed() + region::CONTENDED_FOR).as_nanos() as u64;
         self.contended_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Marks the pool contended, as [`PoolState::note_preempted`] does,
+    /// when the scheduler switched the calling thread out involuntarily
+    /// since the thread last looked (`getrusage(RUSAGE_THREAD)`'s
+    /// `ru_nivcsw`; the first look only records the count).
+    ///
+    /// Why: a spinner notices preemption only while it spins, and under a
+    /// CPU load the threads are mostly descheduled mid-tile: on 2 cores
+    /// with one busy process each, MiniLM's 3-second timing saw 3 to 8
+    /// preempted spins, so the pool counted as contended for at most
+    /// 0.8 s of it and spun with the idle bounds (1 ms between stages)
+    /// the rest: 10 ms more CPU per call (66-68 against 58 ms) and
+    /// 149-180 ms a call against 123-149 ms without spins. A thread
+    /// looks when it is about to block anyway (one system call beside
+    /// the futex wait), and a leader at the end of a region that took
+    /// long enough to be sliced ([`PREEMPTION_CHECK_AFTER`]).
+    pub(crate) fn note_if_switched_out(&self) {
+        if !self.switch_check {
+            return;
+        }
+        let Some(now) = involuntary_switches() else {
+            return;
+        };
+        let before = SWITCHES.with(|c| c.replace(Some(now)));
+        if before.is_some_and(|b| now > b) {
+            self.stats.preempted_threads.fetch_add(1, Ordering::Relaxed);
+            let until = (self.clock.elapsed() + region::CONTENDED_FOR).as_nanos() as u64;
+            self.contended_until.fetch_max(until, Ordering::Relaxed);
+        }
     }
 
     /// The counter of workgroups run by the calling thread's kind.
@@ -280,6 +339,7 @@ impl WorkerPool {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .map(Duration::from_micros),
+            switch_check: std::env::var(SWITCH_CHECK_VAR).map_or(true, |v| v.trim() != "0"),
             leader_aside: AtomicBool::new(std::env::var(ASIDE_VAR).is_ok_and(|v| v.trim() == "1")),
         });
         let mut pool = WorkerPool {
@@ -419,6 +479,12 @@ const ASIDE_VAR: &str = "FERRITE_LOCAL_TASK_LEADER_ASIDE";
 /// made afterwards asks the scheduler for (see [`set_own_slice`]; a
 /// measuring aid for issue 25; unset: the system's default).
 const SLICE_VAR: &str = "FERRITE_LOCAL_TASK_SLICE_US";
+
+/// `0`: threads of pools made afterwards do not look for involuntary
+/// context switches ([`PoolState::note_if_switched_out`]), so only a
+/// preempted spin marks the pool contended (the behaviour before; a
+/// measuring aid to compare both on one binary).
+const SWITCH_CHECK_VAR: &str = "FERRITE_LOCAL_TASK_SWITCH_CHECK";
 
 /// Asks the scheduler to give the calling thread time slices of `slice`
 /// (Linux 6.12 and later, the EEVDF scheduler: `sched_setattr` with

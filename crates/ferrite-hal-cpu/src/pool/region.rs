@@ -940,7 +940,11 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
         OTHER_KIND
     };
     let seat = Seat { processor_id, kind };
+    let started = Instant::now();
     region.lead(&seat);
+    if started.elapsed() >= super::PREEMPTION_CHECK_AFTER {
+        pool.note_if_switched_out();
+    }
     // Normal end: the region finished, so no thread uses `work` any more
     // (see `Region::work`); workers still inside only poll its words.
     std::mem::forget(guard);

@@ -32,6 +32,12 @@ pub struct PoolStats {
     /// descheduled (the machine was busy), each making the pool's spins
     /// short for a while.
     pub preempted_spins: u64,
+    /// Times a pool thread found, going to sleep (a worker) or at the end
+    /// of a long region (its leader), that the scheduler had switched it
+    /// out against its will since it last looked: the machine has more
+    /// runnable threads than CPUs. Each makes the pool's spins short for a
+    /// while, as a preempted spin does.
+    pub preempted_threads: u64,
     /// CPU time the worker threads have used (Linux; zero elsewhere).
     pub worker_cpu_time: Duration,
     /// Submissions the device ran on the submitting thread (small work
@@ -50,6 +56,7 @@ pub(super) struct Counters {
     pub(super) leader_sleeps: AtomicU64,
     pub(super) idle_spin_ns: AtomicU64,
     pub(super) preempted_spins: AtomicU64,
+    pub(super) preempted_threads: AtomicU64,
     pub(super) inline_submissions: AtomicU64,
 }
 
@@ -72,6 +79,7 @@ impl PoolState {
             leader_sleeps: c.leader_sleeps.load(Ordering::Relaxed),
             idle_spin: Duration::from_nanos(c.idle_spin_ns.load(Ordering::Relaxed)),
             preempted_spins: c.preempted_spins.load(Ordering::Relaxed),
+            preempted_threads: c.preempted_threads.load(Ordering::Relaxed),
             worker_cpu_time: self.cpu_clocks.lock().iter().map(cpu_time_of).sum(),
             inline_submissions: c.inline_submissions.load(Ordering::Relaxed),
         }
@@ -82,7 +90,7 @@ impl PoolState {
         let s = self.stats();
         let total = (s.workgroups_on_workers + s.workgroups_on_callers).max(1) as f64;
         eprintln!(
-            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} submissions run inline; {} joins; {} leader sleeps; {} worker sleeps; {} spins cut short by preemption; {:.3} ms idle polling; {:.3} ms worker CPU",
+            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} submissions run inline; {} joins; {} leader sleeps; {} worker sleeps; {} spins cut short by preemption; {} threads found preempted; {:.3} ms idle polling; {:.3} ms worker CPU",
             self.workers,
             s.workgroups_on_workers,
             100.0 * s.workgroups_on_workers as f64 / total,
@@ -94,6 +102,7 @@ impl PoolState {
             s.leader_sleeps,
             s.sleeps,
             s.preempted_spins,
+            s.preempted_threads,
             s.idle_spin.as_secs_f64() * 1e3,
             s.worker_cpu_time.as_secs_f64() * 1e3,
         );

@@ -746,3 +746,47 @@ fn a_worker_slice_request_sets_the_threads_slice() {
         assert!(got.0.is_err() || got.1 == Duration::from_micros(300));
     }
 }
+
+/// Tiles that keep their CPU busy for a while (no sleeping).
+struct Busy(Duration);
+
+impl RegionWork for Busy {
+    fn stage_count(&self) -> usize {
+        2
+    }
+    fn begin_stage(&self, _: usize) -> Result<u64> {
+        Ok(6)
+    }
+    fn run_tile(&self, _: usize, _: u64, _: u32) -> Result<u64> {
+        let start = Instant::now();
+        while start.elapsed() < self.0 {
+            std::hint::spin_loop();
+        }
+        Ok(1)
+    }
+}
+
+/// Two workers pinned to one CPU, both running long tiles, take the CPU
+/// from each other: the scheduler switches them out against their will,
+/// which they notice when they go to sleep, and the pool counts as
+/// contended (its spins short) although no spin was cut short.
+#[test]
+fn workers_switched_out_mid_tile_make_the_pool_contended() {
+    let cpu = crate::topology::allowed_cpus()
+        .and_then(|c| c.first().copied())
+        .expect("a CPU in this process's affinity mask");
+    let pool = WorkerPool::with_options(&PoolOptions {
+        cpu_ids: vec![cpu, cpu],
+        ..PoolOptions::new(2)
+    })
+    .unwrap();
+    // Both workers join (the caller leaves the tiles to them).
+    pool.shared.leader_aside.store(true, Ordering::SeqCst);
+    assert_eq!(pool.stats().preempted_threads, 0);
+    pool.run_region(&Busy(Duration::from_millis(6))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pool.stats().preempted_threads == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(pool.stats().preempted_threads > 0, "{:?}", pool.stats());
+}
