@@ -659,64 +659,6 @@ fn with_the_leader_aside_every_tile_of_every_stage_runs_once_in_order() {
     );
 }
 
-/// Stages of slow tiles (each sleeps), recording which threads ran them.
-struct Slow {
-    stages: usize,
-    tiles: u64,
-    by_workers: AtomicUsize,
-    by_others: AtomicUsize,
-    pool_shared: Arc<PoolState>,
-}
-
-impl RegionWork for Slow {
-    fn stage_count(&self) -> usize {
-        self.stages
-    }
-    fn begin_stage(&self, _: usize) -> Result<u64> {
-        Ok(self.tiles)
-    }
-    fn run_tile(&self, _: usize, _: u64, _: u32) -> Result<u64> {
-        std::thread::sleep(Duration::from_micros(300));
-        if self.pool_shared.current_worker().is_some() {
-            self.by_workers.fetch_add(1, Ordering::SeqCst);
-        } else {
-            self.by_others.fetch_add(1, Ordering::SeqCst);
-        }
-        Ok(1)
-    }
-}
-
-/// A caller stepped aside leaves the tiles to the workers once one is
-/// inside: of 40 stages of 6 slow tiles it runs only the few it claims
-/// before the first worker joins (and after the last leaves), where a
-/// caller running tiles beside 3 workers runs about a quarter of them.
-/// The default (never aside) is the control.
-#[test]
-fn a_leader_aside_leaves_the_tiles_to_the_workers() {
-    for aside in [false, true] {
-        let pool = WorkerPool::new(3).unwrap();
-        pool.shared.leader_aside.store(aside, Ordering::SeqCst);
-        let work = Slow {
-            stages: 40,
-            tiles: 6,
-            by_workers: AtomicUsize::new(0),
-            by_others: AtomicUsize::new(0),
-            pool_shared: pool.shared.clone(),
-        };
-        pool.run_region(&work).unwrap();
-        let (w, o) = (
-            work.by_workers.load(Ordering::SeqCst),
-            work.by_others.load(Ordering::SeqCst),
-        );
-        assert_eq!(w + o, 240);
-        if aside {
-            assert!(o <= 24, "aside: the caller ran {o} of 240 tiles");
-        } else {
-            assert!(o >= 30, "not aside: the caller ran only {o} of 240 tiles");
-        }
-    }
-}
-
 /// `FERRITE_LOCAL_TASK_SLICE_US`'s request reaches the scheduler: on a
 /// kernel with per-thread slices (Linux 6.12 and later, which this
 /// project's machines run) the thread then reports the slice it asked for,
