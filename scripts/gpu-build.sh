@@ -118,6 +118,16 @@ elif ! ls $G/.whl/iree_base_runtime-3.13.0-*.whl >/dev/null 2>&1; then
     echo "gpu-build: could not fetch upstream's cp312 wheel: runs without UPSTREAM_BIN"
 fi
 
+# iree-profile-render's Perfetto output (test-gpu.sh's bundle check) needs
+# the perfetto and protobuf packages; run.sh installs every wheel here.
+if ! ls $G/.whl/perfetto-*.whl $G/.whl/protobuf-*.whl >/dev/null 2>&1; then
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+    -d $G/.whl "perfetto==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("perfetto"))')" \
+    "protobuf==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("protobuf"))')" ||
+    echo "gpu-build: could not fetch perfetto/protobuf: the Perfetto render check will fail there"
+fi
+
 cat >$G/run.sh <<'EOF'
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root; see scripts/gpu-build.sh.
