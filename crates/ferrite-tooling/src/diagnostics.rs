@@ -41,9 +41,11 @@ pub struct DiagnosticArgs {
           require_equals = true, default_value_t = false, action = clap::ArgAction::Set)]
     pub print_device_statistics: bool,
     /// HAL profiling data families to record, comma-separated (upstream's
-    /// flag): `queue-events`, `host-execution`, `dispatch-events`
-    /// (per-dispatch timings, which upstream's CPU devices refuse),
-    /// `memory-events`. Needs `--device_profiling_output`.
+    /// flag): `queue-events`, `host-execution`, `device-queue-events`
+    /// (queue operations on the device's clock; the host's on CPU
+    /// devices), `dispatch-events` (per-dispatch timings, which upstream's
+    /// CPU devices refuse), `memory-events`. Needs
+    /// `--device_profiling_output`.
     #[arg(long = "device_profiling_mode", value_name = "FAMILIES")]
     pub device_profiling_mode: Option<String>,
     /// Where the `.ireeprof` bundle goes (upstream 3.13's format, read by

@@ -54,8 +54,18 @@
 //! written as upstream's device-timestamped dispatch events (ticks: those
 //! nanoseconds) with the device's `clock` samples as clock correlation
 //! records, so `iree-profile dispatch` counts them as device dispatches
-//! and fits the device clock to the host's (written for `dispatch-events`;
-//! its queue operations stay queue and host execution events).
+//! and fits the device clock to the host's (written for `dispatch-events`).
+//! Its queue operations, timed on the GPU too, are upstream's queue device
+//! events (`device-queue-events`, with the same clock correlations), and
+//! then not host execution events; without that family they stay queue and
+//! host execution events.
+//!
+//! `device-queue-events` on a CPU device (which upstream's CPU devices
+//! refuse): a CPU device's queue work runs on host threads, so its device
+//! clock is the host clock; each queue operation's run is written as a
+//! queue device event with host nanoseconds as ticks, and the device gets
+//! two exact clock samples (tick = host time) at the recording's ends, so
+//! the tools fit one nanosecond per tick.
 
 use ferrite_base::trace::{Arg, Event, Phase, Trace};
 use ferrite_base::{bail, Result};
@@ -83,6 +93,7 @@ const CT_QUEUE_EVENTS: &str = "application/vnd.iree.hal.profile.queue-events";
 const CT_HOST_EXECUTION: &str = "application/vnd.iree.hal.profile.host-execution-events";
 const CT_CLOCK_CORRELATIONS: &str = "application/vnd.iree.hal.profile.clock-correlations";
 const CT_DISPATCH_EVENTS: &str = "application/vnd.iree.hal.profile.dispatch-events";
+const CT_QUEUE_DEVICE_EVENTS: &str = "application/vnd.iree.hal.profile.queue-device-events";
 
 /// Clock correlation flags: the record holds a device tick, and the host
 /// time window around its sample.
@@ -159,6 +170,10 @@ pub struct Families {
     pub dispatch_events: bool,
     /// `memory-events`.
     pub memory_events: bool,
+    /// `device-queue-events`: each queue operation's span on its device's
+    /// clock (cuda: GPU timestamps; CPU devices: the host clock, which is
+    /// theirs).
+    pub device_queue_events: bool,
 }
 
 impl Families {
@@ -172,13 +187,14 @@ impl Families {
                 "host-execution" => f.host_execution = true,
                 "dispatch-events" => f.dispatch_events = true,
                 "memory-events" => f.memory_events = true,
-                "device-queue-events" | "device-metrics" | "executable-traces" | "counters" => bail!(
+                "device-queue-events" => f.device_queue_events = true,
+                "device-metrics" | "executable-traces" | "counters" => bail!(
                     Unimplemented,
-                    "--device_profiling_mode: '{name}' needs device timestamps or counters, which Ferrite's devices do not record (recorded: queue-events, host-execution, dispatch-events, memory-events)"
+                    "--device_profiling_mode: '{name}' needs device metrics, traces or counters, which Ferrite's devices do not record (recorded: queue-events, host-execution, device-queue-events, dispatch-events, memory-events)"
                 ),
                 other => bail!(
                     InvalidArgument,
-                    "--device_profiling_mode: unknown data family '{other}' (known: queue-events, host-execution, dispatch-events, memory-events, device-queue-events, device-metrics, executable-traces, counters)"
+                    "--device_profiling_mode: unknown data family '{other}' (known: queue-events, host-execution, device-queue-events, dispatch-events, memory-events, device-metrics, executable-traces, counters)"
                 ),
             }
         }
@@ -530,6 +546,9 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
         record(&mut out, RECORD_CHUNK, CT_QUEUE_EVENTS, &name, &p.0);
     }
 
+    // Device-timestamped dispatch events per device (written after the
+    // clock correlations, below).
+    let mut device_dispatches: BTreeMap<u32, Bytes> = BTreeMap::new();
     if families.host_execution || families.dispatch_events {
         let mut p = Bytes(Vec::new());
         let mut event_id = 0u64;
@@ -589,7 +608,9 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
         }
         if families.host_execution {
             for (i, e) in queue_ops.iter().enumerate() {
-                if e.phase != Phase::Complete {
+                // Work the device timed did not run on the host: with
+                // device-queue-events it is a device queue event only.
+                if e.phase != Phase::Complete || (families.device_queue_events && device_timed(e)) {
                     continue;
                 }
                 event_id += 1;
@@ -624,7 +645,6 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
         }
         // Dispatches timed by the device (cuda) are device events, per
         // device; the others host execution events.
-        let mut device_dispatches: BTreeMap<u32, Bytes> = BTreeMap::new();
         for (d, (exec, command)) in dispatches.iter().zip(&placed) {
             let cb = exec.map_or(0, |i| command_buffer_of(queue_ops[i]));
             if device_timed(d) {
@@ -677,19 +697,75 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
             );
         }
         record(&mut out, RECORD_CHUNK, CT_HOST_EXECUTION, &name, &p.0);
-        if !device_dispatches.is_empty() {
-            clock_correlations(&mut out, trace, &name);
+    }
+
+    // Queue operations on their device's clock, per device: spans the
+    // device timed (cuda), and on devices that do not time their own work
+    // (the CPU devices, whose device is the host) the host-clock spans of
+    // their run, which is when a CPU device's queue did that work.
+    let mut device_queue: BTreeMap<u32, Bytes> = BTreeMap::new();
+    if families.device_queue_events {
+        for (i, e) in queue_ops.iter().enumerate() {
+            if e.phase != Phase::Complete {
+                continue;
+            }
+            let dev = device_of(e);
+            let p = device_queue.entry(dev).or_insert_with(|| Bytes(Vec::new()));
+            let id = p.0.len() as u64 / QUEUE_DEVICE_EVENT_LEN as u64 + 1;
+            p.u32(QUEUE_DEVICE_EVENT_LEN)
+                .u32(queue_event_type(&e.name))
+                .u32(0) // flags
+                .u32(0)
+                .u64(id)
+                .u64(submission(i))
+                .u64(command_buffer_of(e))
+                .u64(allocation_ids[i])
+                .u64(dev as u64) // stream id: the queue record's
+                .u64(u64_arg(e, "bytes").unwrap_or(0))
+                .u32(dev)
+                .u32(0) // queue ordinal
+                .u32(operations_of(e) as u32)
+                .u32(0)
+                .u64(e.ts_ns)
+                .u64(e.ts_ns + e.dur_ns);
         }
-        for (device, p) in device_dispatches {
-            record_of(
-                &mut out,
-                RECORD_CHUNK,
-                CT_DISPATCH_EVENTS,
-                &name,
-                &p.0,
-                Some(device),
-            );
-        }
+    }
+
+    if !device_dispatches.is_empty() || !device_queue.is_empty() {
+        // Devices whose device events are on the host clock: those with
+        // device queue events and no clock samples of their own.
+        let sampled: std::collections::BTreeSet<u32> = trace
+            .events
+            .iter()
+            .filter(|e| e.cat == "clock")
+            .map(device_of)
+            .collect();
+        let host_clocked: Vec<u32> = device_queue
+            .keys()
+            .copied()
+            .filter(|d| !sampled.contains(d))
+            .collect();
+        clock_correlations(&mut out, trace, &host_clocked, &name);
+    }
+    for (device, p) in device_dispatches {
+        record_of(
+            &mut out,
+            RECORD_CHUNK,
+            CT_DISPATCH_EVENTS,
+            &name,
+            &p.0,
+            Some(device),
+        );
+    }
+    for (device, p) in device_queue {
+        record_of(
+            &mut out,
+            RECORD_CHUNK,
+            CT_QUEUE_DEVICE_EVENTS,
+            &name,
+            &p.0,
+            Some(device),
+        );
     }
 
     if families.memory_events {
@@ -992,6 +1068,8 @@ fn device_timed(e: &Event) -> bool {
 
 /// The length of upstream's dispatch event record.
 const DISPATCH_EVENT_LEN: u32 = 88;
+/// The length of upstream's queue device event record.
+const QUEUE_DEVICE_EVENT_LEN: u32 = 96;
 
 /// One device-timestamped dispatch event (88 bytes, upstream's layout).
 /// Ferrite's device ticks are nanoseconds of the recording's clock (the
@@ -1033,17 +1111,15 @@ fn dispatch_event(
 /// device time on the recording's clock, which is how the device times
 /// its spans, so the samples show how well device and host clocks agree
 /// (upstream's tools fit ticks to host time from them).
-fn clock_correlations(out: &mut Vec<u8>, trace: &Trace, name: &str) {
+///
+/// Devices in `host_clocked` time their device events on the host clock
+/// itself (the CPU devices): each gets two exact samples, tick equal to
+/// host time, at the start and the end of the recording's events, from
+/// which the tools fit one nanosecond per tick.
+fn clock_correlations(out: &mut Vec<u8>, trace: &Trace, host_clocked: &[u32], name: &str) {
     let mut p = Bytes(Vec::new());
     let mut sample = 0u64;
-    for e in trace.events.iter().filter(|e| e.cat == "clock") {
-        let (Some(tick), Some(begin), Some(end)) = (
-            u64_arg(e, "device_ns"),
-            u64_arg(e, "begin_ns"),
-            u64_arg(e, "end_ns"),
-        ) else {
-            continue;
-        };
+    let mut write = |p: &mut Bytes, device: u32, tick: u64, begin: u64, end: u64| {
         sample += 1;
         p.u32(72)
             .u32(
@@ -1051,7 +1127,7 @@ fn clock_correlations(out: &mut Vec<u8>, trace: &Trace, name: &str) {
                     | CLOCK_FLAG_HOST_CPU_TIMESTAMP
                     | CLOCK_FLAG_HOST_TIME_BRACKET,
             )
-            .u32(e.track.saturating_sub(2))
+            .u32(device)
             .u32(0)
             .u64(sample)
             .u64(tick)
@@ -1060,6 +1136,24 @@ fn clock_correlations(out: &mut Vec<u8>, trace: &Trace, name: &str) {
             .u64(0) // its frequency
             .u64(begin)
             .u64(end);
+    };
+    for e in trace.events.iter().filter(|e| e.cat == "clock") {
+        let (Some(tick), Some(begin), Some(end)) = (
+            u64_arg(e, "device_ns"),
+            u64_arg(e, "begin_ns"),
+            u64_arg(e, "end_ns"),
+        ) else {
+            continue;
+        };
+        write(&mut p, e.track.saturating_sub(2), tick, begin, end);
+    }
+    let first = trace.events.iter().map(|e| e.ts_ns).min();
+    let last = trace.events.iter().map(|e| e.ts_ns + e.dur_ns).max();
+    if let (Some(first), Some(last)) = (first, last) {
+        for &device in host_clocked {
+            write(&mut p, device, first, first, first);
+            write(&mut p, device, last, last, last);
+        }
     }
     record(out, RECORD_CHUNK, CT_CLOCK_CORRELATIONS, name, &p.0);
 }
@@ -1124,6 +1218,8 @@ mod tests {
     fn families_parse_and_refuse_what_is_not_recorded() {
         let f = Families::parse("queue-events,host-execution").unwrap();
         assert!(f.queue_events && f.host_execution && !f.memory_events);
+        let f = Families::parse("device-queue-events").unwrap();
+        assert!(f.device_queue_events && !f.queue_events);
         let e = Families::parse("device-metrics").unwrap_err();
         assert!(e.to_string().contains("'device-metrics'"), "{e}");
         let e = Families::parse("bogus").unwrap_err();

@@ -82,7 +82,13 @@ fn recording(device_time: bool) -> Trace {
         }
         t.events.push(with(event(i, "command", name, 100, 0), args));
     }
-    for (k, tick) in [1_000u64, 40_000].into_iter().enumerate() {
+    // Only a device that times its own work samples its clock.
+    let samples = if device_time {
+        &[1_000u64, 40_000][..]
+    } else {
+        &[]
+    };
+    for (k, &tick) in samples.iter().enumerate() {
         t.events.push(with(
             event(i, "clock", "clock sample", tick, 0),
             vec![
@@ -105,6 +111,10 @@ fn recording(device_time: bool) -> Trace {
     t.events.push(with(
         event(c, "dispatch", "k1", 9_000, 3_000),
         dispatch_args(2, device_time),
+    ));
+    t.events.push(with(
+        event(c, "queue", "fill", 2_000, 1_500),
+        timed(vec![("bytes", Arg::U64(64))]),
     ));
     t.events.push(with(
         event(c, "queue", "execute", 5_000, 10_000),
@@ -136,12 +146,56 @@ fn field(text: &str, line_start: &str, key: &str) -> String {
 }
 
 fn write(name: &str, device_time: bool) -> std::path::PathBuf {
+    write_with(
+        name,
+        device_time,
+        "queue-events,host-execution,dispatch-events",
+    )
+}
+
+fn write_with(name: &str, device_time: bool, mode: &str) -> std::path::PathBuf {
     let dir = ferrite_testkit::workspace_root().join("target/test-programs");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
-    let families = Families::parse("queue-events,host-execution,dispatch-events").unwrap();
+    let families = Families::parse(mode).unwrap();
     std::fs::write(&path, bundle(&recording(device_time), families)).unwrap();
     path
+}
+
+/// One `device_event=` line of `iree-profile queue`: type, submission,
+/// command buffer, ops, ticks, valid, and ns (absent when the tool fitted
+/// no clock).
+#[derive(Debug)]
+struct DeviceEvent {
+    fields: [String; 6],
+    ns: Option<String>,
+}
+
+fn device_events(queue: &str) -> Vec<DeviceEvent> {
+    queue
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("device_event="))
+        .map(|l| {
+            let get = |key: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(&format!("{key}=")))
+                    .map(str::to_string)
+            };
+            DeviceEvent {
+                fields: [
+                    "type",
+                    "submission",
+                    "command_buffer",
+                    "ops",
+                    "ticks",
+                    "valid",
+                ]
+                .map(|k| get(k).unwrap_or_else(|| panic!("no {k}= in '{l}'"))),
+                ns: get("ns"),
+            }
+        })
+        .collect()
 }
 
 #[test]
@@ -197,4 +251,93 @@ fn host_timed_dispatches_stay_host_execution_events() {
         "{dispatch}"
     );
     assert_eq!(field(&dispatch, "dispatches:", "total"), "0", "{dispatch}");
+}
+
+#[test]
+fn device_timed_queue_operations_are_queue_device_events() {
+    let file = write_with(
+        "device_queue.ireeprof",
+        true,
+        "queue-events,host-execution,device-queue-events,dispatch-events",
+    );
+    let summary = profile("summary", &file);
+    assert_eq!(field(&summary, "records:", "unknown"), "0", "{summary}");
+    assert_eq!(
+        field(&summary, "chunks:", "queue_device_events"),
+        "1",
+        "{summary}"
+    );
+    assert_eq!(
+        field(&summary, "event_records:", "queue_device_events"),
+        "2",
+        "{summary}"
+    );
+    // Device-timed work did not run on the host: no host execution events.
+    assert_eq!(
+        field(&summary, "event_records:", "host_execution_events"),
+        "0",
+        "{summary}"
+    );
+    let queue = profile("queue", &file);
+    assert_eq!(
+        field(&queue, "queues=", "queue_device_events"),
+        "2",
+        "{queue}"
+    );
+    assert_eq!(field(&queue, "queues=", "queue_events"), "2", "{queue}");
+    let events = device_events(&queue);
+    assert_eq!(
+        events.iter().map(|e| e.fields.clone()).collect::<Vec<_>>(),
+        [
+            ["fill", "1", "0", "1", "1500", "true"].map(String::from),
+            ["execute", "2", "7", "3", "10000", "true"].map(String::from),
+        ],
+        "{queue}"
+    );
+    // The device clock fitted from the clock samples: durations in ns
+    // (the samples are a tick per nanosecond, give or take their brackets).
+    for (e, ticks) in events.iter().zip([1_500i64, 10_000]) {
+        let ns: i64 =
+            e.ns.as_deref()
+                .expect("ns= with a clock fit")
+                .parse()
+                .unwrap();
+        assert!((ns - ticks).abs() <= 2, "{e:?} in:\n{queue}");
+    }
+    // The dispatches stay device dispatch events.
+    let dispatch = profile("dispatch", &file);
+    assert_eq!(field(&dispatch, "dispatches:", "valid"), "2", "{dispatch}");
+}
+
+#[test]
+fn cpu_queue_operations_are_queue_device_events_on_the_host_clock() {
+    // The CPU devices' shape (no device times, no clock samples): their
+    // queue work ran on the host, whose clock is theirs.
+    let file = write_with(
+        "device_queue_host.ireeprof",
+        false,
+        "queue-events,host-execution,device-queue-events",
+    );
+    let summary = profile("summary", &file);
+    assert_eq!(field(&summary, "records:", "unknown"), "0", "{summary}");
+    assert_eq!(
+        field(&summary, "event_records:", "queue_device_events"),
+        "2",
+        "{summary}"
+    );
+    // Host-run work stays host execution events as well (2 operations, 2
+    // dispatches).
+    assert_eq!(
+        field(&summary, "event_records:", "host_execution_events"),
+        "4",
+        "{summary}"
+    );
+    let queue = profile("queue", &file);
+    let events = device_events(&queue);
+    assert_eq!(events.len(), 2, "{queue}");
+    // Exact: one nanosecond per tick.
+    for (e, ns) in events.iter().zip(["1500", "10000"]) {
+        assert_eq!(e.fields[4], ns, "{queue}");
+        assert_eq!(e.ns.as_deref(), Some(ns), "{queue}");
+    }
 }
