@@ -96,6 +96,15 @@ static SESSION: AtomicU64 = AtomicU64::new(0);
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
 /// Device names in track order (track = index + 2).
 static DEVICE_TRACKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Work begun while recording whose events are not recorded yet
+/// ([`Pending`]), and the condition [`stop`] waits on for it to settle.
+static PENDING: Mutex<u64> = Mutex::new(0);
+static SETTLED: parking_lot::Condvar = parking_lot::Condvar::new();
+/// Recorders [`stop`] asks to report what they owe ([`flush_on_stop`]).
+static FLUSHERS: Mutex<Vec<std::sync::Weak<dyn Flush>>> = Mutex::new(Vec::new());
+/// How long [`stop`] waits for pending work at most (a GPU program's
+/// work may take seconds; work that never ends must not hang the tool).
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 thread_local! {
     static THREAD: u32 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
@@ -163,14 +172,94 @@ pub fn start() -> crate::Result<()> {
 
 /// Stops recording and returns what was recorded (None when no recording
 /// was running).
+///
+/// Work begun while recording is in the recording even when its events
+/// come later: new work stops being traced, the recorders registered with
+/// [`flush_on_stop`] are asked to report what they owe (a GPU's timed
+/// spans), and the work still [`Pending`] is waited for (at most a minute,
+/// then a note on stderr) before the recording is closed.
 pub fn stop() -> Option<Trace> {
     ENABLED.store(false, Ordering::Release);
+    if RECORDING.lock().is_none() {
+        return None;
+    }
+    let flushers: Vec<std::sync::Arc<dyn Flush>> = {
+        let mut f = FLUSHERS.lock();
+        f.retain(|w| w.strong_count() > 0);
+        f.iter().filter_map(std::sync::Weak::upgrade).collect()
+    };
+    for f in flushers {
+        f.flush();
+    }
+    {
+        let deadline = Instant::now() + STOP_WAIT;
+        let mut pending = PENDING.lock();
+        while *pending > 0 {
+            if SETTLED.wait_until(&mut pending, deadline).timed_out() {
+                eprintln!(
+                    "ferrite: the trace stopped with {} operation(s) still running; they are not in it",
+                    *pending
+                );
+                break;
+            }
+        }
+    }
     let mut trace = RECORDING.lock().take()?;
     trace.tracks.insert(HOST_TRACK, "host (VM)".to_string());
     for (i, name) in DEVICE_TRACKS.lock().iter().enumerate() {
         trace.tracks.insert(i as u32 + 2, format!("device {name}"));
     }
     Some(trace)
+}
+
+/// A recorder that reports events some time after the work they describe
+/// was begun (a GPU device reads its timed spans once its stream has passed
+/// them): [`stop`] calls [`Flush::flush`] so that it reports them into the
+/// recording before it closes.
+pub trait Flush: Send + Sync {
+    /// Reports, now, the events of work already begun (waiting for that
+    /// work if need be; never for work that waits on the host).
+    fn flush(&self);
+}
+
+/// Registers `recorder` to be flushed by every [`stop`] while it lives.
+pub fn flush_on_stop(recorder: std::sync::Weak<dyn Flush>) {
+    FLUSHERS.lock().push(recorder);
+}
+
+/// Work begun while recording whose events will be recorded when it ends
+/// ([`pending`]); [`stop`] waits until every one is dropped.
+pub struct Pending {
+    session: u64,
+}
+
+impl Pending {
+    /// The recording the work was begun in ([`session`]): its events
+    /// belong there and nowhere else.
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut pending = PENDING.lock();
+        *pending -= 1;
+        if *pending == 0 {
+            SETTLED.notify_all();
+        }
+    }
+}
+
+/// While recording: notes work begun now whose events come when it ends;
+/// hold the guard until they are recorded. None when not recording (also
+/// once [`stop`] has begun: work begun then is not traced).
+pub fn pending() -> Option<Pending> {
+    if !enabled() {
+        return None;
+    }
+    *PENDING.lock() += 1;
+    Some(Pending { session: session() })
 }
 
 /// Records `event` when a recording is running (ignored otherwise); the
@@ -455,9 +544,13 @@ fn json_string(s: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The tests of this module that record take turns (one recording per
+    /// process); other tests of this crate do not record.
+    static ONE: Mutex<()> = Mutex::new(());
+
     #[test]
     fn records_only_while_started_and_escapes_names() {
-        // Other tests of this crate do not record; this is the only user.
+        let _one = ONE.lock();
         complete("vm", "before", HOST_TRACK, now_ns(), Vec::new());
         start().unwrap();
         assert!(start().is_err(), "a second recording is refused");
@@ -483,5 +576,39 @@ mod tests {
         assert!(json.contains(r#""name":"device test-device""#), "{json}");
         assert!(!json.contains("before"));
         assert!(stop().is_none());
+    }
+
+    #[test]
+    fn stop_flushes_recorders_and_waits_for_pending_work() {
+        let _one = ONE.lock();
+        struct Late;
+        impl Flush for Late {
+            fn flush(&self) {
+                instant("queue", "flushed", HOST_TRACK, Vec::new());
+            }
+        }
+        let late: std::sync::Arc<dyn Flush> = std::sync::Arc::new(Late);
+        flush_on_stop(std::sync::Arc::downgrade(&late));
+        start().unwrap();
+        // Work begun while recording, ending after stop() is called.
+        let work = pending().unwrap();
+        let (begun, go) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            let t0 = now_ns();
+            begun.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            complete("queue", "late work", HOST_TRACK, t0, Vec::new());
+            drop(work);
+        });
+        go.recv().unwrap();
+        let trace = stop().unwrap();
+        let names: Vec<&str> = trace.events.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["flushed", "late work"]);
+        assert!(pending().is_none(), "nothing is pending once stopped");
+        worker.join().unwrap();
+        // A recorder gone is not flushed.
+        drop(late);
+        start().unwrap();
+        assert!(stop().unwrap().events.is_empty());
     }
 }

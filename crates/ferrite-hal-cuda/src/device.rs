@@ -176,6 +176,7 @@ impl CudaDevice {
             consumer_waits: crate::consumer::ConsumerWaits::default(),
             queue_device: std::sync::OnceLock::new(),
         });
+        crate::profile::flush_on_stop(&shared);
         let completions = shared.completions.clone();
         let weak = Arc::downgrade(&shared);
         std::thread::Builder::new()

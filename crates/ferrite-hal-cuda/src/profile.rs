@@ -39,6 +39,15 @@
 //! the device carry `device_time`, and bundles write such dispatches as
 //! upstream's device-timestamped dispatch events.
 //!
+//! Spans are resolved when the operation is reported, which may be after
+//! the recording was asked to stop: each timing is
+//! [`trace::Pending`] work of its recording, and the device is a
+//! [`trace::Flush`] recorder ([`flush_on_stop`]) that reports everything
+//! its stream holds when the recording stops, so every operation enqueued
+//! while recording is in it. Work still kept on the host (waiting for a
+//! semaphore the host or another device signals) when the recording stops
+//! runs untimed.
+//!
 //! Off, the cost is one relaxed atomic load per queue operation and per
 //! launch ([`ferrite_base::trace::enabled`]).
 
@@ -47,7 +56,7 @@ use crate::ffi::{self, Api, CUevent, CUstream};
 use ferrite_base::trace::{self, Arg, Event, Phase};
 use ferrite_base::Result;
 use parking_lot::Mutex;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// How long (host nanoseconds) a reference serves before a new one is
 /// made.
@@ -328,6 +337,8 @@ impl DeviceClock {
         stream: CUstream,
         pinned: Option<Arc<Reference>>,
     ) -> Option<Timing> {
+        // Not recording (or stopping): the work runs untimed.
+        let pending = trace::pending()?;
         let reference = match pinned {
             Some(r) => r,
             None => self.reference(shared).ok()?,
@@ -336,6 +347,7 @@ impl DeviceClock {
         let start = self.take(api).ok()?;
         let t = Timing {
             api,
+            pending,
             start,
             end: std::ptr::null_mut(),
             reference,
@@ -391,6 +403,8 @@ fn clock_sample(shared: &CudaContext, device_ns: u64, window: Calibration) {
 /// destroyed.
 pub(crate) struct Timing {
     api: &'static Api,
+    /// Held until the span is recorded: the recording waits for it.
+    pending: trace::Pending,
     start: CUevent,
     end: CUevent,
     reference: Arc<Reference>,
@@ -451,7 +465,10 @@ pub(crate) fn resolve(shared: &CudaContext, timings: &mut Vec<Timing>, reached: 
     let api = shared.api;
     let track = trace::device_track(&track_name(shared.ordinal));
     let lane = STREAM_LANES + shared.ordinal.max(0) as u32;
-    let recording = trace::enabled();
+    // Spans of the recording running (or stopping: it waits for them) are
+    // recorded; those of an earlier one are not.
+    let session = trace::session();
+    let recording = timings.iter().any(|t| t.pending.session() == session);
     if recording {
         trace::name_thread(
             lane,
@@ -475,7 +492,7 @@ pub(crate) fn resolve(shared: &CudaContext, timings: &mut Vec<Timing>, reached: 
             pool.push(std::mem::replace(&mut t.start, std::ptr::null_mut()));
             pool.push(std::mem::replace(&mut t.end, std::ptr::null_mut()));
         }
-        if !recording {
+        if t.pending.session() != session {
             continue;
         }
         let mut args = std::mem::take(&mut t.args);
@@ -506,6 +523,25 @@ pub(crate) fn resolve(shared: &CudaContext, timings: &mut Vec<Timing>, reached: 
     if recording && reached {
         shared.clock.sample_if_due(shared);
     }
+}
+
+impl trace::Flush for CudaContext {
+    /// Reports every operation the stream holds, waiting for the GPU to
+    /// pass it (the stream never waits on the host: work that does is kept
+    /// on the host until its waits are reached), so their timed spans are
+    /// recorded.
+    fn flush(&self) {
+        if self.make_current().is_ok() {
+            self.completions.report(self, true, true);
+        }
+    }
+}
+
+/// Registers the device context `shared` to be flushed when a recording
+/// stops ([`trace::flush_on_stop`]), while it lives.
+pub(crate) fn flush_on_stop(shared: &Arc<CudaContext>) {
+    let weak: Weak<dyn trace::Flush> = Arc::downgrade(shared) as Weak<CudaContext>;
+    trace::flush_on_stop(weak);
 }
 
 /// What a queue operation records while a trace is recorded: its name and

@@ -293,3 +293,65 @@ fn each_recording_is_on_the_host_clock_of_its_time() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// Work enqueued while recording and still on the GPU (or not yet
+/// reported) when the recording stops is in it: stopping flushes the
+/// device, which waits for its stream and records the spans.
+#[test]
+fn operations_still_running_when_the_recording_stops_are_in_it() {
+    let Some(dev) = gpu() else { return };
+    let _one = RECORDER.lock().unwrap_or_else(|e| e.into_inner());
+    let cb = three_dispatches(&dev);
+    let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
+    let out = dev.allocator().allocate(&params, 64).unwrap();
+    let table = vec![Binding {
+        buffer: out.clone(),
+        offset: 0,
+        length: WHOLE_BUFFER,
+    }];
+    let s = Semaphore::new(0);
+    let at = |v| Fence::create_at(s.clone(), v);
+    const EXECUTES: u64 = 4;
+    trace::start().unwrap();
+    for v in 1..=EXECUTES {
+        queue::execute(&dev, &at(v - 1), &at(v), Some(&cb), table.clone()).unwrap();
+    }
+    // Nobody has waited or queried (a query reports what is done): nothing
+    // was reported yet when the recording is stopped (the completion
+    // thread reports unwatched work only every 50 ms), and the last
+    // kernels may still run.
+    let recorded = trace::stop().unwrap();
+    s.wait(EXECUTES, Timeout::INFINITE).unwrap();
+    let words: Vec<u32> = out
+        .to_vec()
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(words[0], 3 * EXECUTES as u32 * BLOCKS, "the kernels ran");
+
+    let executes = recorded
+        .events
+        .iter()
+        .filter(|e| e.cat == "queue" && e.name == "execute" && e.phase == Phase::Complete)
+        .count() as u64;
+    let dispatches: Vec<&Event> = recorded
+        .events
+        .iter()
+        .filter(|e| e.cat == "dispatch")
+        .collect();
+    assert_eq!(
+        (executes, dispatches.len() as u64),
+        (EXECUTES, 3 * EXECUTES),
+        "recorded: {:#?}",
+        recorded.events
+    );
+    for d in &dispatches {
+        assert_eq!(u64_arg(d, "device_time"), Some(1), "{d:?}");
+        assert!(d.dur_ns > 0, "{d:?}");
+    }
+    // Nothing of it leaks into the next recording.
+    trace::start().unwrap();
+    let next = trace::stop().unwrap();
+    assert!(next.events.is_empty(), "{:?}", next.events);
+}
