@@ -153,6 +153,12 @@ impl CudaContext {
         Ok(e)
     }
 
+    /// Idle device blocks kept for reuse, and their bytes (see
+    /// [`crate::memory::SpareBlocks`]).
+    pub fn idle_device_blocks(&self) -> (usize, u64) {
+        (self.spare.blocks(), self.spare.bytes())
+    }
+
     /// The device ordinal (`cuda://N`; DLPack's `device_id`).
     pub fn ordinal(&self) -> i32 {
         self.ordinal

@@ -543,6 +543,11 @@ impl Device for CudaDevice {
                     if let Some(byte) = init {
                         fill_new(&d.shared, &b, byte, d.shared.stream)?;
                     }
+                    // Kept until the allocation (and its fill) ran: a
+                    // caller dropping the buffer at once must not make it
+                    // an idle spare block while the stream still has work
+                    // on it (spare blocks are handed out without ordering).
+                    keep.buffers.push(b.clone());
                     out = Some(b);
                 } else {
                     out = Some(d.allocator.allocate(params, size)?);

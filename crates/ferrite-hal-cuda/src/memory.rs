@@ -24,6 +24,7 @@ use ferrite_hal::memory::{BufferCompatibility, BufferUsage, MemoryAccess, Memory
 use ferrite_hal::semaphore::DeviceTimeline;
 use parking_lot::Mutex;
 use std::any::Any;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -106,17 +107,22 @@ impl Drop for CudaMemory {
         }
         match &self.kind {
             Kind::Device => {
-                if self.dptr != 0
-                    && !self.exported.load(Ordering::Relaxed)
-                    && self.shared.spare.put(self.len, self.dptr)
-                {
+                if self.dptr == 0 {
                     return;
                 }
-                if self.dptr != 0 {
-                    // SAFETY: `dptr` came from cuMemAllocAsync and is freed
-                    // once, ordered after all work enqueued on the queue
-                    // stream so far (which is all work that can use it).
-                    unsafe { (api.cuMemFreeAsync)(self.dptr, self.shared.stream) };
+                let free = if self.exported.load(Ordering::Relaxed) {
+                    vec![self.dptr]
+                } else {
+                    // Kept; what the spare forgets to make room is freed.
+                    self.shared.spare.put(self.len, self.dptr)
+                };
+                for p in free {
+                    // SAFETY: `p` came from cuMemAllocAsync (this block, or
+                    // an idle spare block no buffer refers to any more) and
+                    // is freed once, ordered after all work enqueued on the
+                    // queue stream so far (which is all work that can use
+                    // it).
+                    unsafe { (api.cuMemFreeAsync)(p, self.shared.stream) };
                 }
             }
             Kind::Pinned(p) => {
@@ -127,14 +133,18 @@ impl Drop for CudaMemory {
                 // of a device-to-host copy. Memory handed outside Ferrite
                 // is not kept: its users' streams may still read it.
                 let size = self.len.max(1);
-                if !self.exported.load(Ordering::Relaxed)
-                    && self.shared.pinned_spare.put(size, p.as_ptr() as u64)
-                {
-                    return;
+                let host = p.as_ptr() as u64;
+                let free = if self.exported.load(Ordering::Relaxed) {
+                    vec![host]
+                } else {
+                    self.shared.pinned_spare.put(size, host)
+                };
+                for h in free {
+                    // SAFETY: `h` came from cuMemHostAlloc (this block, or
+                    // an idle spare block no buffer refers to any more) and
+                    // is freed once (the spare no longer keeps it).
+                    unsafe { (api.cuMemFreeHost)(h as *mut c_void) };
                 }
-                // SAFETY: the pointer came from cuMemHostAlloc; freed once
-                // (it was not kept above).
-                unsafe { (api.cuMemFreeHost)(p.as_ptr() as *mut c_void) };
             }
             // SAFETY: registered by cuMemHostRegister; unregistered once,
             // before the owner (a field) is dropped.
@@ -532,10 +542,23 @@ impl Allocator for CudaAllocator {
         let b = if ty.contains(MemoryType::HOST_VISIBLE) {
             self.pinned_buffer(params, size)?
         } else {
-            // On the transfer stream, synchronized: usable from any stream
-            // and by the host at once (never waits on the queue stream,
-            // which may be blocked on a semaphore the caller signals later).
-            let b = Self::device_buffer(&self.shared, params, size, self.shared.transfer_stream)?;
+            // An idle spare block of the size first: blocks this allocator
+            // made come back there when dropped (a program's inputs, made
+            // anew for every call), and were kept unused until forgotten
+            // when only queue allocations took them. Otherwise on the
+            // transfer stream, synchronized: usable from any stream and by
+            // the host at once (never waits on the queue stream, which may
+            // be blocked on a semaphore the caller signals later).
+            let spare = match size {
+                0 => None,
+                _ => Self::spare_device_buffer(&self.shared, params, size),
+            };
+            let b = match spare {
+                Some(b) => b,
+                None => {
+                    Self::device_buffer(&self.shared, params, size, self.shared.transfer_stream)?
+                }
+            };
             if size > 0 {
                 let dptr = b
                     .device_memory()
@@ -543,7 +566,8 @@ impl Allocator for CudaAllocator {
                     .map_or(0, |m| m.dptr);
                 ffi::check(
                     // SAFETY: zeroing the fresh allocation on the stream it was
-                    // allocated on.
+                    // allocated on, or an idle spare block (no work uses it:
+                    // see `SpareBlocks`).
                     unsafe {
                         (self.shared.api.cuMemsetD8Async)(
                             dptr,
@@ -650,7 +674,8 @@ impl Allocator for CudaAllocator {
 }
 
 /// Device-local blocks whose last user has finished, kept for reuse by
-/// queue allocations of the same size.
+/// allocations of the same size (queue allocations and the allocator's
+/// own).
 ///
 /// A device buffer is dropped only once every queue operation that used it
 /// has completed (queue operations keep their buffers until reported), so
@@ -662,8 +687,17 @@ impl Allocator for CudaAllocator {
 /// allocate transients on every call, with `FERRITE_CUDA_ALLOCA_INIT=none`.
 /// (By default, and with `poison`, see [`crate::diagnostics`], queue
 /// allocations are filled on the queue stream before use, and spare blocks
-/// are not handed out at once.) Bounded to [`SPARE_MAX_BYTES`];
-/// beyond that blocks go back to the stream-ordered pool.
+/// are not handed out at once.)
+///
+/// Bounded to [`SPARE_MAX_BYTES`] and [`SPARE_MAX_BLOCKS`]: a block that
+/// would pass either bound makes room by giving the oldest idle blocks
+/// back (to the stream-ordered pool), so blocks of sizes nobody asks for
+/// again (a transient shape that does not come back, a call's small
+/// inputs) leave in time instead of holding the spare, and with them
+/// whatever the driver keeps on the host per allocation (issue 29: a
+/// serving step's small inputs were such blocks, about 4 a step kept for
+/// ever, the likely cause of a cuda server's heap growing with its
+/// requests).
 ///
 /// The same structure, bounded to [`PINNED_SPARE_MAX_BYTES`], keeps idle
 /// pinned host blocks (by host address) for host-visible allocations,
@@ -671,6 +705,7 @@ impl Allocator for CudaAllocator {
 pub struct SpareBlocks {
     inner: Mutex<Spares>,
     max_bytes: u64,
+    max_blocks: usize,
 }
 
 impl Default for SpareBlocks {
@@ -681,35 +716,80 @@ impl Default for SpareBlocks {
 
 #[derive(Default)]
 struct Spares {
-    by_size: std::collections::HashMap<u64, Vec<CUdeviceptr>>,
+    /// Idle blocks by size, each with the stamp it was kept under, oldest
+    /// first.
+    by_size: HashMap<u64, VecDeque<(u64, CUdeviceptr)>>,
+    /// Every idle block's size by stamp: the oldest is the first.
+    ages: BTreeMap<u64, u64>,
+    /// The next block's stamp.
+    next_stamp: u64,
     bytes: u64,
+}
+
+impl Spares {
+    /// Forgets the oldest block and returns it.
+    fn pop_oldest(&mut self) -> Option<CUdeviceptr> {
+        let (stamp, len) = self.ages.pop_first()?;
+        let blocks = self.by_size.get_mut(&len)?;
+        // Stamps grow, so a size's oldest block is the oldest block
+        // overall among those of its size.
+        let (oldest, p) = blocks.pop_front()?;
+        debug_assert_eq!(oldest, stamp);
+        if blocks.is_empty() {
+            self.by_size.remove(&len);
+        }
+        self.bytes -= len;
+        Some(p)
+    }
 }
 
 /// At most this many bytes of idle device blocks are kept.
 pub const SPARE_MAX_BYTES: u64 = 256 << 20;
+
+/// At most this many idle blocks are kept (of each kind: device, pinned).
+/// Far more than a program keeps in flight per size; a bound on the
+/// count, not only the bytes, because tiny blocks (a call's 16-byte
+/// inputs) would take millions to reach the byte bound.
+pub const SPARE_MAX_BLOCKS: usize = 1024;
 
 /// At most this many bytes of idle pinned host blocks are kept (see
 /// [`CudaAllocator`]'s host-visible allocations).
 pub const PINNED_SPARE_MAX_BYTES: u64 = 16 << 20;
 
 impl SpareBlocks {
-    /// Keeps at most `max_bytes` of idle blocks.
+    /// Keeps at most `max_bytes` of idle blocks (and at most
+    /// [`SPARE_MAX_BLOCKS`] blocks).
     pub fn with_limit(max_bytes: u64) -> SpareBlocks {
         SpareBlocks {
             inner: Mutex::new(Spares::default()),
             max_bytes,
+            max_blocks: SPARE_MAX_BLOCKS,
         }
     }
 
-    /// Keeps the idle block `[dptr, dptr+len)`; false when full (free it).
-    pub(crate) fn put(&self, len: u64, dptr: CUdeviceptr) -> bool {
-        let mut s = self.inner.lock();
-        if s.bytes + len > self.max_bytes {
-            return false;
+    /// Keeps the idle block `[dptr, dptr+len)`, making room by forgetting
+    /// the oldest blocks. Returns the blocks the caller must free now:
+    /// those forgotten, or `dptr` itself when it alone passes the bytes
+    /// bound.
+    #[must_use = "the returned blocks are no longer kept and must be freed"]
+    pub(crate) fn put(&self, len: u64, dptr: CUdeviceptr) -> Vec<CUdeviceptr> {
+        if len > self.max_bytes || self.max_blocks == 0 {
+            return vec![dptr];
         }
+        let mut s = self.inner.lock();
+        let mut freed = Vec::new();
+        while s.bytes + len > self.max_bytes || s.ages.len() >= self.max_blocks {
+            match s.pop_oldest() {
+                Some(p) => freed.push(p),
+                None => break,
+            }
+        }
+        let stamp = s.next_stamp;
+        s.next_stamp += 1;
         s.bytes += len;
-        s.by_size.entry(len).or_default().push(dptr);
-        true
+        s.ages.insert(stamp, len);
+        s.by_size.entry(len).or_default().push_back((stamp, dptr));
+        freed
     }
 
     /// Bytes of idle blocks kept.
@@ -717,11 +797,17 @@ impl SpareBlocks {
         self.inner.lock().bytes
     }
 
-    /// An idle block of exactly `len` bytes.
+    /// How many idle blocks are kept.
+    pub(crate) fn blocks(&self) -> usize {
+        self.inner.lock().ages.len()
+    }
+
+    /// An idle block of exactly `len` bytes (the one kept last: the most
+    /// recently used memory).
     pub(crate) fn take(&self, len: u64) -> Option<CUdeviceptr> {
         let mut s = self.inner.lock();
         let blocks = s.by_size.get_mut(&len)?;
-        let p = blocks.pop()?;
+        let (stamp, p) = blocks.pop_back()?;
         // A size whose last block is taken is forgotten: programs whose
         // transient sizes vary per call (a batch's rows times its attended
         // length) would otherwise keep an entry and its list for every size
@@ -729,6 +815,7 @@ impl SpareBlocks {
         if blocks.is_empty() {
             s.by_size.remove(&len);
         }
+        s.ages.remove(&stamp);
         s.bytes -= len;
         Some(p)
     }
@@ -743,7 +830,11 @@ impl SpareBlocks {
     pub(crate) fn drain(&self) -> Vec<CUdeviceptr> {
         let mut s = self.inner.lock();
         s.bytes = 0;
-        s.by_size.drain().flat_map(|(_, v)| v).collect()
+        s.ages.clear();
+        s.by_size
+            .drain()
+            .flat_map(|(_, v)| v.into_iter().map(|(_, p)| p))
+            .collect()
     }
 }
 
@@ -969,18 +1060,69 @@ mod spare_block_tests {
         let spare = SpareBlocks::with_limit(1 << 30);
         // Many calls, each freeing and re-taking a block of its own size.
         for len in 1..=10_000u64 {
-            assert!(spare.put(len * 256, 0x1000 + len));
+            assert!(spare.put(len * 256, 0x1000 + len).is_empty());
             assert_eq!(spare.take(len * 256), Some(0x1000 + len));
         }
         assert_eq!(spare.sizes(), 0);
         assert_eq!(spare.bytes(), 0);
         // Blocks still idle keep their size; taking one of two keeps it.
-        assert!(spare.put(512, 1));
-        assert!(spare.put(512, 2));
+        assert!(spare.put(512, 1).is_empty());
+        assert!(spare.put(512, 2).is_empty());
         assert_eq!(spare.take(512), Some(2));
         assert_eq!(spare.sizes(), 1);
         assert_eq!(spare.take(512), Some(1));
         assert_eq!(spare.take(512), None);
         assert_eq!(spare.sizes(), 0);
+    }
+
+    /// Blocks of sizes nobody asks for again (a call's small inputs, which
+    /// `Allocator::allocate` made and queue allocations never take; odd
+    /// transient sizes) are not kept without bound: beyond
+    /// `SPARE_MAX_BLOCKS` the oldest go (issue 29: 4 tiny input buffers
+    /// per serving step stayed idle forever, far below the byte bound).
+    #[test]
+    fn blocks_nobody_takes_are_bounded_in_count() {
+        let spare = SpareBlocks::with_limit(super::SPARE_MAX_BYTES);
+        let mut freed = Vec::new();
+        for i in 0..100_000u64 {
+            freed.extend(spare.put(4 * (1 + i % 16), 0x1000 + i));
+        }
+        assert!(
+            spare.blocks() <= super::SPARE_MAX_BLOCKS,
+            "{} blocks kept",
+            spare.blocks()
+        );
+        // Every block is either still kept or handed back to be freed,
+        // once, oldest first.
+        assert_eq!(freed.len() + spare.blocks(), 100_000);
+        assert!(freed.windows(2).all(|w| w[0] < w[1]), "oldest first, once");
+        let mut kept = spare.drain();
+        kept.sort_unstable();
+        assert_eq!(kept.first(), Some(&(0x1000 + freed.len() as u64)));
+        assert_eq!(kept.last(), Some(&(0x1000 + 99_999)));
+        assert_eq!((spare.blocks(), spare.bytes()), (0, 0));
+    }
+
+    /// When the byte bound is reached, a block of a size in use replaces
+    /// the oldest idle blocks instead of being refused: stale sizes (a
+    /// transient shape that never came back) would otherwise hold the
+    /// spare and every later size went back to the driver.
+    #[test]
+    fn a_full_spare_makes_room_by_forgetting_its_oldest_blocks() {
+        let spare = SpareBlocks::with_limit(1 << 20);
+        for i in 0..16u64 {
+            assert!(spare.put(64 << 10, 0x10_0000 * (i + 1)).is_empty());
+        }
+        assert_eq!(spare.bytes(), 1 << 20);
+        // The oldest block makes room for the new one.
+        assert_eq!(spare.put(4096, 0x42), vec![0x10_0000]);
+        assert_eq!(spare.bytes(), (15 << 16) + 4096);
+        assert_eq!(spare.take(4096), Some(0x42), "the new block is kept");
+        // The most recently kept block of a size is taken first.
+        assert_eq!(spare.take(64 << 10), Some(0x10_0000 * 16));
+        // A block larger than the whole bound is not kept (nothing else
+        // is forgotten for it).
+        assert_eq!(spare.put(2 << 20, 0x77), vec![0x77]);
+        assert_eq!(spare.blocks(), 14);
     }
 }

@@ -171,6 +171,67 @@ fn idle_pinned_blocks_are_reused_zeroed() {
     );
 }
 
+/// Device-local buffers the allocator makes (a program's inputs, made
+/// anew for every call) reuse idle blocks of their size, zeroed again, so
+/// allocate-drop cycles keep at most one idle block per size; blocks
+/// nobody takes again are bounded in count (issue 29: every such cycle
+/// left one more idle block before, about 4 per serving step, and a cuda
+/// server's heap grew with its requests).
+#[test]
+fn device_allocations_reuse_idle_blocks_and_stay_bounded() {
+    let Some(dev) = gpu() else { return };
+    let cuda = as_cuda(&dev);
+    let idle = || cuda.shared().idle_device_blocks();
+    let a = dev.allocator().allocate(&device_params(), 64).unwrap();
+    a.write(0, &[0xab; 64]).unwrap();
+    let first = device_address(&a);
+    drop(a);
+    assert_eq!(idle(), (1, 64));
+    let b = dev.allocator().allocate(&device_params(), 64).unwrap();
+    assert_eq!(
+        device_address(&b),
+        first,
+        "the idle block of the same size is reused"
+    );
+    assert_eq!(idle(), (0, 0));
+    assert!(
+        b.to_vec().unwrap().iter().all(|&x| x == 0),
+        "reused blocks are zeroed"
+    );
+    drop(b);
+    for i in 0..4000u64 {
+        drop(
+            dev.allocator()
+                .allocate(&device_params(), 4 * (1 + i % 16))
+                .unwrap(),
+        );
+    }
+    let (blocks, _) = idle();
+    assert!(
+        blocks <= 16,
+        "{blocks} idle blocks after 4,000 allocate-drop cycles of 16 sizes"
+    );
+    // Sizes never asked for again: the oldest idle blocks are freed.
+    let max = ferrite_hal_cuda::memory::SPARE_MAX_BLOCKS;
+    let live: Vec<_> = (0..2 * max as u64)
+        .map(|i| {
+            dev.allocator()
+                .allocate(&device_params(), 4096 + 4 * i)
+                .unwrap()
+        })
+        .collect();
+    drop(live);
+    let (blocks, bytes) = idle();
+    assert!(blocks <= max, "{blocks} idle blocks kept (bound {max})");
+    assert!(bytes <= ferrite_hal_cuda::memory::SPARE_MAX_BYTES);
+    // The memory freed is usable again: a queue operation still runs.
+    let s = Semaphore::new(0);
+    let c = dev.allocator().allocate(&device_params(), 256).unwrap();
+    queue::fill(&dev, &Fence::new(), &at(&s, 1), c.clone(), 0, 256, vec![7]).unwrap();
+    s.wait(1, within(10)).unwrap();
+    assert!(c.to_vec().unwrap().iter().all(|&x| x == 7));
+}
+
 /// A reusable command buffer (fill, barrier, two unordered dispatches,
 /// barrier, dispatch) runs as a CUDA graph; executions with other binding
 /// tables update its bindings in place; a table too small for a node's
