@@ -90,6 +90,9 @@ pub struct Trace {
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// Set while [`stop`] waits for pending work: no new work becomes pending
+/// (work already running still records, e.g. an execute's dispatches).
+static STOPPING: AtomicBool = AtomicBool::new(false);
 static RECORDING: Mutex<Option<Trace>> = Mutex::new(None);
 /// The number of the current (or last) recording, from 1.
 static SESSION: AtomicU64 = AtomicU64::new(0);
@@ -174,15 +177,18 @@ pub fn start() -> crate::Result<()> {
 /// was running).
 ///
 /// Work begun while recording is in the recording even when its events
-/// come later: new work stops being traced, the recorders registered with
-/// [`flush_on_stop`] are asked to report what they owe (a GPU's timed
-/// spans), and the work still [`Pending`] is waited for (at most a minute,
-/// then a note on stderr) before the recording is closed.
+/// come later: no new work becomes [`Pending`], the recorders registered
+/// with [`flush_on_stop`] are asked to report what they owe (a GPU's timed
+/// spans), and the pending work is waited for (at most a minute, then a
+/// note on stderr) before the recording is closed. Meanwhile the recording
+/// stays on, so what the pending work records (an execute's dispatches)
+/// is in it.
 pub fn stop() -> Option<Trace> {
-    ENABLED.store(false, Ordering::Release);
     if RECORDING.lock().is_none() {
+        ENABLED.store(false, Ordering::Release);
         return None;
     }
+    STOPPING.store(true, Ordering::SeqCst);
     let flushers: Vec<std::sync::Arc<dyn Flush>> = {
         let mut f = FLUSHERS.lock();
         f.retain(|w| w.strong_count() > 0);
@@ -204,6 +210,8 @@ pub fn stop() -> Option<Trace> {
             }
         }
     }
+    ENABLED.store(false, Ordering::Release);
+    STOPPING.store(false, Ordering::SeqCst);
     let mut trace = RECORDING.lock().take()?;
     trace.tracks.insert(HOST_TRACK, "host (VM)".to_string());
     for (i, name) in DEVICE_TRACKS.lock().iter().enumerate() {
@@ -258,8 +266,19 @@ pub fn pending() -> Option<Pending> {
     if !enabled() {
         return None;
     }
-    *PENDING.lock() += 1;
+    let mut pending = PENDING.lock();
+    // Under the lock `stop` reads the count with: work is either counted
+    // before it looks, or sees it stopping.
+    if STOPPING.load(Ordering::SeqCst) {
+        return None;
+    }
+    *pending += 1;
     Some(Pending { session: session() })
+}
+
+/// How much [`Pending`] work the recording waits for now.
+pub fn pending_work() -> u64 {
+    *PENDING.lock()
 }
 
 /// Records `event` when a recording is running (ignored otherwise); the

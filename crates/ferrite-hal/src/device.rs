@@ -577,6 +577,12 @@ pub mod queue {
             let label = format!("{} queue {op}", device.id());
             let args = args.to_vec();
             Box::new(move || {
+                // Running work is pending for the recording: stopping it
+                // waits for this span. Work that begins once it is stopping
+                // runs untraced.
+                let Some(pending) = ferrite_base::trace::pending() else {
+                    return work().map_err(|e| e.annotate(format!("queue {op}")));
+                };
                 let start = ferrite_base::trace::now_ns();
                 let guard = ferrite_base::trace::set_doing(label);
                 let outcome = work().map_err(|e| e.annotate(format!("queue {op}")));
@@ -587,6 +593,7 @@ pub mod queue {
                     args.push(("failed", Arg::Str(e.to_string())));
                 }
                 ferrite_base::trace::complete("queue", op, track, start, args);
+                drop(pending);
                 outcome
             })
         }
