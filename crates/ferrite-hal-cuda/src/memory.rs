@@ -116,7 +116,7 @@ impl Drop for CudaMemory {
                     // Kept; what the spare forgets to make room is freed.
                     self.shared.spare.put(self.len, self.dptr)
                 };
-                for p in free {
+                for &p in &free {
                     // SAFETY: `p` came from cuMemAllocAsync (this block, or
                     // an idle spare block no buffer refers to any more) and
                     // is freed once, ordered after all work enqueued on the
@@ -124,6 +124,7 @@ impl Drop for CudaMemory {
                     // it).
                     unsafe { (api.cuMemFreeAsync)(p, self.shared.stream) };
                 }
+                crate::profile::pool_released(&self.shared, self.dptr, self.len, &free);
             }
             Kind::Pinned(p) => {
                 // Kept for the next allocation of this size: a pinned
@@ -410,7 +411,9 @@ impl CudaAllocator {
         size: u64,
     ) -> Option<Buffer> {
         let dptr = shared.spare.take(size)?;
-        Some(Self::device_memory_buffer(shared, params, dptr, size))
+        let b = Self::device_memory_buffer(shared, params, dptr, size);
+        crate::profile::pool_acquired(shared, &b, dptr, size, true);
+        Some(b)
     }
 
     /// A buffer over the device block `[dptr, dptr+size)`, which it owns.
@@ -454,15 +457,19 @@ impl CudaAllocator {
             let mut r = alloc(&mut dptr);
             if r == ffi::CUDA_ERROR_OUT_OF_MEMORY {
                 // Idle spare blocks go back to the pool before giving up.
-                for p in shared.spare.drain() {
+                let idle = shared.spare.drain();
+                for &p in &idle {
                     // SAFETY: idle pool blocks of this context, freed once.
                     unsafe { (shared.api.cuMemFreeAsync)(p, stream) };
                 }
+                crate::profile::pool_returned(shared, &idle);
                 r = alloc(&mut dptr);
             }
             ffi::check(r, &format!("allocating {size} bytes of device memory"))?;
         }
-        Ok(Self::device_memory_buffer(shared, params, dptr, size))
+        let b = Self::device_memory_buffer(shared, params, dptr, size);
+        crate::profile::pool_acquired(shared, &b, dptr, size, false);
+        Ok(b)
     }
 
     fn pinned_buffer(&self, params: &BufferParams, size: u64) -> Result<Buffer> {

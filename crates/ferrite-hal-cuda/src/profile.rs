@@ -48,6 +48,21 @@
 //! semaphore the host or another device signals) when the recording stops
 //! runs untimed.
 //!
+//! The device's block pool (idle device blocks kept for reuse,
+//! [`crate::memory::SpareBlocks`], behind device-local allocations) records
+//! the same `memory` events as the CPU devices' queue pool
+//! (`ferrite_hal::allocator`'s pool events): `slab_acquire` (a fresh block
+//! from the driver), `pool_reserve` (`reused` 1 for an idle block, 0 for
+//! the fresh one), `pool_materialize`, `pool_release` (the buffer's block
+//! dropped: kept idle, or freed), `slab_release` (a block back to the
+//! driver: an exported one, the oldest idle ones the pool forgets to make
+//! room, all idle ones before retrying an allocation that ran out of
+//! memory), each with the pool's state after it ([`pool_acquired`],
+//! [`pool_released`], [`pool_returned`]). The pool's counts are kept
+//! whether or not a trace is recorded (a lock and a few additions per
+//! device allocation and release; a map entry per block made or freed by
+//! the driver, beside a driver call each).
+//!
 //! Off, the cost is one relaxed atomic load per queue operation and per
 //! launch ([`ferrite_base::trace::enabled`]).
 
@@ -161,12 +176,25 @@ struct ClockState {
 
 struct StreamHandle(CUstream);
 
-/// A device's timing events and reference (see the module docs).
+/// A device's timing events and reference, and the state of its block
+/// pool (see the module docs).
 #[derive(Default)]
 pub(crate) struct DeviceClock {
     state: Mutex<ClockState>,
     /// Reached timing events for reuse.
     pool: Mutex<Vec<CUevent>>,
+    /// Device blocks held by buffers, for memory events.
+    blocks: Mutex<PoolBlocks>,
+}
+
+/// Device blocks held by buffers (count and bytes), and every block's
+/// length by address from the driver's allocation to its free (a block
+/// the pool forgets is known by address only).
+#[derive(Default)]
+struct PoolBlocks {
+    live: u64,
+    live_bytes: u64,
+    lengths: std::collections::HashMap<u64, u64>,
 }
 
 // SAFETY: plain driver handles (events, one stream), used with the
@@ -542,6 +570,111 @@ impl trace::Flush for CudaContext {
 pub(crate) fn flush_on_stop(shared: &Arc<CudaContext>) {
     let weak: Weak<dyn trace::Flush> = Arc::downgrade(shared) as Weak<CudaContext>;
     trace::flush_on_stop(weak);
+}
+
+/// `ferrite_hal::MemoryType::DEVICE_LOCAL`'s bits: what the pool's blocks
+/// are (memory events carry it).
+const DEVICE_LOCAL: u64 = 0x30;
+
+/// Records a pool event `name` of block `backing` (`bytes` long) on
+/// device `shared`'s track, with the pool's state after it from `blocks`
+/// (live) and the idle blocks (see the module docs).
+fn pool_event(
+    shared: &CudaContext,
+    blocks: &PoolBlocks,
+    name: &'static str,
+    backing: u64,
+    bytes: u64,
+    extra: &[(&'static str, u64)],
+) {
+    let idle_blocks = shared.spare.blocks() as u64;
+    let mut args = Vec::with_capacity(7 + extra.len());
+    args.push(("backing", Arg::U64(backing)));
+    args.push(("bytes", Arg::U64(bytes)));
+    args.extend(extra.iter().map(|&(k, v)| (k, Arg::U64(v))));
+    args.push(("memory_type", Arg::U64(DEVICE_LOCAL)));
+    args.push(("pool_reserved", Arg::U64(blocks.live_bytes)));
+    args.push(("pool_free", Arg::U64(shared.spare.bytes())));
+    args.push(("pool_reservations", Arg::U64(blocks.live)));
+    args.push(("pool_slabs", Arg::U64(blocks.live + idle_blocks)));
+    let track = trace::device_track(&track_name(shared.ordinal));
+    trace::instant("memory", name, track, args);
+}
+
+/// The device block `dptr` (`size` bytes) became `buffer`'s: an idle block
+/// taken (`reused`), or a fresh one from the driver. Counts it, and while
+/// recording records the block's acquisition (fresh), reservation and
+/// materialization.
+pub(crate) fn pool_acquired(
+    shared: &CudaContext,
+    buffer: &ferrite_hal::buffer::Buffer,
+    dptr: u64,
+    size: u64,
+    reused: bool,
+) {
+    if dptr == 0 {
+        return;
+    }
+    let mut blocks = shared.clock.blocks.lock();
+    blocks.live += 1;
+    blocks.live_bytes += size;
+    if !reused {
+        blocks.lengths.insert(dptr, size);
+    }
+    if !trace::enabled() {
+        return;
+    }
+    let id = buffer.allocation_id();
+    if !reused {
+        pool_event(shared, &blocks, "slab_acquire", dptr, size, &[]);
+    }
+    let reserve = [
+        ("allocation", id),
+        ("requested", size),
+        ("reused", reused as u64),
+    ];
+    pool_event(shared, &blocks, "pool_reserve", dptr, size, &reserve);
+    let materialize = [("allocation", id), ("requested", size)];
+    pool_event(
+        shared,
+        &blocks,
+        "pool_materialize",
+        dptr,
+        size,
+        &materialize,
+    );
+}
+
+/// The buffer of device block `dptr` (`len` bytes) was dropped and its
+/// block kept idle or freed; `freed` are the blocks that went back to the
+/// driver with it (itself when not kept, idle blocks the pool forgot).
+pub(crate) fn pool_released(shared: &CudaContext, dptr: u64, len: u64, freed: &[u64]) {
+    if dptr == 0 {
+        return;
+    }
+    let mut blocks = shared.clock.blocks.lock();
+    blocks.live -= 1;
+    blocks.live_bytes -= len;
+    let recording = trace::enabled();
+    if recording {
+        pool_event(shared, &blocks, "pool_release", dptr, len, &[]);
+    }
+    slab_releases(shared, &mut blocks, freed, recording);
+}
+
+/// Idle blocks `freed` went back to the driver.
+pub(crate) fn pool_returned(shared: &CudaContext, freed: &[u64]) {
+    let mut blocks = shared.clock.blocks.lock();
+    slab_releases(shared, &mut blocks, freed, trace::enabled());
+}
+
+fn slab_releases(shared: &CudaContext, blocks: &mut PoolBlocks, freed: &[u64], recording: bool) {
+    for &p in freed {
+        let len = blocks.lengths.remove(&p).unwrap_or(0);
+        if recording {
+            pool_event(shared, blocks, "slab_release", p, len, &[]);
+        }
+    }
 }
 
 /// What a queue operation records while a trace is recorded: its name and
