@@ -38,6 +38,7 @@ use ferrite_hal::allocator::{Allocator, CachingAllocator, HeapAllocator};
 use ferrite_hal::buffer::DeviceRange;
 use ferrite_hal::channel::{ChannelParams, ChannelProvider, ChannelRef};
 use ferrite_hal::command_buffer::{Binding, BufferRef, Command};
+use ferrite_hal::command_trace;
 use ferrite_hal::device::{run_inline, Device, Work, WorkHint};
 use ferrite_hal::executable::Executable;
 use ferrite_hal::fence::Fence;
@@ -221,7 +222,7 @@ impl CpuDevice {
         });
         if let Some(start) = start {
             let mut args = dispatch_args(workgroups, &addrs.lens, &outcome);
-            args.extend(executable_args(cpu, function));
+            args.extend(command_trace::executable_args(cpu, function));
             let took = trace::now_ns().saturating_sub(start);
             args.push(("tiles", Arg::U64(1)));
             args.push(("tile_ns", Arg::U64(took)));
@@ -252,31 +253,6 @@ fn export_name(cpu: &CpuExecutable, function: u32) -> String {
     cpu.library()
         .export(function)
         .map_or_else(|| format!("export {function}"), |e| e.name.clone())
-}
-
-/// What a profile bundle needs to know of a dispatch's executable: an
-/// identifier (the loaded executable's address, unique while it lives),
-/// the function's ordinal, and the export's shape (workgroup size,
-/// constant and binding counts, the library's export count).
-fn executable_args(cpu: &CpuExecutable, function: u32) -> Vec<(&'static str, Arg)> {
-    let library = cpu.library();
-    let mut args = vec![
-        (
-            "executable",
-            Arg::U64(cpu as *const CpuExecutable as usize as u64),
-        ),
-        ("function", Arg::U64(function as u64)),
-        ("functions", Arg::U64(library.exports().len() as u64)),
-    ];
-    if let Some(e) = library.export(function) {
-        args.push((
-            "workgroup_size",
-            Arg::List(e.workgroup_size.iter().map(|&w| w as u64).collect()),
-        ));
-        args.push(("constants", Arg::U64(e.constant_count as u64)));
-        args.push(("bindings", Arg::U64(e.binding_count as u64)));
-    }
-    args
 }
 
 /// Where a dispatch failure arose, for its status: the export by name and
@@ -731,7 +707,7 @@ impl<'a> CommandsWork<'a> {
                     None => Ok(()),
                 };
                 let mut args = dispatch_args(d.workgroups, &d.addrs.lens, &outcome);
-                args.extend(executable_args(d.cpu, d.function));
+                args.extend(command_trace::executable_args(d.cpu, d.function));
                 args.push(("command", Arg::U64(item.command as u64)));
                 args.push(("tiles", Arg::U64(item.tiles)));
                 args.push(("tile_ns", Arg::U64(d.tile_ns.load(Ordering::Relaxed))));

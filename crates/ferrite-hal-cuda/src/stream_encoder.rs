@@ -293,7 +293,10 @@ pub(crate) fn replay(
                         // here, and the bundle finds it by walking.
                         args.push(("command", Arg::U64(index as u64)));
                     }
-                    args.extend(executable_args(executable, *function));
+                    args.extend(ferrite_hal::command_trace::executable_args(
+                        &*executable.0,
+                        *function,
+                    ));
                     trace::instant(
                         "dispatch enqueue",
                         kernel.name.to_string(),
@@ -318,34 +321,6 @@ pub(crate) fn replay(
         k.execution();
     }
     Ok(None)
-}
-
-/// What a profile bundle needs to know of a dispatch's executable, as
-/// the CPU devices and the command buffer descriptions
-/// ([`ferrite_hal::command_trace`]) name it: the loaded executable's
-/// address, the export's ordinal, the export count, and the export's
-/// workgroup size and constant and binding counts.
-fn executable_args(
-    executable: &ferrite_hal::executable::ExecutableRef,
-    function: u32,
-) -> Vec<(&'static str, ferrite_base::trace::Arg)> {
-    use ferrite_base::trace::Arg;
-    let exports = executable.0.exports();
-    let raw = Arc::as_ptr(&executable.0) as *const () as usize as u64;
-    let mut args = vec![
-        ("executable", Arg::U64(raw)),
-        ("function", Arg::U64(function as u64)),
-        ("functions", Arg::U64(exports.len() as u64)),
-    ];
-    if let Some(e) = exports.get(function as usize) {
-        args.push((
-            "workgroup_size",
-            Arg::List(e.workgroup_size.iter().map(|&w| w as u64).collect()),
-        ));
-        args.push(("constants", Arg::U64(e.constant_count as u64)));
-        args.push(("bindings", Arg::U64(e.binding_count as u64)));
-    }
-    args
 }
 
 /// Checks a collective's channel and ranges and resolves its buffers to

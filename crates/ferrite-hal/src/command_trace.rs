@@ -13,8 +13,8 @@
 //! their dispatch spans.
 
 use crate::command_buffer::{BufferRef, Command, CommandBuffer};
+use crate::executable::Executable;
 use ferrite_base::trace::{self, Arg};
-use std::sync::Arc;
 
 /// Command flags (upstream's command-operation flag bits).
 const FLAG_EXECUTION_BARRIER: u64 = 1;
@@ -118,10 +118,9 @@ fn command_args(c: &Command) -> (String, Vec<(&'static str, Arg)>) {
         } => {
             let exports = executable.0.exports();
             let export = exports.get(*function as usize);
-            // The loaded executable's address: what the CPU devices name
-            // the executable by in their dispatch spans.
-            let raw = Arc::as_ptr(&executable.0) as *const () as usize as u64;
-            args.push(("executable", Arg::U64(raw)));
+            // What the devices name the executable by in their dispatch
+            // spans ([`executable_args`]).
+            args.push(("executable", Arg::U64(executable_id(&*executable.0))));
             args.push(("function", Arg::U64(*function as u64)));
             args.push(("functions", Arg::U64(exports.len() as u64)));
             args.push((
@@ -160,9 +159,75 @@ fn command_args(c: &Command) -> (String, Vec<(&'static str, Arg)>) {
     (name, args)
 }
 
+/// The loaded executable's address: unique while it lives, what dispatch
+/// spans and command descriptions name an executable by.
+pub fn executable_id(executable: &dyn Executable) -> u64 {
+    executable as *const dyn Executable as *const () as usize as u64
+}
+
+/// What a profile bundle needs to know of a dispatch's executable, as every
+/// device puts it in its dispatch spans: the executable
+/// ([`executable_id`]), the function's ordinal, the export count, and the
+/// export's workgroup size and constant and binding counts (those three
+/// left out for an ordinal the executable does not export).
+pub fn executable_args(executable: &dyn Executable, function: u32) -> Vec<(&'static str, Arg)> {
+    let exports = executable.exports();
+    let mut args = vec![
+        ("executable", Arg::U64(executable_id(executable))),
+        ("function", Arg::U64(function as u64)),
+        ("functions", Arg::U64(exports.len() as u64)),
+    ];
+    if let Some(e) = exports.get(function as usize) {
+        args.push((
+            "workgroup_size",
+            Arg::List(e.workgroup_size.iter().map(|&w| w as u64).collect()),
+        ));
+        args.push(("constants", Arg::U64(e.constant_count as u64)));
+        args.push(("bindings", Arg::U64(e.binding_count as u64)));
+    }
+    args
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executable::ExportInfo;
+    use std::sync::Arc;
+
+    struct Exports(Vec<ExportInfo>);
+    impl Executable for Exports {
+        fn exports(&self) -> &[ExportInfo] {
+            &self.0
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    #[test]
+    fn executable_args_name_the_executable_and_its_export() {
+        let exe: Arc<dyn Executable> = Arc::new(Exports(vec![ExportInfo {
+            name: "k".to_string(),
+            workgroup_size: [64, 2, 1],
+            constant_count: 3,
+            binding_count: 2,
+        }]));
+        let id = Arc::as_ptr(&exe) as *const () as usize as u64;
+        assert_eq!(executable_id(&*exe), id);
+        assert_eq!(
+            executable_args(&*exe, 0),
+            vec![
+                ("executable", Arg::U64(id)),
+                ("function", Arg::U64(0)),
+                ("functions", Arg::U64(1)),
+                ("workgroup_size", Arg::List(vec![64, 2, 1])),
+                ("constants", Arg::U64(3)),
+                ("bindings", Arg::U64(2)),
+            ]
+        );
+        // An ordinal past the exports: only what is known.
+        assert_eq!(executable_args(&*exe, 5).len(), 3);
+    }
 
     #[test]
     fn described_once_per_recording_with_each_command() {
