@@ -780,6 +780,20 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
                 _ => None,
             };
         }
+        // Each device's memory type: its pool events say (cuda's device
+        // memory); CPU devices' is host memory the device uses.
+        let mut memory_type_of: BTreeMap<u32, u64> = BTreeMap::new();
+        for e in &memory_ops {
+            if let Some(t) = u64_arg(e, "memory_type") {
+                memory_type_of.entry(device_of(e)).or_insert(t);
+            }
+        }
+        let memory_type = |device: u32| {
+            memory_type_of
+                .get(&device)
+                .copied()
+                .unwrap_or(CPU_MEMORY_TYPE)
+        };
         let mut p = Bytes(Vec::new());
         for (n, &(is_queue, i)) in timeline.iter().enumerate() {
             let event_id = n as u64 + 1;
@@ -794,6 +808,7 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
                         } else {
                             MEMORY_QUEUE_DEALLOCA
                         },
+                        memory_type: memory_type(dev),
                         flags: MEMORY_FLAG_QUEUE_OPERATION,
                         result: u32::MAX,
                         event_id,
@@ -834,6 +849,7 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
                 &mut p,
                 MemoryEvent {
                     kind,
+                    memory_type: memory_type(device_of(e)),
                     flags,
                     result,
                     event_id,
@@ -910,6 +926,10 @@ fn lifecycle_ids(
     // alloca, by allocation address; open reservations and slabs by block.
     let mut open: BTreeMap<u64, u64> = BTreeMap::new();
     let mut reserved: BTreeMap<u64, u64> = BTreeMap::new();
+    // Open queue allocations no reservation has joined yet: a device that
+    // times its queue operations on the GPU (cuda) may date an alloca
+    // before the host reserved its block.
+    let mut unreserved: BTreeMap<u64, u64> = BTreeMap::new();
     let mut reservations: BTreeMap<u64, u64> = BTreeMap::new();
     let mut slabs: BTreeMap<u64, u64> = BTreeMap::new();
     for &(is_queue, i) in timeline {
@@ -920,11 +940,21 @@ fn lifecycle_ids(
             };
             queue_ids[i] = match e.name.as_str() {
                 "alloca" => {
-                    let id = reserved.remove(&key).unwrap_or_else(&mut new_id);
+                    let id = match reserved.remove(&key) {
+                        Some(id) => id,
+                        None => {
+                            let id = new_id();
+                            unreserved.insert(key, id);
+                            id
+                        }
+                    };
                     open.insert(key, id);
                     id
                 }
-                "dealloca" => open.remove(&key).unwrap_or_else(&mut new_id),
+                "dealloca" => {
+                    unreserved.remove(&key);
+                    open.remove(&key).unwrap_or_else(&mut new_id)
+                }
                 _ => 0,
             };
             continue;
@@ -941,11 +971,18 @@ fn lifecycle_ids(
             }
             "slab_release" => slabs.remove(&block).unwrap_or_else(&mut new_id),
             "pool_reserve" => {
-                let id = new_id();
+                let allocation = u64_arg(e, "allocation");
+                let id = match allocation.and_then(|a| unreserved.remove(&a)) {
+                    Some(id) => id,
+                    None => {
+                        let id = new_id();
+                        if let Some(a) = allocation {
+                            reserved.insert(a, id);
+                        }
+                        id
+                    }
+                };
                 reservations.insert(block, id);
-                if let Some(a) = u64_arg(e, "allocation") {
-                    reserved.insert(a, id);
-                }
                 id
             }
             "pool_materialize" => reservations
@@ -968,6 +1005,9 @@ fn lifecycle_ids(
 /// The fields of one memory event.
 struct MemoryEvent {
     kind: u32,
+    /// The memory's type bits (upstream's numbering, which Ferrite's
+    /// `MemoryType` shares).
+    memory_type: u64,
     flags: u32,
     result: u32,
     event_id: u64,
@@ -1000,7 +1040,7 @@ fn memory_event(p: &mut Bytes, m: MemoryEvent) {
         .u32(0)
         .u32(0) // frontier entries
         .u32(0)
-        .u64(CPU_MEMORY_TYPE)
+        .u64(m.memory_type)
         .u64(0) // buffer usage
         .u64(0) // offset in the block
         .u64(m.length)
@@ -1321,6 +1361,31 @@ mod tests {
         let timeline = memory_timeline(&q, &m[..2]);
         assert_eq!(timeline, [(false, 0), (false, 1), (true, 0)]);
         assert_eq!(lifecycle_ids(&q, &m[..2], &timeline).0, [2]);
+    }
+
+    #[test]
+    fn a_reservation_dated_after_its_alloca_joins_it() {
+        // cuda: the alloca is dated by the GPU (it reached the operation
+        // while the host was still taking the block), the reservation by
+        // the host; a second allocation in the usual order; the first
+        // released.
+        let queue = [
+            at(queue_op("alloca", Some(0xA)), 1),
+            at(queue_op("alloca", Some(0xB)), 5),
+            at(queue_op("dealloca", Some(0xA)), 7),
+        ];
+        let memory = [
+            pool_event("pool_reserve", 0xB0, Some(0xA), 2),
+            pool_event("pool_materialize", 0xB0, Some(0xA), 3),
+            pool_event("pool_reserve", 0xB1, Some(0xB), 4),
+            pool_event("pool_release", 0xB0, None, 8),
+        ];
+        let q: Vec<&Event> = queue.iter().collect();
+        let m: Vec<&Event> = memory.iter().collect();
+        let timeline = memory_timeline(&q, &m);
+        let (queue_ids, memory_ids) = lifecycle_ids(&q, &m, &timeline);
+        assert_eq!(queue_ids, [1, 2, 1]);
+        assert_eq!(memory_ids, [1, 1, 2, 1]);
     }
 
     #[test]
