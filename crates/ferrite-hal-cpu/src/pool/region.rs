@@ -814,17 +814,9 @@ impl Region {
                 return;
             }
             if self.aside && self.participants.load(Ordering::SeqCst) > 0 {
-                let epoch = self.leader_epoch.load(Ordering::SeqCst);
-                self.leader_sleeping
-                    .store(LEADER_FOR_WORKERS, Ordering::SeqCst);
-                if !self.is_finished() && self.participants.load(Ordering::SeqCst) > 0 {
-                    self.pool
-                        .stats
-                        .leader_sleeps
-                        .fetch_add(1, Ordering::Relaxed);
-                    park::wait(&self.leader_epoch, epoch);
-                }
-                self.leader_sleeping.store(LEADER_AWAKE, Ordering::SeqCst);
+                self.leader_sleep(LEADER_FOR_WORKERS, || {
+                    !self.is_finished() && self.participants.load(Ordering::SeqCst) > 0
+                });
                 spin = None;
                 continue;
             }
@@ -836,21 +828,32 @@ impl Region {
             if s.poll(&self.pool) {
                 continue;
             }
-            // Sleep until the stage changes: announce, re-check, sleep on
-            // the epoch read before the re-check (see `wake_leader`).
-            let epoch = self.leader_epoch.load(Ordering::SeqCst);
-            self.leader_sleeping
-                .store(LEADER_FOR_STAGE, Ordering::SeqCst);
-            if self.stage.0.load(Ordering::SeqCst) as usize == stage {
-                self.pool
-                    .stats
-                    .leader_sleeps
-                    .fetch_add(1, Ordering::Relaxed);
-                park::wait(&self.leader_epoch, epoch);
-            }
-            self.leader_sleeping.store(LEADER_AWAKE, Ordering::SeqCst);
+            // Sleep until the stage changes.
+            self.leader_sleep(LEADER_FOR_STAGE, || {
+                self.stage.0.load(Ordering::SeqCst) as usize == stage
+            });
             spin = None;
         }
+    }
+
+    /// The leader sleeps for `reason` ([`LEADER_FOR_STAGE`] or
+    /// [`LEADER_FOR_WORKERS`]) while `still` holds: it reads the epoch,
+    /// announces what it sleeps for, re-checks `still` and sleeps on the
+    /// epoch read before the re-check, so a wake-up between the check and
+    /// the futex wait is not lost (see [`Region::wake_leader`] and
+    /// [`Region::leave`], which bump the epoch after seeing the
+    /// announcement).
+    fn leader_sleep(&self, reason: u32, still: impl FnOnce() -> bool) {
+        let epoch = self.leader_epoch.load(Ordering::SeqCst);
+        self.leader_sleeping.store(reason, Ordering::SeqCst);
+        if still() {
+            self.pool
+                .stats
+                .leader_sleeps
+                .fetch_add(1, Ordering::Relaxed);
+            park::wait(&self.leader_epoch, epoch);
+        }
+        self.leader_sleeping.store(LEADER_AWAKE, Ordering::SeqCst);
     }
 }
 
