@@ -355,3 +355,104 @@ fn operations_still_running_when_the_recording_stops_are_in_it() {
     let next = trace::stop().unwrap();
     assert!(next.events.is_empty(), "{:?}", next.events);
 }
+
+/// The device's block pool records the CPU queue pool's memory events: a
+/// queue allocation on a fresh block (acquired from the driver, reserved,
+/// materialized), its release keeping the block idle, and a second
+/// allocation of the same size reusing it; each event with the pool's
+/// state after it and the allocation id of the buffer it served.
+#[test]
+fn pool_blocks_show_in_memory_events() {
+    let Some(dev) = gpu() else { return };
+    let _one = RECORDER.lock().unwrap_or_else(|e| e.into_inner());
+    let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
+    // A size nothing else of this (new) device allocates.
+    const SIZE: u64 = 3 * 4096 + 256;
+    let s = Semaphore::new(0);
+    let at = |v| Fence::create_at(s.clone(), v);
+    trace::start().unwrap();
+    let mut ids = Vec::new();
+    for round in 0..2u64 {
+        let b = queue::alloca(&dev, &at(2 * round), &at(2 * round + 1), &params, SIZE).unwrap();
+        ids.push(b.allocation_id());
+        // The queue's handle is the last: the block goes back when the
+        // release is reported.
+        queue::dealloca(&dev, &at(2 * round + 1), &at(2 * round + 2), b).unwrap();
+        s.wait(2 * round + 2, Timeout::INFINITE).unwrap();
+    }
+    let recorded = trace::stop().unwrap();
+    let track = trace::device_track("cuda://0");
+    let memory: Vec<&Event> = recorded
+        .events
+        .iter()
+        .filter(|e| e.cat == "memory" && e.track == track)
+        .collect();
+    let names: Vec<&str> = memory.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "slab_acquire",
+            "pool_reserve",
+            "pool_materialize",
+            "pool_release",
+            "pool_reserve",
+            "pool_materialize",
+            "pool_release"
+        ],
+        "{memory:#?}"
+    );
+    let block = u64_arg(memory[0], "backing").unwrap();
+    assert_ne!(block, 0);
+    for e in &memory {
+        assert_eq!(u64_arg(e, "backing"), Some(block), "one block: {e:?}");
+        assert_eq!(u64_arg(e, "bytes"), Some(SIZE), "{e:?}");
+        assert_eq!(u64_arg(e, "memory_type"), Some(0x30), "{e:?}");
+    }
+    // Fresh, then reused; each reservation names its buffer.
+    assert_eq!(u64_arg(memory[1], "reused"), Some(0));
+    assert_eq!(u64_arg(memory[4], "reused"), Some(1));
+    for (k, i) in [(0, 1), (0, 2), (1, 4), (1, 5)] {
+        assert_eq!(
+            u64_arg(memory[i], "allocation"),
+            Some(ids[k]),
+            "{:?}",
+            memory[i]
+        );
+    }
+    // The pool's state after each: (bytes held by buffers, idle bytes,
+    // buffers, blocks).
+    let state = |e: &Event| {
+        [
+            "pool_reserved",
+            "pool_free",
+            "pool_reservations",
+            "pool_slabs",
+        ]
+        .map(|k| u64_arg(e, k).unwrap_or_else(|| panic!("no {k}: {e:?}")))
+    };
+    let held = state(memory[0]);
+    let [bytes, idle, buffers, blocks] = held;
+    assert!(
+        bytes >= SIZE && buffers >= 1 && blocks >= buffers,
+        "{held:?}"
+    );
+    let released = [bytes - SIZE, idle + SIZE, buffers - 1, blocks];
+    let expected = [held, held, held, released, held, held, released];
+    let got: Vec<[u64; 4]> = memory.iter().map(|e| state(e)).collect();
+    assert_eq!(got, expected, "{memory:#?}");
+    // The queue's allocations and releases name the same buffers.
+    let queue_ids: Vec<(String, Option<u64>)> = recorded
+        .events
+        .iter()
+        .filter(|e| e.cat == "queue" && (e.name == "alloca" || e.name == "dealloca"))
+        .map(|e| (e.name.clone(), u64_arg(e, "allocation")))
+        .collect();
+    for id in &ids {
+        for op in ["alloca", "dealloca"] {
+            assert!(
+                queue_ids.contains(&(op.to_string(), Some(*id))),
+                "{op} of {id}: {queue_ids:?}"
+            );
+        }
+    }
+}
