@@ -186,7 +186,10 @@ echo "== profile bundle on cuda (upstream's iree-profile, iree-profile-render)"
 # the device-timestamped dispatch events in the bundle are the kernels the
 # driver launched (FERRITE_CUDA_KERNEL_TIMES counts them independently),
 # each matched to its command, with a device duration, in stream order,
-# with clock samples; and the bundle renders to Perfetto.
+# with clock samples; the queue operations are device queue events with
+# device durations (device-queue-events); the device's block pool shows
+# in the memory events (fresh blocks, reservations joined to allocations);
+# and the bundle renders to Perfetto.
 PROF_MODULE=$DIFF_DIR/trace_two_matmuls.cuda.vmfb
 if [ -z "$UPSTREAM_BIN" ] || [ ! -x "$UPSTREAM_BIN/iree-profile" ]; then
   echo "SKIPPED profile bundle (no upstream iree-profile: UPSTREAM_BIN unset)"
@@ -197,7 +200,7 @@ else
   rm -rf "$T" && mkdir -p "$T"
   run=$(FERRITE_CUDA_KERNEL_TIMES=1 "$FERRITE" run-module --device=cuda --module="$PROF_MODULE" \
     --function=two_matmuls --input=32x64xf32=1 --input=64x16xf32=1 --input=16x8xf32=1 \
-    --device_profiling_mode=queue-events,host-execution,dispatch-events,memory-events \
+    --device_profiling_mode=queue-events,host-execution,device-queue-events,dispatch-events,memory-events \
     --device_profiling_output="$T/cuda.ireeprof" --trace="$T/cuda.json" 2>&1)
   launches=$(echo "$run" | grep -oE "kernel times .*: [0-9]+ launches" | grep -oE "[0-9]+ launches" | cut -d' ' -f1)
   summary=$("$UPSTREAM_BIN/iree-profile" summary "$T/cuda.ireeprof" 2>&1)
@@ -230,7 +233,21 @@ want(samples is not None and int(samples.group(1)) >= 1, "no clock samples")
 for export in ("two_matmuls_dispatch_0", "two_matmuls_dispatch_1"):
     want(export in dispatch, f"{export} missing")
 want("type=execute" in queue, "no execute in the queue events")
+device_queue = int(field(summary, "event_records:", "queue_device_events"))
+want(device_queue > 0, "no device queue events")
+device_lines = [l.strip() for l in queue.splitlines() if l.strip().startswith("device_event=")]
+want(len(device_lines) == device_queue, f"{len(device_lines)} device_event lines, {device_queue} records")
+want(any(" type=execute " in l for l in device_lines), "no execute among the device queue events")
+for l in device_lines:
+    want(" valid=true" in l and " ns=" in l, f"device queue event without a device duration: {l}")
 want(re.search(r"queue_alloca/dealloca=[1-9]", memory) is not None, "no queue allocations")
+pool = re.search(r"slab_acquire/release=(\d+)/(\d+) pool_reserve/materialize/release/wait=(\d+)/(\d+)/(\d+)/\d+", memory)
+want(pool is not None, "no pool counts in iree-profile memory")
+if pool:
+    acquired, _, reserved, materialized, released = (int(g) for g in pool.groups())
+    want(acquired >= 1, "no fresh pool block (slab acquire)")
+    want(reserved >= 1 and reserved == materialized, f"pool reserve/materialize {reserved}/{materialized}")
+    want(released >= 1, "no pool release")
 events = [json.loads(l) for l in open(jsonl)]
 ds = [e for e in events if e.get("record_type") == "dispatch_event"]
 want(len(ds) == int(total), f"{len(ds)} dispatch events exported")
@@ -242,7 +259,8 @@ json.load(open(trace))
 if problems:
     print("; ".join(problems))
     sys.exit(1)
-print(f"{total} device dispatches = {launches} launches, {samples.group(1)} clock samples, device times "
+print(f"{total} device dispatches = {launches} launches, {samples.group(1)} clock samples, "
+      + f"{device_queue} device queue events, pool {pool.group(0) if pool else '-'}, device times "
       + ", ".join(str(d["duration_ticks"]) + " ns" for d in ds))
 PY
   ); then

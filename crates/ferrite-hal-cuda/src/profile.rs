@@ -308,14 +308,14 @@ impl DeviceClock {
     /// current reference) against that window as a `clock` sample. Such
     /// samples show how the two clocks agree over the recording (upstream's
     /// tools fit one to the other from the first and the last); a few
-    /// microseconds every millisecond at most. Context current.
-    fn sample_if_due(&self, shared: &CudaContext) {
+    /// microseconds every millisecond at most; with `now`, whenever the
+    /// recording has a reference (the closing sample when it stops).
+    /// Context current.
+    fn sample_if_due(&self, shared: &CudaContext, now: bool) {
         let api = shared.api;
         let mut state = self.state.lock();
-        let now = trace::now_ns();
-        if now.saturating_sub(state.last_sample_ns) < SAMPLE_EVERY_NS
-            || state.session != trace::session()
-        {
+        let due = trace::now_ns().saturating_sub(state.last_sample_ns) >= SAMPLE_EVERY_NS;
+        if !(due || now) || state.session != trace::session() {
             return;
         }
         let (Some(reference), Some(stream)) = (state.reference.clone(), state.stream.as_ref())
@@ -549,7 +549,7 @@ pub(crate) fn resolve(shared: &CudaContext, timings: &mut Vec<Timing>, reached: 
         });
     }
     if recording && reached {
-        shared.clock.sample_if_due(shared);
+        shared.clock.sample_if_due(shared, false);
     }
 }
 
@@ -561,6 +561,10 @@ impl trace::Flush for CudaContext {
     fn flush(&self) {
         if self.make_current().is_ok() {
             self.completions.report(self, true, true);
+            // A closing clock sample: with the reference's, every
+            // recording with device times has two, from which tools fit
+            // the device clock over the whole recording.
+            self.clock.sample_if_due(self, true);
         }
     }
 }
