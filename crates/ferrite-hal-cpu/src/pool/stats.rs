@@ -106,6 +106,22 @@ impl PoolState {
             s.idle_spin.as_secs_f64() * 1e3,
             s.worker_cpu_time.as_secs_f64() * 1e3,
         );
+        // How evenly the workers shared the work: on a machine whose CPUs
+        // are all busy, the scheduler gives each CPU's threads their fair
+        // share, so a worker that ran (or spun) far more than the others
+        // is the one descheduled mid-tile (issue 25).
+        let mut per_worker: Vec<Duration> =
+            self.cpu_clocks.lock().iter().map(cpu_time_of).collect();
+        if !per_worker.is_empty() {
+            per_worker.sort();
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            eprintln!(
+                "  worker CPU min / median / max: {:.3} / {:.3} / {:.3} ms",
+                ms(per_worker[0]),
+                ms(per_worker[per_worker.len() / 2]),
+                ms(per_worker[per_worker.len() - 1]),
+            );
+        }
         if let Some(t) = &self.timing {
             eprintln!("{}", t.lock().describe());
         }

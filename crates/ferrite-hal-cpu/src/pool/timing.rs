@@ -217,6 +217,20 @@ impl StageSums {
                 "\n  tile time per thread against its stage's mean tile (processor id:ratio): {}",
                 speeds.join(" ")
             ));
+            // Which threads ran the tiles: an even spread gives each
+            // thread 1/threads of them.
+            let all: u64 = self.per_thread.iter().map(|(_, n)| n).sum();
+            let shares: Vec<String> = self
+                .per_thread
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, n))| *n > 0)
+                .map(|(id, (_, n))| format!("{id}:{:.1}", 100.0 * *n as f64 / all.max(1) as f64))
+                .collect();
+            out.push_str(&format!(
+                "\n  tiles per thread, % of all (processor id:share): {}",
+                shares.join(" ")
+            ));
         }
         out.push_str(
             "\n  stage  runs  tiles/run  wall_us  sched_us  gap_us  notice_us  spread_us  busy_us  longest_us  threads  balance",
@@ -315,6 +329,26 @@ mod tests {
                 .contains("(processor id:ratio): 0:1.25 1:0.75\n"),
             "{}",
             sums.describe()
+        );
+        // Tile shares: of the multi-tile stages' tiles, each thread ran one.
+        assert!(
+            sums.describe()
+                .contains("(processor id:share): 0:50.0 1:50.0"),
+            "{}",
+            sums.describe()
+        );
+        let uneven = RegionTiming::new(1);
+        for i in 0..4 {
+            uneven.tile(0, 0, 50, u32::from(i == 3));
+        }
+        let mut unevens = StageSums::default();
+        unevens.fold(&uneven, 2);
+        assert!(
+            unevens
+                .describe()
+                .contains("(processor id:share): 0:75.0 1:25.0"),
+            "{}",
+            unevens.describe()
         );
         assert!(requested(Some(std::ffi::OsStr::new("stages"))));
         assert!(!requested(Some(std::ffi::OsStr::new("1"))));
