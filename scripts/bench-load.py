@@ -30,6 +30,21 @@ UPSTREAM_BIN (folder with iree-benchmark-module; default .venv/bin), VENV.
 no `--under-load`). With --modules DIR, the .vmfb files found there (add, chain100, mlp) are
 used as they are (for a machine without the compiler).
 
+--profile DIR records where the time goes instead of timing: for each case
+and device, each runtime's `benchmark-module` writes a `host-execution`
+profile bundle (upstream 3.13's `.ireeprof`; `--device_profiling_mode=
+host-execution`) into DIR, idle and then under the same load, and the
+pinned `iree-profile` reads all four; per dispatch export it prints the
+time per workgroup (the bundle's tile time over the dispatch's
+workgroups: how fast the code runs) and the dispatch time per submission
+(first workgroup start to last end: how well it is spread over threads)
+for both runtimes, and per submission the wall, the time no dispatch ran
+(gaps) and the workgroup time in all. Recording costs time of its own
+(Ferrite records each tile; under load a recording thread that loses its
+CPU delays the others), so these walls are not the timings above.
+--parameter-mode MODE passes `--parameter_mode=MODE` (file or preload) to
+both runtimes for the MiniLM case.
+
 --python times the same cases through Python instead: ferrite.runtime against
 iree.runtime (both from this interpreter's environment), the same module,
 function, numpy inputs and device, each runtime in a process of its own
@@ -260,6 +275,107 @@ def one_round(flags, args):
     return ns(g[0], g[1]), ns(g[2], g[3]), ns(g[4], g[5]), ns(g[6], g[7])
 
 
+def profile_tool():
+    """The pinned `iree-profile` (beside upstream's benchmark tool, else in the venv)."""
+    for d in (BIN, os.path.join(VENV, "bin")):
+        path = os.path.join(d, "iree-profile")
+        if os.path.exists(path):
+            return path
+    sys.exit(f"--profile needs upstream's iree-profile (looked in {BIN} and {VENV}/bin)")
+
+
+def dispatch_events(bundle):
+    """The host dispatch events of `bundle`, as `iree-profile dispatch` gives them."""
+    p = subprocess.run([profile_tool(), "dispatch", "--format=jsonl", "--dispatch_events", bundle],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"iree-profile failed on {bundle}:\n{p.stderr}")
+    import json
+
+    events = [json.loads(line) for line in p.stdout.splitlines() if '"host_dispatch_event"' in line]
+    return [e for e in events if e.get("valid")]
+
+
+def profile_summary(events):
+    """Per export: [events, workgroups, tile ns, dispatch ns] over the bundle;
+    per submission: (wall ns, gap ns, tile ns). Submissions without a
+    dispatch of the called function (initializers) are left out: only
+    those whose dispatches' exports start with the function's name count
+    (IREE names them `FUNCTION$async_dispatch_N_...` or
+    `FUNCTION_dispatch_N_...`)."""
+    subs = {}
+    for e in events:
+        subs.setdefault(e["submission_id"], []).append(e)
+    per_export, walls = {}, []
+    for es in subs.values():
+        if any(e["key"].startswith(("_initializer", "__init")) for e in es):
+            continue
+        spans = sorted((e["start_host_time_ns"], e["end_host_time_ns"]) for e in es)
+        covered, (cs, ce) = 0, spans[0]
+        for a, b in spans[1:]:
+            if a > ce:
+                covered += ce - cs
+                cs, ce = a, b
+            else:
+                ce = max(ce, b)
+        covered += ce - cs
+        wall = max(b for _, b in spans) - spans[0][0]
+        walls.append((wall, wall - covered, sum(e["tile_duration_sum_ns"] for e in es)))
+        for e in es:
+            wg = e["workgroup_count"][0] * e["workgroup_count"][1] * e["workgroup_count"][2]
+            row = per_export.setdefault(e["key"], [0, 0, 0, 0])
+            row[0] += 1
+            row[1] += wg
+            row[2] += e["tile_duration_sum_ns"]
+            row[3] += e["duration_ns"]
+    return per_export, walls
+
+
+def profile_case(name, dev, flags, args):
+    """--profile: records and compares the case's per-dispatch times (see the docs above)."""
+    os.makedirs(args.profile, exist_ok=True)
+    tag = f"{name}-{dev}"
+    bundles = {}
+
+    def record(runtime, state):
+        cmd = ([FERRITE, "benchmark-module"] if runtime == "ferrite"
+               else [os.path.join(BIN, "iree-benchmark-module")])
+        out = os.path.join(args.profile, f"{tag}-{runtime}-{state}.ireeprof")
+        run([*cmd, *flags, f"--benchmark_min_time={args.min_time}s",
+             "--device_profiling_mode=host-execution", f"--device_profiling_output={out}"])
+        bundles[(runtime, state)] = profile_summary(dispatch_events(out))
+
+    for runtime in ("ferrite", "upstream"):
+        record(runtime, "idle")
+    with ScriptLoad(args.load_seconds):
+        for runtime in ("ferrite", "upstream"):
+            record(runtime, "loaded")
+    for state in ("idle", "loaded"):
+        (fx, fw), (ux, uw) = bundles[("ferrite", state)], bundles[("upstream", state)]
+        if not fw or not uw:
+            log(f"  {tag} {state}: no submissions recorded")
+            continue
+        n_f, n_u = len(fw), len(uw)
+        med = lambda xs, k: statistics.median(x[k] for x in xs)
+        log(f"\n{tag}, {state}: per submission (median) ferrite / upstream: wall "
+            f"{fmt(med(fw, 0))} / {fmt(med(uw, 0))}, no dispatch running {fmt(med(fw, 1))} / "
+            f"{fmt(med(uw, 1))}, workgroup time in all {fmt(med(fw, 2))} / {fmt(med(uw, 2))} "
+            f"({n_f} / {n_u} submissions)")
+        log(f"  {'dispatch':<58} {'n/sub':>5} {'us/wg f':>8} {'us/wg u':>8} {'ratio':>6} "
+            f"{'us/sub f':>9} {'us/sub u':>9} {'ratio':>6}")
+        order = lambda k: (int(re.search(r"dispatch_(\d+)", k).group(1)) if re.search(r"dispatch_(\d+)", k)
+                           else -1, k)
+        for key in sorted(set(fx) | set(ux), key=order):
+            f = fx.get(key, [0, 0, 0, 0])
+            u = ux.get(key, [0, 0, 0, 0])
+            wf = f[2] / f[1] / 1e3 if f[1] else float("nan")
+            wu = u[2] / u[1] / 1e3 if u[1] else float("nan")
+            sf, su = f[3] / n_f / 1e3, u[3] / n_u / 1e3
+            log(f"  {key[-58:]:<58} {max(f[0] / n_f, u[0] / n_u):>5.1f} {wf:>8.1f} {wu:>8.1f} "
+                f"{wf / wu if wu else float('nan'):>5.2f}x {sf:>9.1f} {su:>9.1f} "
+                f"{sf / su if su else float('nan'):>5.2f}x")
+
+
 def fmt(x):
     if x >= 1e6:
         return f"{x / 1e6:.2f} ms"
@@ -281,6 +397,11 @@ def main():
     ap.add_argument("--script-load", action="store_true",
                     help="start the load here, around plain --compare-upstream runs (for ferrite "
                          "binaries without --under-load, e.g. to time an older build)")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="record host-execution profiles idle and loaded into DIR and compare "
+                         "them per dispatch instead of timing (see above)")
+    ap.add_argument("--parameter-mode", choices=["file", "preload"],
+                    help="--parameter_mode for both runtimes (MiniLM)")
     ap.add_argument("--python", action="store_true",
                     help="time through Python: ferrite.runtime vs iree.runtime (see above)")
     # One timing of one runtime, in a process of its own (used by --python).
@@ -294,6 +415,8 @@ def main():
     if args.py_time:
         py_time(args)
         return
+    if args.profile and args.python:
+        sys.exit("--profile records the CLI tools' profiles; it does not combine with --python")
     cases = [c for c in CASES if not args.only or c[0] in args.only]
     cpus = os.cpu_count()
     if args.python:
@@ -308,11 +431,16 @@ def main():
             module = os.path.join(ROOT, "examples", "minilm", "minilm.vmfb")
             weights = minilm_weights(args)
             mod = [f"--module={module}", f"--parameters=model={weights}"]
+            if args.parameter_mode:
+                mod.append(f"--parameter_mode={args.parameter_mode}")
         else:
             module, weights = module_for(src, args), None
             mod = [f"--module={module}"]
         for dev in args.devices:
             flags = [*mod, f"--function={fn}", *[f"--input={i}" for i in inputs], *DEVICES[dev]]
+            if args.profile:
+                profile_case(name, dev, flags, args)
+                continue
             got = []
             for r in range(args.rounds):
                 if args.python:
@@ -330,6 +458,8 @@ def main():
                                 f"{name}/{dev}", fi / 1e3, ui / 1e3, "us/call",
                                 TARGETS.get(f"{name}/{dev}"),
                                 loaded=(fl / 1e3, ul / 1e3))
+    if args.profile:
+        return
     log(f"\nmedian of {args.rounds} round(s); ratio = ferrite / upstream (lower is better); "
         f"loaded = {cpus} busy processes (one per CPU); {'through Python' if args.python else 'CLI'}")
     log(f"{'case':<22} {'idle ferrite':>13} {'idle upstream':>14} {'idle ratio':>10} "
