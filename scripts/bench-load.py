@@ -55,6 +55,7 @@ settled 3 s, killed afterwards); under the load the two alternate twice
 of its two timings, as the CLI's `--under-load` does.
 """
 import argparse
+import json
 import os
 import re
 import signal
@@ -290,8 +291,6 @@ def dispatch_events(bundle):
                        capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"iree-profile failed on {bundle}:\n{p.stderr}")
-    import json
-
     events = [json.loads(line) for line in p.stdout.splitlines() if '"host_dispatch_event"' in line]
     return [e for e in events if e.get("valid")]
 
