@@ -9,7 +9,7 @@ use ferrite_base::{bail, Result};
 use parking_lot::Mutex;
 
 use crate::buffer::{Allocation, AllocationHome, Buffer, HeapBlock, HostMemory};
-use crate::external::ExternalBuffer;
+use crate::external::import::{ExternalBuffer, ExternalBufferType};
 use crate::memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
 
 mod pool_events;
@@ -173,7 +173,7 @@ pub trait Allocator: Send + Sync {
     /// [`Allocator::import_host`] and refuses device allocations; a driver
     /// with device memory of its own overrides it.
     fn import_buffer(&self, params: &BufferParams, buffer: ExternalBuffer) -> Result<Buffer> {
-        crate::external::import_with_host(self, params, buffer)
+        import_with_host(self, params, buffer)
     }
 
     /// True when [`Allocator::import_host`] of `length` bytes of such
@@ -191,6 +191,26 @@ pub trait Allocator: Send + Sync {
     /// Releases cached memory, if any.
     fn trim(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// [`Allocator::import_buffer`]'s default: host allocations through
+/// [`Allocator::import_host`], device allocations refused (the allocator
+/// has no device memory of its own to wrap them as). Also reachable as
+/// `ferrite_hal::external::import_with_host`.
+pub fn import_with_host<A: Allocator + ?Sized>(
+    allocator: &A,
+    params: &BufferParams,
+    buffer: ExternalBuffer,
+) -> Result<Buffer> {
+    match buffer.buffer_type() {
+        ExternalBufferType::HostAllocation => allocator.import_host(params, buffer.into_host_memory()?),
+        ExternalBufferType::DeviceAllocation => bail!(
+            InvalidArgument,
+            "this allocator has no device memory: it cannot import a device allocation ({} bytes at {:#x}); import it through the device it belongs to",
+            buffer.size(),
+            buffer.address()
+        ),
     }
 }
 

@@ -366,7 +366,7 @@ pub unsafe trait DeviceMemory: Send + Sync + 'static {
     /// Where the memory is in the device's own API, for users outside
     /// Ferrite (see [`crate::external`]); None (the default) when the
     /// driver does not hand its memory out.
-    fn native(&self) -> Option<crate::external::NativeMemory> {
+    fn native(&self) -> Option<crate::external::native::NativeMemory> {
         None
     }
     /// Told when the memory is handed to a user outside Ferrite whose own
