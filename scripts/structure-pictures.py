@@ -10,7 +10,8 @@ into a temporary directory (the checkout is not touched), then:
    m's code names n: a `use` of `crate::`, `super::` or `self::` paths (brace
    groups expanded), such a path anywhere in the code, or `child::` of a module m
    declares. A path names the longest module prefix it has (`crate::a::b::X` is
-   `a::b` if that file exists, else `a`). `mod` declarations alone are no edge,
+   `a::b` if that file exists, else `a`); `super::`/`self::` inside an inline
+   `mod name { }` start from that inline module. `mod` declarations alone are no edge,
    inline `#[cfg(test)] mod ... { }` blocks, comments and strings are left out.
    A cycle is a strongly connected component of two or more files: its files and
    the edges inside it are drawn red. One PNG per revision, a panel per crate,
@@ -71,6 +72,7 @@ USE = re.compile(r"\buse\s+([^;]+);")
 PATH = re.compile(r"\b(crate|super|self)((?:\s*::\s*\w+)+)")
 MOD_DECL = re.compile(r"^\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", re.M)
 CHILD_REF = re.compile(r"(?<![\w:])(\w+)\s*::\s*\w")
+INLINE_MOD = re.compile(r"(?:pub(?:\([^)]*\))?\s+)?\bmod\s+(\w+)\s*\{")
 
 
 def code_only(text):
@@ -141,11 +143,26 @@ def crate_graph(src):
     for m, f in modules.items():
         text = code_only(f.read_text(errors="replace"))
         children = {c for c in MOD_DECL.findall(text)}
+        # Inline `mod name { ... }` blocks (not files): `super::`/`self::` in
+        # them start from the inline module, so `super::X` inside one names
+        # its own file, not the file's parent.
+        inline = []
+        for im in INLINE_MOD.finditer(text):
+            depth, i = 1, im.end()
+            while i < len(text) and depth:
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                i += 1
+            inline.append((im.start(), i, im.group(1)))
+
+        def inline_path(pos):
+            return tuple(name for start, end, name in inline if start < pos < end)
+
         paths = []
-        for tree in USE.findall(text):
-            paths.extend(expand_use(tree))
-        paths.extend(kind + rest for kind, rest in PATH.findall(text))
-        for p in paths:
+        for um in USE.finditer(text):
+            paths.extend((p, inline_path(um.start())) for p in expand_use(um.group(1)))
+        paths.extend((pm.group(1) + pm.group(2), inline_path(pm.start()))
+                     for pm in PATH.finditer(text))
+        for p, within in paths:
             segs = [s for s in re.sub(r"\s+", "", p).split("::") if s and s not in ("*",)]
             if not segs:
                 continue
@@ -153,7 +170,7 @@ def crate_graph(src):
             if head == "crate":
                 target = resolve((), rest)
             elif head in ("super", "self"):
-                base = list(m)
+                base = list(m) + list(within)
                 while segs and segs[0] in ("super", "self"):
                     if segs.pop(0) == "super" and base:
                         base.pop()
