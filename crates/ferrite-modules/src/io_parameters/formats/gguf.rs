@@ -12,7 +12,7 @@
 
 use ferrite_base::{bail, status, Result};
 
-use super::Reader;
+use super::reader::Reader;
 use crate::io_parameters::file_handle::FileHandle;
 use crate::io_parameters::index::ParameterIndex;
 

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use ferrite_base::{bail, status, Result};
 
-use super::Reader;
+use super::reader::Reader;
 use crate::io_parameters::file_handle::FileHandle;
 use crate::io_parameters::index::{ParameterIndex, Storage};
 
