@@ -106,8 +106,15 @@ class Fn:
     """Emits one function body. `t` is the token count: an int (static) or
     None (dynamic, the SSA index %T)."""
 
-    def __init__(self, t, mode="single"):
+    def __init__(self, t, mode="single", gpu=False):
         self.t = t
+        # The cuda program's formulation (build_mlir(gpu=True)): the same
+        # math, with the one-row kernels (decode, the LM head) written
+        # without a unit row dimension and given compilation configs of
+        # ours (matmul_q4_1_gpu, _q8_head_gpu, attention_pv_gpu,
+        # row_reduce_gpu), and prefill's matrices dequantized once per call
+        # (matmul_q4_1_wide).
+        self.gpu = gpu
         # "single": the one-sequence program (cache `@kv<layer>`, rows at
         # positions %pos + t); "slot": prefill of one slot of the batch
         # program (%slot, positions %pos + t); "batch": decode_batch, row t
@@ -216,9 +223,114 @@ class Fn:
         ]
 
     def matmul_q4_1(self, x, name, n, k):
-        if self.mode == "wide":
+        if self.gpu and self.t == 1:
+            return self.matmul_q4_1_gpu(x, name, n, k)
+        if self.mode == "wide" or self.gpu:
             return self.matmul_q4_1_wide(x, name, n, k)
         return self.matmul_q4_1_fused(x, name, n, k)
+
+    def generic_cfg(self, cfg, *args, **kwargs):
+        """`generic` with a `compilation_info` attribute `cfg` (None: none)."""
+        v = self.generic(*args, **kwargs)
+        if cfg is not None:
+            for i in range(len(self.lines) - 1, -1, -1):
+                if self.lines[i].lstrip().startswith(f"{v} = linalg.generic"):
+                    assert self.lines[i].endswith(" {")
+                    self.lines[i] = self.lines[i][:-2] + f" attrs = {{compilation_info = {cfg}}} {{"
+                    break
+        return v
+
+    @staticmethod
+    def warp_rows_cfg(rows, blocks, width, split=1):
+        """The cuda compilation config of a one-row block matvec generic over
+        (n, block, j < width), block and j reductions: `split` 32-lane
+        subgroups per row, `rows` rows per workgroup; lane l takes j = l % 16
+        (and j + 16 when width is 32) of the blocks of its half (l / 16) of
+        its subgroup's part of the row, so a row is read in one pass with no
+        loop over blocks, and its sum is 5 subgroup shuffles (and a
+        shared-memory step when split > 1). The pinned compiler's own choice
+        for this generic is one thread per j and a serial loop over the
+        blocks (16 threads a row: 9 to 26 us a launch on an H200,
+        latency-bound)."""
+        assert blocks % (2 * split) == 0 and width % 16 == 0
+        lc = (
+            f"#iree_gpu.lowering_config<{{lane_basis = [[1, 2, 16], [0, 1, 2]], partial_reduction = [0, {blocks}, {width}], "
+            f"subgroup_basis = [[{rows}, {split}, 1], [0, 1, 2]], thread = [0, {blocks // (2 * split)}, {width // 16}], "
+            f"workgroup = [{rows}, 0, 0]}}>"
+        )
+        ti = (
+            f"#iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<VectorDistribute> "
+            f"workgroup_size = [{32 * rows * split}, 1, 1] subgroup_size = 32>"
+        )
+        return f"#iree_codegen.compilation_info<lowering_config = {lc}, translation_info = {ti}>"
+
+    @classmethod
+    def q4_1_step_body(cls, a):
+        """The body of a Q4_1 matvec step over (block, j < 16): x values j
+        and 16 + j of the block (a[0], a[1]) times the two nibbles of byte j
+        (a[2]) dequantized with the block's f16 d (a[3], a[4]) and m (a[5],
+        a[6]), added to the accumulator a[7]."""
+        x0, x1, q, dl, dh, ml, mh, acc = a
+        return [
+            *cls.f16_lines(dl, dh, "%d"),
+            *cls.f16_lines(ml, mh, "%m"),
+            "%c15 = arith.constant 15 : i8",
+            "%c4 = arith.constant 4 : i8",
+            f"%lo = arith.andi {q}, %c15 : i8",
+            f"%hi = arith.shrui {q}, %c4 : i8",
+            "%lf = arith.uitofp %lo : i8 to f32",
+            "%hf = arith.uitofp %hi : i8 to f32",
+            "%w0 = arith.mulf %d, %lf : f32",
+            "%w0m = arith.addf %w0, %m : f32",
+            "%w1 = arith.mulf %d, %hf : f32",
+            "%w1m = arith.addf %w1, %m : f32",
+            f"%p0 = arith.mulf {x0}, %w0m : f32",
+            f"%p1 = arith.mulf {x1}, %w1m : f32",
+            "%p = arith.addf %p0, %p1 : f32",
+            f"%r = arith.addf {acc}, %p : f32",
+            "linalg.yield %r : f32",
+        ]
+
+    def matmul_q4_1_gpu(self, x, name, n, k):
+        """The cuda program's one-row matvec: x [1, k] times the Q4_1 matrix
+        `name` [n, k] transposed, [1, n]. The math and operands of
+        matmul_q4_1_fused with no row dimension (a unit dimension is folded
+        away by the compiler, and with it a compilation config) and with the
+        config of warp_rows_cfg."""
+        b = k // 32
+        wty = _global_type("Q4_1", (n, k))
+        w = self.fresh("w")
+        self.emit(f"{w} = util.global.load @{_sym(name)} : {wty}")
+        xe = self.fresh("x")
+        self.emit(f"{xe} = tensor.expand_shape {x} [[0], [1, 2, 3]] output_shape [1, {b}, 2, 16] : tensor<1x{k}xf32> into tensor<1x{b}x2x16xf32>")
+        halves = []
+        for h in range(2):
+            v = self.fresh("x")
+            self.emit(f"{v} = tensor.extract_slice {xe}[0, 0, {h}, 0] [1, {b}, 1, 16] [1, 1, 1, 1] : tensor<1x{b}x2x16xf32> to tensor<{b}x16xf32>")
+            halves.append(v)
+        qs, qty = self.slice_bytes(w, wty, n, b, 20, 4, 16)
+        parts = [self.slice_bytes(w, wty, n, b, 20, o, 1) for o in range(4)]
+
+
+        ins = [(hv, f"tensor<{b}x16xf32>", ["b", "j"], "f32") for hv in halves]
+        ins += [(qs, qty, ["n", "b", "j"], "i8")]
+        ins += [(p, pty, ["n", "b"], "i8") for (p, pty) in parts]
+        out = self.empty([n], fill="0.0")
+        # Subgroups per row so that a lane takes at most 9 blocks: ffn_down's
+        # 48 blocks a row as one subgroup (24 blocks a lane) took 23 us a
+        # launch on an H200 against 8 us for the 18-block matrices.
+        split = next(s for s in range(1, b + 1) if b % (2 * s) == 0 and b // (2 * s) <= 9)
+        r = self.generic_cfg(
+            self.warp_rows_cfg(2 if n <= 576 else 4, b, 16, split),
+            ["n", "b", "j"],
+            ["parallel", "reduction", "reduction"],
+            ins,
+            (out, [n], ["n"]),
+            self.q4_1_step_body,
+        )
+        o = self.fresh("x")
+        self.emit(f"{o} = tensor.expand_shape {r} [[0, 1]] output_shape [1, {n}] : tensor<{n}xf32> into tensor<1x{n}xf32>")
+        return o
 
     def dequant_q4_1(self, name, n, k):
         """The Q4_1 matrix `name` [n, k] as f32 [n, k]: one elementwise
@@ -306,29 +418,6 @@ class Fn:
         parts = [self.slice_bytes(w, wty, n, b, 20, o, 1) for o in range(4)]
         out = self.empty(["T", n], fill="0.0")
         dims = ["t", "n", "b", "j"]
-
-        def body(a):
-            x0, x1, q, dl, dh, ml, mh, acc = a
-            return [
-                *self.f16_lines(dl, dh, "%d"),
-                *self.f16_lines(ml, mh, "%m"),
-                "%c15 = arith.constant 15 : i8",
-                "%c4 = arith.constant 4 : i8",
-                f"%lo = arith.andi {q}, %c15 : i8",
-                f"%hi = arith.shrui {q}, %c4 : i8",
-                "%lf = arith.uitofp %lo : i8 to f32",
-                "%hf = arith.uitofp %hi : i8 to f32",
-                "%w0 = arith.mulf %d, %lf : f32",
-                "%w0m = arith.addf %w0, %m : f32",
-                "%w1 = arith.mulf %d, %hf : f32",
-                "%w1m = arith.addf %w1, %m : f32",
-                f"%p0 = arith.mulf {x0}, %w0m : f32",
-                f"%p1 = arith.mulf {x1}, %w1m : f32",
-                "%p = arith.addf %p0, %p1 : f32",
-                f"%r = arith.addf {acc}, %p : f32",
-                "linalg.yield %r : f32",
-            ]
-
         ins = [(hv, self.ty(["T", b, 16]), ["t", "b", "j"], "f32") for hv in halves]
         ins += [(qs, qty, ["n", "b", "j"], "i8")]
         ins += [(p, pty, ["n", "b"], "i8") for (p, pty) in parts]
@@ -337,7 +426,7 @@ class Fn:
             ["parallel", "parallel", "reduction", "reduction"],
             ins,
             (out, ["T", n], ["t", "n"]),
-            body,
+            self.q4_1_step_body,
         )
 
     def tsize(self):
@@ -604,13 +693,17 @@ class Fn:
             ],
         )
         rshape = [KV_HEADS, GROUP, "T"]
-        mx = self.generic(
-            ["g", "r", "t", "l"],
-            ["parallel"] * 3 + ["reduction"],
-            [(sm, self.ty(sshape), ["g", "r", "t", "l"], "f32")],
-            (self.empty(rshape, fill="0xFF800000"), rshape, ["g", "r", "t"]),
-            lambda a: [f"%r = arith.maximumf {a[0]}, {a[1]} : f32", "linalg.yield %r : f32"],
-        )
+        gpu_step = self.gpu and self.t == 1 and not batch
+        if gpu_step:
+            mx = self.row_reduce_gpu(sm, "0xFF800000", "arith.maximumf")
+        else:
+            mx = self.generic(
+                ["g", "r", "t", "l"],
+                ["parallel"] * 3 + ["reduction"],
+                [(sm, self.ty(sshape), ["g", "r", "t", "l"], "f32")],
+                (self.empty(rshape, fill="0xFF800000"), rshape, ["g", "r", "t"]),
+                lambda a: [f"%r = arith.maximumf {a[0]}, {a[1]} : f32", "linalg.yield %r : f32"],
+            )
         e = self.generic(
             ["g", "r", "t", "l"],
             ["parallel"] * 4,
@@ -618,6 +711,9 @@ class Fn:
             (self.empty(sshape), sshape, ["g", "r", "t", "l"]),
             lambda a: [f"%d = arith.subf {a[0]}, {a[1]} : f32", "%r = math.exp %d : f32", "linalg.yield %r : f32"],
         )
+        # The sum keeps the compiler's config: it shares its dispatch with
+        # the division below, which ROW_CFG does not describe (the pinned
+        # compiler fails to distribute it).
         sums = self.generic(
             ["g", "r", "t", "l"],
             ["parallel"] * 3 + ["reduction"],
@@ -626,13 +722,16 @@ class Fn:
             lambda a: [f"%r = arith.addf {a[1]}, {a[0]} : f32", "linalg.yield %r : f32"],
         )
         oshape = ["T", KV_HEADS, GROUP, HEAD_DIM]
-        o = self.generic(
-            ["t", "g", "r", "d", "l"],
-            ["parallel"] * 4 + ["reduction"],
-            [(e, self.ty(sshape), ["g", "r", "t", "l"], "f32"), (v, kvty, kvmap, "f32")],
-            (self.empty(oshape, fill="0.0"), oshape, ["t", "g", "r", "d"]),
-            lambda a: [f"%p = arith.mulf {a[0]}, {a[1]} : f32", f"%r = arith.addf {a[2]}, %p : f32", "linalg.yield %r : f32"],
-        )
+        if gpu_step:
+            o = self.attention_pv_gpu(e, v)
+        else:
+            o = self.generic(
+                ["t", "g", "r", "d", "l"],
+                ["parallel"] * 4 + ["reduction"],
+                [(e, self.ty(sshape), ["g", "r", "t", "l"], "f32"), (v, kvty, kvmap, "f32")],
+                (self.empty(oshape, fill="0.0"), oshape, ["t", "g", "r", "d"]),
+                lambda a: [f"%p = arith.mulf {a[0]}, {a[1]} : f32", f"%r = arith.addf {a[2]}, %p : f32", "linalg.yield %r : f32"],
+            )
         on = self.generic(
             ["t", "g", "r", "d"],
             ["parallel"] * 4,
@@ -642,6 +741,77 @@ class Fn:
         )
         out = self.fresh("a")
         self.emit(f"{out} = tensor.collapse_shape {on} [[0], [1, 2, 3]] : {self.ty(oshape)} into {self.ty(['T', DIM])}")
+        return out
+
+    # The cuda config of attention_pv_gpu: a workgroup per query head, 16
+    # subgroups of 4 head-dim values each, the 32 lanes (2 positions a
+    # lane) along the positions, summed by subgroup shuffles. The pinned
+    # compiler's own choice is one thread per output with a serial loop over
+    # every position (19 us a launch at 70 positions on an H200).
+    PV_CFG = (
+        "#iree_codegen.compilation_info<lowering_config = #iree_gpu.lowering_config<{"
+        "lane_basis = [[1, 1, 1, 32], [0, 1, 2, 3]], partial_reduction = [0, 0, 0, 64], "
+        "subgroup_basis = [[1, 1, 16, 1], [0, 1, 2, 3]], thread = [0, 0, 4, 2], workgroup = [1, 1, 0, 0]}>, "
+        "translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<VectorDistribute> "
+        "workgroup_size = [512, 1, 1] subgroup_size = 32>>"
+    )
+
+    # The cuda config of row_reduce_gpu: a subgroup per query head, 2
+    # positions a lane per pass. The pinned compiler's own choice is 1024
+    # threads per head, 4096 positions a pass (all but pos + 1 masked).
+    ROW_CFG = (
+        "#iree_codegen.compilation_info<lowering_config = #iree_gpu.lowering_config<{"
+        "lane_basis = [[1, 32], [0, 1]], partial_reduction = [0, 64], "
+        "subgroup_basis = [[1, 1], [0, 1]], thread = [0, 2], workgroup = [1, 0]}>, "
+        "translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<VectorDistribute> "
+        "workgroup_size = [32, 1, 1] subgroup_size = 32>>"
+    )
+
+    def row_reduce_gpu(self, src, init, op):
+        """The cuda decode step's softmax maximum: src [3, 3, 1, L] ->
+        [3, 3, 1], combined by the arith op `op` from `init`, with no query
+        dimension (so the config ROW_CFG survives)."""
+        heads = KV_HEADS * GROUP
+        c = self.fresh("e")
+        self.emit(
+            f"{c} = tensor.collapse_shape {src} [[0, 1], [2, 3]] : tensor<{KV_HEADS}x{GROUP}x1x?xf32> into tensor<{heads}x?xf32>"
+        )
+        r = self.generic_cfg(
+            self.ROW_CFG,
+            ["h", "l"],
+            ["parallel", "reduction"],
+            [(c, f"tensor<{heads}x?xf32>", ["h", "l"], "f32")],
+            (self.empty([heads], fill=init), [heads], ["h"]),
+            lambda a: [f"%r = {op} {a[1]}, {a[0]} : f32", "linalg.yield %r : f32"],
+        )
+        out = self.fresh("e")
+        self.emit(
+            f"{out} = tensor.expand_shape {r} [[0, 1, 2]] output_shape [{KV_HEADS}, {GROUP}, 1] : tensor<{heads}xf32> into tensor<{KV_HEADS}x{GROUP}x1xf32>"
+        )
+        return out
+
+    def attention_pv_gpu(self, e, v):
+        """The cuda decode step's attention-weighted sum of V: e [3, 3, 1, L]
+        (unnormalized weights) and v [L, 3, 64] -> [1, 3, 3, 64], the
+        product of `attention` with no query dimension (so the config
+        PV_CFG survives) and its positions distributed over lanes."""
+        ec = self.fresh("e")
+        self.emit(
+            f"{ec} = tensor.collapse_shape {e} [[0], [1], [2, 3]] : tensor<{KV_HEADS}x{GROUP}x1x?xf32> into tensor<{KV_HEADS}x{GROUP}x?xf32>"
+        )
+        oshape = [KV_HEADS, GROUP, HEAD_DIM]
+        o = self.generic_cfg(
+            self.PV_CFG,
+            ["g", "r", "d", "l"],
+            ["parallel"] * 3 + ["reduction"],
+            [(ec, f"tensor<{KV_HEADS}x{GROUP}x?xf32>", ["g", "r", "l"], "f32"), (v, self.ty(["L", KV_HEADS, HEAD_DIM]), ["l", "g", "d"], "f32")],
+            (self.empty(oshape, fill="0.0"), oshape, ["g", "r", "d"]),
+            lambda a: [f"%p = arith.mulf {a[0]}, {a[1]} : f32", f"%r = arith.addf {a[2]}, %p : f32", "linalg.yield %r : f32"],
+        )
+        out = self.fresh("a")
+        self.emit(
+            f"{out} = tensor.expand_shape {o} [[0, 1], [2], [3]] output_shape [1, {KV_HEADS}, {GROUP}, {HEAD_DIM}] : tensor<{KV_HEADS}x{GROUP}x{HEAD_DIM}xf32> into tensor<1x{KV_HEADS}x{GROUP}x{HEAD_DIM}xf32>"
+        )
         return out
 
     def embed(self, ids):
@@ -704,7 +874,44 @@ class Fn:
         blocks), `ferrite benchmark-module --device=local-sync`, process
         time per call, medians of interleaved rounds, load average ~10 on
         2 cores, x86-64-v3."""
+        if self.gpu:
+            return self._q8_head_gpu(x)
         return self._q8_head(x, None)
+
+    def _q8_head_gpu(self, x):
+        """`logits` in the cuda program: one generic over (v, block, j < 32)
+        with block and j as reductions, each step one packed value d * q[j]
+        times x, and the config of warp_rows_cfg (a subgroup per row, 4
+        rows a workgroup). `_q8_head`'s grouped form compiles for cuda to
+        one thread per 16 rows summing them serially: 0.93 ms a call on an
+        H200 (a sixth of the step)."""
+        b = DIM // 32
+        wty = _global_type("Q8_0", (VOCAB, DIM))
+        w = self.fresh("w")
+        self.emit(f"{w} = util.global.load @{_sym('token_embd.weight')} : {wty}")
+        xe = self.fresh("x")
+        self.emit(f"{xe} = tensor.collapse_shape {x} [[0, 1]] : tensor<1x{DIM}xf32> into tensor<{DIM}xf32>")
+        xb = self.fresh("x")
+        self.emit(f"{xb} = tensor.expand_shape {xe} [[0, 1]] output_shape [{b}, 32] : tensor<{DIM}xf32> into tensor<{b}x32xf32>")
+        qs, qty = self.slice_bytes(w, wty, VOCAB, b, 34, 2, 32)
+        parts = [self.slice_bytes(w, wty, VOCAB, b, 34, o, 1) for o in range(2)]
+        ins = [(xb, f"tensor<{b}x32xf32>", ["b", "j"], "f32"), (qs, qty, ["v", "b", "j"], "i8")]
+        ins += [(p, pty, ["v", "b"], "i8") for (p, pty) in parts]
+        return self.generic_cfg(
+            self.warp_rows_cfg(4, b, 32),
+            ["v", "b", "j"],
+            ["parallel", "reduction", "reduction"],
+            ins,
+            (self.empty([VOCAB], fill="0.0"), [VOCAB], ["v"]),
+            lambda a: [
+                *self.f16_lines(a[2], a[3], "%d"),
+                f"%qf = arith.sitofp {a[1]} : i8 to f32",
+                "%wv = arith.mulf %d, %qf : f32",
+                f"%p = arith.mulf {a[0]}, %wv : f32",
+                f"%r = arith.addf {a[4]}, %p : f32",
+                "linalg.yield %r : f32",
+            ],
+        )
 
     def logits_rows(self, x, rows="T"):
         """x: [rows, 576] (normed) -> [rows, VOCAB]: `logits` for every row
@@ -874,7 +1081,11 @@ def _checks(f):
     f.emit('cf.assert %has, "at least one token is needed"')
 
 
-def build_mlir():
+def build_mlir(gpu=False):
+    """The single-sequence program's MLIR. `gpu`: the cuda formulation of
+    the matrix products (build_cuda.py; see matmul_q4_1_gpu and
+    _q8_head_gpu), the same math; the CPU program is built with the
+    default."""
     out = ["// Generated by examples/llm/model.py; do not edit.", "module @smollm2 {"]
     for name, kind, shape in weight_specs():
         out.append(
@@ -906,7 +1117,7 @@ def build_mlir():
     out.append("    return %n_i32 : i32")
     out.append("  }")
 
-    f = Fn(None)
+    f = Fn(None, gpu=gpu)
     f.emit("%dim0 = arith.constant 0 : index")
     f.emit("%T = tensor.dim %ids, %dim0 : tensor<?xi32>")
     _checks(f)
@@ -916,7 +1127,7 @@ def build_mlir():
     out += f.lines
     out.append("  }")
 
-    f = Fn(1)
+    f = Fn(1, gpu=gpu)
     f.emit("%T = arith.constant 1 : index")
     _checks(f)
     f.emit("%ids = tensor.from_elements %tok_id : tensor<1xi32>")
