@@ -243,7 +243,10 @@ pub struct DeviceTensor {
 
 impl DeviceTensor {
     /// Copies `tensor` into a new buffer from `device`'s allocator.
-    pub(crate) fn upload(device: Option<&crate::Device>, tensor: &Tensor) -> Result<DeviceTensor> {
+    pub(crate) fn upload(
+        device: Option<&crate::device::Device>,
+        tensor: &Tensor,
+    ) -> Result<DeviceTensor> {
         let Some(device) = device else {
             bail!(
                 FailedPrecondition,
