@@ -45,6 +45,13 @@ CPU delays the others), so these walls are not the timings above.
 --parameter-mode MODE passes `--parameter_mode=MODE` (file or preload) to
 both runtimes for the MiniLM case.
 
+--schedstat times each runtime idle and under the load as above, and while
+it runs reads every thread's scheduler counters (Linux /proc/PID/task/*/:
+CPU time, time waiting runnable for a CPU, voluntary and involuntary
+switches) of its process and their children; it prints them per call,
+summed over threads, and the threads' CPU share: how long the threads
+that had work waited behind the busy processes.
+
 --python times the same cases through Python instead: ferrite.runtime against
 iree.runtime (both from this interpreter's environment), the same module,
 function, numpy inputs and device, each runtime in a process of its own
@@ -375,6 +382,87 @@ def profile_case(name, dev, flags, args):
                 f"{sf / su if su else float('nan'):>5.2f}x")
 
 
+def thread_counters(pid):
+    """{(pid, tid): (name, run ns, runnable-wait ns, voluntary, involuntary)}
+    for the threads of `pid` and its descendants (gone ones left out)."""
+    out, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            base = f"/proc/{p}/task/{tid}"
+            try:
+                with open(f"{base}/schedstat") as f:
+                    run_ns, wait_ns = (int(x) for x in f.read().split()[:2])
+                with open(f"{base}/comm") as f:
+                    name = f.read().strip()
+                vol = invol = 0
+                with open(f"{base}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches"):
+                            vol = int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches"):
+                            invol = int(line.split()[1])
+            except (OSError, ValueError):
+                continue
+            out[(p, tid)] = (name, run_ns, wait_ns, vol, invol)
+    return out
+
+
+def schedstat_run(cmd):
+    """Runs `cmd` (a benchmark-module timing), sampling its threads' counters
+    every 20 ms; returns (ns per call, iterations, {thread: last sample})."""
+    env = dict(os.environ, IREE_BENCHMARK_MODULE=os.path.join(BIN, "iree-benchmark-module"))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    last = {}
+    while proc.poll() is None:
+        last.update(thread_counters(proc.pid))
+        time.sleep(0.02)
+    out = proc.stdout.read()
+    m = re.search(rf"real_time\s+{T}\s+{T}\s+(\d+)", out)
+    if proc.returncode != 0 or not m:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{out}")
+    return ns(m.group(1), m.group(2)), int(m.group(5)), last
+
+
+def schedstat_case(name, dev, flags, args):
+    """--schedstat: per-call scheduler counters of both runtimes, idle and loaded."""
+    tools = {"ferrite": [FERRITE, "benchmark-module"],
+             "upstream": [os.path.join(BIN, "iree-benchmark-module")]}
+    rows = []
+
+    def one(runtime, state):
+        per_call, iters, threads = schedstat_run(
+            [*tools[runtime], *flags, f"--benchmark_min_time={args.min_time}s"])
+        # Counters cover the whole process (loading, warm-up, timing): per
+        # call they are upper bounds, comparable between runtimes timed
+        # the same way.
+        calls = max(iters, 1)
+        busy = [t for t in threads.values() if t[1] > 0]
+        run_ms = sum(t[1] for t in busy) / calls / 1e6
+        wait_ms = sum(t[2] for t in busy) / calls / 1e6
+        vol = sum(t[3] for t in busy) / calls
+        invol = sum(t[4] for t in busy) / calls
+        rows.append((runtime, state, per_call, run_ms, wait_ms, vol, invol, len(busy)))
+
+    for runtime in tools:
+        one(runtime, "idle")
+    with ScriptLoad(args.load_seconds):
+        for runtime in tools:
+            one(runtime, "loaded")
+    log(f"\n{name}/{dev}: per call, summed over the process's threads (whole run / timed calls)")
+    log(f"  {'runtime':<9} {'state':<7} {'wall':>10} {'CPU ms':>8} {'wait ms':>8} {'wait/CPU':>8} "
+        f"{'vol sw':>8} {'invol sw':>8} {'threads':>7}")
+    for runtime, state, per_call, run_ms, wait_ms, vol, invol, n in rows:
+        log(f"  {runtime:<9} {state:<7} {fmt(per_call):>10} {run_ms:>8.2f} {wait_ms:>8.2f} "
+            f"{wait_ms / max(run_ms, 1e-9):>8.2f} {vol:>8.1f} {invol:>8.1f} {n:>7}")
+
+
 def fmt(x):
     if x >= 1e6:
         return f"{x / 1e6:.2f} ms"
@@ -399,6 +487,9 @@ def main():
     ap.add_argument("--profile", metavar="DIR",
                     help="record host-execution profiles idle and loaded into DIR and compare "
                          "them per dispatch instead of timing (see above)")
+    ap.add_argument("--schedstat", action="store_true",
+                    help="per-call scheduler counters of both runtimes' threads, idle and loaded "
+                         "(Linux; see above)")
     ap.add_argument("--parameter-mode", choices=["file", "preload"],
                     help="--parameter_mode for both runtimes (MiniLM)")
     ap.add_argument("--python", action="store_true",
@@ -414,8 +505,8 @@ def main():
     if args.py_time:
         py_time(args)
         return
-    if args.profile and args.python:
-        sys.exit("--profile records the CLI tools' profiles; it does not combine with --python")
+    if (args.profile or args.schedstat) and args.python:
+        sys.exit("--profile and --schedstat run the CLI tools; they do not combine with --python")
     cases = [c for c in CASES if not args.only or c[0] in args.only]
     cpus = os.cpu_count()
     if args.python:
@@ -440,6 +531,9 @@ def main():
             if args.profile:
                 profile_case(name, dev, flags, args)
                 continue
+            if args.schedstat:
+                schedstat_case(name, dev, flags, args)
+                continue
             got = []
             for r in range(args.rounds):
                 if args.python:
@@ -457,7 +551,7 @@ def main():
                                 f"{name}/{dev}", fi / 1e3, ui / 1e3, "us/call",
                                 TARGETS.get(f"{name}/{dev}"),
                                 loaded=(fl / 1e3, ul / 1e3))
-    if args.profile:
+    if args.profile or args.schedstat:
         return
     log(f"\nmedian of {args.rounds} round(s); ratio = ferrite / upstream (lower is better); "
         f"loaded = {cpus} busy processes (one per CPU); {'through Python' if args.python else 'CLI'}")
