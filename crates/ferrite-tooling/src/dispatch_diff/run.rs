@@ -4,7 +4,7 @@
 use super::compare::compare;
 use super::trace::{DispatchRecord, Recorder};
 use crate::context::{load_context_with, parse_inputs};
-use crate::tools::run_module::RunModuleArgs;
+use crate::tools::run_module::args::RunModuleArgs;
 use ferrite_base::status::ResultExt;
 use ferrite_base::Result;
 use ferrite_vm::Instance;
