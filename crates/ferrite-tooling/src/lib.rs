@@ -18,6 +18,8 @@
 //!   google benchmark's reports).
 //! - [`context`]: loading `--module`s into a VM context with the `hal`
 //!   module over the selected devices.
+//! - [`loaded_trace`]: a `--trace` JSON file read back, for `profile`'s
+//!   tables and [`profile_png`]'s timeline.
 //! - [`tools`]: `run-module`, `benchmark-module` (with the benchmark
 //!   runner), `dump-module`, `check-module`; [`Tool`] bundles them so that
 //!   the `ferrite` executable and the Python package's console command
@@ -34,6 +36,7 @@ pub mod flagfile;
 pub mod format;
 pub mod inputs;
 pub mod ireeprof;
+pub mod loaded_trace;
 pub mod npy;
 pub mod outputs;
 pub mod parameters;

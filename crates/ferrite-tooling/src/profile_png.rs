@@ -8,7 +8,7 @@
 //! names, else the one fontconfig's `fc-match sans` answers. Without one
 //! the picture is drawn without labels and a note says how to get them.
 
-use crate::tools::profile::{LoadedTrace, Span};
+use crate::loaded_trace::{LoadedTrace, Span};
 use ferrite_base::{status, Result};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
