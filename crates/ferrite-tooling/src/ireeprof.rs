@@ -159,6 +159,35 @@ const CPU_MEMORY_TYPE: u64 = 0x32;
 /// counts.
 type FunctionInfo = (String, [u32; 3], u64, u64);
 
+/// Notes the executable and function a dispatch (or a command buffer's
+/// dispatch command) `e` names: executables are numbered from 1 by first
+/// use (raw identity -> (id, function count)), and a function's first
+/// event gives its name, workgroup size, constant and binding counts. An
+/// event without an executable is passed over.
+fn note_function(
+    executables: &mut BTreeMap<u64, (u64, u64)>,
+    functions: &mut BTreeMap<(u64, u64), FunctionInfo>,
+    e: &Event,
+) {
+    let Some(raw) = u64_arg(e, "executable") else {
+        return;
+    };
+    let next = executables.len() as u64 + 1;
+    let id = executables
+        .entry(raw)
+        .or_insert((next, u64_arg(e, "functions").unwrap_or(1)))
+        .0;
+    let f = u64_arg(e, "function").unwrap_or(0);
+    functions.entry((id, f)).or_insert_with(|| {
+        (
+            e.name.clone(),
+            list_arg(e, "workgroup_size").unwrap_or([1, 1, 1]),
+            u64_arg(e, "constants").unwrap_or(0),
+            u64_arg(e, "bindings").unwrap_or(0),
+        )
+    });
+}
+
 /// The data families of `--device_profiling_mode` Ferrite writes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Families {
@@ -330,23 +359,7 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
         .filter(|e| e.cat == "dispatch" && e.phase == Phase::Complete)
         .collect();
     for d in &dispatches {
-        let Some(raw) = u64_arg(d, "executable") else {
-            continue;
-        };
-        let next = executables.len() as u64 + 1;
-        let id = executables
-            .entry(raw)
-            .or_insert((next, u64_arg(d, "functions").unwrap_or(1)))
-            .0;
-        let f = u64_arg(d, "function").unwrap_or(0);
-        functions.entry((id, f)).or_insert_with(|| {
-            (
-                d.name.clone(),
-                list_arg(d, "workgroup_size").unwrap_or([1, 1, 1]),
-                u64_arg(d, "constants").unwrap_or(0),
-                u64_arg(d, "bindings").unwrap_or(0),
-            )
-        });
+        note_function(&mut executables, &mut functions, d);
     }
 
     // Command buffers as described (the first description of an id wins;
@@ -386,26 +399,9 @@ pub fn bundle(trace: &Trace, families: Families) -> Vec<u8> {
         {
             slot.get_or_insert(e);
         }
-        if str_arg(e, "op") != Some("dispatch") {
-            continue;
+        if str_arg(e, "op") == Some("dispatch") {
+            note_function(&mut executables, &mut functions, e);
         }
-        let Some(raw) = u64_arg(e, "executable") else {
-            continue;
-        };
-        let next = executables.len() as u64 + 1;
-        let exe = executables
-            .entry(raw)
-            .or_insert((next, u64_arg(e, "functions").unwrap_or(1)))
-            .0;
-        let f = u64_arg(e, "function").unwrap_or(0);
-        functions.entry((exe, f)).or_insert_with(|| {
-            (
-                e.name.clone(),
-                list_arg(e, "workgroup_size").unwrap_or([1, 1, 1]),
-                u64_arg(e, "constants").unwrap_or(0),
-                u64_arg(e, "bindings").unwrap_or(0),
-            )
-        });
     }
     let executable_id = |raw: Option<u64>| raw.and_then(|r| executables.get(&r)).map_or(0, |x| x.0);
 
