@@ -56,8 +56,8 @@ impl Driver for LocalSyncDriver {
 ///   Repeating the flag (one executor per list upstream) is rejected.
 /// - otherwise (`--task_topology_mode=physical_cores`, the only mode
 ///   upstream has) one worker per physical core the process may use, at
-///   most `--task_topology_max_group_count`, each pinned to a logical CPU
-///   of its core, as upstream (see [`crate::topology`]; a worker the
+///   most `--task_topology_max_group_count`, each pinned to its core (a
+///   logical CPU and its SMT siblings), as upstream (see [`crate::topology`]; a worker the
 ///   system refuses to pin runs unpinned). `FERRITE_LOCAL_TASK_PIN=0`
 ///   gives one unpinned worker per available CPU instead.
 /// - `--task_topology_nodes`: `current` (default); `all`, `numa` or a node

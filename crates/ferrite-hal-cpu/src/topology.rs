@@ -1,6 +1,7 @@
 //! Where `local-task`'s default workers run: one per physical core the
-//! process may use, each pinned to one logical CPU of its core, as
-//! upstream's `physical_cores` topology mode places its workers (issue 25).
+//! process may use, each pinned to its core (its logical CPU and that
+//! CPU's SMT siblings, [`core_cpus`]), as upstream's `physical_cores`
+//! topology mode places its workers (issue 25).
 //!
 //! Why pin: on a machine whose CPUs are all busy, an unpinned worker is
 //! moved by the scheduler's load balancing, and two workers can share a
@@ -13,7 +14,9 @@
 //!
 //! `FERRITE_LOCAL_TASK_PIN=0` restores the placement used before: one
 //! unpinned worker per available CPU (a measuring aid, to compare both on
-//! one binary).
+//! one binary); `FERRITE_LOCAL_TASK_PIN=cpu` pins each worker to its one
+//! logical CPU only (the default until the whole core was measured better
+//! under load).
 
 /// Logical CPU ids this process may run on (its affinity mask), ascending;
 /// None when the system does not say.
@@ -128,8 +131,46 @@ pub fn pinning_disabled(value: Option<&std::ffi::OsStr>) -> bool {
         .is_some_and(|v| matches!(v.trim(), "0" | "false" | "off"))
 }
 
-/// The environment variable read by [`pinning_disabled`].
+/// The environment variable read by [`pinning_disabled`] and
+/// [`pins_one_cpu`].
 pub const PIN_VAR: &str = "FERRITE_LOCAL_TASK_PIN";
+
+/// Whether `FERRITE_LOCAL_TASK_PIN=cpu` asks the default placement to pin
+/// each worker to its one logical CPU instead of its whole core.
+pub fn pins_one_cpu(value: Option<&std::ffi::OsStr>) -> bool {
+    value
+        .and_then(|v| v.to_str())
+        .is_some_and(|v| v.trim() == "cpu")
+}
+
+/// The CPUs a worker placed on `cpu` by default may run on: every CPU of
+/// `allowed` on the same physical core as `cpu` (its SMT siblings, `cpu`
+/// first), or `cpu` alone when its core is unknown.
+///
+/// Why the whole core: on a busy machine a worker pinned to one logical
+/// CPU shares it with whatever else runs there and waits for that one CPU
+/// after every preemption; allowed on its core's siblings it runs on
+/// whichever frees first. Upstream's default topology does the same (a
+/// processor's affinity covers its SMT pair). On an idle machine the
+/// siblings share the core's caches, so nothing is lost.
+pub fn core_cpus(
+    cpu: usize,
+    allowed: &[usize],
+    core_of: impl Fn(usize) -> Option<(u64, u64)>,
+) -> Vec<usize> {
+    let mut out = vec![cpu];
+    if let Some(key) = core_of(cpu) {
+        let mut rest: Vec<usize> = allowed
+            .iter()
+            .copied()
+            .filter(|&c| c != cpu && core_of(c) == Some(key))
+            .collect();
+        rest.sort_unstable();
+        rest.dedup();
+        out.extend(rest);
+    }
+    out
+}
 
 #[cfg(test)]
 mod tests {
@@ -175,7 +216,24 @@ mod tests {
     }
 
     #[test]
+    fn a_default_worker_may_run_on_its_whole_core() {
+        let all: Vec<usize> = (0..8).collect();
+        assert_eq!(core_cpus(1, &all, smt), [1, 5]);
+        assert_eq!(core_cpus(6, &all, smt), [6, 2]);
+        // Siblings outside the affinity mask are not added.
+        assert_eq!(core_cpus(1, &[0, 1, 2, 3], smt), [1]);
+        // Unknown topology: the CPU alone.
+        assert_eq!(core_cpus(3, &all, |_| None), [3]);
+        // Two packages with the same core ids are different cores.
+        let two = |cpu: usize| Some(((cpu / 2) as u64, 0));
+        assert_eq!(core_cpus(0, &[0, 1, 2, 3], two), [0, 1]);
+    }
+
+    #[test]
     fn the_pin_variable() {
+        assert!(pins_one_cpu(Some(std::ffi::OsStr::new("cpu"))));
+        assert!(!pins_one_cpu(Some(std::ffi::OsStr::new("1"))));
+        assert!(!pins_one_cpu(None));
         use std::ffi::OsStr;
         assert!(pinning_disabled(Some(OsStr::new("0"))));
         assert!(pinning_disabled(Some(OsStr::new("off"))));

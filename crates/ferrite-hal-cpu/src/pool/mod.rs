@@ -347,6 +347,12 @@ impl WorkerPool {
             threads: Vec::with_capacity(count),
             lend_target: None,
         };
+        let whole_core = (options.pin_best_effort
+            && !crate::topology::pins_one_cpu(
+                std::env::var_os(crate::topology::PIN_VAR).as_deref(),
+            ))
+        .then(crate::topology::allowed_cpus)
+        .flatten();
         for i in 0..count {
             let s = shared.clone();
             let mut builder = std::thread::Builder::new().name(format!("ferrite-worker-{i}"));
@@ -364,12 +370,21 @@ impl WorkerPool {
                 })?;
             if !options.cpu_ids.is_empty() {
                 let cpu = options.cpu_ids[i % options.cpu_ids.len()];
-                let pinned = pin(&handle, cpu);
+                // The default placement (best effort) lets a worker run on
+                // its whole core (topology::core_cpus says why); CPUs the
+                // user listed are taken as given.
+                let cpus = match &whole_core {
+                    Some(allowed) => {
+                        crate::topology::core_cpus(cpu, allowed, crate::topology::sysfs_core_of)
+                    }
+                    None => vec![cpu],
+                };
+                let pinned = pin(&handle, &cpus);
                 if !options.pin_best_effort {
                     pinned.map_err(|e| {
                         Status::new(
                             StatusCode::InvalidArgument,
-                            format!("pinning local-task worker {i} to CPU {cpu}: {e}"),
+                            format!("pinning local-task worker {i} to CPUs {cpus:?}: {e}"),
                         )
                     })?;
                 }
@@ -598,20 +613,23 @@ impl Drop for WorkerPool {
     }
 }
 
-/// Pins the thread of `handle` to logical CPU `cpu`.
+/// Pins the thread of `handle` to the logical CPUs `cpus`.
 #[cfg(target_os = "linux")]
-fn pin(handle: &JoinHandle<()>, cpu: usize) -> std::io::Result<()> {
+fn pin(handle: &JoinHandle<()>, cpus: &[usize]) -> std::io::Result<()> {
     use std::os::unix::thread::JoinHandleExt;
-    if cpu >= libc::CPU_SETSIZE as usize {
+    if cpus.is_empty() || cpus.iter().any(|&cpu| cpu >= libc::CPU_SETSIZE as usize) {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
     // SAFETY: `set` is a plain bit set initialised by CPU_ZERO before use,
-    // `cpu` is below CPU_SETSIZE (checked), and the pthread handle belongs
-    // to a thread that is alive (it is joined only by the pool's drop).
+    // every CPU is below CPU_SETSIZE (checked), and the pthread handle
+    // belongs to a thread that is alive (it is joined only by the pool's
+    // drop).
     let rc = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(cpu, &mut set);
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
         libc::pthread_setaffinity_np(
             handle.as_pthread_t(),
             std::mem::size_of::<libc::cpu_set_t>(),
@@ -626,7 +644,7 @@ fn pin(handle: &JoinHandle<()>, cpu: usize) -> std::io::Result<()> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn pin(_handle: &JoinHandle<()>, _cpu: usize) -> std::io::Result<()> {
+fn pin(_handle: &JoinHandle<()>, _cpus: &[usize]) -> std::io::Result<()> {
     Err(std::io::Error::new(
         std::io::ErrorKind::Unsupported,
         "thread affinity is only supported on Linux",

@@ -595,6 +595,38 @@ fn workers_run_on_the_cpus_they_are_pinned_to() {
     }
 }
 
+/// The driver's default placement (best effort) lets each worker run on
+/// its whole core: its CPU and that CPU's SMT siblings the process may use.
+#[cfg(target_os = "linux")]
+#[test]
+fn default_placed_workers_may_run_on_their_whole_core() {
+    if crate::topology::pins_one_cpu(std::env::var_os(crate::topology::PIN_VAR).as_deref()) {
+        panic!("unset FERRITE_LOCAL_TASK_PIN=cpu to run this test");
+    }
+    let cpus = crate::topology::default_worker_cpus(4);
+    assert!(!cpus.is_empty(), "no CPU in this process's affinity mask");
+    let allowed = crate::topology::allowed_cpus().expect("affinity mask");
+    let pool = WorkerPool::with_options(&PoolOptions {
+        cpu_ids: cpus.clone(),
+        pin_best_effort: true,
+        ..PoolOptions::new(cpus.len())
+    })
+    .unwrap();
+    let work = Affinities {
+        tiles: 2 * cpus.len() as u64 + 2,
+        seen: Mutex::new(Vec::new()),
+    };
+    pool.run_region(&work).unwrap();
+    for (p, seen) in work.seen.into_inner() {
+        let Some(&cpu) = cpus.get(p as usize) else {
+            continue;
+        };
+        let mut want = crate::topology::core_cpus(cpu, &allowed, crate::topology::sysfs_core_of);
+        want.sort_unstable();
+        assert_eq!(seen, want, "worker {p}");
+    }
+}
+
 /// A CPU that cannot be pinned to fails the pool, unless the placement
 /// is best effort (the driver's default), which runs the worker unpinned.
 #[cfg(target_os = "linux")]
