@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ferrite_base::{bail, Result};
 use parking_lot::Mutex;
 
-use crate::buffer::{Allocation, AllocationHome, Buffer, HeapBlock, HostMemory};
+use crate::buffer::{Allocation, AllocationHome, Buffer, HeapBlock, HostMemory, Storage};
 use crate::external::import::{ExternalBuffer, ExternalBufferType};
 use crate::memory::{BufferCompatibility, BufferUsage, MemoryAccess, MemoryType};
 
@@ -279,8 +279,8 @@ impl Allocator for HeapAllocator {
         let block = HeapBlock::new_zeroed(size, align)?;
         record_alloc(&mut self.stats.0.lock(), p.memory_type, size);
         let home: Arc<dyn AllocationHome> = self.stats.clone();
-        Ok(Buffer::from_allocation(Allocation::from_block(
-            block,
+        Ok(Buffer::from_allocation(Allocation::new(
+            Storage::Heap(block),
             size,
             p.memory_type,
             p.usage,
@@ -291,19 +291,26 @@ impl Allocator for HeapAllocator {
     }
 
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
-        let (_, p) = Self::resolve(params);
-        check_import(&p, &memory)?;
-        Ok(Buffer::from_allocation(Allocation::import(
-            memory,
-            p.memory_type,
-            p.usage,
-            p.access,
-        )))
+        import_host_memory(params, memory)
     }
 
     fn statistics(&self) -> AllocatorStatistics {
         *self.stats.0.lock()
     }
+}
+
+/// [`Allocator::import_host`] of Ferrite's CPU allocators (the heap and the
+/// caching pool import alike: the memory wrapped as it is, with the heap's
+/// resolved parameters).
+fn import_host_memory(params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
+    let (_, p) = HeapAllocator::resolve(params);
+    check_import(&p, &memory)?;
+    Ok(Buffer::from_allocation(Allocation::import(
+        memory,
+        p.memory_type,
+        p.usage,
+        p.access,
+    )))
 }
 
 /// Read-only host memory cannot back a buffer that dispatches may write
@@ -517,8 +524,8 @@ impl Allocator for CachingAllocator {
             record_alloc(&mut self.shared.free.lock().stats, p.memory_type, size);
         }
         let home: Arc<dyn AllocationHome> = self.shared.clone();
-        let buffer = Buffer::from_allocation(Allocation::from_block(
-            block,
+        let buffer = Buffer::from_allocation(Allocation::new(
+            Storage::Heap(block),
             size,
             p.memory_type,
             p.usage,
@@ -545,14 +552,7 @@ impl Allocator for CachingAllocator {
     }
 
     fn import_host(&self, params: &BufferParams, memory: HostMemory) -> Result<Buffer> {
-        let (_, p) = HeapAllocator::resolve(params);
-        check_import(&p, &memory)?;
-        Ok(Buffer::from_allocation(Allocation::import(
-            memory,
-            p.memory_type,
-            p.usage,
-            p.access,
-        )))
+        import_host_memory(params, memory)
     }
 
     fn statistics(&self) -> AllocatorStatistics {

@@ -75,7 +75,6 @@ use std::sync::Arc;
 
 use ferrite_base::RefObject;
 use ferrite_base::{bail, status, Result};
-use parking_lot::RwLock;
 
 use crate::memory::{BufferUsage, MemoryAccess, MemoryType};
 
@@ -159,17 +158,15 @@ impl Buffer {
         access: MemoryAccess,
     ) -> Buffer {
         let len = memory.len();
-        Buffer::from_allocation(Allocation {
-            storage: Storage::Device(memory),
+        Buffer::from_allocation(Allocation::new(
+            Storage::Device(memory),
             len,
-            lock: RwLock::new(()),
-            device: DeviceUsers::default(),
             memory_type,
             usage,
             access,
-            home: None,
-            pooled: false,
-        })
+            None,
+            false,
+        ))
     }
 
     /// The driver memory behind this buffer, if a driver made it with

@@ -452,8 +452,12 @@ impl Drop for Allocation {
 }
 
 impl Allocation {
-    pub(crate) fn from_block(
-        block: HeapBlock,
+    /// An allocation of `len` bytes of `storage` (a heap block may be
+    /// larger: pools reuse blocks of a size class): no device work in
+    /// flight and no host lock held yet. Every way of making one goes
+    /// through it.
+    pub(crate) fn new(
+        storage: Storage,
         len: u64,
         memory_type: MemoryType,
         usage: BufferUsage,
@@ -461,9 +465,9 @@ impl Allocation {
         home: Option<Arc<dyn AllocationHome>>,
         pooled: bool,
     ) -> Allocation {
-        debug_assert!(len as usize <= block.len());
+        debug_assert!(!matches!(&storage, Storage::Heap(b) if len as usize > b.len()));
         Allocation {
-            storage: Storage::Heap(block),
+            storage,
             len,
             lock: RwLock::new(()),
             device: DeviceUsers::default(),
@@ -510,17 +514,7 @@ impl Allocation {
                 (Storage::Foreign(b), len, access)
             }
         };
-        Allocation {
-            storage,
-            len,
-            lock: RwLock::new(()),
-            device: DeviceUsers::default(),
-            memory_type,
-            usage,
-            access,
-            home: None,
-            pooled: false,
-        }
+        Allocation::new(storage, len, memory_type, usage, access, None, false)
     }
 
     pub(super) fn is_writable(&self) -> bool {
