@@ -1,7 +1,7 @@
 //! `hal.allocator.*`, `hal.buffer.*` and `hal.buffer_view.*`.
 
 use super::args::{as_vm_buffer, cast, cast_ref, obj, obj_ref, span, span_into, string, vm_buffer};
-use super::ModuleState;
+use super::state::ModuleState;
 use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::{Buffer, HostMemory};

@@ -1,7 +1,7 @@
 //! `hal.command_buffer.*` and `hal.executable.*`.
 
 use super::args::{as_vm_buffer, obj, opt_obj, span, string, vm_buffer};
-use super::ModuleState;
+use super::state::ModuleState;
 use ferrite_base::{bail, Result};
 use ferrite_hal::buffer::Buffer;
 use ferrite_hal::channel::{ChannelRef, CollectiveOp};

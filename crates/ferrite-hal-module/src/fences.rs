@@ -2,7 +2,7 @@
 //! coroutine yield otherwise.
 
 use super::args::{obj_ref, span};
-use super::ModuleState;
+use super::state::ModuleState;
 use ferrite_base::wait::{WaitMode, WaitSource};
 use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
 use ferrite_hal::device::DeviceRef;

@@ -2,7 +2,7 @@
 //! `hal.ex.file.from_memory` and the collective channels `hal.channel.*`.
 
 use super::args::{as_vm_buffer, obj, obj_ref, opt_obj, opt_obj_ref, span_into, string, vm_buffer};
-use super::ModuleState;
+use super::state::ModuleState;
 use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::Buffer;
