@@ -11,7 +11,7 @@ use ferrite_base::{Result, Status, StatusCode};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::Tokenizer;
+use crate::tokenizer::Tokenizer;
 
 /// An incremental encoder: [`feed`](Self::feed) text, get the ids that are
 /// final; [`finalize`](Self::finalize) for the rest.
