@@ -3,7 +3,7 @@
 
 use crate::pool::{lends_by_default, PoolOptions, DEFAULT_IDLE_SPIN, MAX_WORKERS};
 use crate::topology;
-use crate::CpuDevice;
+use crate::device::CpuDevice;
 use ferrite_base::{bail, status, Result};
 use ferrite_hal::device::DeviceRef;
 use ferrite_hal::driver::{DeviceInfo, DeviceSpec, Driver, DriverOptions, TaskOptions};
