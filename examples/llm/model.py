@@ -102,6 +102,16 @@ def _map(dims, exprs):
     return f"affine_map<({', '.join(dims)}) -> ({', '.join(exprs)})>"
 
 
+class Normed:
+    """An RMS-normed activation not yet materialized (the cuda decode step):
+    the rows x [1, DIM], their sum of squares ss [1] and the norm's weight
+    g [DIM]; matmul_q4_1_gpu applies the norm as it reads x, which saves the
+    norm's own elementwise dispatch."""
+
+    def __init__(self, x, ss, g):
+        self.x, self.ss, self.g = x, ss, g
+
+
 class Fn:
     """Emits one function body. `t` is the token count: an int (static) or
     None (dynamic, the SSA index %T)."""
@@ -301,13 +311,21 @@ class Fn:
         wty = _global_type("Q4_1", (n, k))
         w = self.fresh("w")
         self.emit(f"{w} = util.global.load @{_sym(name)} : {wty}")
-        xe = self.fresh("x")
-        self.emit(f"{xe} = tensor.expand_shape {x} [[0], [1, 2, 3]] output_shape [1, {b}, 2, 16] : tensor<1x{k}xf32> into tensor<1x{b}x2x16xf32>")
-        halves = []
-        for h in range(2):
-            v = self.fresh("x")
-            self.emit(f"{v} = tensor.extract_slice {xe}[0, 0, {h}, 0] [1, {b}, 1, 16] [1, 1, 1, 1] : tensor<1x{b}x2x16xf32> to tensor<{b}x16xf32>")
-            halves.append(v)
+        normed = x if isinstance(x, Normed) else None
+        if normed is not None:
+            x = normed.x
+
+        def halves_of(src, ty):
+            e = self.fresh("x")
+            self.emit(f"{e} = tensor.expand_shape {src} [[0], [1, 2, 3]] output_shape [1, {b}, 2, 16] : {ty} into tensor<1x{b}x2x16xf32>")
+            out = []
+            for h in range(2):
+                v = self.fresh("x")
+                self.emit(f"{v} = tensor.extract_slice {e}[0, 0, {h}, 0] [1, {b}, 1, 16] [1, 1, 1, 1] : tensor<1x{b}x2x16xf32> to tensor<{b}x16xf32>")
+                out.append(v)
+            return out
+
+        halves = halves_of(x, f"tensor<1x{k}xf32>")
         qs, qty = self.slice_bytes(w, wty, n, b, 20, 4, 16)
         parts = [self.slice_bytes(w, wty, n, b, 20, o, 1) for o in range(4)]
 
@@ -315,6 +333,23 @@ class Fn:
         ins = [(hv, f"tensor<{b}x16xf32>", ["b", "j"], "f32") for hv in halves]
         ins += [(qs, qty, ["n", "b", "j"], "i8")]
         ins += [(p, pty, ["n", "b"], "i8") for (p, pty) in parts]
+        body = self.q4_1_step_body
+        if normed is not None:
+            ge = self.fresh("n")
+            self.emit(f"{ge} = tensor.expand_shape {normed.g} [[0, 1]] output_shape [1, {k}] : tensor<{k}xf32> into tensor<1x{k}xf32>")
+            ss0 = self.fresh("n")
+            self.emit(f"{ss0} = tensor.collapse_shape {normed.ss} [] : tensor<1xf32> into tensor<f32>")
+            ins += [(gh, f"tensor<{b}x16xf32>", ["b", "j"], "f32") for gh in halves_of(ge, f"tensor<1x{k}xf32>")]
+            ins += [(ss0, "tensor<f32>", [], "f32")]
+
+            def body(a):
+                x0, x1, q, dl, dh, ml, mh, g0, g1, ss, acc = a
+                return [
+                    *self.norm_lines(x0, ss, g0, "%z0"),
+                    *self.norm_lines(x1, ss, g1, "%z1"),
+                    *self.q4_1_step_body(["%z0", "%z1", q, dl, dh, ml, mh, acc]),
+                ]
+
         out = self.empty([n], fill="0.0")
         # Subgroups per row so that a lane takes at most 9 blocks: ffn_down's
         # 48 blocks a row as one subgroup (24 blocks a lane) took 23 us a
@@ -326,7 +361,7 @@ class Fn:
             ["parallel", "reduction", "reduction"],
             ins,
             (out, [n], ["n"]),
-            self.q4_1_step_body,
+            body,
         )
         o = self.fresh("x")
         self.emit(f"{o} = tensor.expand_shape {r} [[0, 1]] output_shape [1, {n}] : tensor<{n}xf32> into tensor<1x{n}xf32>")
@@ -431,6 +466,38 @@ class Fn:
 
     def tsize(self):
         return "%T" if self.t is None else str(self.t)
+
+    def rmsnorm_lazy(self, x, name):
+        """`rmsnorm` for the matrices that read it: in the cuda decode step a
+        Normed (applied inside the matvecs), elsewhere the normed rows."""
+        if not (self.gpu and self.t == 1 and self.mode == "single"):
+            return self.rmsnorm(x, name)
+        gty = f"tensor<{DIM}xf32>"
+        g = self.fresh("n")
+        self.emit(f"{g} = util.global.load @{_sym(name)} : {gty}")
+        return Normed(x, self.sum_squares(x, "T"), g)
+
+    def sum_squares(self, x, rows):
+        return self.generic(
+            ["t", "d"],
+            ["parallel", "reduction"],
+            [(x, self.ty([rows, DIM]), ["t", "d"], "f32")],
+            (self.empty([rows], fill="0.0"), [rows], ["t"]),
+            lambda a: [f"%sq = arith.mulf {a[0]}, {a[0]} : f32", f"%r = arith.addf {a[1]}, %sq : f32", "linalg.yield %r : f32"],
+        )
+
+    @staticmethod
+    def norm_lines(x, ss, g, out):
+        """Lines computing `out` = x / sqrt(ss / DIM + EPS) * g."""
+        return [
+            f"{out}_n = arith.constant {float(DIM):.9e} : f32",
+            f"{out}_eps = arith.constant {EPS:.9e} : f32",
+            f"{out}_mean = arith.divf {ss}, {out}_n : f32",
+            f"{out}_var = arith.addf {out}_mean, {out}_eps : f32",
+            f"{out}_rs = math.rsqrt {out}_var : f32",
+            f"{out}_y = arith.mulf {x}, {out}_rs : f32",
+            f"{out} = arith.mulf {out}_y, {g} : f32",
+        ]
 
     def rmsnorm(self, x, name, rows="T"):
         gty = f"tensor<{DIM}xf32>"
@@ -997,7 +1064,7 @@ class Fn:
         kvd = KV_HEADS * HEAD_DIM
         for i in range(LAYERS):
             p = f"blk.{i}."
-            h = self.rmsnorm(x, p + "attn_norm.weight")
+            h = self.rmsnorm_lazy(x, p + "attn_norm.weight")
             q = self.rope(self.matmul_q4_1(h, p + "attn_q.weight", DIM, DIM), HEADS)
             k = self.rope(self.matmul_q4_1(h, p + "attn_k.weight", kvd, DIM), KV_HEADS)
             v0 = self.matmul_q4_1(h, p + "attn_v.weight", kvd, DIM)
@@ -1008,7 +1075,7 @@ class Fn:
             kc, vc = self.cache_update(i, k, v)
             a = self.attention(q, kc, vc)
             x = self.add(x, self.matmul_q4_1(a, p + "attn_output.weight", DIM, DIM), ["T", DIM])
-            h = self.rmsnorm(x, p + "ffn_norm.weight")
+            h = self.rmsnorm_lazy(x, p + "ffn_norm.weight")
             gate = self.matmul_q4_1(h, p + "ffn_gate.weight", FFN, DIM)
             up = self.matmul_q4_1(h, p + "ffn_up.weight", FFN, DIM)
             act = self.generic(
