@@ -9,7 +9,8 @@ kernels written so that the pinned compiler can be given a compilation
 config of ours (a subgroup per row, lanes across the blocks of a row:
 model.py, `warp_rows_cfg`), which its own heuristics do not find for these
 generics (they compile to a serial loop per row; the decode step was 6.2 ms
-of which 0.93 ms the LM head). Prefill multiplies each matrix as a dequantized
+of which 0.93 ms the LM head); the layer norms are applied inside the
+matvecs that read them (one dispatch fewer per norm). Prefill multiplies each matrix as a dequantized
 f32 copy made per call (`matmul_q4_1_wide`). The CPU program
 (`model.build_mlir()`) is unchanged.
 
