@@ -42,7 +42,9 @@ use std::sync::Arc;
 use ferrite::{Instance, OwnedFunction, Session, Tensor, Value};
 use ferrite_tokenizer::Tokenizer;
 
-use crate::{chat, check_model, gguf, Result, Status, StatusCode, TextSide, SMOLLM2_135M};
+use crate::model::{check_model, TextSide, SMOLLM2_135M};
+use crate::{chat, gguf};
+use ferrite::{Result, Status, StatusCode};
 
 /// The committed batch program for SmolLM2-135M, compiled from
 /// `examples/llm/model.py` (`build_batch_mlir`): entry points

@@ -32,6 +32,7 @@
 pub mod batch;
 pub mod chat;
 pub mod gguf;
+mod model;
 pub mod sampling;
 pub mod tokenizer;
 
@@ -44,7 +45,10 @@ pub use ferrite::{Result, Status, StatusCode};
 use ferrite_tokenizer::{DecodeStream, Tokenizer};
 
 pub use batch::{BatchLlm, StepRow, SMOLLM2_BATCH_VMFB};
+pub use model::{check_model, Architecture, SMOLLM2_135M};
 pub use sampling::Sampling;
+
+use model::{chat_ids, TextSide};
 
 /// The committed program for SmolLM2-135M (llama architecture, Q4_1 matrices
 /// and a Q8_0 tied embedding), compiled from `examples/llm/model.py`.
@@ -63,79 +67,6 @@ pub const MAX_CONTEXT: usize = 8192;
 pub fn kv_cache_bytes(context: usize) -> usize {
     let a = &SMOLLM2_135M;
     (a.layers * 2 * a.kv_heads * (a.dim / a.heads) * 4) as usize * context
-}
-
-/// The shape the committed program was built for; a `.gguf` must match it.
-pub struct Architecture {
-    /// Transformer blocks.
-    pub layers: u64,
-    /// Embedding width.
-    pub dim: u64,
-    /// FFN width.
-    pub ffn: u64,
-    /// Query heads.
-    pub heads: u64,
-    /// KV heads.
-    pub kv_heads: u64,
-    /// Vocabulary size.
-    pub vocab: u64,
-}
-
-/// SmolLM2-135M's numbers.
-pub const SMOLLM2_135M: Architecture = Architecture {
-    layers: 30,
-    dim: 576,
-    ffn: 1536,
-    heads: 9,
-    kv_heads: 3,
-    vocab: 49152,
-};
-
-const F32: u32 = 0;
-const Q4_1: u32 = 3;
-const Q8_0: u32 = 8;
-
-/// Checks the file against the program: architecture numbers, then every
-/// tensor the program reads (name, GGML type, dims).
-pub fn check_model(file: &gguf::GgufFile, a: &Architecture) -> Result<()> {
-    let arch = file.str("general.architecture")?;
-    if arch != "llama" {
-        return Err(Status::new(
-            StatusCode::InvalidArgument,
-            format!("gguf general.architecture is '{arch}'; the program is for 'llama'"),
-        ));
-    }
-    for (key, want) in [
-        ("llama.block_count", a.layers),
-        ("llama.embedding_length", a.dim),
-        ("llama.feed_forward_length", a.ffn),
-        ("llama.attention.head_count", a.heads),
-        ("llama.attention.head_count_kv", a.kv_heads),
-    ] {
-        let got = file.int(key)?;
-        if got != want as i64 {
-            return Err(Status::new(
-                StatusCode::InvalidArgument,
-                format!("gguf {key} is {got}; the program was built for {want}"),
-            ));
-        }
-    }
-    let kv = a.kv_heads * (a.dim / a.heads);
-    file.expect_tensor("token_embd.weight", Q8_0, &[a.dim, a.vocab])?;
-    file.expect_tensor("output_norm.weight", F32, &[a.dim])?;
-    for i in 0..a.layers {
-        let p = |n: &str| format!("blk.{i}.{n}.weight");
-        file.expect_tensor(&p("attn_norm"), F32, &[a.dim])?;
-        file.expect_tensor(&p("ffn_norm"), F32, &[a.dim])?;
-        file.expect_tensor(&p("attn_q"), Q4_1, &[a.dim, a.dim])?;
-        file.expect_tensor(&p("attn_k"), Q4_1, &[a.dim, kv])?;
-        file.expect_tensor(&p("attn_v"), Q4_1, &[a.dim, kv])?;
-        file.expect_tensor(&p("attn_output"), Q4_1, &[a.dim, a.dim])?;
-        file.expect_tensor(&p("ffn_gate"), Q4_1, &[a.dim, a.ffn])?;
-        file.expect_tensor(&p("ffn_up"), Q4_1, &[a.dim, a.ffn])?;
-        file.expect_tensor(&p("ffn_down"), Q4_1, &[a.ffn, a.dim])?;
-    }
-    Ok(())
 }
 
 /// Options of one generation.
@@ -232,69 +163,6 @@ fn check_context(context: usize, max: usize) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn token_text(t: &Tokenizer, id: Option<u32>) -> String {
-    id.and_then(|i| t.id_to_token(i)).unwrap_or_default()
-}
-
-/// What both programs' hosts read from the file besides the weights: the
-/// tokenizer, the chat template, BOS and EOS.
-pub(crate) struct TextSide {
-    pub(crate) tokenizer: Arc<Tokenizer>,
-    pub(crate) chat_template: Option<String>,
-    pub(crate) bos: Option<u32>,
-    pub(crate) eos: Option<u32>,
-}
-
-impl TextSide {
-    pub(crate) fn load(file: &gguf::GgufFile) -> Result<TextSide> {
-        let tokenizer = Arc::new(tokenizer::load(file)?);
-        let chat_template = file.str("tokenizer.chat_template").ok().map(str::to_string);
-        let id = |k: &str| file.int(k).ok().and_then(|v| u32::try_from(v).ok());
-        Ok(TextSide {
-            tokenizer,
-            chat_template,
-            bos: id("tokenizer.ggml.bos_token_id"),
-            eos: id("tokenizer.ggml.eos_token_id"),
-        })
-    }
-
-    /// The chat template over `messages`, generation prompt added, as ids.
-    pub(crate) fn chat_prompt_messages(&self, messages: &[chat::Message]) -> Result<Vec<u32>> {
-        chat_ids(
-            &self.tokenizer,
-            self.chat_template.as_deref(),
-            self.bos,
-            self.eos,
-            messages,
-        )
-    }
-}
-
-/// `template` (the file's chat template) over `messages`, generation prompt
-/// added, encoded as [`Llm::encode`] does.
-fn chat_ids(
-    tokenizer: &Tokenizer,
-    template: Option<&str>,
-    bos: Option<u32>,
-    eos: Option<u32>,
-    messages: &[chat::Message],
-) -> Result<Vec<u32>> {
-    let template = template.ok_or_else(|| {
-        Status::new(
-            StatusCode::InvalidArgument,
-            "gguf has no tokenizer.chat_template; use a plain prompt",
-        )
-    })?;
-    let text = chat::render(
-        template,
-        messages,
-        true,
-        &token_text(tokenizer, bos),
-        &token_text(tokenizer, eos),
-    )?;
-    tokenizer.encode(&text, false, false)
 }
 
 impl Llm {
