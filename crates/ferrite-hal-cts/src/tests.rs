@@ -5,7 +5,7 @@
 //! helper thread ([`in_background`]); on other devices the submission
 //! returns at once and the same code holds.
 
-use crate::Harness;
+use crate::harness::Harness;
 use ferrite_base::{Status, StatusCode, Timeout};
 use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::Buffer;
