@@ -8,7 +8,7 @@
 //! CPU devices build their collectives on it; GPU drivers use the group
 //! only for the identifier (their data moves through their own library).
 
-use super::ChannelProvider;
+use super::provider::ChannelProvider;
 use ferrite_base::{bail, Result};
 use parking_lot::{Condvar, Mutex};
 use std::any::Any;

@@ -16,12 +16,14 @@
 //! upstream's encoding (`hal.command_buffer.collective`'s `op` operand).
 
 pub mod local_group;
+mod provider;
 
 use ferrite_base::{bail, RefObject, Result};
 use std::any::Any;
 use std::sync::Arc;
 
 pub use local_group::{LocalGroup, LocalRank};
+pub use provider::ChannelProvider;
 
 /// Channel flags (none are defined; carried for the ABI).
 pub type ChannelFlags = u64;
@@ -44,23 +46,6 @@ pub struct ChannelParams {
     pub rank: Option<u32>,
     /// The number of participants; `None` = from the provider.
     pub count: Option<u32>,
-}
-
-/// Supplies the defaults of [`ChannelParams`] a program leaves unset: the
-/// rank and participant count, and the exchange of the group identifier
-/// that rank 0 creates (`ncclUniqueId` for NCCL).
-pub trait ChannelProvider: Send + Sync + 'static {
-    /// This process's (or thread's) rank and the group size.
-    fn default_rank_and_count(&self) -> Result<(u32, u32)>;
-    /// Exchanges the group identifier: on rank 0, `id` holds the identifier
-    /// to publish; on every other rank it is overwritten with rank 0's.
-    /// `key` names the exchange so that several groups can be formed in
-    /// turn (the n-th channel created by a program uses the same key on
-    /// every rank).
-    fn exchange_default_id(&self, key: &str, id: &mut [u8]) -> Result<()>;
-    /// For drivers: downcast to the concrete provider (an in-process group
-    /// lets CPU devices find their peers without any identifier).
-    fn as_any(&self) -> &dyn Any;
 }
 
 /// One participant of a collective group (VM ref type `hal.channel`).
