@@ -372,9 +372,10 @@ fn expected_outputs_match_upstream() {
         .contains("[FAILED] result[0]: variant types mismatch; expected i32 but got i32"));
 }
 
-#[test]
-fn benchmark_module_compares_with_upstream() {
-    let dir = workdir();
+/// `ferrite benchmark-module --compare-upstream` on io.vmfb's `two` with
+/// its two inputs and `args`; its stdout, once the run is checked to have
+/// succeeded.
+fn benchmark_two(args: &[&str]) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_ferrite"))
         .args([
             "benchmark-module",
@@ -382,21 +383,29 @@ fn benchmark_module_compares_with_upstream() {
             "--function=two",
             "--input=2x3xf32=1",
             "--input=@a.npy",
-            "--device=local-sync",
-            "--benchmark_repetitions=2",
-            "--benchmark_min_time=5x",
             "--compare-upstream",
         ])
+        .args(args)
         .env("IREE_BENCHMARK_MODULE", venv_tool("iree-benchmark-module"))
-        .current_dir(dir)
+        .current_dir(workdir())
         .output()
         .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
         o.status.success(),
         "{out}{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    out
+}
+
+#[test]
+fn benchmark_module_compares_with_upstream() {
+    let out = benchmark_two(&[
+        "--device=local-sync",
+        "--benchmark_repetitions=2",
+        "--benchmark_min_time=5x",
+    ]);
     for row in [
         "real_time_mean",
         "real_time_median",
@@ -414,30 +423,12 @@ fn benchmark_module_compares_with_upstream() {
 /// idle and loaded figures side by side, and leaves no busy process behind.
 #[test]
 fn benchmark_module_under_load_reports_both_and_stops_its_load() {
-    let dir = workdir();
-    let o = Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .args([
-            "benchmark-module",
-            "--module=io.vmfb",
-            "--function=two",
-            "--input=2x3xf32=1",
-            "--input=@a.npy",
-            "--device=local-task",
-            "--benchmark_min_time=20x",
-            "--compare-upstream",
-            "--under-load",
-            "--load-seconds=37",
-        ])
-        .env("IREE_BENCHMARK_MODULE", venv_tool("iree-benchmark-module"))
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let out = benchmark_two(&[
+        "--device=local-task",
+        "--benchmark_min_time=20x",
+        "--under-load",
+        "--load-seconds=37",
+    ]);
     let cpus = std::thread::available_parallelism().unwrap().get();
     assert!(
         out.contains(&format!("under load ({cpus} busy processes, one per CPU)")),
