@@ -307,18 +307,26 @@ pub fn expect_eq(
     if types_eq && shapes_eq && contents_eq {
         return Ok(None);
     }
-    let mut m = String::from("Expected equality of these values.");
+    let mut m = mismatch_header("equality", types_eq, shapes_eq);
+    if !contents_eq {
+        m.push_str(" Contents does not match.");
+    }
+    append_views(&mut m, &lhs, &rhs)?;
+    Ok(Some(m))
+}
+
+/// The start of an `expect_eq`/`expect_almost_eq` failure message (as
+/// upstream words it): what was expected, then which of element types and
+/// shapes differ.
+fn mismatch_header(expected: &str, types_eq: bool, shapes_eq: bool) -> String {
+    let mut m = format!("Expected {expected} of these values.");
     if !types_eq {
         m.push_str(" Element types do not match.");
     }
     if !shapes_eq {
         m.push_str(" Shapes do not match.");
     }
-    if !contents_eq {
-        m.push_str(" Contents does not match.");
-    }
-    append_views(&mut m, &lhs, &rhs)?;
-    Ok(Some(m))
+    m
 }
 
 fn append_views(m: &mut String, lhs: &BufferView, rhs: &BufferView) -> Result<()> {
@@ -417,13 +425,7 @@ pub fn expect_almost_eq(
     if types_eq && shapes_eq && first_failure.is_none() {
         return Ok(None);
     }
-    let mut m = String::from("Expected near equality of these values.");
-    if !types_eq {
-        m.push_str(" Element types do not match.");
-    }
-    if !shapes_eq {
-        m.push_str(" Shapes do not match.");
-    }
+    let mut m = mismatch_header("near equality", types_eq, shapes_eq);
     if let Some((i, a, e)) = first_failure {
         m.push_str(&format!(
             " Contents does not match to tolerance parameters atol={}, rtol={}. \
@@ -500,55 +502,20 @@ mod tests {
     #[test]
     fn expect_almost_eq_messages_as_upstream() {
         // The failure texts of upstream's check/test/failure.mlir.
-        let m = expect_almost_eq(
-            None,
-            &view("5xf32=1 2 3 4 5"),
-            &view("5xf32=0.999 2 3 4 5"),
-            1e-4,
-            0.0,
-        )
-        .unwrap()
-        .unwrap();
+        let mismatch = |l: &str, r: &str, atol: f32, rtol: f32| {
+            expect_almost_eq(None, &view(l), &view(r), atol, rtol)
+                .unwrap()
+                .unwrap()
+        };
+        let m = mismatch("5xf32=1 2 3 4 5", "5xf32=0.999 2 3 4 5", 1e-4, 0.0);
         assert!(m.starts_with("Expected near equality of these values. Contents does not match to tolerance parameters atol=0.0001, rtol=0. The first failure occurs at index 0 as the lhs value 1 differs from the rhs value 0.999 by -1.000e-03.\n"), "{m}");
-        let m = expect_almost_eq(
-            None,
-            &view("5xf64=1 2 3 4 5"),
-            &view("5xf64=0.98 2 3 4 5"),
-            1e-2,
-            0.0,
-        )
-        .unwrap()
-        .unwrap();
+        let m = mismatch("5xf64=1 2 3 4 5", "5xf64=0.98 2 3 4 5", 1e-2, 0.0);
         assert!(m.contains("atol=0.01, rtol=0. The first failure occurs at index 0 as the lhs value 1 differs from the rhs value 0.98 by -2.000e-02."), "{m}");
-        let m = expect_almost_eq(
-            None,
-            &view("2xf16=0 100"),
-            &view("2xf16=0.011 99"),
-            1e-2,
-            1e-2,
-        )
-        .unwrap()
-        .unwrap();
+        let m = mismatch("2xf16=0 100", "2xf16=0.011 99", 1e-2, 1e-2);
         assert!(m.contains("atol=0.01, rtol=0.01. The first failure occurs at index 0 as the lhs value 0 differs from the rhs value 0.0110016 by 1.100e-02."), "{m}");
-        let m = expect_almost_eq(
-            None,
-            &view("2xbf16=0 100"),
-            &view("2xbf16=0.009 98"),
-            1e-2,
-            1e-2,
-        )
-        .unwrap()
-        .unwrap();
+        let m = mismatch("2xbf16=0 100", "2xbf16=0.009 98", 1e-2, 1e-2);
         assert!(m.contains("The first failure occurs at index 1 as the lhs value 100 differs from the rhs value 98 by -2.000e+00."), "{m}");
-        let m = expect_almost_eq(
-            None,
-            &view("2xf8E5M2=0 100"),
-            &view("2xf8E5M2=0.25 75"),
-            0.1,
-            0.1,
-        )
-        .unwrap()
-        .unwrap();
+        let m = mismatch("2xf8E5M2=0 100", "2xf8E5M2=0.25 75", 0.1, 0.1);
         assert!(m.contains("atol=0.1, rtol=0.1. The first failure occurs at index 0 as the lhs value 0 differs from the rhs value 0.25 by 2.500e-01."), "{m}");
     }
 
