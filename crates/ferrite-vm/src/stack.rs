@@ -549,12 +549,24 @@ impl Stack {
         }
     }
 
-    /// Drops every frame and clears registers (after a failure).
+    /// Drops every frame and releases the live ref registers (after a
+    /// failure, and before a kept stack runs the next invocation). The
+    /// arenas keep their length: slots at or above the tops are already
+    /// clear (ref slots `None`, i32 slots zeroed when a frame is pushed), so
+    /// the next invocation neither grows nor zeroes them again.
     pub(crate) fn unwind(&mut self) {
         self.spans.clear();
         self.frames.clear();
-        self.i32_regs.clear();
-        self.ref_regs.clear();
+        let top = self.ref_top.min(self.ref_regs.len());
+        for r in &mut self.ref_regs[..top] {
+            if r.is_some() {
+                *r = None;
+            }
+        }
+        debug_assert!(
+            self.ref_regs[top..].iter().all(Option::is_none),
+            "a ref register above the top holds a ref"
+        );
         self.i32_top = 0;
         self.ref_top = 0;
     }
