@@ -32,7 +32,7 @@
 //! after the lock is dropped.
 
 use crate::refs::{Ref, RefObject};
-use crate::types::TypeDef;
+use crate::types::def::TypeDef;
 use crate::value::{ValueType, Variant};
 use ferrite_base::{bail, status, Result, Status};
 use parking_lot::Mutex;

@@ -1,44 +1,17 @@
 //! Type definitions as modules name them, and the per-instance registry
 //! that resolves those names.
 
+pub(crate) mod def;
+
+pub use def::TypeDef;
+
 use crate::buffer::VmBuffer;
 use crate::list::VmList;
-use crate::refs::{Ref, RefObject, RefType};
+use crate::refs::{RefObject, RefType};
 use crate::value::ValueType;
 use ferrite_base::{bail, Result};
 use parking_lot::RwLock;
 use std::collections::HashMap;
-
-/// A resolved entry of a module's type table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TypeDef {
-    /// A primitive value type.
-    Value(ValueType),
-    /// A specific ref type.
-    Ref(RefType),
-    /// Any value or ref (`!vm.opaque`, `?`): lists of this type hold variants.
-    Any,
-}
-
-impl TypeDef {
-    /// True when `r` is acceptable where this type is expected.
-    pub fn accepts_ref(&self, r: &Ref) -> bool {
-        match self {
-            TypeDef::Ref(t) => t.matches(r),
-            TypeDef::Any => true,
-            TypeDef::Value(_) => false,
-        }
-    }
-
-    /// Upstream-style name (`i32`, `!vm.buffer`, `?`).
-    pub fn name(&self) -> String {
-        match self {
-            TypeDef::Value(v) => v.name().to_string(),
-            TypeDef::Ref(r) => format!("!{}", r.name()),
-            TypeDef::Any => "?".to_string(),
-        }
-    }
-}
 
 /// Maps type names to ref types for one instance.
 ///
