@@ -145,6 +145,12 @@ fn field(text: &str, line_start: &str, key: &str) -> String {
         .to_string()
 }
 
+/// Asserts that `field(text, line_start, key)` is `want`, printing `text`
+/// when it is not.
+fn assert_field(text: &str, line_start: &str, key: &str, want: &str) {
+    assert_eq!(field(text, line_start, key), want, "{text}");
+}
+
 fn write(name: &str, device_time: bool) -> std::path::PathBuf {
     write_with(
         name,
@@ -202,24 +208,16 @@ fn device_events(queue: &str) -> Vec<DeviceEvent> {
 fn device_timed_dispatches_are_device_dispatch_events() {
     let file = write("device_time.ireeprof", true);
     let summary = profile("summary", &file);
-    assert_eq!(field(&summary, "records:", "unknown"), "0", "{summary}");
-    assert_eq!(
-        field(&summary, "chunks:", "dispatch_events"),
-        "1",
-        "{summary}"
-    );
+    assert_field(&summary, "records:", "unknown", "0");
+    assert_field(&summary, "chunks:", "dispatch_events", "1");
     assert_eq!(field(&summary, "chunks:", "clock_correlations"), "1");
     // Two samples a tick per nanosecond apart: the device clock fitted.
     assert!(summary.contains("clock_samples=2"), "{summary}");
     assert!(summary.contains("clock_fit: ns_per_tick="), "{summary}");
     let dispatch = profile("dispatch", &file);
-    assert_eq!(field(&dispatch, "dispatches:", "total"), "2", "{dispatch}");
-    assert_eq!(field(&dispatch, "dispatches:", "valid"), "2", "{dispatch}");
-    assert_eq!(
-        field(&dispatch, "host_dispatches:", "total"),
-        "0",
-        "{dispatch}"
-    );
+    assert_field(&dispatch, "dispatches:", "total", "2");
+    assert_field(&dispatch, "dispatches:", "valid", "2");
+    assert_field(&dispatch, "host_dispatches:", "total", "0");
     for export in ["k0", "k1"] {
         assert!(
             dispatch.lines().any(|l| l.trim() == export),
@@ -227,11 +225,7 @@ fn device_timed_dispatches_are_device_dispatch_events() {
         );
     }
     let command = profile("command", &file);
-    assert_eq!(
-        field(&command, "command_buffers=", "matched_dispatches"),
-        "2",
-        "{command}"
-    );
+    assert_field(&command, "command_buffers=", "matched_dispatches", "2");
 }
 
 #[test]
@@ -239,18 +233,10 @@ fn host_timed_dispatches_stay_host_execution_events() {
     // The CPU devices' shape: no device_time, no dispatch-events chunk.
     let file = write("host_time.ireeprof", false);
     let summary = profile("summary", &file);
-    assert_eq!(
-        field(&summary, "chunks:", "dispatch_events"),
-        "0",
-        "{summary}"
-    );
+    assert_field(&summary, "chunks:", "dispatch_events", "0");
     let dispatch = profile("dispatch", &file);
-    assert_eq!(
-        field(&dispatch, "host_dispatches:", "total"),
-        "2",
-        "{dispatch}"
-    );
-    assert_eq!(field(&dispatch, "dispatches:", "total"), "0", "{dispatch}");
+    assert_field(&dispatch, "host_dispatches:", "total", "2");
+    assert_field(&dispatch, "dispatches:", "total", "0");
 }
 
 #[test]
@@ -261,30 +247,14 @@ fn device_timed_queue_operations_are_queue_device_events() {
         "queue-events,host-execution,device-queue-events,dispatch-events",
     );
     let summary = profile("summary", &file);
-    assert_eq!(field(&summary, "records:", "unknown"), "0", "{summary}");
-    assert_eq!(
-        field(&summary, "chunks:", "queue_device_events"),
-        "1",
-        "{summary}"
-    );
-    assert_eq!(
-        field(&summary, "event_records:", "queue_device_events"),
-        "2",
-        "{summary}"
-    );
+    assert_field(&summary, "records:", "unknown", "0");
+    assert_field(&summary, "chunks:", "queue_device_events", "1");
+    assert_field(&summary, "event_records:", "queue_device_events", "2");
     // Device-timed work did not run on the host: no host execution events.
-    assert_eq!(
-        field(&summary, "event_records:", "host_execution_events"),
-        "0",
-        "{summary}"
-    );
+    assert_field(&summary, "event_records:", "host_execution_events", "0");
     let queue = profile("queue", &file);
-    assert_eq!(
-        field(&queue, "queues=", "queue_device_events"),
-        "2",
-        "{queue}"
-    );
-    assert_eq!(field(&queue, "queues=", "queue_events"), "2", "{queue}");
+    assert_field(&queue, "queues=", "queue_device_events", "2");
+    assert_field(&queue, "queues=", "queue_events", "2");
     let events = device_events(&queue);
     assert_eq!(
         events.iter().map(|e| e.fields.clone()).collect::<Vec<_>>(),
@@ -306,7 +276,7 @@ fn device_timed_queue_operations_are_queue_device_events() {
     }
     // The dispatches stay device dispatch events.
     let dispatch = profile("dispatch", &file);
-    assert_eq!(field(&dispatch, "dispatches:", "valid"), "2", "{dispatch}");
+    assert_field(&dispatch, "dispatches:", "valid", "2");
 }
 
 #[test]
@@ -319,19 +289,11 @@ fn cpu_queue_operations_are_queue_device_events_on_the_host_clock() {
         "queue-events,host-execution,device-queue-events",
     );
     let summary = profile("summary", &file);
-    assert_eq!(field(&summary, "records:", "unknown"), "0", "{summary}");
-    assert_eq!(
-        field(&summary, "event_records:", "queue_device_events"),
-        "2",
-        "{summary}"
-    );
+    assert_field(&summary, "records:", "unknown", "0");
+    assert_field(&summary, "event_records:", "queue_device_events", "2");
     // Host-run work stays host execution events as well (2 operations, 2
     // dispatches).
-    assert_eq!(
-        field(&summary, "event_records:", "host_execution_events"),
-        "4",
-        "{summary}"
-    );
+    assert_field(&summary, "event_records:", "host_execution_events", "4");
     let queue = profile("queue", &file);
     let events = device_events(&queue);
     assert_eq!(events.len(), 2, "{queue}");
