@@ -32,11 +32,15 @@ fn ok(cmd: &mut Command) -> String {
     out
 }
 
-fn bundle(device: &str, extra: &[&str]) -> PathBuf {
-    let path = workspace_root().join(format!("target/test-programs/profile_{device}.ireeprof"));
+/// Runs `tool` (`run-module`, `benchmark-module`) on the program's
+/// two_matmuls with its three inputs on `device`, recording into
+/// `target/test-programs/NAME.ireeprof` (removed first); `args` are the
+/// tool's other flags. The recording's path.
+fn record(tool: &str, name: &str, device: &str, args: &[&str]) -> PathBuf {
+    let path = workspace_root().join(format!("target/test-programs/{name}.ireeprof"));
     let _ = std::fs::remove_file(&path);
     ok(Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .arg("run-module")
+        .arg(tool)
         .arg(format!("--module={}", program().display()))
         .arg(format!("--device={device}"))
         .args([
@@ -44,12 +48,19 @@ fn bundle(device: &str, extra: &[&str]) -> PathBuf {
             "--input=32x64xf32=1",
             "--input=64x16xf32=1",
             "--input=16x8xf32=1",
-            "--output=",
-            "--device_profiling_mode=queue-events,host-execution,dispatch-events,memory-events",
         ])
         .arg(format!("--device_profiling_output={}", path.display()))
-        .args(extra));
+        .args(args));
     path
+}
+
+fn bundle(device: &str, extra: &[&str]) -> PathBuf {
+    let mut args = vec![
+        "--output=",
+        "--device_profiling_mode=queue-events,host-execution,dispatch-events,memory-events",
+    ];
+    args.extend_from_slice(extra);
+    record("run-module", &format!("profile_{device}"), device, &args)
 }
 
 fn profile(command: &str, file: &Path) -> String {
@@ -70,36 +81,30 @@ fn field(text: &str, line_start: &str, key: &str) -> String {
         .to_string()
 }
 
+/// Asserts that `field(text, line_start, key)` is `want`, printing `text`
+/// when it is not.
+fn assert_field(text: &str, line_start: &str, key: &str, want: &str) {
+    assert_eq!(field(text, line_start, key), want, "{text}");
+}
+
 fn check(device: &str, workers: &[&str]) {
     let file = bundle(device, workers);
     let summary = profile("summary", &file);
-    assert_eq!(field(&summary, "records:", "session_end"), "1");
-    assert_eq!(field(&summary, "records:", "non_ok_session_end"), "0");
-    assert_eq!(field(&summary, "records:", "unknown"), "0");
-    assert_eq!(
-        field(&summary, "event_records:", "host_execution_events"),
-        "4"
+    assert_field(&summary, "records:", "session_end", "1");
+    assert_field(&summary, "records:", "non_ok_session_end", "0");
+    assert_field(&summary, "records:", "unknown", "0");
+    assert_field(&summary, "event_records:", "host_execution_events", "4");
+    assert_field(
+        &summary,
+        "event_records:",
+        "invalid_host_execution_events",
+        "0",
     );
-    assert_eq!(
-        field(&summary, "event_records:", "invalid_host_execution_events"),
-        "0"
-    );
-    assert_eq!(
-        field(&summary, "metadata_records:", "executable_functions"),
-        "2"
-    );
+    assert_field(&summary, "metadata_records:", "executable_functions", "2");
 
     let dispatch = profile("dispatch", &file);
-    assert_eq!(
-        field(&dispatch, "host_dispatches:", "total"),
-        "2",
-        "{dispatch}"
-    );
-    assert_eq!(
-        field(&dispatch, "host_dispatches:", "valid"),
-        "2",
-        "{dispatch}"
-    );
+    assert_field(&dispatch, "host_dispatches:", "total", "2");
+    assert_field(&dispatch, "host_dispatches:", "valid", "2");
     for export in [
         "two_matmuls_dispatch_0_matmul_32x16x64_f32",
         "two_matmuls_dispatch_1_matmul_32x8x16_f32",
@@ -112,7 +117,7 @@ fn check(device: &str, workers: &[&str]) {
     assert!(dispatch.contains("workgroup_count=4x1x1"), "{dispatch}");
 
     let queue = profile("queue", &file);
-    assert_eq!(field(&queue, "queues=", "queue_events"), "4", "{queue}");
+    assert_field(&queue, "queues=", "queue_events", "4");
     assert!(queue.contains("type=execute"), "{queue}");
     assert!(queue.contains("type=alloca"), "{queue}");
 
@@ -120,20 +125,10 @@ fn check(device: &str, workers: &[&str]) {
     // each followed by a barrier) with the exports and workgroup counts
     // recorded, and both dispatches that ran joined to their commands.
     let command = profile("command", &file);
-    assert_eq!(
-        field(&command, "command_buffers=", "host_valid"),
-        "2",
-        "{command}"
-    );
-    assert_eq!(field(&command, "command_buffers=", "command_buffers"), "1");
-    assert_eq!(
-        field(&command, "command_buffers=", "command_operations"),
-        "4"
-    );
-    assert_eq!(
-        field(&command, "command_buffers=", "matched_host_dispatches"),
-        "2"
-    );
+    assert_field(&command, "command_buffers=", "host_valid", "2");
+    assert_field(&command, "command_buffers=", "command_buffers", "1");
+    assert_field(&command, "command_buffers=", "command_operations", "4");
+    assert_field(&command, "command_buffers=", "matched_host_dispatches", "2");
     let ops: Vec<String> = command
         .lines()
         .filter(|l| l.trim_start().starts_with("command["))
@@ -159,11 +154,7 @@ fn check(device: &str, workers: &[&str]) {
         ],
         "{command}"
     );
-    assert_eq!(
-        field(&command, "host_submission=", "dispatches"),
-        "2",
-        "{command}"
-    );
+    assert_field(&command, "host_submission=", "dispatches", "2");
 
     // Two queue allocations (1 KiB, 2 KiB), the 2 KiB one released by the
     // program: paired into two lifetimes, one still open at the end. The
@@ -177,12 +168,8 @@ fn check(device: &str, workers: &[&str]) {
         memory.contains("pool_reserve/materialize/release/wait=2/2/2/0"),
         "{memory}"
     );
-    assert_eq!(
-        field(&memory, "events:", "allocation_lifecycles"),
-        "6",
-        "{memory}"
-    );
-    assert_eq!(field(&memory, "events:", "open_lifecycles"), "3");
+    assert_field(&memory, "events:", "allocation_lifecycles", "6");
+    assert_field(&memory, "events:", "open_lifecycles", "3");
     for (key, want) in [
         ("open_at_end", "0"),
         ("peak_open", "2"),
@@ -369,23 +356,15 @@ fn memory_events(file: &Path) -> Vec<(String, i64, u64, u64)> {
 #[test]
 fn pool_reuse_shows_in_memory_events() {
     for device in ["local-sync", "local-task"] {
-        let path = workspace_root().join(format!(
-            "target/test-programs/profile_reuse_{device}.ireeprof"
-        ));
-        let _ = std::fs::remove_file(&path);
-        ok(Command::new(env!("CARGO_BIN_EXE_ferrite"))
-            .arg("benchmark-module")
-            .arg(format!("--module={}", program().display()))
-            .arg(format!("--device={device}"))
-            .args([
-                "--function=two_matmuls",
-                "--input=32x64xf32=1",
-                "--input=64x16xf32=1",
-                "--input=16x8xf32=1",
+        let path = record(
+            "benchmark-module",
+            &format!("profile_reuse_{device}"),
+            device,
+            &[
                 "--benchmark_min_time=2x",
                 "--device_profiling_mode=memory-events",
-            ])
-            .arg(format!("--device_profiling_output={}", path.display())));
+            ],
+        );
         let memory = profile("memory", &path);
         for counts in [
             "slab_acquire/release=2/0",
