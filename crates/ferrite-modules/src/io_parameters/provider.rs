@@ -20,7 +20,7 @@ use ferrite_hal::buffer::{Buffer, HostMemory};
 use ferrite_hal::device::Device;
 use ferrite_hal::{BufferUsage, Fence};
 
-use super::file_handle::SharedBytes;
+use super::file_handle::{FileHandle, SharedBytes};
 use super::index::{Entry, ParameterIndex, Storage};
 
 /// Alignment the bytes of an imported parameter must have: CPU kernels
@@ -106,17 +106,7 @@ impl Transfer {
                 offset,
                 length,
             } => {
-                let Storage::File {
-                    handle,
-                    offset: base,
-                } = &entry.storage
-                else {
-                    bail!(
-                        FailedPrecondition,
-                        "parameter '{}' has no file storage to read",
-                        entry.key
-                    );
-                };
+                let (handle, base) = file_storage(&entry, "read")?;
                 // Queue work: written as device work (`device_write`), never
                 // through a host mapping, which device work submitted after
                 // this load (and waiting for it) would refuse. Read through a
@@ -140,22 +130,25 @@ impl Transfer {
                 to,
                 length,
             } => {
-                let Storage::File {
-                    handle,
-                    offset: base,
-                } = &entry.storage
-                else {
-                    bail!(
-                        FailedPrecondition,
-                        "parameter '{}' has no file storage to write",
-                        entry.key
-                    );
-                };
+                let (handle, base) = file_storage(&entry, "write")?;
                 let mut data = vec![0u8; length as usize];
                 source.device_read(offset, &mut data)?;
                 handle.write(base + to, &data)
             }
         }
+    }
+}
+
+/// The file and offset holding `entry`'s bytes, for a transfer that must
+/// `verb` (read, write) them there: FAILED_PRECONDITION for a splat.
+fn file_storage<'e>(entry: &'e Entry, verb: &str) -> Result<(&'e FileHandle, u64)> {
+    match &entry.storage {
+        Storage::File { handle, offset } => Ok((handle, *offset)),
+        _ => bail!(
+            FailedPrecondition,
+            "parameter '{}' has no file storage to {verb}",
+            entry.key
+        ),
     }
 }
 
