@@ -749,7 +749,14 @@ impl ExecutableLibrary {
             binding_ptrs: binding_ptrs.as_ptr(),
             binding_lengths: binding_lengths.as_ptr(),
         };
-        let mut local = vec![CacheLine([0; 64]); export.local_memory_size.div_ceil(64)];
+        // Most exports use no workgroup-local memory: skip the (empty)
+        // vector's construction call on that path.
+        let lines = export.local_memory_size.div_ceil(64);
+        let mut local = if lines == 0 {
+            Vec::new()
+        } else {
+            vec![CacheLine([0; 64]); lines]
+        };
         let local_size = u32::try_from(local.len() * 64)
             .map_err(|_| invalid("local memory too large".into()))?;
         let mut wg = abi::WorkgroupStateV0 {
