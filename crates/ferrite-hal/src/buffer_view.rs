@@ -31,9 +31,14 @@ pub const MAX_PARSED_RANK: usize = 128;
 #[derive(Clone)]
 pub struct BufferView {
     buffer: Buffer,
-    /// `buffer` as a shared object, made on first request (the VM's
-    /// `hal.buffer_view.buffer`) or handed in at creation, so that every
-    /// request returns the same object (refs compare by identity).
+    /// `buffer` as a shared object when handed in at creation
+    /// ([`BufferView::over_shared`]), so that every request returns the
+    /// same object (refs compare by identity). A plain field: setting a
+    /// `OnceLock` at creation runs its one-time initialisation protocol, a
+    /// call per view on the path of every invocation that returns one.
+    handed_buffer: Option<std::sync::Arc<Buffer>>,
+    /// `buffer` as a shared object made on first request (the VM's
+    /// `hal.buffer_view.buffer`) when none was handed in.
     shared_buffer: std::sync::OnceLock<std::sync::Arc<Buffer>>,
     /// Dimensions; views of rank 4 or less need no allocation.
     shape: smallvec::SmallVec<[u64; 4]>,
@@ -114,6 +119,7 @@ impl BufferView {
         }
         Ok(BufferView {
             buffer,
+            handed_buffer: None,
             shared_buffer: std::sync::OnceLock::new(),
             shape: shape.into(),
             element_type,
@@ -130,6 +136,9 @@ impl BufferView {
     /// The viewed buffer as one shared object per view (what the `hal`
     /// VM module hands out as the view's `!hal.buffer` ref).
     pub fn shared_buffer(&self) -> std::sync::Arc<Buffer> {
+        if let Some(b) = &self.handed_buffer {
+            return b.clone();
+        }
         self.shared_buffer
             .get_or_init(|| std::sync::Arc::new(self.buffer.clone()))
             .clone()
@@ -143,8 +152,8 @@ impl BufferView {
         element_type: ElementType,
         encoding_type: EncodingType,
     ) -> Result<BufferView> {
-        let view = BufferView::new((*buffer).clone(), shape, element_type, encoding_type)?;
-        let _ = view.shared_buffer.set(buffer);
+        let mut view = BufferView::new((*buffer).clone(), shape, element_type, encoding_type)?;
+        view.handed_buffer = Some(buffer);
         Ok(view)
     }
 
