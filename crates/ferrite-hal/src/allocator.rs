@@ -1,7 +1,6 @@
 //! Allocators: the [`Allocator`] trait, the host [`HeapAllocator`] and the
 //! size-class [`CachingAllocator`] used for queue-ordered allocations.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -342,6 +341,26 @@ fn size_class(size: u64) -> u64 {
     }
 }
 
+/// Free-list slots: one per size class [`size_class`] can return, small
+/// classes (64-byte steps up to 4 KiB) then powers of two from 8 KiB up.
+const CLASS_SLOTS: usize = 64 + 51;
+
+/// The free-list slot of a block of `bytes` (exactly a size class); `None`
+/// for any other length, which is then not kept. Direct indexing, not a map
+/// lookup: one allocation and one release per queue `alloca` took two
+/// ordered-map searches.
+fn class_slot(bytes: u64) -> Option<usize> {
+    if bytes == 0 {
+        None
+    } else if bytes <= 4096 {
+        (bytes % 64 == 0).then(|| (bytes / 64 - 1) as usize)
+    } else if bytes.is_power_of_two() {
+        Some(64 + bytes.trailing_zeros() as usize - 13)
+    } else {
+        None
+    }
+}
+
 struct PoolShared {
     free: Mutex<PoolFree>,
     max_cached_bytes: u64,
@@ -349,9 +368,10 @@ struct PoolShared {
     device: Option<&'static str>,
 }
 
-#[derive(Default)]
 struct PoolFree {
-    by_class: BTreeMap<u64, Vec<HeapBlock>>,
+    /// Free blocks by [`class_slot`]; every block in slot `i` has the
+    /// length of that class.
+    by_class: [Vec<HeapBlock>; CLASS_SLOTS],
     cached_bytes: u64,
     hits: u64,
     misses: u64,
@@ -363,6 +383,21 @@ struct PoolFree {
     /// The pool's allocator statistics, under the same lock as the free
     /// lists: an allocation and its end each take one lock, not two.
     stats: AllocatorStatistics,
+}
+
+impl Default for PoolFree {
+    fn default() -> PoolFree {
+        PoolFree {
+            by_class: [const { Vec::new() }; CLASS_SLOTS],
+            cached_bytes: 0,
+            hits: 0,
+            misses: 0,
+            cached_blocks: 0,
+            live_blocks: 0,
+            live_bytes: 0,
+            stats: AllocatorStatistics::default(),
+        }
+    }
 }
 
 impl PoolFree {
@@ -389,7 +424,8 @@ impl AllocationHome for PoolShared {
         record_free(&mut f.stats, memory_type, len);
         f.live_blocks -= 1;
         f.live_bytes -= bytes;
-        if f.cached_bytes + bytes > self.max_cached_bytes {
+        let slot = class_slot(bytes);
+        if slot.is_none() || f.cached_bytes + bytes > self.max_cached_bytes {
             let snap = f.snapshot();
             drop(f);
             drop(block);
@@ -401,7 +437,9 @@ impl AllocationHome for PoolShared {
         }
         f.cached_bytes += bytes;
         f.cached_blocks += 1;
-        f.by_class.entry(bytes).or_default().push(block);
+        if let Some(slot) = slot {
+            f.by_class[slot].push(block);
+        }
         if let Some(addr) = traced {
             let snap = f.snapshot();
             drop(f);
@@ -486,7 +524,7 @@ impl Allocator for CachingAllocator {
         let mut snap = None;
         let reused = if pooled {
             let mut f = self.shared.free.lock();
-            let block = f.by_class.get_mut(&class).and_then(Vec::pop);
+            let block = class_slot(class).and_then(|s| f.by_class[s].pop());
             match &block {
                 Some(b) => {
                     f.cached_bytes -= b.len() as u64;
@@ -564,11 +602,12 @@ impl Allocator for CachingAllocator {
             let mut f = self.shared.free.lock();
             f.cached_bytes = 0;
             f.cached_blocks = 0;
-            (std::mem::take(&mut f.by_class), f.snapshot())
+            let blocks = std::mem::replace(&mut f.by_class, [const { Vec::new() }; CLASS_SLOTS]);
+            (blocks, f.snapshot())
         };
         if ferrite_base::trace::enabled() {
             let device = self.shared.device;
-            for block in blocks.values().flatten() {
+            for block in blocks.iter().flatten() {
                 let len = block.len() as u64;
                 pool_events::record(device, "slab_release", block.addr(), len, snap, &[]);
             }
@@ -581,6 +620,27 @@ impl Allocator for CachingAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_size_class_has_a_slot_of_its_own() {
+        let mut seen = [None; CLASS_SLOTS];
+        let sizes = (1..=4096u64).chain((13..64).flat_map(|b| [(1u64 << b) - 1, 1 << b]));
+        for size in sizes {
+            let class = size_class(size);
+            let slot = class_slot(class).expect("a size class has a slot");
+            match seen[slot] {
+                None => seen[slot] = Some(class),
+                Some(c) => assert_eq!(c, class, "slot {slot} shared by two classes"),
+            }
+        }
+        assert!(
+            seen.iter().all(Option::is_some),
+            "every slot is some class's"
+        );
+        for not_a_class in [0, 1, 63, 65, 4097, 8191, 12288, u64::MAX] {
+            assert_eq!(class_slot(not_a_class), None, "{not_a_class}");
+        }
+    }
 
     #[test]
     fn heap_params_and_stats() {
