@@ -353,7 +353,7 @@ fn class_slot(bytes: u64) -> Option<usize> {
     if bytes == 0 {
         None
     } else if bytes <= 4096 {
-        (bytes % 64 == 0).then(|| (bytes / 64 - 1) as usize)
+        bytes.is_multiple_of(64).then(|| (bytes / 64 - 1) as usize)
     } else if bytes.is_power_of_two() {
         Some(64 + bytes.trailing_zeros() as usize - 13)
     } else {
