@@ -13,6 +13,8 @@
 # On the GPU machine, from the repository root (carry build/gpu):
 #   bash build/gpu/run.sh test     # scripts/test-gpu.sh over these inputs
 #   bash build/gpu/run.sh bench    # scripts/bench-gpu.sh, with and without graphs
+#   bash build/gpu/run.sh llm      # the LLM on cuda (tests/llm/test_cuda.py;
+#                                  # FERRITE_CACHE/llm holds the .gguf)
 #   bash build/gpu/run.sh py       # the CUDA Python tests (GPU_BUILD_PYTHON=1
 #                                  # builds the abi3 wheel they need)
 # FERRITE_BUILD_LOCK: a file to hold a shared flock on while compiling
@@ -108,6 +110,11 @@ if [ "${GPU_BUILD_PYTHON:-0}" = 1 ]; then
   locked nice .venv/bin/maturin build --release -q -i "${PYTHON312:-python3.12}" -o $G/pywheel
 fi
 
+echo "gpu-build: the LLM example's cuda program (run.sh llm)"
+rm -rf $G/llm && mkdir -p $G/llm
+locked nice .venv/bin/python examples/llm/build_cuda.py --out $G/llm/smollm2-cuda.vmfb >/dev/null
+rm -f $G/llm/*.mlir
+
 mkdir -p $G/.whl
 if [ -n "${UPSTREAM_WHEEL:-}" ] && [ -f "$UPSTREAM_WHEEL" ]; then
   cp "$UPSTREAM_WHEEL" $G/.whl/
@@ -153,7 +160,16 @@ case ${1:-test} in
     PYTHONPATH=/tmp/ferrite-py FERRITE_REQUIRE_GPU=1 FERRITE_CUDA_ADD_VMFB=/tmp/add_cuda.vmfb \
       python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py \
       tests/python/test_dlpack_cuda.py tests/python/test_dlpack_loop.py ;;
-  *) echo "usage: run.sh test|bench|py"; exit 2 ;;
+  llm)
+    # The LLM on cuda with the real weights: FERRITE_CACHE/llm must hold
+    # the .gguf (the machine has no network); the ferrite wheel and
+    # upstream's are installed as for `py`.
+    [ -n "${FERRITE_CACHE:-}" ] || { echo "run.sh llm: set FERRITE_CACHE (the folder whose llm/ holds SmolLM2-135M-Instruct.Q4_1.gguf)"; exit 2; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ferrite-py $G/pywheel/*.whl || exit 1
+    PYTHONPATH=/tmp/ferrite-py:/tmp/upstream FERRITE_REQUIRE_GPU=1 FERRITE_BIN=$G/bin/ferrite \
+      FERRITE_LLM_CUDA_VMFB=$G/llm/smollm2-cuda.vmfb \
+      python3 -m pytest -q -rs -p no:cacheprovider tests/llm/test_cuda.py ;;
+  *) echo "usage: run.sh test|bench|py|llm"; exit 2 ;;
 esac
 EOF
 du -sh $G
