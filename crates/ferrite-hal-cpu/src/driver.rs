@@ -1,9 +1,9 @@
 //! The CPU drivers `local-sync` and `local-task` (see
 //! [`ferrite_hal::driver::Driver`]); the facade's registry lists them.
 
+use crate::device::CpuDevice;
 use crate::pool::{lends_by_default, PoolOptions, DEFAULT_IDLE_SPIN, MAX_WORKERS};
 use crate::topology;
-use crate::device::CpuDevice;
 use ferrite_base::{bail, status, Result};
 use ferrite_hal::device::DeviceRef;
 use ferrite_hal::driver::{DeviceInfo, DeviceSpec, Driver, DriverOptions, TaskOptions};
