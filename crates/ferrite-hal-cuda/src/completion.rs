@@ -38,6 +38,9 @@ pub(crate) struct Completion {
     pub(crate) work: Option<Work>,
 }
 
+/// A continuation's outcome, read when its queue operation is reported.
+pub(crate) type Outcome = Arc<Mutex<Option<Status>>>;
+
 /// Resources kept alive until the work using them completes.
 #[derive(Default)]
 pub(crate) struct InFlightResources {
@@ -54,7 +57,7 @@ pub(crate) struct InFlightResources {
     /// Gate words the queue stream waits on for a continuation.
     pub(crate) gates: Vec<Arc<CudaTimeline>>,
     /// Continuations' outcomes: a failure there fails the operation.
-    pub(crate) outcomes: Vec<crate::indirect::Outcome>,
+    pub(crate) outcomes: Vec<Outcome>,
     /// While a trace is recorded: the queue operation's name and arguments
     /// (its span is timed on the stream, [`crate::profile`]).
     pub(crate) traced: Option<crate::profile::TracedOp>,

@@ -3,7 +3,6 @@
 //! pools, and stream-to-stream ordering for foreign consumers.
 
 use crate::completion::Completions;
-use crate::device::CudaDevice;
 use crate::ffi::{self, Api, CUcontext, CUdevice, CUdeviceptr, CUstream};
 use crate::memory::{AllocationStats, SpareBlocks, WordPool};
 use ferrite_base::Result;
@@ -57,7 +56,19 @@ pub struct CudaContext {
     /// The device over this state, whose queue may keep operations on the
     /// host ([`CudaContext::order_queue_before`] orders those too). Weak: the
     /// device holds this state.
-    pub(crate) queue_device: std::sync::OnceLock<Weak<CudaDevice>>,
+    pub(crate) queue_device: std::sync::OnceLock<Weak<dyn QueueOrder>>,
+}
+
+/// What the context asks of the device over it (`CudaDevice`, whose queue
+/// may keep operations on the host): a trait, so that the context, which
+/// everything in the driver holds, names no module above it.
+pub(crate) trait QueueOrder: Send + Sync {
+    /// Orders every queue operation submitted so far, those kept on the
+    /// host included, before `consumer` (the host when `None`).
+    ///
+    /// # Safety
+    /// As [`CudaContext::order_queue_before`].
+    unsafe fn order_before_consumer(&self, consumer: Option<CUstream>) -> Result<()>;
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is

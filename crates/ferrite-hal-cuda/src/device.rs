@@ -42,7 +42,7 @@
 //! parameters ran before the host had copied them.)
 
 use crate::completion::{Completions, InFlightResources};
-use crate::context::CudaContext;
+use crate::context::{CudaContext, QueueOrder};
 use crate::deferral::{Body, Deferred, Queue};
 use crate::executable::CudaExecutable;
 use crate::ffi::{self, CUcontext, CUdevice, CUdeviceptr, CUstream};
@@ -51,7 +51,7 @@ use ferrite_base::{bail, status, Result};
 use ferrite_hal::allocator::{Allocator, BufferParams};
 use ferrite_hal::buffer::Buffer;
 use ferrite_hal::channel::{ChannelParams, ChannelProvider, ChannelRef};
-use ferrite_hal::command_buffer::{Binding, BindingTable, BufferRef, Command, CommandBuffer};
+use ferrite_hal::command_buffer::{Binding, BindingTable, Command, CommandBuffer};
 use ferrite_hal::device::{Device, Work};
 use ferrite_hal::executable::Executable;
 use ferrite_hal::fence::Fence;
@@ -188,8 +188,8 @@ impl CudaDevice {
                     "starting the CUDA completion thread: {e}"
                 )
             })?;
-        Ok(Arc::new_cyclic(|me| {
-            let _ = shared.queue_device.set(me.clone());
+        Ok(Arc::new_cyclic(|me: &Weak<CudaDevice>| {
+            let _ = shared.queue_device.set(me.clone() as Weak<dyn QueueOrder>);
             CudaDevice {
                 id: "cuda".to_string(),
                 allocator: Arc::new(CudaAllocator::new(shared.clone())),
@@ -267,40 +267,6 @@ impl CudaDevice {
             Ok(Arc::new(CudaTimeline::new(&shared)?) as Arc<dyn DeviceTimeline>)
         })
     }
-}
-
-/// The kernel a dispatch launches, checked against the dispatch's
-/// bindings and push constants (at least as many as the kernel takes).
-pub(crate) fn dispatch_kernel<'a>(
-    executable: &'a ferrite_hal::executable::ExecutableRef,
-    function: u32,
-    bindings: &[BufferRef],
-    constants: &[u32],
-) -> Result<&'a crate::executable::Kernel> {
-    let Some(exe) = executable.0.as_any().downcast_ref::<CudaExecutable>() else {
-        bail!(
-            InvalidArgument,
-            "executable was not loaded by a CUDA device"
-        );
-    };
-    let kernel = exe.kernel(function)?;
-    if bindings.len() < kernel.binding_count as usize {
-        bail!(
-            InvalidArgument,
-            "dispatch of export {function} has {} bindings but the kernel takes {}",
-            bindings.len(),
-            kernel.binding_count
-        );
-    }
-    if constants.len() < kernel.constant_count as usize {
-        bail!(
-            InvalidArgument,
-            "dispatch of export {function} has {} constants but the kernel takes {}",
-            constants.len(),
-            kernel.constant_count
-        );
-    }
-    Ok(kernel)
 }
 
 /// What an operation keeps alive, starting with its [`crate::profile::TracedOp`]

@@ -9,6 +9,7 @@ use crate::context::CudaContext;
 use crate::ffi::{self, CUfunction, CUmodule};
 use crate::flatbuffer::Fb;
 use ferrite_base::{bail, status, Result};
+use ferrite_hal::command_buffer::BufferRef;
 use ferrite_hal::executable::{Executable, ExportInfo};
 use std::any::Any;
 use std::ffi::{c_int, c_void, CString};
@@ -297,6 +298,40 @@ impl Executable for CudaExecutable {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// The kernel a dispatch launches, checked against the dispatch's
+/// bindings and push constants (at least as many as the kernel takes).
+pub(crate) fn dispatch_kernel<'a>(
+    executable: &'a ferrite_hal::executable::ExecutableRef,
+    function: u32,
+    bindings: &[BufferRef],
+    constants: &[u32],
+) -> Result<&'a Kernel> {
+    let Some(exe) = executable.0.as_any().downcast_ref::<CudaExecutable>() else {
+        bail!(
+            InvalidArgument,
+            "executable was not loaded by a CUDA device"
+        );
+    };
+    let kernel = exe.kernel(function)?;
+    if bindings.len() < kernel.binding_count as usize {
+        bail!(
+            InvalidArgument,
+            "dispatch of export {function} has {} bindings but the kernel takes {}",
+            bindings.len(),
+            kernel.binding_count
+        );
+    }
+    if constants.len() < kernel.constant_count as usize {
+        bail!(
+            InvalidArgument,
+            "dispatch of export {function} has {} constants but the kernel takes {}",
+            constants.len(),
+            kernel.constant_count
+        );
+    }
+    Ok(kernel)
 }
 
 #[cfg(test)]

@@ -25,19 +25,16 @@
 //! Upstream's CUDA stream command buffers return UNIMPLEMENTED for indirect
 //! dispatches; the cost here is one host round trip per indirect dispatch.
 
-use crate::completion::InFlightResources;
+use crate::completion::{InFlightResources, Outcome};
 use crate::context::CudaContext;
 use crate::ffi;
 use crate::memory::CudaTimeline;
 use crate::stream_encoder::{replay, AtIndirect};
-use ferrite_base::{status, Result, Status};
+use ferrite_base::{status, Result};
 use ferrite_hal::command_buffer::{Binding, Command};
 use ferrite_hal::semaphore::DeviceTimeline as _;
 use parking_lot::Mutex;
 use std::sync::Arc;
-
-/// A continuation's outcome, read when its queue operation is reported.
-pub(crate) type Outcome = Arc<Mutex<Option<Status>>>;
 
 /// Splits the queue stream at an indirect dispatch: `rest` (that dispatch
 /// and the commands after it) runs on a continuation thread, and the queue

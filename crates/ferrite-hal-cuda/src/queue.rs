@@ -4,6 +4,7 @@
 //! the `device` module's docs and [`crate::deferral`]).
 
 use crate::completion::{Completion, InFlightResources};
+use crate::context::QueueOrder;
 use crate::deferral::{Body, Deferred, Queue};
 use crate::device::CudaDevice;
 use crate::ffi::{self, CUdeviceptr, CUstream};
@@ -446,5 +447,13 @@ impl CudaDevice {
             None => Ok(()),
             Some(i) => crate::indirect::defer(shared, commands[i..].into(), table, keep),
         }
+    }
+}
+
+impl QueueOrder for CudaDevice {
+    unsafe fn order_before_consumer(&self, consumer: Option<CUstream>) -> Result<()> {
+        // SAFETY: the caller keeps the contract of the trait's method, which
+        // is this method's.
+        unsafe { CudaDevice::order_before_consumer(self, consumer) }
     }
 }

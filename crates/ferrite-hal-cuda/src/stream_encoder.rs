@@ -12,7 +12,7 @@
 use crate::channel::{NcclChannel, Resolved};
 use crate::completion::InFlightResources;
 use crate::context::CudaContext;
-use crate::device::dispatch_kernel;
+use crate::executable::dispatch_kernel;
 use crate::ffi::{self, CUdeviceptr, CUstream};
 use crate::memory::CudaMemory;
 use ferrite_base::{bail, Result};

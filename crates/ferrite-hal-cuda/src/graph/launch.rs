@@ -1,0 +1,449 @@
+//! Building, updating and launching a command buffer's graph on the
+//! device's queue stream, and running one-shot command buffers as their
+//! shape's graph (see the parent module for when each happens). Kept apart
+//! from the graph and shape types so that the device, which holds a
+//! [`super::ShapeCache`], names no module that names the device.
+
+use super::{CommandGraph, KernelArgs, NodeState, Prepared, Shape, UpdatableNode};
+use crate::completion::InFlightResources;
+use crate::device::CudaDevice;
+use crate::executable::dispatch_kernel;
+use crate::ffi::{self, CUgraph, CUgraphExec, CUgraphNode};
+use ferrite_base::{bail, Result};
+use ferrite_hal::command_buffer::{Binding, BufferRef, Command, CommandBuffer};
+use parking_lot::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl CudaDevice {
+    /// What the graph node of `cmd` is set with under `table`, and whether
+    /// that depends on the table; `None` for commands that make no node
+    /// (barriers, empty dispatches). Checks ranges as a stream replay does.
+    fn node_state(&self, cmd: &Command, table: &[Binding]) -> Result<Option<(NodeState, bool)>> {
+        match cmd {
+            Command::Dispatch {
+                executable,
+                function,
+                workgroups,
+                bindings,
+                constants,
+                ..
+            } => {
+                let kernel = dispatch_kernel(executable, *function, bindings, constants)?;
+                if workgroups.contains(&0) {
+                    return Ok(None);
+                }
+                let refs = &bindings[..kernel.binding_count as usize];
+                let mut addresses = Vec::with_capacity(refs.len());
+                for r in refs {
+                    addresses.push(self.resolve_address(r, table)?);
+                }
+                let cc = kernel.constant_count as usize;
+                let mut words = Vec::with_capacity(cc + 3);
+                words.extend_from_slice(&constants[..cc]);
+                words.extend_from_slice(workgroups);
+                let slots = refs.iter().any(|r| matches!(r, BufferRef::Slot { .. }));
+                Ok(Some((NodeState { addresses, words }, slots)))
+            }
+            Command::Fill { target, pattern } => {
+                let (size, count) = self.fill_geometry(target, table, pattern.len())?;
+                let value = match pattern.len() {
+                    1 => pattern[0] as u32,
+                    2 => u16::from_le_bytes([pattern[0], pattern[1]]) as u32,
+                    4 => u32::from_le_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]),
+                    n => bail!(
+                        Unimplemented,
+                        "CUDA fills take 1, 2 or 4-byte patterns (got {n})"
+                    ),
+                };
+                let count = count as u64;
+                Ok(Some((
+                    NodeState {
+                        addresses: vec![self.resolve_address(target, table)?],
+                        words: vec![size, count as u32, (count >> 32) as u32, value],
+                    },
+                    matches!(target, BufferRef::Slot { .. }),
+                )))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Element size and count of a fill of `target` with an `n`-byte
+    /// pattern.
+    fn fill_geometry(
+        &self,
+        target: &BufferRef,
+        table: &[Binding],
+        n: usize,
+    ) -> Result<(u32, usize)> {
+        let (_, _, len) = target.resolve(table)?;
+        if !len.is_multiple_of(n as u64) {
+            bail!(
+                InvalidArgument,
+                "fill length {len} is not a multiple of the {n}-byte pattern"
+            );
+        }
+        Ok((n as u32, (len / n as u64) as usize))
+    }
+
+    /// The kernel node parameters of dispatch `cmd` set with `state`;
+    /// `what` names the node in the launch log.
+    fn kernel_params(
+        &self,
+        cmd: &Command,
+        state: &NodeState,
+        what: &str,
+    ) -> Result<(ffi::CUDA_KERNEL_NODE_PARAMS, KernelArgs)> {
+        let Command::Dispatch {
+            executable,
+            function,
+            constants,
+            bindings,
+            ..
+        } = cmd
+        else {
+            bail!(Internal, "not a dispatch");
+        };
+        let kernel = dispatch_kernel(executable, *function, bindings, constants)?;
+        let cc = kernel.constant_count as usize;
+        let (consts, grid) = state.words.split_at(cc);
+        let workgroups = [grid[0], grid[1], grid[2]];
+        let mut args = KernelArgs::new(state.addresses.clone(), consts.to_vec());
+        let [bx, by, bz] = kernel.block_dims;
+        if crate::diagnostics::log_launches() {
+            crate::diagnostics::print_launch(
+                what,
+                &kernel.name,
+                workgroups,
+                kernel.block_dims,
+                kernel.shared_memory,
+                &state.addresses,
+                consts,
+            );
+        }
+        let p = ffi::CUDA_KERNEL_NODE_PARAMS {
+            func: kernel.function,
+            grid_dim_x: workgroups[0],
+            grid_dim_y: workgroups[1],
+            grid_dim_z: workgroups[2],
+            block_dim_x: bx,
+            block_dim_y: by,
+            block_dim_z: bz,
+            shared_mem_bytes: kernel.shared_memory,
+            kernel_params: args.ptrs.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+        };
+        Ok((p, args))
+    }
+
+    /// The memset node parameters of a fill set with `state`.
+    fn memset_params(state: &NodeState) -> ffi::CUDA_MEMSET_NODE_PARAMS {
+        let w = &state.words;
+        ffi::CUDA_MEMSET_NODE_PARAMS {
+            dst: state.addresses[0],
+            pitch: 0,
+            value: w[3],
+            element_size: w[0],
+            width: (w[1] as u64 | (w[2] as u64) << 32) as usize,
+            height: 1,
+        }
+    }
+
+    /// Builds and instantiates the graph of `commands` with `table`'s
+    /// addresses. `update_all`: every node is re-checked at each execution
+    /// (a one-shot shape's graph, whose commands change), else only those
+    /// depending on the table.
+    fn build_graph(
+        &self,
+        commands: &[Command],
+        table: &[Binding],
+        update_all: bool,
+    ) -> Result<CommandGraph> {
+        let shared = self.shared().clone();
+        let api = shared.api;
+        let mut graph: CUgraph = std::ptr::null_mut();
+        ffi::check(
+            // SAFETY: valid out-pointer; the context is current.
+            unsafe { (api.cuGraphCreate)(&mut graph, 0) },
+            "creating a CUDA graph",
+        )?;
+        let mut g = CommandGraph {
+            shared: shared.clone(),
+            graph,
+            exec: std::ptr::null_mut(),
+            node_count: 0,
+            nodes: Mutex::new(Vec::new()),
+        };
+        // Nodes of the last non-empty stage, and of the stage being built.
+        let mut previous: Vec<CUgraphNode> = Vec::new();
+        let mut current: Vec<CUgraphNode> = Vec::new();
+        let mut join: Option<CUgraphNode> = None;
+        let mut nodes = Vec::new();
+        for (i, cmd) in commands.iter().enumerate() {
+            if let Command::Barrier = cmd {
+                if !current.is_empty() {
+                    previous = std::mem::take(&mut current);
+                    join = None;
+                }
+                continue;
+            }
+            let Some((state, from_table)) = self.node_state(cmd, table)? else {
+                continue;
+            };
+            // Dependencies: the previous stage, through one empty join
+            // node when it holds several (fewer edges).
+            let deps: Vec<CUgraphNode> = if previous.len() > 1 {
+                if join.is_none() {
+                    let mut j: CUgraphNode = std::ptr::null_mut();
+                    ffi::check(
+                        // SAFETY: valid out-pointer; `previous` holds nodes
+                        // of this graph.
+                        unsafe {
+                            (api.cuGraphAddEmptyNode)(
+                                &mut j,
+                                graph,
+                                previous.as_ptr(),
+                                previous.len(),
+                            )
+                        },
+                        "adding a graph join node",
+                    )?;
+                    join = Some(j);
+                }
+                vec![join.unwrap_or(std::ptr::null_mut())]
+            } else {
+                previous.clone()
+            };
+            let mut node: CUgraphNode = std::ptr::null_mut();
+            match cmd {
+                Command::Dispatch { .. } => {
+                    let (p, _args) = self.kernel_params(cmd, &state, "graph node")?;
+                    ffi::check(
+                        // SAFETY: `p` points at `_args`' parameter pointers,
+                        // laid out as the kernel expects; the driver copies
+                        // them before returning; deps are nodes of `graph`.
+                        unsafe {
+                            (api.cuGraphAddKernelNode)(
+                                &mut node,
+                                graph,
+                                deps.as_ptr(),
+                                deps.len(),
+                                &p,
+                            )
+                        },
+                        "adding a kernel node",
+                    )?;
+                }
+                Command::Fill { .. } => {
+                    let p = Self::memset_params(&state);
+                    ffi::check(
+                        // SAFETY: a checked device range; deps are nodes of
+                        // `graph`; the context is the device's.
+                        unsafe {
+                            (api.cuGraphAddMemsetNode)(
+                                &mut node,
+                                graph,
+                                deps.as_ptr(),
+                                deps.len(),
+                                &p,
+                                shared.ctx,
+                            )
+                        },
+                        "adding a memset node",
+                    )?;
+                }
+                _ => bail!(Internal, "command not eligible for a graph"),
+            }
+            current.push(node);
+            g.node_count += 1;
+            if from_table || update_all {
+                nodes.push(UpdatableNode {
+                    node,
+                    command: i,
+                    state,
+                });
+            }
+        }
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        ffi::check(
+            // SAFETY: a complete graph of this context; valid out-pointer.
+            unsafe { (api.cuGraphInstantiateWithFlags)(&mut exec, graph, 0) },
+            "instantiating a CUDA graph",
+        )?;
+        g.exec = exec;
+        *g.nodes.get_mut() = nodes;
+        Ok(g)
+    }
+
+    /// Updates the nodes of `g` whose parameters differ under `commands`
+    /// and `table` (checking every range again), then launches it on the
+    /// queue stream. `commands` must have the structure `g` was built from.
+    fn update_and_launch(
+        &self,
+        g: &CommandGraph,
+        commands: &[Command],
+        table: &[Binding],
+        oneshot: bool,
+    ) -> Result<()> {
+        let api = g.shared.api;
+        let mut updated = 0u64;
+        {
+            let mut nodes = g.nodes.lock();
+            for n in nodes.iter_mut() {
+                let cmd = &commands[n.command];
+                let Some((state, _)) = self.node_state(cmd, table)? else {
+                    bail!(Internal, "a graph node's command no longer makes a node");
+                };
+                if state == n.state {
+                    continue;
+                }
+                let r = match cmd {
+                    Command::Dispatch { .. } => {
+                        let (p, _args) = self.kernel_params(cmd, &state, "graph node update")?;
+                        // SAFETY: a kernel node of this executable graph,
+                        // with the same function; `p` as in `build_graph`
+                        // (copied by the driver).
+                        unsafe { (api.cuGraphExecKernelNodeSetParams)(g.exec, n.node, &p) }
+                    }
+                    _ => {
+                        let p = Self::memset_params(&state);
+                        // SAFETY: a memset node of this graph; a checked range
+                        // of this context's memory.
+                        unsafe {
+                            (api.cuGraphExecMemsetNodeSetParams)(g.exec, n.node, &p, g.shared.ctx)
+                        }
+                    }
+                };
+                ffi::check(r, "updating a graph node's parameters")?;
+                n.state = state;
+                updated += 1;
+            }
+        }
+        ffi::check(
+            // SAFETY: an instantiated graph of this context, launched on its
+            // queue stream under the submission lock; every address it uses
+            // was checked against this execution's commands and bindings.
+            unsafe { (api.cuGraphLaunch)(g.exec, g.shared.stream) },
+            "launching a CUDA graph",
+        )?;
+        if crate::diagnostics::log_launches() {
+            eprintln!(
+                "cuda graph launch: {} nodes, {updated} updated{}",
+                g.node_count,
+                if oneshot { " (one-shot shape)" } else { "" }
+            );
+        }
+        self.graph_launches.fetch_add(1, Ordering::Relaxed);
+        self.graph_node_updates
+            .fetch_add(updated, Ordering::Relaxed);
+        if oneshot {
+            self.oneshot_graph_launches.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Enqueues `commands` (eligible, see [`eligible`]) as `cb`'s graph,
+    /// building it at the first execution. `Ok(false)`: no graph (the
+    /// driver refused, or another device owns `cb`'s graph slot); replay
+    /// instead.
+    pub(crate) fn launch_graph(
+        &self,
+        cb: &CommandBuffer,
+        commands: &[Command],
+        table: &[Binding],
+    ) -> Result<bool> {
+        let prepared = cb.prepared(|| match self.build_graph(commands, table, false) {
+            Ok(g) => Box::new(Prepared::Graph(g)),
+            Err(_) => Box::new(Prepared::Refused),
+        });
+        let Some(Prepared::Graph(g)) = prepared.and_then(|p| p.downcast_ref::<Prepared>()) else {
+            return Ok(false);
+        };
+        if !Arc::ptr_eq(&g.shared, self.shared()) {
+            return Ok(false);
+        }
+        self.update_and_launch(g, commands, table, false)?;
+        Ok(true)
+    }
+
+    /// Whether a one-shot command buffer of `shape` would be launched as a
+    /// graph now (its shape was submitted before and not refused).
+    pub(crate) fn shape_is_known(&self, shape: &Shape) -> bool {
+        self.shapes
+            .lock()
+            .entries
+            .iter()
+            .any(|e| !e.refused && e.shape == *shape)
+    }
+
+    /// Enqueues the commands of a one-shot command buffer of `shape` (see
+    /// [`oneshot_shape`]): replayed on the stream the first time its shape
+    /// is seen (the shape is remembered), launched as the shape's graph
+    /// (built at the second time, updated where the commands differ)
+    /// afterwards. Anything the graph path cannot do (a range check that
+    /// fails, a driver refusal) falls back to the stream replay, which
+    /// reports failures as it always does.
+    pub(crate) fn execute_oneshot(
+        &self,
+        shape: &Shape,
+        commands: &Arc<[Command]>,
+        table: &[Binding],
+        keep: &mut InFlightResources,
+    ) -> Result<()> {
+        let mut cache = self.shapes.lock();
+        let Some(i) = cache.entries.iter().position(|e| e.shape == *shape) else {
+            cache.remember(shape.clone(), commands);
+            drop(cache);
+            return self.enqueue_commands(commands, table, keep);
+        };
+        // Most recently used last.
+        let entry = cache.entries.remove(i);
+        cache.entries.push(entry);
+        let last = cache.entries.len() - 1;
+        let entry = &mut cache.entries[last];
+        if entry.refused {
+            drop(cache);
+            return self.enqueue_commands(commands, table, keep);
+        }
+        if entry.graph.is_none() {
+            // Range checks first: a bad submission is reported by the
+            // replay and does not make the driver's refusal stick.
+            let checked = commands
+                .iter()
+                .try_for_each(|c| self.node_state(c, table).map(|_| ()));
+            if checked.is_err() {
+                drop(cache);
+                return self.enqueue_commands(commands, table, keep);
+            }
+            match self.build_graph(commands, table, true) {
+                Ok(g) => entry.graph = Some(g),
+                Err(_) => {
+                    entry.refused = true;
+                    drop(cache);
+                    return self.enqueue_commands(commands, table, keep);
+                }
+            }
+        }
+        let Some(g) = &entry.graph else {
+            bail!(Internal, "a one-shot shape's graph vanished");
+        };
+        match self.update_and_launch(g, commands, table, true) {
+            Ok(()) => {
+                // The commands hold their direct buffers and executables
+                // until the launch completes.
+                for b in table {
+                    keep.buffers.push(b.buffer.clone());
+                }
+                keep.commands.push(commands.clone());
+                Ok(())
+            }
+            Err(_) => {
+                // Possibly half updated: forget the graph.
+                cache.entries.pop();
+                drop(cache);
+                self.enqueue_commands(commands, table, keep)
+            }
+        }
+    }
+}
