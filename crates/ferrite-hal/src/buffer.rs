@@ -79,33 +79,26 @@ use ferrite_base::{bail, status, Result};
 use crate::memory::{BufferUsage, MemoryAccess, MemoryType};
 
 mod device_use;
+mod device_users;
+mod handle;
 mod host_mapping;
 mod mapping;
 mod storage;
 mod transfer;
 
 pub use device_use::{BindingPtr, DeviceRange, DeviceUse};
+pub use handle::Buffer;
 pub use host_mapping::HostMapping;
 pub use mapping::{MappedRead, MappedWrite};
-pub use storage::{check_device_range, ConstantBytes, DeviceMemory, ForeignBytes, HostMemory};
+pub use storage::{
+    check_device_range, ConstantBytes, DeviceMemory, ForeignBytes, HostMemory, ALLOCATION_ALIGNMENT,
+};
 pub(crate) use storage::{Allocation, AllocationHome, HeapBlock, Storage};
 
-use device_use::DeviceUsers;
 use storage::LockHeld;
 
 /// A length meaning "from the offset to the end of the buffer".
 pub const WHOLE_BUFFER: u64 = u64::MAX;
-
-/// Alignment of every allocation made by Ferrite's allocators.
-pub const ALLOCATION_ALIGNMENT: usize = 64;
-
-/// A byte range of a host-memory allocation (the `hal.buffer` ref type).
-#[derive(Clone)]
-pub struct Buffer {
-    alloc: Arc<Allocation>,
-    offset: u64,
-    length: u64,
-}
 
 impl RefObject for Buffer {
     fn type_name(&self) -> &'static str {

@@ -5,14 +5,14 @@
 //! module docs).
 
 use std::fmt;
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ferrite_base::{bail, Result};
-use parking_lot::RwLock;
 
+use super::device_users::DeviceUsers;
+use super::handle::Buffer;
 use super::storage::Allocation;
-use super::Buffer;
 use crate::memory::MemoryAccess;
 
 impl Buffer {
@@ -174,84 +174,6 @@ impl Drop for BindingPtr {
         if self.tracked {
             self._keep.device.end(self.writable);
         }
-    }
-}
-
-/// Device work in flight on one allocation: counts of device users that
-/// may write it and that only read it. Host accessors take the allocation's
-/// lock and then check these; a device use counts itself and then checks
-/// the lock. Both sides put a sequentially consistent fence between their
-/// own step and the check, so of a host access and a device use that start
-/// together at least one sees the other and is refused: they never overlap.
-///
-/// Owned host mappings ([`Buffer::map_host`], handed to Python and other
-/// foreign holders that cannot keep a lock guard) are counted here too:
-/// `host_mapped` of any access and `host_mapped_writable` of those that may
-/// write, checked by device uses in the same fenced way.
-#[derive(Default)]
-pub(super) struct DeviceUsers {
-    pub(super) writers: AtomicUsize,
-    pub(super) readers: AtomicUsize,
-    pub(super) host_mapped: AtomicUsize,
-    pub(super) host_mapped_writable: AtomicUsize,
-}
-
-impl DeviceUsers {
-    pub(super) fn counter(&self, write: bool) -> &AtomicUsize {
-        if write {
-            &self.writers
-        } else {
-            &self.readers
-        }
-    }
-
-    /// Starts a device use, unless the host holds a conflicting lock (any
-    /// lock for a writer, the write lock for a reader).
-    pub(super) fn begin(&self, lock: &RwLock<()>, write: bool) -> Result<()> {
-        self.counter(write).fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        let conflict = if write {
-            lock.is_locked() || self.host_mapped.load(Ordering::SeqCst) != 0
-        } else {
-            lock.is_locked_exclusive() || self.host_mapped_writable.load(Ordering::SeqCst) != 0
-        };
-        if conflict {
-            self.end(write);
-            bail!(
-                FailedPrecondition,
-                "buffer is mapped or accessed by the host while device work would {} it; host access must be ordered before the work (wait on its fences)",
-                if write { "write" } else { "read" }
-            );
-        }
-        Ok(())
-    }
-
-    pub(super) fn end(&self, write: bool) {
-        self.counter(write).fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// With the shared lock held: refuses while device work may write.
-    pub(super) fn host_may_read(&self) -> Result<()> {
-        fence(Ordering::SeqCst);
-        if self.writers.load(Ordering::SeqCst) != 0 {
-            bail!(
-                FailedPrecondition,
-                "buffer is in use by device work that may write it (a dispatch in flight); wait on the work's fence before host access"
-            );
-        }
-        Ok(())
-    }
-
-    /// With the exclusive lock held: refuses while any device work uses it.
-    pub(super) fn host_may_write(&self) -> Result<()> {
-        self.host_may_read()?;
-        if self.readers.load(Ordering::SeqCst) != 0 {
-            bail!(
-                FailedPrecondition,
-                "buffer is in use by device work that reads it (a dispatch in flight); wait on the work's fence before host writes"
-            );
-        }
-        Ok(())
     }
 }
 

@@ -19,7 +19,9 @@ use std::sync::Arc;
 
 use ferrite_base::{bail, Result};
 
-use super::{Allocation, Buffer, DeviceUsers};
+use super::device_users::DeviceUsers;
+use super::handle::Buffer;
+use super::storage::Allocation;
 use crate::memory::MemoryAccess;
 
 impl DeviceUsers {

@@ -5,8 +5,8 @@
 use ferrite_base::Result;
 use parking_lot::RwLockWriteGuard;
 
+use super::handle::Buffer;
 use super::storage::{Allocation, LockHeld};
-use super::Buffer;
 use crate::memory::MemoryAccess;
 
 impl Buffer {

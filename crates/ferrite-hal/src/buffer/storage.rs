@@ -12,9 +12,11 @@ use std::sync::Arc;
 use ferrite_base::{bail, status, Result};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::device_use::DeviceUsers;
-use super::ALLOCATION_ALIGNMENT;
+use super::device_users::DeviceUsers;
 use crate::memory::{BufferUsage, MemoryAccess, MemoryType};
+
+/// Alignment of every allocation made by Ferrite's allocators.
+pub const ALLOCATION_ALIGNMENT: usize = 64;
 
 /// Blocks at least this large are mapped straight from the OS: the pages
 /// arrive zeroed (no memset), and freeing returns them at once, where the

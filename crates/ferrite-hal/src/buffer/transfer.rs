@@ -21,7 +21,7 @@
 
 use ferrite_base::{bail, status, Result};
 
-use super::Buffer;
+use super::handle::Buffer;
 use crate::memory::MemoryAccess;
 
 impl Buffer {
