@@ -13,7 +13,7 @@
 use super::park;
 use super::queue::run_job;
 use super::region::{Region, Spin};
-use super::{PoolState, WORKER};
+use super::state::{PoolState, WORKER};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

@@ -3,7 +3,8 @@
 //!
 //! Lending is the device's choice ([`super::PoolOptions::lend_to_waiters`],
 //! `local-task://?lend_to_waiters=`) and is scoped to what a waiter waits
-//! for: a lending pool hands out its [`WorkerPool::lend_target`], and the
+//! for: a lending pool hands out its
+//! [`WorkerPool::lend_target`](super::WorkerPool::lend_target), and the
 //! device names it to every semaphore its submissions will signal
 //! (`Fence::signalled_by` on the signal fence, before the submission can
 //! run). A thread blocked on such a semaphore (typically the program
@@ -36,7 +37,7 @@
 //! no woken worker can take it and then wait for its CPU.
 
 use super::queue::run_job;
-use super::{PoolState, WorkerPool};
+use super::state::PoolState;
 use ferrite_base::wait::Helper;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -82,15 +83,4 @@ impl Helper for PoolState {
 /// The handle a lending pool gives to the semaphores its work signals.
 pub(super) fn lend_target(state: &Arc<PoolState>) -> Weak<dyn Helper> {
     Arc::downgrade(state) as Weak<dyn Helper>
-}
-
-impl WorkerPool {
-    /// The pool as a queue that waiters may run work of, when it lends to
-    /// waiters (None otherwise): name it to each semaphore a submission to
-    /// the pool will signal (`Fence::signalled_by`) before the submission
-    /// can run, and threads blocked on those semaphores, and only those,
-    /// run the pool's queued submissions while they poll.
-    pub fn lend_target(&self) -> Option<&Weak<dyn Helper>> {
-        self.lend_target.as_ref()
-    }
 }

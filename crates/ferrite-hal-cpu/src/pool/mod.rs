@@ -28,6 +28,8 @@ pub mod lending;
 mod park;
 pub mod queue;
 pub mod region;
+mod report;
+mod state;
 pub mod stats;
 mod timing;
 
@@ -41,9 +43,10 @@ pub use stats::PoolStats;
 use ferrite_base::wait::Helper;
 use ferrite_base::{Result, Status, StatusCode};
 use parking_lot::Mutex;
-use region::{Region, RegionWork};
-use stats::{cpu_clock, report_at_exit, Counters, CpuClock, REPORT_AT_EXIT, STATS_VAR};
-use std::cell::Cell;
+use region::RegionWork;
+use report::{report_at_exit, REPORT_AT_EXIT};
+use state::PoolState;
+use stats::{cpu_clock, Counters, STATS_VAR};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -99,191 +102,6 @@ impl PoolOptions {
 }
 
 static NEXT_POOL_ID: AtomicUsize = AtomicUsize::new(1);
-
-thread_local! {
-    /// (pool id, worker index) when this thread is a pool worker.
-    static WORKER: Cell<Option<(usize, u32)>> = const { Cell::new(None) };
-    /// This thread's involuntary context switches when it last looked (see
-    /// [`PoolState::note_if_switched_out`]).
-    static SWITCHES: Cell<Option<u64>> = const { Cell::new(None) };
-}
-
-/// A region at least this long checks whether its leader was switched
-/// out ([`PoolState::note_if_switched_out`]): longer than the scheduler's
-/// smallest slice, so a region on a busy CPU usually is; shorter ones
-/// (most calls of small programs) skip the system call.
-pub(crate) const PREEMPTION_CHECK_AFTER: Duration = Duration::from_micros(500);
-
-/// The calling thread's involuntary context switches so far (Linux).
-#[cfg(target_os = "linux")]
-fn involuntary_switches() -> Option<u64> {
-    // SAFETY: `usage` is writable memory of the type getrusage fills,
-    // alive for the call; RUSAGE_THREAD concerns the calling thread.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
-    (rc == 0).then_some(usage.ru_nivcsw as u64)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn involuntary_switches() -> Option<u64> {
-    None
-}
-
-/// State the workers, regions and waiters share.
-pub(crate) struct PoolState {
-    id: usize,
-    workers: usize,
-    idle_spin: Duration,
-    jobs: Mutex<VecDeque<Job>>,
-    /// Jobs queued and not yet taken (read without the lock).
-    queued: AtomicUsize,
-    /// Threads polling the queue right now: lending waiters and idle
-    /// workers in their polling window (not those running work).
-    pollers: AtomicUsize,
-    regions: Mutex<Vec<Arc<Region>>>,
-    /// Published regions (read without the lock).
-    region_count: AtomicUsize,
-    /// The futex word idle workers sleep on; bumped whenever work appears.
-    epoch: AtomicU32,
-    /// Workers asleep (or about to sleep) on `epoch`.
-    sleepers: AtomicU32,
-    shutdown: AtomicBool,
-    stats: Counters,
-    /// Each worker's CPU-time clock (Linux), read by [`WorkerPool::stats`].
-    cpu_clocks: Mutex<Vec<CpuClock>>,
-    /// Stage timing sums, when `FERRITE_LOCAL_TASK_STATS=stages`.
-    timing: Option<timing::PoolTiming>,
-    /// The pool's clock origin (for `contended_until`).
-    clock: Instant,
-    /// Nanoseconds after `clock` until which the pool counts as contended
-    /// (see `region::Spin`).
-    contended_until: AtomicU64,
-    /// `FERRITE_LOCAL_TASK_SPIN_US`: a fixed bound for every spin of this
-    /// pool (stage waits and idle polls), contention ignored.
-    fixed_spin: Option<Duration>,
-    /// `FERRITE_LOCAL_TASK_CONTENDED_HELPERS`: how many workers may join a
-    /// region started while the pool is contended (unset: all of them).
-    contended_helpers: Option<usize>,
-    /// Pause instructions between two polls of a spin
-    /// ([`region::DEFAULT_PAUSES_PER_POLL`], or `FERRITE_LOCAL_TASK_PAUSES`).
-    pauses_per_poll: u32,
-    /// `FERRITE_LOCAL_TASK_BANKS=1`: claim words in two banks, the next
-    /// stage's written by the thread preparing it ahead (see `region`).
-    banks: AtomicBool,
-    /// `FERRITE_LOCAL_TASK_LEADER_ASIDE=1`: a region led by a thread that
-    /// is not a worker leaves its tiles to the workers (see `region::run`).
-    leader_aside: AtomicBool,
-    /// `FERRITE_LOCAL_TASK_SLICE_US`: the scheduler time slice each worker
-    /// asks for (see [`set_own_slice`]; None: the system's default).
-    slice: Option<Duration>,
-    /// Whether threads look for involuntary switches
-    /// ([`PoolState::note_if_switched_out`]; `FERRITE_LOCAL_TASK_SWITCH_CHECK=0`
-    /// turns it off).
-    switch_check: bool,
-}
-
-impl PoolState {
-    /// The bound of a spin that would last `bound` on an idle machine: at
-    /// most [`region::CONTENDED_SPIN`] while the pool is contended (see
-    /// `region::Spin`), or the fixed bound of `FERRITE_LOCAL_TASK_SPIN_US`.
-    pub(crate) fn spin_bound(&self, bound: Duration) -> Duration {
-        if let Some(fixed) = self.fixed_spin {
-            return fixed;
-        }
-        if self.is_contended() {
-            bound.min(region::CONTENDED_SPIN)
-        } else {
-            bound
-        }
-    }
-
-    /// How many workers may join a region that starts now: all but one
-    /// (the leader runs tiles too) or, when the leader steps `aside`, all
-    /// of them; fewer while the pool is contended and
-    /// `FERRITE_LOCAL_TASK_CONTENDED_HELPERS` caps it.
-    pub(crate) fn region_helpers(&self, aside: bool) -> usize {
-        let all = if aside {
-            self.workers
-        } else {
-            self.workers.saturating_sub(1)
-        };
-        match self.contended_helpers {
-            Some(cap) if self.is_contended() => all.min(cap),
-            _ => all,
-        }
-    }
-
-    /// Whether a region that the calling thread starts now leaves its
-    /// tiles to the workers (see `region::run`): only with
-    /// `FERRITE_LOCAL_TASK_LEADER_ASIDE=1`, and never for a worker (it is
-    /// pinned like the others) or a pool of one worker.
-    pub(crate) fn leader_steps_aside(&self) -> bool {
-        self.workers >= 2
-            && self.current_worker().is_none()
-            && self.leader_aside.load(Ordering::Relaxed)
-    }
-
-    /// Whether a spinner noticed preemption within [`region::CONTENDED_FOR`].
-    pub(crate) fn is_contended(&self) -> bool {
-        let now = self.clock.elapsed().as_nanos() as u64;
-        now < self.contended_until.load(Ordering::Relaxed)
-    }
-
-    /// A spinner of this pool was descheduled: the machine has more
-    /// runnable threads than CPUs; spins stay short for a while.
-    pub(crate) fn note_preempted(&self) {
-        self.stats.preempted_spins.fetch_add(1, Ordering::Relaxed);
-        let until = (self.clock.elapsed() + region::CONTENDED_FOR).as_nanos() as u64;
-        self.contended_until.fetch_max(until, Ordering::Relaxed);
-    }
-
-    /// Marks the pool contended, as [`PoolState::note_preempted`] does,
-    /// when the scheduler switched the calling thread out involuntarily
-    /// since the thread last looked (`getrusage(RUSAGE_THREAD)`'s
-    /// `ru_nivcsw`; the first look only records the count).
-    ///
-    /// Why: a spinner notices preemption only while it spins, and under a
-    /// CPU load the threads are mostly descheduled mid-tile: on 2 cores
-    /// with one busy process each, MiniLM's 3-second timing saw 3 to 8
-    /// preempted spins, so the pool counted as contended for at most
-    /// 0.8 s of it and spun with the idle bounds (1 ms between stages)
-    /// the rest: 10 ms more CPU per call (66-68 against 58 ms) and
-    /// 149-180 ms a call against 123-149 ms without spins. A thread
-    /// looks when it is about to block anyway (one system call beside
-    /// the futex wait), and a leader at the end of a region that took
-    /// long enough to be sliced ([`PREEMPTION_CHECK_AFTER`]).
-    pub(crate) fn note_if_switched_out(&self) {
-        if !self.switch_check {
-            return;
-        }
-        let Some(now) = involuntary_switches() else {
-            return;
-        };
-        let before = SWITCHES.with(|c| c.replace(Some(now)));
-        if before.is_some_and(|b| now > b) {
-            self.stats.preempted_threads.fetch_add(1, Ordering::Relaxed);
-            let until = (self.clock.elapsed() + region::CONTENDED_FOR).as_nanos() as u64;
-            self.contended_until.fetch_max(until, Ordering::Relaxed);
-        }
-    }
-
-    /// The counter of workgroups run by the calling thread's kind.
-    pub(super) fn counter_for_this_thread(&self) -> &AtomicU64 {
-        if self.current_worker().is_some() {
-            &self.stats.on_workers
-        } else {
-            &self.stats.on_callers
-        }
-    }
-
-    /// This thread's worker index, when it is one of this pool's workers.
-    pub(super) fn current_worker(&self) -> Option<u32> {
-        WORKER
-            .with(Cell::get)
-            .and_then(|(pool, i)| (pool == self.id).then_some(i))
-    }
-}
 
 /// A fixed-size pool of worker threads (see the module docs).
 pub struct WorkerPool {
@@ -590,6 +408,17 @@ fn own_slice() -> std::io::Result<Duration> {
 #[cfg(not(target_os = "linux"))]
 fn try_set_own_slice(_slice: Duration) -> std::result::Result<(), String> {
     Err("not supported on this system".to_string())
+}
+
+impl WorkerPool {
+    /// The pool as a queue that waiters may run work of, when it lends to
+    /// waiters (None otherwise): name it to each semaphore a submission to
+    /// the pool will signal (`Fence::signalled_by`) before the submission
+    /// can run, and threads blocked on those semaphores, and only those,
+    /// run the pool's queued submissions while they poll.
+    pub fn lend_target(&self) -> Option<&Weak<dyn Helper>> {
+        self.lend_target.as_ref()
+    }
 }
 
 impl Drop for WorkerPool {

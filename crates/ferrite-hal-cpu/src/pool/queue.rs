@@ -2,11 +2,10 @@
 //! served by whichever thread takes them (an idle worker, or a waiter
 //! lending its thread, see [`super::lending`]).
 
-use super::PoolState;
+use super::state::PoolState;
 use std::sync::atomic::Ordering;
 
-/// A queued submission.
-pub type Job = Box<dyn FnOnce() + Send>;
+pub use super::state::Job;
 
 impl PoolState {
     /// Queues `job`, waking as many sleeping workers as the queue has jobs

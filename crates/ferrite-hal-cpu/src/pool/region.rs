@@ -41,8 +41,8 @@
 //! stage or the end.
 
 use super::park;
+use super::state::{PoolState, PREEMPTION_CHECK_AFTER};
 use super::timing::RegionTiming;
-use super::PoolState;
 use ferrite_base::{Result, Status};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -945,7 +945,7 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
     let seat = Seat { processor_id, kind };
     let started = Instant::now();
     region.lead(&seat);
-    if started.elapsed() >= super::PREEMPTION_CHECK_AFTER {
+    if started.elapsed() >= PREEMPTION_CHECK_AFTER {
         pool.note_if_switched_out();
     }
     // Normal end: the region finished, so no thread uses `work` any more
