@@ -126,7 +126,7 @@ impl InPlace<'_> {
     /// The release comes first: a result may go to a register it frees.
     #[inline(always)]
     fn finish(&mut self, values: impl IntoIterator<Item = Variant>) -> ferrite_base::Result<()> {
-        crate::bytecode::interp::release_moved_operands(
+        crate::bytecode::interp::native_bridge::release_moved_operands(
             self.refs,
             self.moved.unwrap_or(self.operands),
         );
@@ -139,7 +139,7 @@ impl InPlace<'_> {
                     self.result_types.len()
                 );
             };
-            crate::bytecode::interp::write_typed(self.regs, self.refs, reg, ty, v)
+            crate::bytecode::interp::values::write_typed(self.regs, self.refs, reg, ty, v)
                 .map_err(|e| e.annotate(format!("result {n}")))?;
             n += 1;
         }
@@ -229,7 +229,7 @@ impl NativeCall<'_> {
             if !frame.results.is_empty() {
                 return Err(result_count_mismatch(0, frame.results.len()));
             }
-            crate::bytecode::interp::release_moved_operands(
+            crate::bytecode::interp::native_bridge::release_moved_operands(
                 frame.refs,
                 frame.moved.unwrap_or(frame.operands),
             );
@@ -248,11 +248,11 @@ impl NativeCall<'_> {
                 return Err(result_count_mismatch(1, frame.results.len()));
             };
             // Released first: the result may go to a register it frees.
-            crate::bytecode::interp::release_moved_operands(
+            crate::bytecode::interp::native_bridge::release_moved_operands(
                 frame.refs,
                 frame.moved.unwrap_or(frame.operands),
             );
-            crate::bytecode::interp::write_typed(frame.regs, frame.refs, *reg, ty, value)
+            crate::bytecode::interp::values::write_typed(frame.regs, frame.refs, *reg, ty, value)
                 .map_err(|e| e.annotate("result 0".to_string()))?;
             self.written = true;
             return Ok(NativePoll::Ready(Vec::new()));

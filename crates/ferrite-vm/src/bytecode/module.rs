@@ -2,7 +2,8 @@
 //! per-context [`BytecodeState`] (globals and resolved imports).
 
 use super::archive::Archive;
-use super::interp;
+use super::interp::frames;
+use super::interp::values;
 use super::verifier::{decode_function, DecodedFunction, ModuleEnv};
 use crate::buffer::VmBuffer;
 use crate::bytes::ModuleBytes;
@@ -415,14 +416,14 @@ impl ModuleState for BytecodeState {
             .ok_or_else(|| status!(NotFound, "export ordinal {ordinal} out of range"))?;
         let module = self.module.clone();
         let func = &module.functions[f as usize];
-        let (ib, rb) = interp::push_frame(stack, &module, Some(self), f)?;
+        let (ib, rb) = frames::push_frame(stack, &module, Some(self), f)?;
         let regs = &mut stack.i32_regs[ib..ib + func.i32_count as usize];
         let refs = &mut stack.ref_regs[rb..rb + func.ref_count as usize];
         let mut args = args;
-        let placed = interp::place_args(regs, refs, &mut args, &func.cconv.args);
+        let placed = values::place_args(regs, refs, &mut args, &func.cconv.args);
         stack.recycle_values(args);
         if let Err(e) = placed {
-            interp::pop_frame(stack, ib, rb);
+            frames::pop_frame(stack, ib, rb);
             return Err(e);
         }
         Ok(())

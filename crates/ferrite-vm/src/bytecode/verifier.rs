@@ -697,7 +697,7 @@ fn list_import_operands(
         return Ok(());
     };
     let mut listed = Vec::new();
-    super::interp::build_operands(
+    super::interp::native_bridge::build_operands(
         &mut listed,
         pool_list(pool, args),
         segments.map(|s| pool_list(pool, s)),

@@ -13,6 +13,7 @@ use super::super::verifier::{
 };
 use super::control::{branch, check_fail, skip_remap};
 use super::frames::{enter_call, leave_call, Cursor};
+use super::native_bridge::Parked;
 use super::native_bridge::{call_in_place, InPlace, NativeScratch};
 use super::numeric::numeric;
 use super::ops_float::{with_float_ops, Float};
@@ -20,13 +21,29 @@ use super::ops_global::{global_slot, load_i64, ref_global, store_i64};
 use super::ops_int::with_int_ops;
 use super::ops_ref::{check_cast, deref_buffer, deref_list, type_at};
 use super::registers::{ref_slot, release_moved, take_ref, Registers};
-use super::Action;
 use crate::buffer::VmBuffer;
 use crate::list::VmList;
 use crate::refs::Ref;
 use crate::stack::Stack;
 use ferrite_base::{status, Result};
 use std::sync::atomic::Ordering::Relaxed;
+
+/// Control transfers the dispatch loop hands back to [`super::run`].
+pub(super) enum Action {
+    CallImport {
+        import: u32,
+        segments: Option<usize>,
+        args: usize,
+        results: usize,
+        resume: usize,
+    },
+    Return {
+        list: usize,
+    },
+    Yield,
+    /// A native import called in place yielded or failed: it needs a frame.
+    Parked(Box<Parked>),
+}
 
 /// Runs the top frame's function and the module-internal calls and returns
 /// it makes, until control leaves the module (see [`Action`]).

@@ -66,43 +66,32 @@
 //! [`Registers`]: registers::Registers
 //! [`Registers::of`]: registers::Registers::of
 
-mod control;
+pub(super) mod control;
 mod dispatch;
-mod frames;
-mod native_bridge;
+pub(super) mod frames;
+pub(crate) mod native_bridge;
 mod numeric;
 mod ops_float;
-mod ops_global;
-mod ops_int;
-mod ops_ref;
+pub(super) mod ops_global;
+pub(super) mod ops_int;
+pub(super) mod ops_ref;
 mod registers;
-mod values;
+pub(crate) mod values;
 
 use super::module::BytecodeState;
 use super::verifier::pool_list;
 use crate::module::FunctionRef;
 use crate::stack::{Frame, Stack, Wait};
 use crate::value::Variant;
-use dispatch::exec;
+use dispatch::{exec, Action};
 use ferrite_base::{bail, Result};
 use frames::Cursor;
 use native_bridge::{keep_call, Parked};
 use std::sync::Arc;
 use values::{read_values_into, read_variadic};
 
-pub(crate) use frames::{deliver_results, frame_state, pop_frame, push_frame};
-pub(crate) use native_bridge::{build_operands, release_moved_operands};
+pub(crate) use frames::{deliver_results, frame_state, pop_frame};
 pub use registers::Registers;
-pub(crate) use values::{place_args, write_typed};
-/// The interpreter's failure statuses, which the compiling tier raises too
-/// (same status, same message in both tiers).
-#[cfg(feature = "jit")]
-pub(crate) use {
-    control::check_fail,
-    ops_global::{global_slot, ref_global},
-    ops_int::div_zero,
-    ops_ref::{check_cast, deref_buffer, deref_list, type_at},
-};
 
 /// What the interpreter asks of the invocation loop.
 pub(crate) enum Step {
@@ -112,23 +101,6 @@ pub(crate) enum Step {
     Call(FunctionRef, Vec<Variant>),
     /// Suspend until the wait is satisfied, then run the top frame again.
     Yield(Wait),
-}
-
-/// Control transfers the dispatch loop hands back to [`run`].
-enum Action {
-    CallImport {
-        import: u32,
-        segments: Option<usize>,
-        args: usize,
-        results: usize,
-        resume: usize,
-    },
-    Return {
-        list: usize,
-    },
-    Yield,
-    /// A native import called in place yielded or failed: it needs a frame.
-    Parked(Box<Parked>),
 }
 
 /// Runs the top frame (which must be bytecode) until it leaves the module.

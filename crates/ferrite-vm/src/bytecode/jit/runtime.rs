@@ -9,7 +9,10 @@
 //! and none may unwind into compiled code (panics are caught and become
 //! errors).
 
-use super::super::interp;
+use super::super::interp::control;
+use super::super::interp::ops_global;
+use super::super::interp::ops_int;
+use super::super::interp::ops_ref;
 use super::super::module::BytecodeState;
 use super::super::verifier::{pool_list, MOVE_BIT, REF_BIT, REF_MASK};
 use crate::buffer::VmBuffer;
@@ -183,8 +186,8 @@ fn trap_status(ctx: &mut Ctx, fnpc: i64, a: i64) -> Status {
         | Op::DivI64S
         | Op::DivI64U
         | Op::RemI64S
-        | Op::RemI64U => interp::div_zero(insn.op()),
-        Op::Fail => match interp::check_fail(
+        | Op::RemI64U => ops_int::div_zero(insn.op()),
+        Op::Fail => match control::check_fail(
             a as i32,
             state.module.strings.get(insn.a as usize).map_or("", |s| s),
         ) {
@@ -215,7 +218,7 @@ fn trap_status(ctx: &mut Ctx, fnpc: i64, a: i64) -> Status {
                 | Op::GlobalStoreIndirectF64 => 8,
                 _ => 4,
             };
-            match interp::global_slot(state, a as u32, width) {
+            match ops_global::global_slot(state, a as u32, width) {
                 Err(e) => e,
                 Ok(_) => status!(Internal, "compiled code trapped at {}", op.mnemonic()),
             }
@@ -341,11 +344,11 @@ pub(crate) extern "C" fn ref_insn(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64, b
         let slot = |reg: u16| base + (reg & REF_MASK) as i64;
         let list = |ctx: &mut Ctx, reg: u16| -> Result<Ref> {
             let s = ctx.ref_slot(slot(reg))?;
-            interp::deref_list(std::slice::from_ref(s), 0u16)?;
+            ops_ref::deref_list(std::slice::from_ref(s), 0u16)?;
             s.clone()
                 .ok_or_else(|| status!(Internal, "list register emptied"))
         };
-        let ty = || interp::type_at(state, insn.imm);
+        let ty = || ops_ref::type_at(state, insn.imm);
         match insn.op() {
             Op::GlobalLoadRef | Op::GlobalLoadIndirectRef => {
                 let (ord, dst) = if insn.op() == Op::GlobalLoadRef {
@@ -353,8 +356,8 @@ pub(crate) extern "C" fn ref_insn(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64, b
                 } else {
                     (a as u32, r[1])
                 };
-                let g = interp::ref_global(state, ord)?.lock().clone();
-                interp::check_cast(&g, ty())?;
+                let g = ops_global::ref_global(state, ord)?.lock().clone();
+                ops_ref::check_cast(&g, ty())?;
                 *ctx.ref_slot(slot(dst))? = g;
             }
             Op::GlobalStoreRef | Op::GlobalStoreIndirectRef => {
@@ -364,8 +367,8 @@ pub(crate) extern "C" fn ref_insn(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64, b
                     (a as u32, r[1])
                 };
                 let v = ctx.take_ref(base, src)?;
-                interp::check_cast(&v, ty())?;
-                *interp::ref_global(state, ord)?.lock() = v;
+                ops_ref::check_cast(&v, ty())?;
+                *ops_global::ref_global(state, ord)?.lock() = v;
             }
             Op::ListAlloc => {
                 let l = VmList::new(ty(), a as u32)?;
@@ -408,7 +411,7 @@ pub(crate) extern "C" fn ref_insn(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64, b
             Op::SelectRef => {
                 let (t, f) = (r[1], r[2]);
                 let chosen = if a as u32 != 0 { t } else { f };
-                interp::check_cast(ctx.ref_slot(slot(chosen))?, ty())?;
+                ops_ref::check_cast(ctx.ref_slot(slot(chosen))?, ty())?;
                 let v = ctx.take_ref(base, chosen)?;
                 let other = if chosen == t { f } else { t };
                 if other & MOVE_BIT != 0 && other & REF_MASK != chosen & REF_MASK {
@@ -424,12 +427,12 @@ pub(crate) extern "C" fn ref_insn(ctx: *mut Ctx, fnpc: i64, base: i64, a: i64, b
                     None => r[1],
                 };
                 let v = ctx.ref_slot(slot(src))?.clone();
-                interp::check_cast(&v, ty())?;
+                ops_ref::check_cast(&v, ty())?;
                 *ctx.ref_slot(slot(r[2]))? = v;
             }
             Op::CastAnyRef => {
                 let v = ctx.take_ref(base, r[0])?;
-                interp::check_cast(&v, ty())?;
+                ops_ref::check_cast(&v, ty())?;
                 *ctx.ref_slot(slot(r[1]))? = v;
             }
             op => ferrite_base::bail!(Internal, "{} is not a ref op", op.mnemonic()),
@@ -485,7 +488,7 @@ fn release(ctx: &mut Ctx, base: i64, regs: &[u16]) -> Result<()> {
 
 fn buffer_at<'a>(ctx: &'a mut Ctx, base: i64, reg: u16, what: &str) -> Result<&'a VmBuffer> {
     let slot = ctx.ref_slot(base + (reg & REF_MASK) as i64)?;
-    interp::deref_buffer(std::slice::from_ref(slot), 0u16, what)
+    ops_ref::deref_buffer(std::slice::from_ref(slot), 0u16, what)
 }
 
 /// `vm.buffer.load.*`: loads at element offset `off` of the buffer in the
