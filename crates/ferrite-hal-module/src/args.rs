@@ -91,26 +91,68 @@ pub fn span<T>(
     a: &mut ArgReader<'_>,
     f: impl FnMut(&mut ArgReader<'_>) -> Result<T>,
 ) -> Result<Vec<T>> {
-    span_into(a, f)
+    let mut out = Vec::new();
+    span_into(a, &mut out, f)?;
+    Ok(out)
 }
 
-/// [`span`] collected into any `C` (e.g. a small vector that spares the
-/// allocation on hot paths).
-pub fn span_into<T, C: Default + Extend<T>>(
-    a: &mut ArgReader<'_>,
-    mut f: impl FnMut(&mut ArgReader<'_>) -> Result<T>,
-) -> Result<C> {
+/// A container a variadic span is read into, one element at a time.
+pub trait SpanSink<T> {
+    /// Appends one element.
+    fn push_item(&mut self, item: T);
+}
+
+impl<T> SpanSink<T> for Vec<T> {
+    #[inline]
+    fn push_item(&mut self, item: T) {
+        self.push(item);
+    }
+}
+
+impl<A: smallvec::Array> SpanSink<A::Item> for smallvec::SmallVec<A> {
+    #[inline]
+    fn push_item(&mut self, item: A::Item) {
+        self.push(item);
+    }
+}
+
+/// Reads a variadic span's element count, refusing a negative one.
+#[inline]
+pub fn span_len(a: &mut ArgReader<'_>) -> Result<usize> {
     let n = a.i32()?;
-    if n < 0 {
-        bail!(InvalidArgument, "negative span length {n}");
-    }
-    // Element by element rather than `collect::<Result<_>>()`: no adapter
-    // state to carry, and the container is built in place.
-    let mut out = C::default();
+    usize::try_from(n).map_err(|_| negative_span(n))
+}
+
+#[cold]
+#[inline(never)]
+fn negative_span(n: i32) -> ferrite_base::Status {
+    status!(InvalidArgument, "negative span length {n}")
+}
+
+/// [`span`] appended to `out` (e.g. a small vector that spares the
+/// allocation on hot paths). The container is filled where it lives: one
+/// `push` per element, rather than the generic `Extend` machinery per
+/// element and a move of the whole container through the return value.
+pub fn span_into<T, C: SpanSink<T>>(
+    a: &mut ArgReader<'_>,
+    out: &mut C,
+    f: impl FnMut(&mut ArgReader<'_>) -> Result<T>,
+) -> Result<()> {
+    let n = span_len(a)?;
+    read_span(a, n, out, f)
+}
+
+#[inline]
+fn read_span<T, C: SpanSink<T>>(
+    a: &mut ArgReader<'_>,
+    n: usize,
+    out: &mut C,
+    mut f: impl FnMut(&mut ArgReader<'_>) -> Result<T>,
+) -> Result<()> {
     for _ in 0..n {
-        out.extend(std::iter::once(f(a)?));
+        out.push_item(f(a)?);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Borrows a ref as a `!vm.buffer`.

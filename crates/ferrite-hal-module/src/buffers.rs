@@ -222,7 +222,8 @@ pub(super) fn register(
         let buffer: &Buffer = cast_ref(source, "source buffer")?;
         let (offset, length) = (a.i64()? as u64, a.i64()? as u64);
         let (et, enc) = (a.i32()? as u32, a.i32()? as u32);
-        let shape: SmallVec<[u64; 4]> = span_into(&mut a, |a| Ok(a.i64()? as u64))?;
+        let mut shape = SmallVec::<[u64; 4]>::new();
+        span_into(&mut a, &mut shape, |a| Ok(a.i64()? as u64))?;
         let (et, enc) = (ElementType(et), EncodingType(enc));
         let view = if offset != 0 || length != buffer.byte_length() {
             let sub = buffer.subspan(offset, length).map_err(|e| {

@@ -121,14 +121,14 @@ pub(super) fn register(
                 }
             }
         }
+        if pending.is_empty() {
+            return c.ready_one(Variant::I32(0));
+        }
         let deadline = if timeout_ms == u32::MAX {
             Deadline::InfiniteFuture
         } else {
             Timeout::from_duration(Duration::from_millis(timeout_ms as u64)).to_deadline()
         };
-        if pending.is_empty() {
-            return c.ready_one(Variant::I32(0));
-        }
         if synchronous {
             for f in &pending {
                 match f.wait(Timeout::Absolute(deadline)) {

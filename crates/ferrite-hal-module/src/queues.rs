@@ -256,7 +256,8 @@ pub(super) fn register(
         let (device, wait, signal) = queue_head(&mut a)?;
         let cb = a.a_ref_borrowed()?;
         let _flags = a.i64()?;
-        let bindings: BindingTable = span_into(&mut a, |a| {
+        let mut bindings = BindingTable::new();
+        span_into(&mut a, &mut bindings, |a| {
             let buffer: Option<Buffer> = opt_obj(a, "binding buffer")?;
             let (offset, length) = (a.i64()? as u64, a.i64()? as u64);
             match buffer {
