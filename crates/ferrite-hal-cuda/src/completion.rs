@@ -28,7 +28,7 @@ pub(crate) struct Completion {
     /// about a microsecond later on an H100 (see the GPU test
     /// `submit_then_wait_latency_against_the_driver_alone`).
     pub(crate) probe: ffi::CUevent,
-    /// Its place in stream order (see [`crate::deferral::Queue`]).
+    /// Its place in stream order (see [`crate::device::Queue`]).
     pub(crate) seq: u64,
     pub(crate) signal: Fence,
     pub(crate) waits: Fence,
@@ -105,7 +105,7 @@ pub(crate) struct Completions {
     /// One past the sequence number of the last operation reported.
     reported: AtomicU64,
     /// Notified (under `pending`) when operations are reported, for the
-    /// drain thread of kept operations ([`crate::deferral`]).
+    /// drain thread of kept operations ([`crate::device::deferral`]).
     progressed: Condvar,
 }
 

@@ -1,5 +1,5 @@
 //! Ordering a foreign stream (a DLPack consumer's) after queue work that
-//! is still kept on the host ([`crate::deferral`]).
+//! is still kept on the host ([`crate::device::deferral`]).
 //!
 //! An event recorded on the queue stream covers only what was enqueued
 //! there. Operations kept on the host (waiting on a semaphore the host, a

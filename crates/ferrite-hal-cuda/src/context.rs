@@ -184,7 +184,7 @@ impl CudaContext {
     /// Orders every queue operation submitted so far before `consumer`'s
     /// later work, without blocking the host: `consumer` waits on the GPU
     /// for an event recorded on the queue stream, and, while operations
-    /// are kept on the host ([`crate::deferral`]), for a word the queue
+    /// are kept on the host ([`crate::device::deferral`]), for a word the queue
     /// stream writes once those have been enqueued and run
     /// ([`crate::consumer`]). So a queue waiting on a semaphore the host
     /// signals later cannot deadlock this. When kept work fails (its wait

@@ -36,7 +36,6 @@ pub mod channel;
 mod completion;
 mod consumer;
 pub mod context;
-mod deferral;
 pub mod device;
 pub mod diagnostics;
 pub mod executable;

@@ -979,7 +979,7 @@ impl Default for WordPool {
 /// GEQ), plus the highest value this device's queue stream will reach by
 /// its own order, which lets waits that stream order already satisfies be
 /// enqueued at once (other waits keep the operation on the host:
-/// [`crate::deferral`]).
+/// [`crate::device::deferral`]).
 pub struct CudaTimeline {
     pub(crate) shared: Arc<CudaContext>,
     host: NonNull<AtomicU64>,

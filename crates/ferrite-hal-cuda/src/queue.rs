@@ -1,12 +1,12 @@
 //! Submission: queue operations enqueued on the device's stream in
 //! submission order (waits, work, signals, completion events), or kept on
 //! the host while they wait on something only the host can release (see
-//! the `device` module's docs and [`crate::deferral`]).
+//! the `device` module's docs and [`crate::device::deferral`]).
 
 use crate::completion::{Completion, InFlightResources};
 use crate::context::QueueOrder;
-use crate::deferral::{Body, Deferred, Queue};
 use crate::device::CudaDevice;
+use crate::device::{Body, Deferred, Queue};
 use crate::ffi::{self, CUdeviceptr, CUstream};
 use crate::memory::CudaTimeline;
 use crate::stream_encoder::AtIndirect;
@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 impl CudaDevice {
     /// Enqueues one queue operation (see the module docs) now, or keeps it
-    /// on the host ([`crate::deferral`]) when the stream is too full
+    /// on the host ([`crate::device::deferral`]) when the stream is too full
     /// behind a gate; `entries` estimates its stream entries besides its
     /// waits, signals and completion event.
     pub(crate) fn enqueue(
@@ -63,7 +63,7 @@ impl CudaDevice {
     /// semaphore's word: the GPU cannot skip work, so a wait released by a
     /// failure would let the work run. It is kept on the host until its
     /// waits are reached, then enqueued, or failed with the wait's status
-    /// without running ([`crate::deferral`]), as upstream's driver does.
+    /// without running ([`crate::device::deferral`]), as upstream's driver does.
     pub(crate) fn entries(&self, wait: &Fence, signal: &Fence, work: u64) -> (u64, bool) {
         let waits_on_host = wait.timepoints().iter().any(|(sem, value)| {
             if sem.query().map_or(true, |v| v >= *value) {
@@ -80,7 +80,7 @@ impl CudaDevice {
     }
 
     /// Whether an operation (see [`Self::entries`]) must be kept on the
-    /// host ([`crate::deferral`]), and its stream entries.
+    /// host ([`crate::device::deferral`]), and its stream entries.
     pub(crate) fn defers(
         &self,
         q: &mut Queue,
@@ -162,7 +162,7 @@ impl CudaDevice {
             let me = self.me.clone();
             let started = std::thread::Builder::new()
                 .name(format!("ferrite-cuda{}-deferred", self.shared.ordinal))
-                .spawn(move || crate::deferral::drain(me));
+                .spawn(move || crate::device::deferral::drain(me));
             if let Err(e) = started {
                 // Nothing would enqueue them: fail what is kept.
                 let e = status!(

@@ -23,64 +23,21 @@
 //! up behind them, so stream order stays submission order). A drain
 //! thread, started while operations are kept, enqueues them as their
 //! waits are reached and gates are passed, each through the same check.
+//!
+//! The queue's state ([`Queue`], [`Deferred`](super::Deferred),
+//! [`Body`](super::Body)) is defined in the parent module beside the
+//! device that holds it, since a kept operation's body takes the device:
+//! types that hold each other in one file. This module is the logic.
 
-use crate::completion::InFlightResources;
-use crate::device::CudaDevice;
-use ferrite_base::{status, Result, Timeout};
-use ferrite_hal::device::Work;
+use super::{CudaDevice, Queue};
+use ferrite_base::Timeout;
 use ferrite_hal::fence::Fence;
-use std::collections::VecDeque;
 use std::sync::Weak;
 use std::time::Duration;
 
 /// The most stream entries enqueued behind a gate; half of what the
 /// driver was seen to accept before blocking the enqueueing thread.
 pub(crate) const GATED_ENTRIES: u64 = 64;
-
-/// A kept operation's stream work, run by the drain thread.
-pub(crate) type Body = Box<dyn FnOnce(&CudaDevice, &mut InFlightResources) -> Result<()> + Send>;
-
-/// A queue operation kept on the host.
-pub(crate) struct Deferred {
-    pub(crate) wait: Fence,
-    pub(crate) signal: Fence,
-    pub(crate) keep: InFlightResources,
-    pub(crate) work: Option<Work>,
-    /// Estimated stream entries of its work alone (its waits, signals and
-    /// event are counted when it is enqueued:
-    /// [`CudaDevice::entries`]).
-    pub(crate) work_entries: u64,
-    /// Taken when enqueued; still here when the device went away first.
-    pub(crate) body: Option<Body>,
-}
-
-impl Drop for Deferred {
-    fn drop(&mut self) {
-        if self.body.is_some() {
-            self.signal.fail(status!(
-                Aborted,
-                "the CUDA device was released before a queue operation waiting on the host was enqueued"
-            ));
-        }
-    }
-}
-
-/// The queue's submission state, under the device's submission lock.
-#[derive(Default)]
-pub(crate) struct Queue {
-    /// Operations kept on the host, in submission order.
-    pub(crate) deferred: VecDeque<Deferred>,
-    /// Estimated stream entries enqueued so far.
-    entries: u64,
-    /// The sequence number of the next operation enqueued (its
-    /// completion carries it; reports are in this order).
-    next_seq: u64,
-    /// In-flight operations that enqueued a gate: (sequence number,
-    /// entries enqueued before it).
-    gates: VecDeque<(u64, u64)>,
-    /// A drain thread is running.
-    draining: bool,
-}
 
 impl Queue {
     /// Whether an operation of `entries` may be enqueued now, given that

@@ -43,7 +43,6 @@
 
 use crate::completion::{Completions, InFlightResources};
 use crate::context::{CudaContext, QueueOrder};
-use crate::deferral::{Body, Deferred, Queue};
 use crate::executable::CudaExecutable;
 use crate::ffi::{self, CUcontext, CUdevice, CUdeviceptr, CUstream};
 use crate::memory::{AllocationStats, CudaAllocator, CudaTimeline, SpareBlocks, WordPool};
@@ -58,9 +57,12 @@ use ferrite_hal::fence::Fence;
 use ferrite_hal::semaphore::DeviceTimeline;
 use parking_lot::Mutex;
 use std::any::Any;
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+
+pub(crate) mod deferral;
 
 /// A CUDA device (`cuda`, `cuda://N`, `cuda://GPU-<uuid>`).
 pub struct CudaDevice {
@@ -68,7 +70,7 @@ pub struct CudaDevice {
     pub(crate) shared: Arc<CudaContext>,
     pub(crate) allocator: Arc<CudaAllocator>,
     /// Serializes enqueueing so stream order is submission order, and
-    /// holds what is kept on the host ([`crate::deferral`]).
+    /// holds what is kept on the host ([`crate::device::deferral`]).
     pub(crate) queue: Mutex<Queue>,
     /// This device, for the drain thread of kept operations.
     pub(crate) me: Weak<CudaDevice>,
@@ -89,8 +91,53 @@ pub struct CudaDevice {
     pub(crate) graph_node_updates: AtomicU64,
     /// One-shot command buffer shapes seen lately, with their graphs.
     pub(crate) shapes: Mutex<crate::graph::ShapeCache>,
-    /// Queue operations kept on the host for a while ([`crate::deferral`]).
+    /// Queue operations kept on the host for a while ([`crate::device::deferral`]).
     pub(crate) kept_on_host: AtomicU64,
+}
+
+/// A kept operation's stream work, run by the drain thread.
+pub(crate) type Body = Box<dyn FnOnce(&CudaDevice, &mut InFlightResources) -> Result<()> + Send>;
+
+/// A queue operation kept on the host.
+pub(crate) struct Deferred {
+    pub(crate) wait: Fence,
+    pub(crate) signal: Fence,
+    pub(crate) keep: InFlightResources,
+    pub(crate) work: Option<Work>,
+    /// Estimated stream entries of its work alone (its waits, signals and
+    /// event are counted when it is enqueued:
+    /// [`CudaDevice::entries`]).
+    pub(crate) work_entries: u64,
+    /// Taken when enqueued; still here when the device went away first.
+    pub(crate) body: Option<Body>,
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        if self.body.is_some() {
+            self.signal.fail(status!(
+                Aborted,
+                "the CUDA device was released before a queue operation waiting on the host was enqueued"
+            ));
+        }
+    }
+}
+
+/// The queue's submission state, under the device's submission lock.
+#[derive(Default)]
+pub(crate) struct Queue {
+    /// Operations kept on the host, in submission order.
+    pub(crate) deferred: VecDeque<Deferred>,
+    /// Estimated stream entries enqueued so far.
+    entries: u64,
+    /// The sequence number of the next operation enqueued (its
+    /// completion carries it; reports are in this order).
+    next_seq: u64,
+    /// In-flight operations that enqueued a gate: (sequence number,
+    /// entries enqueued before it).
+    gates: VecDeque<(u64, u64)>,
+    /// A drain thread is running.
+    draining: bool,
 }
 
 impl CudaDevice {
