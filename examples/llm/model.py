@@ -13,6 +13,10 @@ Weights stay in the file's own quantized layout, as byte tensors:
 
 and are dequantized inside the kernels (each matmul is one `linalg.generic`
 reading the packed bytes), so the program holds 98 MB of weights, not 540 MB.
+The prefill of a prompt of more than PREFILL_FUSED_MAX tokens instead
+dequantizes each matrix into a transient f32 copy (at most 3.4 MB, made per
+call and dropped after its product; never a global: generate.py compiles with
+constant-expression hoisting off) and multiplies all rows at once.
 
 Entry points (the KV cache is program state: one mutable global `@kv<layer>`
 per layer holding its K and V, `tensor<2x?x3x64xf32>`, its capacity the
@@ -116,7 +120,7 @@ class Fn:
     """Emits one function body. `t` is the token count: an int (static) or
     None (dynamic, the SSA index %T)."""
 
-    def __init__(self, t, mode="single", gpu=False):
+    def __init__(self, t, mode="single", gpu=False, dequant_once=None):
         self.t = t
         # The cuda program's formulation (build_mlir(gpu=True)): the same
         # math, with the one-row kernels (decode, the LM head) written
@@ -125,6 +129,14 @@ class Fn:
         # row_reduce_gpu), and prefill's matrices dequantized once per call
         # (matmul_q4_1_wide).
         self.gpu = gpu
+        # Multiply every Q4_1 matrix as an f32 copy dequantized once per
+        # call (matmul_q4_1_wide) instead of the fused kernel, which
+        # dequantizes it again for every row: the cuda program's prefill,
+        # and the CPU program's prefill of more than PREFILL_FUSED_MAX tokens.
+        self.dequant_once = gpu if dequant_once is None else dequant_once
+        # matmul_rows pads the rows to a multiple of 8 (the CPU prefill:
+        # see matmul_rows_padded).
+        self.pad_rows = False
         # "single": the one-sequence program (cache `@kv<layer>`, rows at
         # positions %pos + t); "slot": prefill of one slot of the batch
         # program (%slot, positions %pos + t); "batch": decode_batch, row t
@@ -151,7 +163,7 @@ class Fn:
     def dim(self, d):
         if d == "T":
             return "?" if self.t is None else str(self.t)
-        if d in ("L", "O"):
+        if d in ("L", "O", "P8"):
             return "?"
         return str(d)
 
@@ -165,6 +177,8 @@ class Fn:
                 out.append("%T")
             elif d == "L":
                 out.append("%L")
+            elif d == "P8":
+                out.append("%T8")
             elif d == "O":
                 out.append("%O")
         return out
@@ -235,7 +249,7 @@ class Fn:
     def matmul_q4_1(self, x, name, n, k):
         if self.gpu and self.t == 1:
             return self.matmul_q4_1_gpu(x, name, n, k)
-        if self.mode == "wide" or self.gpu:
+        if self.mode == "wide" or self.dequant_once:
             return self.matmul_q4_1_wide(x, name, n, k)
         return self.matmul_q4_1_fused(x, name, n, k)
 
@@ -405,6 +419,8 @@ class Fn:
 
     def matmul_rows(self, x, w, n, k):
         """x: [T, k] times f32 w [n, k] transposed: [T, n]."""
+        if self.pad_rows:
+            return self.matmul_rows_padded(x, w, n, k)
         return self.generic(
             ["t", "n", "k"],
             ["parallel", "parallel", "reduction"],
@@ -412,6 +428,42 @@ class Fn:
             (self.empty(["T", n], fill="0.0"), ["T", n], ["t", "n"]),
             lambda a: [f"%p = arith.mulf {a[0]}, {a[1]} : f32", f"%r = arith.addf {a[2]}, %p : f32", "linalg.yield %r : f32"],
         )
+
+    def matmul_rows_padded(self, x, w, n, k):
+        """matmul_rows for the CPU prefill: x's rows padded with zeros to
+        %Tp (a multiple of 8) and grouped [%T8, 8, k], the product computed
+        for every padded row and its first T rows returned. With a dynamic
+        row count alone the pinned compiler's kernel (tiles of 8 rows) runs
+        a last partial tile several times slower than a full one: 1536x576,
+        one thread, 0.39 ms for 8 rows, 1.2 ms for 9, 0.85 ms for 1; with
+        the static 8 and the padding 0.51, 0.72 and 0.39 ms (iree-benchmark-module
+        of this kernel alone; padding alone, without the static 8, is folded
+        away by the compiler)."""
+        z = self.const("0.0", "f32")
+        xp = self.fresh("x")
+        self.emit(f"{xp} = tensor.pad {x} low[0, 0] high[%Tpad, 0] {{")
+        self.emit("^bb0(%i0: index, %i1: index):")
+        self.emit(f"  tensor.yield {z} : f32")
+        self.emit(f"}} : {self.ty(['T', k])} to tensor<?x{k}xf32>")
+        xe = self.fresh("x")
+        self.emit(f"{xe} = tensor.expand_shape {xp} [[0, 1], [2]] output_shape [%T8, 8, {k}] : tensor<?x{k}xf32> into tensor<?x8x{k}xf32>")
+        z2 = self.const("0.0", "f32")
+        e = self.fresh("e")
+        self.emit(f"{e} = tensor.empty(%T8) : tensor<?x8x{n}xf32>")
+        acc = self.fresh("f")
+        self.emit(f"{acc} = linalg.fill ins({z2} : f32) outs({e} : tensor<?x8x{n}xf32>) -> tensor<?x8x{n}xf32>")
+        m = self.generic(
+            ["b", "t", "n", "k"],
+            ["parallel", "parallel", "parallel", "reduction"],
+            [(xe, f"tensor<?x8x{k}xf32>", ["b", "t", "k"], "f32"), (w, f"tensor<{n}x{k}xf32>", ["n", "k"], "f32")],
+            (acc, ["P8", 8, n], ["b", "t", "n"]),
+            lambda a: [f"%p = arith.mulf {a[0]}, {a[1]} : f32", f"%r = arith.addf {a[2]}, %p : f32", "linalg.yield %r : f32"],
+        )
+        mc = self.fresh("x")
+        self.emit(f"{mc} = tensor.collapse_shape {m} [[0, 1], [2]] : tensor<?x8x{n}xf32> into tensor<?x{n}xf32>")
+        out = self.fresh("x")
+        self.emit(f"{out} = tensor.extract_slice {mc}[0, 0] [%T, {n}] [1, 1] : tensor<?x{n}xf32> to {self.ty(['T', n])}")
+        return out
 
     def matmul_q4_1_wide(self, x, name, n, k):
         """decode_batch_wide's matmul: the matrix dequantized to f32 once
@@ -1148,6 +1200,44 @@ def _checks(f):
     f.emit('cf.assert %has, "at least one token is needed"')
 
 
+# The CPU program's prefill runs the fused kernels (as decode) for prompts of
+# at most this many tokens and multiplies dequantized copies (padded rows,
+# matmul_rows_padded) beyond: making the 210 copies costs about as much as
+# 3 tokens of fused kernels. Time to first token, local-sync, 2 loaded
+# cores, fused / copies: 1 token 65 / 143 ms, 2 tokens 95 / 202 ms,
+# 4 tokens 216 / 140 ms, 17 tokens 543 / 259 ms.
+PREFILL_FUSED_MAX = 3
+
+
+def _prefill_by_length(f):
+    """The CPU prefill's forward pass in `f` (whose %T and checks are
+    emitted): an `scf.if` on the prompt length choosing between the two
+    formulations of the matrix products, both the same math."""
+    small = f.fresh("c")
+    f.emit("%c7_idx = arith.constant 7 : index")
+    f.emit("%c8_idx = arith.constant 8 : index")
+    f.emit("%T7 = arith.addi %T, %c7_idx : index")
+    f.emit("%T8 = arith.divui %T7, %c8_idx : index")
+    f.emit("%Tp = arith.muli %T8, %c8_idx : index")
+    f.emit("%Tpad = arith.subi %Tp, %T : index")
+    f.emit(f"%fused_max = arith.constant {PREFILL_FUSED_MAX} : index")
+    f.emit(f"{small} = arith.cmpi ule, %T, %fused_max : index")
+    r = f.fresh("r")
+    f.emit(f"{r} = scf.if {small} -> (tensor<{VOCAB}xf32>) {{")
+    for dequant_once in (False, True):
+        if dequant_once:
+            f.emit("} else {")
+        g = Fn(None, dequant_once=dequant_once)
+        g.pad_rows = dequant_once
+        # Distinct SSA names in the two regions (readability of the MLIR).
+        g.n = f.n + (1 if not dequant_once else 500000)
+        x = g.forward("%ids")
+        g.emit(f"scf.yield {x} : tensor<{VOCAB}xf32>")
+        f.lines += ["  " + line for line in g.lines]
+    f.emit("}")
+    return r
+
+
 def build_mlir(gpu=False):
     """The single-sequence program's MLIR. `gpu`: the cuda formulation of
     the matrix products (build_cuda.py; see matmul_q4_1_gpu and
@@ -1188,7 +1278,10 @@ def build_mlir(gpu=False):
     f.emit("%dim0 = arith.constant 0 : index")
     f.emit("%T = tensor.dim %ids, %dim0 : tensor<?xi32>")
     _checks(f)
-    r = f.forward("%ids")
+    if gpu:
+        r = f.forward("%ids")
+    else:
+        r = _prefill_by_length(f)
     f.emit(f"return {r} : tensor<{VOCAB}xf32>")
     out.append(f"  func.func @prefill(%ids: tensor<?xi32>, %pos_i32: i32) -> tensor<{VOCAB}xf32> {{")
     out += f.lines
