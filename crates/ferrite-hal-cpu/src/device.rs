@@ -1104,6 +1104,34 @@ impl Device for CpuDevice {
         matches!(self.mode, Mode::Sync)
     }
 
+    fn queue_execute_borrowed(
+        &self,
+        this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        command_buffer: &ferrite_hal::command_buffer::CommandBuffer,
+        bindings: &[Binding],
+    ) -> Result<()> {
+        if !self.runs_inline() {
+            return self.queue_execute(
+                this,
+                wait,
+                signal,
+                command_buffer,
+                bindings.iter().cloned().collect(),
+            );
+        }
+        // Inline: the commands run to their end inside this call, on the
+        // caller's table as it is.
+        ferrite_hal::device::queue::host::execute_inline(
+            this,
+            wait,
+            signal,
+            command_buffer,
+            bindings,
+        )
+    }
+
     fn create_channel(
         &self,
         _queue_affinity: u64,

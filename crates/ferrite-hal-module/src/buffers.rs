@@ -234,9 +234,14 @@ pub(super) fn register(
             BufferView::new(sub, &shape, et, enc)?
         } else {
             // The whole buffer: the view shares the caller's object, so
-            // `buffer_view.buffer` returns a ref equal to `source`.
-            let Some(shared) = source.downcast_arc::<Buffer>() else {
-                bail!(InvalidArgument, "source buffer: expected !hal.buffer, received !{}", source.type_name());
+            // `buffer_view.buffer` returns a ref equal to `source`. A source
+            // the caller hands over (its last use) moves into the view.
+            let shared = match c.take_owned_ref(0) {
+                Some(r) => r.into_arc::<Buffer>(),
+                None => ArgReader::new(c).a_ref_borrowed()?.downcast_arc::<Buffer>(),
+            };
+            let Some(shared) = shared else {
+                bail!(InvalidArgument, "source buffer: expected !hal.buffer");
             };
             BufferView::over_shared(shared, &shape, et, enc)?
         };

@@ -1,7 +1,7 @@
 //! `hal.devices.*`, `hal.device.*` (allocator, queries, queue operations),
 //! `hal.ex.file.from_memory` and the collective channels `hal.channel.*`.
 
-use super::args::{as_vm_buffer, obj, obj_ref, opt_obj, opt_obj_ref, span_into, string, vm_buffer};
+use super::args::{as_vm_buffer, obj, obj_ref, opt_obj_ref, span_into, string, vm_buffer};
 use super::state::ModuleState;
 use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
@@ -34,6 +34,29 @@ impl RefObject for File {
 
 const FILE_READ: u32 = 1 << 0;
 const FILE_WRITE: u32 = 1 << 1;
+
+/// A binding table of uncounted copies of buffers the call's arguments
+/// hold: building it takes no reference counts (atomic updates) and
+/// dropping it releases none. The copies are forgotten, never dropped; the
+/// table must not outlive the call (see `device.queue.execute.indirect`),
+/// and whatever keeps a binding past it clones it (a counted reference).
+struct BorrowedBindings(BindingTable);
+
+impl Drop for BorrowedBindings {
+    fn drop(&mut self) {
+        // SAFETY: the entries are uncounted copies (see above): forgetting
+        // them, without running their drops, is their only correct end.
+        // Length 0 is always within capacity.
+        unsafe { self.0.set_len(0) }
+    }
+}
+
+impl super::args::SpanSink<Binding> for BorrowedBindings {
+    #[inline]
+    fn push_item(&mut self, item: Binding) {
+        self.0.push(item);
+    }
+}
 
 /// Reads `(device, affinity, wait fence, signal fence)`, the head of every
 /// queue operation, borrowing them from the call's arguments. Null fences
@@ -256,13 +279,17 @@ pub(super) fn register(
         let (device, wait, signal) = queue_head(&mut a)?;
         let cb = a.a_ref_borrowed()?;
         let _flags = a.i64()?;
-        let mut bindings = BindingTable::new();
+        let mut bindings = BorrowedBindings(BindingTable::new());
         span_into(&mut a, &mut bindings, |a| {
-            let buffer: Option<Buffer> = opt_obj(a, "binding buffer")?;
+            let buffer: Option<&Buffer> = opt_obj_ref(a, "binding buffer")?;
             let (offset, length) = (a.i64()? as u64, a.i64()? as u64);
             match buffer {
                 Some(buffer) => Ok(Binding {
-                    buffer,
+                    // SAFETY: an uncounted copy of a buffer in the call's
+                    // argument registers, which hold it (and stay as they
+                    // are) until the call returns; `BorrowedBindings` never
+                    // drops it and is dropped before the call returns.
+                    buffer: unsafe { std::ptr::read(buffer) },
                     offset,
                     length,
                 }),
@@ -276,7 +303,9 @@ pub(super) fn register(
                 cb.type_name()
             );
         };
-        queue::execute(device, wait, signal, Some(cb), bindings)?;
+        queue::execute_borrowed(device, wait, signal, cb, &bindings.0)?;
+        // Before the registers are released (`ready_none`).
+        drop(bindings);
         c.ready_none()
     })?
     .function("device.queue.flush", "0rI_v", |c| {

@@ -193,6 +193,29 @@ pub trait Device: Send + Sync + 'static {
     ) -> Result<()> {
         queue::host::execute(this, wait, signal, command_buffer, bindings)
     }
+    /// [`Device::queue_execute`] with a borrowed binding table, called by
+    /// [`queue::execute_borrowed`] only on devices that run work inline
+    /// ([`Device::runs_inline`]) and only once `wait` is reached: the work
+    /// has finished when this returns, so nothing needs to own the table.
+    /// The default copies the table and calls [`Device::queue_execute`]
+    /// (devices that wrap another keep their own `queue_execute` in the
+    /// path); the host path runs the commands on the borrowed table.
+    fn queue_execute_borrowed(
+        &self,
+        this: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        command_buffer: &CommandBuffer,
+        bindings: &[Binding],
+    ) -> Result<()> {
+        self.queue_execute(
+            this,
+            wait,
+            signal,
+            command_buffer,
+            bindings.iter().cloned().collect(),
+        )
+    }
     /// Starts work enqueued so far (a no-op where enqueued work starts by
     /// itself, as on the host path and on CUDA streams).
     fn queue_flush(&self) -> Result<()> {
@@ -344,6 +367,31 @@ pub mod queue {
             target,
             target_offset,
             length,
+        )
+    }
+
+    /// [`execute`] of a command buffer with a binding table the caller
+    /// keeps: on a device that runs work inline, once `wait` is reached, the
+    /// work runs on the table as it is (no copy of its buffers, whose
+    /// reference counts are atomic); otherwise the table is copied and
+    /// submitted as [`execute`] does.
+    pub fn execute_borrowed(
+        device: &Arc<dyn Device>,
+        wait: &Fence,
+        signal: &Fence,
+        command_buffer: &CommandBuffer,
+        bindings: &[Binding],
+    ) -> Result<()> {
+        if device.runs_inline() && wait.query().unwrap_or(false) {
+            // As in `execute`: the work runs to its end inside this call.
+            return device.queue_execute_borrowed(device, wait, signal, command_buffer, bindings);
+        }
+        execute(
+            device,
+            wait,
+            signal,
+            Some(command_buffer),
+            bindings.iter().cloned().collect::<BindingTable>(),
         )
     }
 
@@ -529,20 +577,7 @@ pub mod queue {
             bindings: BindingTable,
         ) -> Result<()> {
             if device.runs_inline() {
-                let commands = cb.finalized_commands()?;
-                return run_inline(wait, signal, || {
-                    if ferrite_base::trace::enabled() {
-                        let id = crate::command_trace::describe(cb, device.id());
-                        let args = &[("command_buffer", id)];
-                        return traced(device, "execute", args, || {
-                            device.execute_commands(commands, &bindings)
-                        })()
-                        .map_err(|e| e.annotate(format!("on device '{}'", device.id())));
-                    }
-                    device.execute_commands(commands, &bindings).map_err(|e| {
-                        e.annotate(format!("queue execute on device '{}'", device.id()))
-                    })
-                });
+                return execute_inline(device, wait, signal, cb, &bindings);
             }
             let commands = cb.commands()?;
             let d = device.clone();
@@ -555,6 +590,32 @@ pub mod queue {
             });
             let hint = WorkHint::Commands(cb.finalized_commands()?);
             device.submit_hinted(wait, signal, hint, work)
+        }
+
+        /// Runs a finalized command buffer inline (see [`run_inline`]) on a
+        /// borrowed binding table: the inline half of [`execute`], and what
+        /// inline devices' [`Device::queue_execute_borrowed`] calls.
+        pub fn execute_inline(
+            device: &Arc<dyn Device>,
+            wait: &Fence,
+            signal: &Fence,
+            cb: &CommandBuffer,
+            bindings: &[Binding],
+        ) -> Result<()> {
+            let commands = cb.finalized_commands()?;
+            run_inline(wait, signal, || {
+                if ferrite_base::trace::enabled() {
+                    let id = crate::command_trace::describe(cb, device.id());
+                    let args = &[("command_buffer", id)];
+                    return traced(device, "execute", args, || {
+                        device.execute_commands(commands, bindings)
+                    })()
+                    .map_err(|e| e.annotate(format!("on device '{}'", device.id())));
+                }
+                device
+                    .execute_commands(commands, bindings)
+                    .map_err(|e| e.annotate(format!("queue execute on device '{}'", device.id())))
+            })
         }
 
         /// `work` as queue work; while a trace is recorded, a span named

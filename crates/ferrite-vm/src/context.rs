@@ -7,6 +7,7 @@ use crate::module::{FunctionRef, Module, ModuleState};
 use crate::value::Variant;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, status, Result};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
 
 struct Entry {
@@ -27,6 +28,10 @@ pub struct Context {
     // Boxed: a kept stack moves into and out of an invocation as a pointer.
     #[allow(clippy::vec_box)]
     spare_stacks: parking_lot::Mutex<Vec<Box<crate::stack::Stack>>>,
+    /// One more kept stack, taken and given back with one atomic exchange
+    /// each where the list's lock costs two (lock and unlock): the common
+    /// case of one thread calling in a loop.
+    stack_slot: StackSlot,
     /// Where calls trace their ops (`--trace_execution`), when on.
     trace: Option<Arc<crate::bytecode::trace::ExecutionTrace>>,
 }
@@ -38,6 +43,7 @@ impl Context {
             instance: instance.clone(),
             entries: Vec::new(),
             spare_stacks: parking_lot::Mutex::new(Vec::new()),
+            stack_slot: StackSlot::default(),
             trace: None,
         }
     }
@@ -194,19 +200,10 @@ impl Context {
 
     /// Calls a function synchronously (yields are waited on and resumed).
     pub fn invoke(&self, function: &FunctionRef, args: Vec<Variant>) -> Result<Vec<Variant>> {
-        let stack = self.spare_stacks.lock().pop();
-        let mut stack = stack.unwrap_or_else(|| {
-            Box::new(crate::stack::Stack::new(
-                self.instance.options().max_stack_depth,
-            ))
-        });
+        let mut stack = self.take_stack();
         stack.set_trace(self.trace.clone());
-        let mut invocation = Invocation::begin_on(function, args, stack)?;
-        let result = invocation.run_to_end();
-        let mut spare = self.spare_stacks.lock();
-        if spare.len() < 4 {
-            spare.push(invocation.into_stack());
-        }
+        let result = crate::invocation::run_on_stack(function, args, &mut stack);
+        self.keep_stack(stack);
         result
     }
 
@@ -221,18 +218,11 @@ impl Context {
         args: &[Variant],
         results: &mut Vec<Variant>,
     ) -> Result<()> {
-        let stack = self.spare_stacks.lock().pop();
-        let mut stack = stack.unwrap_or_else(|| {
-            Box::new(crate::stack::Stack::new(
-                self.instance.options().max_stack_depth,
-            ))
-        });
+        let mut stack = self.take_stack();
         stack.set_trace(self.trace.clone());
         let mut owned = stack.spare_values.pop().unwrap_or_default();
         owned.extend(args.iter().cloned());
-        let mut invocation = Invocation::begin_on(function, owned, stack)?;
-        let outcome = invocation.run_to_end();
-        let mut stack = invocation.into_stack();
+        let outcome = crate::invocation::run_on_stack(function, owned, &mut stack);
         let result = match outcome {
             Ok(values) => {
                 let old = std::mem::replace(results, values);
@@ -241,11 +231,31 @@ impl Context {
             }
             Err(e) => Err(e),
         };
-        let mut spare = self.spare_stacks.lock();
-        if spare.len() < 4 {
-            spare.push(stack);
-        }
+        self.keep_stack(stack);
         result
+    }
+
+    /// A kept stack (the slot's first, then the list's) or a new one.
+    fn take_stack(&self) -> Box<crate::stack::Stack> {
+        self.stack_slot
+            .take()
+            .or_else(|| self.spare_stacks.lock().pop())
+            .unwrap_or_else(|| {
+                Box::new(crate::stack::Stack::new(
+                    self.instance.options().max_stack_depth,
+                ))
+            })
+    }
+
+    /// Keeps a finished invocation's stack for the next call (the slot
+    /// first; at most four more in the list).
+    fn keep_stack(&self, stack: Box<crate::stack::Stack>) {
+        if let Some(stack) = self.stack_slot.put(stack) {
+            let mut spare = self.spare_stacks.lock();
+            if spare.len() < 4 {
+                spare.push(stack);
+            }
+        }
     }
 
     /// Begins an invocation the caller drives with [`Invocation::step`].
@@ -255,6 +265,49 @@ impl Context {
         ));
         stack.set_trace(self.trace.clone());
         Invocation::begin_on(function, args, stack)
+    }
+}
+
+/// A slot holding at most one kept stack, behind an atomic pointer.
+#[derive(Default)]
+struct StackSlot(AtomicPtr<crate::stack::Stack>);
+
+// The slot hands stacks between threads as the list's mutex does, which
+// needs `Stack: Send` (an `AtomicPtr` would not ask for it).
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<crate::stack::Stack>();
+};
+
+impl StackSlot {
+    /// Takes the kept stack, if any.
+    fn take(&self) -> Option<Box<crate::stack::Stack>> {
+        let p = self.0.swap(std::ptr::null_mut(), Ordering::Acquire);
+        // SAFETY: a non-null pointer in the slot came from `Box::into_raw`
+        // in `put`, and the swap took it out: no one else can take it.
+        (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
+    }
+
+    /// Keeps `stack` when the slot is empty; gives it back otherwise.
+    fn put(&self, stack: Box<crate::stack::Stack>) -> Option<Box<crate::stack::Stack>> {
+        let p = Box::into_raw(stack);
+        match self.0.compare_exchange(
+            std::ptr::null_mut(),
+            p,
+            Ordering::Release,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => None,
+            // SAFETY: `p` came from `Box::into_raw` just above and was not
+            // published (the exchange failed): it is still ours alone.
+            Err(_) => Some(unsafe { Box::from_raw(p) }),
+        }
+    }
+}
+
+impl Drop for StackSlot {
+    fn drop(&mut self) {
+        drop(self.take());
     }
 }
 

@@ -52,12 +52,7 @@ impl Invocation {
         args: Vec<Variant>,
         mut stack: Box<Stack>,
     ) -> Result<Invocation> {
-        stack.unwind();
-        check_args(function, &args)?;
-        function
-            .state
-            .clone()
-            .begin_call(&mut stack, function.ordinal, args)?;
+        begin_frames(function, args, &mut stack)?;
         Ok(Invocation {
             stack,
             function: function.clone(),
@@ -106,18 +101,11 @@ impl Invocation {
     /// before stepping again. A failed wait fails the invocation unless the
     /// wait was made with [`Wait::handles_failure`].
     pub fn complete_wait(&mut self, outcome: Result<()>) -> Result<()> {
-        match self.stack.frames.last_mut() {
-            Some(Frame::Native(nf)) if outcome.is_ok() || self.handles_failure => {
-                nf.call.wait_status = Some(outcome);
-                Ok(())
-            }
-            _ => outcome.map_err(|e| {
-                self.done = true;
-                let e = with_backtrace(&self.stack, e);
-                self.stack.unwind();
-                e
-            }),
+        let r = hand_wait_outcome(&mut self.stack, self.handles_failure, outcome);
+        if r.is_err() {
+            self.done = true;
         }
+        r
     }
 
     /// Runs to completion, blocking on whatever the call waits for.
@@ -156,33 +144,110 @@ impl Invocation {
     }
 
     fn run_to_end_untraced(&mut self) -> Result<Vec<Variant>> {
-        loop {
-            match self.step()? {
-                Poll::Done(v) => return Ok(v),
-                Poll::Pending(w) => {
-                    let outcome = if w.sources.is_empty() {
-                        Ok(())
-                    } else if ferrite_base::trace::enabled() {
-                        let start = ferrite_base::trace::now_ns();
-                        let outcome = wait_sources(&w.sources, w.mode, w.deadline);
-                        ferrite_base::trace::complete(
-                            "wait",
-                            "invocation wait (yield)",
-                            ferrite_base::trace::HOST_TRACK,
-                            start,
-                            vec![(
-                                "sources",
-                                ferrite_base::trace::Arg::U64(w.sources.len() as u64),
-                            )],
-                        );
-                        outcome
-                    } else {
-                        wait_sources(&w.sources, w.mode, w.deadline)
-                    };
-                    self.complete_wait(outcome)?;
-                }
+        if self.done {
+            bail!(
+                FailedPrecondition,
+                "invocation of '{}' already completed",
+                self.function.name
+            );
+        }
+        // Whatever the outcome, the invocation is over when this returns.
+        self.done = true;
+        drive(&mut self.stack)
+    }
+}
+
+/// Checks `args` against `function`'s calling convention and pushes its
+/// first frame on `stack` (cleared first).
+fn begin_frames(function: &FunctionRef, args: Vec<Variant>, stack: &mut Stack) -> Result<()> {
+    stack.unwind();
+    check_args(function, &args)?;
+    function
+        .state
+        .clone()
+        .begin_call(stack, function.ordinal, args)
+}
+
+/// Calls `function` to completion on a kept `stack`, blocking on whatever
+/// it waits for: [`Invocation::begin_on`] and [`Invocation::run_to_end`]
+/// without the invocation record, which would hold (and count a reference
+/// to) the function for messages only this path never gives. The stack is
+/// left cleared.
+pub(crate) fn run_on_stack(
+    function: &FunctionRef,
+    args: Vec<Variant>,
+    stack: &mut Stack,
+) -> Result<Vec<Variant>> {
+    begin_frames(function, args, stack)?;
+    let outcome = if ferrite_base::trace::enabled() {
+        use ferrite_base::trace::{self, Arg};
+        let start = trace::now_ns();
+        let outcome = drive(stack);
+        let mut args = Vec::new();
+        if let Err(e) = &outcome {
+            args.push(("failed", Arg::Str(e.to_string())));
+        }
+        trace::complete(
+            "invocation",
+            function.name.to_string(),
+            trace::HOST_TRACK,
+            start,
+            args,
+        );
+        outcome
+    } else {
+        drive(stack)
+    };
+    stack.unwind();
+    outcome
+}
+
+/// Runs `stack`'s frames to completion, waiting on each yield's sources
+/// and handing the outcome to the frame that yielded.
+fn drive(stack: &mut Stack) -> Result<Vec<Variant>> {
+    loop {
+        match run_frames(stack)? {
+            Poll::Done(v) => return Ok(v),
+            Poll::Pending(w) => {
+                let outcome = if w.sources.is_empty() {
+                    Ok(())
+                } else if ferrite_base::trace::enabled() {
+                    let start = ferrite_base::trace::now_ns();
+                    let outcome = wait_sources(&w.sources, w.mode, w.deadline);
+                    ferrite_base::trace::complete(
+                        "wait",
+                        "invocation wait (yield)",
+                        ferrite_base::trace::HOST_TRACK,
+                        start,
+                        vec![(
+                            "sources",
+                            ferrite_base::trace::Arg::U64(w.sources.len() as u64),
+                        )],
+                    );
+                    outcome
+                } else {
+                    wait_sources(&w.sources, w.mode, w.deadline)
+                };
+                hand_wait_outcome(stack, w.handles_failure, outcome)?;
             }
         }
+    }
+}
+
+/// Hands a wait's outcome to the native frame that yielded on it (when it
+/// succeeded, or the frame handles failures); otherwise fails the call
+/// with the stack's backtrace and clears the stack.
+fn hand_wait_outcome(stack: &mut Stack, handles_failure: bool, outcome: Result<()>) -> Result<()> {
+    match stack.frames.last_mut() {
+        Some(Frame::Native(nf)) if outcome.is_ok() || handles_failure => {
+            nf.call.wait_status = Some(outcome);
+            Ok(())
+        }
+        _ => outcome.map_err(|e| {
+            let e = with_backtrace(stack, e);
+            stack.unwind();
+            e
+        }),
     }
 }
 

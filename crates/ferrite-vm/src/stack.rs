@@ -260,6 +260,34 @@ impl NativeCall<'_> {
         self.ready([value])
     }
 
+    /// Takes the ref of argument `index` (a flattened argument, as
+    /// [`crate::native::ArgReader`] counts them) when the call owns it: an
+    /// owned argument value, or a register operand the caller moved into
+    /// the call (see [`crate::native::ArgReader::last_ref_owned`]). The
+    /// argument is then empty (null): the reference moves to the callee
+    /// instead of being copied by it and released when the call finishes,
+    /// two atomic count updates fewer. `None` when the call only borrows
+    /// the ref, or the argument is null or not a ref; read the arguments
+    /// first, as they are not there to read again after this.
+    pub fn take_owned_ref(&mut self, index: usize) -> Option<Ref> {
+        match &mut self.args {
+            Args::Values(v) => match v.get_mut(index)? {
+                slot @ Variant::Ref(_) => match std::mem::replace(slot, Variant::Null) {
+                    Variant::Ref(r) => Some(r),
+                    _ => None,
+                },
+                _ => None,
+            },
+            Args::Registers(frame) => match *frame.operands.get(index)? {
+                Operand::Ref(reg) if reg & crate::bytecode::verifier::MOVE_BIT != 0 => frame
+                    .refs
+                    .get_mut((reg & crate::bytecode::verifier::REF_MASK) as usize)?
+                    .take(),
+                _ => None,
+            },
+        }
+    }
+
     /// Takes the outcome of the wait this call last yielded on.
     pub fn take_wait_status(&mut self) -> Option<ferrite_base::Result<()>> {
         self.wait_status.take()

@@ -13,7 +13,7 @@ use crate::module::{
     Dependency, ExportInfo, FunctionRef, ImportInfo, Module, ModuleState, Signature,
 };
 use crate::refs::Ref;
-use crate::stack::Stack;
+use crate::stack::{Frame, Stack};
 use crate::types::TypeDef;
 use crate::value::Variant;
 use ferrite_base::status::ResultExt;
@@ -414,9 +414,11 @@ impl ModuleState for BytecodeState {
             .export_functions
             .get(ordinal as usize)
             .ok_or_else(|| status!(NotFound, "export ordinal {ordinal} out of range"))?;
-        let module = self.module.clone();
-        let func = &module.functions[f as usize];
-        let (ib, rb) = frames::push_frame(stack, &module, Some(self), f)?;
+        let func = &self.module.functions[f as usize];
+        // The frame is pushed without its state, which is moved in once the
+        // arguments are placed: borrowing the module from `self` until then
+        // spares a reference-count round trip on the module per call.
+        let (ib, rb) = frames::push_frame(stack, &self.module, None, f)?;
         let regs = &mut stack.i32_regs[ib..ib + func.i32_count as usize];
         let refs = &mut stack.ref_regs[rb..rb + func.ref_count as usize];
         let mut args = args;
@@ -425,6 +427,10 @@ impl ModuleState for BytecodeState {
         if let Err(e) = placed {
             frames::pop_frame(stack, ib, rb);
             return Err(e);
+        }
+        if let Some(Frame::Bytecode(frame)) = stack.frames.last_mut() {
+            frame.state = Some(self);
+            frame.external = true;
         }
         Ok(())
     }
