@@ -32,6 +32,26 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// `Arc::get_mut` for the pool's reuse checks, with plain loads where
+/// `get_mut` takes an atomic compare-exchange (locking the weak count). A
+/// new reference to the object can only come from an `Arc` or a `Weak` of
+/// it: with one strong count (this one, borrowed mutably here) and no
+/// `Weak`, none can appear, so the object is ours alone.
+#[inline]
+fn unique_mut<T>(arc: &mut Arc<T>) -> Option<&mut T> {
+    if Arc::strong_count(arc) != 1 || Arc::weak_count(arc) != 0 {
+        return None;
+    }
+    // Pairs with the release decrement of the last other holder (as
+    // `get_mut` does): its uses of the object happen before ours.
+    std::sync::atomic::fence(Ordering::Acquire);
+    // SAFETY: the object is reachable through this `Arc` only (see above)
+    // and the `Arc` is borrowed mutably for the returned lifetime, so no
+    // other reference to the object exists or can be made meanwhile; the
+    // pointer from `Arc::as_ptr` stays valid while the `Arc` lives.
+    Some(unsafe { &mut *(Arc::as_ptr(arc) as *mut T) })
+}
+
 /// A set of (semaphore, value) timepoints, one per semaphore.
 #[derive(Default)]
 pub struct Fence {
@@ -114,11 +134,7 @@ impl Fence {
         let pooled = FENCE_POOL.try_with(|pool| {
             let mut pool = pool.try_borrow_mut().ok()?;
             for f in pool.iter_mut() {
-                // The count check first: `get_mut` costs an atomic exchange.
-                if Arc::strong_count(f) != 1 {
-                    continue;
-                }
-                if let Some(fence) = Arc::get_mut(f) {
+                if let Some(fence) = unique_mut(f) {
                     fence.reset_to_new_semaphore();
                     return Some(f.clone());
                 }
@@ -141,7 +157,7 @@ impl Fence {
         *self.reached_at.get_mut() = 0;
         let tps = self.timepoints.get_mut();
         if tps.len() == 1 {
-            if let Some(sem) = Arc::get_mut(&mut tps[0].0) {
+            if let Some(sem) = unique_mut(&mut tps[0].0) {
                 sem.reset(0);
                 tps[0].1 = 1;
                 return;
