@@ -1374,11 +1374,132 @@ def kv_bytes_batch():
     return LAYERS * SLOTS * SLOT_CONTEXT * 2 * KV_HEADS * HEAD_DIM * 4
 
 
+def _row_flags(f, bits):
+    """A reduction over the T rows: `bits` (callable: the block arguments
+    slot, position, token -> (lines, i32 value)) OR-ed over the rows into a
+    0-d i32 tensor (computed on the device, read back with the others in
+    one transfer by _read_flags)."""
+    return f.generic(
+        ["t"],
+        ["reduction"],
+        [(v, f.ty(["T"], "i32"), ["t"], "i32") for v in ("%slotv", "%posv", "%toks")],
+        (f.empty([], "i32", fill="0"), [], []),
+        lambda a: [*bits(a)[0], f"%r = arith.ori {a[3]}, {bits(a)[1]} : i32", "linalg.yield %r : i32"],
+        out_et="i32",
+    )
+
+
+# Bits of the rows' range flags (_range_bits).
+BAD_SLOT, BAD_NEG_POS, BAD_CAP_POS, BAD_TOKEN = 1, 2, 4, 8
+
+
+def _range_bits(a):
+    """Lines computing one row's range flags (BAD_* bits) from its slot,
+    position and token a[0], a[1], a[2]."""
+    s, p, k = a[0], a[1], a[2]
+    return [
+        "%z = arith.constant 0 : i32",
+        f"%ns = arith.constant {SLOTS} : i32",
+        f"%cap = arith.constant {SLOT_CONTEXT} : i32",
+        f"%nv = arith.constant {VOCAB} : i32",
+        f"%s_lo = arith.cmpi sge, {s}, %z : i32",
+        f"%s_hi = arith.cmpi slt, {s}, %ns : i32",
+        "%s_ok = arith.andi %s_lo, %s_hi : i1",
+        f"%p_lo = arith.cmpi sge, {p}, %z : i32",
+        f"%p_hi = arith.cmpi slt, {p}, %cap : i32",
+        f"%k_lo = arith.cmpi sge, {k}, %z : i32",
+        f"%k_hi = arith.cmpi slt, {k}, %nv : i32",
+        "%k_ok = arith.andi %k_lo, %k_hi : i1",
+        f"%b1 = arith.constant {BAD_SLOT} : i32",
+        f"%b2 = arith.constant {BAD_NEG_POS} : i32",
+        f"%b4 = arith.constant {BAD_CAP_POS} : i32",
+        f"%b8 = arith.constant {BAD_TOKEN} : i32",
+        "%e1 = arith.select %s_ok, %z, %b1 : i32",
+        "%e2 = arith.select %p_lo, %z, %b2 : i32",
+        "%e4 = arith.select %p_hi, %z, %b4 : i32",
+        "%e8 = arith.select %k_ok, %z, %b8 : i32",
+        "%e12 = arith.ori %e1, %e2 : i32",
+        "%e48 = arith.ori %e4, %e8 : i32",
+        "%e = arith.ori %e12, %e48 : i32",
+    ], "%e"
+
+
+def _max_pos(f):
+    """The rows' largest position (0-d i32; at least 0)."""
+    return f.generic(
+        ["t"],
+        ["reduction"],
+        [("%posv", f.ty(["T"], "i32"), ["t"], "i32")],
+        (f.empty([], "i32", fill="0"), [], []),
+        lambda a: [f"%r = arith.maxsi {a[1]}, {a[0]} : i32", "linalg.yield %r : i32"],
+        out_et="i32",
+    )
+
+
+def _read_flags(f, flags):
+    """Packs the 0-d i32 tensors `flags` into one tensor<N x i32> and reads
+    it back to the host once, returning its N scalars. The checks then cost
+    one transfer per call: a loop of tensor.extract per row made the
+    compiler read each row back on its own (one device round trip per row,
+    ~150 us each on cuda)."""
+    n = len(flags)
+
+    def body(a):
+        lines, v = ["%c = linalg.index 0 : index"], a[n - 1]
+        for i in range(n - 2, -1, -1):
+            lines += [
+                f"%i{i} = arith.constant {i} : index",
+                f"%is{i} = arith.cmpi eq, %c, %i{i} : index",
+                f"%v{i} = arith.select %is{i}, {a[i]}, {v} : i32",
+            ]
+            v = f"%v{i}"
+        return lines + [f"linalg.yield {v} : i32"]
+
+    packed = f.generic(
+        ["c"],
+        ["parallel"],
+        [(v, "tensor<i32>", [], "i32") for v in flags],
+        (f.empty([n], "i32"), [n], ["c"]),
+        body,
+        out_et="i32",
+    )
+    out = []
+    for i in range(n):
+        c = f.const(i, "index")
+        v = f.fresh("flag")
+        f.emit(f"{v} = tensor.extract {packed}[{c}] : tensor<{n}xi32>")
+        out.append(v)
+    return out
+
+
+def _assert_range_bits(f, err):
+    """The asserts of _range_bits' flags `err`, in the order of the
+    per-row checks they replace."""
+    for bit, msg in (
+        (BAD_SLOT, f"slot id out of range 0..{SLOTS} (slots)"),
+        (BAD_NEG_POS, "position must not be negative"),
+        (BAD_CAP_POS, f"position past the KV cache capacity of {SLOT_CONTEXT} per slot (context_length)"),
+        (BAD_TOKEN, f"token id out of range 0..{VOCAB}"),
+    ):
+        m = f.const(bit, "i32")
+        h = f.fresh("chk")
+        f.emit(f"{h} = arith.andi {err}, {m} : i32")
+        ok = f.fresh("chk")
+        f.emit(f"{ok} = arith.cmpi eq, {h}, %zero_i32 : i32")
+        f.emit(f'cf.assert {ok}, "{msg}"')
+
+
+def _max_to_L(f, mx):
+    f.emit(f"%mxi = arith.index_cast {mx} : i32 to index")
+    f.emit("%L = arith.addi %mxi, %one_idx : index")
+
+
 def _batch_checks(f):
     """decode_batch's argument checks and bookkeeping: equal lengths, 1 <= B
     <= SLOTS, every slot, position and token in range, no slot twice; %L is
     the longest row's attended length (max pos + 1) and `f.kvidx` the
-    [B, 2] (slot, position) scatter indices."""
+    [B, 2] (slot, position) scatter indices. The per-row conditions are
+    reduced on the device and read back in one transfer (_read_flags)."""
     f.emit("%bz0 = arith.constant 0 : index")
     f.emit("%one_idx = arith.constant 1 : index")
     f.emit("%T = tensor.dim %slotv, %bz0 : tensor<?xi32>")
@@ -1394,38 +1515,33 @@ def _batch_checks(f):
     f.emit("%fits_b = arith.cmpi ule, %T, %nslots : index")
     f.emit(f'cf.assert %fits_b, "more sequences than the {SLOTS} slots"')
     f.emit("%zero_i32 = arith.constant 0 : i32")
-    f.emit("%zero_i64 = arith.constant 0 : i64")
-    f.emit("%one_i64 = arith.constant 1 : i64")
-    f.emit(f"%slots_i32 = arith.constant {SLOTS} : i32")
-    f.emit(f"%cap_i32 = arith.constant {SLOT_CONTEXT} : i32")
-    f.emit(f"%vocab_i32 = arith.constant {VOCAB} : i32")
-    f.emit("%scan:2 = scf.for %b = %bz0 to %T step %one_idx iter_args(%seen = %zero_i64, %mx = %zero_i32) -> (i64, i32) {")
-    f.emit("  %s = tensor.extract %slotv[%b] : tensor<?xi32>")
-    f.emit("  %p = tensor.extract %posv[%b] : tensor<?xi32>")
-    f.emit("  %k = tensor.extract %toks[%b] : tensor<?xi32>")
-    f.emit("  %s_lo = arith.cmpi sge, %s, %zero_i32 : i32")
-    f.emit("  %s_hi = arith.cmpi slt, %s, %slots_i32 : i32")
-    f.emit("  %s_ok = arith.andi %s_lo, %s_hi : i1")
-    f.emit(f'  cf.assert %s_ok, "slot id out of range 0..{SLOTS} (slots)"')
-    f.emit("  %p_lo = arith.cmpi sge, %p, %zero_i32 : i32")
-    f.emit('  cf.assert %p_lo, "position must not be negative"')
-    f.emit("  %p_hi = arith.cmpi slt, %p, %cap_i32 : i32")
-    f.emit(f'  cf.assert %p_hi, "position past the KV cache capacity of {SLOT_CONTEXT} per slot (context_length)"')
-    f.emit("  %k_lo = arith.cmpi sge, %k, %zero_i32 : i32")
-    f.emit("  %k_hi = arith.cmpi slt, %k, %vocab_i32 : i32")
-    f.emit("  %k_ok = arith.andi %k_lo, %k_hi : i1")
-    f.emit(f'  cf.assert %k_ok, "token id out of range 0..{VOCAB}"')
-    f.emit("  %s64 = arith.extui %s : i32 to i64")
-    f.emit("  %bit = arith.shli %one_i64, %s64 : i64")
-    f.emit("  %hit = arith.andi %seen, %bit : i64")
-    f.emit("  %fresh = arith.cmpi eq, %hit, %zero_i64 : i64")
-    f.emit('  cf.assert %fresh, "a slot appears twice in one decode_batch"')
-    f.emit("  %seen2 = arith.ori %seen, %bit : i64")
-    f.emit("  %mx2 = arith.maxsi %mx, %p : i32")
-    f.emit("  scf.yield %seen2, %mx2 : i64, i32")
-    f.emit("}")
-    f.emit("%mxi = arith.index_cast %scan#1 : i32 to index")
-    f.emit("%L = arith.addi %mxi, %one_idx : index")
+    err = _row_flags(f, _range_bits)
+    # No slot twice: the OR and the sum of 1 << slot over the rows differ
+    # exactly when a slot repeats (slots in range, at most SLOTS rows: the
+    # sum stays below 2^20).
+
+    def slot_bit(a):
+        return [
+            "%m31 = arith.constant 31 : i32",
+            f"%sm = arith.andi {a[0]}, %m31 : i32",
+            "%one = arith.constant 1 : i32",
+            "%bit = arith.shli %one, %sm : i32",
+        ], "%bit"
+
+    seen = _row_flags(f, slot_bit)
+    total = f.generic(
+        ["t"],
+        ["reduction"],
+        [("%slotv", f.ty(["T"], "i32"), ["t"], "i32")],
+        (f.empty([], "i32", fill="0"), [], []),
+        lambda a: [*slot_bit(a)[0], f"%r = arith.addi {a[1]}, %bit : i32", "linalg.yield %r : i32"],
+        out_et="i32",
+    )
+    e, s, t, mx = _read_flags(f, [err, seen, total, _max_pos(f)])
+    _assert_range_bits(f, e)
+    f.emit(f"%fresh = arith.cmpi eq, {s}, {t} : i32")
+    f.emit('cf.assert %fresh, "a slot appears twice in one decode_batch"')
+    _max_to_L(f, mx)
     _kv_indices(f)
 
 
@@ -1451,13 +1567,47 @@ def _kv_indices(f):
     f.emit(f"%slot_index = tensor.expand_shape %slotv [[0, 1]] output_shape [%T, 1] : {f.ty(['T'], 'i32')} into {f.ty(['T', 1], 'i32')}")
 
 
+def _pairs_flag(f, v1, v2, size, bad):
+    """A 0-d i32 tensor: 1 when `bad` (callable: the block arguments of rows
+    b - 1 and b of the vectors v1, v2 (tensor<?xi32> of `size` rows, size
+    at least 1): previous v1, current v1, previous v2, current v2 -> (lines,
+    i1)) holds for some b >= 1, else 0."""
+    # size - 1 pairs, clamped at 0: the compiler may compute this before
+    # the host's assert that size >= 1 (it moved "out must name 1 to T
+    # rows" after the flags' readback).
+    m1 = f.fresh("n")
+    f.emit(f"{m1} = arith.maxui {size}, %one_idx : index")
+    m = f.fresh("n")
+    f.emit(f"{m} = arith.subi {m1}, %one_idx : index")
+    ins = []
+    for v in v1, v2:
+        for lo in (0, 1):
+            s = f.fresh("s")
+            f.emit(f"{s} = tensor.extract_slice {v}[{lo}] [{m}] [1] : tensor<?xi32> to tensor<?xi32>")
+            ins.append((s, "tensor<?xi32>", ["t"], "i32"))
+
+    def body(a):
+        lines, cond = bad(a)
+        return lines + [
+            "%one = arith.constant 1 : i32",
+            "%zero = arith.constant 0 : i32",
+            f"%e = arith.select {cond}, %one, %zero : i32",
+            f"%r = arith.ori {a[4]}, %e : i32",
+            "linalg.yield %r : i32",
+        ]
+
+    return f.generic(["t"], ["reduction"], ins, (f.empty([], "i32", fill="0"), [], []), body, out_et="i32")
+
+
 def _step_checks(f):
     """step's argument checks and bookkeeping: rows sorted by (slot,
     position) with no pair twice (several rows of one slot are one prompt's
     tokens: each sees its own slot's positions up to its own, those written
     by the rows before it in the same call included), 1 <= T <= STEP_ROWS,
     every slot, position and token in range; `%outv` names 1 <= O <= T
-    rows, strictly increasing, whose logits are returned."""
+    rows, strictly increasing, whose logits are returned. The per-row
+    conditions are reduced on the device and read back in one transfer
+    (_read_flags)."""
     f.emit("%bz0 = arith.constant 0 : index")
     f.emit("%one_idx = arith.constant 1 : index")
     f.emit("%T = tensor.dim %slotv, %bz0 : tensor<?xi32>")
@@ -1473,51 +1623,61 @@ def _step_checks(f):
     f.emit("%fits_b = arith.cmpi ule, %T, %nrows : index")
     f.emit(f'cf.assert %fits_b, "more than {STEP_ROWS} rows in one step"')
     f.emit("%zero_i32 = arith.constant 0 : i32")
-    f.emit("%m1_i32 = arith.constant -1 : i32")
-    f.emit(f"%slots_i32 = arith.constant {SLOTS} : i32")
-    f.emit(f"%cap_i32 = arith.constant {SLOT_CONTEXT} : i32")
-    f.emit(f"%vocab_i32 = arith.constant {VOCAB} : i32")
-    f.emit("%scan:3 = scf.for %b = %bz0 to %T step %one_idx iter_args(%ps = %m1_i32, %pp = %m1_i32, %mx = %zero_i32) -> (i32, i32, i32) {")
-    f.emit("  %s = tensor.extract %slotv[%b] : tensor<?xi32>")
-    f.emit("  %p = tensor.extract %posv[%b] : tensor<?xi32>")
-    f.emit("  %k = tensor.extract %toks[%b] : tensor<?xi32>")
-    f.emit("  %s_lo = arith.cmpi sge, %s, %zero_i32 : i32")
-    f.emit("  %s_hi = arith.cmpi slt, %s, %slots_i32 : i32")
-    f.emit("  %s_ok = arith.andi %s_lo, %s_hi : i1")
-    f.emit(f'  cf.assert %s_ok, "slot id out of range 0..{SLOTS} (slots)"')
-    f.emit("  %p_lo = arith.cmpi sge, %p, %zero_i32 : i32")
-    f.emit('  cf.assert %p_lo, "position must not be negative"')
-    f.emit("  %p_hi = arith.cmpi slt, %p, %cap_i32 : i32")
-    f.emit(f'  cf.assert %p_hi, "position past the KV cache capacity of {SLOT_CONTEXT} per slot (context_length)"')
-    f.emit("  %k_lo = arith.cmpi sge, %k, %zero_i32 : i32")
-    f.emit("  %k_hi = arith.cmpi slt, %k, %vocab_i32 : i32")
-    f.emit("  %k_ok = arith.andi %k_lo, %k_hi : i1")
-    f.emit(f'  cf.assert %k_ok, "token id out of range 0..{VOCAB}"')
-    f.emit("  %s_gt = arith.cmpi sgt, %s, %ps : i32")
-    f.emit("  %s_eq = arith.cmpi eq, %s, %ps : i32")
-    f.emit("  %p_gt = arith.cmpi sgt, %p, %pp : i32")
-    f.emit("  %same_later = arith.andi %s_eq, %p_gt : i1")
-    f.emit("  %ordered = arith.ori %s_gt, %same_later : i1")
-    f.emit('  cf.assert %ordered, "step rows must be sorted by (slot, position), no pair twice"')
-    f.emit("  %mx2 = arith.maxsi %mx, %p : i32")
-    f.emit("  scf.yield %s, %p, %mx2 : i32, i32, i32")
-    f.emit("}")
-    f.emit("%mxi = arith.index_cast %scan#2 : i32 to index")
-    f.emit("%L = arith.addi %mxi, %one_idx : index")
+    # Checked before the flags are computed (they slice O - 1 rows of out),
+    # as the row checks are independent of them.
     f.emit("%O = tensor.dim %outv, %bz0 : tensor<?xi32>")
     f.emit("%o_has = arith.cmpi uge, %O, %one_idx : index")
     f.emit("%o_fits = arith.cmpi ule, %O, %T : index")
     f.emit("%o_ok = arith.andi %o_has, %o_fits : i1")
     f.emit('cf.assert %o_ok, "out must name 1 to T rows"')
     f.emit("%T_i32 = arith.index_cast %T : index to i32")
-    f.emit("%oscan = scf.for %b = %bz0 to %O step %one_idx iter_args(%po = %m1_i32) -> (i32) {")
-    f.emit("  %o = tensor.extract %outv[%b] : tensor<?xi32>")
-    f.emit("  %o_gt = arith.cmpi sgt, %o, %po : i32")
-    f.emit("  %o_lt = arith.cmpi slt, %o, %T_i32 : i32")
-    f.emit("  %o_in = arith.andi %o_gt, %o_lt : i1")
-    f.emit('  cf.assert %o_in, "out rows must be increasing row indices below T"')
-    f.emit("  scf.yield %o : i32")
-    f.emit("}")
+    err = _row_flags(f, _range_bits)
+
+    def unordered(a):
+        sp, sc, pp, pc = a[:4]
+        return [
+            f"%s_gt = arith.cmpi sgt, {sc}, {sp} : i32",
+            f"%s_eq = arith.cmpi eq, {sc}, {sp} : i32",
+            f"%p_gt = arith.cmpi sgt, {pc}, {pp} : i32",
+            "%same_later = arith.andi %s_eq, %p_gt : i1",
+            "%ordered = arith.ori %s_gt, %same_later : i1",
+            "%true = arith.constant true",
+            "%bad = arith.xori %ordered, %true : i1",
+        ], "%bad"
+
+    order = _pairs_flag(f, "%slotv", "%posv", "%T", unordered)
+
+    def out_range(a):
+        return [
+            "%z = arith.constant 0 : i32",
+            f"%o_lo = arith.cmpi sge, {a[0]}, %z : i32",
+            f"%o_hi = arith.cmpi slt, {a[0]}, %T_i32 : i32",
+            "%o_in = arith.andi %o_lo, %o_hi : i1",
+            "%one = arith.constant 1 : i32",
+            "%e = arith.select %o_in, %z, %one : i32",
+        ], "%e"
+
+    oin = f.generic(
+        ["o"],
+        ["reduction"],
+        [("%outv", "tensor<?xi32>", ["o"], "i32")],
+        (f.empty([], "i32", fill="0"), [], []),
+        lambda a: [*out_range(a)[0], f"%r = arith.ori {a[1]}, %e : i32", "linalg.yield %r : i32"],
+        out_et="i32",
+    )
+
+    def out_order(a):
+        return [f"%o_le = arith.cmpi sle, {a[1]}, {a[0]} : i32"], "%o_le"
+
+    ord_out = _pairs_flag(f, "%outv", "%outv", "%O", out_order)
+    e, o, mx, oi, oo = _read_flags(f, [err, order, _max_pos(f), oin, ord_out])
+    _assert_range_bits(f, e)
+    f.emit(f"%ordered = arith.cmpi eq, {o}, %zero_i32 : i32")
+    f.emit('cf.assert %ordered, "step rows must be sorted by (slot, position), no pair twice"')
+    _max_to_L(f, mx)
+    f.emit(f"%o_all = arith.ori {oi}, {oo} : i32")
+    f.emit("%o_good = arith.cmpi eq, %o_all, %zero_i32 : i32")
+    f.emit('cf.assert %o_good, "out rows must be increasing row indices below T"')
     _kv_indices(f)
     f.out_rows = "%outv"
 
