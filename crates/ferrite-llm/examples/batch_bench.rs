@@ -1,7 +1,15 @@
 //! Decode step time of the batch program at several batch sizes, beside the
 //! single-sequence program's decode step, on one device.
 //!
-//!     cargo run --release -p ferrite-llm --example batch_bench -- PATH.gguf [device] [rounds]
+//!     cargo run --release -p ferrite-llm --example batch_bench -- PATH.gguf [device] [rounds] [sizes]
+//!
+//! `sizes` is a comma-separated list of batch sizes (default `1,4,8,16`).
+//! On `cuda` the programs must be compiled for it: `FERRITE_LLM_PROGRAM`
+//! names the single-sequence program file and `FERRITE_BATCH_PROGRAM` the
+//! batch program file (e.g. `build/llm/smollm2-cuda.vmfb` and
+//! `build/llm/smollm2_batch-cuda.vmfb`); unset, the built-in CPU programs.
+//! `FERRITE_BENCH_TRACE=FILE.json` records the counted rounds as a
+//! Chrome/Perfetto trace (`ferrite profile FILE.json` summarizes it).
 //!
 //! Both programs are loaded; every slot first holds a 64-token prompt. Each
 //! round then times, one after the other, a single-sequence decode step and
@@ -32,21 +40,37 @@ fn main() -> ferrite_llm::Result<()> {
             std::process::exit(2)
         }
     };
+    let sizes: Vec<usize> = match args.next() {
+        None => vec![1, 4, 8, 16],
+        Some(list) => match list.split(',').map(|s| s.trim().parse()).collect() {
+            Ok(v) => v,
+            Err(_) => {
+                eprintln!("sizes must be a comma-separated list of integers, e.g. 1,16");
+                std::process::exit(2)
+            }
+        },
+    };
+    let program = |var: &str| std::env::var_os(var).map(std::path::PathBuf::from);
     let prompt = vec![504u32; PROMPT];
-    let single = Llm::load(&gguf, &device)?;
+    let single = Llm::load_with_program(&gguf, &device, program("FERRITE_LLM_PROGRAM").as_deref())?;
     single.prefill(&prompt)?;
-    let llm = BatchLlm::load(&gguf, &device)?;
+    let llm =
+        BatchLlm::load_with_program(&gguf, &device, program("FERRITE_BATCH_PROGRAM").as_deref())?;
     for slot in 0..llm.slots() {
         llm.prefill(slot, &prompt, 0)?;
     }
-    let sizes: Vec<usize> = [1, 4, 8, 16]
+    let sizes: Vec<usize> = sizes
         .into_iter()
-        .filter(|&b| b <= llm.slots())
+        .filter(|&b| b >= 1 && b <= llm.slots())
         .collect();
     // times[0]: the single program; times[1 + i]: decode_batch of sizes[i].
     let mut times = vec![Vec::new(); sizes.len() + 1];
     // Round 0 warms up and is not counted.
+    let trace_file = std::env::var_os("FERRITE_BENCH_TRACE").map(std::path::PathBuf::from);
     for round in 0..=rounds {
+        if round == 1 && trace_file.is_some() {
+            ferrite::trace::start()?;
+        }
         let pos = PROMPT + round;
         let t = Instant::now();
         single.decode_step(504, pos)?;
@@ -62,6 +86,12 @@ fn main() -> ferrite_llm::Result<()> {
             if round > 0 {
                 times[1 + i].push(d);
             }
+        }
+    }
+    if let Some(path) = &trace_file {
+        if let Some(trace) = ferrite::trace::stop() {
+            trace.write_chrome_json(path)?;
+            eprintln!("trace written to {}", path.display());
         }
     }
     let stats = |v: &mut Vec<Duration>| {
