@@ -5,6 +5,7 @@
 //! program through `io_parameters`.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::Path;
 
 use ferrite::{Result, Status, StatusCode};
@@ -61,50 +62,69 @@ fn bad(path: &Path, what: impl std::fmt::Display) -> Status {
     )
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
+/// Reads the header front to back from `r`, which holds `len` bytes in
+/// all: only the header is read, never the tensor data after it (a model
+/// file is mostly tensor data; reading it whole cost its size in memory
+/// while loading).
+struct Reader<'a, R: Read> {
+    r: R,
+    at: u64,
+    len: u64,
     path: &'a Path,
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8]> {
+impl<R: Read> Reader<'_, R> {
+    /// Checks that `n` more bytes lie within the input.
+    fn check(&self, n: u64, what: &str) -> Result<()> {
+        if self.at.checked_add(n).is_none_or(|e| e > self.len) {
+            return Err(bad(
+                self.path,
+                format!("truncated at offset {} reading {what} ({n} bytes)", self.at),
+            ));
+        }
+        Ok(())
+    }
+    fn fill(&mut self, buf: &mut [u8], what: &str) -> Result<()> {
+        self.check(buf.len() as u64, what)?;
+        self.r.read_exact(buf).map_err(|e| {
+            bad(
+                self.path,
+                format!("reading {what} at offset {}: {e}", self.at),
+            )
+        })?;
+        self.at += buf.len() as u64;
+        Ok(())
+    }
+    fn take(&mut self, n: u64, what: &str) -> Result<Vec<u8>> {
+        // Checked against the input's length before allocating: a corrupt
+        // length is an error, not a huge allocation.
+        self.check(n, what)?;
         let n =
             usize::try_from(n).map_err(|_| bad(self.path, format!("{what}: size overflows")))?;
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| {
-                bad(
-                    self.path,
-                    format!("truncated at offset {} reading {what} ({n} bytes)", self.at),
-                )
-            })?;
-        let s = &self.b[self.at..end];
-        self.at = end;
-        Ok(s)
+        let mut v = vec![0; n];
+        self.fill(&mut v, what)?;
+        Ok(v)
     }
     fn u32(&mut self, what: &str) -> Result<u32> {
-        Ok(u32::from_le_bytes(
-            self.take(4, what)?.try_into().unwrap_or_default(),
-        ))
+        let mut b = [0; 4];
+        self.fill(&mut b, what)?;
+        Ok(u32::from_le_bytes(b))
     }
     fn u64(&mut self, what: &str) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.take(8, what)?.try_into().unwrap_or_default(),
-        ))
+        let mut b = [0; 8];
+        self.fill(&mut b, what)?;
+        Ok(u64::from_le_bytes(b))
     }
     fn string(&mut self, what: &str) -> Result<String> {
         let n = self.u64(what)?;
         let s = self.take(n, what)?;
-        Ok(String::from_utf8_lossy(s).into_owned())
+        Ok(String::from_utf8(s)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
     fn value(&mut self, ty: u32, key: &str, depth: u32) -> Result<MetaValue> {
-        let mut fixed = |n: u64| -> Result<[u8; 8]> {
-            let s = self.take(n, key)?;
+        let mut fixed = |n: usize| -> Result<[u8; 8]> {
             let mut b = [0u8; 8];
-            b[..s.len()].copy_from_slice(s);
+            self.fill(&mut b[..n], key)?;
             Ok(b)
         };
         Ok(match ty {
@@ -139,7 +159,7 @@ impl<'a> Reader<'a> {
                 let count = self.u64(key)?;
                 // Every element takes at least one byte: a count past the
                 // file's end is corrupt, not a reason to allocate.
-                if count > (self.b.len() - self.at) as u64 {
+                if count > self.len - self.at {
                     return Err(bad(self.path, format!("metadata '{key}': array of {count} elements passes the end of the file")));
                 }
                 let mut v = Vec::with_capacity(count as usize);
@@ -162,7 +182,7 @@ impl GgufFile {
     /// Reads the header of the file at `path` (metadata and tensor table;
     /// the tensor data is not read).
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let bytes = std::fs::read(path).map_err(|e| {
+        let cannot = |e: std::io::Error| {
             Status::new(
                 if e.kind() == std::io::ErrorKind::NotFound {
                     StatusCode::NotFound
@@ -171,21 +191,33 @@ impl GgufFile {
                 },
                 format!("gguf '{}': cannot read: {e}", path.display()),
             )
-        })?;
-        Self::parse(&bytes, path)
+        };
+        let file = std::fs::File::open(path).map_err(cannot)?;
+        let meta = file.metadata().map_err(cannot)?;
+        if meta.is_dir() {
+            return Err(cannot(std::io::Error::other("it is a directory")));
+        }
+        let len = meta.len();
+        Self::read_from(std::io::BufReader::with_capacity(1 << 16, file), len, path)
     }
 
     /// Parses a header from bytes (`path` only names it in errors).
     pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
+        Self::read_from(bytes, bytes.len() as u64, path)
+    }
+
+    /// Parses the header from `input`, `len` bytes in all.
+    fn read_from(input: impl Read, len: u64, path: &Path) -> Result<GgufFile> {
         let mut r = Reader {
-            b: bytes,
+            r: input,
             at: 0,
+            len,
             path,
         };
-        if bytes.len() < 4 || &bytes[..4] != b"GGUF" {
+        let mut magic = [0; 4];
+        if len < 4 || r.fill(&mut magic, "magic").is_err() || &magic != b"GGUF" {
             return Err(bad(path, "not a GGUF file (the magic 'GGUF' is missing)"));
         }
-        r.at = 4;
         let version = r.u32("version")?;
         if !(2..=3).contains(&version) {
             return Err(bad(
