@@ -110,9 +110,12 @@ if [ "${GPU_BUILD_PYTHON:-0}" = 1 ]; then
   locked nice .venv/bin/maturin build --release -q -i "${PYTHON312:-python3.12}" -o $G/pywheel
 fi
 
-echo "gpu-build: the LLM example's cuda program (run.sh llm)"
+echo "gpu-build: the LLM example's cuda programs, single and batch (run.sh llm)"
 rm -rf $G/llm && mkdir -p $G/llm
 locked nice .venv/bin/python examples/llm/build_cuda.py --out $G/llm/smollm2-cuda.vmfb >/dev/null
+# The batch program for `ferrite serve --batch_module=$G/llm/smollm2_batch-cuda.vmfb`
+# (docs/llm-batch.md) and batch_bench's FERRITE_BATCH_PROGRAM.
+locked nice .venv/bin/python examples/llm/build_cuda.py --batch --out $G/llm/smollm2_batch-cuda.vmfb >/dev/null
 rm -f $G/llm/*.mlir
 
 mkdir -p $G/.whl

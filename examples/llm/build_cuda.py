@@ -15,6 +15,14 @@ f32 copy made per call (`matmul_q4_1_wide`). The CPU program
 (`model.build_mlir()`) is unchanged.
 
     .venv/bin/python examples/llm/build_cuda.py [--sm sm_80] [--out build/llm/smollm2-cuda.vmfb]
+    .venv/bin/python examples/llm/build_cuda.py --batch [--out build/llm/smollm2_batch-cuda.vmfb]
+
+`--batch` compiles the batch program instead (`model.build_batch_mlir(gpu=True)`,
+docs/llm-batch.md): decode_slot and prefill_slot with the single cuda
+program's kernels, decode_batch and step with its one-row kernels run per
+row (configs of ours), no dequantize-once f32 matmuls (wide_batch_min past
+step_rows). `BatchLlm::load_with_program(gguf, "cuda", Some(path))` or
+`ferrite serve --batch_module=PATH` runs it.
 
 The default target is sm_80, as every cuda module of this project: the
 pinned compiler (3.13.0) refuses sm_90 ("missing GPU target"), and the
@@ -40,6 +48,7 @@ import model  # noqa: E402
 
 BIN = Path(sys.executable).parent
 DEFAULT_OUT = ROOT / "build" / "llm" / "smollm2-cuda.vmfb"
+DEFAULT_BATCH_OUT = ROOT / "build" / "llm" / "smollm2_batch-cuda.vmfb"
 
 
 def cuda_flags(sm):
@@ -50,13 +59,13 @@ def cuda_flags(sm):
     return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={sm}", "--iree-opt-const-expr-hoisting=false"]
 
 
-def build(out=DEFAULT_OUT, sm="sm_80", quiet=False):
-    """Writes the cuda program to `out` (and its MLIR beside it, for
-    inspection) and returns `out`."""
-    out = Path(out)
+def build(out=None, sm="sm_80", quiet=False, batch=False):
+    """Writes the cuda program (batch: the batch program) to `out` (and its
+    MLIR beside it, for inspection) and returns `out`."""
+    out = Path(out or (DEFAULT_BATCH_OUT if batch else DEFAULT_OUT))
     out.parent.mkdir(parents=True, exist_ok=True)
     mlir = out.with_suffix(".mlir")
-    mlir.write_text(model.build_mlir(gpu=True))
+    mlir.write_text(model.build_batch_mlir(gpu=True) if batch else model.build_mlir(gpu=True))
     cmd = [str(BIN / "iree-compile"), *cuda_flags(sm), str(mlir), "-o", str(out)]
     if not quiet:
         print("build_cuda:", " ".join(cmd), file=sys.stderr, flush=True)
@@ -67,9 +76,10 @@ def build(out=DEFAULT_OUT, sm="sm_80", quiet=False):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sm", default="sm_80", help="CUDA target (sm_80 runs on A100, H100 and H200)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--batch", action="store_true", help="the batch program (KV-cache slots) instead of the single one")
+    ap.add_argument("--out", type=Path, help=f"default {DEFAULT_OUT.relative_to(ROOT)}, with --batch {DEFAULT_BATCH_OUT.relative_to(ROOT)}")
     args = ap.parse_args()
-    print(build(args.out, args.sm))
+    print(build(args.out, args.sm, batch=args.batch))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ weights as named parameters of scope `model` (the GGUF's own tensor names).
 
     .venv/bin/python examples/llm/generate.py [--out-dir DIR] [--keep-mlir] [--only single|batch]
 
-For a GPU, the same MLIR (`python examples/llm/model.py [--batch]`) compiles
-with `--iree-hal-target-device=cuda --iree-cuda-target=sm_90` instead of the
-CPU flags below.
+For a GPU, `examples/llm/build_cuda.py [--batch]` compiles the programs'
+cuda formulations (`model.build_mlir(gpu=True)`, `model.build_batch_mlir(gpu=True)`:
+kernels given compilation configs of ours) for sm_80.
 
 Needs only the pinned compiler (`iree-base-compiler==3.13.0`) in the venv;
 the weights are not read at compile time.

@@ -249,6 +249,8 @@ class Fn:
     def matmul_q4_1(self, x, name, n, k):
         if self.gpu and self.t == 1:
             return self.matmul_q4_1_gpu(x, name, n, k)
+        if self.gpu and self.batched:
+            return self.matmul_q4_1_gpu_rows(x, name, n, k)
         if self.mode == "wide" or self.dequant_once:
             return self.matmul_q4_1_wide(x, name, n, k)
         return self.matmul_q4_1_fused(x, name, n, k)
@@ -287,6 +289,30 @@ class Fn:
             f"workgroup_size = [{32 * rows * split}, 1, 1] subgroup_size = 32>"
         )
         return f"#iree_codegen.compilation_info<lowering_config = {lc}, translation_info = {ti}>"
+
+    @staticmethod
+    def warp_rows_cfg_t(rows, blocks, width, split=1):
+        """warp_rows_cfg for the same generic with a leading parallel row
+        dimension t (the cuda batch program's kernels over (t, n, block,
+        j)): a workgroup per (row t, `rows` matrix rows), the matrix blocks
+        read again for every t (from L2: a Q4_1 matrix is at most 0.5 MB)."""
+        assert blocks % (2 * split) == 0 and width % 16 == 0
+        lc = (
+            f"#iree_gpu.lowering_config<{{lane_basis = [[1, 1, 2, 16], [0, 1, 2, 3]], partial_reduction = [0, 0, {blocks}, {width}], "
+            f"subgroup_basis = [[1, {rows}, {split}, 1], [0, 1, 2, 3]], thread = [0, 0, {blocks // (2 * split)}, {width // 16}], "
+            f"workgroup = [1, {rows}, 0, 0]}}>"
+        )
+        ti = (
+            f"#iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<VectorDistribute> "
+            f"workgroup_size = [{32 * rows * split}, 1, 1] subgroup_size = 32>"
+        )
+        return f"#iree_codegen.compilation_info<lowering_config = {lc}, translation_info = {ti}>"
+
+    @staticmethod
+    def gpu_split(b):
+        """Subgroups per matrix row so that a lane takes at most 9 blocks
+        (matmul_q4_1_gpu)."""
+        return next(s for s in range(1, b + 1) if b % (2 * s) == 0 and b // (2 * s) <= 9)
 
     @classmethod
     def q4_1_step_body(cls, a):
@@ -368,7 +394,7 @@ class Fn:
         # Subgroups per row so that a lane takes at most 9 blocks: ffn_down's
         # 48 blocks a row as one subgroup (24 blocks a lane) took 23 us a
         # launch on an H200 against 8 us for the 18-block matrices.
-        split = next(s for s in range(1, b + 1) if b % (2 * s) == 0 and b // (2 * s) <= 9)
+        split = self.gpu_split(b)
         r = self.generic_cfg(
             self.warp_rows_cfg(2 if n <= 576 else 4, b, 16, split),
             ["n", "b", "j"],
@@ -380,6 +406,42 @@ class Fn:
         o = self.fresh("x")
         self.emit(f"{o} = tensor.expand_shape {r} [[0, 1]] output_shape [1, {n}] : tensor<{n}xf32> into tensor<1x{n}xf32>")
         return o
+
+    def matmul_q4_1_gpu_rows(self, x, name, n, k):
+        """The cuda batch program's matmul: x [T, k] (T rows of their own
+        sequences) times the Q4_1 matrix `name` [n, k] transposed, [T, n].
+        matmul_q4_1_fused's generic (t, n, block, j < 16) with the config of
+        warp_rows_cfg_t: matmul_q4_1_gpu's one-row kernel for every row.
+        The pinned compiler's own kernels for the fused generic and for
+        decode_batch_wide's f32 matmul were 5-36 us a launch at 16 rows on
+        an H100 against 6-8 us for the one-row kernel."""
+        b = k // 32
+        wty = _global_type("Q4_1", (n, k))
+        w = self.fresh("w")
+        self.emit(f"{w} = util.global.load @{_sym(name)} : {wty}")
+        xe = self.fresh("x")
+        xety = self.ty(["T", b, 2, 16])
+        self.emit(f"{xe} = tensor.expand_shape {x} [[0], [1, 2, 3]] output_shape [{self.tsize()}, {b}, 2, 16] : {self.ty(['T', k])} into {xety}")
+        halves = []
+        for h in range(2):
+            v = self.fresh("x")
+            self.emit(
+                f"{v} = tensor.extract_slice {xe}[0, 0, {h}, 0] [{self.tsize()}, {b}, 1, 16] [1, 1, 1, 1] : {xety} to {self.ty(['T', b, 16])}"
+            )
+            halves.append(v)
+        qs, qty = self.slice_bytes(w, wty, n, b, 20, 4, 16)
+        parts = [self.slice_bytes(w, wty, n, b, 20, o, 1) for o in range(4)]
+        ins = [(hv, self.ty(["T", b, 16]), ["t", "b", "j"], "f32") for hv in halves]
+        ins += [(qs, qty, ["n", "b", "j"], "i8")]
+        ins += [(p, pty, ["n", "b"], "i8") for (p, pty) in parts]
+        return self.generic_cfg(
+            self.warp_rows_cfg_t(2 if n <= 576 else 4, b, 16, self.gpu_split(b)),
+            ["t", "n", "b", "j"],
+            ["parallel", "parallel", "reduction", "reduction"],
+            ins,
+            (self.empty(["T", n], fill="0.0"), ["T", n], ["t", "n"]),
+            self.q4_1_step_body,
+        )
 
     def dequant_q4_1(self, name, n, k):
         """The Q4_1 matrix `name` [n, k] as f32 [n, k]: one elementwise
@@ -1037,7 +1099,42 @@ class Fn:
         (the same kernel with a row dimension; for 4 rows 14.8 ms a call
         against 30 ms for the earlier one-block-a-step form, measured as in
         `logits`)."""
+        if self.gpu:
+            return self._q8_head_gpu_rows(x, rows)
         return self._q8_head(x, rows)
+
+    def _q8_head_gpu_rows(self, x, rows):
+        """`logits_rows` in the cuda batch program: _q8_head_gpu's generic
+        with a leading row dimension t and the config of warp_rows_cfg_t
+        (a subgroup per vocabulary row, 4 a workgroup, per row t)."""
+        b = DIM // 32
+        wty = _global_type("Q8_0", (VOCAB, DIM))
+        w = self.fresh("w")
+        self.emit(f"{w} = util.global.load @{_sym('token_embd.weight')} : {wty}")
+        size = "%O" if rows == "O" else self.tsize()
+        xb = self.fresh("x")
+        self.emit(
+            f"{xb} = tensor.expand_shape {x} [[0], [1, 2]] output_shape [{size}, {b}, 32] : {self.ty([rows, DIM])} into {self.ty([rows, b, 32])}"
+        )
+        qs, qty = self.slice_bytes(w, wty, VOCAB, b, 34, 2, 32)
+        parts = [self.slice_bytes(w, wty, VOCAB, b, 34, o, 1) for o in range(2)]
+        ins = [(xb, self.ty([rows, b, 32]), ["t", "b", "j"], "f32"), (qs, qty, ["v", "b", "j"], "i8")]
+        ins += [(p, pty, ["v", "b"], "i8") for (p, pty) in parts]
+        return self.generic_cfg(
+            self.warp_rows_cfg_t(4, b, 32),
+            ["t", "v", "b", "j"],
+            ["parallel", "parallel", "reduction", "reduction"],
+            ins,
+            (self.empty([rows, VOCAB], fill="0.0"), [rows, VOCAB], ["t", "v"]),
+            lambda a: [
+                *self.f16_lines(a[2], a[3], "%d"),
+                f"%qf = arith.sitofp {a[1]} : i8 to f32",
+                "%wv = arith.mulf %d, %qf : f32",
+                f"%p = arith.mulf {a[0]}, %wv : f32",
+                f"%r = arith.addf {a[4]}, %p : f32",
+                "linalg.yield %r : f32",
+            ],
+        )
 
     def _q8_head(self, x, rows):
         """The LM head kernel of `logits` (rows None: x is [1, 576], the
@@ -1704,7 +1801,14 @@ def _slot_checks(f):
     f.emit('cf.assert %has, "at least one token is needed"')
 
 
-def build_batch_mlir():
+def build_batch_mlir(gpu=False):
+    """The batch program's MLIR. gpu=True: the cuda formulation
+    (examples/llm/build_cuda.py --batch): the same math and entry points,
+    decode_slot and prefill_slot as the single cuda program's decode and
+    prefill, decode_batch and step with one-row kernels per row given
+    compilation configs of ours (matmul_q4_1_gpu_rows, _q8_head_gpu_rows),
+    decode_batch_wide and step_wide calling them and wide_batch_min past
+    step_rows (the dequantize-once f32 matmuls are slower on a GPU)."""
     out = ["// Generated by examples/llm/model.py (batch program); do not edit.", "module @smollm2_batch {"]
     for name, kind, shape in weight_specs():
         out.append(
@@ -1715,7 +1819,7 @@ def build_batch_mlir():
     for i in range(LAYERS):
         out.append(f"  util.global private mutable @kv{i} : {KVB_TYPE} = dense<{float(i)}> : {KVB_TYPE}")
 
-    f = Fn(None, "slot")
+    f = Fn(None, "slot", gpu=gpu)
     f.emit("%dim0 = arith.constant 0 : index")
     f.emit("%T = tensor.dim %ids, %dim0 : tensor<?xi32>")
     _slot_checks(f)
@@ -1728,7 +1832,7 @@ def build_batch_mlir():
     # One sequence's step with the single program's static one-row kernels
     # (hosts call it for a batch of one: decode_batch's dynamic-row kernels
     # cost more for one row).
-    f = Fn(1, "slot")
+    f = Fn(1, "slot", gpu=gpu)
     f.emit("%T = arith.constant 1 : index")
     _slot_checks(f)
     f.emit("%ids = tensor.from_elements %tok_id : tensor<1xi32>")
@@ -1743,7 +1847,7 @@ def build_batch_mlir():
     out += f.lines
     out.append("  }")
 
-    f = Fn(None, "batch")
+    f = Fn(None, "batch", gpu=gpu, dequant_once=False)
     _batch_checks(f)
     r = f.forward("%toks")
     f.emit(f"return {r} : tensor<?x{VOCAB}xf32>")
@@ -1753,31 +1857,44 @@ def build_batch_mlir():
     out += f.lines
     out.append("  }")
 
-    f = Fn(None, "wide")
-    _batch_checks(f)
-    r = f.forward("%toks")
-    f.emit(f"return {r} : tensor<?x{VOCAB}xf32>")
-    out.append(
-        f"  func.func @decode_batch_wide(%slotv: tensor<?xi32>, %toks: tensor<?xi32>, %posv: tensor<?xi32>) -> tensor<?x{VOCAB}xf32> {{"
-    )
-    out += f.lines
-    out.append("  }")
+    vec = "tensor<?xi32>"
+    res = f"tensor<?x{VOCAB}xf32>"
+    if gpu:
+        # Same kernels: hosts never pick these (wide_batch_min), but a host
+        # that does gets decode_batch's results.
+        out.append(f"  func.func @decode_batch_wide(%slotv: {vec}, %toks: {vec}, %posv: {vec}) -> {res} {{")
+        out.append(f"    %r = func.call @decode_batch(%slotv, %toks, %posv) : ({vec}, {vec}, {vec}) -> {res}")
+        out.append(f"    return %r : {res}")
+        out.append("  }")
+    else:
+        f = Fn(None, "wide")
+        _batch_checks(f)
+        r = f.forward("%toks")
+        f.emit(f"return {r} : {res}")
+        out.append(f"  func.func @decode_batch_wide(%slotv: {vec}, %toks: {vec}, %posv: {vec}) -> {res} {{")
+        out += f.lines
+        out.append("  }")
 
     for name, mode in (("step", "batch"), ("step_wide", "wide")):
-        f = Fn(None, mode)
+        args = f"%slotv: {vec}, %toks: {vec}, %posv: {vec}, %outv: {vec}"
+        if gpu and mode == "wide":
+            out.append(f"  func.func @{name}({args}) -> {res} {{")
+            out.append(f"    %r = func.call @step(%slotv, %toks, %posv, %outv) : ({vec}, {vec}, {vec}, {vec}) -> {res}")
+            out.append(f"    return %r : {res}")
+            out.append("  }")
+            continue
+        f = Fn(None, mode, gpu=gpu, dequant_once=False if gpu else None)
         _step_checks(f)
         r = f.forward("%toks")
-        f.emit(f"return {r} : tensor<?x{VOCAB}xf32>")
-        out.append(
-            f"  func.func @{name}(%slotv: tensor<?xi32>, %toks: tensor<?xi32>, %posv: tensor<?xi32>, %outv: tensor<?xi32>) -> tensor<?x{VOCAB}xf32> {{"
-        )
+        f.emit(f"return {r} : {res}")
+        out.append(f"  func.func @{name}({args}) -> {res} {{")
         out += f.lines
         out.append("  }")
 
     for name, value in (
         ("slots", SLOTS),
         ("context_length", SLOT_CONTEXT),
-        ("wide_batch_min", WIDE_BATCH_MIN),
+        ("wide_batch_min", STEP_ROWS + 1 if gpu else WIDE_BATCH_MIN),
         ("step_rows", STEP_ROWS),
     ):
         out.append(f"  func.func @{name}() -> i32 {{")
@@ -1791,4 +1908,5 @@ def build_batch_mlir():
 if __name__ == "__main__":
     import sys
 
-    sys.stdout.write(build_batch_mlir() if "--batch" in sys.argv[1:] else build_mlir())
+    gpu = "--gpu" in sys.argv[1:]
+    sys.stdout.write(build_batch_mlir(gpu) if "--batch" in sys.argv[1:] else build_mlir(gpu))
