@@ -13,7 +13,8 @@
 # On the GPU machine, from the repository root (carry build/gpu):
 #   bash build/gpu/run.sh test     # scripts/test-gpu.sh over these inputs
 #   bash build/gpu/run.sh bench    # scripts/bench-gpu.sh, with and without graphs
-#   bash build/gpu/run.sh llm      # the LLM on cuda (tests/llm/test_cuda.py;
+#   bash build/gpu/run.sh llm      # the LLM on cuda (tests/llm/test_cuda.py, the batch
+#                                  # program's test_cuda_batch_program_on_a_gpu;
 #                                  # FERRITE_CACHE/llm holds the .gguf)
 #   bash build/gpu/run.sh py       # the CUDA Python tests (GPU_BUILD_PYTHON=1
 #                                  # builds the abi3 wheel they need)
@@ -170,8 +171,9 @@ case ${1:-test} in
     [ -n "${FERRITE_CACHE:-}" ] || { echo "run.sh llm: set FERRITE_CACHE (the folder whose llm/ holds SmolLM2-135M-Instruct.Q4_1.gguf)"; exit 2; }
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ferrite-py $G/pywheel/*.whl || exit 1
     PYTHONPATH=/tmp/ferrite-py:/tmp/upstream FERRITE_REQUIRE_GPU=1 FERRITE_BIN=$G/bin/ferrite \
-      FERRITE_LLM_CUDA_VMFB=$G/llm/smollm2-cuda.vmfb \
-      python3 -m pytest -q -rs -p no:cacheprovider tests/llm/test_cuda.py ;;
+      FERRITE_LLM_CUDA_VMFB=$G/llm/smollm2-cuda.vmfb FERRITE_LLM_CUDA_BATCH_VMFB=$G/llm/smollm2_batch-cuda.vmfb \
+      python3 -m pytest -q -rs -p no:cacheprovider tests/llm/test_cuda.py \
+      tests/llm/test_cuda_batch_program.py::test_cuda_batch_program_on_a_gpu ;;
   *) echo "usage: run.sh test|bench|py|llm"; exit 2 ;;
 esac
 EOF

@@ -107,10 +107,11 @@ def _map(dims, exprs):
 
 
 class Normed:
-    """An RMS-normed activation not yet materialized (the cuda decode step):
-    the rows x [1, DIM], their sum of squares ss [1] and the norm's weight
-    g [DIM]; matmul_q4_1_gpu applies the norm as it reads x, which saves the
-    norm's own elementwise dispatch."""
+    """An RMS-normed activation not yet materialized (the cuda decode step
+    and the cuda batch program's decode_batch and step): the rows x [T,
+    DIM], their sums of squares ss [T] and the norm's weight g [DIM];
+    matmul_q4_1_gpu and matmul_q4_1_gpu_rows apply the norm as they read x,
+    which saves the norm's own elementwise dispatch."""
 
     def __init__(self, x, ss, g):
         self.x, self.ss, self.g = x, ss, g
@@ -419,6 +420,9 @@ class Fn:
         wty = _global_type("Q4_1", (n, k))
         w = self.fresh("w")
         self.emit(f"{w} = util.global.load @{_sym(name)} : {wty}")
+        normed = x if isinstance(x, Normed) else None
+        if normed is not None:
+            x = normed.x
         xe = self.fresh("x")
         xety = self.ty(["T", b, 2, 16])
         self.emit(f"{xe} = tensor.expand_shape {x} [[0], [1, 2, 3]] output_shape [{self.tsize()}, {b}, 2, 16] : {self.ty(['T', k])} into {xety}")
@@ -434,13 +438,34 @@ class Fn:
         ins = [(hv, self.ty(["T", b, 16]), ["t", "b", "j"], "f32") for hv in halves]
         ins += [(qs, qty, ["n", "b", "j"], "i8")]
         ins += [(p, pty, ["n", "b"], "i8") for (p, pty) in parts]
+        body = self.q4_1_step_body
+        if normed is not None:
+            # The layer norm applied as x is read (as matmul_q4_1_gpu):
+            # the norm's weight in halves [b, 16] and each row's sum of
+            # squares ss[t].
+            ge = self.fresh("n")
+            self.emit(f"{ge} = tensor.expand_shape {normed.g} [[0, 1, 2]] output_shape [{b}, 2, 16] : tensor<{k}xf32> into tensor<{b}x2x16xf32>")
+            for h in range(2):
+                gh = self.fresh("n")
+                self.emit(f"{gh} = tensor.extract_slice {ge}[0, {h}, 0] [{b}, 1, 16] [1, 1, 1] : tensor<{b}x2x16xf32> to tensor<{b}x16xf32>")
+                ins.append((gh, f"tensor<{b}x16xf32>", ["b", "j"], "f32"))
+            ins.append((normed.ss, self.ty(["T"]), ["t"], "f32"))
+
+            def body(a):
+                x0, x1, q, dl, dh, ml, mh, g0, g1, ss, acc = a
+                return [
+                    *self.norm_lines(x0, ss, g0, "%z0"),
+                    *self.norm_lines(x1, ss, g1, "%z1"),
+                    *self.q4_1_step_body(["%z0", "%z1", q, dl, dh, ml, mh, acc]),
+                ]
+
         return self.generic_cfg(
             self.warp_rows_cfg_t(2 if n <= 576 else 4, b, 16, self.gpu_split(b)),
             ["t", "n", "b", "j"],
             ["parallel", "parallel", "reduction", "reduction"],
             ins,
             (self.empty(["T", n], fill="0.0"), ["T", n], ["t", "n"]),
-            self.q4_1_step_body,
+            body,
         )
 
     def dequant_q4_1(self, name, n, k):
@@ -582,9 +607,10 @@ class Fn:
         return "%T" if self.t is None else str(self.t)
 
     def rmsnorm_lazy(self, x, name):
-        """`rmsnorm` for the matrices that read it: in the cuda decode step a
-        Normed (applied inside the matvecs), elsewhere the normed rows."""
-        if not (self.gpu and self.t == 1 and self.mode == "single"):
+        """`rmsnorm` for the matrices that read it: in the cuda decode step
+        and the cuda batch program's row kernels a Normed (applied inside
+        the matvecs), elsewhere the normed rows."""
+        if not (self.gpu and ((self.t == 1 and self.mode == "single") or self.batched)):
             return self.rmsnorm(x, name)
         gty = f"tensor<{DIM}xf32>"
         g = self.fresh("n")

@@ -9,9 +9,20 @@ prefill_slot, decode_batch, decode_slot and step, on upstream
 (their per-row checks are read back in one transfer: model.py,
 `_read_flags`).
 
+On a GPU machine, `test_cuda_batch_program_on_a_gpu` runs the compiled cuda
+batch program (FERRITE_LLM_CUDA_BATCH_VMFB, default
+build/llm/smollm2_batch-cuda.vmfb, built when missing) on `cuda` under
+Ferrite's `ferrite.runtime` and upstream's `iree.runtime` and compares it
+with the CPU batch program on local-task: the same greedy ids. Without a
+GPU it is skipped, saying so (FERRITE_REQUIRE_GPU=1: it fails instead);
+scripts/gpu-build.sh's `run.sh llm` runs it.
+
     .venv/bin/pytest -q tests/llm/test_cuda_batch_program.py
 """
 
+import ctypes.util
+import importlib
+import os
 import re
 import subprocess
 import sys
@@ -67,10 +78,9 @@ def gpu_math_on_cpu(tmp_path_factory):
     return out
 
 
-def _load(gguf, vmfb):
-    import iree.runtime as rt
-
-    config = rt.Config("local-task")
+def _load(gguf, vmfb, runtime="iree.runtime", device="local-task"):
+    rt = importlib.import_module(runtime)
+    config = rt.Config(device)
     index = rt.ParameterIndex()
     index.load(str(gguf))
     params = rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope="model"))
@@ -173,3 +183,28 @@ def test_step_refusals(both_programs, which):
     # Valid calls still pass after refusals (a sorted 2-row prompt piece).
     r = prog.step(_i32([4, 4]), _i32([504, 3575]), _i32([0, 1]), _i32([1])).to_host()
     assert r.shape == (1, model.VOCAB)
+
+
+def _gpu_present():
+    return Path("/dev/nvidia0").exists() or ctypes.util.find_library("cuda") is not None
+
+
+# cuda against CPU logits (other kernels, other summation order; logits are
+# O(10)): as test_llm.LOGIT_TOL.
+GPU_LOGIT_TOL = 0.05
+
+
+@pytest.mark.parametrize("runtime", ["ferrite.runtime", "iree.runtime"])
+def test_cuda_batch_program_on_a_gpu(gguf_path, runtime):  # noqa: F811
+    if not _gpu_present():
+        if os.environ.get("FERRITE_REQUIRE_GPU") == "1":
+            pytest.fail("FERRITE_REQUIRE_GPU=1 but no NVIDIA GPU or libcuda is present")
+        pytest.skip("SKIPPED cuda batch program on a GPU: no NVIDIA GPU here")
+    vmfb = Path(os.environ.get("FERRITE_LLM_CUDA_BATCH_VMFB", build_cuda.DEFAULT_BATCH_OUT))
+    if not vmfb.exists():
+        build_cuda.build(vmfb, batch=True)
+    want_ids, want_logits = _run(_load(gguf_path, BATCH_VMFB, runtime, "local-task"))
+    got_ids, got_logits = _run(_load(gguf_path, vmfb, runtime, "cuda"))
+    assert got_ids == want_ids
+    err = max(float(np.abs(g - w).max()) for g, w in zip(got_logits, want_logits))
+    assert err < GPU_LOGIT_TOL, f"cuda logits differ from the CPU batch program's by {err}"
