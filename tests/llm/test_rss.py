@@ -1,5 +1,5 @@
 """Issue 27's memory target: peak RSS of `ferrite generate` at most the
-`.gguf`'s size + the KV cache + 60 MiB, with the bench's 128-token prompt
+`.gguf`'s size + the KV cache + 60 MB, with the bench's 128-token prompt
 (scripts/bench-llm.py), on local-sync and on local-task with 2 workers.
 
     .venv/bin/pytest -q tests/llm/test_rss.py      (FERRITE_BIN as test_llm.py)
@@ -8,8 +8,9 @@ Peak RSS is what scripts/bench-llm.py reports: wait4's ru_maxrss of a fresh
 process. The peak comes once the prefill has touched every weight page and
 the cache is allocated; 16 generated tokens reach it (the resident set is
 flat over the decode steps after the first few), which keeps the test short.
-The 60 MiB is the runtime's own share: binary text, the tokenizer, heaps,
-thread stacks and the program's transients.
+The 60 MB (decimal, as the issue writes it and README's 241 MiB for a
+2048-position cache counts it) is the runtime's own share: binary text, the
+tokenizer, heaps, thread stacks and the program's transients.
 """
 
 import os
@@ -32,14 +33,14 @@ CONTEXT = 2048
 # SmolLM2-135M's cache: 30 layers x (K, V) x 3 KV heads x 64 x f32 a
 # position, 90 MiB for 2048 (the CLI's default context, asked for here).
 KV_CACHE_BYTES = model.kv_bytes(CONTEXT)
-OWN_SHARE = 60 * MIB
+OWN_SHARE = 60_000_000
 # scripts/bench-llm.py's prompt: ordinary vocabulary ids cycled to 128.
 BASE = [504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 8590, 314]
 PROMPT = [BASE[i % len(BASE)] for i in range(128)]
 
 
 @pytest.mark.parametrize("device", ["local-sync", "local-task://?workers=2"])
-def test_peak_rss_within_gguf_plus_cache_plus_60_mib(device):
+def test_peak_rss_within_gguf_plus_cache_plus_60_mb(device):
     gguf = assets.ensure(quiet=True)
     if not FERRITE.exists():
         pytest.fail(f"{FERRITE} is missing: cargo build -p ferrite-cli (or set FERRITE_BIN)")
@@ -60,4 +61,4 @@ def test_peak_rss_within_gguf_plus_cache_plus_60_mib(device):
     bound = Path(gguf).stat().st_size + KV_CACHE_BYTES + OWN_SHARE
     assert peak <= bound, (
         f"peak RSS {peak / MIB:.1f} MiB on {device} passes the bound {bound / MIB:.1f} MiB "
-        f"(gguf {Path(gguf).stat().st_size / MIB:.1f} + KV cache {KV_CACHE_BYTES / MIB:.0f} + 60)")
+        f"(gguf {Path(gguf).stat().st_size / MIB:.1f} + KV cache {KV_CACHE_BYTES / MIB:.1f} + 60 MB = 57.2 MiB)")
