@@ -454,15 +454,19 @@ impl<'a> BindingAddrs<'a> {
         table: &'a [Binding],
     ) -> Result<()> {
         let addrs = self;
-        for (i, r) in bindings.iter().enumerate() {
+        let start = addrs.in_flight.len();
+        // All bindings' device uses begun together: one fence between their
+        // counts and their checks against host access, not one per binding.
+        let ranges = bindings.iter().enumerate().map(|(i, r)| {
             let access = cpu.binding_access(function, i);
-            let range = r
-                .resolve(table)
-                .and_then(|(b, o, l)| b.binding_range_resolved(o, l, access))
-                .map_err(|e| binding_error(e, cpu, function, i, access))?;
+            r.resolve(table).map(|(b, o, l)| (b, o, l, access))
+        });
+        ferrite_hal::buffer::binding_ranges_resolved(ranges, &mut addrs.in_flight).map_err(
+            |(i, e)| binding_error(e, cpu, function, i, cpu.binding_access(function, i)),
+        )?;
+        for range in &addrs.in_flight[start..] {
             addrs.ptrs.push(range.as_ptr().cast());
             addrs.lens.push(range.len());
-            addrs.in_flight.push(range);
         }
         Ok(())
     }

@@ -86,7 +86,7 @@ mod mapping;
 mod storage;
 mod transfer;
 
-pub use device_use::{BindingPtr, DeviceRange, DeviceUse};
+pub use device_use::{binding_ranges_resolved, BindingPtr, DeviceRange, DeviceUse};
 pub use handle::Buffer;
 pub use host_mapping::HostMapping;
 pub use mapping::{MappedRead, MappedWrite};

@@ -30,14 +30,8 @@ pub const MAX_PARSED_RANK: usize = 128;
 /// A shaped, typed view of a buffer (the `hal.buffer_view` ref type).
 #[derive(Clone)]
 pub struct BufferView {
-    buffer: Buffer,
-    /// `buffer` as a shared object when handed in at creation
-    /// ([`BufferView::over_shared`]), so that every request returns the
-    /// same object (refs compare by identity). A plain field: setting a
-    /// `OnceLock` at creation runs its one-time initialisation protocol, a
-    /// call per view on the path of every invocation that returns one.
-    handed_buffer: Option<std::sync::Arc<Buffer>>,
-    /// `buffer` as a shared object made on first request (the VM's
+    buffer: HeldBuffer,
+    /// The buffer as a shared object made on first request (the VM's
     /// `hal.buffer_view.buffer`) when none was handed in.
     shared_buffer: std::sync::OnceLock<std::sync::Arc<Buffer>>,
     /// Dimensions; views of rank 4 or less need no allocation.
@@ -45,6 +39,19 @@ pub struct BufferView {
     element_type: ElementType,
     encoding_type: EncodingType,
     byte_length: u64,
+}
+
+/// How a view holds its buffer.
+#[derive(Clone)]
+enum HeldBuffer {
+    /// Its own handle ([`BufferView::new`]).
+    Own(Buffer),
+    /// The shared object handed in at creation ([`BufferView::over_shared`]),
+    /// so that every request returns the same object (refs compare by
+    /// identity). Held alone, not beside a copy of the handle: a copy
+    /// costs an atomic reference-count update at creation and at drop, on
+    /// the path of every invocation that returns a view.
+    Shared(std::sync::Arc<Buffer>),
 }
 
 impl RefObject for BufferView {
@@ -105,6 +112,20 @@ impl BufferView {
         element_type: ElementType,
         encoding_type: EncodingType,
     ) -> Result<BufferView> {
+        BufferView::holding(HeldBuffer::Own(buffer), shape, element_type, encoding_type)
+    }
+
+    /// [`BufferView::new`] of a buffer held either way.
+    fn holding(
+        held: HeldBuffer,
+        shape: &[u64],
+        element_type: ElementType,
+        encoding_type: EncodingType,
+    ) -> Result<BufferView> {
+        let buffer = match &held {
+            HeldBuffer::Own(b) => b,
+            HeldBuffer::Shared(b) => &**b,
+        };
         let count = element_count(shape)?;
         let byte_length = element_type.dense_byte_count(count)?;
         if byte_length > buffer.byte_length() {
@@ -118,8 +139,7 @@ impl BufferView {
             );
         }
         Ok(BufferView {
-            buffer,
-            handed_buffer: None,
+            buffer: held,
             shared_buffer: std::sync::OnceLock::new(),
             shape: shape.into(),
             element_type,
@@ -130,18 +150,22 @@ impl BufferView {
 
     /// The viewed buffer.
     pub fn buffer(&self) -> &Buffer {
-        &self.buffer
+        match &self.buffer {
+            HeldBuffer::Own(b) => b,
+            HeldBuffer::Shared(b) => b,
+        }
     }
 
     /// The viewed buffer as one shared object per view (what the `hal`
     /// VM module hands out as the view's `!hal.buffer` ref).
     pub fn shared_buffer(&self) -> std::sync::Arc<Buffer> {
-        if let Some(b) = &self.handed_buffer {
-            return b.clone();
+        match &self.buffer {
+            HeldBuffer::Shared(b) => b.clone(),
+            HeldBuffer::Own(b) => self
+                .shared_buffer
+                .get_or_init(|| std::sync::Arc::new(b.clone()))
+                .clone(),
         }
-        self.shared_buffer
-            .get_or_init(|| std::sync::Arc::new(self.buffer.clone()))
-            .clone()
     }
 
     /// A view like [`BufferView::new`] of the shared `buffer`, which
@@ -152,9 +176,12 @@ impl BufferView {
         element_type: ElementType,
         encoding_type: EncodingType,
     ) -> Result<BufferView> {
-        let mut view = BufferView::new((*buffer).clone(), shape, element_type, encoding_type)?;
-        view.handed_buffer = Some(buffer);
-        Ok(view)
+        BufferView::holding(
+            HeldBuffer::Shared(buffer),
+            shape,
+            element_type,
+            encoding_type,
+        )
     }
 
     /// The dimensions.
@@ -203,7 +230,7 @@ impl BufferView {
         }
         out.push_str(&self.element_type.name());
         out.push('=');
-        let map = self.buffer.map_read(0, WHOLE_BUFFER)?;
+        let map = self.buffer().map_read(0, WHOLE_BUFFER)?;
         format_elements_into(
             &mut out,
             &map,
@@ -248,7 +275,8 @@ impl fmt::Debug for BufferView {
         write!(
             f,
             "BufferView({shape}{sep}{}, {:?})",
-            self.element_type, self.buffer
+            self.element_type,
+            self.buffer()
         )
     }
 }

@@ -14,6 +14,7 @@ use crate::value::Variant;
 use ferrite_base::status::BacktraceFrame;
 use ferrite_base::wait::wait_sources;
 use ferrite_base::{bail, Result, Status};
+use std::sync::Arc;
 
 /// Progress of an invocation.
 #[derive(Debug)]
@@ -162,10 +163,12 @@ impl Invocation {
 fn begin_frames(function: &FunctionRef, args: Vec<Variant>, stack: &mut Stack) -> Result<()> {
     stack.unwind();
     check_args(function, &args)?;
-    function
-        .state
-        .clone()
-        .begin_call(stack, function.ordinal, args)
+    // The state the stack kept from its last call, when it is this one.
+    let state = match stack.kept_state.take() {
+        Some(kept) if std::ptr::addr_eq(Arc::as_ptr(&kept), Arc::as_ptr(&function.state)) => kept,
+        _ => function.state.clone(),
+    };
+    state.begin_call(stack, function.ordinal, args)
 }
 
 /// Calls `function` to completion on a kept `stack`, blocking on whatever

@@ -387,6 +387,13 @@ pub struct Stack {
     pub(crate) operands: Vec<Operand>,
     /// The result vector of native calls made in place (reused).
     pub(crate) native_results: Vec<Variant>,
+    /// The module state of the last externally entered bytecode frame that
+    /// returned: an invocation of a function of the same state takes it
+    /// instead of counting a new reference, and the return that ends it
+    /// puts it back instead of releasing it (two atomic updates fewer per
+    /// call). Kept across [`Stack::unwind`]; a stack holding it keeps that
+    /// state alive, as the context it belongs to does anyway.
+    pub(crate) kept_state: Option<Arc<dyn crate::module::ModuleState>>,
     /// Per-op execution flags, when coverage recording is on.
     pub(crate) coverage: Option<Vec<bool>>,
     /// Where executed ops are traced (`--trace_execution`), when on.
@@ -425,6 +432,7 @@ impl Stack {
             spare_values: Vec::new(),
             operands: Vec::new(),
             native_results: Vec::new(),
+            kept_state: None,
             max_depth,
             coverage: None,
             trace: None,

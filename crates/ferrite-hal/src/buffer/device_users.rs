@@ -39,8 +39,22 @@ impl DeviceUsers {
     /// Starts a device use, unless the host holds a conflicting lock (any
     /// lock for a writer, the write lock for a reader).
     pub(super) fn begin(&self, lock: &RwLock<()>, write: bool) -> Result<()> {
-        self.counter(write).fetch_add(1, Ordering::SeqCst);
+        self.count(write);
         fence(Ordering::SeqCst);
+        self.check_counted(lock, write)
+    }
+
+    /// The first step of [`DeviceUsers::begin`]: counts the use. Until a
+    /// sequentially consistent fence and [`DeviceUsers::check_counted`]
+    /// follow, the use is not begun (several uses may share the fence).
+    pub(super) fn count(&self, write: bool) {
+        self.counter(write).fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The last step of [`DeviceUsers::begin`], after the fence that
+    /// follows [`DeviceUsers::count`]: refuses (and ends the counted use)
+    /// while the host holds a conflicting lock or mapping.
+    pub(super) fn check_counted(&self, lock: &RwLock<()>, write: bool) -> Result<()> {
         let conflict = if write {
             lock.is_locked() || self.host_mapped.load(Ordering::SeqCst) != 0
         } else {

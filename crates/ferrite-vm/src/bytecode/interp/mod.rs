@@ -122,8 +122,11 @@ pub(crate) fn run(stack: &mut Stack) -> Result<Step> {
         bail!(Internal, "bytecode frame without a module state");
     };
     let step = run_with(&state, stack);
-    if let Some(Frame::Bytecode(holder)) = stack.frames.get_mut(owner) {
-        holder.state = Some(state);
+    match stack.frames.get_mut(owner) {
+        Some(Frame::Bytecode(holder)) => holder.state = Some(state),
+        // The frame returned: the stack keeps its state for the next
+        // invocation of the same state (see `Stack::kept_state`).
+        _ => stack.kept_state = Some(state),
     }
     step
 }
