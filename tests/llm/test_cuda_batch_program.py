@@ -5,9 +5,9 @@ compilation configs are accepted), the CPU batch program's MLIR is the one
 (`model.build_batch_mlir(gpu=True)` with the configs removed, compiled for
 llvm-cpu) gives the committed CPU batch program's greedy ids through
 prefill_slot, decode_batch, decode_slot and step, on upstream
-`iree.runtime`. Both programs refuse bad step calls with the same messages
-(their per-row checks are read back in one transfer: model.py,
-`_read_flags`).
+`iree.runtime`. Both programs refuse bad step calls with the same messages,
+the CPU one under Ferrite's `ferrite.runtime` too (their per-row checks are
+read back in one transfer: model.py, `_read_flags`).
 
 On a GPU machine, `test_cuda_batch_program_on_a_gpu` runs the compiled cuda
 batch program (FERRITE_LLM_CUDA_BATCH_VMFB, default
@@ -171,10 +171,14 @@ STEP_REFUSALS = [
 
 @pytest.fixture(scope="module")
 def both_programs(gguf_path, gpu_math_on_cpu):  # noqa: F811
-    return {"cpu": _load(gguf_path, BATCH_VMFB), "gpu_math": _load(gguf_path, gpu_math_on_cpu)}
+    return {
+        "cpu": _load(gguf_path, BATCH_VMFB),
+        "cpu_ferrite": _load(gguf_path, BATCH_VMFB, "ferrite.runtime"),
+        "gpu_math": _load(gguf_path, gpu_math_on_cpu),
+    }
 
 
-@pytest.mark.parametrize("which", ["cpu", "gpu_math"])
+@pytest.mark.parametrize("which", ["cpu", "cpu_ferrite", "gpu_math"])
 def test_step_refusals(both_programs, which):
     prog = both_programs[which]
     for slots, toks, pos, out, words in STEP_REFUSALS:
