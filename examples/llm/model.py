@@ -1502,12 +1502,16 @@ def _row_flags(f, bits):
     slot, position, token -> (lines, i32 value)) OR-ed over the rows into a
     0-d i32 tensor (computed on the device, read back with the others in
     one transfer by _read_flags)."""
+    def body(a):
+        lines, value = bits(a)
+        return [*lines, f"%r = arith.ori {a[3]}, {value} : i32", "linalg.yield %r : i32"]
+
     return f.generic(
         ["t"],
         ["reduction"],
         [(v, f.ty(["T"], "i32"), ["t"], "i32") for v in ("%slotv", "%posv", "%toks")],
         (f.empty([], "i32", fill="0"), [], []),
-        lambda a: [*bits(a)[0], f"%r = arith.ori {a[3]}, {bits(a)[1]} : i32", "linalg.yield %r : i32"],
+        body,
         out_et="i32",
     )
 
