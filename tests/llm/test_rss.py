@@ -2,7 +2,8 @@
 `.gguf`'s size + the KV cache + 60 MB, with the bench's 128-token prompt
 (scripts/bench-llm.py), on local-sync and on local-task with 2 workers.
 
-    .venv/bin/pytest -q tests/llm/test_rss.py      (FERRITE_BIN as test_llm.py)
+    .venv/bin/pytest -q tests/llm/test_rss.py   (FERRITE_BIN as test_llm.py; the
+                                                 installed `ferrite` package for ferrite.llm)
 
 Peak RSS is what scripts/bench-llm.py reports: wait4's ru_maxrss of a fresh
 process. The peak comes once the prefill has touched every weight page and
@@ -62,3 +63,30 @@ def test_peak_rss_within_gguf_plus_cache_plus_60_mb(device):
     assert peak <= bound, (
         f"peak RSS {peak / MIB:.1f} MiB on {device} passes the bound {bound / MIB:.1f} MiB "
         f"(gguf {Path(gguf).stat().st_size / MIB:.1f} + KV cache {KV_CACHE_BYTES / MIB:.1f} + 60 MB = 57.2 MiB)")
+
+
+# ferrite.llm in a fresh interpreter: the same loop under Python, whose own
+# resident memory (the interpreter, ~10 MiB) counts against the bound too,
+# as it does for upstream iree.runtime's Python loop in scripts/bench-llm.py.
+PY_RUN = """
+import resource, sys
+import ferrite.llm
+gguf, device, context, prompt = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+llm = ferrite.llm.load(gguf, device=device, context=context)
+ids = llm.generate([int(i) for i in prompt.split(",")], max_tokens=16, ignore_eos=True)
+print(len(ids), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_python_peak_rss_within_gguf_plus_cache_plus_60_mb():
+    gguf = assets.ensure(quiet=True)
+    device = "local-task://?workers=2"
+    r = subprocess.run([sys.executable, "-c", PY_RUN, str(gguf), device, str(CONTEXT),
+                        ",".join(map(str, PROMPT))], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    n, kib = map(int, r.stdout.split())
+    assert n == 16, r.stdout
+    peak = kib * 1024
+    bound = Path(gguf).stat().st_size + KV_CACHE_BYTES + OWN_SHARE
+    assert peak <= bound, (
+        f"peak RSS {peak / MIB:.1f} MiB of ferrite.llm on {device} passes the bound {bound / MIB:.1f} MiB")
