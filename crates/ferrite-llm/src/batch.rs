@@ -42,7 +42,7 @@ use std::sync::Arc;
 use ferrite::{Instance, OwnedFunction, Session, Tensor, Value};
 use ferrite_tokenizer::Tokenizer;
 
-use crate::model::{check_model, TextSide, SMOLLM2_135M};
+use crate::model::{check_model, finish_load, TextSide, SMOLLM2_135M};
 use crate::{chat, gguf};
 use ferrite::{Result, Status, StatusCode};
 
@@ -128,6 +128,8 @@ impl BatchLlm {
         let file = gguf::GgufFile::open(path)?;
         check_model(&file, &SMOLLM2_135M)?;
         let text = TextSide::load(&file)?;
+        // The parsed header (its vocabulary arrays) is not needed past here.
+        drop(file);
         let instance = Instance::new();
         let mut session = Session::new(&instance, device)?;
         session.add_parameter_file("model", path)?;
@@ -149,7 +151,7 @@ impl BatchLlm {
             Err(e) if e.code() == StatusCode::NotFound => (None, 0),
             Err(e) => return Err(e),
         };
-        Ok(BatchLlm {
+        let llm = BatchLlm {
             prefill_slot: session.function_owned("prefill_slot")?,
             decode_slot: session.function_owned("decode_slot")?,
             decode_batch: session.function_owned("decode_batch")?,
@@ -163,7 +165,9 @@ impl BatchLlm {
             wide_min,
             step_rows,
             gguf_path: path.to_path_buf(),
-        })
+        };
+        finish_load(&llm.text.tokenizer)?;
+        Ok(llm)
     }
 
     /// Number of KV-cache slots: the most sequences one

@@ -48,7 +48,7 @@ pub use batch::{BatchLlm, StepRow, SMOLLM2_BATCH_VMFB};
 pub use model::{check_model, Architecture, SMOLLM2_135M};
 pub use sampling::Sampling;
 
-use model::{chat_ids, release_freed_heap, TextSide};
+use model::{chat_ids, finish_load, TextSide};
 
 /// The committed program for SmolLM2-135M (llama architecture, Q4_1 matrices
 /// and a Q8_0 tied embedding), compiled from `examples/llm/model.py`.
@@ -243,11 +243,7 @@ impl Llm {
             gguf_path: path.to_path_buf(),
         };
         llm.set_context(context)?;
-        // The tokenizer's decode table is built on first use, through a copy
-        // of the vocabulary: built here, that copy is freed before the trim
-        // instead of after the first token, where it stayed resident.
-        llm.tokenizer.decode(&[], true)?;
-        release_freed_heap();
+        finish_load(&llm.tokenizer)?;
         Ok(llm)
     }
 

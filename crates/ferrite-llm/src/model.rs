@@ -95,7 +95,7 @@ pub fn check_model(file: &gguf::GgufFile, a: &Architecture) -> Result<()> {
 /// stayed resident for the life of the process, on top of the weights and
 /// the KV cache (peak RSS, issue 27). A no-op where the allocator is not
 /// glibc's.
-pub(crate) fn release_freed_heap() {
+fn release_freed_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointers and locks each arena itself; it
     // only releases pages of chunks that are free, so no live allocation is
@@ -103,6 +103,18 @@ pub(crate) fn release_freed_heap() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// The last step of loading a model (both hosts): builds the tokenizer's
+/// decode table now, while its transient copy of the vocabulary can still
+/// be returned (built on first use it was, after the first token, and it
+/// stayed resident), then returns the heap loading freed
+/// ([`release_freed_heap`]). Call it once nothing loading made is needed
+/// any more (the parsed `.gguf` header dropped).
+pub(crate) fn finish_load(tokenizer: &Tokenizer) -> Result<()> {
+    tokenizer.decode(&[], true)?;
+    release_freed_heap();
+    Ok(())
 }
 
 fn token_text(t: &Tokenizer, id: Option<u32>) -> String {
