@@ -88,9 +88,9 @@ pub fn check_model(file: &gguf::GgufFile, a: &Architecture) -> Result<()> {
 ///
 /// Loading builds the tokenizer through several transient copies of its
 /// vocabulary and merges (the GGUF arrays, a tokenizer definition, the
-/// tokenizers crate's parse buffers): about 30 MB of heap at once, freed
-/// before the first token, while the tables that stay (about 10 MB) were
-/// allocated between them. glibc's allocator returns only the free memory
+/// tokenizers crate's parse buffers): up to 40 MB of heap at once (massif,
+/// SmolLM2), freed before the first token, while the tables that stay
+/// (about 12 MB) were allocated between them. glibc's allocator returns only the free memory
 /// at the top of its heap by itself, so without this the freed middle
 /// stayed resident for the life of the process, on top of the weights and
 /// the KV cache (peak RSS, issue 27). A no-op where the allocator is not
