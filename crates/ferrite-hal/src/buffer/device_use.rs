@@ -217,72 +217,56 @@ impl fmt::Debug for DeviceUse {
 }
 
 /// [`Buffer::binding_range_resolved`] of several ranges (one dispatch's
-/// bindings) at once: every use is counted, then one sequentially
-/// consistent fence stands between all the counts and all the checks
-/// against host access, where one range at a time needs a fence each. The
-/// rule is the same for each range: its count comes before the fence and
-/// its check after it, as the host side's lock comes before its fence and
-/// its check of the counts. `ranges` yields (buffer, offset, length, access)
-/// or the error of resolving that binding; the checked ranges are appended
-/// to `out`. On failure, `Err((index, status))` names the binding that
-/// failed; the uses of the others are ended (any appended to `out` end
-/// when the caller drops them).
-pub fn binding_ranges_resolved<'a, I, O>(
+/// bindings) at once, appended to `out`: every use is counted, then one
+/// sequentially consistent fence stands between all the counts and all the
+/// checks against host access, where one range at a time needs a fence
+/// each. The rule is the same for each range: its count comes before the
+/// fence and its check after it, as the host side's lock comes before its
+/// fence and its check of the counts. `ranges` yields (buffer, offset,
+/// length, access) or the error of resolving that binding. On failure,
+/// `Err((index, status))` names the binding that failed and `out` is as it
+/// was (the uses counted here are ended).
+pub fn binding_ranges_resolved<'a, I>(
     ranges: I,
-    out: &mut O,
+    out: &mut smallvec::SmallVec<[DeviceRange<'a>; 8]>,
 ) -> std::result::Result<(), (usize, ferrite_base::Status)>
 where
     I: IntoIterator<Item = Result<(&'a Buffer, u64, u64, MemoryAccess)>>,
-    O: Extend<DeviceRange<'a>>,
 {
-    // Counted but not yet checked: not begun. Dropping one ends its count.
-    let mut counted: smallvec::SmallVec<[(DeviceRange<'a>, &'a Buffer); 8]> =
-        smallvec::SmallVec::new();
+    let start = out.len();
+    // The host lock of each counted range, for the checks.
+    let mut locks: smallvec::SmallVec<[&'a parking_lot::RwLock<()>; 8]> = smallvec::SmallVec::new();
     for (i, item) in ranges.into_iter().enumerate() {
-        let (buffer, offset, length, access) = item.map_err(|e| (i, e))?;
-        let (ptr, len) = buffer
-            .checked_binding(offset, length, access)
-            .map_err(|e| (i, e))?;
-        let write = access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY);
-        buffer.alloc.device.count(write);
-        counted.push((
-            DeviceRange {
+        let counted = item.and_then(|(buffer, offset, length, access)| {
+            let (ptr, len) = buffer.checked_binding(offset, length, access)?;
+            let write = access.intersects(MemoryAccess::WRITE | MemoryAccess::ANY);
+            buffer.alloc.device.count(write);
+            locks.push(&buffer.alloc.lock);
+            Ok(DeviceRange {
                 ptr,
                 len,
                 write,
                 users: &buffer.alloc.device,
-            },
-            buffer,
-        ));
-    }
-    std::sync::atomic::fence(Ordering::SeqCst);
-    let mut failed = None;
-    let mut checked: smallvec::SmallVec<[DeviceRange<'a>; 8]> = smallvec::SmallVec::new();
-    for (i, (range, buffer)) in counted.into_iter().enumerate() {
-        if failed.is_some() {
-            // Ends its count (drop).
-            continue;
-        }
-        match buffer
-            .alloc
-            .device
-            .check_counted(&buffer.alloc.lock, range.write)
-        {
-            Ok(()) => checked.push(range),
+            })
+        });
+        match counted {
+            // Counted, not yet checked: dropping it ends the count.
+            Ok(range) => out.push(range),
             Err(e) => {
-                // `check_counted` ended the use already.
-                std::mem::forget(range);
-                failed = Some((i, e));
+                out.truncate(start);
+                return Err((i, e));
             }
         }
     }
-    match failed {
-        Some(f) => Err(f),
-        None => {
-            out.extend(checked);
-            Ok(())
+    std::sync::atomic::fence(Ordering::SeqCst);
+    for (i, (range, lock)) in out[start..].iter().zip(&locks).enumerate() {
+        if range.users.conflicts(lock, range.write) {
+            let e = super::device_users::conflict_error(range.write);
+            out.truncate(start);
+            return Err((i, e));
         }
     }
+    Ok(())
 }
 
 /// A checked device range of a buffer (from [`Buffer::binding_range`]),

@@ -27,6 +27,17 @@ pub(super) struct DeviceUsers {
     pub(super) host_mapped_writable: AtomicUsize,
 }
 
+/// Why a device use was refused (see [`DeviceUsers::check_counted`]).
+#[cold]
+#[inline(never)]
+pub(super) fn conflict_error(write: bool) -> ferrite_base::Status {
+    ferrite_base::status!(
+        FailedPrecondition,
+        "buffer is mapped or accessed by the host while device work would {} it; host access must be ordered before the work (wait on its fences)",
+        if write { "write" } else { "read" }
+    )
+}
+
 impl DeviceUsers {
     pub(super) fn counter(&self, write: bool) -> &AtomicUsize {
         if write {
@@ -55,20 +66,22 @@ impl DeviceUsers {
     /// follows [`DeviceUsers::count`]: refuses (and ends the counted use)
     /// while the host holds a conflicting lock or mapping.
     pub(super) fn check_counted(&self, lock: &RwLock<()>, write: bool) -> Result<()> {
-        let conflict = if write {
+        if self.conflicts(lock, write) {
+            self.end(write);
+            return Err(conflict_error(write));
+        }
+        Ok(())
+    }
+
+    /// Whether the host holds a lock or mapping that a device use counted
+    /// (and fenced, see [`DeviceUsers::check_counted`]) must not overlap.
+    #[inline]
+    pub(super) fn conflicts(&self, lock: &RwLock<()>, write: bool) -> bool {
+        if write {
             lock.is_locked() || self.host_mapped.load(Ordering::SeqCst) != 0
         } else {
             lock.is_locked_exclusive() || self.host_mapped_writable.load(Ordering::SeqCst) != 0
-        };
-        if conflict {
-            self.end(write);
-            bail!(
-                FailedPrecondition,
-                "buffer is mapped or accessed by the host while device work would {} it; host access must be ordered before the work (wait on its fences)",
-                if write { "write" } else { "read" }
-            );
         }
-        Ok(())
     }
 
     pub(super) fn end(&self, write: bool) {

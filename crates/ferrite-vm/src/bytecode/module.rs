@@ -3,6 +3,7 @@
 
 use super::archive::Archive;
 use super::interp::frames;
+use super::interp::ops_global::RefGlobal;
 use super::interp::values;
 use super::verifier::{decode_function, DecodedFunction, ModuleEnv};
 use crate::buffer::VmBuffer;
@@ -18,7 +19,6 @@ use crate::types::TypeDef;
 use crate::value::Variant;
 use ferrite_base::status::ResultExt;
 use ferrite_base::{bail, status, Result};
-use parking_lot::Mutex;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, OnceLock};
 
@@ -305,9 +305,7 @@ impl Module for BytecodeModule {
         let words = (ms.global_bytes_capacity as usize).div_ceil(4);
         Ok(Arc::new(BytecodeState {
             globals: try_filled(words, "global words", || AtomicU32::new(0))?,
-            ref_globals: try_filled(ms.global_ref_count as usize, "ref globals", || {
-                Mutex::new(None)
-            })?,
+            ref_globals: try_filled(ms.global_ref_count as usize, "ref globals", RefGlobal::new)?,
             imports: try_filled(self.imports.len(), "import slots", OnceLock::new)?,
             module: self,
         }))
@@ -348,7 +346,7 @@ pub struct BytecodeState {
     pub(crate) module: Arc<BytecodeModule>,
     /// Primitive globals as 32-bit words (i64/f64 span two).
     pub(crate) globals: Box<[AtomicU32]>,
-    pub(crate) ref_globals: Box<[Mutex<Option<Ref>>]>,
+    pub(crate) ref_globals: Box<[RefGlobal]>,
     imports: Box<[OnceLock<Option<FunctionRef>>]>,
 }
 
