@@ -1616,6 +1616,21 @@ def _assert_range_bits(f, err):
         f.emit(f'cf.assert {ok}, "{msg}"')
 
 
+def _refuse_unless(f, ok, asserts):
+    """Branches on `ok` (i1: every check passed): on to the rest of the
+    function, or to a block running `asserts` (callable emitting the
+    cf.asserts in their order; one of them fails). The branch is what keeps
+    the checks before the work: with the asserts inline, the compiler issued
+    decode_batch's main command buffer once the largest position (for %L)
+    was read back and ran the asserts after it, so a bad slot reached the KV
+    cache's scatter and gather (a crash on local-task)."""
+    f.emit(f"cf.cond_br {ok}, ^checked, ^refused")
+    f.lines.append("  ^refused:")
+    asserts()
+    f.emit("cf.br ^checked")
+    f.lines.append("  ^checked:")
+
+
 def _max_to_L(f, mx):
     f.emit(f"%mxi = arith.index_cast {mx} : i32 to index")
     f.emit("%L = arith.addi %mxi, %one_idx : index")
@@ -1665,9 +1680,15 @@ def _batch_checks(f):
         out_et="i32",
     )
     e, s, t, mx = _read_flags(f, [err, seen, total, _max_pos(f)])
-    _assert_range_bits(f, e)
     f.emit(f"%fresh = arith.cmpi eq, {s}, {t} : i32")
-    f.emit('cf.assert %fresh, "a slot appears twice in one decode_batch"')
+    f.emit(f"%in_range = arith.cmpi eq, {e}, %zero_i32 : i32")
+    f.emit("%all_ok = arith.andi %in_range, %fresh : i1")
+
+    def asserts():
+        _assert_range_bits(f, e)
+        f.emit('cf.assert %fresh, "a slot appears twice in one decode_batch"')
+
+    _refuse_unless(f, "%all_ok", asserts)
     _max_to_L(f, mx)
     _kv_indices(f)
 
@@ -1798,13 +1819,20 @@ def _step_checks(f):
 
     ord_out = _pairs_flag(f, "%outv", "%outv", "%O", out_order)
     e, o, mx, oi, oo = _read_flags(f, [err, order, _max_pos(f), oin, ord_out])
-    _assert_range_bits(f, e)
     f.emit(f"%ordered = arith.cmpi eq, {o}, %zero_i32 : i32")
-    f.emit('cf.assert %ordered, "step rows must be sorted by (slot, position), no pair twice"')
-    _max_to_L(f, mx)
     f.emit(f"%o_all = arith.ori {oi}, {oo} : i32")
     f.emit("%o_good = arith.cmpi eq, %o_all, %zero_i32 : i32")
-    f.emit('cf.assert %o_good, "out rows must be increasing row indices below T"')
+    f.emit(f"%in_range = arith.cmpi eq, {e}, %zero_i32 : i32")
+    f.emit("%rows_ok = arith.andi %in_range, %ordered : i1")
+    f.emit("%all_ok = arith.andi %rows_ok, %o_good : i1")
+
+    def asserts():
+        _assert_range_bits(f, e)
+        f.emit('cf.assert %ordered, "step rows must be sorted by (slot, position), no pair twice"')
+        f.emit('cf.assert %o_good, "out rows must be increasing row indices below T"')
+
+    _refuse_unless(f, "%all_ok", asserts)
+    _max_to_L(f, mx)
     _kv_indices(f)
     f.out_rows = "%outv"
 

@@ -189,6 +189,38 @@ def test_step_refusals(both_programs, which):
     assert r.shape == (1, model.VOCAB)
 
 
+# decode_batch and step calls the CPU program must refuse on local-task,
+# where its worker threads run the kernels: (function, inputs, words). The
+# program checks before its KV-cache scatter and gather (model.py,
+# _refuse_unless); an earlier form ran its asserts after them and crashed
+# on these bad slots (a segmentation fault under both runtimes).
+LOCAL_TASK_REFUSALS = [
+    ("decode_batch", ["1xi32=-1", "1xi32=504", "1xi32=0"], "slot id out of range"),
+    ("decode_batch", ["1xi32=17", "1xi32=504", "1xi32=0"], "slot id out of range"),
+    ("decode_batch", ["2xi32=3 100000", "2xi32=504 504", "2xi32=0 0"], "slot id out of range"),
+    ("decode_batch", ["2xi32=4 4", "2xi32=504 504", "2xi32=0 1"], "a slot appears twice"),
+    ("decode_batch", ["1xi32=2", "1xi32=504", "1xi32=5000"], "KV cache capacity of 1024 per slot"),
+    ("step", ["2xi32=3 99", "2xi32=504 504", "2xi32=0 0", "1xi32=1"], "slot id out of range"),
+    ("step", ["2xi32=-5 3", "2xi32=504 504", "2xi32=0 0", "1xi32=1"], "slot id out of range"),
+]
+
+
+@pytest.mark.parametrize("runtime", ["ferrite", "iree"])
+def test_refusals_on_local_task_come_before_the_work(gguf_path, runtime):  # noqa: F811
+    from test_llm import FERRITE
+
+    if runtime == "ferrite":
+        base = [str(FERRITE), "run-module"]
+    else:
+        base = [str(Path(sys.executable).parent / "iree-run-module")]
+    base += [f"--module={BATCH_VMFB}", f"--parameters=model={gguf_path}", "--device=local-task"]
+    for fn, inputs, words in LOCAL_TASK_REFUSALS:
+        args = base + [f"--function={fn}"] + [f"--input={i}" for i in inputs]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        out = r.stdout + r.stderr
+        assert r.returncode > 0 and words in out and "panicked" not in out, (args, r.returncode, out[-2000:])
+
+
 def _gpu_present():
     return Path("/dev/nvidia0").exists() or ctypes.util.find_library("cuda") is not None
 
