@@ -408,6 +408,14 @@ impl<'s> Function<'s> {
         self.target().call_variants(args)
     }
 
+    /// As [`Function::call`], with tensor results left on the device: each
+    /// comes back as a [`Value::Ref`] to its buffer view, for
+    /// [`DeviceTensor::from_ref`] (then [`DeviceTensor::read_into`] a buffer
+    /// the caller reuses, or pass it to the next call without a copy).
+    pub fn call_device(&self, args: &[Value]) -> Result<Vec<Value>> {
+        self.target().call_device(args)
+    }
+
     /// Issues the call now and returns a future of its results (tensors
     /// copied to the host, as [`Function::call`]), resolved once the call's
     /// work is done, without a thread blocked for it; any executor drives
@@ -478,6 +486,15 @@ impl Target<'_> {
             .map(Value::from_variant)
             .collect::<Result<Vec<_>>>()
             .annotate(|| format!("reading results of '{}'", self.f.name))
+    }
+
+    fn call_device(&self, args: &[Value]) -> Result<Vec<Value>> {
+        let variants = self.convert_args(args)?;
+        let results = self.call_variants(variants)?;
+        Ok(results
+            .into_iter()
+            .map(Value::from_variant_on_device)
+            .collect())
     }
 
     fn call_variants(&self, args: Vec<Variant>) -> Result<Vec<Variant>> {
@@ -656,6 +673,11 @@ impl OwnedFunction {
     /// As [`Function::call_variants`].
     pub fn call_variants(&self, args: Vec<Variant>) -> Result<Vec<Variant>> {
         self.target().call_variants(args)
+    }
+
+    /// As [`Function::call_device`].
+    pub fn call_device(&self, args: &[Value]) -> Result<Vec<Value>> {
+        self.target().call_device(args)
     }
 
     /// As [`Function::call_async`].

@@ -312,6 +312,69 @@ impl DeviceTensor {
         Tensor::from_buffer_view(self.view())
     }
 
+    /// Copies the elements into `dst`, which must hold exactly
+    /// [`DeviceTensor::shape`]'s element count of `T` (the tensor's element
+    /// type, as [`Tensor::to_vec`] reads it). Nothing is allocated: a caller
+    /// reading a result of the same size on every call (an LLM's logits)
+    /// reuses one buffer instead of faulting in fresh pages each time.
+    pub fn read_into<T: Element>(&self, dst: &mut [T]) -> Result<()> {
+        let view = self.view();
+        if !T::accepts(view.element_type()) {
+            bail!(
+                InvalidArgument,
+                "tensor of {} cannot be read as {} ({})",
+                view.element_type(),
+                std::any::type_name::<T>(),
+                T::ELEMENT_TYPE
+            );
+        }
+        if view.encoding_type() != EncodingType::DENSE_ROW_MAJOR {
+            bail!(
+                Unimplemented,
+                "reading buffer views of encoding {:?} is not supported",
+                view.encoding_type()
+            );
+        }
+        let count: u64 = view.shape().iter().product();
+        if count != dst.len() as u64 || view.byte_length() != (dst.len() * T::SIZE) as u64 {
+            bail!(
+                InvalidArgument,
+                "reading a {}x{} tensor ({count} elements) into {} elements",
+                ferrite_hal::buffer_view::format_shape(view.shape()),
+                view.element_type(),
+                dst.len()
+            );
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        #[cfg(target_endian = "little")]
+        {
+            // SAFETY: `Element` is sealed and implemented only for the
+            // primitive integers and floats: no padding and every bit
+            // pattern is a valid value, so their storage may be written as
+            // bytes; the byte slice covers exactly `dst`'s memory and lives
+            // no longer than this borrow of it. Little-endian: the bytes are
+            // the elements' own representation.
+            let bytes = unsafe {
+                std::slice::from_raw_parts_mut(
+                    dst.as_mut_ptr().cast::<u8>(),
+                    std::mem::size_of_val(dst),
+                )
+            };
+            view.buffer().read(0, bytes)
+        }
+        #[cfg(not(target_endian = "little"))]
+        {
+            let mut bytes = vec![0u8; std::mem::size_of_val(dst)];
+            view.buffer().read(0, &mut bytes)?;
+            for (d, c) in dst.iter_mut().zip(bytes.chunks_exact(T::SIZE)) {
+                *d = T::read_le(c);
+            }
+            Ok(())
+        }
+    }
+
     /// Overwrites the elements in place with `tensor`'s, which must have the
     /// same shape and element type: every call or binding holding this
     /// tensor sees the new values, and nothing is allocated.
@@ -446,6 +509,20 @@ impl Value {
             Value::F64(_) => "f64",
             Value::Tensor(_) => "tensor",
             Value::Ref(_) => "ref",
+        }
+    }
+
+    /// Converts a VM value, leaving buffer views on the device (as
+    /// [`Value::Ref`]; [`DeviceTensor::from_ref`] wraps them).
+    pub(crate) fn from_variant_on_device(v: ferrite_vm::Variant) -> Value {
+        use ferrite_vm::Variant as V;
+        match v {
+            V::Null => Value::Null,
+            V::I32(x) => Value::I32(x),
+            V::I64(x) => Value::I64(x),
+            V::F32(x) => Value::F32(x),
+            V::F64(x) => Value::F64(x),
+            V::Ref(r) => Value::Ref(r),
         }
     }
 
