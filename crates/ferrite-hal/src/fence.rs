@@ -10,10 +10,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::spin::SpinLock;
 use ferrite_base::wait::{wait_sources, Helper, Helpers, Notifier, WaitMode, WaitSource};
 use ferrite_base::RefObject;
 use ferrite_base::{Result, Status, StatusCode, Timeout};
-use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::semaphore::{failure_epoch, Semaphore, Timepoint};
@@ -55,7 +55,7 @@ fn unique_mut<T>(arc: &mut Arc<T>) -> Option<&mut T> {
 /// A set of (semaphore, value) timepoints, one per semaphore.
 #[derive(Default)]
 pub struct Fence {
-    timepoints: Mutex<Timepoints>,
+    timepoints: SpinLock<Timepoints>,
     /// 1 + the semaphore failure count (`semaphore::failure_epoch`) at which
     /// every timepoint was seen reached, 0 when not known: while the count is
     /// unchanged the fence is still reached and none of its semaphores has
@@ -97,7 +97,7 @@ impl Clone for Fence {
     /// A new fence with the same timepoints.
     fn clone(&self) -> Fence {
         Fence {
-            timepoints: Mutex::new(self.snapshot()),
+            timepoints: SpinLock::new(self.snapshot()),
             reached_at: AtomicU64::new(0),
         }
     }
@@ -120,7 +120,7 @@ impl Fence {
     /// A fence with the single timepoint `semaphore >= value`.
     pub fn create_at(semaphore: Arc<Semaphore>, value: u64) -> Fence {
         Fence {
-            timepoints: Mutex::new(smallvec::smallvec![(semaphore, value)]),
+            timepoints: SpinLock::new(smallvec::smallvec![(semaphore, value)]),
             reached_at: AtomicU64::new(0),
         }
     }

@@ -47,6 +47,7 @@ mod inflight;
 pub mod memory;
 pub mod numerics;
 pub mod semaphore;
+mod spin;
 pub mod wait_async;
 
 pub use allocator::{
