@@ -37,10 +37,10 @@ pub mod sampling;
 pub mod tokenizer;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferrite::{Instance, Session, Tensor, Value};
+use ferrite::{DeviceTensor, Instance, Session, Tensor, Value};
 pub use ferrite::{Result, Status, StatusCode};
 use ferrite_tokenizer::{DecodeStream, Tokenizer};
 
@@ -150,6 +150,10 @@ pub struct Llm {
     /// context, at most [`MAX_CONTEXT`]).
     max_context: usize,
     gguf_path: PathBuf,
+    /// The host copy of the last call's logits, reused by every call (a
+    /// fresh buffer per token costs page faults; see
+    /// [`ferrite::DeviceTensor::read_into`]).
+    logits_buf: Mutex<Vec<f32>>,
 }
 
 fn check_context(context: usize, max: usize) -> Result<()> {
@@ -241,6 +245,7 @@ impl Llm {
             context: 0,
             max_context: trained.min(MAX_CONTEXT),
             gguf_path: path.to_path_buf(),
+            logits_buf: Mutex::new(Vec::new()),
         };
         llm.set_context(context)?;
         finish_load(&llm.tokenizer)?;
@@ -361,18 +366,34 @@ impl Llm {
         )
     }
 
-    fn logits(results: Vec<Value>) -> Result<Vec<f32>> {
-        results
-            .into_iter()
-            .next()
-            .and_then(Value::into_tensor)
-            .ok_or_else(|| {
-                Status::new(
-                    StatusCode::Internal,
-                    "the program returned no logits tensor",
-                )
-            })?
-            .to_f32_vec()
+    /// Calls `entry` with its tensor results left on the device and reads
+    /// the logits through the reused host buffer.
+    fn call_logits(&self, entry: &str, args: &[Value]) -> Result<Vec<f32>> {
+        let results = self.session.function(entry)?.call_device(args)?;
+        let no_tensor = || {
+            Status::new(
+                StatusCode::Internal,
+                format!("{entry} returned no logits tensor"),
+            )
+        };
+        let r = match results.into_iter().next() {
+            Some(Value::Ref(r)) => r,
+            _ => return Err(no_tensor()),
+        };
+        let t = DeviceTensor::from_ref(r).map_err(|_| no_tensor())?;
+        let count: u64 = t.shape().iter().product();
+        if count != self.vocab as u64 {
+            return Err(Status::new(
+                StatusCode::Internal,
+                format!("{entry} returned {count} logits, not {}", self.vocab),
+            ));
+        }
+        // A poisoned lock only means a reader panicked mid-copy: the buffer
+        // is overwritten whole before use.
+        let mut buf = self.logits_buf.lock().unwrap_or_else(|e| e.into_inner());
+        buf.resize(self.vocab, 0.0);
+        t.read_into(&mut buf[..])?;
+        Ok(buf.clone())
     }
 
     /// Runs the prompt from position 0 and returns the logits after its
@@ -402,10 +423,7 @@ impl Llm {
         }
         let v: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
         let t = Tensor::from_i32(&[v.len() as u64], &v)?;
-        Self::logits(
-            self.session
-                .call("prefill", &[Value::from(t), Value::I32(0)])?,
-        )
+        self.call_logits("prefill", &[Value::from(t), Value::I32(0)])
     }
 
     /// Appends token `id` at position `pos` (the cache holds positions
@@ -420,10 +438,7 @@ impl Llm {
                 ),
             ));
         }
-        Self::logits(
-            self.session
-                .call("decode", &[Value::I32(id as i32), Value::I32(pos as i32)])?,
-        )
+        self.call_logits("decode", &[Value::I32(id as i32), Value::I32(pos as i32)])
     }
 
     /// Generates after `prompt` (token ids). `on_token(id, text)` is called
