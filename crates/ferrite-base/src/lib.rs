@@ -6,6 +6,7 @@
 
 pub mod object;
 pub mod printf_float;
+pub mod spin;
 pub mod status;
 pub mod time;
 pub mod trace;

@@ -362,7 +362,7 @@ fn class_slot(bytes: u64) -> Option<usize> {
 }
 
 struct PoolShared {
-    free: crate::spin::SpinLock<PoolFree>,
+    free: ferrite_base::spin::SpinLock<PoolFree>,
     max_cached_bytes: u64,
     /// The device whose track pool trace events go on (see `pool_events`).
     device: Option<&'static str>,
@@ -488,7 +488,7 @@ impl CachingAllocator {
     fn with_track(max_cached_bytes: u64, device: Option<&'static str>) -> CachingAllocator {
         CachingAllocator {
             shared: Arc::new(PoolShared {
-                free: crate::spin::SpinLock::new(PoolFree::default()),
+                free: ferrite_base::spin::SpinLock::new(PoolFree::default()),
                 max_cached_bytes,
                 device,
             }),

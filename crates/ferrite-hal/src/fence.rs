@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::spin::SpinLock;
+use ferrite_base::spin::SpinLock;
 use ferrite_base::wait::{wait_sources, Helper, Helpers, Notifier, WaitMode, WaitSource};
 use ferrite_base::RefObject;
 use ferrite_base::{Result, Status, StatusCode, Timeout};

@@ -47,7 +47,6 @@ mod inflight;
 pub mod memory;
 pub mod numerics;
 pub mod semaphore;
-mod spin;
 pub mod wait_async;
 
 pub use allocator::{

@@ -305,7 +305,9 @@ impl Module for BytecodeModule {
         let words = (ms.global_bytes_capacity as usize).div_ceil(4);
         Ok(Arc::new(BytecodeState {
             globals: try_filled(words, "global words", || AtomicU32::new(0))?,
-            ref_globals: try_filled(ms.global_ref_count as usize, "ref globals", RefGlobal::new)?,
+            ref_globals: try_filled(ms.global_ref_count as usize, "ref globals", || {
+                RefGlobal::new(None)
+            })?,
             imports: try_filled(self.imports.len(), "import slots", OnceLock::new)?,
             module: self,
         }))

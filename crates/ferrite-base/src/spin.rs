@@ -1,6 +1,6 @@
-//! A one-word spin lock for the short critical sections on the queue path
-//! (a fence's timepoints, the queue pool's free lists): each holds it for a
-//! few dozen instructions and never blocks under it. A parking mutex's
+//! A one-word spin lock for short critical sections on the call path (a
+//! fence's timepoints, the queue pool's free lists, the VM's ref globals):
+//! each holds it for a few dozen instructions and never blocks under it. A parking mutex's
 //! release is an atomic read-modify-write (it checks for parked waiters);
 //! this lock's is a plain store, one atomic update fewer per use. Waiters
 //! spin briefly, then yield their thread until the holder lets go.
@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 /// A value behind a one-word spin lock (see the module docs).
 #[derive(Default)]
-pub(crate) struct SpinLock<T> {
+pub struct SpinLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
 }
@@ -24,7 +24,7 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 
 impl<T> SpinLock<T> {
     /// An unlocked `value`.
-    pub(crate) const fn new(value: T) -> SpinLock<T> {
+    pub const fn new(value: T) -> SpinLock<T> {
         SpinLock {
             locked: AtomicBool::new(false),
             value: UnsafeCell::new(value),
@@ -33,7 +33,7 @@ impl<T> SpinLock<T> {
 
     /// Takes the lock: exclusive access to the value until the guard drops.
     #[inline]
-    pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
+    pub fn lock(&self) -> SpinGuard<'_, T> {
         if self.locked.swap(true, Acquire) {
             self.lock_contended();
         }
@@ -60,13 +60,13 @@ impl<T> SpinLock<T> {
     }
 
     /// The value, through exclusive access to the lock itself.
-    pub(crate) fn get_mut(&mut self) -> &mut T {
+    pub fn get_mut(&mut self) -> &mut T {
         self.value.get_mut()
     }
 }
 
 /// Exclusive access to a [`SpinLock`]'s value.
-pub(crate) struct SpinGuard<'a, T>(&'a SpinLock<T>);
+pub struct SpinGuard<'a, T>(&'a SpinLock<T>);
 
 impl<T> std::ops::Deref for SpinGuard<'_, T> {
     type Target = T;
