@@ -39,10 +39,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use ferrite::{DeviceTensor, Instance, OwnedFunction, Session, Tensor, Value};
+use ferrite::{Instance, OwnedFunction, Session, Tensor, Value};
 use ferrite_tokenizer::Tokenizer;
 
-use crate::model::{check_model, finish_load, TextSide, SMOLLM2_135M};
+use crate::model::{check_model, finish_load, read_logits, TextSide, SMOLLM2_135M};
 use crate::{chat, gguf};
 use ferrite::{Result, Status, StatusCode};
 
@@ -497,37 +497,12 @@ impl BatchLlm {
         Ok(answer)
     }
 
-    /// Reads the logits tensor `entry` returned (left on the device by
-    /// `call_device`) into the reused host buffer and splits it into `n`
-    /// rows of the vocabulary.
+    /// The logits `entry` returned, as `n` rows of the vocabulary (read
+    /// through the reused host buffer).
     fn logits_rows(&self, entry: &str, results: Vec<Value>, n: usize) -> Result<Vec<Vec<f32>>> {
-        let no_tensor = || {
-            Status::new(
-                StatusCode::Internal,
-                format!("{entry} returned no logits tensor"),
-            )
-        };
-        let r = match results.into_iter().next() {
-            Some(Value::Ref(r)) => r,
-            _ => return Err(no_tensor()),
-        };
-        let t = DeviceTensor::from_ref(r).map_err(|_| no_tensor())?;
-        let count: u64 = t.shape().iter().product();
-        if count != (n * self.vocab) as u64 {
-            return Err(Status::new(
-                StatusCode::Internal,
-                format!(
-                    "{entry} returned {count} logits for {n} rows of {}",
-                    self.vocab
-                ),
-            ));
-        }
-        // A poisoned lock only means a reader panicked mid-copy: the buffer
-        // is overwritten whole before use.
-        let mut buf = self.logits.lock().unwrap_or_else(|e| e.into_inner());
-        buf.resize(n * self.vocab, 0.0);
-        t.read_into(&mut buf[..])?;
-        Ok(buf.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect())
+        read_logits(entry, results, n, self.vocab, &self.logits, |l| {
+            l.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect()
+        })
     }
 }
 

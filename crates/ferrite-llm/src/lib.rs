@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferrite::{DeviceTensor, Instance, Session, Tensor, Value};
+use ferrite::{Instance, Session, Tensor, Value};
 pub use ferrite::{Result, Status, StatusCode};
 use ferrite_tokenizer::{DecodeStream, Tokenizer};
 
@@ -370,30 +370,14 @@ impl Llm {
     /// the logits through the reused host buffer.
     fn call_logits(&self, entry: &str, args: &[Value]) -> Result<Vec<f32>> {
         let results = self.session.function(entry)?.call_device(args)?;
-        let no_tensor = || {
-            Status::new(
-                StatusCode::Internal,
-                format!("{entry} returned no logits tensor"),
-            )
-        };
-        let r = match results.into_iter().next() {
-            Some(Value::Ref(r)) => r,
-            _ => return Err(no_tensor()),
-        };
-        let t = DeviceTensor::from_ref(r).map_err(|_| no_tensor())?;
-        let count: u64 = t.shape().iter().product();
-        if count != self.vocab as u64 {
-            return Err(Status::new(
-                StatusCode::Internal,
-                format!("{entry} returned {count} logits, not {}", self.vocab),
-            ));
-        }
-        // A poisoned lock only means a reader panicked mid-copy: the buffer
-        // is overwritten whole before use.
-        let mut buf = self.logits_buf.lock().unwrap_or_else(|e| e.into_inner());
-        buf.resize(self.vocab, 0.0);
-        t.read_into(&mut buf[..])?;
-        Ok(buf.clone())
+        model::read_logits(
+            entry,
+            results,
+            1,
+            self.vocab,
+            &self.logits_buf,
+            <[f32]>::to_vec,
+        )
     }
 
     /// Runs the prompt from position 0 and returns the logits after its
