@@ -408,21 +408,16 @@ class Fn:
         self.emit(f"{o} = tensor.expand_shape {r} [[0, 1]] output_shape [1, {n}] : tensor<{n}xf32> into tensor<1x{n}xf32>")
         return o
 
-    def matmul_q4_1_gpu_rows(self, x, name, n, k):
-        """The cuda batch program's matmul: x [T, k] (T rows of their own
-        sequences) times the Q4_1 matrix `name` [n, k] transposed, [T, n].
-        matmul_q4_1_fused's generic (t, n, block, j < 16) with the config of
-        warp_rows_cfg_t: matmul_q4_1_gpu's one-row kernel for every row.
-        The pinned compiler's own kernels for the fused generic and for
-        decode_batch_wide's f32 matmul were 5-36 us a launch at 16 rows on
-        an H100 against 6-8 us for the one-row kernel."""
+    def q4_1_operands(self, x, name, n, k):
+        """The operands of the fused Q4_1 generics over (t, n, block, j <
+        16): x [T, k] as its two halves of each block ([T, blocks, 16] for
+        values j and 16 + j), the matrix's packed bytes [n, blocks, 16] and
+        its four scale/min bytes [n, blocks] each. Returns (blocks, halves,
+        bytes, their type, [(byte, type)] * 4)."""
         b = k // 32
         wty = _global_type("Q4_1", (n, k))
         w = self.fresh("w")
         self.emit(f"{w} = util.global.load @{_sym(name)} : {wty}")
-        normed = x if isinstance(x, Normed) else None
-        if normed is not None:
-            x = normed.x
         xe = self.fresh("x")
         xety = self.ty(["T", b, 2, 16])
         self.emit(f"{xe} = tensor.expand_shape {x} [[0], [1, 2, 3]] output_shape [{self.tsize()}, {b}, 2, 16] : {self.ty(['T', k])} into {xety}")
@@ -435,6 +430,20 @@ class Fn:
             halves.append(v)
         qs, qty = self.slice_bytes(w, wty, n, b, 20, 4, 16)
         parts = [self.slice_bytes(w, wty, n, b, 20, o, 1) for o in range(4)]
+        return b, halves, qs, qty, parts
+
+    def matmul_q4_1_gpu_rows(self, x, name, n, k):
+        """The cuda batch program's matmul: x [T, k] (T rows of their own
+        sequences) times the Q4_1 matrix `name` [n, k] transposed, [T, n].
+        matmul_q4_1_fused's generic (t, n, block, j < 16) with the config of
+        warp_rows_cfg_t: matmul_q4_1_gpu's one-row kernel for every row.
+        The pinned compiler's own kernels for the fused generic and for
+        decode_batch_wide's f32 matmul were 5-36 us a launch at 16 rows on
+        an H100 against 6-8 us for the one-row kernel."""
+        normed = x if isinstance(x, Normed) else None
+        if normed is not None:
+            x = normed.x
+        b, halves, qs, qty, parts = self.q4_1_operands(x, name, n, k)
         ins = [(hv, self.ty(["T", b, 16]), ["t", "b", "j"], "f32") for hv in halves]
         ins += [(qs, qty, ["n", "b", "j"], "i8")]
         ins += [(p, pty, ["n", "b"], "i8") for (p, pty) in parts]
@@ -574,22 +583,7 @@ class Fn:
         j) selecting the nibble by `linalg.index`, compiled to one scalar add
         chain per block: 1.4 ms for a 1536x576 matrix against 0.14 ms now
         (2 cores, x86-64-v3)."""
-        b = k // 32
-        wty = _global_type("Q4_1", (n, k))
-        w = self.fresh("w")
-        self.emit(f"{w} = util.global.load @{_sym(name)} : {wty}")
-        xe = self.fresh("x")
-        xety = self.ty(["T", b, 2, 16])
-        self.emit(f"{xe} = tensor.expand_shape {x} [[0], [1, 2, 3]] output_shape [{self.tsize()}, {b}, 2, 16] : {self.ty(['T', k])} into {xety}")
-        halves = []
-        for h in range(2):
-            v = self.fresh("x")
-            self.emit(
-                f"{v} = tensor.extract_slice {xe}[0, 0, {h}, 0] [{self.tsize()}, {b}, 1, 16] [1, 1, 1, 1] : {xety} to {self.ty(['T', b, 16])}"
-            )
-            halves.append(v)
-        qs, qty = self.slice_bytes(w, wty, n, b, 20, 4, 16)
-        parts = [self.slice_bytes(w, wty, n, b, 20, o, 1) for o in range(4)]
+        b, halves, qs, qty, parts = self.q4_1_operands(x, name, n, k)
         out = self.empty(["T", n], fill="0.0")
         dims = ["t", "n", "b", "j"]
         ins = [(hv, self.ty(["T", b, 16]), ["t", "b", "j"], "f32") for hv in halves]
