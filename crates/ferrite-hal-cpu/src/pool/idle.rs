@@ -34,13 +34,13 @@ impl PoolState {
 
     /// Makes `region` visible to idle workers.
     pub(super) fn publish(&self, region: &Arc<Region>) {
-        self.regions.lock().push(region.clone());
+        self.regions.write().push(region.clone());
         self.region_count.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Takes `region` off the list idle workers look at.
     pub(super) fn unpublish(&self, region: &Arc<Region>) {
-        let mut regions = self.regions.lock();
+        let mut regions = self.regions.write();
         regions.retain(|r| !Arc::ptr_eq(r, region));
         self.region_count.fetch_sub(1, Ordering::SeqCst);
     }
@@ -48,7 +48,7 @@ impl PoolState {
     /// A published region a worker could join now.
     pub(super) fn has_joinable(&self) -> bool {
         self.region_count.load(Ordering::SeqCst) > 0
-            && self.regions.lock().iter().any(|r| r.joinable())
+            && self.regions.read().iter().any(|r| r.joinable())
     }
 
     /// Joins a region with work and room, if any, and works in it.
@@ -56,13 +56,25 @@ impl PoolState {
         if self.region_count.load(Ordering::Acquire) == 0 {
             return false;
         }
-        let region = {
-            let regions = self.regions.lock();
-            let Some(r) = regions.iter().find(|r| r.joinable()) else {
-                return false;
-            };
-            r.enter();
-            r.clone()
+        // Under the shared lock: the workers a stage wakes join at once,
+        // and one of them losing its CPU inside holds up no other (an
+        // exclusive lock did: on a loaded machine its waiters spun, then
+        // yielded their CPUs to the busy processes). Entering is a
+        // compare-and-swap against the region's room; unpublishing takes
+        // the lock exclusively, so nobody enters after it.
+        let find = |regions: &[Arc<Region>]| {
+            regions
+                .iter()
+                .find(|r| r.joinable() && r.try_enter())
+                .cloned()
+        };
+        let region = if self.join_exclusive.load(Ordering::Relaxed) {
+            find(&self.regions.write())
+        } else {
+            find(&self.regions.read())
+        };
+        let Some(region) = region else {
+            return false;
         };
         self.stats.joins.fetch_add(1, Ordering::Relaxed);
         region.work_in(index);

@@ -130,7 +130,7 @@ impl WorkerPool {
             jobs: Mutex::new(VecDeque::new()),
             queued: AtomicUsize::new(0),
             pollers: AtomicUsize::new(0),
-            regions: Mutex::new(Vec::new()),
+            regions: parking_lot::RwLock::new(Vec::new()),
             region_count: AtomicUsize::new(0),
             epoch: AtomicU32::new(0),
             sleepers: AtomicU32::new(0),
@@ -159,6 +159,15 @@ impl WorkerPool {
                 .map(Duration::from_micros),
             switch_check: std::env::var(SWITCH_CHECK_VAR).map_or(true, |v| v.trim() != "0"),
             leader_aside: AtomicBool::new(std::env::var(ASIDE_VAR).is_ok_and(|v| v.trim() == "1")),
+            join_exclusive: AtomicBool::new(flag(JOIN_EXCLUSIVE_VAR)),
+            stage_sleep_ns: AtomicU64::new(
+                std::env::var(STAGE_SLEEP_VAR)
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map_or(0, |us| us.saturating_mul(1000)),
+            ),
+            wake_all: AtomicBool::new(flag(WAKE_ALL_VAR)),
+            shared_claim: AtomicBool::new(flag(SHARED_CLAIM_VAR)),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -318,6 +327,34 @@ const SLICE_VAR: &str = "FERRITE_LOCAL_TASK_SLICE_US";
 /// preempted spin marks the pool contended (the behaviour before; a
 /// measuring aid to compare both on one binary).
 const SWITCH_CHECK_VAR: &str = "FERRITE_LOCAL_TASK_SWITCH_CHECK";
+
+/// `1`: joins of pools made afterwards take the region list's lock
+/// exclusively (the behaviour before joins shared it; a measuring aid for
+/// issue 25).
+const JOIN_EXCLUSIVE_VAR: &str = "FERRITE_LOCAL_TASK_JOIN_EXCLUSIVE";
+
+/// A whole number of microseconds: a region's participant with nothing
+/// left to claim sleeps on the region's stage word until the next stage,
+/// for at most that long, instead of spinning (the leader sleeps at once
+/// too; a measuring aid for issue 25: a thread that spins uses up its
+/// fair share of a busy CPU; unset or 0: spin).
+const STAGE_SLEEP_VAR: &str = "FERRITE_LOCAL_TASK_STAGE_SLEEP_US";
+
+/// `1`: each stage of pools made afterwards wakes as many sleeping workers
+/// as it has tiles (up to the region's room), not counting those inside
+/// already (a measuring aid for issue 25; upstream wakes one worker per
+/// shard of every dispatch).
+const WAKE_ALL_VAR: &str = "FERRITE_LOCAL_TASK_WAKE_ALL";
+
+/// `1`: regions of pools made afterwards claim tiles from one shared
+/// counter, as upstream's shards do, instead of one range per thread (a
+/// measuring aid for issue 25).
+const SHARED_CLAIM_VAR: &str = "FERRITE_LOCAL_TASK_SHARED_CLAIM";
+
+/// Whether the environment variable `name` is `1`.
+fn flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v.trim() == "1")
+}
 
 /// Asks the scheduler to give the calling thread time slices of `slice`
 /// (Linux 6.12 and later, the EEVDF scheduler: `sched_setattr` with

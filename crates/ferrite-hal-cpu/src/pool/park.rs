@@ -29,6 +29,28 @@ pub(crate) fn wait(word: &AtomicU32, expected: u32) {
     }
 }
 
+/// As [`wait`], for at most `timeout` (returns at its end whether or not
+/// the word changed; callers re-check).
+#[cfg(target_os = "linux")]
+pub(crate) fn wait_for(word: &AtomicU32, expected: u32, timeout: std::time::Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word` (an AtomicU32
+    // has u32's layout and lives for the call) and the relative timeout
+    // `ts`, alive for the call. The kernel writes nothing.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
 /// Wakes up to `count` threads sleeping in [`wait`] on `word`.
 #[cfg(target_os = "linux")]
 pub(crate) fn wake(word: &AtomicU32, count: u32) {
@@ -49,6 +71,14 @@ pub(crate) fn wake(word: &AtomicU32, count: u32) {
 pub(crate) fn wait(word: &AtomicU32, expected: u32) {
     if word.load(std::sync::atomic::Ordering::SeqCst) == expected {
         std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+}
+
+/// Without futexes: as [`wait`], the poll no longer than `timeout`.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn wait_for(word: &AtomicU32, expected: u32, timeout: std::time::Duration) {
+    if word.load(std::sync::atomic::Ordering::SeqCst) == expected {
+        std::thread::sleep(timeout.min(std::time::Duration::from_micros(50)));
     }
 }
 
@@ -78,6 +108,15 @@ mod tests {
         word.store(1, Ordering::SeqCst);
         wake(&word, 1);
         sleeper.join().unwrap();
+    }
+
+    #[test]
+    fn a_timed_wait_ends_at_its_timeout() {
+        let word = AtomicU32::new(0);
+        let start = std::time::Instant::now();
+        wait_for(&word, 0, Duration::from_millis(5));
+        assert!(start.elapsed() >= Duration::from_millis(4));
+        assert!(start.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

@@ -292,6 +292,18 @@ pub(crate) struct Region {
     max_helpers: usize,
     /// Bumped when the leader is woken; it sleeps on it.
     leader_epoch: AtomicU32,
+    /// With stage sleeps (`stage_sleep`): bumped at every stage change
+    /// and at the end, after the stage word; participants out of tiles
+    /// sleep on it.
+    stage_epoch: AtomicU32,
+    /// Workers asleep (or about to sleep) on `stage_epoch`.
+    stage_sleepers: AtomicU32,
+    /// `FERRITE_LOCAL_TASK_STAGE_SLEEP_US`: participants out of tiles
+    /// sleep on `stage_epoch` for at most this long instead of spinning
+    /// (None: they spin, see [`Spin`]).
+    stage_sleep: Option<Duration>,
+    /// `FERRITE_LOCAL_TASK_WAKE_ALL=1`: see [`Region::call_helpers`].
+    wake_all: bool,
     /// What the leader sleeps until: [`LEADER_AWAKE`] (it does not sleep),
     /// [`LEADER_FOR_STAGE`] or [`LEADER_FOR_WORKERS`].
     leader_sleeping: AtomicU32,
@@ -418,10 +430,15 @@ impl Region {
             && self.unclaimed(stage) > 0
     }
 
-    /// A worker joins (the caller checked [`Region::joinable`] under the
-    /// pool's region lock).
-    pub(crate) fn enter(&self) {
-        self.participants.fetch_add(1, Ordering::Relaxed);
+    /// A worker joins if the region has room (true): the caller holds the
+    /// pool's region lock (shared), so the region is still published, and
+    /// workers joining at once take the room one compare-and-swap each.
+    pub(crate) fn try_enter(&self) -> bool {
+        self.participants
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                (p < self.max_helpers).then_some(p + 1)
+            })
+            .is_ok()
     }
 
     fn record(&self, e: Status) {
@@ -629,6 +646,7 @@ impl Region {
                     word.0.store(pack(end, 0), Ordering::Release);
                 }
                 self.stage.0.store(end as u64, Ordering::SeqCst);
+                self.wake_stage_sleepers(u32::MAX);
                 self.wake_leader(true);
                 return;
             }
@@ -679,6 +697,7 @@ impl Region {
                         }
                     }
                     self.stage.0.store(next as u64, Ordering::SeqCst);
+                    self.wake_stage_sleepers(n.min(u32::MAX as u64) as u32);
                     self.wake_leader(false);
                     if from.is_some() {
                         self.call_helpers();
@@ -700,8 +719,13 @@ impl Region {
         }
         // With every worker that may join inside there is nobody to wake
         // (the usual case within a command buffer): this thread goes on
-        // to claim its own tile at once.
-        let inside = self.participants.load(Ordering::Relaxed);
+        // to claim its own tile at once. With `wake_all` those inside are
+        // not counted (one of them may have lost its CPU).
+        let inside = if self.wake_all {
+            0
+        } else {
+            self.participants.load(Ordering::Relaxed)
+        };
         if inside >= self.max_helpers {
             return;
         }
@@ -715,6 +739,34 @@ impl Region {
         if want > 0 {
             self.pool.notify(want as u32);
         }
+    }
+
+    /// With stage sleeps, wakes up to `count` participants asleep for the
+    /// next stage (after a SeqCst store of `stage`: a sleeper reads the
+    /// epoch, counts itself in `stage_sleepers`, then re-checks `stage`,
+    /// so either it sees the store or this load sees it, and the bump
+    /// makes its futex wait return).
+    fn wake_stage_sleepers(&self, count: u32) {
+        if self.stage_sleep.is_none() {
+            return;
+        }
+        self.stage_epoch.fetch_add(1, Ordering::SeqCst);
+        if count > 0 && self.stage_sleepers.load(Ordering::SeqCst) > 0 {
+            park::wake(&self.stage_epoch, count);
+        }
+    }
+
+    /// With stage sleeps, a participant out of tiles of `stage` sleeps
+    /// until the stage changes or `bound` passes; false when it passed
+    /// with the stage unchanged (the caller leaves).
+    fn sleep_for_stage(&self, stage: usize, bound: Duration) -> bool {
+        let epoch = self.stage_epoch.load(Ordering::SeqCst);
+        self.stage_sleepers.fetch_add(1, Ordering::SeqCst);
+        if self.stage.0.load(Ordering::SeqCst) as usize == stage {
+            park::wait_for(&self.stage_epoch, epoch, bound);
+        }
+        self.stage_sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.stage.0.load(Ordering::SeqCst) as usize != stage
     }
 
     /// Threads beside the workers that run tiles: the leader (1), or none
@@ -757,6 +809,12 @@ impl Region {
             }
             if self.claim_or_prepare(stage, &mut exhausted, &seat) {
                 spin = None;
+                continue;
+            }
+            if let Some(bound) = self.stage_sleep {
+                if !self.sleep_for_stage(stage, bound) {
+                    return;
+                }
                 continue;
             }
             let s = spin.get_or_insert_with(|| Spin::start(&self.pool, STAGE_SPIN));
@@ -824,9 +882,11 @@ impl Region {
                 spin = None;
                 continue;
             }
-            let s = spin.get_or_insert_with(|| Spin::start(&self.pool, STAGE_SPIN));
-            if s.poll(&self.pool) {
-                continue;
+            if self.stage_sleep.is_none() {
+                let s = spin.get_or_insert_with(|| Spin::start(&self.pool, STAGE_SPIN));
+                if s.poll(&self.pool) {
+                    continue;
+                }
             }
             // Sleep until the stage changes.
             self.leader_sleep(LEADER_FOR_STAGE, || {
@@ -898,12 +958,22 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
     let max_helpers = pool.region_helpers(aside);
     let banks = pool.banks.load(Ordering::Relaxed);
     let threads = pool.workers.max(1) + 1;
+    // With a shared claim every thread takes from one counter.
+    let n_ranges = if pool.shared_claim.load(Ordering::Relaxed) {
+        1
+    } else {
+        range_count(threads)
+    };
+    let stage_sleep = match pool.stage_sleep_ns.load(Ordering::Relaxed) {
+        0 => None,
+        ns => Some(Duration::from_nanos(ns)),
+    };
     let region = Arc::new(Region {
         stage: Padded(AtomicU64::new(0)),
-        ranges: (0..range_count(threads) * if banks { 2 } else { 1 })
+        ranges: (0..n_ranges * if banks { 2 } else { 1 })
             .map(|_| Padded(AtomicU64::new(0)))
             .collect(),
-        n_ranges: range_count(threads),
+        n_ranges,
         banks,
         banked: AtomicU64::new(0),
         done: Padded(AtomicU64::new(0)),
@@ -915,6 +985,10 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
         participants: AtomicUsize::new(0),
         max_helpers,
         leader_epoch: AtomicU32::new(0),
+        stage_epoch: AtomicU32::new(0),
+        stage_sleepers: AtomicU32::new(0),
+        stage_sleep,
+        wake_all: pool.wake_all.load(Ordering::Relaxed),
         leader_sleeping: AtomicU32::new(LEADER_AWAKE),
         aside,
         failed: AtomicBool::new(false),

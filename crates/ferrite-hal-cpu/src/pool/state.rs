@@ -7,7 +7,7 @@
 use super::region::{self, Region};
 use super::stats::{Counters, CpuClock};
 use super::timing;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -58,7 +58,11 @@ pub(crate) struct PoolState {
     /// Threads polling the queue right now: lending waiters and idle
     /// workers in their polling window (not those running work).
     pub(super) pollers: AtomicUsize,
-    pub(super) regions: Mutex<Vec<Arc<Region>>>,
+    /// Published regions. Joins read it under the shared lock (many
+    /// workers woken for one stage join at once, none waiting for
+    /// another: see `idle`); publishing and unpublishing take it
+    /// exclusively, so no worker enters a region once it is unpublished.
+    pub(super) regions: RwLock<Vec<Arc<Region>>>,
     /// Published regions (read without the lock).
     pub(super) region_count: AtomicUsize,
     /// The futex word idle workers sleep on; bumped whenever work appears.
@@ -98,6 +102,21 @@ pub(crate) struct PoolState {
     /// ([`PoolState::note_if_switched_out`]; `FERRITE_LOCAL_TASK_SWITCH_CHECK=0`
     /// turns it off).
     pub(super) switch_check: bool,
+    /// `FERRITE_LOCAL_TASK_JOIN_EXCLUSIVE=1`: joins take the region list's
+    /// lock exclusively, one worker at a time (the behaviour before; a
+    /// measuring aid).
+    pub(super) join_exclusive: AtomicBool,
+    /// `FERRITE_LOCAL_TASK_STAGE_SLEEP_US`: participants with nothing left
+    /// to claim sleep in the region until the next stage (at most this
+    /// many nanoseconds; 0: they spin, see `region::Spin`).
+    pub(super) stage_sleep_ns: AtomicU64,
+    /// `FERRITE_LOCAL_TASK_WAKE_ALL=1`: a stage wakes as many sleeping
+    /// workers as it has tiles (up to the region's room), whoever is
+    /// inside already (a measuring aid).
+    pub(super) wake_all: AtomicBool,
+    /// `FERRITE_LOCAL_TASK_SHARED_CLAIM=1`: regions claim every tile from
+    /// one shared counter instead of per-thread ranges (a measuring aid).
+    pub(super) shared_claim: AtomicBool,
 }
 
 impl PoolState {

@@ -764,3 +764,103 @@ fn workers_switched_out_mid_tile_make_the_pool_contended() {
     }
     assert!(pool.stats().preempted_threads > 0, "{:?}", pool.stats());
 }
+
+/// With the measuring aids of issue 25 on (participants sleeping between
+/// stages instead of spinning, every stage waking as many workers as it
+/// has tiles, one shared claim counter), still every tile of every stage
+/// runs once, after its stage began.
+#[test]
+fn with_stage_sleeps_wake_all_and_a_shared_claim_every_tile_runs_once_in_order() {
+    for (sleep_us, wake_all, shared) in [(1000u64, false, false), (50, true, true), (0, true, true)]
+    {
+        let pool = WorkerPool::new(4).unwrap();
+        pool.shared
+            .stage_sleep_ns
+            .store(sleep_us * 1000, Ordering::SeqCst);
+        pool.shared.wake_all.store(wake_all, Ordering::SeqCst);
+        pool.shared.shared_claim.store(shared, Ordering::SeqCst);
+        let tiles = vec![3, 1, 64, 0, 3, 1000, 1, 1, 17, 2, 5, 1, 0, 4, 6, 1, 3, 2];
+        let work = Staged {
+            hits: tiles
+                .iter()
+                .map(|&n| (0..n).map(|_| AtomicUsize::new(0)).collect())
+                .collect(),
+            begun: tiles.iter().map(|_| AtomicUsize::new(0)).collect(),
+            tiles,
+        };
+        for _ in 0..50 {
+            for h in work.hits.iter().flatten() {
+                h.store(0, Ordering::SeqCst);
+            }
+            for b in &work.begun {
+                b.store(0, Ordering::SeqCst);
+            }
+            pool.run_region(&work).unwrap();
+            assert!(work
+                .hits
+                .iter()
+                .flatten()
+                .all(|h| h.load(Ordering::SeqCst) == 1));
+        }
+    }
+}
+
+/// A stage's tiles each hold their thread for a while and count how many
+/// run at once.
+struct Concurrent {
+    running: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl RegionWork for Concurrent {
+    fn stage_count(&self) -> usize {
+        4
+    }
+    fn begin_stage(&self, _: usize) -> Result<u64> {
+        Ok(64)
+    }
+    fn run_tile(&self, _: usize, _: u64, _: u32) -> Result<u64> {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_micros(300));
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(1)
+    }
+}
+
+/// Joins share the region list's lock, so the workers a stage wakes enter
+/// at once; each takes room with a compare-and-swap, and a region still
+/// never holds more threads than the pool has workers (the caller leading
+/// included).
+#[test]
+fn workers_joining_at_once_never_exceed_the_room() {
+    let pool = Arc::new(WorkerPool::new(6).unwrap());
+    let works: Vec<Arc<Concurrent>> = (0..1)
+        .map(|_| {
+            Arc::new(Concurrent {
+                running: AtomicUsize::new(0),
+                most: AtomicUsize::new(0),
+            })
+        })
+        .collect();
+    let callers: Vec<_> = works
+        .iter()
+        .map(|w| {
+            let (pool, w) = (pool.clone(), w.clone());
+            std::thread::spawn(move || {
+                for _ in 0..10 {
+                    pool.run_region(&*w).unwrap();
+                }
+            })
+        })
+        .collect();
+    for c in callers {
+        c.join().unwrap();
+    }
+    for w in &works {
+        let most = w.most.load(Ordering::SeqCst);
+        // 5 workers may join beside the caller.
+        assert!(most <= 6, "{most} tiles of one region ran at once");
+        assert!(most >= 2, "no worker ever joined ({most})");
+    }
+}
