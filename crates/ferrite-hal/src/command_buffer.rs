@@ -287,7 +287,15 @@ impl CommandBuffer {
         self.binding_capacity
     }
 
-    fn check_ref(&self, r: &BufferRef, usage: BufferUsage, what: &str) -> Result<()> {
+    /// Checks a recorded range; `what` names it in errors only (a
+    /// `format_args!` is formatted only on failure, so recording a
+    /// dispatch allocates nothing for its bindings' names).
+    fn check_ref(
+        &self,
+        r: &BufferRef,
+        usage: BufferUsage,
+        what: &dyn std::fmt::Display,
+    ) -> Result<()> {
         match r {
             BufferRef::Direct {
                 buffer,
@@ -339,21 +347,21 @@ impl CommandBuffer {
                 "fill pattern length must be 1, 2, 4 or 8 bytes, got {pattern_length}"
             );
         }
-        self.check_ref(&target, BufferUsage::TRANSFER_TARGET, "fill target")?;
+        self.check_ref(&target, BufferUsage::TRANSFER_TARGET, &"fill target")?;
         let pattern = pattern.to_le_bytes()[..pattern_length as usize].to_vec();
         self.push(Command::Fill { target, pattern })
     }
 
     /// Records a write of `data` into `target`.
     pub fn update_buffer(&self, data: Vec<u8>, target: BufferRef) -> Result<()> {
-        self.check_ref(&target, BufferUsage::TRANSFER_TARGET, "update target")?;
+        self.check_ref(&target, BufferUsage::TRANSFER_TARGET, &"update target")?;
         self.push(Command::Update { data, target })
     }
 
     /// Records a copy.
     pub fn copy_buffer(&self, source: BufferRef, target: BufferRef) -> Result<()> {
-        self.check_ref(&source, BufferUsage::TRANSFER_SOURCE, "copy source")?;
-        self.check_ref(&target, BufferUsage::TRANSFER_TARGET, "copy target")?;
+        self.check_ref(&source, BufferUsage::TRANSFER_SOURCE, &"copy source")?;
+        self.check_ref(&target, BufferUsage::TRANSFER_TARGET, &"copy target")?;
         self.push(Command::Copy { source, target })
     }
 
@@ -378,14 +386,14 @@ impl CommandBuffer {
             self.check_ref(
                 b,
                 BufferUsage::DISPATCH_STORAGE,
-                &format!("dispatch binding {i}"),
+                &format_args!("dispatch binding {i}"),
             )?;
         }
         if let Some(r) = &indirect {
             self.check_ref(
                 r,
                 BufferUsage::DISPATCH_INDIRECT_PARAMETERS,
-                "dispatch workgroup count",
+                &"dispatch workgroup count",
             )?;
         }
         self.push(Command::Dispatch {
@@ -415,7 +423,7 @@ impl CommandBuffer {
             (Some(r), true) => self.check_ref(
                 r,
                 BufferUsage::DISPATCH_STORAGE_READ,
-                &format!("{name} send"),
+                &format_args!("{name} send"),
             )?,
             (None, true) => bail!(InvalidArgument, "collective {name} needs a send buffer"),
             _ => {}
@@ -424,7 +432,7 @@ impl CommandBuffer {
             (Some(r), true) => self.check_ref(
                 r,
                 BufferUsage::DISPATCH_STORAGE_WRITE,
-                &format!("{name} recv"),
+                &format_args!("{name} recv"),
             )?,
             (None, true) => bail!(InvalidArgument, "collective {name} needs a recv buffer"),
             _ => {}
