@@ -91,10 +91,18 @@ pub fn span<T>(
     a: &mut ArgReader<'_>,
     f: impl FnMut(&mut ArgReader<'_>) -> Result<T>,
 ) -> Result<Vec<T>> {
-    let mut out = Vec::new();
-    span_into(a, &mut out, f)?;
+    let n = span_len(a)?;
+    // Sized once rather than grown push by push (a dispatch's constants and
+    // bindings were two or three reallocations each); the count comes from
+    // the program, so the up-front reservation is bounded and a longer span
+    // grows as before.
+    let mut out = Vec::with_capacity(n.min(SPAN_RESERVE_MAX));
+    read_span(a, n, &mut out, f)?;
     Ok(out)
 }
+
+/// The most elements [`span`] reserves before reading them.
+const SPAN_RESERVE_MAX: usize = 64;
 
 /// A container a variadic span is read into, one element at a time.
 pub trait SpanSink<T> {
