@@ -10,7 +10,6 @@ use ferrite_hal::buffer::Buffer;
 use ferrite_hal::channel::ChannelRef;
 use ferrite_hal::command_buffer::Command;
 use ferrite_hal::device::Work;
-use ferrite_hal::executable::Executable;
 use ferrite_hal::fence::Fence;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -45,7 +44,6 @@ pub(crate) type Outcome = Arc<Mutex<Option<Status>>>;
 #[derive(Default)]
 pub(crate) struct InFlightResources {
     pub(crate) buffers: Vec<Buffer>,
-    pub(crate) executables: Vec<Arc<dyn Executable>>,
     pub(crate) bytes: Vec<Vec<u8>>,
     /// Channels of enqueued collectives (their communicators must outlive
     /// the NCCL kernels).

@@ -425,8 +425,22 @@ impl CudaDevice {
 
     /// Enqueues recorded commands on the queue stream ([`crate::stream_encoder`]);
     /// from the first indirect dispatch on, a continuation runs them
-    /// ([`crate::indirect`]).
+    /// ([`crate::indirect`]). `keep` holds the commands (their direct
+    /// buffers and executables) and the table's buffers until the stream
+    /// has passed them.
     pub(crate) fn enqueue_commands(
+        &self,
+        commands: &Arc<[Command]>,
+        table: &[Binding],
+        keep: &mut InFlightResources,
+    ) -> Result<()> {
+        keep.commands.push(commands.clone());
+        self.enqueue_held_commands(commands, table, keep)
+    }
+
+    /// [`Self::enqueue_commands`] for commands the caller keeps alive until
+    /// the operation is reported (`keep` holds only the table's buffers).
+    pub(crate) fn enqueue_held_commands(
         &self,
         commands: &[Command],
         table: &[Binding],

@@ -427,7 +427,8 @@ impl Device for CudaDevice {
                 InFlightResources::default(),
                 None,
                 entries,
-                |d, keep| d.enqueue_commands(commands, bindings, keep),
+                // `commands` stay borrowed until `done` is reached below.
+                |d, keep| d.enqueue_held_commands(commands, bindings, keep),
             );
         }
         drop(q);
