@@ -145,6 +145,10 @@ impl WorkerPool {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .map(Duration::from_micros),
+            contended_spin: std::env::var(CONTENDED_SPIN_VAR)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .map_or(region::CONTENDED_SPIN, Duration::from_micros),
             contended_helpers: std::env::var(CONTENDED_HELPERS_VAR)
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
@@ -294,6 +298,11 @@ impl WorkerPool {
 /// machine is contended (a tuning and measuring aid; unset: adaptive, see
 /// `region::Spin`).
 const SPIN_VAR: &str = "FERRITE_LOCAL_TASK_SPIN_US";
+
+/// A whole number of microseconds: the bound of every spin of a pool made
+/// afterwards while the pool is contended (a measuring aid for issue 25;
+/// unset: [`region::CONTENDED_SPIN`]).
+const CONTENDED_SPIN_VAR: &str = "FERRITE_LOCAL_TASK_CONTENDED_SPIN_US";
 
 /// A whole number: while the pool is contended (a spinner was descheduled
 /// within the last [`region::CONTENDED_FOR`]), at most this many workers

@@ -83,6 +83,9 @@ pub(crate) struct PoolState {
     /// `FERRITE_LOCAL_TASK_SPIN_US`: a fixed bound for every spin of this
     /// pool (stage waits and idle polls), contention ignored.
     pub(super) fixed_spin: Option<Duration>,
+    /// The spin bound while contended: [`region::CONTENDED_SPIN`], or
+    /// `FERRITE_LOCAL_TASK_CONTENDED_SPIN_US`.
+    pub(super) contended_spin: Duration,
     /// `FERRITE_LOCAL_TASK_CONTENDED_HELPERS`: how many workers may join a
     /// region started while the pool is contended (unset: all of them).
     pub(super) contended_helpers: Option<usize>,
@@ -121,14 +124,14 @@ pub(crate) struct PoolState {
 
 impl PoolState {
     /// The bound of a spin that would last `bound` on an idle machine: at
-    /// most [`region::CONTENDED_SPIN`] while the pool is contended (see
+    /// most `contended_spin` ([`region::CONTENDED_SPIN`] unless set) while the pool is contended (see
     /// `region::Spin`), or the fixed bound of `FERRITE_LOCAL_TASK_SPIN_US`.
     pub(crate) fn spin_bound(&self, bound: Duration) -> Duration {
         if let Some(fixed) = self.fixed_spin {
             return fixed;
         }
         if self.is_contended() {
-            bound.min(region::CONTENDED_SPIN)
+            bound.min(self.contended_spin)
         } else {
             bound
         }
