@@ -43,6 +43,40 @@ pub(crate) fn device_ptr(
     }
 }
 
+/// The device address of the last allocation [`Bases::ptr`] resolved: a
+/// dispatch's bindings and consecutive dispatches reach the same
+/// allocations again and again (activations), each of which costs two
+/// virtual calls and a check to resolve in full ([`device_ptr`]).
+#[derive(Default)]
+struct Bases {
+    /// `Buffer::allocation_id` of the allocation, 0 when none.
+    id: u64,
+    /// Its device address (the memory's, before any buffer offset).
+    base: CUdeviceptr,
+}
+
+impl Bases {
+    /// [`resolve`], through the cache. The cached allocation is alive:
+    /// the caller keeps the commands and table that reach it while it
+    /// replays them, so its id names no other allocation meanwhile.
+    fn resolve<'a>(
+        &mut self,
+        shared: &Arc<CudaContext>,
+        r: &'a BufferRef,
+        table: &'a [Binding],
+    ) -> Result<(CUdeviceptr, u64)> {
+        let (b, off, len) = r.resolve(table)?;
+        let id = b.allocation_id();
+        if id != self.id {
+            // The memory's own address: `device_ptr` of offset 0 of the
+            // buffer, less the buffer's offset into its allocation.
+            self.base = device_ptr(shared, b, 0)? - b.byte_offset();
+            self.id = id;
+        }
+        Ok((self.base + b.byte_offset() + off, len))
+    }
+}
+
 /// A binding reference under `table`: its buffer, device address and
 /// length (range checked).
 pub(crate) fn resolve<'a>(
@@ -130,6 +164,7 @@ pub(crate) fn replay(
     let mut params: Vec<*mut c_void> = Vec::new();
     let mut words: Vec<u64> = Vec::new();
     let mut consts: Vec<u32> = Vec::new();
+    let mut bases = Bases::default();
     // Consecutive collectives form one NCCL group (see `channel`).
     let mut batch: Vec<Resolved<'_>> = Vec::new();
     // Whether a kernel was timed (FERRITE_CUDA_KERNEL_TIMES).
@@ -216,7 +251,7 @@ pub(crate) fn replay(
                 words.clear();
                 let mut bytes = 0u64;
                 for r in bindings.iter().take(kernel.binding_count as usize) {
-                    let (_, p, len) = resolve(shared, r, table)?;
+                    let (p, len) = bases.resolve(shared, r, table)?;
                     words.push(p);
                     bytes += len;
                 }

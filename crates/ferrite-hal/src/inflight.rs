@@ -29,6 +29,9 @@ struct Distinct<'a> {
     /// Allocation id to position in `list`, built once `list` outgrows a
     /// linear scan.
     index: HashMap<u64, usize, BuildHasherDefault<IdHasher>>,
+    /// The position of the allocation added last: consecutive references
+    /// often reach the same one (a dispatch's activations).
+    last: usize,
 }
 
 /// Past this many allocations a lookup goes through the map.
@@ -37,10 +40,17 @@ const LINEAR_MAX: usize = 16;
 impl<'a> Distinct<'a> {
     fn add(&mut self, buffer: &'a Buffer, write: bool) {
         let id = buffer.allocation_id();
+        if let Some((b, w)) = self.list.get_mut(self.last) {
+            if b.allocation_id() == id {
+                *w |= write;
+                return;
+            }
+        }
         let at = if self.list.len() <= LINEAR_MAX {
             self.list.iter().position(|(b, _)| b.allocation_id() == id)
         } else {
             if self.index.is_empty() {
+                self.index.reserve(4 * LINEAR_MAX);
                 for (i, (b, _)) in self.list.iter().enumerate() {
                     self.index.insert(b.allocation_id(), i);
                 }
@@ -48,10 +58,14 @@ impl<'a> Distinct<'a> {
             self.index.get(&id).copied()
         };
         match at {
-            Some(i) => self.list[i].1 |= write,
+            Some(i) => {
+                self.list[i].1 |= write;
+                self.last = i;
+            }
             None => {
+                self.last = self.list.len();
                 if !self.index.is_empty() {
-                    self.index.insert(id, self.list.len());
+                    self.index.insert(id, self.last);
                 }
                 self.list.push((buffer, write));
             }
@@ -60,7 +74,9 @@ impl<'a> Distinct<'a> {
 }
 
 /// Hashes an allocation's address: distinct live allocations have distinct
-/// addresses, so a multiplicative mix of the address is a good enough hash.
+/// addresses, so a multiplicative mix of the address is a good enough hash
+/// (its high half folded into the low bits, which pick the bucket: an
+/// aligned address's product has its low bits zero).
 #[derive(Default)]
 struct IdHasher(u64);
 
@@ -74,7 +90,8 @@ impl Hasher for IdHasher {
         }
     }
     fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let x = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = x ^ (x >> 32);
     }
 }
 
