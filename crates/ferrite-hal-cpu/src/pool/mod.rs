@@ -172,6 +172,15 @@ impl WorkerPool {
             ),
             wake_all: AtomicBool::new(flag(WAKE_ALL_VAR)),
             shared_claim: AtomicBool::new(flag(SHARED_CLAIM_VAR)),
+            long_stage_ns: AtomicU64::new(
+                std::env::var(LONG_STAGE_VAR)
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map_or(region::LONG_STAGE.as_nanos() as u64, |us| {
+                        us.saturating_mul(1000)
+                    }),
+            ),
+            long_stage_contended: AtomicBool::new(flag(LONG_STAGE_CONTENDED_VAR)),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -359,6 +368,17 @@ const WAKE_ALL_VAR: &str = "FERRITE_LOCAL_TASK_WAKE_ALL";
 /// counter, as upstream's shards do, instead of one range per thread (a
 /// measuring aid for issue 25).
 const SHARED_CLAIM_VAR: &str = "FERRITE_LOCAL_TASK_SHARED_CLAIM";
+
+/// A whole number of microseconds: a region's participant that worked at
+/// least that long in a stage sleeps until the next stage instead of
+/// spinning, in pools made afterwards (unset: [`region::LONG_STAGE`]; 0
+/// turns the rule off, every participant spins as before, to compare both
+/// on one binary).
+const LONG_STAGE_VAR: &str = "FERRITE_LOCAL_TASK_LONG_STAGE_US";
+
+/// `1`: that rule holds only while the pool is contended (a measuring aid
+/// for issue 25; unset: always).
+const LONG_STAGE_CONTENDED_VAR: &str = "FERRITE_LOCAL_TASK_LONG_STAGE_CONTENDED";
 
 /// Whether the environment variable `name` is `1`.
 fn flag(name: &str) -> bool {

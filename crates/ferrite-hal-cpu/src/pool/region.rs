@@ -38,7 +38,11 @@
 //! [`STAGE_SPIN`] (a [`Spin`]: shorter while the machine is contended, and
 //! never yielding); then a worker leaves the region (to sleep in the pool)
 //! and the leader sleeps on the region's own futex word until the next
-//! stage or the end.
+//! stage or the end. A participant that worked a long stage
+//! ([`LONG_STAGE`]) before it ran out of tiles sleeps at once instead
+//! (workers on the region's stage word): the rest of such a stage takes
+//! longer than a spin is worth, and on a busy CPU the spin costs the
+//! thread its fair share.
 
 use super::park;
 use super::state::{PoolState, PREEMPTION_CHECK_AFTER};
@@ -61,6 +65,24 @@ pub const STAGE_SPIN: Duration = Duration::from_millis(1);
 
 /// The spin bound while the pool is contended (see [`Spin`]).
 pub const CONTENDED_SPIN: Duration = Duration::from_micros(20);
+
+/// A participant that worked at least this long in a stage before it
+/// found nothing left to claim does not spin for the next one: it sleeps
+/// until the stage changes (see [`Region::waits_asleep`]). Why: it waits
+/// for the stage's last tiles, which take about as long as its own did;
+/// a thread that spins through that on a busy CPU uses up its fair share
+/// of it on nothing (issue 25: MiniLM's stages take 0.3-1.5 ms, and
+/// without spins it ran about 1.0x upstream under a full load, against
+/// 1.04-1.11x with them), while a small program's stages (microseconds,
+/// the MLP's) need the spin to bridge its barriers (without spins it was
+/// 40-50% slower). `FERRITE_LOCAL_TASK_LONG_STAGE_US` sets it (0: off).
+pub const LONG_STAGE: Duration = Duration::from_micros(100);
+
+/// Bounds of a worker's sleep for the next stage after a long stage: four
+/// times what it worked in the stage, within these (then it leaves the
+/// region, as a worker whose spin ended).
+const LONG_STAGE_SLEEP_MIN: Duration = Duration::from_millis(1);
+const LONG_STAGE_SLEEP_MAX: Duration = Duration::from_millis(20);
 
 /// A gap this long between two polls of a spin means the spinning thread
 /// was descheduled: some other runnable thread wanted its CPU.
@@ -304,6 +326,12 @@ pub(crate) struct Region {
     stage_sleep: Option<Duration>,
     /// `FERRITE_LOCAL_TASK_WAKE_ALL=1`: see [`Region::call_helpers`].
     wake_all: bool,
+    /// Participants that worked at least this long in a stage sleep until
+    /// the next one instead of spinning ([`LONG_STAGE`]; None: off).
+    long_stage: Option<Duration>,
+    /// Whether that rule holds only while the pool is contended
+    /// (`FERRITE_LOCAL_TASK_LONG_STAGE_CONTENDED=1`).
+    long_stage_contended: bool,
     /// What the leader sleeps until: [`LEADER_AWAKE`] (it does not sleep),
     /// [`LEADER_FOR_STAGE`] or [`LEADER_FOR_WORKERS`].
     leader_sleeping: AtomicU32,
@@ -367,6 +395,14 @@ enum Claim {
     Tile(usize, u64),
     /// Every tile of the stage asked for is claimed (or it is over).
     None,
+}
+
+/// When a participant began working in a stage (its first claim there;
+/// kept only while the long-stage rule is on, see [`Region::waits_asleep`]).
+#[derive(Default)]
+struct StageClock {
+    stage: Option<usize>,
+    since: Option<Instant>,
 }
 
 impl Region {
@@ -741,28 +777,33 @@ impl Region {
         }
     }
 
-    /// With stage sleeps, wakes up to `count` participants asleep for the
-    /// next stage (after a SeqCst store of `stage`: a sleeper reads the
-    /// epoch, counts itself in `stage_sleepers`, then re-checks `stage`,
-    /// so either it sees the store or this load sees it, and the bump
-    /// makes its futex wait return).
+    /// Wakes up to `count` participants asleep for the next stage (stage
+    /// sleeps, or a long stage's: see [`Region::waits_asleep`]), after a
+    /// SeqCst store of `stage`. A sleeper reads the epoch, counts itself
+    /// in `stage_sleepers`, then re-checks `stage` (all SeqCst), so either
+    /// its re-check sees the store, or this load sees it counted and the
+    /// bump that follows moves the epoch it read (its futex wait returns).
+    /// With nobody asleep the stage change costs this one load.
     fn wake_stage_sleepers(&self, count: u32) {
-        if self.stage_sleep.is_none() {
+        if count == 0 || self.stage_sleepers.load(Ordering::SeqCst) == 0 {
             return;
         }
         self.stage_epoch.fetch_add(1, Ordering::SeqCst);
-        if count > 0 && self.stage_sleepers.load(Ordering::SeqCst) > 0 {
-            park::wake(&self.stage_epoch, count);
-        }
+        park::wake(&self.stage_epoch, count);
     }
 
-    /// With stage sleeps, a participant out of tiles of `stage` sleeps
-    /// until the stage changes or `bound` passes; false when it passed
-    /// with the stage unchanged (the caller leaves).
+    /// A participant out of tiles of `stage` sleeps until the stage
+    /// changes or `bound` passes; false when it passed with the stage
+    /// unchanged (the caller leaves).
     fn sleep_for_stage(&self, stage: usize, bound: Duration) -> bool {
         let epoch = self.stage_epoch.load(Ordering::SeqCst);
         self.stage_sleepers.fetch_add(1, Ordering::SeqCst);
         if self.stage.0.load(Ordering::SeqCst) as usize == stage {
+            // About to block anyway: one system call more tells whether
+            // the thread lost its CPU meanwhile (see
+            // `PoolState::note_if_switched_out`), as a worker going to
+            // sleep in the pool does.
+            self.pool.note_if_switched_out();
             park::wait_for(&self.stage_epoch, epoch, bound);
         }
         self.stage_sleepers.fetch_sub(1, Ordering::SeqCst);
@@ -802,12 +843,13 @@ impl Region {
         // The stage this thread found nothing left to claim in: it polls
         // the stage word until that changes.
         let mut exhausted: Option<usize> = None;
+        let mut clock = StageClock::default();
         loop {
             let stage = self.current_stage();
             if stage >= self.stage_count() {
                 return;
             }
-            if self.claim_or_prepare(stage, &mut exhausted, &seat) {
+            if self.claim_or_prepare(stage, &mut exhausted, &seat, &mut clock) {
                 spin = None;
                 continue;
             }
@@ -816,6 +858,15 @@ impl Region {
                     return;
                 }
                 continue;
+            }
+            if spin.is_none() {
+                if let Some(worked) = self.waits_asleep(&clock, stage) {
+                    let bound = (worked * 4).clamp(LONG_STAGE_SLEEP_MIN, LONG_STAGE_SLEEP_MAX);
+                    if !self.sleep_for_stage(stage, bound) {
+                        return;
+                    }
+                    continue;
+                }
             }
             let s = spin.get_or_insert_with(|| Spin::start(&self.pool, STAGE_SPIN));
             if !s.poll(&self.pool) {
@@ -828,9 +879,21 @@ impl Region {
     /// nothing left to claim for this thread, records that in `exhausted`
     /// and prepares the next stage ahead (false: the caller idles until
     /// the stage changes).
-    fn claim_or_prepare(&self, stage: usize, exhausted: &mut Option<usize>, seat: &Seat) -> bool {
+    fn claim_or_prepare(
+        &self,
+        stage: usize,
+        exhausted: &mut Option<usize>,
+        seat: &Seat,
+        clock: &mut StageClock,
+    ) -> bool {
         if *exhausted == Some(stage) {
             return false;
+        }
+        if self.long_stage.is_some() && clock.stage != Some(stage) {
+            *clock = StageClock {
+                stage: Some(stage),
+                since: Some(Instant::now()),
+            };
         }
         if self.run_one(stage, seat) {
             return true;
@@ -838,6 +901,30 @@ impl Region {
         *exhausted = Some(stage);
         self.prepare_ahead(stage);
         false
+    }
+
+    /// Whether a participant that found nothing left to claim in `stage`
+    /// sleeps until the next stage instead of spinning: when it worked in
+    /// the stage for at least [`LONG_STAGE`] (`clock`, from its first
+    /// claim in the stage; the last tiles it waits for, begun about when
+    /// its own last one was, take about as long) and, with
+    /// `FERRITE_LOCAL_TASK_LONG_STAGE_CONTENDED=1`, the pool is
+    /// contended. Some(how long it worked) when so, counted in
+    /// [`super::PoolStats::long_stage_waits`].
+    fn waits_asleep(&self, clock: &StageClock, stage: usize) -> Option<Duration> {
+        let threshold = self.long_stage?;
+        if clock.stage != Some(stage) {
+            return None;
+        }
+        let worked = clock.since?.elapsed();
+        if worked < threshold || (self.long_stage_contended && !self.pool.is_contended()) {
+            return None;
+        }
+        self.pool
+            .stats
+            .long_stage_waits
+            .fetch_add(1, Ordering::Relaxed);
+        Some(worked)
     }
 
     /// A joined worker leaves. Release: the leader's unwinding guard
@@ -866,6 +953,7 @@ impl Region {
     fn lead(&self, seat: &Seat) {
         let mut spin: Option<Spin> = None;
         let mut exhausted: Option<usize> = None;
+        let mut clock = StageClock::default();
         loop {
             let stage = self.current_stage();
             if stage >= self.stage_count() {
@@ -878,11 +966,15 @@ impl Region {
                 spin = None;
                 continue;
             }
-            if self.claim_or_prepare(stage, &mut exhausted, seat) {
+            if self.claim_or_prepare(stage, &mut exhausted, seat, &mut clock) {
                 spin = None;
                 continue;
             }
-            if self.stage_sleep.is_none() {
+            // After a long stage the leader sleeps at once (see
+            // `waits_asleep`), as with stage sleeps.
+            let asleep = self.stage_sleep.is_some()
+                || (spin.is_none() && self.waits_asleep(&clock, stage).is_some());
+            if !asleep {
                 let s = spin.get_or_insert_with(|| Spin::start(&self.pool, STAGE_SPIN));
                 if s.poll(&self.pool) {
                     continue;
@@ -989,6 +1081,11 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
         stage_sleepers: AtomicU32::new(0),
         stage_sleep,
         wake_all: pool.wake_all.load(Ordering::Relaxed),
+        long_stage: match pool.long_stage_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns)),
+        },
+        long_stage_contended: pool.long_stage_contended.load(Ordering::Relaxed),
         leader_sleeping: AtomicU32::new(LEADER_AWAKE),
         aside,
         failed: AtomicBool::new(false),

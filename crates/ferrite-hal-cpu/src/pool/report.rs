@@ -24,6 +24,7 @@ impl PoolState {
             idle_spin: Duration::from_nanos(c.idle_spin_ns.load(Ordering::Relaxed)),
             preempted_spins: c.preempted_spins.load(Ordering::Relaxed),
             preempted_threads: c.preempted_threads.load(Ordering::Relaxed),
+            long_stage_waits: c.long_stage_waits.load(Ordering::Relaxed),
             worker_cpu_time: self.cpu_clocks.lock().iter().map(cpu_time_of).sum(),
             inline_submissions: c.inline_submissions.load(Ordering::Relaxed),
         }
@@ -34,7 +35,7 @@ impl PoolState {
         let s = self.stats();
         let total = (s.workgroups_on_workers + s.workgroups_on_callers).max(1) as f64;
         eprintln!(
-            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} submissions run inline; {} joins; {} leader sleeps; {} worker sleeps; {} spins cut short by preemption; {} threads found preempted; {:.3} ms idle polling; {:.3} ms worker CPU",
+            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} submissions run inline; {} joins; {} leader sleeps; {} worker sleeps; {} sleeps after a long stage; {} spins cut short by preemption; {} threads found preempted; {:.3} ms idle polling; {:.3} ms worker CPU",
             self.workers,
             s.workgroups_on_workers,
             100.0 * s.workgroups_on_workers as f64 / total,
@@ -45,6 +46,7 @@ impl PoolState {
             s.joins,
             s.leader_sleeps,
             s.sleeps,
+            s.long_stage_waits,
             s.preempted_spins,
             s.preempted_threads,
             s.idle_spin.as_secs_f64() * 1e3,

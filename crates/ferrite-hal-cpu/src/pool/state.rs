@@ -120,6 +120,13 @@ pub(crate) struct PoolState {
     /// `FERRITE_LOCAL_TASK_SHARED_CLAIM=1`: regions claim every tile from
     /// one shared counter instead of per-thread ranges (a measuring aid).
     pub(super) shared_claim: AtomicBool,
+    /// `FERRITE_LOCAL_TASK_LONG_STAGE_US`: participants that worked at
+    /// least this many nanoseconds in a stage sleep until the next one
+    /// instead of spinning ([`region::LONG_STAGE`] unless set; 0: off).
+    pub(super) long_stage_ns: AtomicU64,
+    /// `FERRITE_LOCAL_TASK_LONG_STAGE_CONTENDED=1`: that rule holds only
+    /// while the pool is contended.
+    pub(super) long_stage_contended: AtomicBool,
 }
 
 impl PoolState {

@@ -35,6 +35,10 @@ pub struct PoolStats {
     /// runnable threads than CPUs. Each makes the pool's spins short for a
     /// while, as a preempted spin does.
     pub preempted_threads: u64,
+    /// Times a region's participant, out of tiles after working at least
+    /// `region::LONG_STAGE` in a stage, slept until the next stage instead
+    /// of spinning.
+    pub long_stage_waits: u64,
     /// CPU time the worker threads have used (Linux; zero elsewhere).
     pub worker_cpu_time: Duration,
     /// Submissions the device ran on the submitting thread (small work
@@ -54,6 +58,7 @@ pub(super) struct Counters {
     pub(super) idle_spin_ns: AtomicU64,
     pub(super) preempted_spins: AtomicU64,
     pub(super) preempted_threads: AtomicU64,
+    pub(super) long_stage_waits: AtomicU64,
     pub(super) inline_submissions: AtomicU64,
 }
 

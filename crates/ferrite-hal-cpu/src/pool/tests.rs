@@ -867,3 +867,113 @@ fn workers_joining_at_once_never_exceed_the_room() {
         assert!(most >= 2, "no worker ever joined ({most})");
     }
 }
+
+/// Stages of tiles that hold their thread for a while (tile 0 of each
+/// stage longest, so the other threads run out of tiles while it runs),
+/// counting each tile's runs.
+struct Slow {
+    runs: Vec<AtomicUsize>,
+}
+
+const SLOW_STAGES: usize = 4;
+const SLOW_TILES: u64 = 6;
+
+impl RegionWork for Slow {
+    fn stage_count(&self) -> usize {
+        SLOW_STAGES
+    }
+    fn begin_stage(&self, stage: usize) -> Result<u64> {
+        // Every tile of the stage before ran once.
+        if stage > 0 {
+            let before = (stage - 1) * SLOW_TILES as usize;
+            for r in &self.runs[before..before + SLOW_TILES as usize] {
+                assert_eq!(r.load(Ordering::SeqCst), 1);
+            }
+        }
+        Ok(SLOW_TILES)
+    }
+    fn run_tile(&self, stage: usize, tile: u64, _: u32) -> Result<u64> {
+        let ms = if tile == 0 { 4 } else { 1 };
+        std::thread::sleep(Duration::from_millis(ms));
+        self.runs[stage * SLOW_TILES as usize + tile as usize].fetch_add(1, Ordering::SeqCst);
+        Ok(1)
+    }
+}
+
+/// Runs `regions` regions of [`Slow`] on a pool of 3 workers with the
+/// long-stage rule at `threshold_ns` (0: off), only while contended if
+/// `contended_only` (the pool then counts as contended throughout);
+/// returns the sleeps after a long stage it counted.
+fn long_stage_waits(threshold_ns: u64, contended_only: bool, regions: usize) -> u64 {
+    let pool = WorkerPool::new(3).unwrap();
+    pool.shared
+        .long_stage_ns
+        .store(threshold_ns, Ordering::SeqCst);
+    pool.shared
+        .long_stage_contended
+        .store(contended_only, Ordering::SeqCst);
+    if contended_only {
+        pool.shared
+            .contended_until
+            .store(u64::MAX, Ordering::SeqCst);
+    }
+    for _ in 0..regions {
+        let work = Slow {
+            runs: (0..SLOW_STAGES * SLOW_TILES as usize)
+                .map(|_| AtomicUsize::new(0))
+                .collect(),
+        };
+        pool.run_region(&work).unwrap();
+        assert!(work.runs.iter().all(|r| r.load(Ordering::SeqCst) == 1));
+    }
+    pool.stats().long_stage_waits
+}
+
+/// A participant that worked a long stage (milliseconds of tiles, more
+/// than the threshold) and found nothing left to claim sleeps until the
+/// next stage instead of spinning; with the threshold above the stages'
+/// length, or the rule off, nobody does (they spin as before).
+#[test]
+fn after_a_long_stage_participants_sleep_instead_of_spinning() {
+    let on = long_stage_waits(500_000, false, 5);
+    assert!(on > 0, "no participant slept after 1-4 ms stages");
+    assert_eq!(long_stage_waits(1_000_000_000, false, 2), 0);
+    assert_eq!(long_stage_waits(0, false, 2), 0);
+    // Only while contended: the pool counts as contended here.
+    assert!(long_stage_waits(500_000, true, 5) > 0);
+}
+
+/// With every stage counting as long (a threshold of 1 ns: every
+/// participant out of tiles sleeps, workers on the region's stage word,
+/// the leader on its own), still every tile of every stage runs once,
+/// after its stage began, and no stage change is missed (a lost wake-up
+/// would hold the region for the sleep's bound, or the leader for ever).
+#[test]
+fn with_every_stage_long_every_tile_runs_once_in_order() {
+    let pool = WorkerPool::new(4).unwrap();
+    pool.shared.long_stage_ns.store(1, Ordering::SeqCst);
+    let tiles = vec![3, 1, 64, 0, 3, 1000, 1, 1, 17, 2, 5, 1, 0, 4, 6, 1, 3, 2];
+    let work = Staged {
+        hits: tiles
+            .iter()
+            .map(|&n| (0..n).map(|_| AtomicUsize::new(0)).collect())
+            .collect(),
+        begun: tiles.iter().map(|_| AtomicUsize::new(0)).collect(),
+        tiles,
+    };
+    for _ in 0..50 {
+        for h in work.hits.iter().flatten() {
+            h.store(0, Ordering::SeqCst);
+        }
+        for b in &work.begun {
+            b.store(0, Ordering::SeqCst);
+        }
+        pool.run_region(&work).unwrap();
+        assert!(work
+            .hits
+            .iter()
+            .flatten()
+            .all(|h| h.load(Ordering::SeqCst) == 1));
+    }
+    assert!(pool.stats().long_stage_waits > 0);
+}
