@@ -1,7 +1,7 @@
 //! `hal.command_buffer.*` and `hal.executable.*`.
 
 use super::args::{as_vm_buffer, obj, opt_obj, span, string, vm_buffer};
-use super::state::ModuleState;
+use super::state::{ModuleState, COMMAND_RESERVE_MAX};
 use ferrite_base::{bail, Result};
 use ferrite_hal::buffer::Buffer;
 use ferrite_hal::channel::{ChannelRef, CollectiveOp};
@@ -11,6 +11,7 @@ use ferrite_hal::executable::ExecutableRef;
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
 use ferrite_vm::stack::{NativeCall, NativePoll};
 use ferrite_vm::{Ref, Variant};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// A buffer operand that is either a direct buffer (non-null) or a binding
@@ -70,8 +71,8 @@ pub(super) fn register(
     b: NativeModuleBuilder,
     shared: &Arc<ModuleState>,
 ) -> Result<NativeModuleBuilder> {
-    let _ = shared;
-    b.function("command_buffer.create", "0riiIi_r", |c| {
+    let (on_create, on_finalize) = (shared.clone(), shared.clone());
+    b.function("command_buffer.create", "0riiIi_r", move |c| {
         let mut a = ArgReader::new(c);
         let _device: DeviceRef = obj(&mut a, "device")?;
         let (modes, categories, affinity, capacity) = (a.i32()?, a.i32()?, a.i64()?, a.i32()?);
@@ -81,10 +82,17 @@ pub(super) fn register(
             affinity as u64,
             capacity as u32,
         );
+        let hint = on_create.command_hint.load(Ordering::Relaxed);
+        if hint > 0 {
+            cb.reserve(hint);
+        }
         c.ready_one(Variant::Ref(Ref::new(cb)))
     })?
-    .function("command_buffer.finalize", "0r_v", |c| {
-        cb(&mut ArgReader::new(c))?.finalize()?;
+    .function("command_buffer.finalize", "0r_v", move |c| {
+        let cb = cb(&mut ArgReader::new(c))?;
+        cb.finalize()?;
+        let count = cb.command_count().min(COMMAND_RESERVE_MAX);
+        on_finalize.command_hint.store(count, Ordering::Relaxed);
         c.ready_none()
     })?
     .function("command_buffer.begin_debug_group", "0rr_v", |c| {

@@ -7,6 +7,7 @@ use ferrite_base::Result;
 use ferrite_hal::buffer_view::BufferView;
 use ferrite_hal::device::DeviceRef;
 use ferrite_vm::Ref;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 /// Receives `hal.buffer_view.trace` calls (upstream's debug sink).
@@ -53,7 +54,14 @@ pub(crate) struct ModuleState {
     /// `hal.allocator` refs of `devices`, in the same order: programs ask
     /// for a device's allocator on every call.
     allocator_refs: Vec<Ref>,
+    /// The command count of the command buffer finalized last (at most
+    /// [`COMMAND_RESERVE_MAX`]): a new command buffer reserves that much,
+    /// as programs record the same command buffers call after call.
+    pub command_hint: AtomicUsize,
 }
+
+/// The most commands a new command buffer reserves from the hint.
+pub(crate) const COMMAND_RESERVE_MAX: usize = 4096;
 
 impl ModuleState {
     pub(crate) fn new(devices: Vec<DeviceRef>, options: HalModuleOptions) -> ModuleState {
@@ -65,6 +73,7 @@ impl ModuleState {
             devices,
             options,
             allocator_refs,
+            command_hint: AtomicUsize::new(0),
         }
     }
 
