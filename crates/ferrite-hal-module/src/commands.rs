@@ -32,9 +32,12 @@ fn buffer_ref(buffer: Option<Buffer>, slot: i32, offset: i64, length: i64) -> Bu
     }
 }
 
-fn cb(a: &mut ArgReader<'_>) -> Result<Arc<CommandBuffer>> {
-    let r = a.a_ref()?;
-    r.downcast_arc::<CommandBuffer>().ok_or_else(|| {
+/// The command buffer argument, borrowed from the call's registers (no
+/// reference count traffic: a decode step of an LLM records ~900 commands,
+/// each of which cloned and dropped the ref twice).
+fn cb<'a>(a: &mut ArgReader<'a>) -> Result<&'a CommandBuffer> {
+    let r = a.a_ref_borrowed()?;
+    r.downcast::<CommandBuffer>().ok_or_else(|| {
         ferrite_base::status!(
             InvalidArgument,
             "expected !hal.command_buffer, received !{}",
