@@ -147,7 +147,7 @@ fn read_workgroups(
 /// the work: the queue stream's callers put the shared commands and the
 /// table in the operation's `keep` once, rather than this function taking
 /// a reference per command (a decode step's 455 dispatches took about
-/// 1,400 reference counts per call that way); a continuation holds its
+/// 1,800 reference counts per call that way); a continuation holds its
 /// commands and table while it synchronizes its own stream. `keep` gets
 /// what only this function knows: collectives' channels, timings.
 pub(crate) fn replay(
