@@ -20,6 +20,27 @@ impl CudaDevice {
     /// that depends on the table; `None` for commands that make no node
     /// (barriers, empty dispatches). Checks ranges as a stream replay does.
     fn node_state(&self, cmd: &Command, table: &[Binding]) -> Result<Option<(NodeState, bool)>> {
+        let mut state = NodeState {
+            addresses: Vec::new(),
+            words: Vec::new(),
+        };
+        Ok(self
+            .node_state_into(cmd, table, &mut state)?
+            .map(|slots| (state, slots)))
+    }
+
+    /// [`Self::node_state`] written into `state` (its vectors cleared and
+    /// refilled, so a scratch state compared against each node at every
+    /// execution allocates nothing): whether it depends on the table, or
+    /// `None` for commands that make no node (`state` then unspecified).
+    fn node_state_into(
+        &self,
+        cmd: &Command,
+        table: &[Binding],
+        state: &mut NodeState,
+    ) -> Result<Option<bool>> {
+        state.addresses.clear();
+        state.words.clear();
         match cmd {
             Command::Dispatch {
                 executable,
@@ -34,16 +55,15 @@ impl CudaDevice {
                     return Ok(None);
                 }
                 let refs = &bindings[..kernel.binding_count as usize];
-                let mut addresses = Vec::with_capacity(refs.len());
                 for r in refs {
-                    addresses.push(self.resolve_address(r, table)?);
+                    state.addresses.push(self.resolve_address(r, table)?);
                 }
                 let cc = kernel.constant_count as usize;
-                let mut words = Vec::with_capacity(cc + 3);
-                words.extend_from_slice(&constants[..cc]);
-                words.extend_from_slice(workgroups);
-                let slots = refs.iter().any(|r| matches!(r, BufferRef::Slot { .. }));
-                Ok(Some((NodeState { addresses, words }, slots)))
+                state.words.extend_from_slice(&constants[..cc]);
+                state.words.extend_from_slice(workgroups);
+                Ok(Some(
+                    refs.iter().any(|r| matches!(r, BufferRef::Slot { .. })),
+                ))
             }
             Command::Fill { target, pattern } => {
                 let (size, count) = self.fill_geometry(target, table, pattern.len())?;
@@ -57,13 +77,11 @@ impl CudaDevice {
                     ),
                 };
                 let count = count as u64;
-                Ok(Some((
-                    NodeState {
-                        addresses: vec![self.resolve_address(target, table)?],
-                        words: vec![size, count as u32, (count >> 32) as u32, value],
-                    },
-                    matches!(target, BufferRef::Slot { .. }),
-                )))
+                state.addresses.push(self.resolve_address(target, table)?);
+                state
+                    .words
+                    .extend_from_slice(&[size, count as u32, (count >> 32) as u32, value]);
+                Ok(Some(matches!(target, BufferRef::Slot { .. })))
             }
             _ => Ok(None),
         }
@@ -290,11 +308,18 @@ impl CudaDevice {
         let mut updated = 0u64;
         {
             let mut nodes = g.nodes.lock();
+            // Each node's state is computed into this scratch state and
+            // compared; a changed one is swapped in (the node's old vectors
+            // become the scratch), so unchanged nodes allocate nothing.
+            let mut state = NodeState {
+                addresses: Vec::new(),
+                words: Vec::new(),
+            };
             for n in nodes.iter_mut() {
                 let cmd = &commands[n.command];
-                let Some((state, _)) = self.node_state(cmd, table)? else {
+                if self.node_state_into(cmd, table, &mut state)?.is_none() {
                     bail!(Internal, "a graph node's command no longer makes a node");
-                };
+                }
                 if state == n.state {
                     continue;
                 }
@@ -316,7 +341,7 @@ impl CudaDevice {
                     }
                 };
                 ffi::check(r, "updating a graph node's parameters")?;
-                n.state = state;
+                std::mem::swap(&mut n.state, &mut state);
                 updated += 1;
             }
         }
