@@ -15,10 +15,18 @@ pub fn obj<T: RefObject + Clone>(a: &mut ArgReader<'_>, what: &str) -> Result<T>
 /// count traffic: the call's arguments outlive the reader).
 #[inline]
 pub fn obj_ref<'a, T: RefObject>(a: &mut ArgReader<'a>, what: &str) -> Result<&'a T> {
-    let r = a
-        .a_ref_borrowed()
-        .map_err(|e| e.annotate(what.to_string()))?;
-    cast_ref(r, what)
+    match a.a_ref_borrowed() {
+        Ok(r) => cast_ref(r, what),
+        Err(e) => Err(annotated(e, what)),
+    }
+}
+
+/// A failed argument read, annotated with what was expected (out of line:
+/// the hot readers keep only their success path).
+#[cold]
+#[inline(never)]
+fn annotated(e: ferrite_base::Status, what: &str) -> ferrite_base::Status {
+    e.annotate(what.to_string())
 }
 
 /// Reads a possibly-null ref of type `T`.

@@ -73,7 +73,7 @@ pub(super) fn register(
         let affinity = a.i64()?;
         let (types, usage, size) = (a.i32()?, a.i32()?, a.i64()?);
         let buffer = alloc.0.allocate(&params(types, usage, affinity), size as u64)?;
-        c.ready_one(Variant::Ref(Ref::new(buffer)))
+        c.ready_ref(Ref::new(buffer))
     })?
     .function("allocator.import", "0riIiirII_r", |c| {
         let mut a = ArgReader::new(c);
@@ -103,7 +103,7 @@ pub(super) fn register(
                 HostMemory::ReadOnly(Arc::new(view))
             };
             if let Ok(b) = alloc.0.import_host(&p, memory) {
-                return c.ready_one(Variant::Ref(Ref::new(b)));
+                return c.ready_ref(Ref::new(b));
             }
         }
         // Otherwise one copy, straight from the source's bytes into an
@@ -113,7 +113,7 @@ pub(super) fn register(
             Ok(b)
         });
         match imported {
-            Ok(b) => c.ready_one(Variant::Ref(Ref::new(b))),
+            Ok(b) => c.ready_ref(Ref::new(b)),
             Err(_) if is_try => c.ready_one(Variant::Null),
             Err(e) => Err(e),
         }
@@ -160,7 +160,7 @@ pub(super) fn register(
     .function("buffer.allocation.discard", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let _: Buffer = obj(&mut a, "buffer")?;
-        c.ready_one(Variant::I32(1))
+        c.ready_i32(1)
     })?
     .function("buffer.allocation.is_terminal", "0r_i", |c| {
         let mut a = ArgReader::new(c);
@@ -169,7 +169,7 @@ pub(super) fn register(
         // Terminal when the call's reference (handed over, not shared
         // with a live register) is the only one besides this read's.
         let terminal = a.last_ref_owned() && r.strong_count() <= 2;
-        c.ready_one(Variant::I32(terminal as i32))
+        c.ready_i32(terminal as i32)
     })?
     .function("buffer.subspan", "0rII_r", |c| {
         let mut a = ArgReader::new(c);
@@ -180,7 +180,7 @@ pub(super) fn register(
                 "invalid subspan of an existing buffer (source_offset={offset}, length={length})"
             ))
         })?;
-        c.ready_one(Variant::Ref(Ref::new(sub)))
+        c.ready_ref(Ref::new(sub))
     })?
     .function("buffer.length", "0r_I", |c| {
         let mut a = ArgReader::new(c);
@@ -196,7 +196,7 @@ pub(super) fn register(
         }
         let mut v = [0u8; 4];
         buffer.read(offset, &mut v[..length as usize])?;
-        c.ready_one(Variant::I32(i32::from_le_bytes(v)))
+        c.ready_i32(i32::from_le_bytes(v))
     })?
     .function("buffer.store", "0irIi_v", |c| {
         let mut a = ArgReader::new(c);
@@ -245,7 +245,7 @@ pub(super) fn register(
             };
             BufferView::over_shared(shared, &shape, et, enc)?
         };
-        c.ready_one(Variant::Ref(Ref::new(view)))
+        c.ready_ref(Ref::new(view))
     })?
     .function("buffer_view.assert", "0rriiCID_v", |c| {
         if view_assert_passes(&mut ArgReader::new(c))? {
@@ -263,22 +263,22 @@ pub(super) fn register(
     .function("buffer_view.buffer", "0r_r", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        c.ready_one(Variant::Ref(Ref::from_arc(view.shared_buffer())))
+        c.ready_ref(Ref::from_arc(view.shared_buffer()))
     })?
     .function("buffer_view.element_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        c.ready_one(Variant::I32(view.element_type().0 as i32))
+        c.ready_i32(view.element_type().0 as i32)
     })?
     .function("buffer_view.encoding_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        c.ready_one(Variant::I32(view.encoding_type().0 as i32))
+        c.ready_i32(view.encoding_type().0 as i32)
     })?
     .function("buffer_view.rank", "0r_i", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
-        c.ready_one(Variant::I32(view.rank() as i32))
+        c.ready_i32(view.rank() as i32)
     })?
     .function("buffer_view.dim", "0ri_I", |c| {
         let mut a = ArgReader::new(c);

@@ -89,7 +89,7 @@ pub(super) fn register(
         if hint > 0 {
             cb.reserve(hint);
         }
-        c.ready_one(Variant::Ref(Ref::new(cb)))
+        c.ready_ref(Ref::new(cb))
     })?
     .function("command_buffer.finalize", "0r_v", move |c| {
         let cb = cb(&mut ArgReader::new(c))?;
@@ -255,7 +255,7 @@ pub(super) fn register(
         let data = as_vm_buffer(&data, "executable data")?;
         let exe =
             data.with_bytes(|bytes| device.0.create_executable(&format, bytes, &constants))??;
-        c.ready_one(Variant::Ref(Ref::new(ExecutableRef(exe))))
+        c.ready_ref(Ref::new(ExecutableRef(exe)))
     })?
     .function("executable.lookup.function", "0rr_I", |c| {
         let mut a = ArgReader::new(c);

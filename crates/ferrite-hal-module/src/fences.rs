@@ -29,9 +29,9 @@ fn fence_arc(a: &mut ArgReader<'_>) -> Result<Arc<Fence>> {
 /// value; any other failure fails the invocation.
 fn await_result(c: &mut NativeCall, outcome: Result<()>) -> Result<NativePoll> {
     match outcome {
-        Ok(()) => c.ready_one(Variant::I32(0)),
+        Ok(()) => c.ready_i32(0),
         Err(e) if e.code() == StatusCode::DeadlineExceeded => {
-            c.ready_one(Variant::I32(StatusCode::DeadlineExceeded as i32))
+            c.ready_i32(StatusCode::DeadlineExceeded as i32)
         }
         Err(e) => Err(e),
     }
@@ -46,7 +46,7 @@ pub(super) fn register(
         let mut a = ArgReader::new(c);
         let _device: &DeviceRef = obj_ref(&mut a, "device")?;
         let _flags = a.i64()?;
-        c.ready_one(Variant::Ref(Ref::from_arc(Fence::pooled_new())))
+        c.ready_ref(Ref::from_arc(Fence::pooled_new()))
     })?
     .function("fence.join", "0ICrD_r", |c| {
         let mut a = ArgReader::new(c);
@@ -68,7 +68,7 @@ pub(super) fn register(
         if joined.is_empty() {
             return c.ready_one(Variant::Null);
         }
-        c.ready_one(Variant::Ref(Ref::new(joined)))
+        c.ready_ref(Ref::new(joined))
     })?
     .function("fence.query", "0r_i", |c| {
         let fence = fence_arc(&mut ArgReader::new(c))?;
@@ -77,7 +77,7 @@ pub(super) fn register(
             Ok(false) => StatusCode::Deferred,
             Err(e) => e.code(),
         };
-        c.ready_one(Variant::I32(code as i32))
+        c.ready_i32(code as i32)
     })?
     .function("fence.signal", "0r_v", |c| {
         fence_arc(&mut ArgReader::new(c))?.signal()?;
@@ -122,7 +122,7 @@ pub(super) fn register(
             }
         }
         if pending.is_empty() {
-            return c.ready_one(Variant::I32(0));
+            return c.ready_i32(0);
         }
         let deadline = if timeout_ms == u32::MAX {
             Deadline::InfiniteFuture
@@ -145,7 +145,7 @@ pub(super) fn register(
                     Err(e) => return await_result(c, Err(e)),
                 }
             }
-            return c.ready_one(Variant::I32(0));
+            return c.ready_i32(0);
         }
         // One timepoint per semaphore across all fences, keeping the max.
         let mut timepoints: Vec<(Arc<Semaphore>, u64)> = Vec::new();

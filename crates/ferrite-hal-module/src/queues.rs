@@ -88,19 +88,19 @@ pub(super) fn register(
     let s3 = shared.clone();
     let s4 = shared.clone();
     b.function("devices.count", "0v_i", move |c| {
-        c.ready_one(Variant::I32(s1.devices.len() as i32))
+        c.ready_i32(s1.devices.len() as i32)
     })?
     .function("devices.get", "0i_r", move |c| {
         let i = ArgReader::new(c).i32()?;
         match usize::try_from(i).ok().and_then(|i| s2.devices.get(i)) {
-            Some(d) => c.ready_one(Variant::Ref(Ref::new(d.clone()))),
+            Some(d) => c.ready_ref(Ref::new(d.clone())),
             None => c.ready_one(Variant::Null),
         }
     })?
     .function("device.allocator", "0r_r", move |c| {
         let device: &DeviceRef = obj_ref(&mut ArgReader::new(c), "device")?;
         let r = s3.allocator_ref(device);
-        c.ready_one(Variant::Ref(r))
+        c.ready_ref(r)
     })?
     .function("device.query.i64", "0rrr_iI", |c| {
         let mut a = ArgReader::new(c);
@@ -129,7 +129,7 @@ pub(super) fn register(
             ..BufferParams::default()
         };
         let buffer = queue::alloca(device, wait, signal, &params, size as u64)?;
-        c.ready_one(Variant::Ref(Ref::new(buffer)))
+        c.ready_ref(Ref::new(buffer))
     })?
     .function("device.queue.dealloca", "0rIrrrI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -328,12 +328,12 @@ pub(super) fn register(
                 "file range {offset}+{length} exceeds the memory's {len} bytes"
             );
         }
-        c.ready_one(Variant::Ref(Ref::new(File {
+        c.ready_ref(Ref::new(File {
             memory,
             offset,
             length,
             access,
-        })))
+        }))
     })?
     .function("channel.create", "0rIIrrii_r", move |c| {
         let mut a = ArgReader::new(c);
@@ -353,7 +353,7 @@ pub(super) fn register(
         };
         let provider = s4.options.channel_provider.as_ref();
         let channel = device.0.create_channel(queue_affinity, params, provider)?;
-        c.ready_one(Variant::Ref(Ref::new(channel)))
+        c.ready_ref(Ref::new(channel))
     })?
     .function("channel.split", "0riiI_r", |c| {
         let mut a = ArgReader::new(c);

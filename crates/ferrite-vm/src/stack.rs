@@ -260,6 +260,55 @@ impl NativeCall<'_> {
         self.ready([value])
     }
 
+    /// [`NativeCall::ready_one`] with a non-null ref result, for functions
+    /// that make or hand out an object: an in-place call whose single
+    /// declared result is a ref stores it straight into the caller's ref
+    /// register, without a [`Variant`] to build and match (anything else
+    /// goes through `ready_one`, which also reports a mismatch).
+    #[inline(never)]
+    pub fn ready_ref(&mut self, value: Ref) -> ferrite_base::Result<NativePoll> {
+        use crate::bytecode::verifier::{REF_BIT, REF_MASK};
+        if let Args::Registers(frame) = &mut self.args {
+            if let ([reg], [crate::cconv::CconvType::Ref]) = (frame.results, frame.result_types) {
+                let reg = *reg as u16;
+                let slot = (reg & REF_MASK) as usize;
+                if reg & REF_BIT != 0 && slot < frame.refs.len() {
+                    // Released first: the result may go to a register it frees.
+                    crate::bytecode::interp::native_bridge::release_moved_operands(
+                        frame.refs,
+                        frame.moved.unwrap_or(frame.operands),
+                    );
+                    frame.refs[slot] = Some(value);
+                    self.written = true;
+                    return Ok(NativePoll::Ready(Vec::new()));
+                }
+            }
+        }
+        self.ready_one(Variant::Ref(value))
+    }
+
+    /// [`NativeCall::ready_ref`] for a single i32 result (a status code, a
+    /// flag): stored straight into the caller's register.
+    #[inline(never)]
+    pub fn ready_i32(&mut self, value: i32) -> ferrite_base::Result<NativePoll> {
+        use crate::bytecode::verifier::REF_BIT;
+        if let Args::Registers(frame) = &mut self.args {
+            if let ([reg], [crate::cconv::CconvType::I32]) = (frame.results, frame.result_types) {
+                let reg = *reg as u16;
+                if reg & REF_BIT == 0 && (reg as usize) < frame.regs.len() {
+                    crate::bytecode::interp::native_bridge::release_moved_operands(
+                        frame.refs,
+                        frame.moved.unwrap_or(frame.operands),
+                    );
+                    frame.regs[reg as usize] = value as u32;
+                    self.written = true;
+                    return Ok(NativePoll::Ready(Vec::new()));
+                }
+            }
+        }
+        self.ready_one(Variant::I32(value))
+    }
+
     /// Takes the ref of argument `index` (a flattened argument, as
     /// [`crate::native::ArgReader`] counts them) when the call owns it: an
     /// owned argument value, or a register operand the caller moved into

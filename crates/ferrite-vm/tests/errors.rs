@@ -224,6 +224,46 @@ fn native_ready_one_and_none_write_in_place_and_check_counts() {
         .invoke(&f, vec![Variant::I32(6), Variant::I32(7)])
         .unwrap();
     assert!(matches!(out.as_slice(), [Variant::I32(42)]), "{out:?}");
+
+    // `ready_i32`, the typed writer: in place (right and wrong sums seen by
+    // the fixture) and from the host.
+    let ctx = context_with(|c| {
+        let mut a = ArgReader::new(c);
+        let (x, y) = (a.i32()?, a.i32()?);
+        c.ready_i32(x.wrapping_add(y))
+    });
+    let f = ctx.lookup_function("check_add_import").unwrap();
+    ctx.invoke(&f, vec![]).unwrap();
+    let ctx = context_with(|c| {
+        let mut a = ArgReader::new(c);
+        let (x, y) = (a.i32()?, a.i32()?);
+        c.ready_i32(x.wrapping_sub(y))
+    });
+    assert!(call_err(&ctx, "check_add_import", vec![]).code() != StatusCode::Ok);
+    let ctx = context_with(|c| {
+        let mut a = ArgReader::new(c);
+        let (x, y) = (a.i32()?, a.i32()?);
+        c.ready_i32(x - y)
+    });
+    let f = ctx.lookup_function("ferrite_test.add").unwrap();
+    let out = ctx
+        .invoke(&f, vec![Variant::I32(6), Variant::I32(7)])
+        .unwrap();
+    assert!(matches!(out.as_slice(), [Variant::I32(-1)]), "{out:?}");
+    // `ready_ref` where the signature declares an i32: refused in place
+    // (the caller's i32 register is not a ref register) and from the host.
+    let ctx = context_with(|c| {
+        c.ready_ref(ferrite_vm::Ref::new(
+            ferrite_vm::buffer::VmBuffer::from_vec(vec![0; 4], false),
+        ))
+    });
+    let err = call_err(&ctx, "check_add_import", vec![]);
+    assert_eq!(err.code(), StatusCode::Internal, "{err}");
+    let f = ctx.lookup_function("ferrite_test.add").unwrap();
+    let err = ctx
+        .invoke(&f, vec![Variant::I32(6), Variant::I32(7)])
+        .unwrap_err();
+    assert_eq!(err.code(), StatusCode::Internal, "{err}");
 }
 
 #[test]
