@@ -354,21 +354,28 @@ pub struct BytecodeState {
 
 impl BytecodeState {
     /// The resolved target of import `ordinal`.
+    /// Inlined into every import call; the failure (never taken by a
+    /// verified, linked module) is built out of line.
+    #[inline]
     pub(crate) fn import_ref(&self, ordinal: u32) -> Result<&FunctionRef> {
         match self.imports.get(ordinal as usize).and_then(|c| c.get()) {
             Some(Some(f)) => Ok(f),
-            _ => {
-                let name = self
-                    .module
-                    .imports
-                    .get(ordinal as usize)
-                    .map_or("?", |i| i.full_name.as_str());
-                bail!(
-                    NotFound,
-                    "import '{name}' (ordinal {ordinal}) is not resolved"
-                )
-            }
+            _ => Err(self.unresolved_import(ordinal)),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unresolved_import(&self, ordinal: u32) -> ferrite_base::Status {
+        let name = self
+            .module
+            .imports
+            .get(ordinal as usize)
+            .map_or("?", |i| i.full_name.as_str());
+        status!(
+            NotFound,
+            "import '{name}' (ordinal {ordinal}) is not resolved"
+        )
     }
 
     /// Whether import `ordinal` resolved to a function.
