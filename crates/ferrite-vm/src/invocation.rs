@@ -259,7 +259,39 @@ pub fn invoke(function: &FunctionRef, args: Vec<Variant>) -> Result<Vec<Variant>
     Invocation::begin(function, args, crate::stack::DEFAULT_MAX_DEPTH)?.run()
 }
 
+/// Checks `args` against `function`'s calling convention: one pass over
+/// the pairs for the common case (every argument of its declared type),
+/// the full check with its messages (and the variadic rule) out of line.
+#[inline]
 fn check_args(function: &FunctionRef, args: &[Variant]) -> Result<()> {
+    let c = &function.cconv;
+    if args.len() == c.args.len() {
+        let mut all_match = true;
+        for (a, t) in args.iter().zip(&c.args) {
+            match (t, a) {
+                (CconvType::I32, Variant::I32(_))
+                | (CconvType::I64, Variant::I64(_))
+                | (CconvType::F32, Variant::F32(_))
+                | (CconvType::F64, Variant::F64(_))
+                | (CconvType::Ref, Variant::Ref(_) | Variant::Null) => {}
+                // A variadic function's arguments are not checked here.
+                (CconvType::Span(_), _) => return Ok(()),
+                _ => {
+                    all_match = false;
+                    break;
+                }
+            }
+        }
+        if all_match {
+            return Ok(());
+        }
+    }
+    check_args_slow(function, args)
+}
+
+#[cold]
+#[inline(never)]
+fn check_args_slow(function: &FunctionRef, args: &[Variant]) -> Result<()> {
     let c = &function.cconv;
     if c.is_variadic() {
         return Ok(());
