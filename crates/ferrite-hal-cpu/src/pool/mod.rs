@@ -181,6 +181,15 @@ impl WorkerPool {
                     }),
             ),
             long_stage_contended: AtomicBool::new(flag(LONG_STAGE_CONTENDED_VAR)),
+            short_tile_ns: AtomicU64::new(
+                std::env::var(SHORT_TILE_VAR)
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map_or(region::SHORT_TILE.as_nanos() as u64, |us| {
+                        us.saturating_mul(1000)
+                    }),
+            ),
+            recent_tile_ns: AtomicU64::new(0),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -379,6 +388,13 @@ const LONG_STAGE_VAR: &str = "FERRITE_LOCAL_TASK_LONG_STAGE_US";
 /// `1`: that rule holds only while the pool is contended (a measuring aid
 /// for issue 25; unset: always).
 const LONG_STAGE_CONTENDED_VAR: &str = "FERRITE_LOCAL_TASK_LONG_STAGE_CONTENDED";
+
+/// A whole number of microseconds: while a pool made afterwards is
+/// contended, a region starting when the recent tiles averaged less than
+/// that admits at most [`region::SHORT_TILE_HELPERS`] workers (the
+/// short-tile rule, see `PoolState::region_helpers`; unset:
+/// [`region::SHORT_TILE`]; 0 turns it off, to compare both on one binary).
+const SHORT_TILE_VAR: &str = "FERRITE_LOCAL_TASK_SHORT_TILE_US";
 
 /// Whether the environment variable `name` is `1`.
 fn flag(name: &str) -> bool {

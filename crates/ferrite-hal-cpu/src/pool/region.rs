@@ -43,6 +43,14 @@
 //! (workers on the region's stage word): the rest of such a stage takes
 //! longer than a spin is worth, and on a busy CPU the spin costs the
 //! thread its fair share.
+//!
+//! ## Helpers of a region of short tiles
+//! While the pool is contended, a region starting when the recent tiles
+//! (timed by the leaders of earlier regions) averaged under
+//! [`SHORT_TILE`] admits at most [`SHORT_TILE_HELPERS`] workers: a woken
+//! worker on a busy CPU waits for a slice before it runs, which costs
+//! more than it takes off a stage of microsecond tiles (see
+//! `PoolState::region_helpers`).
 
 use super::park;
 use super::state::{PoolState, PREEMPTION_CHECK_AFTER};
@@ -77,6 +85,17 @@ pub const CONTENDED_SPIN: Duration = Duration::from_micros(20);
 /// the MLP's) need the spin to bridge its barriers (without spins it was
 /// 40-50% slower). `FERRITE_LOCAL_TASK_LONG_STAGE_US` sets it (0: off).
 pub const LONG_STAGE: Duration = Duration::from_micros(100);
+
+/// The short-tile rule's threshold (see `PoolState::region_helpers`):
+/// while the pool is contended, a region starting when the recent tiles
+/// averaged less than this admits at most [`SHORT_TILE_HELPERS`] workers.
+/// The small MLP's tiles take a few microseconds, MiniLM's hundreds.
+/// `FERRITE_LOCAL_TASK_SHORT_TILE_US` sets it (0: off).
+pub const SHORT_TILE: Duration = Duration::from_micros(30);
+
+/// Workers a region of short tiles admits beside its leader while the
+/// pool is contended.
+pub const SHORT_TILE_HELPERS: usize = 1;
 
 /// Bounds of a worker's sleep for the next stage after a long stage: four
 /// times what it worked in the stage, within these (then it leaves the
@@ -332,6 +351,9 @@ pub(crate) struct Region {
     /// Whether that rule holds only while the pool is contended
     /// (`FERRITE_LOCAL_TASK_LONG_STAGE_CONTENDED=1`).
     long_stage_contended: bool,
+    /// Whether the leader times the tiles it runs, for the short-tile
+    /// rule's average (`PoolState::note_tile_time`).
+    time_tiles: bool,
     /// What the leader sleeps until: [`LEADER_AWAKE`] (it does not sleep),
     /// [`LEADER_FOR_STAGE`] or [`LEADER_FOR_WORKERS`].
     leader_sleeping: AtomicU32,
@@ -398,11 +420,16 @@ enum Claim {
 }
 
 /// When a participant began working in a stage (its first claim there;
-/// kept only while the long-stage rule is on, see [`Region::waits_asleep`]).
+/// kept only while the long-stage rule is on, see [`Region::waits_asleep`]),
+/// and, for the leader while the short-tile rule is on, the time its
+/// tiles took and how many it ran (`timed`).
 #[derive(Default)]
 struct StageClock {
     stage: Option<usize>,
     since: Option<Instant>,
+    timed: bool,
+    busy: Duration,
+    tiles: u64,
 }
 
 impl Region {
@@ -890,12 +917,17 @@ impl Region {
             return false;
         }
         if self.long_stage.is_some() && clock.stage != Some(stage) {
-            *clock = StageClock {
-                stage: Some(stage),
-                since: Some(Instant::now()),
-            };
+            clock.stage = Some(stage);
+            clock.since = Some(Instant::now());
         }
-        if self.run_one(stage, seat) {
+        if clock.timed {
+            let start = Instant::now();
+            if self.run_one(stage, seat) {
+                clock.busy += start.elapsed();
+                clock.tiles += 1;
+                return true;
+            }
+        } else if self.run_one(stage, seat) {
             return true;
         }
         *exhausted = Some(stage);
@@ -950,14 +982,19 @@ impl Region {
     /// sleeps instead while any worker is inside (they run every tile and
     /// each stage change; the last one out wakes it, see
     /// [`Region::leave`]), and runs tiles itself only while none is.
-    fn lead(&self, seat: &Seat) {
+    /// Returns the time the tiles it ran took and their count (both zero
+    /// unless the region times them, `time_tiles`).
+    fn lead(&self, seat: &Seat) -> (Duration, u64) {
         let mut spin: Option<Spin> = None;
         let mut exhausted: Option<usize> = None;
-        let mut clock = StageClock::default();
+        let mut clock = StageClock {
+            timed: self.time_tiles,
+            ..StageClock::default()
+        };
         loop {
             let stage = self.current_stage();
             if stage >= self.stage_count() {
-                return;
+                return (clock.busy, clock.tiles);
             }
             if self.aside && self.participants.load(Ordering::SeqCst) > 0 {
                 self.leader_sleep(LEADER_FOR_WORKERS, || {
@@ -1086,6 +1123,7 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
             ns => Some(Duration::from_nanos(ns)),
         },
         long_stage_contended: pool.long_stage_contended.load(Ordering::Relaxed),
+        time_tiles: pool.short_tile_ns.load(Ordering::Relaxed) > 0,
         leader_sleeping: AtomicU32::new(LEADER_AWAKE),
         aside,
         failed: AtomicBool::new(false),
@@ -1115,7 +1153,8 @@ pub(crate) fn run(pool: &Arc<PoolState>, work: &dyn RegionWork, processor_id: u3
     };
     let seat = Seat { processor_id, kind };
     let started = Instant::now();
-    region.lead(&seat);
+    let (busy, tiles) = region.lead(&seat);
+    pool.note_tile_time(busy, tiles);
     if started.elapsed() >= PREEMPTION_CHECK_AFTER {
         pool.note_if_switched_out();
     }

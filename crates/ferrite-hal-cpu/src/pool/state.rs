@@ -127,6 +127,16 @@ pub(crate) struct PoolState {
     /// `FERRITE_LOCAL_TASK_LONG_STAGE_CONTENDED=1`: that rule holds only
     /// while the pool is contended.
     pub(super) long_stage_contended: AtomicBool,
+    /// `FERRITE_LOCAL_TASK_SHORT_TILE_US`: while the pool is contended, a
+    /// region starting when the recent tiles took less than this many
+    /// nanoseconds on average (`recent_tile_ns`) admits at most
+    /// [`region::SHORT_TILE_HELPERS`] workers ([`region::SHORT_TILE`]
+    /// unless set; 0: off).
+    pub(super) short_tile_ns: AtomicU64,
+    /// A moving average of the time one tile took (nanoseconds; 0: none
+    /// measured yet), from the tiles the leaders of recent regions ran
+    /// (see [`PoolState::note_tile_time`]).
+    pub(super) recent_tile_ns: AtomicU64,
 }
 
 impl PoolState {
@@ -148,16 +158,62 @@ impl PoolState {
     /// (the leader runs tiles too) or, when the leader steps `aside`, all
     /// of them; fewer while the pool is contended and
     /// `FERRITE_LOCAL_TASK_CONTENDED_HELPERS` caps it.
+    ///
+    /// The short-tile rule: while contended, a region whose tiles are
+    /// likely short (the recent ones averaged under `short_tile_ns`)
+    /// admits at most [`region::SHORT_TILE_HELPERS`] workers. Why: under a
+    /// full load a woken worker waits for a busy CPU's slice before it
+    /// runs, so for stages of microsecond tiles (the small MLP's) waking
+    /// helpers costs more than they take off the stage (issue 25: 16
+    /// helpers ran the MLP at 1.3x upstream under load), while long tiles
+    /// (MiniLM's, hundreds of microseconds) still need every helper.
     pub(crate) fn region_helpers(&self, aside: bool) -> usize {
         let all = if aside {
             self.workers
         } else {
             self.workers.saturating_sub(1)
         };
-        match self.contended_helpers {
-            Some(cap) if self.is_contended() => all.min(cap),
-            _ => all,
+        // The clock is read only when a cap could apply.
+        let short = self.tiles_are_short();
+        if (self.contended_helpers.is_none() && !short) || !self.is_contended() {
+            return all;
         }
+        let mut cap = self.contended_helpers.map_or(all, |c| all.min(c));
+        if short && cap > region::SHORT_TILE_HELPERS {
+            cap = region::SHORT_TILE_HELPERS;
+            self.stats.short_tile_caps.fetch_add(1, Ordering::Relaxed);
+        }
+        cap
+    }
+
+    /// Whether the short-tile rule finds the recent tiles short: it is on
+    /// and a measured average lies below its threshold.
+    fn tiles_are_short(&self) -> bool {
+        let threshold = self.short_tile_ns.load(Ordering::Relaxed);
+        let recent = self.recent_tile_ns.load(Ordering::Relaxed);
+        threshold > 0 && recent > 0 && recent < threshold
+    }
+
+    /// Folds a region's tiles into the pool's moving average of tile
+    /// time: the leader ran `tiles` of them in `busy` (one sample per
+    /// region, weight 1/4). The sample is capped at 4x the threshold, so
+    /// one tile that lost its CPU on a busy machine (milliseconds) moves
+    /// the average by a bounded step, not for the next dozen regions.
+    pub(crate) fn note_tile_time(&self, busy: Duration, tiles: u64) {
+        let threshold = self.short_tile_ns.load(Ordering::Relaxed);
+        if tiles == 0 || threshold == 0 {
+            return;
+        }
+        let sample = (busy.as_nanos() as u64 / tiles).clamp(1, threshold.saturating_mul(4));
+        // Racy between leaders of concurrent regions (a lost update loses
+        // one sample), which an average tolerates.
+        let old = self.recent_tile_ns.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 4 + sample / 4
+        };
+        self.recent_tile_ns.store(new.max(1), Ordering::Relaxed);
     }
 
     /// Whether a region that the calling thread starts now leaves its

@@ -39,6 +39,10 @@ pub struct PoolStats {
     /// `region::LONG_STAGE` in a stage, slept until the next stage instead
     /// of spinning.
     pub long_stage_waits: u64,
+    /// Regions started while the pool was contended and its recent tiles
+    /// short, whose helpers the short-tile rule capped
+    /// (`PoolState::region_helpers`).
+    pub short_tile_caps: u64,
     /// CPU time the worker threads have used (Linux; zero elsewhere).
     pub worker_cpu_time: Duration,
     /// Submissions the device ran on the submitting thread (small work
@@ -59,6 +63,7 @@ pub(super) struct Counters {
     pub(super) preempted_spins: AtomicU64,
     pub(super) preempted_threads: AtomicU64,
     pub(super) long_stage_waits: AtomicU64,
+    pub(super) short_tile_caps: AtomicU64,
     pub(super) inline_submissions: AtomicU64,
 }
 

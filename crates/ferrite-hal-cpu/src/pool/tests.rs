@@ -977,3 +977,56 @@ fn with_every_stage_long_every_tile_runs_once_in_order() {
     }
     assert!(pool.stats().long_stage_waits > 0);
 }
+
+/// The distinct threads that ran a region of 8 tiles of 2 ms on `pool`.
+fn threads_running(pool: &WorkerPool) -> usize {
+    let work = OneStage::new(8, Duration::from_millis(2));
+    pool.run_region(&work).unwrap();
+    let mut ids: Vec<u32> = work.ran.lock().iter().map(|&(_, p)| p).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.len()
+}
+
+/// The short-tile rule: after regions of tiles far shorter than its
+/// threshold, a region started while the pool is contended admits at
+/// most `SHORT_TILE_HELPERS` workers; that region's long tiles lift the
+/// average over the threshold, and the next regions admit every worker
+/// again; with the rule off nothing is capped.
+#[test]
+fn while_contended_a_region_after_short_tiles_admits_few_helpers() {
+    let pool = WorkerPool::new(4).unwrap();
+    let s = &pool.shared;
+    s.short_tile_ns.store(200_000, Ordering::SeqCst);
+    for _ in 0..20 {
+        pool.run_region(&OneStage::new(8, Duration::ZERO)).unwrap();
+    }
+    let recent = s.recent_tile_ns.load(Ordering::SeqCst);
+    assert!(recent > 0 && recent < 200_000, "average tile {recent} ns");
+    s.contended_until.store(u64::MAX, Ordering::SeqCst);
+    let caps = pool.stats().short_tile_caps;
+    let n = threads_running(&pool);
+    assert!(
+        n <= 1 + region::SHORT_TILE_HELPERS,
+        "{n} threads ran a region started after short tiles"
+    );
+    assert_eq!(pool.stats().short_tile_caps, caps + 1);
+    // Its 2 ms tiles (the sample capped at 4x the threshold) lift the
+    // average over the threshold.
+    assert!(s.recent_tile_ns.load(Ordering::SeqCst) >= 200_000);
+    let most = (0..5).map(|_| threads_running(&pool)).max().unwrap();
+    assert!(most > 2, "long tiles ran on at most {most} threads");
+    assert_eq!(pool.stats().short_tile_caps, caps + 1);
+    // Off: short tiles measured, contended, and every worker may join.
+    s.short_tile_ns.store(0, Ordering::SeqCst);
+    s.recent_tile_ns.store(1, Ordering::SeqCst);
+    assert_eq!(s.region_helpers(false), 3);
+    // On, and not contended: every worker may join.
+    s.short_tile_ns.store(200_000, Ordering::SeqCst);
+    s.contended_until.store(0, Ordering::SeqCst);
+    if !s.is_contended() {
+        // (A spinner of this pool descheduled just now would mark it
+        // contended again; then this check says nothing.)
+        assert_eq!(s.region_helpers(false), 3);
+    }
+}
