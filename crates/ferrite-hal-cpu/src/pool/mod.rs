@@ -164,31 +164,18 @@ impl WorkerPool {
             switch_check: std::env::var(SWITCH_CHECK_VAR).map_or(true, |v| v.trim() != "0"),
             leader_aside: AtomicBool::new(std::env::var(ASIDE_VAR).is_ok_and(|v| v.trim() == "1")),
             join_exclusive: AtomicBool::new(flag(JOIN_EXCLUSIVE_VAR)),
-            stage_sleep_ns: AtomicU64::new(
-                std::env::var(STAGE_SLEEP_VAR)
-                    .ok()
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map_or(0, |us| us.saturating_mul(1000)),
-            ),
+            stage_sleep_ns: AtomicU64::new(env_us_as_ns(STAGE_SLEEP_VAR, 0)),
             wake_all: AtomicBool::new(flag(WAKE_ALL_VAR)),
             shared_claim: AtomicBool::new(flag(SHARED_CLAIM_VAR)),
-            long_stage_ns: AtomicU64::new(
-                std::env::var(LONG_STAGE_VAR)
-                    .ok()
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map_or(region::LONG_STAGE.as_nanos() as u64, |us| {
-                        us.saturating_mul(1000)
-                    }),
-            ),
+            long_stage_ns: AtomicU64::new(env_us_as_ns(
+                LONG_STAGE_VAR,
+                region::LONG_STAGE.as_nanos() as u64,
+            )),
             long_stage_contended: AtomicBool::new(flag(LONG_STAGE_CONTENDED_VAR)),
-            short_tile_ns: AtomicU64::new(
-                std::env::var(SHORT_TILE_VAR)
-                    .ok()
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map_or(region::SHORT_TILE.as_nanos() as u64, |us| {
-                        us.saturating_mul(1000)
-                    }),
-            ),
+            short_tile_ns: AtomicU64::new(env_us_as_ns(
+                SHORT_TILE_VAR,
+                region::SHORT_TILE.as_nanos() as u64,
+            )),
             recent_tile_ns: AtomicU64::new(0),
         });
         let mut pool = WorkerPool {
@@ -560,4 +547,13 @@ fn pin(_handle: &JoinHandle<()>, _cpus: &[usize]) -> std::io::Result<()> {
         std::io::ErrorKind::Unsupported,
         "thread affinity is only supported on Linux",
     ))
+}
+
+/// A duration in microseconds from the environment variable `var`, in
+/// nanoseconds; `default_ns` when it is unset or not a whole number.
+fn env_us_as_ns(var: &str, default_ns: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(default_ns, |us| us.saturating_mul(1000))
 }

@@ -15,18 +15,7 @@ use std::sync::atomic::AtomicU32;
 /// may return spuriously: callers re-check their condition).
 #[cfg(target_os = "linux")]
 pub(crate) fn wait(word: &AtomicU32, expected: u32) {
-    // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word` (an AtomicU32
-    // has u32's layout and lives for the call); a null timeout means no
-    // timeout. The kernel writes nothing.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            std::ptr::null::<libc::timespec>(),
-        );
-    }
+    futex_wait(word, expected, None);
 }
 
 /// As [`wait`], for at most `timeout` (returns at its end whether or not
@@ -37,16 +26,25 @@ pub(crate) fn wait_for(word: &AtomicU32, expected: u32, timeout: std::time::Dura
         tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
+    futex_wait(word, expected, Some(&ts));
+}
+
+/// FUTEX_WAIT on `word` while it holds `expected`, with an optional
+/// relative timeout.
+#[cfg(target_os = "linux")]
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<&libc::timespec>) {
+    let ts = timeout.map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word` (an AtomicU32
-    // has u32's layout and lives for the call) and the relative timeout
-    // `ts`, alive for the call. The kernel writes nothing.
+    // has u32's layout and lives for the call) and, when not null, the
+    // relative timeout behind `ts`, borrowed for the call (null: no
+    // timeout). The kernel writes nothing.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
             expected,
-            &ts as *const libc::timespec,
+            ts,
         );
     }
 }
