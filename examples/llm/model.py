@@ -38,6 +38,13 @@ A call whose positions would pass the capacity fails with a clear error
 (`cf.assert` on the cache's dimension) instead of writing outside the cache. Attention reads only the
 first pos + len positions of the cache (dynamic shapes), so a step costs what
 its context costs, not the capacity's.
+
+The cuda program's decode (build_mlir(gpu=True)) reads its position from a
+one-element device tensor instead: RoPE, the cache write (a scatter) and the
+causal mask take it from device memory, and attention spans pos + 1
+positions rounded up to ATTEND_ROUND (the rest masked), so consecutive steps
+launch the same kernels with the same parameters and the runtime replays
+one CUDA graph of the step without updating its nodes (Fn.device_pos).
 """
 
 import math
@@ -146,6 +153,14 @@ class Fn:
         # shared by all rows (decode_batch_wide, for many rows).
         self.mode = mode
         self.batched = mode in ("batch", "wide")
+        # The cuda decode step reads its position from device memory
+        # (`%posv`, tensor<1xi32>) instead of taking it as a push constant
+        # of every kernel that uses it (rope, the cache write, the mask):
+        # with the attended length rounded up to ATTEND_ROUND positions,
+        # consecutive steps then launch the same kernels with the same
+        # parameters, so a CUDA graph of the step is replayed without
+        # updating its nodes (build_mlir(gpu=True), `device_pos`).
+        self.device_pos = False
         # Set by _step_checks: the i32 vector of rows whose logits a step
         # call returns (None: every row's, as decode_batch).
         self.out_rows = None
@@ -690,7 +705,7 @@ class Fn:
             )
             parts.append(v)
         ins = [(p, self.ty(["T", heads, half]), ["t", "h", "i"], "f32") for p in parts]
-        if self.batched:
+        if self.batched or self.device_pos:
             ins.append(("%posv", self.ty(["T"], "i32"), ["t"], "i32"))
             where = lambda a: [  # noqa: E731
                 "%i = linalg.index 2 : index",
@@ -744,6 +759,8 @@ class Fn:
             return self.slot_cache_update(layer, k, v)
         if self.batched:
             return self.batch_cache_update(layer, k, v)
+        if self.device_pos:
+            return self.device_pos_cache_update(layer, k, v)
         return self.single_cache_update(layer, k, v)
 
     def slot_cache_update(self, layer, k, v):
@@ -846,6 +863,40 @@ class Fn:
             out.append(s)
         return out
 
+    def device_pos_cache_update(self, layer, k, v):
+        """The cuda decode step's cache write: k and v [1, 3, 64] go to
+        position %posv[0] of `@kv<layer>` by one `iree_linalg_ext.scatter`
+        (indices [[0, pos], [1, pos]] computed on the device, in place on
+        the global); returns the first %L positions of K and of V, %L the
+        attended length rounded up (positions past pos are masked)."""
+        cty = KV_TYPE
+        c = self.fresh("kv")
+        self.emit(f"{c} = util.global.load @kv{layer} : {cty}")
+        uty = f"tensor<2x{KV_HEADS}x{HEAD_DIM}xf32>"
+        upd = self.empty([2, KV_HEADS, HEAD_DIM])
+        for which, new in ((0, k), (1, v)):
+            u = self.fresh("u")
+            self.emit(
+                f"{u} = tensor.insert_slice {new} into {upd}[{which}, 0, 0] [1, {KV_HEADS}, {HEAD_DIM}] [1, 1, 1] : {self.ty(['T', KV_HEADS, HEAD_DIM])} into {uty}"
+            )
+            upd = u
+        w = self.fresh("kv")
+        self.emit(
+            f"{w} = iree_linalg_ext.scatter dimension_map = [0, 1] unique_indices(true) ins({upd}, %kvidx : {uty}, tensor<2x2xi32>) outs({c} : {cty}) {{"
+        )
+        self.emit("^bb0(%su: f32, %so: f32):")
+        self.emit("  iree_linalg_ext.yield %su : f32")
+        self.emit(f"}} -> {cty}")
+        self.emit(f"util.global.store {w}, @kv{layer} : {cty}")
+        out = []
+        for which in (0, 1):
+            s = self.fresh("kv")
+            self.emit(
+                f"{s} = tensor.extract_slice {w}[{which}, 0, 0, 0] [1, %L, {KV_HEADS}, {HEAD_DIM}] [1, 1, 1, 1] : {cty} to {self.ty(['L', KV_HEADS, HEAD_DIM])}"
+            )
+            out.append(s)
+        return out
+
     def attention(self, q, k, v):
         """q: [T, 9, 64] (roped); k, v: [L, 3, 64] -> [T, 576]. Query head
         g*3+r reads KV head g; query t sits at position pos+t and sees
@@ -867,7 +918,7 @@ class Fn:
         )
         # Scale and causal mask.
         mins = [(s, self.ty(sshape), ["g", "r", "t", "l"], "f32")]
-        if batch:
+        if batch or self.device_pos:
             # Row t sees positions 0..posv[t] of its own slot (the gathered
             # rows are padded to the longest one).
             mins.append(("%posv", self.ty(["T"], "i32"), ["t"], "i32"))
@@ -1298,12 +1349,21 @@ class Fn:
         return self.logits(n)
 
 
-def _checks(f):
+# The cuda decode step attends to the first pos + 1 positions rounded up
+# to a multiple of this (at most the capacity; the positions past pos are
+# masked): its kernels' sizes then change once every ATTEND_ROUND steps
+# rather than at every step (see Fn.device_pos).
+ATTEND_ROUND = 64
+
+
+def _checks(f, round_attended=False):
     """Position bookkeeping shared by both entry points: %pos (index), %L =
-    pos + T, and the capacity check."""
+    pos + T (with `round_attended`, rounded up to ATTEND_ROUND positions,
+    at most the capacity), and the capacity check."""
     f.emit("%pos = arith.index_cast %pos_i32 : i32 to index")
     f.emit("%one_idx = arith.constant 1 : index")
-    f.emit("%L = arith.addi %pos, %T : index")
+    L = "%Lexact" if round_attended else "%L"
+    f.emit(f"{L} = arith.addi %pos, %T : index")
     f.emit("%zero_i32 = arith.constant 0 : i32")
     f.emit("%pos_ok = arith.cmpi sge, %pos_i32, %zero_i32 : i32")
     f.emit(f'cf.assert %pos_ok, "position must not be negative"')
@@ -1311,10 +1371,21 @@ def _checks(f):
     # whatever init_cache allocated.
     f.emit(f"%kv0_cap = util.global.load @kv0 : {KV_TYPE}")
     f.emit("%cap = tensor.dim %kv0_cap, %one_idx : " + KV_TYPE)
-    f.emit("%fits = arith.cmpi ule, %L, %cap : index")
+    f.emit(f"%fits = arith.cmpi ule, {L}, %cap : index")
     f.emit('cf.assert %fits, "positions pass the KV cache capacity (context_length; init_cache sets it)"')
     f.emit("%has = arith.cmpi uge, %T, %one_idx : index")
     f.emit('cf.assert %has, "at least one token is needed"')
+    if round_attended:
+        f.emit(f"%round = arith.constant {ATTEND_ROUND} : index")
+        f.emit(f"%round_m1 = arith.constant {ATTEND_ROUND - 1} : index")
+        f.emit("%Lup0 = arith.addi %Lexact, %round_m1 : index")
+        f.emit("%Lup1 = arith.divui %Lup0, %round : index")
+        f.emit("%Lup = arith.muli %Lup1, %round : index")
+        f.emit("%Lmin = arith.minui %Lup, %cap : index")
+        # Hidden from the compiler's integer range analysis: knowing %L a
+        # multiple of 64, the pinned compiler crashes lowering the softmax
+        # kernels for cuda ("SmallVector unable to grow").
+        f.emit("%L = util.optimization_barrier %Lmin : index")
 
 
 # The CPU program's prefill runs the fused kernels (as decode) for prompts of
@@ -1406,7 +1477,32 @@ def build_mlir(gpu=False):
 
     f = Fn(1, gpu=gpu)
     f.emit("%T = arith.constant 1 : index")
-    _checks(f)
+    _checks(f, round_attended=gpu)
+    if gpu:
+        # The position as a device tensor (the barrier keeps the compiler
+        # from folding it back into every kernel as a constant) and the
+        # cache write's indices [[0, pos], [1, pos]] (K, V) from it.
+        f.device_pos = True
+        f.emit("%posd = tensor.from_elements %pos_i32 : tensor<1xi32>")
+        f.emit("%posv = util.optimization_barrier %posd : tensor<1xi32>")
+        idx = f.generic(
+            ["i", "j"],
+            ["parallel"] * 2,
+            [],
+            (f.empty([2, 2], "i32"), [2, 2], ["i", "j"]),
+            lambda a: [
+                "%i = linalg.index 0 : index",
+                "%j = linalg.index 1 : index",
+                "%zero = arith.constant 0 : index",
+                "%p = tensor.extract %posv[%zero] : tensor<1xi32>",
+                "%is_which = arith.cmpi eq, %j, %zero : index",
+                "%ii = arith.index_cast %i : index to i32",
+                "%r = arith.select %is_which, %ii, %p : i32",
+                "linalg.yield %r : i32",
+            ],
+            out_et="i32",
+        )
+        f.emit(f"%kvidx = util.optimization_barrier {idx} : tensor<2x2xi32>")
     f.emit("%ids = tensor.from_elements %tok_id : tensor<1xi32>")
     f.emit("%id_ok0 = arith.cmpi sge, %tok_id, %zero_i32 : i32")
     f.emit(f"%vocab = arith.constant {VOCAB} : i32")

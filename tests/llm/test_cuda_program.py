@@ -64,3 +64,26 @@ def test_cuda_program_math_equals_the_reference(gguf_path, reference, gpu_math_o
         assert got == want, f"{name}: {got} != reference {want}"
         err = np.abs(logits.astype(np.float64) - ref_logits).max()
         assert err < LOGIT_TOL, f"{name}: logits differ from the reference by {err}"
+
+
+def _function(mlir, name):
+    start = mlir.index(f"func.func @{name}(")
+    end = mlir.index("\n  }\n", start)
+    return mlir[start:end]
+
+
+def test_cuda_decode_reads_its_position_from_device_memory():
+    """No kernel of the cuda decode step takes the position as a constant:
+    the host's %pos serves only the capacity check and the attended length
+    (rounded up to model.ATTEND_ROUND); RoPE, the cache write and the mask
+    read %posv, a device tensor, so a CUDA graph of the step replays with
+    its nodes unchanged. The CPU program's decode still takes %pos."""
+    gpu = _function(model.build_mlir(gpu=True), "decode")
+    cpu = _function(model.build_mlir(), "decode")
+    uses = lambda text: re.findall(r"%pos\b(?!_)", text)  # noqa: E731
+    generics = lambda text: re.findall(r"linalg\.generic.*?\} -> tensor", text, re.S)  # noqa: E731
+    assert not any(uses(g) for g in generics(gpu)), "a cuda decode kernel reads the host position"
+    assert any(uses(g) for g in generics(cpu)), "the CPU decode's kernels read %pos (the check sees it)"
+    assert gpu.count("iree_linalg_ext.scatter") == model.LAYERS, "one cache write a layer, by the device position"
+    assert gpu.count("%posv") >= model.LAYERS * 3
+    assert f"arith.constant {model.ATTEND_ROUND} : index" in gpu

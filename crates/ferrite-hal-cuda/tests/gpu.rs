@@ -1836,3 +1836,77 @@ fn repeated_one_shot_shapes_run_as_an_updated_graph() {
     }
     assert_eq!(launches(), 5 + rounds.len() as u64);
 }
+
+/// A one-shot shape whose calls alternate between two sets of buffers
+/// (transient buffers from the stream-ordered pool do, call after call)
+/// gets a graph per set: each call launches the graph set exactly as it
+/// needs, with no node updated, and computes its own result; a third set
+/// updates the least recently launched graph.
+#[test]
+fn alternating_one_shot_buffers_launch_their_own_graph_unchanged() {
+    let Some(dev) = gpu() else { return };
+    let cuda = as_cuda(&dev);
+    cuda.set_oneshot_graphs(true);
+    let store = store_kernel(&dev);
+    let one_shot = ferrite_hal::command_buffer::mode::ONE_SHOT;
+    // Stores `value` into words 0 and 1 of `b` (direct bindings, as the
+    // compiler's one-shot command buffers bind transients).
+    let record = |b: &ferrite_hal::Buffer, value: u32| {
+        let cb = CommandBuffer::new(one_shot, 0, 0, 0);
+        for offset in [0, 4] {
+            cb.dispatch(
+                ExecutableRef(store.clone()),
+                0,
+                [1, 1, 1],
+                None,
+                vec![value],
+                vec![BufferRef::Direct {
+                    buffer: b.clone(),
+                    offset,
+                    length: 4,
+                }],
+            )
+            .unwrap();
+        }
+        cb.finalize().unwrap();
+        cb
+    };
+    let alloc = || dev.allocator().allocate(&device_params(), 8).unwrap();
+    let s = Semaphore::new(0);
+    let mut v = 0;
+    let mut run = |b: &ferrite_hal::Buffer, value: u32| {
+        let cb = record(b, value);
+        v += 1;
+        queue::execute(&dev, &at(&s, v - 1), &at(&s, v), Some(&cb), vec![]).unwrap();
+        s.wait(v, within(30)).unwrap();
+        assert_eq!(u32s(b), vec![value, value], "stored {value}");
+    };
+    let (a, b, c) = (alloc(), alloc(), alloc());
+    // The first is replayed; the second builds a graph for `b`, the third
+    // one for `a`.
+    run(&a, 1);
+    run(&b, 1);
+    run(&a, 1);
+    assert_eq!(cuda.oneshot_graph_launches(), 2);
+    let updates = cuda.graph_node_updates();
+    for _ in 0..4 {
+        run(&b, 1);
+        run(&a, 1);
+    }
+    assert_eq!(cuda.oneshot_graph_launches(), 10);
+    assert_eq!(
+        cuda.graph_node_updates(),
+        updates,
+        "each set of buffers has a graph set as it needs"
+    );
+    // A third buffer (and another value): the least recently launched
+    // graph is updated; the results stay right on every set.
+    run(&c, 2);
+    assert!(
+        cuda.graph_node_updates() > updates,
+        "a new set updates nodes"
+    );
+    run(&a, 3);
+    run(&b, 4);
+    assert_eq!(cuda.oneshot_graph_launches(), 13);
+}

@@ -4,7 +4,9 @@
 //! from the graph and shape types so that the device, which holds a
 //! [`super::ShapeCache`], names no module that names the device.
 
-use super::{CommandGraph, KernelArgs, NodeState, Prepared, Shape, UpdatableNode};
+use super::{
+    CommandGraph, KernelArgs, NodeState, Prepared, Shape, UpdatableNode, GRAPHS_PER_SHAPE,
+};
 use crate::completion::InFlightResources;
 use crate::device::CudaDevice;
 use crate::executable::dispatch_kernel;
@@ -345,10 +347,46 @@ impl CudaDevice {
                 updated += 1;
             }
         }
+        self.graph_node_updates
+            .fetch_add(updated, Ordering::Relaxed);
+        self.launch_as_set(g, oneshot, updated)
+    }
+
+    /// Whether every node of `g` is set exactly as `commands` under `table`
+    /// need (checking their ranges; an error for a bad one).
+    fn set_as(&self, g: &CommandGraph, commands: &[Command], table: &[Binding]) -> Result<bool> {
+        let nodes = g.nodes.lock();
+        let mut state = NodeState {
+            addresses: Vec::new(),
+            words: Vec::new(),
+        };
+        for n in nodes.iter() {
+            if self
+                .node_state_into(&commands[n.command], table, &mut state)?
+                .is_none()
+                || state != n.state
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Launches `g`, every node of which [`Self::set_as`] found set as this
+    /// execution needs.
+    fn launch_unchanged(&self, g: &CommandGraph, oneshot: bool) -> Result<()> {
+        self.launch_as_set(g, oneshot, 0)
+    }
+
+    /// Launches `g` as its nodes are set (`updated` of them just now) on the
+    /// queue stream.
+    fn launch_as_set(&self, g: &CommandGraph, oneshot: bool, updated: u64) -> Result<()> {
+        let api = g.shared.api;
         ffi::check(
             // SAFETY: an instantiated graph of this context, launched on its
             // queue stream under the submission lock; every address it uses
-            // was checked against this execution's commands and bindings.
+            // was checked against this execution's commands and bindings
+            // (by `update_and_launch` or `set_as`).
             unsafe { (api.cuGraphLaunch)(g.exec, g.shared.stream) },
             "launching a CUDA graph",
         )?;
@@ -360,8 +398,6 @@ impl CudaDevice {
             );
         }
         self.graph_launches.fetch_add(1, Ordering::Relaxed);
-        self.graph_node_updates
-            .fetch_add(updated, Ordering::Relaxed);
         if oneshot {
             self.oneshot_graph_launches.fetch_add(1, Ordering::Relaxed);
         }
@@ -431,7 +467,26 @@ impl CudaDevice {
             drop(cache);
             return self.enqueue_commands(commands, table, keep);
         }
-        if entry.graph.is_none() {
+        // A graph set exactly as these commands need, least recently
+        // launched first (with alternating transient addresses, the one
+        // launched by the call before last).
+        let mut same = None;
+        for (i, g) in entry.graphs.iter().enumerate() {
+            match self.set_as(g, commands, table) {
+                Ok(true) => {
+                    same = Some(i);
+                    break;
+                }
+                Ok(false) => {}
+                // A bad range: the replay reports it; the shape starts over.
+                Err(_) => {
+                    cache.entries.pop();
+                    drop(cache);
+                    return self.enqueue_commands(commands, table, keep);
+                }
+            }
+        }
+        if same.is_none() && entry.graphs.len() < GRAPHS_PER_SHAPE {
             // Range checks first: a bad submission is reported by the
             // replay and does not make the driver's refusal stick.
             let checked = commands
@@ -442,18 +497,33 @@ impl CudaDevice {
                 return self.enqueue_commands(commands, table, keep);
             }
             match self.build_graph(commands, table, true) {
-                Ok(g) => entry.graph = Some(g),
-                Err(_) => {
+                Ok(g) => {
+                    entry.graphs.push(g);
+                    same = Some(entry.graphs.len() - 1);
+                }
+                Err(_) if entry.graphs.is_empty() => {
                     entry.refused = true;
                     drop(cache);
                     return self.enqueue_commands(commands, table, keep);
                 }
+                // The shape has a graph already: update that one.
+                Err(_) => {}
             }
         }
-        let Some(g) = &entry.graph else {
+        // The graph to launch goes last (most recently launched); without
+        // one set as needed, the least recently launched is updated.
+        let i = same.unwrap_or(0);
+        let g = entry.graphs.remove(i);
+        entry.graphs.push(g);
+        let Some(g) = entry.graphs.last() else {
             bail!(Internal, "a one-shot shape's graph vanished");
         };
-        match self.update_and_launch(g, commands, table, true) {
+        let launched = if same.is_some() {
+            self.launch_unchanged(g, true)
+        } else {
+            self.update_and_launch(g, commands, table, true)
+        };
+        match launched {
             Ok(()) => {
                 // The commands hold their direct buffers and executables
                 // until the launch completes.
@@ -464,7 +534,7 @@ impl CudaDevice {
                 Ok(())
             }
             Err(_) => {
-                // Possibly half updated: forget the graph.
+                // Possibly half updated: forget the shape's graphs.
                 cache.entries.pop();
                 drop(cache);
                 self.enqueue_commands(commands, table, keep)

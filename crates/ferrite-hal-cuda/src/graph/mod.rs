@@ -24,9 +24,12 @@
 //! binding and constant counts, barriers, fills; not their buffers,
 //! constants or workgroup counts). The first of a shape is replayed on the
 //! stream; the second builds and instantiates the shape's graph; from then
-//! on every command buffer of that shape updates the nodes whose
-//! parameters differ (addresses, push constants, workgroup counts, fill
-//! ranges) and launches the graph. Everything is resolved and range
+//! on a command buffer of that shape launches a graph of the shape whose
+//! parameters (addresses, push constants, workgroup counts, fill ranges)
+//! all equal its own, unchanged; failing that, a second graph is built
+//! (up to [`GRAPHS_PER_SHAPE`]: transient buffers alternate between two
+//! addresses from call to call) or the least recently launched one is
+//! updated where its nodes differ. Everything is resolved and range
 //! checked at submission as a replay does; a failure on the graph path
 //! (a bad range, a driver refusal) falls back to the replay, which reports
 //! it as before. `FERRITE_CUDA_ONESHOT_GRAPHS=0` turns this off.
@@ -237,6 +240,14 @@ pub(crate) fn oneshot_shape(cb: &CommandBuffer, commands: &[Command]) -> Option<
 /// One-shot shapes remembered per device.
 const SHAPES_KEPT: usize = 4;
 
+/// Graphs kept per one-shot shape. A program's transient buffers come from
+/// the stream-ordered pool, which hands consecutive calls alternating
+/// addresses (the SmolLM2 decode step: every node's bindings differ from
+/// one step to the next and equal those of the step before). With one
+/// graph each step would update every node; with two, each call finds
+/// the graph whose parameters it equals and launches it unchanged.
+const GRAPHS_PER_SHAPE: usize = 2;
+
 /// A one-shot shape seen on a device, and its graph once it was seen
 /// twice.
 struct ShapeEntry {
@@ -245,7 +256,9 @@ struct ShapeEntry {
     /// can take one's address (the shape compares them by identity) while
     /// the graph holds their functions.
     _executables: Vec<Arc<dyn Executable>>,
-    graph: Option<CommandGraph>,
+    /// The shape's graphs, least recently launched first, at most
+    /// [`GRAPHS_PER_SHAPE`].
+    graphs: Vec<CommandGraph>,
     /// The driver refused to build the graph: always replay.
     refused: bool,
 }
@@ -275,7 +288,7 @@ impl ShapeCache {
         self.entries.push(ShapeEntry {
             shape,
             _executables: executables,
-            graph: None,
+            graphs: Vec::new(),
             refused: false,
         });
     }
