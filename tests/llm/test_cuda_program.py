@@ -87,3 +87,27 @@ def test_cuda_decode_reads_its_position_from_device_memory():
     assert gpu.count("iree_linalg_ext.scatter") == model.LAYERS, "one cache write a layer, by the device position"
     assert gpu.count("%posv") >= model.LAYERS * 3
     assert f"arith.constant {model.ATTEND_ROUND} : index" in gpu
+
+
+def test_cuda_program_math_across_the_attended_rounding_and_the_capacity(gguf_path, gpu_math_on_cpu):  # noqa: F811
+    """The cuda decode's formulation (device position, attended length
+    rounded up to model.ATTEND_ROUND and masked, scatter cache writes) gives
+    the CPU program's logits at every position of a 200-position cache,
+    teacher-forced (examples/llm/check_cuda.py): past three roundings and up
+    to the capacity, where the rounded length is clipped."""
+    import check_cuda
+    import upstream_loop
+
+    context, steps = 200, 195
+    ids = check_cuda.forced_ids(steps)
+    rows = {}
+    for name, vmfb in (("cpu", upstream_loop.VMFB), ("gpu_math", gpu_math_on_cpu)):
+        m = upstream_loop.UpstreamModel(gguf_path, "local-sync", vmfb=vmfb, context=context)
+        out = [m.prefill(ids[: check_cuda.PROMPT])]
+        for i in range(steps):
+            out.append(m.decode(ids[check_cuda.PROMPT + i], check_cuda.PROMPT + i))
+        rows[name] = np.stack(out).astype(np.float64)
+    ref, got = rows["cpu"], rows["gpu_math"]
+    rel = np.abs(got - ref).max(axis=1) / np.abs(ref).max()
+    assert rel.max() < 1e-4, f"step {int(rel.argmax())}: relative logit difference {rel.max():.2e}"
+    assert (got.argmax(axis=1) == ref.argmax(axis=1)).all()
