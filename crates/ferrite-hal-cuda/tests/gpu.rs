@@ -1910,3 +1910,69 @@ fn alternating_one_shot_buffers_launch_their_own_graph_unchanged() {
     run(&b, 4);
     assert_eq!(cuda.oneshot_graph_launches(), 13);
 }
+
+/// Automatic one-shot graphs (the default): a shape whose every execution
+/// changes its kernels' constants (so each graph launch would first update
+/// every node on the host) goes back to stream replay after its first
+/// graph executions; a shape whose parameters repeat stays a graph. Both
+/// compute their results throughout.
+#[test]
+fn automatic_one_shot_graphs_keep_only_shapes_whose_parameters_repeat() {
+    let Some(dev) = gpu() else { return };
+    let cuda = as_cuda(&dev);
+    cuda.set_oneshot_graphs_automatic();
+    let store = store_kernel(&dev);
+    let one_shot = ferrite_hal::command_buffer::mode::ONE_SHOT;
+    // `stores` dispatches storing `value` into words 0.. of `b`.
+    let record = |b: &ferrite_hal::Buffer, value: u32, stores: u64| {
+        let cb = CommandBuffer::new(one_shot, 0, 0, 0);
+        for i in 0..stores {
+            cb.dispatch(
+                ExecutableRef(store.clone()),
+                0,
+                [1, 1, 1],
+                None,
+                vec![value],
+                vec![BufferRef::Direct {
+                    buffer: b.clone(),
+                    offset: 4 * i,
+                    length: 4,
+                }],
+            )
+            .unwrap();
+        }
+        cb.finalize().unwrap();
+        cb
+    };
+    let alloc = || dev.allocator().allocate(&device_params(), 16).unwrap();
+    let s = Semaphore::new(0);
+    let mut v = 0;
+    let mut run = |b: &ferrite_hal::Buffer, value: u32, stores: u64| {
+        let cb = record(b, value, stores);
+        v += 1;
+        queue::execute(&dev, &at(&s, v - 1), &at(&s, v), Some(&cb), vec![]).unwrap();
+        s.wait(v, within(30)).unwrap();
+        assert_eq!(u32s(b)[..stores as usize], vec![value; stores as usize]);
+    };
+    let (a, b) = (alloc(), alloc());
+    let launches = || cuda.oneshot_graph_launches();
+    // Two stores, a new constant every time: after the first 16 graph
+    // executions (each updating both nodes) the shape is replayed.
+    let start = launches();
+    for i in 0..40 {
+        run(&a, 100 + i, 2);
+    }
+    let changing = launches() - start;
+    assert_eq!(changing, 16, "graph executions before replay");
+    // Three stores alternating between two buffers with one constant:
+    // every call finds a graph set as it needs, and stays a graph.
+    let start = launches();
+    for i in 0..40 {
+        run(if i % 2 == 0 { &a } else { &b }, 7, 3);
+    }
+    assert_eq!(
+        launches() - start,
+        39,
+        "all but the first are graph launches"
+    );
+}

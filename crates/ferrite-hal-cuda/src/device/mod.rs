@@ -59,7 +59,7 @@ use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 
 pub(crate) mod deferral;
@@ -84,9 +84,10 @@ pub struct CudaDevice {
     /// Of those, one-shot command buffers launched as their shape's graph
     /// ([`crate::graph::oneshot_shape`]).
     pub(crate) oneshot_graph_launches: AtomicU64,
-    /// Whether one-shot command buffers whose shape repeats run as graphs
+    /// Whether one-shot command buffers whose shape repeats run as graphs:
+    /// a [`crate::graph::OneShotGraphs`] as u8
     /// ([`crate::graph::oneshot_graphs_default`]).
-    pub(crate) oneshot_graphs: AtomicBool,
+    pub(crate) oneshot_graphs: AtomicU8,
     /// Graph nodes whose parameters were updated before a launch.
     pub(crate) graph_node_updates: AtomicU64,
     /// One-shot command buffer shapes seen lately, with their graphs.
@@ -248,7 +249,7 @@ impl CudaDevice {
                 channels_created: AtomicU64::new(0),
                 graph_launches: AtomicU64::new(0),
                 oneshot_graph_launches: AtomicU64::new(0),
-                oneshot_graphs: AtomicBool::new(crate::graph::oneshot_graphs_default()),
+                oneshot_graphs: AtomicU8::new(crate::graph::oneshot_graphs_default() as u8),
                 graph_node_updates: AtomicU64::new(0),
                 shapes: Mutex::new(crate::graph::ShapeCache::default()),
                 kept_on_host: AtomicU64::new(0),
@@ -264,18 +265,41 @@ impl CudaDevice {
     }
 
     /// How many of [`Self::graph_launches`] were one-shot command buffers
-    /// launched as the graph of a shape submitted before (only while
-    /// [`Self::set_oneshot_graphs`] is on).
+    /// launched as the graph of a shape submitted before (see
+    /// [`Self::set_oneshot_graphs`]).
     pub fn oneshot_graph_launches(&self) -> u64 {
         self.oneshot_graph_launches.load(Ordering::Relaxed)
     }
 
     /// Runs one-shot command buffers whose shape repeats as that shape's
-    /// updated graph (`on`) or on the stream, command by command. Off by
-    /// default (`FERRITE_CUDA_ONESHOT_GRAPHS=1` turns it on for new
-    /// devices): see `graph::oneshot_graphs_default` for why.
+    /// graph, updated where needed (`on`), or on the stream, command by
+    /// command (`off`), whatever their parameters do. By default a device
+    /// decides per shape: a graph, unless most of the shape's first
+    /// executions had to update many nodes (`FERRITE_CUDA_ONESHOT_GRAPHS=1`
+    /// or `0` sets on or off for new devices): see
+    /// `graph::oneshot_graphs_default` for why.
     pub fn set_oneshot_graphs(&self, on: bool) {
-        self.oneshot_graphs.store(on, Ordering::Relaxed);
+        let mode = if on {
+            crate::graph::OneShotGraphs::On
+        } else {
+            crate::graph::OneShotGraphs::Off
+        };
+        self.oneshot_graphs.store(mode as u8, Ordering::Relaxed);
+    }
+
+    /// Lets the device decide per one-shot shape (the default unless
+    /// `FERRITE_CUDA_ONESHOT_GRAPHS` is set): a graph, unless more than
+    /// half of the shape's first graph executions had to update over a
+    /// quarter of its nodes, after which the shape is replayed on the
+    /// stream.
+    pub fn set_oneshot_graphs_automatic(&self) {
+        self.oneshot_graphs
+            .store(crate::graph::OneShotGraphs::Auto as u8, Ordering::Relaxed);
+    }
+
+    /// The one-shot graph mode now.
+    pub(crate) fn oneshot_graphs_mode(&self) -> crate::graph::OneShotGraphs {
+        crate::graph::OneShotGraphs::from_u8(self.oneshot_graphs.load(Ordering::Relaxed))
     }
 
     /// How many graph nodes had their parameters (addresses, constants,
@@ -722,7 +746,7 @@ impl Device for CudaDevice {
         // A one-shot command buffer whose shape repeats runs as that
         // shape's graph (module `graph`); it needs no `cb`, so also when
         // kept on the host.
-        let shape = if graph || !self.oneshot_graphs.load(Ordering::Relaxed) {
+        let shape = if graph || self.oneshot_graphs_mode() == crate::graph::OneShotGraphs::Off {
             None
         } else {
             crate::graph::oneshot_shape(cb, &commands)

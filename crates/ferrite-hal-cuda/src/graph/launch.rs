@@ -5,7 +5,8 @@
 //! [`super::ShapeCache`], names no module that names the device.
 
 use super::{
-    CommandGraph, KernelArgs, NodeState, Prepared, Shape, UpdatableNode, GRAPHS_PER_SHAPE,
+    CommandGraph, KernelArgs, NodeState, OneShotGraphs, Prepared, Shape, UpdatableNode,
+    AUTO_WINDOW, GRAPHS_PER_SHAPE,
 };
 use crate::completion::InFlightResources;
 use crate::device::CudaDevice;
@@ -305,7 +306,7 @@ impl CudaDevice {
         commands: &[Command],
         table: &[Binding],
         oneshot: bool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let api = g.shared.api;
         let mut updated = 0u64;
         {
@@ -349,7 +350,8 @@ impl CudaDevice {
         }
         self.graph_node_updates
             .fetch_add(updated, Ordering::Relaxed);
-        self.launch_as_set(g, oneshot, updated)
+        self.launch_as_set(g, oneshot, updated)?;
+        Ok(updated)
     }
 
     /// Whether every node of `g` is set exactly as `commands` under `table`
@@ -431,11 +433,12 @@ impl CudaDevice {
     /// Whether a one-shot command buffer of `shape` would be launched as a
     /// graph now (its shape was submitted before and not refused).
     pub(crate) fn shape_is_known(&self, shape: &Shape) -> bool {
+        let auto = self.oneshot_graphs_mode() == OneShotGraphs::Auto;
         self.shapes
             .lock()
             .entries
             .iter()
-            .any(|e| !e.refused && e.shape == *shape)
+            .any(|e| !e.refused && (!e.gave_up || !auto) && e.shape == *shape)
     }
 
     /// Enqueues the commands of a one-shot command buffer of `shape` (see
@@ -463,7 +466,8 @@ impl CudaDevice {
         cache.entries.push(entry);
         let last = cache.entries.len() - 1;
         let entry = &mut cache.entries[last];
-        if entry.refused {
+        let auto = self.oneshot_graphs_mode() == OneShotGraphs::Auto;
+        if entry.refused || (entry.gave_up && auto) {
             drop(cache);
             return self.enqueue_commands(commands, table, keep);
         }
@@ -518,13 +522,26 @@ impl CudaDevice {
         let Some(g) = entry.graphs.last() else {
             bail!(Internal, "a one-shot shape's graph vanished");
         };
+        let node_count = g.node_count as u64;
         let launched = if same.is_some() {
-            self.launch_unchanged(g, true)
+            self.launch_unchanged(g, true).map(|()| 0)
         } else {
             self.update_and_launch(g, commands, table, true)
         };
         match launched {
-            Ok(()) => {
+            Ok(updated) => {
+                if auto && entry.runs < AUTO_WINDOW {
+                    entry.runs += 1;
+                    if updated * 4 > node_count {
+                        entry.heavy_runs += 1;
+                    }
+                    if entry.runs == AUTO_WINDOW && entry.heavy_runs * 2 > AUTO_WINDOW {
+                        // Most executions updated many nodes before their
+                        // launch: replay the shape from now on.
+                        entry.gave_up = true;
+                        entry.graphs.clear();
+                    }
+                }
                 // The commands hold their direct buffers and executables
                 // until the launch completes.
                 for b in table {

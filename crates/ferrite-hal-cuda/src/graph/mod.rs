@@ -32,7 +32,11 @@
 //! updated where its nodes differ. Everything is resolved and range
 //! checked at submission as a replay does; a failure on the graph path
 //! (a bad range, a driver refusal) falls back to the replay, which reports
-//! it as before. `FERRITE_CUDA_ONESHOT_GRAPHS=0` turns this off.
+//! it as before. By default a shape most of whose first [`AUTO_WINDOW`]
+//! graph executions had to update more than a quarter of the nodes goes
+//! back to stream replay (see [`oneshot_graphs_default`]);
+//! `FERRITE_CUDA_ONESHOT_GRAPHS=1` keeps every shape a graph, `=0` turns
+//! this off.
 //!
 //! Command buffers holding anything else (updates of host bytes, copies,
 //! collectives, indirect dispatches) and ones of a single command are
@@ -167,14 +171,24 @@ impl KernelArgs {
 }
 
 /// Whether a new device runs repeated one-shot command buffers as graphs:
-/// off unless `FERRITE_CUDA_ONESHOT_GRAPHS=1`, because updating a graph's
-/// nodes on the host before each launch serializes with the GPU, where
-/// stream launches overlap it: the SmolLM2 decode step measured 5-6%
-/// slower with it on an H200 (docs/figures.md). `CudaDevice::set_oneshot_graphs`
-/// chooses per device.
-pub(crate) fn oneshot_graphs_default() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FERRITE_CUDA_ONESHOT_GRAPHS").is_ok_and(|v| v == "1"))
+/// automatic ([`OneShotGraphs::Auto`]) unless `FERRITE_CUDA_ONESHOT_GRAPHS`
+/// says `1` (always) or `0` (never). Automatic, because a graph whose
+/// nodes must be updated on the host before each launch serializes that
+/// work with the GPU, where stream launches overlap it: a SmolLM2 decode
+/// step whose position changed most kernels' parameters measured 5-6%
+/// slower as a graph on an H200, while one whose parameters stay the same
+/// (the cuda program's decode, which reads its position from device
+/// memory) is faster as a graph (docs/figures.md).
+/// `CudaDevice::set_oneshot_graphs` chooses per device.
+pub(crate) fn oneshot_graphs_default() -> OneShotGraphs {
+    static MODE: OnceLock<OneShotGraphs> = OnceLock::new();
+    *MODE.get_or_init(
+        || match std::env::var("FERRITE_CUDA_ONESHOT_GRAPHS").as_deref() {
+            Ok("1") => OneShotGraphs::On,
+            Ok("0") => OneShotGraphs::Off,
+            _ => OneShotGraphs::Auto,
+        },
+    )
 }
 
 /// The structure of a one-shot command buffer's commands: per command its
@@ -261,6 +275,41 @@ struct ShapeEntry {
     graphs: Vec<CommandGraph>,
     /// The driver refused to build the graph: always replay.
     refused: bool,
+    /// Executions of the shape as a graph, and of those the ones that
+    /// updated more than a quarter of a graph's nodes, counted up to
+    /// [`AUTO_WINDOW`] executions while one-shot graphs are automatic.
+    runs: u32,
+    heavy_runs: u32,
+    /// Automatic mode found the shape's parameters changing at most
+    /// executions (more than half of the first [`AUTO_WINDOW`] were heavy):
+    /// it is replayed on the stream, where launches overlap the GPU.
+    gave_up: bool,
+}
+
+/// Graph executions of a one-shot shape after which automatic mode
+/// decides whether the shape stays a graph.
+pub(crate) const AUTO_WINDOW: u32 = 16;
+
+/// Whether one-shot command buffers whose shape repeats run as graphs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum OneShotGraphs {
+    /// Always replayed on the stream.
+    Off = 0,
+    /// Always graphs (updated where their parameters differ).
+    On = 1,
+    /// Graphs, except for a shape most of whose executions must update
+    /// many nodes first (see [`ShapeEntry::gave_up`]).
+    Auto = 2,
+}
+
+impl OneShotGraphs {
+    pub(crate) fn from_u8(v: u8) -> OneShotGraphs {
+        match v {
+            0 => OneShotGraphs::Off,
+            1 => OneShotGraphs::On,
+            _ => OneShotGraphs::Auto,
+        }
+    }
 }
 
 /// The device's one-shot shapes, least recently used first, at most
@@ -290,6 +339,9 @@ impl ShapeCache {
             _executables: executables,
             graphs: Vec::new(),
             refused: false,
+            runs: 0,
+            heavy_runs: 0,
+            gave_up: false,
         });
     }
 }
