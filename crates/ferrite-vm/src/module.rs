@@ -116,6 +116,10 @@ pub struct FunctionTarget {
     /// The callee's body when it is a native function: the interpreter
     /// steps it in place, without a frame of its own, unless it yields.
     pub native: Option<Arc<dyn crate::stack::NativeStep>>,
+    /// `native`'s closure when a step is that closure plus
+    /// [`crate::stack::NativeStep::finish`] (native module functions), taken
+    /// once here: an in-place import call makes one dynamic call, not two.
+    pub(crate) direct: Option<Arc<crate::native::NativeFn>>,
 }
 
 impl FunctionRef {
@@ -127,8 +131,10 @@ impl FunctionRef {
         name: Arc<str>,
     ) -> FunctionRef {
         let native = state.native_body(ordinal);
+        let direct = native.as_ref().and_then(|n| n.direct());
         FunctionRef(Arc::new(FunctionTarget {
             native,
+            direct,
             state,
             ordinal,
             cconv,

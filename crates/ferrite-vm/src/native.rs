@@ -24,7 +24,9 @@ pub type NativeFn = dyn Fn(&mut NativeCall<'_>) -> Result<NativePoll> + Send + S
 struct Function {
     name: String,
     cconv: Cconv,
-    body: Box<NativeFn>,
+    /// Shared so that a resolved import can hold the closure itself (see
+    /// [`crate::module::FunctionTarget`]'s direct entry).
+    body: Arc<NativeFn>,
 }
 
 impl NativeStep for Function {
@@ -33,8 +35,8 @@ impl NativeStep for Function {
         self.finish(call, r)
     }
 
-    fn direct(&self) -> Option<&NativeFn> {
-        Some(&*self.body)
+    fn direct(&self) -> Option<Arc<NativeFn>> {
+        Some(self.body.clone())
     }
 
     fn finish(&self, call: &NativeCall<'_>, r: Result<NativePoll>) -> Result<NativePoll> {
@@ -137,7 +139,7 @@ impl NativeModuleBuilder {
         self.functions.push(Arc::new(Function {
             name: format!("{}.{name}", self.name),
             cconv: parsed,
-            body: Box::new(body),
+            body: Arc::new(body),
         }));
         Ok(self)
     }

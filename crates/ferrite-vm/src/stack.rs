@@ -342,6 +342,17 @@ impl NativeCall<'_> {
         self.wait_status.take()
     }
 
+    /// True when dropping the call releases nothing: arguments in the
+    /// caller's registers, nothing saved, no wait outcome, no result vector
+    /// (the state of an in-place call that finished in place).
+    #[inline(always)]
+    pub(crate) fn holds_nothing(&self) -> bool {
+        matches!(self.args, Args::Registers(_))
+            && self.saved.is_none()
+            && self.wait_status.is_none()
+            && self.results.capacity() == 0
+    }
+
     /// The number of flattened arguments.
     pub fn arg_count(&self) -> usize {
         match &self.args {
@@ -365,9 +376,10 @@ pub trait NativeStep: Send + Sync {
     /// Runs (or resumes) the call.
     fn step(&self, call: &mut NativeCall<'_>) -> ferrite_base::Result<NativePoll>;
     /// The closure a step calls, when a step is that call followed by
-    /// [`NativeStep::finish`] (functions of native modules): the interpreter
-    /// then calls it itself, one indirection fewer on every import call.
-    fn direct(&self) -> Option<&crate::native::NativeFn> {
+    /// [`NativeStep::finish`] (functions of native modules): a resolved
+    /// import keeps it ([`crate::module::FunctionTarget`]) and the
+    /// interpreter calls it itself, with no dynamic call to find it first.
+    fn direct(&self) -> Option<Arc<crate::native::NativeFn>> {
         None
     }
     /// What a step does with the outcome of a [`NativeStep::direct`] call

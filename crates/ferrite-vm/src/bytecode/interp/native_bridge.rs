@@ -105,6 +105,11 @@ pub(crate) fn build_operands(
 /// and its results are written back before the dispatch loop goes on, with
 /// no frame, no argument values and no trip through the invocation loop.
 /// `call` is (import, segment list, argument list, result list, resume pc).
+///
+/// The common case (a native module function that wrote its results in
+/// place) is the only one handled here; everything else (a body that built
+/// a result vector, yielded or failed, or a native step without a direct
+/// closure) goes to [`settle`], out of line, so this path stays short.
 #[inline(never)]
 pub(super) fn call_in_place(
     state: &BytecodeState,
@@ -148,56 +153,85 @@ pub(super) fn call_in_place(
         results: Vec::new(),
         written: false,
     };
-    let outcome = match body.direct() {
-        Some(f) => match f(&mut call) {
-            // Results already in the registers: nothing left to check.
-            Ok(poll) if call.written => Ok(poll),
-            other => body.finish(&call, other),
-        },
+    let outcome = match &target.direct {
+        Some(f) => {
+            let outcome = f(&mut call);
+            if call.written && call.holds_nothing() {
+                if let Ok(NativePoll::Ready(out)) = &outcome {
+                    if out.capacity() == 0 {
+                        // Results already in the registers, nothing left to
+                        // check or release: neither value owns anything
+                        // (checked just above), so forgetting them leaks
+                        // nothing and spares their drop code.
+                        std::mem::forget(outcome);
+                        std::mem::forget(call);
+                        return Ok(InPlace::Done);
+                    }
+                }
+            }
+            match outcome {
+                Ok(poll) if call.written => Ok(poll),
+                other => body.finish(&call, other),
+            }
+        }
         None => body.step(&mut call),
     };
-    let (saved, written) = (call.saved, call.written);
-    discard_empty(call.results);
+    let settled = settle(body, call, outcome, pool, results, resume, scratch.results)?;
+    if let (InPlace::Parked(_), Some((listed, _))) = (&settled, listed) {
+        // The parked call's record is built from the scratch list.
+        scratch.operands.clear();
+        scratch.operands.extend_from_slice(listed);
+    }
+    Ok(settled)
+}
+
+/// The rest of [`call_in_place`]: results the body returned as a vector,
+/// and calls that yielded or failed (parked, to get a frame).
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn settle(
+    body: &Arc<dyn NativeStep>,
+    call: NativeCall<'_>,
+    outcome: Result<NativePoll>,
+    pool: &[u32],
+    results: usize,
+    resume: usize,
+    spare: &mut Vec<Variant>,
+) -> Result<InPlace> {
+    let NativeCall {
+        args,
+        saved,
+        written,
+        results: unused,
+        ..
+    } = call;
+    drop(unused);
+    let Args::Registers(frame) = args else {
+        bail!(Internal, "an in-place native call lost its registers");
+    };
     let outcome = match outcome {
         Ok(NativePoll::Ready(out)) if written => {
-            discard_empty(out);
+            drop(out);
             return Ok(InPlace::Done);
         }
         Ok(NativePoll::Ready(mut out)) => {
             // A body that built its result vector itself.
-            release_moved_operands(refs, moved.unwrap_or(operands));
-            return write_results(regs, refs, pool_list(pool, results), &mut out)
+            release_moved_operands(frame.refs, frame.moved.unwrap_or(frame.operands));
+            return write_results(frame.regs, frame.refs, pool_list(pool, results), &mut out)
                 .map(|()| InPlace::Done);
         }
         Ok(NativePoll::Pending(w)) => Ok(w),
         Err(e) => Err(e),
     };
-    let spare = std::mem::take(scratch.results);
-    // The parked call's record is built from the scratch list.
-    if let Some((listed, _)) = listed {
-        scratch.operands.clear();
-        scratch.operands.extend_from_slice(listed);
-    }
     Ok(InPlace::Parked(Box::new(Parked {
         body: body.clone(),
         outcome,
         saved,
-        spare,
+        spare: std::mem::take(spare),
         results,
         resume,
     })))
-}
-
-/// Drops a vector that is normally empty without an out-of-line drop call
-/// (the hot in-place call path hands back only unallocated vectors).
-#[inline(always)]
-fn discard_empty(v: Vec<Variant>) {
-    if v.capacity() == 0 {
-        // Nothing allocated, nothing to release.
-        std::mem::forget(v);
-    } else {
-        drop(v);
-    }
 }
 
 /// The record of an in-place native call that outlives its step (it
