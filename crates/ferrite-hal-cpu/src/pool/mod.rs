@@ -8,10 +8,13 @@
 //!   barriers into stages of independent tiles (slices of dispatches'
 //!   workgroup grids, transfers). The thread executing it leads; idle
 //!   workers join while there is work and room, and stay across barriers
-//!   while the next stage comes soon. A region never holds more threads
-//!   than the pool has workers, the leader included: when the leader is a
-//!   waiting caller (below), one worker stays out, so `N` workers means at
-//!   most `N` threads computing, as upstream's `N` worker groups.
+//!   while the next stage comes soon. While CPUs are free a region never
+//!   holds more threads than the pool has workers, the leader included:
+//!   when the leader is a waiting caller (below), one worker stays out, so
+//!   `N` workers means at most `N` threads computing, as upstream's `N`
+//!   worker groups. While the pool is contended (its threads lose their
+//!   CPUs to other work), a caller's region of longer tiles admits every
+//!   worker beside the caller (`PoolState::region_helpers`).
 //!
 //!
 //! Its parts:
@@ -177,6 +180,9 @@ impl WorkerPool {
                 region::SHORT_TILE.as_nanos() as u64,
             )),
             recent_tile_ns: AtomicU64::new(0),
+            contended_caller: AtomicBool::new(
+                std::env::var(CONTENDED_CALLER_VAR).map_or(true, |v| v.trim() != "0"),
+            ),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -382,6 +388,12 @@ const LONG_STAGE_CONTENDED_VAR: &str = "FERRITE_LOCAL_TASK_LONG_STAGE_CONTENDED"
 /// short-tile rule, see `PoolState::region_helpers`; unset:
 /// [`region::SHORT_TILE`]; 0 turns it off, to compare both on one binary).
 const SHORT_TILE_VAR: &str = "FERRITE_LOCAL_TASK_SHORT_TILE_US";
+
+/// `0`: while a pool made afterwards is contended, a region a caller leads
+/// still admits one worker fewer than the pool has (the behaviour before
+/// the contended-caller rule, see `PoolState::region_helpers`; unset: every
+/// worker, beside the caller, for regions of longer tiles).
+const CONTENDED_CALLER_VAR: &str = "FERRITE_LOCAL_TASK_CONTENDED_CALLER";
 
 /// Whether the environment variable `name` is `1`.
 fn flag(name: &str) -> bool {

@@ -50,7 +50,10 @@
 //! [`SHORT_TILE`] admits at most [`SHORT_TILE_HELPERS`] workers: a woken
 //! worker on a busy CPU waits for a slice before it runs, which costs
 //! more than it takes off a stage of microsecond tiles (see
-//! `PoolState::region_helpers`).
+//! `PoolState::region_helpers`). A region of longer tiles that a caller
+//! leads admits every worker while the pool is contended (the caller
+//! computes beside all of them: the program's share of busy CPUs grows
+//! with its runnable threads).
 
 use super::park;
 use super::state::{PoolState, PREEMPTION_CHECK_AFTER};

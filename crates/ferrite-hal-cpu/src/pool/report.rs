@@ -26,6 +26,7 @@ impl PoolState {
             preempted_threads: c.preempted_threads.load(Ordering::Relaxed),
             long_stage_waits: c.long_stage_waits.load(Ordering::Relaxed),
             short_tile_caps: c.short_tile_caps.load(Ordering::Relaxed),
+            contended_widened: c.contended_widened.load(Ordering::Relaxed),
             worker_cpu_time: self.cpu_clocks.lock().iter().map(cpu_time_of).sum(),
             inline_submissions: c.inline_submissions.load(Ordering::Relaxed),
         }
@@ -36,7 +37,7 @@ impl PoolState {
         let s = self.stats();
         let total = (s.workgroups_on_workers + s.workgroups_on_callers).max(1) as f64;
         eprintln!(
-            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} submissions run inline; {} joins; {} leader sleeps; {} worker sleeps; {} sleeps after a long stage; {} regions capped for short tiles (recent tiles {:.1} us on average); {} spins cut short by preemption; {} threads found preempted; {:.3} ms idle polling; {:.3} ms worker CPU",
+            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} submissions run inline; {} joins; {} leader sleeps; {} worker sleeps; {} sleeps after a long stage; {} regions capped for short tiles (recent tiles {:.1} us on average); {} contended regions with every worker beside the caller; {} spins cut short by preemption; {} threads found preempted; {:.3} ms idle polling; {:.3} ms worker CPU",
             self.workers,
             s.workgroups_on_workers,
             100.0 * s.workgroups_on_workers as f64 / total,
@@ -50,6 +51,7 @@ impl PoolState {
             s.long_stage_waits,
             s.short_tile_caps,
             self.recent_tile_ns.load(Ordering::Relaxed) as f64 / 1e3,
+            s.contended_widened,
             s.preempted_spins,
             s.preempted_threads,
             s.idle_spin.as_secs_f64() * 1e3,

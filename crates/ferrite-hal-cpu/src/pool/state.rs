@@ -133,6 +133,9 @@ pub(crate) struct PoolState {
     /// [`region::SHORT_TILE_HELPERS`] workers ([`region::SHORT_TILE`]
     /// unless set; 0: off).
     pub(super) short_tile_ns: AtomicU64,
+    /// The contended-caller rule (see [`PoolState::region_helpers`]); off
+    /// with `FERRITE_LOCAL_TASK_CONTENDED_CALLER=0`.
+    pub(super) contended_caller: AtomicBool,
     /// A moving average of the time one tile took (nanoseconds; 0: none
     /// measured yet), from the tiles the leaders of recent regions ran
     /// (see [`PoolState::note_tile_time`]).
@@ -167,18 +170,40 @@ impl PoolState {
     /// helpers costs more than they take off the stage (issue 25: 16
     /// helpers ran the MLP at 1.3x upstream under load), while long tiles
     /// (MiniLM's, hundreds of microseconds) still need every helper.
+    ///
+    /// The contended-caller rule: while contended, a region of longer
+    /// tiles led by a caller (a thread that is not a worker) admits every
+    /// worker, so the caller computes beside all of them (one thread more
+    /// than the pool has workers). Why: on a machine whose CPUs all run
+    /// other work, the scheduler shares each CPU among its runnable
+    /// threads, so the program's share of the machine grows with its
+    /// computing threads; the cap of one thread per worker protects the
+    /// stages from one thread preempting another only while CPUs are free
+    /// (issue 25: on 2 busy cores MiniLM ran 1.03x upstream with the cap).
+    /// `FERRITE_LOCAL_TASK_CONTENDED_CALLER=0` turns it off.
     pub(crate) fn region_helpers(&self, aside: bool) -> usize {
         let all = if aside {
             self.workers
         } else {
             self.workers.saturating_sub(1)
         };
-        // The clock is read only when a cap could apply.
         let short = self.tiles_are_short();
-        if (self.contended_helpers.is_none() && !short) || !self.is_contended() {
+        // The contended-caller rule applies to a region that a caller (not
+        // a worker) leads and runs tiles in.
+        let widen = !short
+            && !aside
+            && self.contended_caller.load(Ordering::Relaxed)
+            && self.workers >= 2
+            && self.current_worker().is_none();
+        // The clock is read only when a rule could apply.
+        if (self.contended_helpers.is_none() && !short && !widen) || !self.is_contended() {
             return all;
         }
-        let mut cap = self.contended_helpers.map_or(all, |c| all.min(c));
+        let widened = if widen { self.workers } else { all };
+        let mut cap = self.contended_helpers.map_or(widened, |c| widened.min(c));
+        if widen && cap > all {
+            self.stats.contended_widened.fetch_add(1, Ordering::Relaxed);
+        }
         if short && cap > region::SHORT_TILE_HELPERS {
             cap = region::SHORT_TILE_HELPERS;
             self.stats.short_tile_caps.fetch_add(1, Ordering::Relaxed);

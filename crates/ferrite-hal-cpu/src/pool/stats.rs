@@ -43,6 +43,10 @@ pub struct PoolStats {
     /// short, whose helpers the short-tile rule capped
     /// (`PoolState::region_helpers`).
     pub short_tile_caps: u64,
+    /// Regions started by a caller while the pool was contended that the
+    /// contended-caller rule let every worker join
+    /// (`PoolState::region_helpers`).
+    pub contended_widened: u64,
     /// CPU time the worker threads have used (Linux; zero elsewhere).
     pub worker_cpu_time: Duration,
     /// Submissions the device ran on the submitting thread (small work
@@ -64,6 +68,7 @@ pub(super) struct Counters {
     pub(super) preempted_threads: AtomicU64,
     pub(super) long_stage_waits: AtomicU64,
     pub(super) short_tile_caps: AtomicU64,
+    pub(super) contended_widened: AtomicU64,
     pub(super) inline_submissions: AtomicU64,
 }
 

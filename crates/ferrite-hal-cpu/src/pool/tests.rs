@@ -838,6 +838,9 @@ impl RegionWork for Concurrent {
 #[test]
 fn workers_joining_at_once_never_exceed_the_room() {
     let pool = Arc::new(WorkerPool::new(6).unwrap());
+    // The room is one worker fewer than the pool has: without the
+    // contended-caller rule, which on a busy machine would admit all 6.
+    pool.shared.contended_caller.store(false, Ordering::SeqCst);
     let works: Vec<Arc<Concurrent>> = (0..1)
         .map(|_| {
             Arc::new(Concurrent {
@@ -998,6 +1001,9 @@ fn while_contended_a_region_after_short_tiles_admits_few_helpers() {
     let pool = WorkerPool::new(4).unwrap();
     let s = &pool.shared;
     s.short_tile_ns.store(200_000, Ordering::SeqCst);
+    // This test is about the short-tile rule alone (the contended-caller
+    // rule would add the caller's worker back to long-tile regions).
+    s.contended_caller.store(false, Ordering::SeqCst);
     for _ in 0..20 {
         pool.run_region(&OneStage::new(8, Duration::ZERO)).unwrap();
     }
@@ -1028,5 +1034,50 @@ fn while_contended_a_region_after_short_tiles_admits_few_helpers() {
         // (A spinner of this pool descheduled just now would mark it
         // contended again; then this check says nothing.)
         assert_eq!(s.region_helpers(false), 3);
+    }
+}
+
+/// The contended-caller rule: while the pool is contended, a region of
+/// long tiles that a caller leads admits every worker, so it runs on one
+/// thread more than the pool has workers (the caller beside all of them);
+/// uncontended, or with the rule off, one worker stays out. Without the
+/// rule at most 3 threads run a region of a 3-worker pool.
+#[test]
+fn while_contended_a_caller_led_region_admits_every_worker() {
+    let pool = WorkerPool::new(3).unwrap();
+    let s = &pool.shared;
+    // On by default; set here so an environment turning it off does not
+    // turn this test into one that cannot fail.
+    s.contended_caller.store(true, Ordering::SeqCst);
+    s.contended_until.store(u64::MAX, Ordering::SeqCst);
+    let widened = pool.stats().contended_widened;
+    assert_eq!(s.region_helpers(false), 3);
+    // Tiles of 2 ms sleeps: every thread admitted finds some (woken
+    // workers join within a tile's time), CPUs or not.
+    let most = (0..5).map(|_| threads_running(&pool)).max().unwrap();
+    assert_eq!(
+        most, 4,
+        "a contended caller-led region ran on {most} threads"
+    );
+    assert!(pool.stats().contended_widened > widened);
+    // A leader stepping aside already admits every worker: nothing to add.
+    assert_eq!(s.region_helpers(true), 3);
+    // A worker leading (a queued submission) is not a caller: the others
+    // join it, as uncontended.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let shared = pool.shared.clone();
+    pool.spawn(Box::new(move || {
+        let _ = tx.send(shared.region_helpers(false));
+    }));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), 2);
+    // Off: one worker stays out, as uncontended.
+    s.contended_caller.store(false, Ordering::SeqCst);
+    assert_eq!(s.region_helpers(false), 2);
+    s.contended_caller.store(true, Ordering::SeqCst);
+    s.contended_until.store(0, Ordering::SeqCst);
+    if !s.is_contended() {
+        // (A spinner of this pool descheduled just now would mark it
+        // contended again; then this check says nothing.)
+        assert_eq!(s.region_helpers(false), 2);
     }
 }
