@@ -1849,8 +1849,9 @@ fn alternating_one_shot_buffers_launch_their_own_graph_unchanged() {
     cuda.set_oneshot_graphs(true);
     let store = store_kernel(&dev);
     let one_shot = ferrite_hal::command_buffer::mode::ONE_SHOT;
-    // Stores `value` into words 0 and 1 of `b` (direct bindings, as the
-    // compiler's one-shot command buffers bind transients).
+    // Stores `value` + 1 (the store kernel adds one) into words 0 and 1
+    // of `b` (direct bindings, as the compiler's one-shot command buffers
+    // bind transients).
     let record = |b: &ferrite_hal::Buffer, value: u32| {
         let cb = CommandBuffer::new(one_shot, 0, 0, 0);
         for offset in [0, 4] {
@@ -1879,7 +1880,7 @@ fn alternating_one_shot_buffers_launch_their_own_graph_unchanged() {
         v += 1;
         queue::execute(&dev, &at(&s, v - 1), &at(&s, v), Some(&cb), vec![]).unwrap();
         s.wait(v, within(30)).unwrap();
-        assert_eq!(u32s(b), vec![value, value], "stored {value}");
+        assert_eq!(u32s(b), vec![value + 1, value + 1], "stored {value} + 1");
     };
     let (a, b, c) = (alloc(), alloc(), alloc());
     // The first is replayed; the second builds a graph for `b`, the third
@@ -1923,7 +1924,8 @@ fn automatic_one_shot_graphs_keep_only_shapes_whose_parameters_repeat() {
     cuda.set_oneshot_graphs_automatic();
     let store = store_kernel(&dev);
     let one_shot = ferrite_hal::command_buffer::mode::ONE_SHOT;
-    // `stores` dispatches storing `value` into words 0.. of `b`.
+    // `stores` dispatches storing `value` + 1 (the store kernel adds one)
+    // into words 0.. of `b`.
     let record = |b: &ferrite_hal::Buffer, value: u32, stores: u64| {
         let cb = CommandBuffer::new(one_shot, 0, 0, 0);
         for i in 0..stores {
@@ -1952,7 +1954,7 @@ fn automatic_one_shot_graphs_keep_only_shapes_whose_parameters_repeat() {
         v += 1;
         queue::execute(&dev, &at(&s, v - 1), &at(&s, v), Some(&cb), vec![]).unwrap();
         s.wait(v, within(30)).unwrap();
-        assert_eq!(u32s(b)[..stores as usize], vec![value; stores as usize]);
+        assert_eq!(u32s(b)[..stores as usize], vec![value + 1; stores as usize]);
     };
     let (a, b) = (alloc(), alloc());
     let launches = || cuda.oneshot_graph_launches();
