@@ -234,11 +234,9 @@ pub struct ArgReader<'a> {
 /// What an [`ArgReader`] reads from (see [`Args`]).
 enum Source<'a> {
     Values(&'a [Variant]),
-    Registers {
-        regs: &'a [u32],
-        refs: &'a [Option<crate::refs::Ref>],
-        operands: &'a [Operand],
-    },
+    /// The in-place call's register view itself (one pointer to copy
+    /// when a reader starts, not three slices).
+    Registers(&'a crate::stack::InPlace<'a>),
 }
 
 /// A register operand's kind, for error messages.
@@ -257,11 +255,7 @@ impl<'a> ArgReader<'a> {
     pub fn new(call: &'a NativeCall<'_>) -> ArgReader<'a> {
         let source = match &call.args {
             Args::Values(v) => Source::Values(v),
-            Args::Registers(frame) => Source::Registers {
-                regs: frame.regs,
-                refs: frame.refs,
-                operands: frame.operands,
-            },
+            Args::Registers(frame) => Source::Registers(frame),
         };
         ArgReader { source, at: 0 }
     }
@@ -286,16 +280,12 @@ impl<'a> ArgReader<'a> {
     pub fn value(&mut self) -> Option<Variant> {
         let v = match &self.source {
             Source::Values(v) => v.get(self.at)?.clone(),
-            Source::Registers {
-                regs,
-                refs,
-                operands,
-            } => match *operands.get(self.at)? {
-                Operand::I32(r) => Variant::I32(*regs.get(r as usize)? as i32),
-                Operand::F32(r) => Variant::F32(f32::from_bits(*regs.get(r as usize)?)),
-                Operand::I64(r) => Variant::I64(reg_i64(regs, r)?),
-                Operand::F64(r) => Variant::F64(f64::from_bits(reg_i64(regs, r)? as u64)),
-                Operand::Ref(r) => Variant::from_ref(reg_ref(refs, r)?.cloned()),
+            Source::Registers(frame) => match *frame.operands.get(self.at)? {
+                Operand::I32(r) => Variant::I32(*frame.regs.get(r as usize)? as i32),
+                Operand::F32(r) => Variant::F32(f32::from_bits(*frame.regs.get(r as usize)?)),
+                Operand::I64(r) => Variant::I64(reg_i64(frame.regs, r)?),
+                Operand::F64(r) => Variant::F64(f64::from_bits(reg_i64(frame.regs, r)? as u64)),
+                Operand::Ref(r) => Variant::from_ref(reg_ref(frame.refs, r)?.cloned()),
                 Operand::Count(n) => Variant::I32(n),
             },
         };
@@ -309,8 +299,8 @@ impl<'a> ArgReader<'a> {
         let at = self.at;
         self.at += 1;
         match &self.source {
-            Source::Registers { regs, operands, .. } => match operands.get(at) {
-                Some(Operand::I32(r)) => match regs.get(*r as usize) {
+            Source::Registers(frame) => match frame.operands.get(at) {
+                Some(Operand::I32(r)) => match frame.regs.get(*r as usize) {
                     Some(&x) => Ok(x as i32),
                     None => Err(self.missing()),
                 },
@@ -327,8 +317,8 @@ impl<'a> ArgReader<'a> {
         let at = self.at;
         self.at += 1;
         match &self.source {
-            Source::Registers { regs, operands, .. } => match operands.get(at) {
-                Some(Operand::I64(r)) => match reg_i64(regs, *r) {
+            Source::Registers(frame) => match frame.operands.get(at) {
+                Some(Operand::I64(r)) => match reg_i64(frame.regs, *r) {
                     Some(x) => Ok(x),
                     None => Err(self.missing()),
                 },
@@ -344,8 +334,8 @@ impl<'a> ArgReader<'a> {
         let at = self.at;
         self.at += 1;
         match &self.source {
-            Source::Registers { regs, operands, .. } => match operands.get(at) {
-                Some(Operand::F32(r)) => match regs.get(*r as usize) {
+            Source::Registers(frame) => match frame.operands.get(at) {
+                Some(Operand::F32(r)) => match frame.regs.get(*r as usize) {
                     Some(&x) => Ok(f32::from_bits(x)),
                     None => Err(self.missing()),
                 },
@@ -361,8 +351,8 @@ impl<'a> ArgReader<'a> {
         let at = self.at;
         self.at += 1;
         match &self.source {
-            Source::Registers { regs, operands, .. } => match operands.get(at) {
-                Some(Operand::F64(r)) => match reg_i64(regs, *r) {
+            Source::Registers(frame) => match frame.operands.get(at) {
+                Some(Operand::F64(r)) => match reg_i64(frame.regs, *r) {
                     Some(x) => Ok(f64::from_bits(x as u64)),
                     None => Err(self.missing()),
                 },
@@ -448,8 +438,8 @@ impl<'a> ArgReader<'a> {
         let at = self.at;
         self.at += 1;
         match &self.source {
-            Source::Registers { refs, operands, .. } => match operands.get(at) {
-                Some(Operand::Ref(r)) => match reg_ref(refs, *r) {
+            Source::Registers(frame) => match frame.operands.get(at) {
+                Some(Operand::Ref(r)) => match reg_ref(frame.refs, *r) {
                     Some(x) => Ok(x),
                     None => Err(self.missing()),
                 },
@@ -465,8 +455,8 @@ impl<'a> ArgReader<'a> {
     pub fn last_ref_owned(&self) -> bool {
         match &self.source {
             Source::Values(_) => true,
-            Source::Registers { operands, .. } => matches!(
-                self.at.checked_sub(1).and_then(|i| operands.get(i)),
+            Source::Registers(frame) => matches!(
+                self.at.checked_sub(1).and_then(|i| frame.operands.get(i)),
                 Some(Operand::Ref(r)) if r & crate::bytecode::verifier::MOVE_BIT != 0
             ),
         }
