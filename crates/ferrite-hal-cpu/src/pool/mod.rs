@@ -28,6 +28,7 @@
 
 mod idle;
 pub mod lending;
+mod machine_load;
 mod park;
 pub mod queue;
 pub mod region;
@@ -183,6 +184,7 @@ impl WorkerPool {
             contended_caller: AtomicBool::new(
                 std::env::var(CONTENDED_CALLER_VAR).map_or(true, |v| v.trim() != "0"),
             ),
+            machine: machine_load::MachineLoad::new(),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),

@@ -136,6 +136,9 @@ pub(crate) struct PoolState {
     /// The contended-caller rule (see [`PoolState::region_helpers`]); off
     /// with `FERRITE_LOCAL_TASK_CONTENDED_CALLER=0`.
     pub(super) contended_caller: AtomicBool,
+    /// The machine's runnable threads: the contended-caller rule applies
+    /// only while other programs keep half the CPUs busy.
+    pub(super) machine: super::machine_load::MachineLoad,
     /// A moving average of the time one tile took (nanoseconds; 0: none
     /// measured yet), from the tiles the leaders of recent regions ran
     /// (see [`PoolState::note_tile_time`]).
@@ -180,6 +183,10 @@ impl PoolState {
     /// computing threads; the cap of one thread per worker protects the
     /// stages from one thread preempting another only while CPUs are free
     /// (issue 25: on 2 busy cores MiniLM ran 1.03x upstream with the cap).
+    /// It applies only while other programs' runnable threads fill at least
+    /// half the machine's CPUs ([`super::machine_load`]): the pool's own
+    /// extra thread also counts as contention, and on idle CPUs the rule
+    /// only oversubscribes them.
     /// `FERRITE_LOCAL_TASK_CONTENDED_CALLER=0` turns it off.
     pub(crate) fn region_helpers(&self, aside: bool) -> usize {
         let all = if aside {
@@ -199,6 +206,7 @@ impl PoolState {
         if (self.contended_helpers.is_none() && !short && !widen) || !self.is_contended() {
             return all;
         }
+        let widen = widen && self.others_busy();
         let widened = if widen { self.workers } else { all };
         let mut cap = self.contended_helpers.map_or(widened, |c| widened.min(c));
         if widen && cap > all {
@@ -252,6 +260,15 @@ impl PoolState {
     }
 
     /// Whether a spinner noticed preemption within [`region::CONTENDED_FOR`].
+    /// Whether other programs keep half the machine's CPUs busy (see
+    /// [`super::machine_load`]): the runnable threads beyond this pool's
+    /// awake workers and the calling thread.
+    fn others_busy(&self) -> bool {
+        let awake = (self.workers as u32).saturating_sub(self.sleepers.load(Ordering::Relaxed));
+        let now = self.clock.elapsed().as_nanos() as u64;
+        self.machine.others_busy(now, awake + 1)
+    }
+
     pub(crate) fn is_contended(&self) -> bool {
         let now = self.clock.elapsed().as_nanos() as u64;
         now < self.contended_until.load(Ordering::Relaxed)

@@ -1050,6 +1050,8 @@ fn while_contended_a_caller_led_region_admits_every_worker() {
     // turn this test into one that cannot fail.
     s.contended_caller.store(true, Ordering::SeqCst);
     s.contended_until.store(u64::MAX, Ordering::SeqCst);
+    // Other programs keep the CPUs busy (the rule's condition).
+    s.machine.assume.store(1, Ordering::SeqCst);
     let widened = pool.stats().contended_widened;
     assert_eq!(s.region_helpers(false), 3);
     // Tiles of 2 ms sleeps: every thread admitted finds some (woken
@@ -1074,6 +1076,12 @@ fn while_contended_a_caller_led_region_admits_every_worker() {
     s.contended_caller.store(false, Ordering::SeqCst);
     assert_eq!(s.region_helpers(false), 2);
     s.contended_caller.store(true, Ordering::SeqCst);
+    // Contended only by its own threads (idle CPUs otherwise): no extra
+    // thread.
+    s.machine.assume.store(2, Ordering::SeqCst);
+    assert_eq!(s.region_helpers(false), 2);
+    s.machine.assume.store(1, Ordering::SeqCst);
+    assert_eq!(s.region_helpers(false), 3);
     s.contended_until.store(0, Ordering::SeqCst);
     if !s.is_contended() {
         // (A spinner of this pool descheduled just now would mark it
