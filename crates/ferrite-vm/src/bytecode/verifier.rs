@@ -773,10 +773,16 @@ fn callee_cconv<'e>(env: &'e ModuleEnv<'_>, f: u32) -> Option<&'e Cconv> {
     }
 }
 
-/// Reads a `[count, entries...]` list from the pool at `at`.
+/// Reads a `[count, entries...]` list from the pool at `at` (empty when
+/// the pool is too short). Written as three length checks on slices, with
+/// no index arithmetic to check for overflow: every import call and
+/// register list goes through here.
+#[inline]
 pub fn pool_list(pool: &[u32], at: usize) -> &[u32] {
-    let n = pool.get(at).copied().unwrap_or(0) as usize;
-    pool.get(at + 1..at + 1 + n).unwrap_or(&[])
+    match pool.get(at..) {
+        Some([n, rest @ ..]) => rest.get(..*n as usize).unwrap_or(&[]),
+        _ => &[],
+    }
 }
 
 /// Pool index just past the remap list (`[count, (src, dst)...]`) at `at`.
@@ -1185,4 +1191,23 @@ fn is_terminator(op: Op) -> bool {
             | Op::CallYieldable
             | Op::CallVariadicYieldable
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pool_list;
+
+    #[test]
+    fn pool_lists_read_their_count_and_refuse_short_pools() {
+        let pool = [9, 2, 10, 11, 0, 3, 20];
+        assert_eq!(pool_list(&pool, 1), &[10, 11]);
+        assert_eq!(pool_list(&pool, 4), &[] as &[u32]);
+        // A count past the end of the pool, an index at and past the end.
+        assert_eq!(pool_list(&pool, 5), &[] as &[u32]);
+        assert_eq!(pool_list(&pool, 7), &[] as &[u32]);
+        assert_eq!(pool_list(&pool, usize::MAX), &[] as &[u32]);
+        // A count of u32::MAX must not wrap around.
+        assert_eq!(pool_list(&[u32::MAX, 1, 2], 0), &[] as &[u32]);
+        assert_eq!(pool_list(&[3, 1, 2, 3], 0), &[1, 2, 3]);
+    }
 }
