@@ -351,10 +351,10 @@ fn run_frames(stack: &mut Stack) -> Result<Poll> {
                 match r {
                     Ok(NativePoll::Ready(v)) => {
                         if let Some(Frame::Native(nf)) = stack.frames.pop() {
-                            if let crate::stack::Args::Values(args) = nf.call.args {
+                            if let crate::stack::Args::Values { args, results } = nf.call.args {
                                 stack.recycle_values(args);
+                                stack.recycle_values(results);
                             }
-                            stack.recycle_values(nf.call.results);
                         }
                         Ok(Step::Return(v))
                     }

@@ -254,7 +254,7 @@ impl<'a> ArgReader<'a> {
     /// Starts reading `call`'s arguments.
     pub fn new(call: &'a NativeCall<'_>) -> ArgReader<'a> {
         let source = match &call.args {
-            Args::Values(v) => Source::Values(v),
+            Args::Values { args, .. } => Source::Values(args),
             Args::Registers(frame) => Source::Registers(frame),
         };
         ArgReader { source, at: 0 }

@@ -97,8 +97,13 @@ pub(crate) enum Operand {
 /// Where a native call's arguments are.
 pub(crate) enum Args<'a> {
     /// Owned values: calls from the host, and calls that yielded (their
-    /// arguments then outlive the caller's registers being reused).
-    Values(Vec<Variant>),
+    /// arguments then outlive the caller's registers being reused), with
+    /// a recycled vector for the results (see [`NativeCall::ready`]); an
+    /// in-place call has no result vector to set up or release.
+    Values {
+        args: Vec<Variant>,
+        results: Vec<Variant>,
+    },
     /// The calling bytecode frame's registers, borrowed for the duration of
     /// one step: no values are built and no reference counts touched.
     Registers(InPlace<'a>),
@@ -179,8 +184,6 @@ pub struct NativeCall<'a> {
     /// [`Wait::handles_failure`]) `DEADLINE_EXCEEDED` or the failing
     /// source's status.
     pub wait_status: Option<ferrite_base::Result<()>>,
-    /// A recycled vector for the results (see [`NativeCall::ready`]).
-    pub(crate) results: Vec<Variant>,
     /// Set when [`NativeCall::ready`] wrote the results into the caller's
     /// registers ([`Args::Registers`]); the `Ready` vector is then empty.
     pub(crate) written: bool,
@@ -190,11 +193,13 @@ impl NativeCall<'_> {
     /// A call with owned argument values (as a host or test would make).
     pub fn with_values(args: Vec<Variant>) -> NativeCall<'static> {
         NativeCall {
-            args: Args::Values(args),
+            args: Args::Values {
+                args,
+                results: Vec::new(),
+            },
             saved: None,
             resumed: false,
             wait_status: None,
-            results: Vec::new(),
             written: false,
         }
     }
@@ -207,12 +212,15 @@ impl NativeCall<'_> {
         &mut self,
         values: impl IntoIterator<Item = Variant>,
     ) -> ferrite_base::Result<NativePoll> {
-        if let Args::Registers(frame) = &mut self.args {
-            frame.finish(values)?;
-            self.written = true;
-            return Ok(NativePoll::Ready(Vec::new()));
-        }
-        let mut out = std::mem::take(&mut self.results);
+        let results = match &mut self.args {
+            Args::Registers(frame) => {
+                frame.finish(values)?;
+                self.written = true;
+                return Ok(NativePoll::Ready(Vec::new()));
+            }
+            Args::Values { results, .. } => results,
+        };
+        let mut out = std::mem::take(results);
         out.clear();
         out.extend(values);
         Ok(NativePoll::Ready(out))
@@ -320,7 +328,7 @@ impl NativeCall<'_> {
     /// first, as they are not there to read again after this.
     pub fn take_owned_ref(&mut self, index: usize) -> Option<Ref> {
         match &mut self.args {
-            Args::Values(v) => match v.get_mut(index)? {
+            Args::Values { args: v, .. } => match v.get_mut(index)? {
                 slot @ Variant::Ref(_) => match std::mem::replace(slot, Variant::Null) {
                     Variant::Ref(r) => Some(r),
                     _ => None,
@@ -343,20 +351,19 @@ impl NativeCall<'_> {
     }
 
     /// True when dropping the call releases nothing: arguments in the
-    /// caller's registers, nothing saved, no wait outcome, no result vector
-    /// (the state of an in-place call that finished in place).
+    /// caller's registers (so no result vector either), nothing saved, no
+    /// wait outcome (the state of an in-place call that finished in place).
     #[inline(always)]
     pub(crate) fn holds_nothing(&self) -> bool {
         matches!(self.args, Args::Registers(_))
             && self.saved.is_none()
             && self.wait_status.is_none()
-            && self.results.capacity() == 0
     }
 
     /// The number of flattened arguments.
     pub fn arg_count(&self) -> usize {
         match &self.args {
-            Args::Values(v) => v.len(),
+            Args::Values { args, .. } => args.len(),
             Args::Registers(frame) => frame.operands.len(),
         }
     }
@@ -618,12 +625,21 @@ impl Stack {
 
     /// A fresh call record for `args`, with a recycled result vector.
     pub(crate) fn native_call(&mut self, args: Vec<Variant>) -> NativeCall<'static> {
+        let results = self.spare_values.pop().unwrap_or_default();
+        Stack::native_call_with(args, results)
+    }
+
+    /// A fresh call record for `args` that returns its results in
+    /// `results`.
+    pub(crate) fn native_call_with(
+        args: Vec<Variant>,
+        results: Vec<Variant>,
+    ) -> NativeCall<'static> {
         NativeCall {
-            args: Args::Values(args),
+            args: Args::Values { args, results },
             saved: None,
             resumed: false,
             wait_status: None,
-            results: self.spare_values.pop().unwrap_or_default(),
             written: false,
         }
     }

@@ -149,8 +149,6 @@ pub(super) fn call_in_place(
         saved: None,
         resumed: false,
         wait_status: None,
-        // Unused in place: `ready` writes to the registers.
-        results: Vec::new(),
         written: false,
     };
     let outcome = match &target.direct {
@@ -203,10 +201,8 @@ fn settle(
         args,
         saved,
         written,
-        results: unused,
         ..
     } = call;
-    drop(unused);
     let Args::Registers(frame) = args else {
         bail!(Internal, "an in-place native call lost its registers");
     };
@@ -255,9 +251,8 @@ pub(super) fn keep_call(
         &operands,
     );
     stack.operands = operands;
-    let mut call = stack.native_call(vals);
+    let mut call = Stack::native_call_with(vals, results);
     call.saved = saved;
-    call.results = results;
     call
 }
 
