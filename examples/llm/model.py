@@ -803,14 +803,7 @@ class Fn:
                 f"{u} = tensor.insert_slice {new} into {upd}[0, {which}, 0, 0] [{self.tsize()}, 1, {KV_HEADS}, {HEAD_DIM}] [1, 1, 1, 1] : {self.ty(['T', KV_HEADS, HEAD_DIM])} into {uty}"
             )
             upd = u
-        w = self.fresh("kv")
-        self.emit(
-            f"{w} = iree_linalg_ext.scatter dimension_map = [0, 1] unique_indices(true) ins({upd}, {self.kvidx} : {uty}, {self.ty(['T', 2], 'i32')}) outs({c} : {cty}) {{"
-        )
-        self.emit("^bb0(%su: f32, %so: f32):")
-        self.emit("  iree_linalg_ext.yield %su : f32")
-        self.emit(f"}} -> {cty}")
-        self.emit(f"util.global.store {w}, @kv{layer} : {cty}")
+        w = self.scatter_into_cache(layer, c, cty, upd, uty, self.kvidx, self.ty(["T", 2], "i32"))
         # Each row's slot, positions 0..L: one iree_linalg_ext.gather of
         # [L, 2, 3, 64] slices (a generic reading the cache element by
         # element with tensor.extract ran ~10x slower).
@@ -863,6 +856,20 @@ class Fn:
             out.append(s)
         return out
 
+    def scatter_into_cache(self, layer, c, cty, upd, uty, idx, idxty):
+        """Writes the rows `upd` into the cache `c` (`@kv<layer>`, of type
+        `cty`) at the leading indices `idx` (one `iree_linalg_ext.scatter`,
+        in place on the global), stores it back and returns it."""
+        w = self.fresh("kv")
+        self.emit(
+            f"{w} = iree_linalg_ext.scatter dimension_map = [0, 1] unique_indices(true) ins({upd}, {idx} : {uty}, {idxty}) outs({c} : {cty}) {{"
+        )
+        self.emit("^bb0(%su: f32, %so: f32):")
+        self.emit("  iree_linalg_ext.yield %su : f32")
+        self.emit(f"}} -> {cty}")
+        self.emit(f"util.global.store {w}, @kv{layer} : {cty}")
+        return w
+
     def device_pos_cache_update(self, layer, k, v):
         """The cuda decode step's cache write: k and v [1, 3, 64] go to
         position %posv[0] of `@kv<layer>` by one `iree_linalg_ext.scatter`
@@ -880,14 +887,7 @@ class Fn:
                 f"{u} = tensor.insert_slice {new} into {upd}[{which}, 0, 0] [1, {KV_HEADS}, {HEAD_DIM}] [1, 1, 1] : {self.ty(['T', KV_HEADS, HEAD_DIM])} into {uty}"
             )
             upd = u
-        w = self.fresh("kv")
-        self.emit(
-            f"{w} = iree_linalg_ext.scatter dimension_map = [0, 1] unique_indices(true) ins({upd}, %kvidx : {uty}, tensor<2x2xi32>) outs({c} : {cty}) {{"
-        )
-        self.emit("^bb0(%su: f32, %so: f32):")
-        self.emit("  iree_linalg_ext.yield %su : f32")
-        self.emit(f"}} -> {cty}")
-        self.emit(f"util.global.store {w}, @kv{layer} : {cty}")
+        w = self.scatter_into_cache(layer, c, cty, upd, uty, "%kvidx", "tensor<2x2xi32>")
         out = []
         for which in (0, 1):
             s = self.fresh("kv")

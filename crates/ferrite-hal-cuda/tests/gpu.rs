@@ -1837,6 +1837,66 @@ fn repeated_one_shot_shapes_run_as_an_updated_graph() {
     assert_eq!(launches(), 5 + rounds.len() as u64);
 }
 
+/// One-shot command buffers of `n` dispatches of the store kernel, each
+/// storing `value` + 1 (the kernel adds one) into word i of a buffer
+/// (direct bindings, as the compiler's one-shot command buffers bind
+/// transients), executed one after another on `dev`.
+struct OneShotStores<'a> {
+    dev: &'a Arc<dyn Device>,
+    store: Arc<dyn ferrite_hal::executable::Executable>,
+    s: Arc<Semaphore>,
+    v: u64,
+}
+
+impl<'a> OneShotStores<'a> {
+    fn new(dev: &'a Arc<dyn Device>) -> OneShotStores<'a> {
+        OneShotStores {
+            dev,
+            store: store_kernel(dev),
+            s: Semaphore::new(0),
+            v: 0,
+        }
+    }
+
+    /// Records, executes and waits for one such command buffer writing
+    /// `b`, and checks what it stored.
+    fn run(&mut self, b: &ferrite_hal::Buffer, value: u32, n: u64) {
+        let cb = CommandBuffer::new(ferrite_hal::command_buffer::mode::ONE_SHOT, 0, 0, 0);
+        for i in 0..n {
+            cb.dispatch(
+                ExecutableRef(self.store.clone()),
+                0,
+                [1, 1, 1],
+                None,
+                vec![value],
+                vec![BufferRef::Direct {
+                    buffer: b.clone(),
+                    offset: 4 * i,
+                    length: 4,
+                }],
+            )
+            .unwrap();
+        }
+        cb.finalize().unwrap();
+        self.v += 1;
+        let v = self.v;
+        queue::execute(
+            self.dev,
+            &at(&self.s, v - 1),
+            &at(&self.s, v),
+            Some(&cb),
+            vec![],
+        )
+        .unwrap();
+        self.s.wait(v, within(30)).unwrap();
+        assert_eq!(
+            u32s(b)[..n as usize],
+            vec![value + 1; n as usize],
+            "stored {value} + 1"
+        );
+    }
+}
+
 /// A one-shot shape whose calls alternate between two sets of buffers
 /// (transient buffers from the stream-ordered pool do, call after call)
 /// gets a graph per set: each call launches the graph set exactly as it
@@ -1847,41 +1907,9 @@ fn alternating_one_shot_buffers_launch_their_own_graph_unchanged() {
     let Some(dev) = gpu() else { return };
     let cuda = as_cuda(&dev);
     cuda.set_oneshot_graphs(true);
-    let store = store_kernel(&dev);
-    let one_shot = ferrite_hal::command_buffer::mode::ONE_SHOT;
-    // Stores `value` + 1 (the store kernel adds one) into words 0 and 1
-    // of `b` (direct bindings, as the compiler's one-shot command buffers
-    // bind transients).
-    let record = |b: &ferrite_hal::Buffer, value: u32| {
-        let cb = CommandBuffer::new(one_shot, 0, 0, 0);
-        for offset in [0, 4] {
-            cb.dispatch(
-                ExecutableRef(store.clone()),
-                0,
-                [1, 1, 1],
-                None,
-                vec![value],
-                vec![BufferRef::Direct {
-                    buffer: b.clone(),
-                    offset,
-                    length: 4,
-                }],
-            )
-            .unwrap();
-        }
-        cb.finalize().unwrap();
-        cb
-    };
+    let mut stores = OneShotStores::new(&dev);
+    let mut run = |b: &ferrite_hal::Buffer, value: u32| stores.run(b, value, 2);
     let alloc = || dev.allocator().allocate(&device_params(), 8).unwrap();
-    let s = Semaphore::new(0);
-    let mut v = 0;
-    let mut run = |b: &ferrite_hal::Buffer, value: u32| {
-        let cb = record(b, value);
-        v += 1;
-        queue::execute(&dev, &at(&s, v - 1), &at(&s, v), Some(&cb), vec![]).unwrap();
-        s.wait(v, within(30)).unwrap();
-        assert_eq!(u32s(b), vec![value + 1, value + 1], "stored {value} + 1");
-    };
     let (a, b, c) = (alloc(), alloc(), alloc());
     // The first is replayed; the second builds a graph for `b`, the third
     // one for `a`.
@@ -1922,40 +1950,9 @@ fn automatic_one_shot_graphs_keep_only_shapes_whose_parameters_repeat() {
     let Some(dev) = gpu() else { return };
     let cuda = as_cuda(&dev);
     cuda.set_oneshot_graphs_automatic();
-    let store = store_kernel(&dev);
-    let one_shot = ferrite_hal::command_buffer::mode::ONE_SHOT;
-    // `stores` dispatches storing `value` + 1 (the store kernel adds one)
-    // into words 0.. of `b`.
-    let record = |b: &ferrite_hal::Buffer, value: u32, stores: u64| {
-        let cb = CommandBuffer::new(one_shot, 0, 0, 0);
-        for i in 0..stores {
-            cb.dispatch(
-                ExecutableRef(store.clone()),
-                0,
-                [1, 1, 1],
-                None,
-                vec![value],
-                vec![BufferRef::Direct {
-                    buffer: b.clone(),
-                    offset: 4 * i,
-                    length: 4,
-                }],
-            )
-            .unwrap();
-        }
-        cb.finalize().unwrap();
-        cb
-    };
+    let mut stores = OneShotStores::new(&dev);
+    let mut run = |b: &ferrite_hal::Buffer, value: u32, n: u64| stores.run(b, value, n);
     let alloc = || dev.allocator().allocate(&device_params(), 16).unwrap();
-    let s = Semaphore::new(0);
-    let mut v = 0;
-    let mut run = |b: &ferrite_hal::Buffer, value: u32, stores: u64| {
-        let cb = record(b, value, stores);
-        v += 1;
-        queue::execute(&dev, &at(&s, v - 1), &at(&s, v), Some(&cb), vec![]).unwrap();
-        s.wait(v, within(30)).unwrap();
-        assert_eq!(u32s(b)[..stores as usize], vec![value + 1; stores as usize]);
-    };
     let (a, b) = (alloc(), alloc());
     let launches = || cuda.oneshot_graph_launches();
     // Two stores, a new constant every time: after the first 16 graph
