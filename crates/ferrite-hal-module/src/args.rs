@@ -14,8 +14,8 @@ pub fn obj<T: RefObject + Clone>(a: &mut ArgReader<'_>, what: &str) -> Result<T>
 /// Borrows a non-null ref argument of type `T` (no copy, no reference
 /// count traffic: the call's arguments outlive the reader). Always inlined:
 /// left to itself even fat LTO kept it (and [`opt_obj_ref`]) out of line,
-/// one call per ref argument, and inlining took ~340 instructions and ~76
-/// I1 misses off an add call (docs/figures.md, Cost, HR).
+/// one call per ref argument, and inlining took ~340 instructions and
+/// 47-76 I1 misses off an add call (docs/figures.md, Cost, HR).
 #[inline(always)]
 pub fn obj_ref<'a, T: RefObject>(a: &mut ArgReader<'a>, what: &str) -> Result<&'a T> {
     match a.a_ref_borrowed() {
