@@ -847,14 +847,7 @@ class Fn:
             )
             c = u
         self.emit(f"util.global.store {c}, @kv{layer} : {cty}")
-        out = []
-        for which in (0, 1):
-            s = self.fresh("kv")
-            self.emit(
-                f"{s} = tensor.extract_slice {c}[{which}, 0, 0, 0] [1, %L, {KV_HEADS}, {HEAD_DIM}] [1, 1, 1, 1] : {cty} to {self.ty(['L', KV_HEADS, HEAD_DIM])}"
-            )
-            out.append(s)
-        return out
+        return self.first_positions(c)
 
     def scatter_into_cache(self, layer, c, cty, upd, uty, idx, idxty):
         """Writes the rows `upd` into the cache `c` (`@kv<layer>`, of type
@@ -869,6 +862,18 @@ class Fn:
         self.emit(f"}} -> {cty}")
         self.emit(f"util.global.store {w}, @kv{layer} : {cty}")
         return w
+
+    def first_positions(self, c):
+        """The first %L positions of K and of V in the single-sequence
+        cache `c` ([2, capacity, 3, 64]): [L, 3, 64] each."""
+        out = []
+        for which in (0, 1):
+            s = self.fresh("kv")
+            self.emit(
+                f"{s} = tensor.extract_slice {c}[{which}, 0, 0, 0] [1, %L, {KV_HEADS}, {HEAD_DIM}] [1, 1, 1, 1] : {KV_TYPE} to {self.ty(['L', KV_HEADS, HEAD_DIM])}"
+            )
+            out.append(s)
+        return out
 
     def device_pos_cache_update(self, layer, k, v):
         """The cuda decode step's cache write: k and v [1, 3, 64] go to
@@ -888,14 +893,7 @@ class Fn:
             )
             upd = u
         w = self.scatter_into_cache(layer, c, cty, upd, uty, "%kvidx", "tensor<2x2xi32>")
-        out = []
-        for which in (0, 1):
-            s = self.fresh("kv")
-            self.emit(
-                f"{s} = tensor.extract_slice {w}[{which}, 0, 0, 0] [1, %L, {KV_HEADS}, {HEAD_DIM}] [1, 1, 1, 1] : {cty} to {self.ty(['L', KV_HEADS, HEAD_DIM])}"
-            )
-            out.append(s)
-        return out
+        return self.first_positions(w)
 
     def attention(self, q, k, v):
         """q: [T, 9, 64] (roped); k, v: [L, 3, 64] -> [T, 576]. Query head
