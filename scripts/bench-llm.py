@@ -113,7 +113,12 @@ def worker_upstream(a):
     import upstream_loop
 
     m = upstream_loop.UpstreamModel(a.gguf, a.device, vmfb=a.vmfb)
-    ids, _, ttft, dec = m.greedy(a.prompt, a.max_tokens)
+    if a.loop == "same" and m.has_device_greedy():
+        # Ferrite's loop for such a program: the token chosen on the device
+        # and each step queued before the last one is read.
+        ids, ttft, dec = m.greedy_device(a.prompt, a.max_tokens)
+    else:
+        ids, _, ttft, dec = m.greedy(a.prompt, a.max_tokens)
     return {"ids": ids, "ttft_ms": ttft * 1e3, "decode_tok_s": (a.max_tokens - 1) / dec}
 
 
@@ -191,6 +196,7 @@ def worker_main(argv):
     ap.add_argument("--threads", type=int)
     ap.add_argument("--prompt", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--max_tokens", type=int)
+    ap.add_argument("--loop", choices=["same", "host"], default="same")
     a = ap.parse_args(argv)
     a.prompt_tokens = len(a.prompt)
     r = WORKERS[a.peer](a)
@@ -198,18 +204,20 @@ def worker_main(argv):
     print(json.dumps(r))
 
 
-def run_worker(peer, args, device, vmfb, prompt):
+def run_worker(peer, args, device, vmfb, prompt, loop="same"):
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", peer, f"--gguf={args.gguf}",
            f"--device={device}", f"--vmfb={vmfb}", f"--threads={args.threads}",
-           "--prompt=" + ",".join(map(str, prompt)), f"--max_tokens={args.max_tokens}"]
+           "--prompt=" + ",".join(map(str, prompt)), f"--max_tokens={args.max_tokens}", f"--loop={loop}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{peer} on {device} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_ferrite(args, device, vmfb, prompt):
-    """The CLI in its own process; its peak RSS from wait4's usage."""
+def run_ferrite(args, device, vmfb, prompt, host_sampling=False):
+    """The CLI in its own process; its peak RSS from wait4's usage.
+    `host_sampling`: FERRITE_LLM_PIPELINE=0 (tokens chosen on the host even
+    when the program has decode_greedy)."""
     dev = f"local-task://?workers={args.threads}" if device == "local-task" else device
     cmd = [str(args.ferrite), "generate", f"--gguf={args.gguf}", "--prompt_ids=" + ",".join(map(str, prompt)),
            f"--max_tokens={args.max_tokens}", "--ignore_eos", "--output_ids", "--benchmark", f"--device={dev}"]
@@ -217,7 +225,8 @@ def run_ferrite(args, device, vmfb, prompt):
     # same program for both whatever the binary was built from.
     cmd.append(f"--module={vmfb}")
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err)
+        env = dict(os.environ, FERRITE_LLM_PIPELINE="0") if host_sampling else None
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -260,7 +269,7 @@ def plot(results, out, prompt_tokens):
                            (axes[1], "decode_tok_s", "decode tokens/s (greedy)"),
                            (axes[2], "peak_rss_mb", "peak RSS, MB")):
         ax.bar(range(len(runs)), [r[key] for r in runs],
-               color=[{"ferrite": "C0", "upstream iree.runtime": "C1", "llama.cpp": "C2"}.get(r["runtime"], "C3")
+               color=[{"ferrite": "C0", "upstream iree.runtime": "C1", "llama.cpp": "C2"}.get(r["runtime"].split(",")[0], "C3")
                       for r in runs])
         ax.set_xticks(range(len(runs)), labels, fontsize=7, rotation=30)
         ax.set_title(title, fontsize=9)
@@ -320,11 +329,19 @@ def main():
 
     # (runtime, device) in the order each round runs them: per device Ferrite
     # then upstream, the device-independent CPU peers once after the CPU devices.
+    # On cuda the program has decode_greedy: both runtimes choose tokens on
+    # the device with steps queued ahead (the default, "ferrite" and
+    # "upstream iree.runtime"), and each is also run choosing them on the
+    # host ("..., host sampling"): the loop the CPU programs run.
     plan = []
     for d in devices:
         plan.append(("ferrite", d))
+        if d == "cuda":
+            plan.append(("ferrite, host sampling", d))
         if "upstream" in peers:
             plan.append(("upstream iree.runtime", d))
+            if d == "cuda":
+                plan.append(("upstream iree.runtime, host sampling", d))
         if "torch" in peers and d == "cuda":
             plan.append(("torch", "cuda"))
     if any(d in CPU_DEVICES for d in devices):
@@ -333,15 +350,16 @@ def main():
     for rnd in range(args.rounds):
         for runtime, device in plan:
             vmfb = args.cuda_vmfb if device == "cuda" else LLM_DIR / "smollm2.vmfb"
-            if runtime == "ferrite":
-                r = run_ferrite(args, device, vmfb, prompt)
+            if runtime.startswith("ferrite"):
+                r = run_ferrite(args, device, vmfb, prompt, host_sampling="host sampling" in runtime)
                 reference.setdefault(device, r["ids"])
                 if device in CPU_DEVICES:
                     reference.setdefault("cpu", r["ids"])
             else:
                 worker = "upstream" if runtime.startswith("upstream") else runtime
                 try:
-                    r = run_worker(worker, args, device, vmfb, prompt)
+                    r = run_worker(worker, args, device, vmfb, prompt,
+                                   loop="host" if "host sampling" in runtime else "same")
                 except RuntimeError as e:
                     # A peer that cannot run here (PyTorch without CUDA on
                     # the GPU machine, ...) is reported, not fatal.

@@ -1473,45 +1473,8 @@ def build_mlir(gpu=False):
     out += f.lines
     out.append("  }")
 
-    f = Fn(1, gpu=gpu)
-    f.emit("%T = arith.constant 1 : index")
-    _checks(f, round_attended=gpu)
-    if gpu:
-        # The position as a device tensor (the barrier keeps the compiler
-        # from folding it back into every kernel as a constant) and the
-        # cache write's indices [[0, pos], [1, pos]] (K, V) from it.
-        f.device_pos = True
-        f.emit("%posd = tensor.from_elements %pos_i32 : tensor<1xi32>")
-        f.emit("%posv = util.optimization_barrier %posd : tensor<1xi32>")
-        idx = f.generic(
-            ["i", "j"],
-            ["parallel"] * 2,
-            [],
-            (f.empty([2, 2], "i32"), [2, 2], ["i", "j"]),
-            lambda a: [
-                "%i = linalg.index 0 : index",
-                "%j = linalg.index 1 : index",
-                "%zero = arith.constant 0 : index",
-                "%p = tensor.extract %posv[%zero] : tensor<1xi32>",
-                "%is_which = arith.cmpi eq, %j, %zero : index",
-                "%ii = arith.index_cast %i : index to i32",
-                "%r = arith.select %is_which, %ii, %p : i32",
-                "linalg.yield %r : i32",
-            ],
-            out_et="i32",
-        )
-        f.emit(f"%kvidx = util.optimization_barrier {idx} : tensor<2x2xi32>")
-    f.emit("%ids = tensor.from_elements %tok_id : tensor<1xi32>")
-    f.emit("%id_ok0 = arith.cmpi sge, %tok_id, %zero_i32 : i32")
-    f.emit(f"%vocab = arith.constant {VOCAB} : i32")
-    f.emit("%id_ok1 = arith.cmpi slt, %tok_id, %vocab : i32")
-    f.emit("%id_ok = arith.andi %id_ok0, %id_ok1 : i1")
-    f.emit(f'cf.assert %id_ok, "token id out of range 0..{VOCAB}"')
-    r = f.forward("%ids")
-    f.emit(f"return {r} : tensor<{VOCAB}xf32>")
-    out.append(f"  func.func @decode(%tok_id: i32, %pos_i32: i32) -> tensor<{VOCAB}xf32> {{")
-    out += f.lines
-    out.append("  }")
+    for greedy in (False, True) if gpu else (False,):
+        out += _decode(gpu, greedy)
 
     out.append("  func.func @context_length() -> i32 {")
     out.append(f"    %kv = util.global.load @kv0 : {KV_TYPE}")
@@ -1522,6 +1485,194 @@ def build_mlir(gpu=False):
     out.append("  }")
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+# decode_greedy's argmax runs in two stages: ARGMAX_ROWS rows of
+# VOCAB / ARGMAX_ROWS logits each, then the rows' maxima (one serial scan of
+# 49,152 values is one GPU thread's work: tens of microseconds).
+ARGMAX_ROWS = 192
+
+
+def _argmax(f, logits):
+    """Lines computing tensor<1xi32>: the first index of the largest of the
+    `logits` (tensor<VOCAB x f32>), NaNs never chosen, 0 when no value is
+    above -inf: `ferrite_llm::sampling::argmax`'s result, so the device's
+    greedy ids are the host's. Each stage keeps the lower index on equal
+    values, so the result does not depend on the order in which the
+    compiler combines partial maxima."""
+    rows, cols = ARGMAX_ROWS, VOCAB // ARGMAX_ROWS
+    assert rows * cols == VOCAB
+    n = f.fresh("am")
+
+    f.emit(f"{n}_x = tensor.expand_shape {logits} [[0, 1]] output_shape [{rows}, {cols}] : tensor<{VOCAB}xf32> into tensor<{rows}x{cols}xf32>")
+    f.emit(f"{n}_ninf = arith.constant 0xFF800000 : f32")
+    f.emit(f"{n}_z = arith.constant 0 : i32")
+    body = [
+        "%gt = arith.cmpf ogt, %v, %m : f32",
+        "%eq = arith.cmpf oeq, %v, %m : f32",
+        "%lower = arith.cmpi slt, %vi, %i : i32",
+        "%tie = arith.andi %eq, %lower : i1",
+        "%take = arith.ori %gt, %tie : i1",
+        "%nm = arith.select %take, %v, %m : f32",
+        "%ni = arith.select %take, %vi, %i : i32",
+        "linalg.yield %nm, %ni : f32, i32",
+    ]
+    # Stage 1: per row r, the first index (into the whole vector) of its
+    # largest value.
+    f.emit(f"{n}_me = tensor.empty() : tensor<{rows}xf32>")
+    f.emit(f"{n}_m0 = linalg.fill ins({n}_ninf : f32) outs({n}_me : tensor<{rows}xf32>) -> tensor<{rows}xf32>")
+    f.emit(f"{n}_ie = tensor.empty() : tensor<{rows}xi32>")
+    f.emit(f"{n}_i0 = linalg.fill ins({n}_z : i32) outs({n}_ie : tensor<{rows}xi32>) -> tensor<{rows}xi32>")
+    f.emit(
+        f"{n}_r:2 = linalg.generic {{indexing_maps = [affine_map<(r, c) -> (r, c)>, affine_map<(r, c) -> (r)>, affine_map<(r, c) -> (r)>], "
+        f'iterator_types = ["parallel", "reduction"]}} ins({n}_x : tensor<{rows}x{cols}xf32>) '
+        f"outs({n}_m0, {n}_i0 : tensor<{rows}xf32>, tensor<{rows}xi32>) {{"
+    )
+    f.emit("^bb0(%v: f32, %m: f32, %i: i32):")
+    for line in [
+        "  %r = linalg.index 0 : index",
+        "  %c = linalg.index 1 : index",
+        f"  %cols = arith.constant {cols} : index",
+        "  %base = arith.muli %r, %cols : index",
+        "  %g = arith.addi %base, %c : index",
+        "  %vi = arith.index_cast %g : index to i32",
+    ] + ["  " + b for b in body]:
+        f.emit(line)
+    f.emit(f"}} -> (tensor<{rows}xf32>, tensor<{rows}xi32>)")
+    # Stage 2: the rows' maxima, the lower index on ties.
+    f.emit(f"{n}_se = tensor.empty() : tensor<f32>")
+    f.emit(f"{n}_s0 = linalg.fill ins({n}_ninf : f32) outs({n}_se : tensor<f32>) -> tensor<f32>")
+    f.emit(f"{n}_je = tensor.empty() : tensor<i32>")
+    f.emit(f"{n}_j0 = linalg.fill ins({n}_z : i32) outs({n}_je : tensor<i32>) -> tensor<i32>")
+    f.emit(
+        f"{n}_s:2 = linalg.generic {{indexing_maps = [affine_map<(r) -> (r)>, affine_map<(r) -> (r)>, affine_map<(r) -> ()>, affine_map<(r) -> ()>], "
+        f'iterator_types = ["reduction"]}} ins({n}_r#0, {n}_r#1 : tensor<{rows}xf32>, tensor<{rows}xi32>) '
+        f"outs({n}_s0, {n}_j0 : tensor<f32>, tensor<i32>) {{"
+    )
+    f.emit("^bb0(%v: f32, %vi: i32, %m: f32, %i: i32):")
+    for line in body:
+        f.emit("  " + line)
+    f.emit(f"}} -> (tensor<f32>, tensor<i32>)")
+    f.emit(f"{n} = tensor.expand_shape {n}_s#1 [] output_shape [1] : tensor<i32> into tensor<1xi32>")
+    return n
+
+
+def _kv_indices_from(f, posv):
+    """The cache write's indices [[0, pos], [1, pos]] (K, V) from the device
+    position `posv` (tensor<1xi32>): tensor<2x2xi32>."""
+    return f.generic(
+        ["i", "j"],
+        ["parallel"] * 2,
+        [],
+        (f.empty([2, 2], "i32"), [2, 2], ["i", "j"]),
+        lambda a: [
+            "%i = linalg.index 0 : index",
+            "%j = linalg.index 1 : index",
+            "%zero = arith.constant 0 : index",
+            f"%p = tensor.extract {posv}[%zero] : tensor<1xi32>",
+            "%is_which = arith.cmpi eq, %j, %zero : index",
+            "%ii = arith.index_cast %i : index to i32",
+            "%r = arith.select %is_which, %ii, %p : i32",
+            "linalg.yield %r : i32",
+        ],
+        out_et="i32",
+    )
+
+
+def _decode(gpu, greedy):
+    """The `decode` entry point's lines: append token `%tok_id` at position
+    `%pos_i32` and return the next logits.
+
+    `greedy` (the cuda program only): `decode_greedy` instead. It takes the
+    step's state as a device tensor, `[token, position]` (tensor<2xi32>),
+    and returns the next state, `[argmax of the logits (_argmax), position +
+    1]`, so the device chains the steps; `%pos_i32` (the same position, from
+    the host) gives only the capacity check and the attended length. It
+    follows the coarse-fences model (`iree.abi.model`: a wait and a signal
+    fence after its arguments; the call returns once its work is queued).
+    A host queues step n + 1 on step n's result before step n has run and
+    reads step n's token while the device runs step n + 1: the host's
+    recording of a step overlaps the device's work instead of following it
+    (ferrite_llm's pipelined greedy loop). No host wait may sit inside the
+    step for that: the position comes in device memory rather than through
+    `util.optimization_barrier` (a barrier on a tensor makes the pinned
+    compiler wait on the host for the work before it)."""
+    f = Fn(1, gpu=gpu)
+    f.emit("%T = arith.constant 1 : index")
+    _checks(f, round_attended=gpu)
+    if greedy:
+        f.device_pos = True
+        # The device position, clamped below the attended length (at most
+        # the capacity) whatever the state holds, so the cache write stays
+        # in bounds; the token is clamped by the embedding (Fn.embed). A
+        # host's first state is checked by the host (ferrite_llm).
+        f.emit("%L_i32 = arith.index_cast %L : index to i32")
+        f.emit("%state_c0 = arith.constant 0 : index")
+        f.emit("%state_c1 = arith.constant 1 : index")
+        posv = f.generic(
+            ["i"],
+            ["parallel"],
+            [],
+            (f.empty([1], "i32"), [1], ["i"]),
+            lambda a: [
+                "%c1 = arith.constant 1 : index",
+                "%p = tensor.extract %state[%c1] : tensor<2xi32>",
+                "%zero = arith.constant 0 : i32",
+                "%one = arith.constant 1 : i32",
+                "%top = arith.subi %L_i32, %one : i32",
+                "%lo = arith.maxsi %p, %zero : i32",
+                "%r = arith.minsi %lo, %top : i32",
+                "linalg.yield %r : i32",
+            ],
+            out_et="i32",
+        )
+        f.emit(f"%posv = tensor.extract_slice {posv}[0] [1] [1] : tensor<1xi32> to tensor<1xi32>")
+        f.emit("%ids = tensor.extract_slice %state[0] [1] [1] : tensor<2xi32> to tensor<1xi32>")
+        f.emit(f"%kvidx = tensor.extract_slice {_kv_indices_from(f, '%posv')}[0, 0] [2, 2] [1, 1] : tensor<2x2xi32> to tensor<2x2xi32>")
+        tok = _argmax(f, f.forward("%ids"))
+        nxt = f.generic(
+            ["i"],
+            ["parallel"],
+            [],
+            (f.empty([2], "i32"), [2], ["i"]),
+            lambda a: [
+                "%i = linalg.index 0 : index",
+                "%zero = arith.constant 0 : index",
+                f"%t = tensor.extract {tok}[%zero] : tensor<1xi32>",
+                "%p = tensor.extract %posv[%zero] : tensor<1xi32>",
+                "%one = arith.constant 1 : i32",
+                "%p1 = arith.addi %p, %one : i32",
+                "%is_tok = arith.cmpi eq, %i, %zero : index",
+                "%r = arith.select %is_tok, %t, %p1 : i32",
+                "linalg.yield %r : i32",
+            ],
+            out_et="i32",
+        )
+        f.emit(f"util.return {nxt} : tensor<2xi32>")
+        # A util.func: the pinned compiler drops `iree.abi.model` from a
+        # func.func when it converts it.
+        head = (
+            "  util.func public @decode_greedy(%state: tensor<2xi32>, %pos_i32: i32) -> tensor<2xi32> "
+            'attributes {iree.abi.model = "coarse-fences"} {'
+        )
+        return [head, *f.lines, "  }"]
+    if gpu:
+        # The position as a device tensor (the barrier keeps the compiler
+        # from folding it back into every kernel as a constant) and the
+        # cache write's indices from it.
+        f.device_pos = True
+        f.emit("%posd = tensor.from_elements %pos_i32 : tensor<1xi32>")
+        f.emit("%posv = util.optimization_barrier %posd : tensor<1xi32>")
+        f.emit(f"%kvidx = util.optimization_barrier {_kv_indices_from(f, '%posv')} : tensor<2x2xi32>")
+    f.emit("%ids = tensor.from_elements %tok_id : tensor<1xi32>")
+    f.emit("%id_ok0 = arith.cmpi sge, %tok_id, %zero_i32 : i32")
+    f.emit(f"%vocab = arith.constant {VOCAB} : i32")
+    f.emit("%id_ok1 = arith.cmpi slt, %tok_id, %vocab : i32")
+    f.emit("%id_ok = arith.andi %id_ok0, %id_ok1 : i1")
+    f.emit(f'cf.assert %id_ok, "token id out of range 0..{VOCAB}"')
+    r = f.forward("%ids")
+    f.emit(f"return {r} : tensor<{VOCAB}xf32>")
+    return [f"  func.func @decode(%tok_id: i32, %pos_i32: i32) -> tensor<{VOCAB}xf32> {{", *f.lines, "  }"]
 
 
 def _cache_fills(n, indent):

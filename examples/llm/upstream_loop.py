@@ -39,6 +39,9 @@ class UpstreamModel:
         hal = rt.create_hal_module(config.vm_instance, config.device)
         module = rt.VmModule.mmap(config.vm_instance, str(vmfb))
         self.ctx = rt.SystemContext(vm_modules=[params, hal, module], config=config)
+        self.rt = rt
+        self.config = config
+        self.module = module
         self.m = self.ctx.modules.smollm2
         if context is not None:
             self.m.init_cache(int(context))
@@ -49,6 +52,52 @@ class UpstreamModel:
 
     def decode(self, token, pos):
         return self.m.decode(int(token), int(pos)).to_host()
+
+    def has_device_greedy(self):
+        """Whether the program has `decode_greedy` (the cuda program)."""
+        return self.module.lookup_function("decode_greedy") is not None
+
+    def greedy_device(self, prompt_ids, n, ahead=1):
+        """`greedy` through the program's `decode_greedy` (async-external:
+        the step's state [token, position] stays on the device, the token
+        is the device's argmax): the loop of ferrite_llm::pipeline, written
+        against iree.runtime's API. Step k + 1 is invoked on step k's state
+        and signal fence, `ahead` steps before step k's token is read.
+        Returns (ids, time to first token, decode seconds)."""
+        rt = self.rt
+        dev = self.config.device
+        fn = self.module.lookup_function("decode_greedy")
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt_ids)
+        ids = [int(np.argmax(logits))]
+        ttft = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        state = dev.allocator.allocate_buffer_copy(
+            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=dev,
+            buffer=np.array([ids[0], len(prompt_ids)], dtype=np.int32), element_type=rt.HalElementType.SINT_32)
+        sem = dev.create_semaphore(0)
+        after = rt.HalFence.create_at(sem, 0)
+        queued = []
+        nxt = 1
+        while len(ids) < n:
+            while len(queued) <= ahead and nxt < n:
+                done = rt.HalFence.create_at(sem, nxt)
+                args = rt.VmVariantList(4)
+                args.push_ref(state)
+                args.push_int(len(prompt_ids) + nxt - 1)
+                args.push_ref(after)
+                args.push_ref(done)
+                res = rt.VmVariantList(1)
+                self.ctx.vm_context.invoke(fn, args, res)
+                state = res.get_as_object(0, rt.HalBufferView)
+                queued.append((state, done))
+                after = done
+                nxt += 1
+            view, done = queued.pop(0)
+            done.wait()
+            got = rt.DeviceArray(dev, view).to_host()
+            ids.append(int(got[0]))
+        return ids, ttft, time.perf_counter() - t1
 
     def greedy(self, prompt_ids, n, keep_logits=False):
         """Greedy ids after the prompt (no EOS stop), the logits each was
@@ -86,6 +135,8 @@ def main():
     ap.add_argument("--vmfb", default=str(VMFB), help="the program (default: the committed one)")
     ap.add_argument("--runtime", choices=["iree", "ferrite"], default="iree",
                     help="iree.runtime (default) or ferrite.runtime running this same loop")
+    ap.add_argument("--loop", choices=["host", "device"], default="host",
+                    help="host: decode + argmax on the host (default); device: the program's decode_greedy")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import assets
@@ -94,7 +145,11 @@ def main():
     rt = importlib.import_module(f"{args.runtime}.runtime")
     m = UpstreamModel(args.gguf or assets.ensure(), args.device, vmfb=args.vmfb,
                       context=args.context or None, runtime=rt)
-    ids, _, ttft, dec = m.greedy([int(s) for s in args.prompt_ids.split(",")], args.max_tokens)
+    prompt = [int(s) for s in args.prompt_ids.split(",")]
+    if args.loop == "device":
+        ids, ttft, dec = m.greedy_device(prompt, args.max_tokens)
+    else:
+        ids, _, ttft, dec = m.greedy(prompt, args.max_tokens)
     print(" ".join(map(str, ids)))
     print(f"ttft {ttft * 1e3:.1f} ms, decode {(args.max_tokens - 1) / dec if dec else 0:.2f} tok/s", file=sys.stderr)
 

@@ -33,14 +33,39 @@ def test_cpu_program_has_no_gpu_configs():
     cpu = model.build_mlir()
     assert "compilation_info" not in cpu
     gpu = model.build_mlir(gpu=True)
-    # decode: 7 matvecs and 2 attention kernels a layer, the LM head in
-    # decode and prefill.
-    assert len(CONFIG.findall(gpu)) == model.LAYERS * 9 + 2
+    # decode and decode_greedy: 7 matvecs and 2 attention kernels a layer
+    # each; the LM head in decode, decode_greedy and prefill.
+    assert len(CONFIG.findall(gpu)) == model.LAYERS * 18 + 3
 
 
-def test_cuda_program_compiles(tmp_path):
-    out = build_cuda.build(tmp_path / "smollm2-cuda.vmfb", quiet=True)
-    assert out.stat().st_size > 0
+@pytest.fixture(scope="module")
+def cuda_vmfb(tmp_path_factory):
+    return build_cuda.build(tmp_path_factory.mktemp("cuda") / "smollm2-cuda.vmfb", quiet=True)
+
+
+def test_cuda_program_compiles(cuda_vmfb):
+    assert cuda_vmfb.stat().st_size > 0
+
+
+def _vm_function(dump, name):
+    start = dump.index(f"vm.func @{name}(")
+    return dump[start : dump.index("\n}\n", start)]
+
+
+def test_cuda_decode_greedy_is_async_and_never_waits_on_the_host(cuda_vmfb):
+    """decode_greedy (ferrite_llm::pipeline) follows the coarse-fences model
+    and its compiled body records and queues the step without a host wait:
+    a `hal.fence.await` inside it would wait for the previous step (its
+    wait fence) and undo the overlap. The sync decode keeps its waits."""
+    dump = subprocess.run([str(IREE_COMPILE.parent / "iree-dump-module"), str(cuda_vmfb)],
+                          check=True, capture_output=True, text=True).stdout
+    exports = dump[dump.index("Exported Functions:") :]
+    assert re.search(r"decode_greedy\(!vm\.ref<\?>, i32, !vm\.ref<\?>, !vm\.ref<\?>\)", exports)
+    assert "iree.abi.model: coarse-fences" in exports
+    greedy = _vm_function(dump, "decode_greedy")
+    assert greedy.count("@hal.device.queue.execute") >= 1
+    assert "@hal.fence.await" not in greedy, "decode_greedy waits on the host"
+    assert "@hal.fence.await" in _vm_function(dump, "decode")
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +136,27 @@ def test_cuda_program_math_across_the_attended_rounding_and_the_capacity(gguf_pa
     rel = np.abs(got - ref).max(axis=1) / np.abs(ref).max()
     assert rel.max() < 1e-4, f"step {int(rel.argmax())}: relative logit difference {rel.max():.2e}"
     assert (got.argmax(axis=1) == ref.argmax(axis=1)).all()
+
+
+def test_device_greedy_ids_equal_the_reference_on_both_runtimes(gguf_path, reference, gpu_math_on_cpu):  # noqa: F811
+    """decode_greedy's argmax on the device (the cuda program's math on
+    local-task) gives the float64 reference's greedy ids: through
+    `ferrite generate` (ferrite_llm::pipeline, chosen by default when the
+    program has decode_greedy; FERRITE_LLM_PIPELINE=0 chooses on the host)
+    and through upstream iree.runtime's loop of the same shape
+    (upstream_loop.greedy_device, a step queued ahead)."""
+    import upstream_loop
+    from test_llm import ferrite
+
+    m = upstream_loop.UpstreamModel(gguf_path, "local-task", vmfb=gpu_math_on_cpu)
+    assert m.has_device_greedy()
+    for name, ids in PROMPTS.items():
+        want, _ = reference[name]
+        got, _, _ = m.greedy_device(ids, N)
+        assert got == want, f"upstream, {name}: {got} != reference {want}"
+        for pipeline in ("1", "0"):
+            r = ferrite(f"--gguf={gguf_path}", "--device=local-task", f"--module={gpu_math_on_cpu}",
+                        "--prompt_ids=" + ",".join(map(str, ids)), f"--max_tokens={N}", "--ignore_eos",
+                        "--output_ids", env_extra={"FERRITE_LLM_PIPELINE": pipeline})
+            got = [int(x) for x in r.stdout.split()]
+            assert got == want, f"ferrite (FERRITE_LLM_PIPELINE={pipeline}), {name}: {got} != reference {want}"

@@ -64,10 +64,11 @@ def reference(gguf_path):
     return out
 
 
-def ferrite(*args, check=True):
+def ferrite(*args, check=True, env_extra=None):
     if not FERRITE.exists():
         pytest.fail(f"{FERRITE} is missing: cargo build -p ferrite-cli (or set FERRITE_BIN)")
-    r = subprocess.run([str(FERRITE), "generate", *args], capture_output=True, text=True, timeout=900)
+    env = dict(os.environ, **env_extra) if env_extra else None
+    r = subprocess.run([str(FERRITE), "generate", *args], capture_output=True, text=True, timeout=900, env=env)
     if check and r.returncode != 0:
         raise AssertionError(f"ferrite generate {args} failed ({r.returncode}): {r.stderr}")
     return r

@@ -11,6 +11,7 @@ use crate::flatbuffer::Fb;
 use ferrite_base::{bail, status, Result};
 use ferrite_hal::command_buffer::BufferRef;
 use ferrite_hal::executable::{Executable, ExportInfo};
+use ferrite_hal::MemoryAccess;
 use std::any::Any;
 use std::ffi::{c_int, c_void, CString};
 use std::sync::Arc;
@@ -30,6 +31,9 @@ pub struct Kernel {
     pub constant_count: u32,
     /// Buffer bindings the kernel takes (first in its parameter list).
     pub binding_count: u32,
+    /// Bit i set: the compiler marked binding i read-only (`binding_flags`
+    /// READ_ONLY; bindings past 63 count as written).
+    pub read_only: u64,
     /// The export's name (for diagnostics).
     pub name: std::sync::Arc<str>,
 }
@@ -70,7 +74,11 @@ struct ExportDef<'a> {
     shared_memory: u32,
     constant_count: u32,
     binding_count: u32,
+    read_only: u64,
 }
+
+/// `binding_flags` bit: the kernel only reads the binding.
+const BINDING_READ_ONLY: u64 = 1;
 
 /// Bytes of the file header before the flatbuffer.
 const HEADER_LEN: usize = 64;
@@ -154,7 +162,14 @@ fn parse(data: &[u8]) -> Result<(Vec<&[u8]>, Vec<ExportDef<'_>>)> {
         }
         let shared_memory = fb.u32_field(&e, 3, "block_shared_memory_size", 0)?;
         let constant_count = fb.u32_field(&e, 4, "constant_count", 0)?;
-        let (_, binding_count) = fb.vec_field(&e, 5, 8, "binding_flags")?;
+        let (flags_at, binding_count) = fb.vec_field(&e, 5, 8, "binding_flags")?;
+        let mut read_only = 0u64;
+        for b in 0..binding_count.min(64) {
+            let lo = fb.u32_at(flags_at + 8 * b, "binding_flags")?;
+            if u64::from(lo) & BINDING_READ_ONLY != 0 {
+                read_only |= 1 << b;
+            }
+        }
         // The export's name as the program looks it up (kernel names are
         // sanitized: `.` becomes `_`) is debug_info.name when present.
         let export_name = match fb.field(&e, 6, "debug_info")? {
@@ -172,6 +187,7 @@ fn parse(data: &[u8]) -> Result<(Vec<&[u8]>, Vec<ExportDef<'_>>)> {
             shared_memory,
             constant_count,
             binding_count: binding_count as u32,
+            read_only,
         });
     }
     Ok((ptx, exports))
@@ -267,6 +283,7 @@ impl CudaExecutable {
                 shared_memory: e.shared_memory,
                 constant_count: e.constant_count,
                 binding_count: e.binding_count,
+                read_only: e.read_only,
                 name: String::from_utf8_lossy(e.export_name).into(),
             });
             exe.exports.push(ExportInfo {
@@ -297,6 +314,14 @@ impl Executable for CudaExecutable {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+    /// `READ` for bindings the compiler marked read-only, `READ | WRITE`
+    /// for the others (and for unknown exports or bindings).
+    fn binding_access(&self, export: u32, binding: usize) -> MemoryAccess {
+        match self.kernels.get(export as usize) {
+            Some(k) if binding < 64 && k.read_only & (1 << binding) != 0 => MemoryAccess::READ,
+            _ => MemoryAccess::READ | MemoryAccess::WRITE,
+        }
     }
 }
 

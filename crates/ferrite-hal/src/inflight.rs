@@ -16,6 +16,7 @@
 
 use crate::buffer::{Buffer, DeviceUse};
 use crate::command_buffer::{Binding, BufferRef, Command};
+use crate::memory::MemoryAccess;
 use ferrite_base::Result;
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -104,8 +105,9 @@ pub(crate) struct SubmissionUses {
 impl SubmissionUses {
     /// Counts a device use on each allocation `commands` reach under
     /// `table`: a writer where a command may write (transfer targets,
-    /// dispatch bindings, whose executables may write any of them,
-    /// collective results), a reader where it only reads. An allocation
+    /// dispatch bindings, collective results), a reader where it only
+    /// reads (including a dispatch binding its executable marks read-only,
+    /// on device-only memory). An allocation
     /// reached several times gets one use, a writer's if any reference may
     /// write (a writer use refuses every host access a reader use does):
     /// a cuda decode step of an LLM makes about 1,300 references to a few
@@ -119,35 +121,51 @@ impl SubmissionUses {
         table: &'a [Binding],
     ) -> Result<SubmissionUses> {
         let mut found = Distinct::default();
-        let mut add = |r: &'a BufferRef, write: bool| {
+        // `read_only`: a dispatch binding the executable marks read-only.
+        // That is a reader use, but only on memory the host reaches through
+        // driver copies (device-only): a host read beside the kernel cannot
+        // race it there even if the kernel wrote after all. Mapped memory
+        // keeps the writer use (a host slice must not see a kernel's
+        // writes).
+        let mut add = |r: &'a BufferRef, write: bool, read_only: bool| {
             if let Ok((buffer, _, _)) = r.resolve(table) {
-                found.add(buffer, write);
+                found.add(buffer, write && !(read_only && buffer.is_device_only()));
             }
         };
         for c in commands {
             match c {
                 Command::Barrier => {}
-                Command::Fill { target, .. } | Command::Update { target, .. } => add(target, true),
+                Command::Fill { target, .. } | Command::Update { target, .. } => {
+                    add(target, true, false)
+                }
                 Command::Copy { source, target } => {
-                    add(source, false);
-                    add(target, true);
+                    add(source, false, false);
+                    add(target, true, false);
                 }
                 Command::Dispatch {
-                    indirect, bindings, ..
+                    executable,
+                    function,
+                    indirect,
+                    bindings,
+                    ..
                 } => {
                     if let Some(r) = indirect {
-                        add(r, false);
+                        add(r, false, false);
                     }
-                    for r in bindings {
-                        add(r, true);
+                    for (i, r) in bindings.iter().enumerate() {
+                        let read_only = !executable
+                            .0
+                            .binding_access(*function, i)
+                            .contains(MemoryAccess::WRITE);
+                        add(r, true, read_only);
                     }
                 }
                 Command::Collective { send, recv, .. } => {
                     if let Some(r) = send {
-                        add(r, false);
+                        add(r, false, false);
                     }
                     if let Some(r) = recv {
-                        add(r, true);
+                        add(r, true, false);
                     }
                 }
             }
@@ -247,6 +265,101 @@ mod tests {
         assert_eq!(e.code(), StatusCode::FailedPrecondition, "{e}");
         drop(uses);
         a.write(0, &[0; 4]).unwrap();
+    }
+
+    /// Device memory with no host mapping (as a GPU's).
+    struct Far(parking_lot::Mutex<Vec<u8>>);
+
+    // SAFETY: no host mapping; the vector never changes size; read/write
+    // check their ranges.
+    unsafe impl crate::buffer::DeviceMemory for Far {
+        fn len(&self) -> u64 {
+            self.0.lock().len() as u64
+        }
+        fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
+            None
+        }
+        fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+            crate::buffer::check_device_range(self.len(), offset, dst.len())?;
+            let o = offset as usize;
+            dst.copy_from_slice(&self.0.lock()[o..o + dst.len()]);
+            Ok(())
+        }
+        fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+            crate::buffer::check_device_range(self.len(), offset, src.len())?;
+            let o = offset as usize;
+            self.0.lock()[o..o + src.len()].copy_from_slice(src);
+            Ok(())
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    /// An executable whose one export reads binding 0 only (as CUDA's
+    /// `binding_flags` READ_ONLY says) and may write binding 1.
+    struct ReadsFirst(Vec<crate::executable::ExportInfo>);
+
+    impl crate::executable::Executable for ReadsFirst {
+        fn exports(&self) -> &[crate::executable::ExportInfo] {
+            &self.0
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+        fn binding_access(&self, _export: u32, binding: usize) -> MemoryAccess {
+            if binding == 0 {
+                MemoryAccess::READ
+            } else {
+                MemoryAccess::READ | MemoryAccess::WRITE
+            }
+        }
+    }
+
+    fn dispatch(bindings: &[&Buffer]) -> Command {
+        Command::Dispatch {
+            executable: crate::executable::ExecutableRef(std::sync::Arc::new(ReadsFirst(vec![]))),
+            function: 0,
+            workgroups: [1, 1, 1],
+            indirect: None,
+            constants: vec![],
+            bindings: bindings.iter().map(|b| direct(b, 0, 16)).collect(),
+        }
+    }
+
+    /// A binding the executable marks read-only is a reader use on
+    /// device-only memory (the host may read it beside the kernel: an LLM
+    /// step's state read while the next step, which binds it, is queued)
+    /// and stays a writer use on mapped memory (a host slice must not see
+    /// a kernel's writes, whatever the executable claims); a binding it may
+    /// write is a writer use everywhere.
+    #[test]
+    fn read_only_bindings_are_reader_uses_on_device_only_memory() {
+        let far = || {
+            Buffer::from_device_memory(
+                Box::new(Far(parking_lot::Mutex::new(vec![0; 16]))),
+                crate::MemoryType::DEVICE_LOCAL,
+                crate::BufferUsage::DEFAULT,
+                MemoryAccess::ALL,
+            )
+        };
+        let (input, output) = (far(), far());
+        let uses = SubmissionUses::register(&[dispatch(&[&input, &output])], &[]).unwrap();
+        let mut got = [0u8; 4];
+        input.read(0, &mut got).unwrap();
+        let e = input.write(0, &[1; 4]).unwrap_err();
+        assert_eq!(e.code(), StatusCode::FailedPrecondition, "{e}");
+        let e = output.read(0, &mut got).unwrap_err();
+        assert_eq!(e.code(), StatusCode::FailedPrecondition, "{e}");
+        drop(uses);
+
+        let heap = HeapAllocator::new();
+        let mapped = heap.allocate(&BufferParams::default(), 16).unwrap();
+        let uses = SubmissionUses::register(&[dispatch(&[&mapped, &output])], &[]).unwrap();
+        let e = mapped.map_read(0, 16).map(drop).unwrap_err();
+        assert_eq!(e.code(), StatusCode::FailedPrecondition, "{e}");
+        drop(uses);
+        mapped.map_read(0, 16).unwrap();
     }
 
     /// Past the linear scan's reach the map finds repeats too.

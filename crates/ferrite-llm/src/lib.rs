@@ -33,6 +33,7 @@ pub mod batch;
 pub mod chat;
 pub mod gguf;
 mod model;
+pub mod pipeline;
 pub mod sampling;
 pub mod tokenizer;
 
@@ -154,6 +155,9 @@ pub struct Llm {
     /// fresh buffer per token costs page faults; see
     /// [`ferrite::DeviceTensor::read_into`]).
     logits_buf: Mutex<Vec<f32>>,
+    /// Whether the program has `decode_greedy` (the cuda program): greedy
+    /// generation then runs [`pipeline::decode`].
+    greedy_step: bool,
 }
 
 fn check_context(context: usize, max: usize) -> Result<()> {
@@ -246,7 +250,9 @@ impl Llm {
             max_context: trained.min(MAX_CONTEXT),
             gguf_path: path.to_path_buf(),
             logits_buf: Mutex::new(Vec::new()),
+            greedy_step: false,
         };
+        llm.greedy_step = llm.session.function(pipeline::ENTRY).is_ok();
         llm.set_context(context)?;
         finish_load(&llm.tokenizer)?;
         Ok(llm)
@@ -428,6 +434,12 @@ impl Llm {
     /// Generates after `prompt` (token ids). `on_token(id, text)` is called
     /// for each generated token with the new text it completes (possibly
     /// empty, mid-character); returning false stops.
+    ///
+    /// Greedy generation with a program that has `decode_greedy` (the cuda
+    /// program, `examples/llm/build_cuda.py`) chooses tokens on the device
+    /// and queues each step before the previous one has run
+    /// ([`pipeline`]); the ids are the same as choosing on the host.
+    /// `FERRITE_LLM_PIPELINE=0` chooses on the host instead.
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -437,70 +449,129 @@ impl Llm {
         let start = Instant::now();
         let mut rng = sampling::Rng::new(opts.sampling.seed);
         let mut logits = self.prefill(prompt)?;
-        let mut stream = DecodeStream::new(self.tokenizer.clone(), true);
-        let mut out = Generation {
-            ids: Vec::new(),
-            text: String::new(),
-            finish: Finish::Length,
-            prompt_tokens: prompt.len(),
-            time_to_first_token: Duration::ZERO,
-            decode_time: Duration::ZERO,
-            decode_steps: 0,
-        };
+        let mut sink = TokenSink::new(self, prompt.len(), opts);
+        if opts.max_tokens > 0
+            && self.greedy_step
+            && opts.sampling.is_greedy()
+            && pipeline::enabled()
+        {
+            let first = sampling::argmax(&logits) as u32;
+            sink.out.time_to_first_token = start.elapsed();
+            if sink.accept(first, 0, &mut on_token)? {
+                pipeline::decode(self, &mut sink, first, &mut on_token)?;
+            }
+            return Ok(sink.out);
+        }
         let mut step_start = None;
         for (n, pos) in (0..opts.max_tokens).zip(prompt.len()..) {
             if n > 0 {
                 let t = Instant::now();
-                logits = self.decode_step(*out.ids.last().unwrap_or(&0), pos - 1)?;
-                out.decode_steps += 1;
+                logits = self.decode_step(*sink.out.ids.last().unwrap_or(&0), pos - 1)?;
+                sink.out.decode_steps += 1;
                 step_start.get_or_insert(t);
             }
             let id = sampling::sample(&logits, &opts.sampling, &mut rng) as u32;
             if n == 0 {
-                out.time_to_first_token = start.elapsed();
+                sink.out.time_to_first_token = start.elapsed();
             }
-            if opts.stop_at_eos && Some(id) == self.eos {
-                out.finish = Finish::Eos;
+            if !sink.accept(id, n, &mut on_token)? {
                 break;
-            }
-            out.ids.push(id);
-            let piece = stream.push(&[id])?;
-            let before = out.text.len();
-            out.text.push_str(&piece);
-            if let Some(cut) = opts
-                .stop
-                .iter()
-                .filter_map(|s| out.text.find(s.as_str()))
-                .min()
-            {
-                let shown = &out.text[before.min(cut)..cut];
-                if !shown.is_empty() {
-                    on_token(id, shown);
-                }
-                out.text.truncate(cut);
-                out.finish = Finish::Stop;
-                break;
-            }
-            if !on_token(id, &piece) {
-                out.finish = Finish::Cancelled;
-                break;
-            }
-            if n + 1 < opts.max_tokens && pos >= self.context {
-                return Err(Status::new(
-                    StatusCode::OutOfRange,
-                    format!(
-                        "generation filled the context of {} positions (prompt {} + {} generated); \
-                         ask for fewer tokens or load with a larger context",
-                        self.context,
-                        prompt.len(),
-                        out.ids.len()
-                    ),
-                ));
             }
         }
         if let Some(t) = step_start {
-            out.decode_time = t.elapsed();
+            sink.out.decode_time = t.elapsed();
         }
-        Ok(out)
+        Ok(sink.out)
+    }
+}
+
+/// What [`Llm::generate`] does with each chosen token, whichever loop chose
+/// it: stop conditions, text and the callback.
+pub(crate) struct TokenSink<'a> {
+    pub(crate) out: Generation,
+    stream: DecodeStream,
+    opts: &'a Options,
+    eos: Option<u32>,
+    context: usize,
+}
+
+impl<'a> TokenSink<'a> {
+    fn new(llm: &Llm, prompt_tokens: usize, opts: &'a Options) -> TokenSink<'a> {
+        TokenSink {
+            out: Generation {
+                ids: Vec::new(),
+                text: String::new(),
+                finish: Finish::Length,
+                prompt_tokens,
+                time_to_first_token: Duration::ZERO,
+                decode_time: Duration::ZERO,
+                decode_steps: 0,
+            },
+            stream: DecodeStream::new(llm.tokenizer.clone(), true),
+            opts,
+            eos: llm.eos,
+            context: llm.context,
+        }
+    }
+
+    /// The most tokens this generation may produce.
+    pub(crate) fn max_tokens(&self) -> usize {
+        self.opts.max_tokens
+    }
+
+    /// Takes token `id`, the `n`th generated (from 0): whether generation
+    /// goes on. The token after it needs position `prompt + n`: past the
+    /// context that is an error, unless `max_tokens` ends here anyway.
+    pub(crate) fn accept(
+        &mut self,
+        id: u32,
+        n: usize,
+        on_token: &mut impl FnMut(u32, &str) -> bool,
+    ) -> Result<bool> {
+        let out = &mut self.out;
+        if self.opts.stop_at_eos && Some(id) == self.eos {
+            out.finish = Finish::Eos;
+            return Ok(false);
+        }
+        out.ids.push(id);
+        let piece = self.stream.push(&[id])?;
+        let before = out.text.len();
+        out.text.push_str(&piece);
+        if let Some(cut) = self
+            .opts
+            .stop
+            .iter()
+            .filter_map(|s| out.text.find(s.as_str()))
+            .min()
+        {
+            let shown = &out.text[before.min(cut)..cut];
+            if !shown.is_empty() {
+                on_token(id, shown);
+            }
+            out.text.truncate(cut);
+            out.finish = Finish::Stop;
+            return Ok(false);
+        }
+        if !on_token(id, &piece) {
+            out.finish = Finish::Cancelled;
+            return Ok(false);
+        }
+        if n + 1 >= self.opts.max_tokens {
+            return Ok(false);
+        }
+        let pos = out.prompt_tokens + n;
+        if pos >= self.context {
+            return Err(Status::new(
+                StatusCode::OutOfRange,
+                format!(
+                    "generation filled the context of {} positions (prompt {} + {} generated); \
+                     ask for fewer tokens or load with a larger context",
+                    self.context,
+                    out.prompt_tokens,
+                    out.ids.len()
+                ),
+            ));
+        }
+        Ok(true)
     }
 }

@@ -16,6 +16,14 @@ pub struct Sampling {
     pub seed: u64,
 }
 
+impl Sampling {
+    /// Whether these options always choose the most likely token (what
+    /// [`sample`] does then is [`argmax`]).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+}
+
 impl Default for Sampling {
     fn default() -> Self {
         Sampling {
@@ -83,7 +91,7 @@ pub fn argmax(logits: &[f32]) -> usize {
 
 /// Chooses a token from `logits`.
 pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> usize {
-    if s.temperature <= 0.0 || s.top_k == 1 {
+    if s.is_greedy() {
         return argmax(logits);
     }
     let mut idx: Vec<usize> = (0..logits.len())

@@ -69,7 +69,7 @@ mod value;
 
 pub use async_call::{CallFuture, VariantCallFuture};
 pub use device::Device;
-pub use ferrite_base::{Result, Status, StatusCode};
+pub use ferrite_base::{Result, Status, StatusCode, Timeout};
 pub use ferrite_hal::{ElementType, Fence, Semaphore, TimepointWait};
 /// Parameter files, indexes and providers (see [`Session::add_parameter_file`]).
 pub use ferrite_modules::io_parameters as parameters;

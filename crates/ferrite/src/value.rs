@@ -543,6 +543,14 @@ impl Value {
     }
 }
 
+impl From<std::sync::Arc<ferrite_hal::Fence>> for Value {
+    /// A [`Value::Ref`] to the fence: what an async-external function takes
+    /// as its wait and signal fences.
+    fn from(f: std::sync::Arc<ferrite_hal::Fence>) -> Value {
+        Value::Ref(ferrite_vm::Ref::from_arc(f))
+    }
+}
+
 impl From<i32> for Value {
     fn from(v: i32) -> Value {
         Value::I32(v)

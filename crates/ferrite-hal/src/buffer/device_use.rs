@@ -104,6 +104,12 @@ impl Buffer {
         })
     }
 
+    /// Whether the allocation has no host mapping (the host reaches it only
+    /// through driver copies).
+    pub(crate) fn is_device_only(&self) -> bool {
+        self.alloc.device_only().is_some()
+    }
+
     /// Counts device work on this buffer's allocation (`write`: the work
     /// may write it) until the returned use ends: the HAL holds one per
     /// bound buffer for the life of a submission, so host access racing it
