@@ -56,12 +56,13 @@ def cuda_vmfb():
     return path
 
 
-def cli_ids(gguf, ids, device, module=None):
+def cli_ids(gguf, ids, device, module=None, n=N, pipeline=None):
     cmd = [str(FERRITE), "generate", f"--gguf={gguf}", "--prompt_ids=" + ",".join(map(str, ids)),
-           f"--max_tokens={N}", "--ignore_eos", "--output_ids", f"--device={device}"]
+           f"--max_tokens={n}", "--ignore_eos", "--output_ids", f"--device={device}"]
     if module:
         cmd.append(f"--module={module}")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, FERRITE_LLM_PIPELINE=pipeline) if pipeline is not None else None
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     return [int(s) for s in r.stdout.split()]
 
@@ -92,3 +93,19 @@ def test_upstream_on_cuda_equals_local_sync(gguf_path, cuda_vmfb, cpu_ids):
     for name, ids in PROMPTS.items():
         got, _, _, _ = m.greedy(ids, N)
         assert got == cpu_ids[name], name
+
+
+def test_device_greedy_equals_host_sampling_on_cuda(gguf_path, cuda_vmfb):
+    """The cuda program's decode_greedy, run by ferrite_llm::pipeline with 1
+    (the default) and 3 steps queued ahead of the one read, chooses the ids
+    that sampling the logits on the host does (FERRITE_LLM_PIPELINE=0),
+    over 96 tokens; upstream iree.runtime's loop of the same shape too."""
+    import upstream_loop
+
+    prompt, n = PROMPTS["text"], 96
+    host = cli_ids(gguf_path, prompt, "cuda", cuda_vmfb, n=n, pipeline="0")
+    for depth in ("1", "3"):
+        assert cli_ids(gguf_path, prompt, "cuda", cuda_vmfb, n=n, pipeline=depth) == host, depth
+    m = upstream_loop.UpstreamModel(gguf_path, "cuda", vmfb=cuda_vmfb)
+    got, _, _ = m.greedy_device(prompt, n)
+    assert got == host

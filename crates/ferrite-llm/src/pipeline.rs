@@ -149,7 +149,7 @@ fn reads_beside_later_steps(llm: &Llm) -> bool {
     llm.session
         .devices()
         .first()
-        .is_some_and(|d| d.name().starts_with("cuda"))
+        .is_some_and(|d| d.id() == "cuda")
 }
 
 fn position(p: usize) -> Result<i32> {
