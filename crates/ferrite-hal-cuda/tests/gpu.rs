@@ -1897,52 +1897,47 @@ impl<'a> OneShotStores<'a> {
     }
 }
 
-/// A one-shot shape whose calls cycle over sets of buffers (transient
-/// buffers from the stream-ordered pool do, call after call) gets a graph
-/// per set, up to the driver's 4 a shape: each call launches the graph set
-/// exactly as it needs, with no node updated, and computes its own result;
-/// one set more updates the least recently launched graph.
+/// A one-shot shape whose calls alternate between two sets of buffers
+/// (transient buffers from the stream-ordered pool do, call after call)
+/// gets a graph per set: each call launches the graph set exactly as it
+/// needs, with no node updated, and computes its own result; a third set
+/// updates the least recently launched graph.
 #[test]
 fn alternating_one_shot_buffers_launch_their_own_graph_unchanged() {
-    const GRAPHS_PER_SHAPE: usize = 4;
     let Some(dev) = gpu() else { return };
     let cuda = as_cuda(&dev);
     cuda.set_oneshot_graphs(true);
     let mut stores = OneShotStores::new(&dev);
     let mut run = |b: &ferrite_hal::Buffer, value: u32| stores.run(b, value, 2);
     let alloc = || dev.allocator().allocate(&device_params(), 8).unwrap();
-    let sets: Vec<_> = (0..=GRAPHS_PER_SHAPE).map(|_| alloc()).collect();
-    let (cycle, extra) = sets.split_at(GRAPHS_PER_SHAPE);
-    // The first call is replayed; the next ones build a graph for each
-    // set, the first set's on its second call.
-    run(&cycle[0], 1);
-    for b in cycle[1..].iter().chain(&cycle[..1]) {
-        run(b, 1);
-    }
-    let first = GRAPHS_PER_SHAPE as u64;
-    assert_eq!(cuda.oneshot_graph_launches(), first);
+    let (a, b, c) = (alloc(), alloc(), alloc());
+    // The first is replayed; the second builds a graph for `b`, the third
+    // one for `a`.
+    run(&a, 1);
+    run(&b, 1);
+    run(&a, 1);
+    assert_eq!(cuda.oneshot_graph_launches(), 2);
     let updates = cuda.graph_node_updates();
     for _ in 0..4 {
-        for b in cycle[1..].iter().chain(&cycle[..1]) {
-            run(b, 1);
-        }
+        run(&b, 1);
+        run(&a, 1);
     }
-    assert_eq!(cuda.oneshot_graph_launches(), first + 4 * first);
+    assert_eq!(cuda.oneshot_graph_launches(), 10);
     assert_eq!(
         cuda.graph_node_updates(),
         updates,
         "each set of buffers has a graph set as it needs"
     );
-    // One set more (and another value): the least recently launched graph
-    // is updated; the results stay right on every set.
-    run(&extra[0], 2);
+    // A third buffer (and another value): the least recently launched
+    // graph is updated; the results stay right on every set.
+    run(&c, 2);
     assert!(
         cuda.graph_node_updates() > updates,
         "a new set updates nodes"
     );
-    run(&cycle[0], 3);
-    run(&cycle[1], 4);
-    assert_eq!(cuda.oneshot_graph_launches(), 5 * first + 3);
+    run(&a, 3);
+    run(&b, 4);
+    assert_eq!(cuda.oneshot_graph_launches(), 13);
 }
 
 /// Automatic one-shot graphs (the default): a shape whose every execution

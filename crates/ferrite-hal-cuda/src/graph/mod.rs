@@ -27,7 +27,7 @@
 //! on a command buffer of that shape launches a graph of the shape whose
 //! parameters (addresses, push constants, workgroup counts, fill ranges)
 //! all equal its own, unchanged; failing that, a second graph is built
-//! (up to [`GRAPHS_PER_SHAPE`]: transient buffers cycle over a few
+//! (up to [`GRAPHS_PER_SHAPE`]: transient buffers alternate between two
 //! addresses from call to call) or the least recently launched one is
 //! updated where its nodes differ. Everything is resolved and range
 //! checked at submission as a replay does; a failure on the graph path
@@ -255,15 +255,12 @@ pub(crate) fn oneshot_shape(cb: &CommandBuffer, commands: &[Command]) -> Option<
 const SHAPES_KEPT: usize = 4;
 
 /// Graphs kept per one-shot shape. A program's transient buffers come from
-/// the stream-ordered pool, which hands consecutive calls a few addresses
-/// in turn (the SmolLM2 decode step called one step at a time: every
-/// node's bindings differ from one step to the next and equal those of the
-/// step before; with a step queued before the last has run (the pipelined
-/// greedy decode of `ferrite-llm`) the addresses cycle over three calls:
-/// with two graphs a step then updated 94 of 489 nodes). With one graph per
-/// address set, each call finds the graph whose parameters it equals and
-/// launches it unchanged.
-const GRAPHS_PER_SHAPE: usize = 4;
+/// the stream-ordered pool, which hands consecutive calls alternating
+/// addresses (the SmolLM2 decode step: every node's bindings differ from
+/// one step to the next and equal those of the step before). With one
+/// graph each step would update every node; with two, each call finds
+/// the graph whose parameters it equals and launches it unchanged.
+const GRAPHS_PER_SHAPE: usize = 2;
 
 /// A one-shot shape seen on a device, and its graph once it was seen
 /// twice.
