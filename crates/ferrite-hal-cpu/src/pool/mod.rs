@@ -180,6 +180,10 @@ impl WorkerPool {
                 SHORT_TILE_VAR,
                 region::SHORT_TILE.as_nanos() as u64,
             )),
+            short_tile_helpers: std::env::var(SHORT_TILE_HELPERS_VAR)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(region::SHORT_TILE_HELPERS),
             recent_tile_ns: AtomicU64::new(0),
             contended_caller: AtomicBool::new(
                 std::env::var(CONTENDED_CALLER_VAR).map_or(true, |v| v.trim() != "0"),
@@ -390,6 +394,11 @@ const LONG_STAGE_CONTENDED_VAR: &str = "FERRITE_LOCAL_TASK_LONG_STAGE_CONTENDED"
 /// short-tile rule, see `PoolState::region_helpers`; unset:
 /// [`region::SHORT_TILE`]; 0 turns it off, to compare both on one binary).
 const SHORT_TILE_VAR: &str = "FERRITE_LOCAL_TASK_SHORT_TILE_US";
+
+/// A whole number: workers a region of short tiles admits beside its
+/// leader while the pool is contended (a measuring aid for issue 25; unset:
+/// [`region::SHORT_TILE_HELPERS`]).
+const SHORT_TILE_HELPERS_VAR: &str = "FERRITE_LOCAL_TASK_SHORT_TILE_HELPERS";
 
 /// `0`: while a pool made afterwards is contended, a region a caller leads
 /// still admits one worker fewer than the pool has (the behaviour before

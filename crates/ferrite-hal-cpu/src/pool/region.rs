@@ -97,8 +97,12 @@ pub const LONG_STAGE: Duration = Duration::from_micros(100);
 pub const SHORT_TILE: Duration = Duration::from_micros(30);
 
 /// Workers a region of short tiles admits beside its leader while the
-/// pool is contended.
-pub const SHORT_TILE_HELPERS: usize = 1;
+/// pool is contended: none, the leader runs the region alone (on 16 cores
+/// under 16 busy loops the small MLP's median was 118 us with none, 130 us
+/// with one and 127 us with two helpers, upstream's 127 us; 10 alternated
+/// rounds, docs/figures.md, eighth session).
+/// `FERRITE_LOCAL_TASK_SHORT_TILE_HELPERS` sets it.
+pub const SHORT_TILE_HELPERS: usize = 0;
 
 /// Bounds of a worker's sleep for the next stage after a long stage: four
 /// times what it worked in the stage, within these (then it leaves the

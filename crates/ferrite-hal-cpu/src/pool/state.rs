@@ -133,6 +133,9 @@ pub(crate) struct PoolState {
     /// [`region::SHORT_TILE_HELPERS`] workers ([`region::SHORT_TILE`]
     /// unless set; 0: off).
     pub(super) short_tile_ns: AtomicU64,
+    /// Workers such a region admits (`FERRITE_LOCAL_TASK_SHORT_TILE_HELPERS`,
+    /// [`region::SHORT_TILE_HELPERS`] unless set).
+    pub(super) short_tile_helpers: usize,
     /// The contended-caller rule (see [`PoolState::region_helpers`]); off
     /// with `FERRITE_LOCAL_TASK_CONTENDED_CALLER=0`.
     pub(super) contended_caller: AtomicBool,
@@ -167,11 +170,14 @@ impl PoolState {
     ///
     /// The short-tile rule: while contended, a region whose tiles are
     /// likely short (the recent ones averaged under `short_tile_ns`)
-    /// admits at most [`region::SHORT_TILE_HELPERS`] workers. Why: under a
+    /// admits at most `short_tile_helpers` workers ([`region::SHORT_TILE_HELPERS`],
+    /// none: the leader runs it alone). Why: under a
     /// full load a woken worker waits for a busy CPU's slice before it
     /// runs, so for stages of microsecond tiles (the small MLP's) waking
     /// helpers costs more than they take off the stage (issue 25: 16
-    /// helpers ran the MLP at 1.3x upstream under load), while long tiles
+    /// helpers ran the MLP at 1.3x upstream under load; on 16 cores under
+    /// 16 busy loops one helper gave a median of 130 us against upstream's
+    /// 127, none 118 us), while long tiles
     /// (MiniLM's, hundreds of microseconds) still need every helper.
     ///
     /// The contended-caller rule: while contended, a region of longer
@@ -212,8 +218,8 @@ impl PoolState {
         if widen && cap > all {
             self.stats.contended_widened.fetch_add(1, Ordering::Relaxed);
         }
-        if short && cap > region::SHORT_TILE_HELPERS {
-            cap = region::SHORT_TILE_HELPERS;
+        if short && cap > self.short_tile_helpers {
+            cap = self.short_tile_helpers;
             self.stats.short_tile_caps.fetch_add(1, Ordering::Relaxed);
         }
         cap
