@@ -184,3 +184,16 @@ pub fn as_vm_buffer<'r>(r: &'r Ref, what: &str) -> Result<&'r VmBuffer> {
         )
     })
 }
+
+/// In an in-place entry ([`ferrite_vm::in_place`]): the value, or decline
+/// the call (`return Ok(false)`) so that the function's body runs and
+/// renders the message, when an argument is not what the entry handles.
+macro_rules! or_decline {
+    ($e:expr) => {
+        match $e {
+            Some(v) => v,
+            None => return Ok(false),
+        }
+    };
+}
+pub(crate) use or_decline;

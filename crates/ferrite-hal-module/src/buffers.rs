@@ -1,6 +1,8 @@
 //! `hal.allocator.*`, `hal.buffer.*` and `hal.buffer_view.*`.
 
-use super::args::{as_vm_buffer, cast, cast_ref, obj, obj_ref, span, span_into, string, vm_buffer};
+use super::args::{
+    as_vm_buffer, cast, cast_ref, obj, obj_ref, or_decline, span, span_into, string, vm_buffer,
+};
 use super::state::ModuleState;
 use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
@@ -152,6 +154,21 @@ pub(super) fn register(
         buffer.validate_usage(BufferUsage::from_bits_retain(usage as u32))?;
         c.ready_none()
     })?
+    .in_place(|c| {
+        // Passing asserts only; a failing one declines (the body renders
+        // its message).
+        let mut a = c.args();
+        let buffer = or_decline!(a.opt_ref());
+        let _message = or_decline!(a.a_ref());
+        let _alloc: &AllocatorRef = or_decline!(a.obj());
+        let (min_len, types, usage) = (or_decline!(a.i64()), or_decline!(a.i32()), or_decline!(a.i32()));
+        let buffer = or_decline!(buffer.and_then(|b| b.downcast::<Buffer>()));
+        if !(buffer_passes(buffer, min_len as u64, types, usage) && c.no_results()) {
+            return Ok(false);
+        }
+        c.finish();
+        Ok(true)
+    })?
     .function("buffer.allocation.preserve", "0r_v", |c| {
         let mut a = ArgReader::new(c);
         let _: Buffer = obj(&mut a, "buffer")?;
@@ -247,6 +264,35 @@ pub(super) fn register(
         };
         c.ready_ref(Ref::new(view))
     })?
+    .in_place(|c| {
+        // A view over a whole buffer (a subspan declines: the body handles
+        // it and its message).
+        let out = or_decline!(c.ref_result());
+        let mut a = c.args();
+        let buffer: &Buffer = or_decline!(a.obj());
+        let (offset, length) = (or_decline!(a.i64()) as u64, or_decline!(a.i64()) as u64);
+        let (et, enc) = (or_decline!(a.i32()) as u32, or_decline!(a.i32()) as u32);
+        let n = or_decline!(a.count());
+        let mut shape = SmallVec::<[u64; 4]>::new();
+        for _ in 0..n {
+            shape.push(or_decline!(a.i64()) as u64);
+        }
+        if offset != 0 || length != buffer.byte_length() {
+            return Ok(false);
+        }
+        let (et, enc) = (ElementType(et), EncodingType(enc));
+        // As the body: a source the caller hands over moves into the view.
+        let shared = match c.take_moved_ref(0) {
+            Some(r) => r.into_arc::<Buffer>(),
+            None => c.args().a_ref().and_then(|r| r.downcast_arc::<Buffer>()),
+        };
+        let Some(shared) = shared else {
+            bail!(InvalidArgument, "source buffer: expected !hal.buffer");
+        };
+        let view = BufferView::over_shared(shared, &shape, et, enc)?;
+        c.finish_ref(out, Ref::new(view));
+        Ok(true)
+    })?
     .function("buffer_view.assert", "0rriiCID_v", |c| {
         if view_assert_passes(&mut ArgReader::new(c))? {
             return c.ready_none();
@@ -260,10 +306,39 @@ pub(super) fn register(
         assert_view(view, &message, ElementType(et), EncodingType(enc), &shape)?;
         c.ready_none()
     })?
+    .in_place(|c| {
+        // As `buffer.assert`'s entry: passing asserts only.
+        let mut a = c.args();
+        let view = or_decline!(a.opt_ref());
+        let _message = or_decline!(a.a_ref());
+        let (et, enc) = (or_decline!(a.i32()), or_decline!(a.i32()));
+        let rank = or_decline!(a.i32());
+        let view = or_decline!(view.and_then(|v| v.downcast::<BufferView>()));
+        if !view_header_matches(view, ElementType(et as u32), EncodingType(enc as u32), rank) {
+            return Ok(false);
+        }
+        for &have in view.shape() {
+            if or_decline!(a.i64()) as u64 != have {
+                return Ok(false);
+            }
+        }
+        if !c.no_results() {
+            return Ok(false);
+        }
+        c.finish();
+        Ok(true)
+    })?
     .function("buffer_view.buffer", "0r_r", |c| {
         let mut a = ArgReader::new(c);
         let view: &BufferView = obj_ref(&mut a, "buffer view")?;
         c.ready_ref(Ref::from_arc(view.shared_buffer()))
+    })?
+    .in_place(|c| {
+        let out = or_decline!(c.ref_result());
+        let view: &BufferView = or_decline!(c.args().obj());
+        let buffer = Ref::from_arc(view.shared_buffer());
+        c.finish_ref(out, buffer);
+        Ok(true)
     })?
     .function("buffer_view.element_type", "0r_i", |c| {
         let mut a = ArgReader::new(c);
@@ -314,13 +389,28 @@ fn buffer_assert_passes(a: &mut ArgReader<'_>) -> Result<bool> {
     let Some(buffer) = buffer.and_then(|b| b.downcast::<Buffer>()) else {
         return Ok(false);
     };
-    Ok(buffer.byte_length() >= min_len
+    Ok(buffer_passes(buffer, min_len, types, usage))
+}
+
+/// Whether `buffer` passes `buffer.assert` (length, memory type, usage).
+#[inline]
+fn buffer_passes(buffer: &Buffer, min_len: u64, types: i32, usage: i32) -> bool {
+    buffer.byte_length() >= min_len
         && buffer
             .validate_memory_type(MemoryType::from_bits_retain(types as u32))
             .is_ok()
         && buffer
             .validate_usage(BufferUsage::from_bits_retain(usage as u32))
-            .is_ok())
+            .is_ok()
+}
+
+/// Whether `view` has the element type, encoding and rank
+/// `buffer_view.assert` expects (its dimensions are checked after).
+#[inline]
+fn view_header_matches(view: &BufferView, et: ElementType, enc: EncodingType, rank: i32) -> bool {
+    element_types_compatible(view.element_type(), et)
+        && view.encoding_type() == enc
+        && usize::try_from(rank).ok() == Some(view.rank())
 }
 
 /// The common case of `buffer_view.assert` (see [`buffer_assert_passes`]).
@@ -332,10 +422,7 @@ fn view_assert_passes(a: &mut ArgReader<'_>) -> Result<bool> {
     let Some(view) = view.and_then(|v| v.downcast::<BufferView>()) else {
         return Ok(false);
     };
-    if !element_types_compatible(view.element_type(), et)
-        || view.encoding_type() != enc
-        || usize::try_from(rank).ok() != Some(view.rank())
-    {
+    if !view_header_matches(view, et, enc, rank) {
         return Ok(false);
     }
     for &have in view.shape() {

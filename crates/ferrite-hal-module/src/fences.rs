@@ -1,7 +1,7 @@
 //! `hal.fence.*`, including `fence.await`: blocking in synchronous mode, a
 //! coroutine yield otherwise.
 
-use super::args::{obj_ref, span};
+use super::args::{obj_ref, or_decline, span};
 use super::state::ModuleState;
 use ferrite_base::wait::{WaitMode, WaitSource};
 use ferrite_base::{bail, Deadline, Result, Status, StatusCode, Timeout};
@@ -47,6 +47,14 @@ pub(super) fn register(
         let _device: &DeviceRef = obj_ref(&mut a, "device")?;
         let _flags = a.i64()?;
         c.ready_ref(Ref::from_arc(Fence::pooled_new()))
+    })?
+    .in_place(|c| {
+        let out = or_decline!(c.ref_result());
+        let mut a = c.args();
+        let _device: &DeviceRef = or_decline!(a.obj());
+        let _flags = or_decline!(a.i64());
+        c.finish_ref(out, Ref::from_arc(Fence::pooled_new()));
+        Ok(true)
     })?
     .function("fence.join", "0ICrD_r", |c| {
         let mut a = ArgReader::new(c);
@@ -167,5 +175,21 @@ pub(super) fn register(
             deadline,
             handles_failure: true,
         }))
+    })?
+    .in_place(|c| {
+        // Fences all reached (or null): 0 at once. A pending or failed
+        // fence declines: the body waits, yields or fails.
+        let out = or_decline!(c.i32_result());
+        let mut a = c.args();
+        let (_timeout, _flags) = (or_decline!(a.i32()), or_decline!(a.i64()));
+        for _ in 0..or_decline!(a.count()) {
+            if let Some(f) = or_decline!(a.opt_obj::<Fence>()) {
+                if !matches!(f.query(), Ok(true)) {
+                    return Ok(false);
+                }
+            }
+        }
+        c.finish_i32(out, 0);
+        Ok(true)
     })
 }

@@ -1,7 +1,9 @@
 //! `hal.devices.*`, `hal.device.*` (allocator, queries, queue operations),
 //! `hal.ex.file.from_memory` and the collective channels `hal.channel.*`.
 
-use super::args::{as_vm_buffer, obj, obj_ref, opt_obj_ref, span_into, string, vm_buffer};
+use super::args::{
+    as_vm_buffer, obj, obj_ref, opt_obj_ref, or_decline, span_into, string, vm_buffer,
+};
 use super::state::ModuleState;
 use ferrite_base::{bail, Result};
 use ferrite_hal::allocator::BufferParams;
@@ -11,6 +13,7 @@ use ferrite_hal::command_buffer::{Binding, BindingTable, CommandBuffer};
 use ferrite_hal::device::{queue, DeviceRef};
 use ferrite_hal::fence::Fence;
 use ferrite_hal::memory::{BufferUsage, MemoryType};
+use ferrite_vm::in_place::InPlaceArgs;
 use ferrite_vm::native::{ArgReader, NativeModuleBuilder};
 use ferrite_vm::refs::RefObject;
 use ferrite_vm::{Ref, Variant};
@@ -79,6 +82,26 @@ fn queue_head<'a>(
     ))
 }
 
+/// [`queue_head`] for in-place entries (`None`: decline).
+#[inline(always)]
+fn queue_head_in_place<'a>(
+    a: &mut InPlaceArgs<'a>,
+) -> Option<(
+    &'a Arc<dyn ferrite_hal::device::Device>,
+    &'a Fence,
+    &'a Fence,
+)> {
+    let device: &DeviceRef = a.obj()?;
+    let _affinity = a.i64()?;
+    let wait: Option<&Fence> = a.opt_obj()?;
+    let signal: Option<&Fence> = a.opt_obj()?;
+    Some((
+        &device.0,
+        wait.unwrap_or(Fence::empty()),
+        signal.unwrap_or(Fence::empty()),
+    ))
+}
+
 pub(super) fn register(
     b: NativeModuleBuilder,
     shared: &Arc<ModuleState>,
@@ -87,6 +110,7 @@ pub(super) fn register(
     let s2 = shared.clone();
     let s3 = shared.clone();
     let s4 = shared.clone();
+    let s5 = shared.clone();
     b.function("devices.count", "0v_i", move |c| {
         c.ready_i32(s1.devices.len() as i32)
     })?
@@ -101,6 +125,13 @@ pub(super) fn register(
         let device: &DeviceRef = obj_ref(&mut ArgReader::new(c), "device")?;
         let r = s3.allocator_ref(device);
         c.ready_ref(r)
+    })?
+    .in_place(move |c| {
+        let out = or_decline!(c.ref_result());
+        let device: &DeviceRef = or_decline!(c.args().obj());
+        let r = s5.allocator_ref(device);
+        c.finish_ref(out, r);
+        Ok(true)
     })?
     .function("device.query.i64", "0rrr_iI", |c| {
         let mut a = ArgReader::new(c);
@@ -130,6 +161,24 @@ pub(super) fn register(
         };
         let buffer = queue::alloca(device, wait, signal, &params, size as u64)?;
         c.ready_ref(Ref::new(buffer))
+    })?
+    .in_place(|c| {
+        let out = or_decline!(c.ref_result());
+        let mut a = c.args();
+        let (device, wait, signal) = or_decline!(queue_head_in_place(&mut a));
+        if or_decline!(a.i64()) != 0 {
+            return Ok(false);
+        }
+        let (types, usage) = (or_decline!(a.i32()), or_decline!(a.i32()));
+        let (size, _flags) = (or_decline!(a.i64()), or_decline!(a.i64()));
+        let params = BufferParams {
+            memory_type: MemoryType::from_bits_retain(types as u32),
+            usage: BufferUsage::from_bits_retain(usage as u32),
+            ..BufferParams::default()
+        };
+        let buffer = queue::alloca(device, wait, signal, &params, size as u64)?;
+        c.finish_ref(out, Ref::new(buffer));
+        Ok(true)
     })?
     .function("device.queue.dealloca", "0rIrrrI_v", |c| {
         let mut a = ArgReader::new(c);
@@ -307,6 +356,35 @@ pub(super) fn register(
         // Before the registers are released (`ready_none`).
         drop(bindings);
         c.ready_none()
+    })?
+    .in_place(|c| {
+        if !c.no_results() {
+            return Ok(false);
+        }
+        let mut a = c.args();
+        let (device, wait, signal) = or_decline!(queue_head_in_place(&mut a));
+        let cb: &CommandBuffer = or_decline!(a.obj());
+        let _flags = or_decline!(a.i64());
+        let n = or_decline!(a.count());
+        let mut bindings = BorrowedBindings(BindingTable::new());
+        for _ in 0..n {
+            let buffer: &Buffer = or_decline!(or_decline!(a.opt_obj()));
+            let (offset, length) = (or_decline!(a.i64()) as u64, or_decline!(a.i64()) as u64);
+            bindings.0.push(Binding {
+                // SAFETY: as in the body: an uncounted copy of a buffer in
+                // the call's argument registers, which hold it (and stay as
+                // they are) until the call returns; `BorrowedBindings`
+                // never drops it and is dropped before the call returns.
+                buffer: unsafe { std::ptr::read(buffer) },
+                offset,
+                length,
+            });
+        }
+        queue::execute_borrowed(device, wait, signal, cb, &bindings.0)?;
+        // Before the registers are released (`finish`).
+        drop(bindings);
+        c.finish();
+        Ok(true)
     })?
     .function("device.queue.flush", "0rI_v", |c| {
         let mut a = ArgReader::new(c);

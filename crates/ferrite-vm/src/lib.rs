@@ -16,6 +16,7 @@ pub mod bytecode;
 pub mod bytes;
 pub mod cconv;
 pub mod context;
+pub mod in_place;
 pub mod instance;
 pub mod invocation;
 pub mod list;

@@ -120,6 +120,9 @@ pub struct FunctionTarget {
     /// [`crate::stack::NativeStep::finish`] (native module functions), taken
     /// once here: an in-place import call makes one dynamic call, not two.
     pub(crate) direct: Option<Arc<crate::native::NativeFn>>,
+    /// The callee's in-place entry, when it has one (see
+    /// [`crate::in_place`]), taken once here like `direct`.
+    pub(crate) in_place: Option<Arc<crate::in_place::InPlaceFn>>,
 }
 
 impl FunctionRef {
@@ -132,9 +135,11 @@ impl FunctionRef {
     ) -> FunctionRef {
         let native = state.native_body(ordinal);
         let direct = native.as_ref().and_then(|n| n.direct());
+        let in_place = native.as_ref().and_then(|n| n.in_place());
         FunctionRef(Arc::new(FunctionTarget {
             native,
             direct,
+            in_place,
             state,
             ordinal,
             cconv,

@@ -8,6 +8,7 @@
 //! [`NativeCall::resumed`] set and whatever it stored in `saved`.
 
 use crate::cconv::{Cconv, CconvType};
+use crate::in_place::{InPlaceCall, InPlaceFn};
 use crate::instance::Instance;
 use crate::module::{
     Dependency, ExportInfo, FunctionRef, ImportInfo, Module, ModuleState, Signature,
@@ -27,6 +28,8 @@ struct Function {
     /// Shared so that a resolved import can hold the closure itself (see
     /// [`crate::module::FunctionTarget`]'s direct entry).
     body: Arc<NativeFn>,
+    /// Its in-place entry, if registered ([`NativeModuleBuilder::in_place`]).
+    in_place: Option<Arc<InPlaceFn>>,
 }
 
 impl NativeStep for Function {
@@ -37,6 +40,10 @@ impl NativeStep for Function {
 
     fn direct(&self) -> Option<Arc<NativeFn>> {
         Some(self.body.clone())
+    }
+
+    fn in_place(&self) -> Option<Arc<InPlaceFn>> {
+        self.in_place.clone()
     }
 
     fn finish(&self, call: &NativeCall<'_>, r: Result<NativePoll>) -> Result<NativePoll> {
@@ -140,7 +147,27 @@ impl NativeModuleBuilder {
             name: format!("{}.{name}", self.name),
             cconv: parsed,
             body: Arc::new(body),
+            in_place: None,
         }));
+        Ok(self)
+    }
+
+    /// Gives the function added last an in-place entry (see
+    /// [`crate::in_place`]): calls from bytecode try it first and run the
+    /// body only when it declines, so it must decline, before any effect,
+    /// wherever it would not do exactly what the body does.
+    pub fn in_place(
+        mut self,
+        entry: impl Fn(&mut InPlaceCall<'_>) -> Result<bool> + Send + Sync + 'static,
+    ) -> Result<Self> {
+        let Some(f) = self.functions.last_mut().and_then(Arc::get_mut) else {
+            bail!(
+                FailedPrecondition,
+                "native module '{}': an in-place entry follows the function it enters",
+                self.name
+            );
+        };
+        f.in_place = Some(Arc::new(entry));
         Ok(self)
     }
 

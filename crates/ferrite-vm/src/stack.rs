@@ -389,6 +389,12 @@ pub trait NativeStep: Send + Sync {
     fn direct(&self) -> Option<Arc<crate::native::NativeFn>> {
         None
     }
+    /// The function's in-place entry, when it has one ([`crate::in_place`]):
+    /// a resolved import keeps it and the interpreter tries it first on
+    /// calls from bytecode.
+    fn in_place(&self) -> Option<Arc<crate::in_place::InPlaceFn>> {
+        None
+    }
     /// What a step does with the outcome of a [`NativeStep::direct`] call
     /// (checks results not written in place, names the function in errors).
     fn finish(

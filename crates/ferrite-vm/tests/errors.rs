@@ -418,3 +418,105 @@ fn arithmetic_edge_cases_wrap_instead_of_panicking() {
         vec![Variant::I64(want)]
     );
 }
+
+/// An in-place entry (`NativeModuleBuilder::in_place`) serves calls from
+/// bytecode: when it finishes, the body is not run and its result is the
+/// one the caller sees; when it declines, the body runs as if there were no
+/// entry; when it fails, the failure is named and placed in the backtrace
+/// as the body's would be. Host calls always run the body.
+#[test]
+fn native_in_place_entry_finishes_declines_or_fails() {
+    use ferrite_vm::in_place::InPlaceCall;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    type Entry = fn(&mut InPlaceCall<'_>) -> ferrite_base::Result<bool>;
+    let instance = Instance::default();
+    let body_calls = Arc::new(AtomicUsize::new(0));
+    let context_with = |entry: Entry| {
+        let calls = body_calls.clone();
+        let host = NativeModuleBuilder::new("ferrite_test", 1)
+            .function("on_init", "0v_v", |c| c.ready_none())
+            .unwrap()
+            .function("on_deinit", "0v_v", |c| c.ready_none())
+            .unwrap()
+            .function("add", "0ii_i", move |c| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                let mut a = ArgReader::new(c);
+                let (x, y) = (a.i32()?, a.i32()?);
+                c.ready_i32(x.wrapping_add(y))
+            })
+            .unwrap()
+            .in_place(entry)
+            .unwrap()
+            .build();
+        let mut ctx = Context::new(&instance);
+        ctx.register(host).unwrap();
+        ctx.register(common::load_fixture(&instance, "native_lifecycle") as Arc<dyn Module>)
+            .unwrap();
+        ctx
+    };
+    let sum: Entry = |c| {
+        let mut a = c.args();
+        let (Some(x), Some(y)) = (a.i32(), a.i32()) else {
+            return Ok(false);
+        };
+        let Some(out) = c.i32_result() else {
+            return Ok(false);
+        };
+        c.finish_i32(out, x.wrapping_add(y));
+        Ok(true)
+    };
+    // Finished by the entry: the fixture checks the sum, the body never ran.
+    let ctx = context_with(sum);
+    let f = ctx.lookup_function("check_add_import").unwrap();
+    ctx.invoke(&f, vec![]).unwrap();
+    assert_eq!(body_calls.load(Ordering::Relaxed), 0);
+    // The entry's result is the one the caller sees.
+    let ctx = context_with(|c| {
+        let Some(out) = c.i32_result() else {
+            return Ok(false);
+        };
+        c.finish_i32(out, -5);
+        Ok(true)
+    });
+    assert!(call_err(&ctx, "check_add_import", vec![]).code() != StatusCode::Ok);
+    assert_eq!(body_calls.load(Ordering::Relaxed), 0);
+    // From the host: the body.
+    let ctx = context_with(sum);
+    let f = ctx.lookup_function("ferrite_test.add").unwrap();
+    let out = ctx
+        .invoke(&f, vec![Variant::I32(6), Variant::I32(7)])
+        .unwrap();
+    assert!(matches!(out.as_slice(), [Variant::I32(13)]), "{out:?}");
+    assert_eq!(body_calls.load(Ordering::Relaxed), 1);
+    // Declined: the body runs and its sum is checked.
+    let ctx = context_with(|_| Ok(false));
+    let f = ctx.lookup_function("check_add_import").unwrap();
+    ctx.invoke(&f, vec![]).unwrap();
+    assert!(body_calls.load(Ordering::Relaxed) > 1);
+    // Failed: named as the body's failure, with its frame.
+    let ctx = context_with(|_| Err(status!(Unavailable, "adder offline")));
+    let err = call_err(&ctx, "check_add_import", vec![]);
+    assert_eq!(err.code(), StatusCode::Unavailable, "{err}");
+    assert!(err.to_string().contains("adder offline"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("in native function 'ferrite_test.add'"),
+        "{err}"
+    );
+    let names: Vec<&str> = err
+        .backtrace()
+        .iter()
+        .map(|f| f.function.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["ferrite_test.add", "native_lifecycle.check_add_import"],
+        "{err}"
+    );
+    // An entry needs a function to enter.
+    let err = NativeModuleBuilder::new("m", 0)
+        .in_place(|_| Ok(false))
+        .err()
+        .expect("an entry without a function is refused");
+    assert_eq!(err.code(), StatusCode::FailedPrecondition, "{err}");
+}

@@ -14,7 +14,7 @@ use super::super::verifier::{
 use super::control::{branch, check_fail, skip_remap};
 use super::frames::{enter_call, leave_call, Cursor};
 use super::native_bridge::Parked;
-use super::native_bridge::{call_in_place, InPlace, NativeScratch};
+use super::native_bridge::{call_entry, call_in_place, InPlace, NativeScratch};
 use super::numeric::numeric;
 use super::ops_float::{with_float_ops, Float};
 use super::ops_global::{global_slot, load_i64, ref_global, store_i64};
@@ -191,6 +191,29 @@ fn dispatch<const COVERAGE: bool>(
             let import = insn.a & !IMPORT_BIT;
             let (segments, args, results, resume) = ($segments, $args, $results, $resume);
             let listed = call_operands(insn, &func.operands);
+            if let Some(listed) = listed {
+                // The callee's typed in-place entry, when it has one.
+                match call_entry(
+                    state,
+                    regs.slots(),
+                    refs,
+                    listed,
+                    import,
+                    pool_list(pool, results),
+                    (results, resume),
+                    scratch,
+                ) {
+                    Ok(true) => {
+                        pc = resume;
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(parked) => {
+                        *pc_out = pc;
+                        return Ok(Flow::Exit(Action::Parked(parked)));
+                    }
+                }
+            }
             let call = (import, segments, args, results, resume);
             match tri!(call_in_place(
                 state,
