@@ -160,3 +160,29 @@ def test_device_greedy_ids_equal_the_reference_on_both_runtimes(gguf_path, refer
                         "--output_ids", env_extra={"FERRITE_LLM_PIPELINE": pipeline})
             got = [int(x) for x in r.stdout.split()]
             assert got == want, f"ferrite (FERRITE_LLM_PIPELINE={pipeline}), {name}: {got} != reference {want}"
+
+
+def test_device_greedy_ends_like_host_sampling(gguf_path, gpu_math_on_cpu):  # noqa: F811
+    """The device-greedy loop (ferrite_llm::pipeline) ends a generation as
+    the host loop does: past the context, the same clear error after the
+    same tokens; at the end of sequence and at a stop string, the same
+    streamed text (the cuda program's math on local-task)."""
+    from test_llm import PROMPT60, ferrite
+
+    def run(pipeline, *args):
+        return ferrite(f"--gguf={gguf_path}", "--device=local-task", f"--module={gpu_math_on_cpu}", *args,
+                       check=False, env_extra={"FERRITE_LLM_PIPELINE": pipeline})
+
+    ctx = ["--prompt_ids=" + ",".join(map(str, PROMPT60)), "--ignore_eos", "--context=64", "--max_tokens=10"]
+    dev, host = run("1", *ctx), run("0", *ctx)
+    assert dev.returncode == host.returncode == 1, (dev.stderr, host.stderr)
+    assert "context of 64 positions (prompt 60 + 5 generated)" in dev.stderr, dev.stderr
+    assert dev.stdout == host.stdout and "panicked" not in dev.stderr
+    chat = ["--chat=What is the capital of France?", "--max_tokens=40"]
+    dev, host = run("1", *chat), run("0", *chat)
+    assert dev.returncode == host.returncode == 0, (dev.stderr, host.stderr)
+    assert dev.stdout == host.stdout and dev.stdout.strip(), (dev.stdout, host.stdout)
+    words = dev.stdout.split()
+    if len(words) > 2:
+        stop = [f"--stop={words[2]}"]
+        assert run("1", *chat, *stop).stdout == run("0", *chat, *stop).stdout
