@@ -97,12 +97,14 @@ pub const LONG_STAGE: Duration = Duration::from_micros(100);
 pub const SHORT_TILE: Duration = Duration::from_micros(30);
 
 /// Workers a region of short tiles admits beside its leader while the
-/// pool is contended: none, the leader runs the region alone (on 16 cores
-/// under 16 busy loops the small MLP's median was 118 us with none, 130 us
-/// with one and 127 us with two helpers, upstream's 127 us; 10 alternated
-/// rounds, docs/figures.md, eighth session).
-/// `FERRITE_LOCAL_TASK_SHORT_TILE_HELPERS` sets it.
-pub const SHORT_TILE_HELPERS: usize = 0;
+/// pool is contended. On 16 cores under 16 busy loops the small MLP's
+/// medians with none were 118 and 119.5 us against 130.5 and 121.3 us with
+/// one (upstream 127 and 116.5; 10 and 12 alternated rounds,
+/// docs/figures.md, eighth session): within the rounds' noise, while with
+/// none the pool's tests that need a worker to take part (a stage
+/// prepared ahead, a workgroup on a worker) could wait in vain on a busy
+/// machine. `FERRITE_LOCAL_TASK_SHORT_TILE_HELPERS` sets it.
+pub const SHORT_TILE_HELPERS: usize = 1;
 
 /// Bounds of a worker's sleep for the next stage after a long stage: four
 /// times what it worked in the stage, within these (then it leaves the

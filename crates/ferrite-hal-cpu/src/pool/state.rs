@@ -170,14 +170,12 @@ impl PoolState {
     ///
     /// The short-tile rule: while contended, a region whose tiles are
     /// likely short (the recent ones averaged under `short_tile_ns`)
-    /// admits at most `short_tile_helpers` workers ([`region::SHORT_TILE_HELPERS`],
-    /// none: the leader runs it alone). Why: under a
+    /// admits at most `short_tile_helpers` workers ([`region::SHORT_TILE_HELPERS`]
+    /// unless set). Why: under a
     /// full load a woken worker waits for a busy CPU's slice before it
     /// runs, so for stages of microsecond tiles (the small MLP's) waking
     /// helpers costs more than they take off the stage (issue 25: 16
-    /// helpers ran the MLP at 1.3x upstream under load; on 16 cores under
-    /// 16 busy loops one helper gave a median of 130 us against upstream's
-    /// 127, none 118 us), while long tiles
+    /// helpers ran the MLP at 1.3x upstream under load), while long tiles
     /// (MiniLM's, hundreds of microseconds) still need every helper.
     ///
     /// The contended-caller rule: while contended, a region of longer
