@@ -44,6 +44,13 @@ pub fn fixture_instance() -> Instance {
 /// Loads fixture `name` into `instance`.
 pub fn load_fixture(instance: &Instance, name: &str) -> Arc<BytecodeModule> {
     let path = fixture_path(name);
+    // Miri cannot map files (scripts/miri.sh runs some of these tests
+    // under it): the bytes are read instead.
+    #[cfg(miri)]
+    let bytes = ModuleBytes::from_vec(
+        std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display())),
+    );
+    #[cfg(not(miri))]
     let bytes =
         ModuleBytes::map_file(&path).unwrap_or_else(|e| panic!("mapping {}: {e}", path.display()));
     BytecodeModule::load(instance, bytes)
