@@ -50,6 +50,7 @@ use std::ffi::c_void;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 /// Tiles a dispatch is cut into per thread that may run it: enough that a
 /// thread finishing early finds more to take (balance), few enough that
@@ -331,6 +332,77 @@ pub fn is_small(hint: WorkHint<'_>) -> bool {
         }
     }
     true
+}
+
+/// The most workgroups (all dispatches together) of work the loaded-solo
+/// rule runs on one thread. With the rule's tiles under
+/// `pool::region::SHORT_TILE` (30 us) on average, such work takes at most
+/// about 2 ms on one thread; the small MLP of issue 25 has 9 workgroups a
+/// call, MiniLM about 1,400 (whose one-thread run, ~80 ms against 17 ms in
+/// the pool under load, the bound keeps out).
+pub const SOLO_MAX_WORKGROUPS: u64 = 64;
+
+/// Whether `hint`'s work is small enough for the loaded-solo rule and can
+/// run to its end on any one thread: direct dispatches of at most
+/// [`SOLO_MAX_WORKGROUPS`] workgroups in all, transfers of known lengths,
+/// and no collective (which waits for peer ranks whose work the same
+/// thread may have yet to submit) or indirect dispatch (its size is known
+/// only when it runs).
+pub fn solo_sized(hint: WorkHint<'_>) -> bool {
+    let commands = match hint {
+        WorkHint::Bookkeeping => return true,
+        WorkHint::Commands(c) => c,
+    };
+    let mut workgroups = 0u64;
+    for c in commands {
+        match c {
+            Command::Barrier | Command::Update { .. } => {}
+            Command::Dispatch {
+                workgroups: w,
+                indirect: None,
+                ..
+            } => {
+                workgroups =
+                    workgroups.saturating_add(w.iter().map(|&n| u64::from(n)).product::<u64>());
+                if workgroups > SOLO_MAX_WORKGROUPS {
+                    return false;
+                }
+            }
+            Command::Fill { target, .. } | Command::Copy { target, .. } => {
+                if known_length(target).is_none() {
+                    return false;
+                }
+            }
+            Command::Dispatch { .. } | Command::Collective { .. } => return false,
+        }
+    }
+    true
+}
+
+thread_local! {
+    /// Set while this thread runs a submission the loaded-solo rule kept
+    /// here (see `submit_hinted`).
+    static SOLO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as running a solo submission until dropped.
+struct SoloGuard(bool);
+
+impl SoloGuard {
+    fn enter() -> SoloGuard {
+        SoloGuard(SOLO.with(|s| s.replace(true)))
+    }
+
+    fn active() -> bool {
+        SOLO.with(|s| s.get())
+    }
+}
+
+impl Drop for SoloGuard {
+    fn drop(&mut self) {
+        let was = self.0;
+        SOLO.with(|s| s.set(was));
+    }
 }
 
 /// One tile for a transfer of a known length of at most
@@ -1045,6 +1117,11 @@ impl Device for CpuDevice {
     /// (issue 25). Small work has no parallelism to lose: every stage is
     /// one tile. Not on the pool's own workers, and not when the pool does
     /// not lend to waiters (then every submission runs on the workers).
+    ///
+    /// So does any work without collectives while the pool's loaded-solo
+    /// rule holds ([`WorkerPool::solo_now`]: other programs keep every CPU
+    /// busy and this program's tiles are short), its command buffers run
+    /// one command after another ([`CpuDevice::execute_commands`]).
     fn submit_hinted(
         &self,
         wait: &Fence,
@@ -1053,15 +1130,25 @@ impl Device for CpuDevice {
         work: Work,
     ) -> Result<()> {
         if let Mode::Task(pool) = &self.mode {
-            if pool.lends_to_waiters()
-                && !pool.on_worker_thread()
-                && is_small(hint)
-                && wait.query().unwrap_or(false)
-            {
-                pool.note_inline_submission();
-                let abort = self.abort_on_failure.load(Ordering::Relaxed);
-                run_and_signal(work, signal, abort, self.id);
-                return Ok(());
+            if pool.lends_to_waiters() && !pool.on_worker_thread() {
+                let small = is_small(hint);
+                // Cheap tests first: `solo_now` may read /proc/loadavg.
+                let solo = !small && solo_sized(hint) && pool.solo_now();
+                if (small || solo) && wait.query().unwrap_or(false) {
+                    pool.note_inline_submission();
+                    let abort = self.abort_on_failure.load(Ordering::Relaxed);
+                    if !solo {
+                        run_and_signal(work, signal, abort, self.id);
+                        return Ok(());
+                    }
+                    let started = Instant::now();
+                    {
+                        let _solo = SoloGuard::enter();
+                        run_and_signal(work, signal, abort, self.id);
+                    }
+                    pool.note_solo_run(started.elapsed());
+                    return Ok(());
+                }
             }
         }
         self.submit(wait, signal, work)
@@ -1074,7 +1161,10 @@ impl Device for CpuDevice {
             // a region's publishing, claiming and stage changes (about 1 us
             // a stage). While a trace is recorded it keeps the region path,
             // whose per-thread tiles the trace shows.
-            if !trace::enabled() && is_small(WorkHint::Commands(commands)) {
+            // So does a command buffer the loaded-solo rule runs here
+            // (`submit_hinted`).
+            if !trace::enabled() && (SoloGuard::active() || is_small(WorkHint::Commands(commands)))
+            {
                 let mut workgroups = 0;
                 let outcome = commands.iter().enumerate().try_for_each(|(i, c)| {
                     if let Command::Dispatch { workgroups: w, .. } = c {

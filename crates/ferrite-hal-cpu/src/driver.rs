@@ -215,6 +215,7 @@ impl LocalTaskDriver {
             idle_spin,
             cpu_ids,
             pin_best_effort,
+            solo_when_loaded: crate::pool::solo_by_default(),
         })
     }
 }

@@ -15,7 +15,7 @@ use ferrite_hal::executable::ExecutableRef;
 use ferrite_hal::fence::Fence;
 use ferrite_hal::memory::{BufferUsage, MemoryType};
 use ferrite_hal::semaphore::Semaphore;
-use ferrite_hal_cpu::device::is_small;
+use ferrite_hal_cpu::device::{is_small, solo_sized, SOLO_MAX_WORKGROUPS};
 use ferrite_hal_cpu::pool::PoolOptions;
 use ferrite_hal_cpu::CpuDevice;
 use std::sync::Arc;
@@ -221,4 +221,23 @@ fn small_means_one_tile_per_stage() {
     assert!(!is_small(WorkHint::Commands(&pair)));
     let grid = commands(&|cb| dispatch(cb, [2, 1, 1]));
     assert!(!is_small(WorkHint::Commands(&grid)));
+    // The loaded-solo rule's size: up to SOLO_MAX_WORKGROUPS in all, over
+    // any number of dispatches and stages.
+    assert!(solo_sized(WorkHint::Bookkeeping));
+    // (100 single-workgroup stages: small work, but over the solo bound.)
+    assert!(!solo_sized(WorkHint::Commands(&chain)));
+    assert!(solo_sized(WorkHint::Commands(&grid)));
+    let n = SOLO_MAX_WORKGROUPS as u32;
+    let at_bound = commands(&|cb| {
+        dispatch(cb, [n / 2, 1, 1]);
+        cb.execution_barrier().unwrap();
+        dispatch(cb, [n - n / 2, 1, 1]);
+    });
+    assert!(solo_sized(WorkHint::Commands(&at_bound)));
+    let over = commands(&|cb| {
+        dispatch(cb, [n / 2, 1, 1]);
+        cb.execution_barrier().unwrap();
+        dispatch(cb, [1, n - n / 2 + 1, 1]);
+    });
+    assert!(!solo_sized(WorkHint::Commands(&over)));
 }

@@ -51,7 +51,13 @@ fn whole(b: &Buffer) -> BufferRef {
 
 /// A one-worker `local-task` device whose pool lends to waiters.
 fn device() -> (Arc<CpuDevice>, Arc<dyn Device>) {
-    let cpu = CpuDevice::local_task_with(PoolOptions::new(1)).unwrap();
+    // These tests queue work and watch who runs it: not the loaded-solo
+    // rule, which on a busy host may run a submission as it is made.
+    let cpu = CpuDevice::local_task_with(PoolOptions {
+        solo_when_loaded: false,
+        ..PoolOptions::new(1)
+    })
+    .unwrap();
     assert!(cpu.lends_to_waiters());
     let dev: Arc<dyn Device> = cpu.clone();
     (cpu, dev)
@@ -209,6 +215,7 @@ fn a_wait_on_two_devices_lends_to_both() {
 fn a_device_that_does_not_lend_is_not_lent_to() {
     let cpu = CpuDevice::local_task_with(PoolOptions {
         lend_to_waiters: false,
+        solo_when_loaded: false,
         ..PoolOptions::new(1)
     })
     .unwrap();

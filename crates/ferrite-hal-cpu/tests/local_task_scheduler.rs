@@ -118,8 +118,11 @@ fn run(dev: &Arc<dyn Device>, p: &Program) {
 fn a_multi_workgroup_dispatch_reaches_the_workers() {
     // Lending on whatever the CPU count (by default it is on only with
     // fewer workers than CPUs): the caller leads, and workers still join.
+    // Not the loaded-solo rule, which on a busy host keeps a program of
+    // short tiles on the caller (tests/local_task_under_load.rs).
     let options = PoolOptions {
         lend_to_waiters: true,
+        solo_when_loaded: false,
         ..PoolOptions::new(2)
     };
     let cpu = CpuDevice::local_task_with(options).unwrap();

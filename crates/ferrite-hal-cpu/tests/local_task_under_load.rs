@@ -161,6 +161,93 @@ fn tiny_calls_under_cpu_load_wait_for_no_time_slice() {
     );
 }
 
+/// Elements of the multi-workgroup `add` program (tests/hal/add.mlir).
+const ADD_N: usize = 100_000;
+
+/// The loaded-solo rule (issue 25): a program of several workgroups whose
+/// tiles are short (a small model's) runs on the calling thread, one
+/// command after another, while other processes keep every CPU busy: on
+/// 16 cores under 16 busy processes the small MLP took 118 us a call in
+/// the pool's regions and 40 us on one thread. Before the rule no
+/// submission ran there (`solo_submissions` stays 0); with it most of the
+/// loaded calls do, with right results.
+#[test]
+fn a_program_of_short_tiles_runs_on_its_caller_while_every_cpu_is_busy() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let load: Arc<parking_lot::Mutex<Option<Load>>> = Default::default();
+    let load2 = load.clone();
+    std::thread::spawn(move || {
+        let spec = ferrite_hal::driver::DeviceSpec::parse("local-task").unwrap();
+        let options = ferrite_hal::driver::TaskOptions::default();
+        let mut pool = ferrite_hal_cpu::LocalTaskDriver::pool_options(&spec, &options).unwrap();
+        // The default, whatever the environment says.
+        pool.solo_when_loaded = true;
+        let cpu = CpuDevice::local_task_with(pool).unwrap();
+        let dev: Arc<dyn Device> = cpu.clone();
+        let exe = common::executable("add");
+        let workgroups: u64 = exe.workgroups.iter().map(|&n| u64::from(n)).product();
+        assert!(workgroups > 1, "the add program must not be small work");
+        let loaded = dev.create_executable(&exe.format, &exe.data, &[]).unwrap();
+        let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
+        let buf = |v: &[f32]| {
+            let b = dev
+                .allocator()
+                .allocate(&params, (v.len() * 4) as u64)
+                .unwrap();
+            b.write(0, &common::f32_bytes(v)).unwrap();
+            b
+        };
+        let a: Vec<f32> = (0..ADD_N).map(|i| i as f32).collect();
+        let (a, b, out) = (buf(&a), buf(&vec![10.0; ADD_N]), buf(&vec![0.0; ADD_N]));
+        let whole = |b: &Buffer| BufferRef::Direct {
+            buffer: b.clone(),
+            offset: 0,
+            length: b.byte_length(),
+        };
+        let cb = CommandBuffer::new(0, 3, u64::MAX, 0);
+        cb.dispatch(
+            ExecutableRef(loaded),
+            0,
+            exe.workgroups,
+            None,
+            vec![],
+            vec![whole(&a), whole(&b), whole(&out)],
+        )
+        .unwrap();
+        cb.finalize().unwrap();
+        let t = Tiny { cb, out };
+        let want: Vec<f32> = (0..ADD_N).map(|i| i as f32 + 10.0).collect();
+        // Regions time the tiles (the rule needs to know they are short).
+        calls(&dev, &t, 20);
+        *load2.lock() = Some(Load::start());
+        let before = cpu.scheduler_stats().unwrap();
+        let mut right = true;
+        for _ in 0..CALLS {
+            t.out
+                .write(0, &common::f32_bytes(&vec![0.0; ADD_N]))
+                .unwrap();
+            calls(&dev, &t, 1);
+            right &= common::bytes_f32(&t.out.to_vec().unwrap()) == want;
+        }
+        let after = cpu.scheduler_stats().unwrap();
+        load2.lock().take();
+        let _ = tx.send((right, before, after));
+    });
+    let outcome = rx.recv_timeout(Duration::from_secs(60));
+    load.lock().take();
+    let (right, before, after) = outcome.expect("the calls hung or failed");
+    let solo = after.solo_submissions - before.solo_submissions;
+    println!("{CALLS} calls under load: {solo} solo; {after:?}");
+    assert!(right, "a call under load gave a wrong sum");
+    assert!(
+        solo >= CALLS / 2,
+        "{solo} of {CALLS} calls ran solo while every CPU was busy (the rule reads /proc/loadavg)"
+    );
+}
+
+/// Calls of the loaded-solo test.
+const CALLS: u64 = 200;
+
 /// Calls timed idle and under load.
 const N: u32 = 300;
 /// The bound on the loaded time, in multiples of the same calls' time on

@@ -1,5 +1,6 @@
 //! Whether other programs keep the machine's CPUs busy: the condition of
-//! the contended-caller rule (`PoolState::region_helpers`).
+//! the contended-caller rule (`PoolState::region_helpers`, half the CPUs)
+//! and of the loaded-solo rule (`PoolState::solo_now`, every CPU).
 //!
 //! A pool counts as contended when its own threads are switched out
 //! involuntarily, which also happens on an idle machine when the pool's
@@ -11,7 +12,7 @@
 //! rule also asks the kernel how many threads are runnable machine-wide
 //! (`/proc/loadavg`) and counts the ones that cannot be the pool's.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
 /// How long one reading of `/proc/loadavg` is trusted.
@@ -25,9 +26,10 @@ pub(super) struct MachineLoad {
     /// When the last reading was taken (the pool clock's nanoseconds; 0:
     /// never).
     read_at: AtomicU64,
-    /// Its verdict.
-    busy: AtomicBool,
-    /// Tests: 1 says busy, 2 says not, 0 reads the machine.
+    /// Its reading: threads runnable machine-wide.
+    runnable: AtomicU32,
+    /// Tests: 1 says busy (half the CPUs, not all), 3 says every CPU is
+    /// busy, 2 says not, 0 reads the machine.
     pub(super) assume: AtomicU8,
 }
 
@@ -36,7 +38,7 @@ impl MachineLoad {
         MachineLoad {
             cpus: online_cpus(),
             read_at: AtomicU64::new(0),
-            busy: AtomicBool::new(false),
+            runnable: AtomicU32::new(0),
             assume: AtomicU8::new(0),
         }
     }
@@ -48,18 +50,37 @@ impl MachineLoad {
     /// clock); false where `/proc/loadavg` cannot be read.
     pub(super) fn others_busy(&self, now_ns: u64, ours: u32) -> bool {
         match self.assume.load(Ordering::Relaxed) {
-            1 => return true,
+            1 | 3 => return true,
             2 => return false,
             _ => {}
         }
-        let at = self.read_at.load(Ordering::Relaxed);
-        if at != 0 && now_ns.saturating_sub(at) < FRESH_FOR.as_nanos() as u64 {
-            return self.busy.load(Ordering::Relaxed);
+        self.others_runnable(now_ns, ours) >= (self.cpus / 2).max(1)
+    }
+
+    /// Whether threads other than the pool's keep every CPU of the machine
+    /// busy (as [`MachineLoad::others_busy`], with all CPUs for half).
+    pub(super) fn others_fill(&self, now_ns: u64, ours: u32) -> bool {
+        match self.assume.load(Ordering::Relaxed) {
+            3 => return true,
+            1 | 2 => return false,
+            _ => {}
         }
-        let busy = runnable_now().is_some_and(|r| r.saturating_sub(ours) >= (self.cpus / 2).max(1));
-        self.busy.store(busy, Ordering::Relaxed);
-        self.read_at.store(now_ns.max(1), Ordering::Relaxed);
-        busy
+        self.others_runnable(now_ns, ours) >= self.cpus.max(1)
+    }
+
+    /// Runnable threads machine-wide minus `ours`, from a reading at most
+    /// [`FRESH_FOR`] old (0 where `/proc/loadavg` cannot be read).
+    fn others_runnable(&self, now_ns: u64, ours: u32) -> u32 {
+        let at = self.read_at.load(Ordering::Relaxed);
+        let runnable = if at != 0 && now_ns.saturating_sub(at) < FRESH_FOR.as_nanos() as u64 {
+            self.runnable.load(Ordering::Relaxed)
+        } else {
+            let r = runnable_now().unwrap_or(0);
+            self.runnable.store(r, Ordering::Relaxed);
+            self.read_at.store(now_ns.max(1), Ordering::Relaxed);
+            r
+        };
+        runnable.saturating_sub(ours)
     }
 }
 
@@ -103,13 +124,21 @@ mod tests {
     #[test]
     fn a_reading_is_kept_for_a_while_and_tests_can_decide() {
         let m = MachineLoad::new();
-        m.busy.store(true, Ordering::Relaxed);
+        m.runnable.store(m.cpus + 3, Ordering::Relaxed);
         m.read_at.store(1_000, Ordering::Relaxed);
-        // Fresh: the stored verdict, whatever the machine does.
+        // Fresh: the stored reading, whatever the machine does.
         assert!(m.others_busy(1_000 + 1_000, 0));
+        assert!(m.others_fill(1_000 + 1_000, 3));
+        assert!(!m.others_fill(1_000 + 1_000, 4));
+        // Half the CPUs busy with others' threads is busy, not full.
+        m.runnable.store(m.cpus / 2 + 1 + 1, Ordering::Relaxed);
+        assert!(m.others_busy(1_000 + 1_000, 1));
+        assert_eq!(m.others_fill(1_000 + 1_000, 1), m.cpus <= 2);
         m.assume.store(2, Ordering::Relaxed);
-        assert!(!m.others_busy(0, 0));
+        assert!(!m.others_busy(0, 0) && !m.others_fill(0, 0));
         m.assume.store(1, Ordering::Relaxed);
-        assert!(m.others_busy(0, 0));
+        assert!(m.others_busy(0, 0) && !m.others_fill(0, 0));
+        m.assume.store(3, Ordering::Relaxed);
+        assert!(m.others_busy(0, 0) && m.others_fill(0, 0));
     }
 }

@@ -87,6 +87,9 @@ pub struct PoolOptions {
     /// the pool (for placement the user did not ask for: the driver's
     /// default, see [`crate::topology`]).
     pub pin_best_effort: bool,
+    /// The loaded-solo rule (see [`WorkerPool::solo_now`]);
+    /// [`PoolOptions::new`] turns it on unless `FERRITE_LOCAL_TASK_SOLO=0`.
+    pub solo_when_loaded: bool,
 }
 
 impl PoolOptions {
@@ -101,8 +104,15 @@ impl PoolOptions {
             idle_spin: DEFAULT_IDLE_SPIN,
             cpu_ids: Vec::new(),
             pin_best_effort: false,
+            solo_when_loaded: solo_by_default(),
         }
     }
+}
+
+/// Whether pools use the loaded-solo rule unless told otherwise: yes,
+/// unless the environment variable `FERRITE_LOCAL_TASK_SOLO` is `0`.
+pub fn solo_by_default() -> bool {
+    std::env::var(SOLO_VAR).map_or(true, |v| v.trim() != "0")
 }
 
 static NEXT_POOL_ID: AtomicUsize = AtomicUsize::new(1);
@@ -189,6 +199,9 @@ impl WorkerPool {
                 std::env::var(CONTENDED_CALLER_VAR).map_or(true, |v| v.trim() != "0"),
             ),
             machine: machine_load::MachineLoad::new(),
+            solo_when_loaded: options.solo_when_loaded,
+            solo_rests_until: AtomicU64::new(0),
+            solo_avg_ns: AtomicU64::new(0),
         });
         let mut pool = WorkerPool {
             shared: shared.clone(),
@@ -259,6 +272,23 @@ impl WorkerPool {
     /// Whether blocked waiters run this pool's queued submissions.
     pub fn lends_to_waiters(&self) -> bool {
         self.lend_target.is_some()
+    }
+
+    /// The loaded-solo rule: whether a submission whose wait is reached
+    /// should run on the submitting thread, one command after another,
+    /// waking no worker: while other programs' threads keep every CPU of
+    /// the machine busy and this pool's recent tiles were short (a small
+    /// program), unless solo runs lately took longer than
+    /// `state::SOLO_MAX` on average. The device asks it only for a thread that is
+    /// not one of this pool's workers, and reports each solo run with
+    /// [`WorkerPool::note_solo_run`].
+    pub fn solo_now(&self) -> bool {
+        self.shared.solo_now()
+    }
+
+    /// A submission ran solo (see [`WorkerPool::solo_now`]) in `took`.
+    pub fn note_solo_run(&self, took: Duration) {
+        self.shared.note_solo_run(took);
     }
 
     /// Runs `job` on some worker (or a waiter lending its thread).
@@ -405,6 +435,10 @@ const SHORT_TILE_HELPERS_VAR: &str = "FERRITE_LOCAL_TASK_SHORT_TILE_HELPERS";
 /// the contended-caller rule, see `PoolState::region_helpers`; unset: every
 /// worker, beside the caller, for regions of longer tiles).
 const CONTENDED_CALLER_VAR: &str = "FERRITE_LOCAL_TASK_CONTENDED_CALLER";
+
+/// `0`: pools made afterwards do not use the loaded-solo rule unless their
+/// options ask for it (see [`solo_by_default`]).
+const SOLO_VAR: &str = "FERRITE_LOCAL_TASK_SOLO";
 
 /// Whether the environment variable `name` is `1`.
 fn flag(name: &str) -> bool {

@@ -29,6 +29,7 @@ impl PoolState {
             contended_widened: c.contended_widened.load(Ordering::Relaxed),
             worker_cpu_time: self.cpu_clocks.lock().iter().map(cpu_time_of).sum(),
             inline_submissions: c.inline_submissions.load(Ordering::Relaxed),
+            solo_submissions: c.solo_submissions.load(Ordering::Relaxed),
         }
     }
 
@@ -37,7 +38,7 @@ impl PoolState {
         let s = self.stats();
         let total = (s.workgroups_on_workers + s.workgroups_on_callers).max(1) as f64;
         eprintln!(
-            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} submissions run inline; {} joins; {} leader sleeps; {} worker sleeps; {} sleeps after a long stage; {} regions capped for short tiles (recent tiles {:.1} us on average); {} contended regions with every worker beside the caller; {} spins cut short by preemption; {} threads found preempted; {:.3} ms idle polling; {:.3} ms worker CPU",
+            "local-task stats: {} workers; workgroups on workers {} ({:.1}%), on other threads {} ({:.1}%); {} command buffers; {} submissions run inline ({} solo under load); {} joins; {} leader sleeps; {} worker sleeps; {} sleeps after a long stage; {} regions capped for short tiles (recent tiles {:.1} us on average); {} contended regions with every worker beside the caller; {} spins cut short by preemption; {} threads found preempted; {:.3} ms idle polling; {:.3} ms worker CPU",
             self.workers,
             s.workgroups_on_workers,
             100.0 * s.workgroups_on_workers as f64 / total,
@@ -45,6 +46,7 @@ impl PoolState {
             100.0 * s.workgroups_on_callers as f64 / total,
             s.regions,
             s.inline_submissions,
+            s.solo_submissions,
             s.joins,
             s.leader_sleeps,
             s.sleeps,

@@ -29,6 +29,19 @@ thread_local! {
 /// out ([`PoolState::note_if_switched_out`]): longer than the scheduler's
 /// smallest slice, so a region on a busy CPU usually is; shorter ones
 /// (most calls of small programs) skip the system call.
+/// The longest average solo run ([`PoolState::solo_now`]) under which the
+/// loaded-solo rule keeps applying; longer ones rest it for
+/// [`SOLO_REST`] (see [`PoolState::note_solo_run`]).
+pub const SOLO_MAX: Duration = Duration::from_millis(1);
+
+/// A solo run this long rests the loaded-solo rule at once: longer than a
+/// few of the scheduler's slices, so the work itself was long.
+pub const SOLO_TRIP: Duration = Duration::from_millis(16);
+
+/// How long the loaded-solo rule rests after solo runs longer than
+/// [`SOLO_MAX`] on average.
+pub const SOLO_REST: Duration = Duration::from_secs(1);
+
 pub(crate) const PREEMPTION_CHECK_AFTER: Duration = Duration::from_micros(500);
 
 /// The calling thread's involuntary context switches so far (Linux).
@@ -142,6 +155,14 @@ pub(crate) struct PoolState {
     /// The machine's runnable threads: the contended-caller rule applies
     /// only while other programs keep half the CPUs busy.
     pub(super) machine: super::machine_load::MachineLoad,
+    /// The loaded-solo rule ([`PoolState::solo_now`]); off with
+    /// `FERRITE_LOCAL_TASK_SOLO=0` or [`super::PoolOptions::solo_when_loaded`].
+    pub(super) solo_when_loaded: bool,
+    /// Until when (the pool clock's nanoseconds) the loaded-solo rule
+    /// rests after solo runs took longer than [`SOLO_MAX`].
+    pub(super) solo_rests_until: AtomicU64,
+    /// A moving average of solo runs' wall time (nanoseconds).
+    pub(super) solo_avg_ns: AtomicU64,
     /// A moving average of the time one tile took (nanoseconds; 0: none
     /// measured yet), from the tiles the leaders of recent regions ran
     /// (see [`PoolState::note_tile_time`]).
@@ -271,6 +292,58 @@ impl PoolState {
         let awake = (self.workers as u32).saturating_sub(self.sleepers.load(Ordering::Relaxed));
         let now = self.clock.elapsed().as_nanos() as u64;
         self.machine.others_busy(now, awake + 1)
+    }
+
+    /// The loaded-solo rule: whether a submission whose wait is reached
+    /// should run on the submitting thread, one command after another as
+    /// on `local-sync`, waking no worker. It holds while threads of other
+    /// programs keep every CPU of the machine busy ([`super::machine_load`])
+    /// and the recent tiles were short (the short-tile rule's average, so
+    /// a program whose regions were timed), unless solo runs lately took
+    /// longer than [`SOLO_MAX`].
+    ///
+    /// Why: when every CPU already runs another program's thread, each
+    /// worker a region wakes waits for a slice on its CPU before it runs,
+    /// and a stage waits for its slowest worker; a small program's stages
+    /// (microsecond tiles) are done sooner by the one thread that is
+    /// already running. Issue 25, 16 cores under 16 busy processes: the
+    /// small MLP took 118 us a call in regions (upstream 120 us) and 40 us
+    /// on one thread; MiniLM's long tiles keep the pool.
+    pub(crate) fn solo_now(&self) -> bool {
+        if !self.solo_when_loaded || !self.tiles_are_short() {
+            return false;
+        }
+        let now = self.clock.elapsed().as_nanos() as u64;
+        if now < self.solo_rests_until.load(Ordering::Relaxed) {
+            return false;
+        }
+        let awake = (self.workers as u32).saturating_sub(self.sleepers.load(Ordering::Relaxed));
+        self.machine.others_fill(now, awake + 1)
+    }
+
+    /// A solo run took `took` (wall time): counts it, and rests the rule
+    /// for [`SOLO_REST`] when the moving average of solo runs (weight 1/8,
+    /// each sample at most 4x [`SOLO_MAX`]) exceeds [`SOLO_MAX`]: work that
+    /// large may gain from the workers even on a busy machine, and the
+    /// regions run meanwhile time its tiles again. An average, because on
+    /// a busy CPU a short run now and then loses its CPU for a slice
+    /// (milliseconds); the cap bounds what one such run moves it. A run
+    /// longer than [`SOLO_TRIP`] (several slices) rests it at once.
+    pub(crate) fn note_solo_run(&self, took: Duration) {
+        self.stats.solo_submissions.fetch_add(1, Ordering::Relaxed);
+        let max = SOLO_MAX.as_nanos() as u64;
+        let sample = (took.as_nanos() as u64).min(4 * max);
+        // Racy between threads running solo at once (a lost update loses a
+        // sample), which an average tolerates.
+        let old = self.solo_avg_ns.load(Ordering::Relaxed);
+        let avg = old - old / 8 + sample / 8;
+        if avg > max || took > SOLO_TRIP {
+            self.solo_avg_ns.store(0, Ordering::Relaxed);
+            let until = (self.clock.elapsed() + SOLO_REST).as_nanos() as u64;
+            self.solo_rests_until.fetch_max(until, Ordering::Relaxed);
+        } else {
+            self.solo_avg_ns.store(avg, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn is_contended(&self) -> bool {

@@ -52,6 +52,10 @@ pub struct PoolStats {
     /// Submissions the device ran on the submitting thread (small work
     /// whose wait was already reached) instead of queueing them.
     pub inline_submissions: u64,
+    /// Of those, submissions the loaded-solo rule ran there (work of short
+    /// tiles while other programs kept every CPU busy; see
+    /// `WorkerPool::solo_now`).
+    pub solo_submissions: u64,
 }
 
 /// The counters behind [`PoolStats`].
@@ -70,6 +74,7 @@ pub(super) struct Counters {
     pub(super) short_tile_caps: AtomicU64,
     pub(super) contended_widened: AtomicU64,
     pub(super) inline_submissions: AtomicU64,
+    pub(super) solo_submissions: AtomicU64,
 }
 
 /// A thread's CPU-time clock id (valid while the thread lives).

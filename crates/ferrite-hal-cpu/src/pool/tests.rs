@@ -1093,3 +1093,74 @@ fn while_contended_a_caller_led_region_admits_every_worker() {
         assert_eq!(s.region_helpers(false), 2);
     }
 }
+
+/// The loaded-solo rule: it holds only while other programs fill every CPU
+/// (not half of them), the pool's recent tiles are short and it is on;
+/// solo runs that average over `SOLO_MAX` rest it, and one slow run among
+/// short ones does not.
+#[test]
+fn the_loaded_solo_rule_needs_a_full_machine_and_short_tiles() {
+    let pool = WorkerPool::with_options(&PoolOptions {
+        solo_when_loaded: true,
+        ..PoolOptions::new(2)
+    })
+    .unwrap();
+    let s = &pool.shared;
+    s.short_tile_ns.store(30_000, Ordering::SeqCst);
+    s.machine.assume.store(3, Ordering::SeqCst);
+    // No tile timed yet: the program's size is unknown.
+    assert!(!pool.solo_now());
+    s.note_tile_time(Duration::from_micros(50), 10);
+    assert!(pool.solo_now());
+    // Half the CPUs busy is not enough; neither is an idle machine.
+    s.machine.assume.store(1, Ordering::SeqCst);
+    assert!(!pool.solo_now());
+    s.machine.assume.store(2, Ordering::SeqCst);
+    assert!(!pool.solo_now());
+    s.machine.assume.store(3, Ordering::SeqCst);
+    // Long tiles (MiniLM's hundreds of microseconds) keep the pool.
+    for _ in 0..20 {
+        s.note_tile_time(Duration::from_micros(500), 1);
+    }
+    assert!(!pool.solo_now());
+    for _ in 0..20 {
+        s.note_tile_time(Duration::from_micros(5), 1);
+    }
+    assert!(pool.solo_now());
+    // One run that lost its CPU for a slice among short ones: still solo.
+    for _ in 0..50 {
+        pool.note_solo_run(Duration::from_micros(40));
+    }
+    pool.note_solo_run(Duration::from_millis(6));
+    assert!(pool.solo_now());
+    // Runs of about 2 ms: the rule rests.
+    let mut rested = false;
+    for _ in 0..20 {
+        pool.note_solo_run(Duration::from_millis(2));
+        if !pool.solo_now() {
+            rested = true;
+            break;
+        }
+    }
+    assert!(rested, "solo runs of 2 ms did not rest the rule");
+    assert!(pool.stats().solo_submissions >= 52);
+    // ...for SOLO_REST.
+    s.solo_rests_until.store(0, Ordering::SeqCst);
+    assert!(pool.solo_now());
+    // One run of many slices (a large program that slipped through): at
+    // once.
+    pool.note_solo_run(Duration::from_millis(80));
+    assert!(!pool.solo_now());
+    s.solo_rests_until.store(0, Ordering::SeqCst);
+    assert!(pool.solo_now());
+    // Off.
+    let off = WorkerPool::with_options(&PoolOptions {
+        solo_when_loaded: false,
+        ..PoolOptions::new(2)
+    })
+    .unwrap();
+    off.shared.short_tile_ns.store(30_000, Ordering::SeqCst);
+    off.shared.machine.assume.store(3, Ordering::SeqCst);
+    off.shared.note_tile_time(Duration::from_micros(5), 1);
+    assert!(!off.solo_now());
+}
