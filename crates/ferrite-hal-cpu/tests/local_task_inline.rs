@@ -7,13 +7,11 @@
 mod common;
 
 use ferrite_base::Timeout;
-use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::Buffer;
-use ferrite_hal::command_buffer::{BufferRef, CommandBuffer};
+use ferrite_hal::command_buffer::CommandBuffer;
 use ferrite_hal::device::{queue, Device, WorkHint};
 use ferrite_hal::executable::ExecutableRef;
 use ferrite_hal::fence::Fence;
-use ferrite_hal::memory::{BufferUsage, MemoryType};
 use ferrite_hal::semaphore::Semaphore;
 use ferrite_hal_cpu::device::{is_small, solo_sized, SOLO_MAX_WORKGROUPS};
 use ferrite_hal_cpu::pool::PoolOptions;
@@ -24,48 +22,7 @@ use std::time::{Duration, Instant};
 /// Elements of the multi-workgroup `add` program (tests/hal/add.mlir).
 const N: usize = 100_000;
 
-fn buffer(dev: &Arc<dyn Device>, values: &[f32]) -> Buffer {
-    let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
-    let b = dev
-        .allocator()
-        .allocate(&params, (values.len() * 4) as u64)
-        .unwrap();
-    b.write(0, &common::f32_bytes(values)).unwrap();
-    b
-}
-
-fn whole(b: &Buffer) -> BufferRef {
-    BufferRef::Direct {
-        buffer: b.clone(),
-        offset: 0,
-        length: b.byte_length(),
-    }
-}
-
-/// A command buffer of one dispatch of `name` (an elementwise add of two
-/// `n`-element buffers) and its output buffer.
-fn add_program(dev: &Arc<dyn Device>, name: &str, n: usize) -> (CommandBuffer, Buffer, [u32; 3]) {
-    let exe = common::executable(name);
-    let loaded = dev.create_executable(&exe.format, &exe.data, &[]).unwrap();
-    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let (a, b, out) = (
-        buffer(dev, &a),
-        buffer(dev, &vec![10.0; n]),
-        buffer(dev, &vec![0.0; n]),
-    );
-    let cb = CommandBuffer::new(0, 3, u64::MAX, 0);
-    cb.dispatch(
-        ExecutableRef(loaded),
-        0,
-        exe.workgroups,
-        None,
-        vec![],
-        vec![whole(&a), whole(&b), whole(&out)],
-    )
-    .unwrap();
-    cb.finalize().unwrap();
-    (cb, out, exe.workgroups)
-}
+use common::{add_program, buffer, whole};
 
 fn check(out: &Buffer, n: usize) {
     let got = common::bytes_f32(&out.to_vec().unwrap());

@@ -14,13 +14,9 @@
 mod common;
 
 use ferrite_base::Timeout;
-use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::Buffer;
-use ferrite_hal::command_buffer::{BufferRef, CommandBuffer};
 use ferrite_hal::device::{queue, Device};
-use ferrite_hal::executable::ExecutableRef;
 use ferrite_hal::fence::Fence;
-use ferrite_hal::memory::{BufferUsage, MemoryType};
 use ferrite_hal::semaphore::Semaphore;
 use ferrite_hal_cpu::pool::PoolOptions;
 use ferrite_hal_cpu::CpuDevice;
@@ -30,24 +26,6 @@ use std::time::Duration;
 
 /// Elements of the multi-workgroup `add` program (tests/hal/add.mlir).
 const N: usize = 100_000;
-
-fn buffer(dev: &Arc<dyn Device>, values: &[f32]) -> Buffer {
-    let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
-    let b = dev
-        .allocator()
-        .allocate(&params, (values.len() * 4) as u64)
-        .unwrap();
-    b.write(0, &common::f32_bytes(values)).unwrap();
-    b
-}
-
-fn whole(b: &Buffer) -> BufferRef {
-    BufferRef::Direct {
-        buffer: b.clone(),
-        offset: 0,
-        length: b.byte_length(),
-    }
-}
 
 /// A one-worker `local-task` device whose pool lends to waiters.
 fn device() -> (Arc<CpuDevice>, Arc<dyn Device>) {
@@ -94,26 +72,8 @@ struct Queued {
 }
 
 fn queue_add(dev: &Arc<dyn Device>) -> Queued {
-    let exe = common::executable("add");
-    let loaded = dev.create_executable(&exe.format, &exe.data, &[]).unwrap();
-    let a: Vec<f32> = (0..N).map(|i| i as f32).collect();
-    let (a, b, out) = (
-        buffer(dev, &a),
-        buffer(dev, &vec![10.0; N]),
-        buffer(dev, &vec![0.0; N]),
-    );
-    let cb = CommandBuffer::new(0, 3, u64::MAX, 0);
-    cb.dispatch(
-        ExecutableRef(loaded),
-        0,
-        exe.workgroups,
-        None,
-        vec![],
-        vec![whole(&a), whole(&b), whole(&out)],
-    )
-    .unwrap();
-    cb.finalize().unwrap();
-    let workgroups = exe.workgroups.iter().map(|&n| u64::from(n)).product();
+    let (cb, out, grid) = common::add_program(dev, "add", N);
+    let workgroups = grid.iter().map(|&n| u64::from(n)).product();
     assert!(workgroups > 1, "the add program must not be small work");
     let done = Fence::create_at(Semaphore::new(0), 1);
     queue::execute(dev, &Fence::new(), &done, Some(&cb), vec![]).unwrap();

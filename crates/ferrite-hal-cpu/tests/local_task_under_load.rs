@@ -12,13 +12,10 @@
 mod common;
 
 use ferrite_base::Timeout;
-use ferrite_hal::allocator::BufferParams;
 use ferrite_hal::buffer::Buffer;
-use ferrite_hal::command_buffer::{BufferRef, CommandBuffer};
+use ferrite_hal::command_buffer::CommandBuffer;
 use ferrite_hal::device::{queue, Device};
-use ferrite_hal::executable::ExecutableRef;
 use ferrite_hal::fence::Fence;
-use ferrite_hal::memory::{BufferUsage, MemoryType};
 use ferrite_hal::semaphore::Semaphore;
 use ferrite_hal_cpu::CpuDevice;
 use std::process::{Child, Command};
@@ -70,34 +67,8 @@ struct Tiny {
 }
 
 fn tiny(dev: &Arc<dyn Device>) -> Tiny {
-    let exe = common::executable("add4");
-    assert_eq!(exe.workgroups, [1, 1, 1], "add4 is one workgroup");
-    let loaded = dev.create_executable(&exe.format, &exe.data, &[]).unwrap();
-    let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
-    let buf = |v: &[f32]| {
-        let b = dev.allocator().allocate(&params, 16).unwrap();
-        b.write(0, &common::f32_bytes(v)).unwrap();
-        b
-    };
-    let a = buf(&[1.0, 2.0, 3.0, 4.0]);
-    let b = buf(&[10.0; 4]);
-    let out = buf(&[0.0; 4]);
-    let direct = |b: &Buffer| BufferRef::Direct {
-        buffer: b.clone(),
-        offset: 0,
-        length: 16,
-    };
-    let cb = CommandBuffer::new(0, 3, u64::MAX, 0);
-    cb.dispatch(
-        ExecutableRef(loaded),
-        0,
-        exe.workgroups,
-        None,
-        vec![],
-        vec![direct(&a), direct(&b), direct(&out)],
-    )
-    .unwrap();
-    cb.finalize().unwrap();
+    let (cb, out, workgroups) = common::add_program(dev, "add4", 4);
+    assert_eq!(workgroups, [1, 1, 1], "add4 is one workgroup");
     Tiny { cb, out }
 }
 
@@ -138,7 +109,7 @@ fn tiny_calls_under_cpu_load_wait_for_no_time_slice() {
         let idle = calls(&dev, &t, N);
         assert_eq!(
             common::bytes_f32(&t.out.to_vec().unwrap()),
-            [11.0, 12.0, 13.0, 14.0]
+            [10.0, 11.0, 12.0, 13.0]
         );
         *load2.lock() = Some(Load::start());
         let loaded = calls(&dev, &t, N);
@@ -184,37 +155,9 @@ fn a_program_of_short_tiles_runs_on_its_caller_while_every_cpu_is_busy() {
         pool.solo_when_loaded = true;
         let cpu = CpuDevice::local_task_with(pool).unwrap();
         let dev: Arc<dyn Device> = cpu.clone();
-        let exe = common::executable("add");
-        let workgroups: u64 = exe.workgroups.iter().map(|&n| u64::from(n)).product();
+        let (cb, out, grid) = common::add_program(&dev, "add", ADD_N);
+        let workgroups: u64 = grid.iter().map(|&n| u64::from(n)).product();
         assert!(workgroups > 1, "the add program must not be small work");
-        let loaded = dev.create_executable(&exe.format, &exe.data, &[]).unwrap();
-        let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
-        let buf = |v: &[f32]| {
-            let b = dev
-                .allocator()
-                .allocate(&params, (v.len() * 4) as u64)
-                .unwrap();
-            b.write(0, &common::f32_bytes(v)).unwrap();
-            b
-        };
-        let a: Vec<f32> = (0..ADD_N).map(|i| i as f32).collect();
-        let (a, b, out) = (buf(&a), buf(&vec![10.0; ADD_N]), buf(&vec![0.0; ADD_N]));
-        let whole = |b: &Buffer| BufferRef::Direct {
-            buffer: b.clone(),
-            offset: 0,
-            length: b.byte_length(),
-        };
-        let cb = CommandBuffer::new(0, 3, u64::MAX, 0);
-        cb.dispatch(
-            ExecutableRef(loaded),
-            0,
-            exe.workgroups,
-            None,
-            vec![],
-            vec![whole(&a), whole(&b), whole(&out)],
-        )
-        .unwrap();
-        cb.finalize().unwrap();
         let t = Tiny { cb, out };
         let want: Vec<f32> = (0..ADD_N).map(|i| i as f32 + 10.0).collect();
         // Regions time the tiles (the rule needs to know they are short).

@@ -8,7 +8,14 @@
 mod support;
 
 // Not every test binary uses both.
+use ferrite_hal::allocator::BufferParams;
+use ferrite_hal::buffer::Buffer;
+use ferrite_hal::command_buffer::{BufferRef, CommandBuffer};
+use ferrite_hal::device::Device;
+use ferrite_hal::executable::ExecutableRef;
+use ferrite_hal::memory::{BufferUsage, MemoryType};
 use std::path::PathBuf;
+use std::sync::Arc;
 #[allow(unused_imports)]
 pub use support::{tool, workspace_root};
 
@@ -50,6 +57,56 @@ pub fn executable(name: &str) -> Executable {
 }
 
 pub use ferrite_testkit::f32_bytes;
+
+/// A device-local buffer of `dev` holding `values`.
+pub fn buffer(dev: &Arc<dyn Device>, values: &[f32]) -> Buffer {
+    let params = BufferParams::new(MemoryType::DEVICE_LOCAL, BufferUsage::DEFAULT);
+    let b = dev
+        .allocator()
+        .allocate(&params, (values.len() * 4) as u64)
+        .unwrap();
+    b.write(0, &f32_bytes(values)).unwrap();
+    b
+}
+
+/// All of `b`, as a direct binding.
+pub fn whole(b: &Buffer) -> BufferRef {
+    BufferRef::Direct {
+        buffer: b.clone(),
+        offset: 0,
+        length: b.byte_length(),
+    }
+}
+
+/// A command buffer of one dispatch of `name` (an elementwise add of two
+/// `n`-element buffers: 0, 1, 2, ... and 10.0 each) and its output buffer,
+/// with the dispatch's workgroup count.
+pub fn add_program(
+    dev: &Arc<dyn Device>,
+    name: &str,
+    n: usize,
+) -> (CommandBuffer, Buffer, [u32; 3]) {
+    let exe = executable(name);
+    let loaded = dev.create_executable(&exe.format, &exe.data, &[]).unwrap();
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let (a, b, out) = (
+        buffer(dev, &a),
+        buffer(dev, &vec![10.0; n]),
+        buffer(dev, &vec![0.0; n]),
+    );
+    let cb = CommandBuffer::new(0, 3, u64::MAX, 0);
+    cb.dispatch(
+        ExecutableRef(loaded),
+        0,
+        exe.workgroups,
+        None,
+        vec![],
+        vec![whole(&a), whole(&b), whole(&out)],
+    )
+    .unwrap();
+    cb.finalize().unwrap();
+    (cb, out, exe.workgroups)
+}
 
 /// Little-endian bytes as f32 values.
 pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
