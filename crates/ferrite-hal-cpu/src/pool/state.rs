@@ -25,10 +25,6 @@ thread_local! {
     static SWITCHES: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
-/// A region at least this long checks whether its leader was switched
-/// out ([`PoolState::note_if_switched_out`]): longer than the scheduler's
-/// smallest slice, so a region on a busy CPU usually is; shorter ones
-/// (most calls of small programs) skip the system call.
 /// The longest average solo run ([`PoolState::solo_now`]) under which the
 /// loaded-solo rule keeps applying; longer ones rest it for
 /// [`SOLO_REST`] (see [`PoolState::note_solo_run`]).
@@ -42,6 +38,10 @@ pub const SOLO_TRIP: Duration = Duration::from_millis(16);
 /// [`SOLO_MAX`] on average.
 pub const SOLO_REST: Duration = Duration::from_secs(1);
 
+/// A region at least this long checks whether its leader was switched
+/// out ([`PoolState::note_if_switched_out`]): longer than the scheduler's
+/// smallest slice, so a region on a busy CPU usually is; shorter ones
+/// (most calls of small programs) skip the system call.
 pub(crate) const PREEMPTION_CHECK_AFTER: Duration = Duration::from_micros(500);
 
 /// The calling thread's involuntary context switches so far (Linux).
