@@ -189,10 +189,16 @@ impl PoolState {
     /// of them; fewer while the pool is contended and
     /// `FERRITE_LOCAL_TASK_CONTENDED_HELPERS` caps it.
     ///
-    /// The short-tile rule: while contended, a region whose tiles are
-    /// likely short (the recent ones averaged under `short_tile_ns`)
-    /// admits at most `short_tile_helpers` workers ([`region::SHORT_TILE_HELPERS`]
-    /// unless set). Why: under a
+    /// The short-tile rule: while contended and while other programs'
+    /// runnable threads fill at least half the CPUs ([`super::machine_load`]),
+    /// a region whose tiles are likely short (the recent ones averaged
+    /// under `short_tile_ns`) admits at most `short_tile_helpers` workers
+    /// ([`region::SHORT_TILE_HELPERS`] unless set). Not on an otherwise
+    /// idle machine: there the pool counts as contended whenever its own
+    /// threads outnumber the CPUs (the caller beside pinned workers), and
+    /// an LLM's decode step (thousands of short tiles a step) ran 3.5x
+    /// slower with one helper (issue 27, ninth session: 45-52 against
+    /// upstream's 168-197 tok/s on 16 idle cores). Why: under a
     /// full load a woken worker waits for a busy CPU's slice before it
     /// runs, so for stages of microsecond tiles (the small MLP's) waking
     /// helpers costs more than they take off the stage (issue 25: 16
@@ -231,7 +237,11 @@ impl PoolState {
         if (self.contended_helpers.is_none() && !short && !widen) || !self.is_contended() {
             return all;
         }
-        let widen = widen && self.others_busy();
+        // Both rules answer other programs' load, not the pool's own
+        // threads outnumbering the CPUs (which also counts as contended).
+        let others = (widen || short) && self.others_busy();
+        let widen = widen && others;
+        let short = short && others;
         let widened = if widen { self.workers } else { all };
         let mut cap = self.contended_helpers.map_or(widened, |c| widened.min(c));
         if widen && cap > all {

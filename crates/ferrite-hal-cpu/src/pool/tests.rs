@@ -1014,6 +1014,12 @@ fn while_contended_a_region_after_short_tiles_admits_few_helpers() {
     let recent = s.recent_tile_ns.load(Ordering::SeqCst);
     assert!(recent > 0 && recent < 200_000, "average tile {recent} ns");
     s.contended_until.store(u64::MAX, Ordering::SeqCst);
+    // Contended by its own threads alone (other programs leave the CPUs
+    // idle): every worker may join.
+    s.machine.assume.store(2, Ordering::SeqCst);
+    assert_eq!(s.region_helpers(false), 3);
+    // Other programs keep the CPUs busy (the rule's condition).
+    s.machine.assume.store(1, Ordering::SeqCst);
     let caps = pool.stats().short_tile_caps;
     let n = threads_running(&pool);
     assert!(
