@@ -30,13 +30,13 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import bench_common  # noqa: E402
 T = r"([0-9.]+)\s*(ns|us|ms|s)\b"
 US = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 CASES = {
@@ -61,32 +61,6 @@ def time_one(cmd, env_extra):
         log(f"FAILED ({p.returncode}): {' '.join(cmd)}\n{out[-2000:]}")
         return None
     return float(m.group(1)) * US[m.group(2)]
-
-
-class Load:
-    """One busy process per CPU, each in its own session, killed on exit."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-
-    def __enter__(self):
-        self.procs = [subprocess.Popen(["timeout", str(self.seconds), "sh", "-c", "while :; do :; done"],
-                                       start_new_session=True, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
-                      for _ in range(os.cpu_count())]
-        # The scheduler takes a few seconds to spread new busy processes.
-        time.sleep(3)
-        return self
-
-    def __exit__(self, *exc):
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for p in self.procs:
-            p.wait()
-        time.sleep(1)
 
 
 def configs(args, case):
@@ -168,7 +142,7 @@ def main():
     for case in args.cases:
         cfgs = configs(args, case)
         out[f"{case}-idle"] = rounds(f"{case} idle", cfgs, args.idle_rounds, args.alternate)
-        with Load(args.load_seconds):
+        with bench_common.CpuLoad(args.load_seconds):
             out[f"{case}-loaded"] = rounds(f"{case} loaded", cfgs, args.rounds, args.alternate)
     if args.json:
         with open(args.json, "w") as f:

@@ -65,7 +65,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -140,30 +139,6 @@ def run(cmd):
     if p.returncode != 0:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout}{p.stderr}")
     return p.stdout
-
-
-class ScriptLoad:
-    """One busy process per CPU started by this script (for ferrite
-    binaries without `--under-load`): each limited by timeout(1), in its
-    own process group, killed on exit from the `with` block."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-
-    def __enter__(self):
-        self.procs = [subprocess.Popen(["timeout", str(self.seconds), "sh", "-c", "while :; do :; done"],
-                                       start_new_session=True) for _ in range(os.cpu_count())]
-        time.sleep(3)  # let the scheduler spread the load first (as --under-load does)
-        return self
-
-    def __exit__(self, *exc):
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
-            p.wait()
 
 
 # numpy inputs of each case for --python (the CLI inputs above, as arrays).
@@ -252,7 +227,7 @@ def py_round(name, module, weights, fn, device, args):
     if not abs(f - u) <= 1e-3 * max(1.0, abs(u)):
         sys.exit(f"{name} on {device}: ferrite.runtime's results sum to {f}, iree.runtime's to {u}")
     loaded = {"ferrite": [], "upstream": []}
-    with ScriptLoad(args.load_seconds):
+    with bench_common.CpuLoad(args.load_seconds):
         for _ in range(2):
             for runtime in ("ferrite", "upstream"):
                 loaded[runtime].append(timing(runtime))
@@ -265,7 +240,7 @@ def one_round(flags, args):
            "--compare-upstream"]
     if args.script_load:
         idle = run(cmd)
-        with ScriptLoad(args.load_seconds):
+        with bench_common.CpuLoad(args.load_seconds):
             loaded = run(cmd)
         times = []
         for out in (idle, loaded):
@@ -353,7 +328,7 @@ def profile_case(name, dev, flags, args):
 
     for runtime in ("ferrite", "upstream"):
         record(runtime, "idle")
-    with ScriptLoad(args.load_seconds):
+    with bench_common.CpuLoad(args.load_seconds):
         for runtime in ("ferrite", "upstream"):
             record(runtime, "loaded")
     for state in ("idle", "loaded"):
@@ -452,7 +427,7 @@ def schedstat_case(name, dev, flags, args):
 
     for runtime in tools:
         one(runtime, "idle")
-    with ScriptLoad(args.load_seconds):
+    with bench_common.CpuLoad(args.load_seconds):
         for runtime in tools:
             one(runtime, "loaded")
     log(f"\n{name}/{dev}: per call, summed over the process's threads (whole run / timed calls)")

@@ -2,7 +2,9 @@
 import collections
 import json
 import os
+import signal
 import subprocess
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,3 +100,31 @@ def record(area, case, ferrite, upstream, unit, target=None, note="", loaded=Non
         row.update(loaded_ferrite=lf, loaded_upstream=lu, loaded_ratio=lf / lu if lu else None)
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+class CpuLoad:
+    """One busy process per CPU (issue 25's load): each limited by
+    timeout(1) to `seconds`, in a session of its own, its output discarded,
+    killed on exit from the `with` block. Entering waits 3 s so the
+    scheduler spreads the load first (as `ferrite benchmark-module
+    --under-load` does)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __enter__(self):
+        self.procs = [subprocess.Popen(["timeout", str(self.seconds), "sh", "-c", "while :; do :; done"],
+                                       start_new_session=True, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
+                      for _ in range(os.cpu_count())]
+        time.sleep(3)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            p.wait()
