@@ -100,11 +100,12 @@ pub fn compile_into(name: &str, target: Target, dir: &Path) -> PathBuf {
     let out = dir.join(format!("{name}.{}.vmfb", target.tag()));
     let out = ferrite_testkit::compile_file(&src, &out, target.flags());
     let wg = static_workgroup_count(&out);
-    std::fs::write(
-        out.with_extension("workgroups"),
+    // Tests of one binary compile concurrently; the count must never be
+    // seen half-written.
+    ferrite_testkit::write_atomic(
+        &out.with_extension("workgroups"),
         format!("{} {} {}\n", wg[0], wg[1], wg[2]),
-    )
-    .expect("writing the workgroup count");
+    );
     out
 }
 

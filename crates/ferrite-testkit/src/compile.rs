@@ -8,6 +8,7 @@
 use crate::paths::venv_tool;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Flags for the local llvm-cpu target with a portable (generic x86-64)
@@ -19,6 +20,23 @@ pub const GENERIC_CPU: &[&str] = &[
 ];
 
 static BUILD_LOCK: Mutex<()> = Mutex::new(());
+
+/// Writes `contents` to `path` under a name unique to this process and
+/// call, then renames it into place: a reader in another thread or process
+/// sees the old file or the whole new one, never an empty or partial one
+/// (`std::fs::write` truncates first, and a test reading meanwhile saw an
+/// empty file).
+pub fn write_atomic(path: &Path, contents: impl AsRef<[u8]>) {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.{n}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, contents)
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", tmp.display()));
+    std::fs::rename(&tmp, path)
+        .unwrap_or_else(|e| panic!("cannot move {} into place: {e}", path.display()));
+}
 
 /// Whether `out` exists and is at least as new as every one of `inputs`.
 fn is_fresh(out: &Path, inputs: &[&Path]) -> bool {
@@ -75,8 +93,7 @@ pub fn compile_source(mlir: &str, out: &Path, flags: &[&str]) -> PathBuf {
                 std::fs::create_dir_all(dir)
                     .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
             }
-            std::fs::write(&src, mlir)
-                .unwrap_or_else(|e| panic!("cannot write {}: {e}", src.display()));
+            write_atomic(&src, mlir);
         }
     }
     compile_file(&src, out, flags)

@@ -22,7 +22,7 @@ pub mod paths;
 pub mod process;
 
 pub use bytes::f32_bytes;
-pub use compile::{compile_file, compile_source, GENERIC_CPU};
+pub use compile::{compile_file, compile_source, write_atomic, GENERIC_CPU};
 pub use paths::{
     skip_or_fail, upstream_required, venv_dir, venv_tool, venv_tool_path, workspace_root,
 };
