@@ -27,7 +27,13 @@ struct Load(Vec<Child>);
 
 impl Load {
     fn start() -> Load {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // One per CPU online, the count the pool's load rule compares
+        // `/proc/loadavg` with, even where this process may use fewer
+        // (an affinity mask).
+        // SAFETY: sysconf reads a system constant; no memory is passed.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        let usable = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpus = usize::try_from(online).unwrap_or(0).max(usable);
         let mut load = Load(Vec::new());
         for _ in 0..cpus {
             // `timeout` bounds the load even if this process dies without
